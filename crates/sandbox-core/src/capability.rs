@@ -1,0 +1,82 @@
+//! What a sandbox can do: capability flags.
+
+use bitflags::bitflags;
+
+bitflags! {
+    /// Features a backend or sandbox instance declares.
+    ///
+    /// A declared flag has passing contract trials; invoking an undeclared one returns
+    /// [`SandboxError::CapabilityNotSupported`](crate::SandboxError::CapabilityNotSupported),
+    /// never a no-op or an emulation. Capabilities are per sandbox instance.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub struct Capability: u32 {
+        /// `Sandbox::run` of commands.
+        const RUN_COMMAND = 1 << 0;
+        /// `Sandbox::run_code` without a context.
+        const RUN_CODE = 1 << 1;
+        /// `Sandbox::run_code` with a persistent interpreter per `context_id`.
+        const STATEFUL_CODE = 1 << 2;
+        /// `Sandbox::stream`.
+        const STREAMING = 1 << 3;
+        /// `Sandbox::files` (read, write, ls, mkdir, remove, stat).
+        const FILESYSTEM = 1 << 4;
+        /// `FileSystem::upload` / `FileSystem::download` of host paths.
+        const UPLOAD_DOWNLOAD = 1 << 5;
+        /// Pseudo-terminals.
+        const PTY = 1 << 6;
+        /// Pausing and resuming a sandbox.
+        const PAUSE_RESUME = 1 << 7;
+        /// Snapshots and forks.
+        const SNAPSHOT_FORK = 1 << 8;
+        /// GPU devices.
+        const GPU = 1 << 9;
+        /// Network policy (egress deny/allow) applied before user code runs.
+        const NETWORK_POLICY = 1 << 10;
+        /// Egress restricted to a host/CIDR allowlist.
+        const EGRESS_ALLOWLIST = 1 << 11;
+        /// Ingress ports published to the host.
+        const INGRESS_PORTS = 1 << 12;
+        /// Tunnels to the outside.
+        const TUNNELS = 1 << 13;
+    }
+}
+
+impl Capability {
+    /// The stable upper-case name of a single flag (`"RUN_CODE"`), or the names of
+    /// several flags joined by `|`.
+    pub fn names(self) -> String {
+        let names: Vec<&str> = self.iter_names().map(|(n, _)| n).collect();
+        if names.is_empty() {
+            "NONE".to_string()
+        } else {
+            names.join("|")
+        }
+    }
+
+    /// Every single flag, in declaration order.
+    pub fn each() -> impl Iterator<Item = Capability> {
+        Capability::all().iter()
+    }
+}
+
+impl std::fmt::Display for Capability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.names())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_stable() {
+        assert_eq!(Capability::RUN_CODE.names(), "RUN_CODE");
+        assert_eq!(
+            (Capability::RUN_CODE | Capability::STREAMING).to_string(),
+            "RUN_CODE|STREAMING"
+        );
+        assert_eq!(Capability::empty().to_string(), "NONE");
+        assert_eq!(Capability::each().count(), 14);
+    }
+}

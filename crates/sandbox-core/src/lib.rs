@@ -1,0 +1,41 @@
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod backend;
+mod capability;
+pub mod dsn;
+mod error;
+mod error_code;
+mod files;
+mod isolation;
+pub mod labels;
+mod managed;
+mod network;
+pub mod options;
+pub mod policy;
+mod process;
+mod resources;
+mod result;
+mod sandbox;
+mod secret;
+pub mod teardown;
+
+pub use backend::{Backend, ReapableBackend};
+pub use capability::Capability;
+pub use dsn::Dsn;
+pub use error::{BoxError, Result, SandboxError, first_party_support};
+pub use error_code::{CodeDoc, DOCS_BASE_URL, ErrorCode};
+pub use files::{FileInfo, FileSystem, resolve_path};
+pub use isolation::IsolationTier;
+pub use managed::{ManagedSandbox, SandboxState};
+pub use network::{Egress, NetworkPolicy};
+pub use options::{CodeOptions, Command, CreateOptions, Language, RunOptions};
+pub use process::{KILLED_EXIT_CODE, Process, StartFuture, StartedExec};
+pub use resources::{EffectiveResources, Resources};
+pub use result::{ExecResult, OutputChunk, RichResult, StreamKind};
+pub use sandbox::{Sandbox, SandboxExt};
+pub use secret::Secret;
+
+/// Re-exported so adapters implement the traits with the same macro version.
+pub use async_trait::async_trait;

@@ -1,0 +1,500 @@
+//! Typed options for creating sandboxes and running work in them.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use crate::labels::{validate_env_key, validate_metadata};
+use crate::{
+    EffectiveResources, IsolationTier, NetworkPolicy, Resources, Result, SandboxError, Secret,
+};
+
+/// Default sandbox lifetime.
+pub const DEFAULT_SANDBOX_TIMEOUT: Duration = Duration::from_secs(300);
+/// Longest lifetime accepted; anything above counts as "unbounded" and is refused.
+pub const MAX_SANDBOX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+/// Default working directory inside every sandbox.
+pub const DEFAULT_WORKDIR: &str = "/work";
+/// Default cap on buffered output per stream for `run` / `run_code`.
+pub const DEFAULT_OUTPUT_CAP: usize = 64 * 1024 * 1024;
+
+/// Options for [`Backend::create`](crate::Backend::create).
+///
+/// `Debug` shows env and secret *keys* only, never their values.
+#[derive(Clone, PartialEq)]
+#[non_exhaustive]
+pub struct CreateOptions {
+    /// Template (image) name; `None` uses the backend's default.
+    pub template: Option<String>,
+    /// Resource caps.
+    pub resources: Resources,
+    /// Network policy (default deny).
+    pub network: NetworkPolicy,
+    /// Environment for every command.
+    pub env: BTreeMap<String, String>,
+    /// Secrets exposed to commands as environment variables, never stored in engine
+    /// configuration or printed.
+    pub secrets: BTreeMap<String, Secret>,
+    /// Sandbox lifetime, enforced provider-side. Positive, at most [`MAX_SANDBOX_TIMEOUT`].
+    pub timeout: Duration,
+    /// Labels propagated to the engine as `io.sandbox-rs.meta.<key>`.
+    pub metadata: BTreeMap<String, String>,
+    /// Minimum isolation tier, checked before anything is provisioned.
+    pub require_isolation: Option<IsolationTier>,
+    /// Working directory (default [`DEFAULT_WORKDIR`]).
+    pub workdir: Option<String>,
+}
+
+impl Default for CreateOptions {
+    fn default() -> Self {
+        CreateOptions {
+            template: None,
+            resources: Resources::default(),
+            network: NetworkPolicy::default(),
+            env: BTreeMap::new(),
+            secrets: BTreeMap::new(),
+            timeout: DEFAULT_SANDBOX_TIMEOUT,
+            metadata: BTreeMap::new(),
+            require_isolation: None,
+            workdir: None,
+        }
+    }
+}
+
+impl fmt::Debug for CreateOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CreateOptions")
+            .field("template", &self.template)
+            .field("resources", &self.resources)
+            .field("network", &self.network)
+            .field("env_keys", &self.env.keys().collect::<Vec<_>>())
+            .field("secret_keys", &self.secrets.keys().collect::<Vec<_>>())
+            .field("timeout", &self.timeout)
+            .field("metadata", &self.metadata)
+            .field("require_isolation", &self.require_isolation)
+            .field("workdir", &self.workdir)
+            .finish()
+    }
+}
+
+impl CreateOptions {
+    /// Options with the given template.
+    pub fn new(template: impl Into<String>) -> Self {
+        CreateOptions::default().template(template)
+    }
+    /// Sets the template.
+    pub fn template(mut self, t: impl Into<String>) -> Self {
+        self.template = Some(t.into());
+        self
+    }
+    /// Sets the resource caps.
+    pub fn resources(mut self, r: Resources) -> Self {
+        self.resources = r;
+        self
+    }
+    /// Sets the network policy.
+    pub fn network(mut self, n: NetworkPolicy) -> Self {
+        self.network = n;
+        self
+    }
+    /// Adds an environment variable.
+    pub fn env(mut self, k: impl Into<String>, v: impl Into<String>) -> Self {
+        self.env.insert(k.into(), v.into());
+        self
+    }
+    /// Adds a secret.
+    pub fn secret(mut self, k: impl Into<String>, v: impl Into<Secret>) -> Self {
+        self.secrets.insert(k.into(), v.into());
+        self
+    }
+    /// Sets the lifetime.
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.timeout = t;
+        self
+    }
+    /// Adds a metadata label.
+    pub fn metadata(mut self, k: impl Into<String>, v: impl Into<String>) -> Self {
+        self.metadata.insert(k.into(), v.into());
+        self
+    }
+    /// Requires a minimum isolation tier.
+    pub fn require_isolation(mut self, tier: IsolationTier) -> Self {
+        self.require_isolation = Some(tier);
+        self
+    }
+    /// Sets the working directory.
+    pub fn workdir(mut self, w: impl Into<String>) -> Self {
+        self.workdir = Some(w.into());
+        self
+    }
+
+    /// The working directory in effect.
+    pub fn effective_workdir(&self) -> &str {
+        self.workdir.as_deref().unwrap_or(DEFAULT_WORKDIR)
+    }
+
+    /// Validates everything that can be checked without a backend, and returns the
+    /// effective resources. Adapters call this first, before provisioning anything.
+    pub fn validate(&self) -> Result<EffectiveResources> {
+        validate_lifetime(self.timeout)?;
+        if let Some(t) = &self.template {
+            if t.is_empty() || t.chars().any(|c| c.is_control() || c.is_whitespace()) {
+                return Err(SandboxError::config(
+                    format!("template {t:?} is not a valid image name"),
+                    "use a name like `sandbox-rs/python:3.11`",
+                ));
+            }
+        }
+        if self.require_isolation == Some(IsolationTier::Unknown) {
+            return Err(SandboxError::config(
+                "require_isolation(Unknown) can never be satisfied",
+                "require IsolationTier::Container or stronger, or leave it unset",
+            ));
+        }
+        for (k, v) in &self.env {
+            validate_env_key(k)?;
+            if v.contains('\0') {
+                return Err(SandboxError::config(
+                    format!("env value of `{k}` contains a NUL byte"),
+                    "remove the NUL byte",
+                ));
+            }
+        }
+        for (k, v) in &self.secrets {
+            validate_env_key(k)?;
+            if v.expose().contains('\0') {
+                return Err(SandboxError::config(
+                    format!("secret `{k}` contains a NUL byte"),
+                    "remove the NUL byte",
+                ));
+            }
+            if self.env.contains_key(k) {
+                return Err(SandboxError::config(
+                    format!("`{k}` is both an env variable and a secret"),
+                    "give it only as a secret",
+                ));
+            }
+        }
+        validate_metadata(&self.metadata)?;
+        validate_workdir(self.effective_workdir())?;
+        self.network.validate()?;
+        self.resources.effective()
+    }
+}
+
+/// Refuses a zero or unbounded sandbox lifetime.
+pub fn validate_lifetime(t: Duration) -> Result<()> {
+    if t.is_zero() {
+        return Err(SandboxError::config(
+            "sandbox timeout must be positive",
+            "set CreateOptions::timeout to the sandbox lifetime, e.g. Duration::from_secs(300)",
+        ));
+    }
+    if t > MAX_SANDBOX_TIMEOUT {
+        return Err(SandboxError::config(
+            format!("sandbox timeout {t:?} is effectively unbounded"),
+            format!("use at most {MAX_SANDBOX_TIMEOUT:?}; a sandbox lifetime is always bounded"),
+        ));
+    }
+    Ok(())
+}
+
+fn validate_workdir(w: &str) -> Result<()> {
+    if !w.starts_with('/') || w.contains('\0') || w.split('/').any(|s| s == "..") {
+        return Err(SandboxError::config(
+            format!("workdir {w:?} must be an absolute path without `..`"),
+            "use e.g. `/work`",
+        ));
+    }
+    Ok(())
+}
+
+/// A command: an argv list (never through a shell) or a string run with `sh -c`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// Executed directly, no shell.
+    Argv(Vec<String>),
+    /// Executed as `sh -c <string>`.
+    Shell(String),
+}
+
+impl Command {
+    /// The argv the engine executes (`["sh", "-c", s]` for a shell string).
+    pub fn to_argv(&self) -> Vec<String> {
+        match self {
+            Command::Argv(v) => v.clone(),
+            Command::Shell(s) => vec!["sh".into(), "-c".into(), s.clone()],
+        }
+    }
+
+    /// Refuses an empty argv or NUL bytes.
+    pub fn validate(&self) -> Result<()> {
+        let bad = match self {
+            Command::Argv(v) => {
+                v.is_empty() || v[0].is_empty() || v.iter().any(|a| a.contains('\0'))
+            }
+            Command::Shell(s) => s.contains('\0'),
+        };
+        if bad {
+            return Err(SandboxError::config(
+                "command is empty or contains a NUL byte",
+                "give at least a program name, without NUL bytes",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl From<&str> for Command {
+    fn from(s: &str) -> Self {
+        Command::Shell(s.to_string())
+    }
+}
+impl From<String> for Command {
+    fn from(s: String) -> Self {
+        Command::Shell(s)
+    }
+}
+impl From<Vec<String>> for Command {
+    fn from(v: Vec<String>) -> Self {
+        Command::Argv(v)
+    }
+}
+impl From<Vec<&str>> for Command {
+    fn from(v: Vec<&str>) -> Self {
+        Command::Argv(v.into_iter().map(String::from).collect())
+    }
+}
+impl From<&[&str]> for Command {
+    fn from(v: &[&str]) -> Self {
+        Command::Argv(v.iter().map(|s| s.to_string()).collect())
+    }
+}
+impl<const N: usize> From<[&str; N]> for Command {
+    fn from(v: [&str; N]) -> Self {
+        Command::Argv(v.iter().map(|s| s.to_string()).collect())
+    }
+}
+
+/// Options for [`Sandbox::run`](crate::Sandbox::run) and
+/// [`Sandbox::stream`](crate::Sandbox::stream).
+#[derive(Clone, Default, PartialEq)]
+#[non_exhaustive]
+pub struct RunOptions {
+    /// Timeout; `None` inherits the sandbox lifetime (never unbounded).
+    pub timeout: Option<Duration>,
+    /// Extra environment for this command.
+    pub env: BTreeMap<String, String>,
+    /// Working directory (default: the sandbox workdir).
+    pub workdir: Option<String>,
+    /// Cap on buffered output per stream for `run` (default [`DEFAULT_OUTPUT_CAP`]).
+    pub output_cap: Option<usize>,
+}
+
+impl fmt::Debug for RunOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunOptions")
+            .field("timeout", &self.timeout)
+            .field("env_keys", &self.env.keys().collect::<Vec<_>>())
+            .field("workdir", &self.workdir)
+            .field("output_cap", &self.output_cap)
+            .finish()
+    }
+}
+
+impl RunOptions {
+    /// Sets the timeout.
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.timeout = Some(t);
+        self
+    }
+    /// Adds an environment variable.
+    pub fn env(mut self, k: impl Into<String>, v: impl Into<String>) -> Self {
+        self.env.insert(k.into(), v.into());
+        self
+    }
+    /// Sets the working directory.
+    pub fn workdir(mut self, w: impl Into<String>) -> Self {
+        self.workdir = Some(w.into());
+        self
+    }
+    /// Sets the buffered output cap per stream.
+    pub fn output_cap(mut self, bytes: usize) -> Self {
+        self.output_cap = Some(bytes);
+        self
+    }
+
+    /// Validates and resolves the timeout against the sandbox's remaining lifetime.
+    pub fn validate(&self, remaining_lifetime: Duration) -> Result<Duration> {
+        for k in self.env.keys() {
+            validate_env_key(k)?;
+        }
+        if let Some(w) = &self.workdir {
+            if w.contains('\0') {
+                return Err(SandboxError::config(
+                    "workdir contains a NUL byte",
+                    "remove it",
+                ));
+            }
+        }
+        if self.output_cap == Some(0) {
+            return Err(SandboxError::config(
+                "output_cap must be positive",
+                "leave it unset for 64 MiB",
+            ));
+        }
+        resolve_timeout(self.timeout, remaining_lifetime)
+    }
+}
+
+/// Resolves a per-call timeout: zero is refused, `None` inherits the remaining lifetime.
+pub fn resolve_timeout(t: Option<Duration>, remaining_lifetime: Duration) -> Result<Duration> {
+    match t {
+        Some(t) if t.is_zero() => Err(SandboxError::config(
+            "timeout must be positive",
+            "give a timeout above zero, or None to inherit the sandbox lifetime",
+        )),
+        Some(t) => Ok(t.min(remaining_lifetime.max(Duration::from_millis(1)))),
+        None => Ok(remaining_lifetime.max(Duration::from_millis(1))),
+    }
+}
+
+/// Language for [`Sandbox::run_code`](crate::Sandbox::run_code).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Language {
+    /// Python 3 (`python3`).
+    #[default]
+    Python,
+}
+
+impl Language {
+    /// Interpreter binary name.
+    pub fn interpreter(self) -> &'static str {
+        match self {
+            Language::Python => "python3",
+        }
+    }
+}
+
+/// Options for [`Sandbox::run_code`](crate::Sandbox::run_code).
+#[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
+pub struct CodeOptions {
+    /// Language (default Python).
+    pub language: Language,
+    /// Persistent interpreter context (needs `STATEFUL_CODE`).
+    pub context_id: Option<String>,
+    /// Timeout; `None` inherits the sandbox lifetime.
+    pub timeout: Option<Duration>,
+    /// Cap on buffered output per stream (default [`DEFAULT_OUTPUT_CAP`]).
+    pub output_cap: Option<usize>,
+}
+
+impl CodeOptions {
+    /// Sets the language.
+    pub fn language(mut self, l: Language) -> Self {
+        self.language = l;
+        self
+    }
+    /// Uses a persistent interpreter context.
+    pub fn context(mut self, id: impl Into<String>) -> Self {
+        self.context_id = Some(id.into());
+        self
+    }
+    /// Sets the timeout.
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.timeout = Some(t);
+        self
+    }
+
+    /// Validates the context id and resolves the timeout.
+    pub fn validate(&self, remaining_lifetime: Duration) -> Result<Duration> {
+        if let Some(c) = &self.context_id {
+            if c.is_empty()
+                || c.len() > 64
+                || !c
+                    .chars()
+                    .all(|ch| ch.is_ascii_alphanumeric() || ch == '-' || ch == '_')
+            {
+                return Err(SandboxError::config(
+                    format!("context id {c:?} is invalid"),
+                    "use 1-64 characters from [A-Za-z0-9_-]",
+                ));
+            }
+        }
+        if self.output_cap == Some(0) {
+            return Err(SandboxError::config(
+                "output_cap must be positive",
+                "leave it unset for 64 MiB",
+            ));
+        }
+        resolve_timeout(self.timeout, remaining_lifetime)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorCode;
+
+    #[test]
+    fn debug_hides_values() {
+        let o = CreateOptions::default()
+            .env("A", "plainvalue")
+            .secret("TOKEN", "hunter2");
+        let d = format!("{o:?}");
+        assert!(!d.contains("plainvalue") && !d.contains("hunter2"), "{d}");
+        assert!(d.contains("TOKEN"));
+    }
+
+    #[test]
+    fn lifetime_bounds() {
+        let code = |t| {
+            CreateOptions::default()
+                .timeout(t)
+                .validate()
+                .unwrap_err()
+                .code()
+        };
+        assert_eq!(code(Duration::ZERO), ErrorCode::Configuration);
+        assert_eq!(code(Duration::MAX), ErrorCode::Configuration);
+        assert!(CreateOptions::default().validate().is_ok());
+    }
+
+    #[test]
+    fn none_inherits_and_zero_refused() {
+        let life = Duration::from_secs(10);
+        assert_eq!(resolve_timeout(None, life).unwrap(), life);
+        assert_eq!(
+            resolve_timeout(Some(Duration::from_secs(99)), life).unwrap(),
+            life
+        );
+        assert!(resolve_timeout(Some(Duration::ZERO), life).is_err());
+    }
+
+    #[test]
+    fn reserved_and_control_refused() {
+        for o in [
+            CreateOptions::default().metadata("io.sandbox-rs.managed", "x"),
+            CreateOptions::default().metadata("k", "a\nb"),
+            CreateOptions::default().env("A=B", "x"),
+            CreateOptions::default().env("A\u{1}", "x"),
+            CreateOptions::default().require_isolation(IsolationTier::Unknown),
+            CreateOptions::default().workdir("relative"),
+        ] {
+            assert_eq!(
+                o.validate().unwrap_err().code(),
+                ErrorCode::Configuration,
+                "{o:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn command_forms() {
+        assert_eq!(Command::from("echo hi").to_argv(), ["sh", "-c", "echo hi"]);
+        assert_eq!(Command::from(["echo", "hi"]).to_argv(), ["echo", "hi"]);
+        assert!(Command::Argv(vec![]).validate().is_err());
+    }
+}

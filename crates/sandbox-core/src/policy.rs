@@ -1,0 +1,89 @@
+//! Checks every adapter applies before provisioning: option validity, required isolation,
+//! and capabilities the requested policy needs.
+
+use crate::{
+    Capability, CreateOptions, EffectiveResources, Egress, IsolationTier, Result, SandboxError,
+};
+
+/// Refuses `options` unless a backend with `caps` and `tier` can honour all of it.
+/// Called first thing in `create`, so nothing is provisioned for a refused request.
+pub fn check_create(
+    backend: &str,
+    caps: Capability,
+    tier: IsolationTier,
+    options: &CreateOptions,
+) -> Result<EffectiveResources> {
+    let resources = options.validate()?;
+    if let Some(min) = options.require_isolation {
+        if !tier.satisfies(min) {
+            return Err(SandboxError::config(
+                format!("backend `{backend}` provides isolation `{tier}`, `{min}` was required"),
+                match min {
+                    IsolationTier::Gvisor => {
+                        "use the runsc runtime (e.g. docker with DockerConfig::runtime(Runtime::Runsc)) or lower require_isolation"
+                    }
+                    _ => {
+                        "choose a backend with a stronger isolation tier, or lower require_isolation"
+                    }
+                },
+            ));
+        }
+    }
+    require(caps, Capability::NETWORK_POLICY, backend)?;
+    match &options.network.egress {
+        Egress::AllowList(_) => require(caps, Capability::EGRESS_ALLOWLIST, backend)?,
+        Egress::Deny | Egress::Allow => {}
+    }
+    if !options.network.ingress_ports.is_empty() {
+        require(caps, Capability::INGRESS_PORTS, backend)?;
+    }
+    if resources.gpu > 0 {
+        require(caps, Capability::GPU, backend)?;
+    }
+    Ok(resources)
+}
+
+/// `Ok` when `caps` contains `needed`, else `CapabilityNotSupported`.
+pub fn require(caps: Capability, needed: Capability, backend: &str) -> Result<()> {
+    if caps.contains(needed) {
+        Ok(())
+    } else {
+        Err(SandboxError::unsupported(needed, backend))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ErrorCode, NetworkPolicy, Resources};
+
+    #[test]
+    fn refusals() {
+        let caps = Capability::RUN_COMMAND | Capability::NETWORK_POLICY;
+        let t = IsolationTier::Container;
+        let code = |o: CreateOptions| check_create("x", caps, t, &o).unwrap_err().code();
+        assert_eq!(
+            code(CreateOptions::default().network(NetworkPolicy::allow_list(["a.b"]))),
+            ErrorCode::CapabilityNotSupported
+        );
+        assert_eq!(
+            code(CreateOptions::default().network(NetworkPolicy::deny().ingress_port(80))),
+            ErrorCode::CapabilityNotSupported
+        );
+        assert_eq!(
+            code(CreateOptions::default().resources(Resources::default().gpu(1))),
+            ErrorCode::CapabilityNotSupported
+        );
+        assert_eq!(
+            code(CreateOptions::default().require_isolation(IsolationTier::Gvisor)),
+            ErrorCode::Configuration
+        );
+        assert!(check_create("x", caps, t, &CreateOptions::default()).is_ok());
+        assert_eq!(
+            check_create("x", Capability::RUN_COMMAND, t, &CreateOptions::default())
+                .unwrap_err()
+                .code(),
+            ErrorCode::CapabilityNotSupported
+        );
+    }
+}

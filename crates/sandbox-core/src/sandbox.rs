@@ -1,0 +1,58 @@
+//! The `Sandbox` port.
+
+use std::any::Any;
+
+use async_trait::async_trait;
+
+use crate::{
+    Capability, CodeOptions, Command, ExecResult, FileSystem, IsolationTier, Process, Result,
+    RunOptions,
+};
+
+/// One live sandbox.
+///
+/// Dropping a handle without [`Sandbox::kill`] kills the sandbox in the background,
+/// bounded by the teardown grace (an "orphaned sandbox" warning if that cannot finish).
+#[async_trait]
+pub trait Sandbox: Send + Sync + std::fmt::Debug {
+    /// Engine id.
+    fn id(&self) -> &str;
+    /// Backend name.
+    fn backend(&self) -> &str;
+    /// Capabilities of this instance.
+    fn capabilities(&self) -> Capability;
+    /// Isolation tier of this instance.
+    fn isolation(&self) -> IsolationTier;
+    /// Runs a command to completion, buffering output up to the cap. A list never goes
+    /// through a shell; a string runs via `sh -c`. Exit codes are returned, not raised.
+    async fn run(&self, cmd: Command, options: RunOptions) -> Result<ExecResult>;
+    /// Runs code in the language's interpreter; with `context_id`, in a persistent
+    /// interpreter (needs `STATEFUL_CODE`).
+    async fn run_code(&self, code: &str, options: CodeOptions) -> Result<ExecResult>;
+    /// Starts a streamed process. A plain fn: `CapabilityNotSupported` is returned here,
+    /// before anything starts; the process starts on first poll.
+    fn stream(&self, cmd: Command, options: RunOptions) -> Result<Process>;
+    /// The filesystem, or `CapabilityNotSupported`.
+    fn files(&self) -> Result<&dyn FileSystem>;
+    /// Kills and removes the sandbox. Idempotent and bounded by the teardown grace.
+    async fn kill(&self) -> Result<()>;
+    /// The engine client and container id, unwrapped.
+    ///
+    /// **Outside the semver contract**: the concrete type may change in any release.
+    fn native(&self) -> &dyn Any;
+}
+
+/// Convenience methods on any [`Sandbox`] taking `impl Into<Command>`.
+#[async_trait]
+pub trait SandboxExt: Sandbox {
+    /// `run` with default options.
+    async fn exec(&self, cmd: impl Into<Command> + Send) -> Result<ExecResult> {
+        self.run(cmd.into(), RunOptions::default()).await
+    }
+    /// `run_code` with default options (Python).
+    async fn code(&self, code: &str) -> Result<ExecResult> {
+        self.run_code(code, CodeOptions::default()).await
+    }
+}
+
+impl<S: Sandbox + ?Sized> SandboxExt for S {}
