@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::{Capability, CreateOptions, IsolationTier, ManagedSandbox, Result, Sandbox};
+use crate::{
+    Capability, CreateOptions, EngineReport, IsolationTier, ManagedSandbox, Result, Sandbox,
+};
 
 /// A sandbox provider (Docker, Podman, the fake, a third-party adapter).
 ///
@@ -27,6 +29,14 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// This backend as a [`ReapableBackend`], when it is one.
     fn as_reapable(&self) -> Option<&dyn ReapableBackend> {
         None
+    }
+    /// Health of the engine for `sandbox doctor`. The default reports only the tier;
+    /// adapters override it with reachability, version, runtimes and images.
+    async fn diagnose(&self) -> EngineReport {
+        let mut r = EngineReport::new(self.name(), "in-process");
+        r.reachable = true;
+        r.tier = self.isolation();
+        r
     }
 }
 
@@ -60,5 +70,8 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     fn as_reapable(&self) -> Option<&dyn ReapableBackend> {
         (**self).as_reapable()
+    }
+    async fn diagnose(&self) -> EngineReport {
+        (**self).diagnose().await
     }
 }

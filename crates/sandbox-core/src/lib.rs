@@ -4,6 +4,7 @@
 
 mod backend;
 mod capability;
+mod diagnostics;
 pub mod dsn;
 mod error;
 mod error_code;
@@ -23,6 +24,7 @@ pub mod teardown;
 
 pub use backend::{Backend, ReapableBackend};
 pub use capability::Capability;
+pub use diagnostics::{EngineReport, Problem};
 pub use dsn::Dsn;
 pub use error::{BoxError, Result, SandboxError, first_party_support};
 pub use error_code::{CodeDoc, DOCS_BASE_URL, ErrorCode};
