@@ -201,12 +201,17 @@ impl TeardownGuard {
     }
 
     /// Kills now, shielded and bounded, and disarms. Idempotent: a disarmed guard returns
-    /// `Ok(())`.
+    /// `Ok(())`. When the kill fails the guard stays armed, so a later `kill_now` or the
+    /// drop retries instead of leaking the remote work.
     pub async fn kill_now(&mut self) -> Result<()> {
-        match self.killer.take() {
-            Some(k) => shielded_kill(self.info.clone(), k()).await,
-            None => Ok(()),
+        let Some(k) = self.killer.clone() else {
+            return Ok(());
+        };
+        let result = shielded_kill(self.info.clone(), k()).await;
+        if result.is_ok() {
+            self.killer = None;
         }
+        result
     }
 }
 
@@ -272,7 +277,9 @@ mod tests {
         let e = g.kill_now().await.unwrap_err();
         assert_eq!(e.code(), crate::ErrorCode::Connect);
         assert!(e.hint().contains("sandbox reap"));
-        assert!(g.kill_now().await.is_ok(), "second kill is a no-op");
+        assert!(g.is_armed(), "a failed kill keeps ownership for a retry");
+        g.disarm();
+        assert!(g.kill_now().await.is_ok(), "a disarmed guard is a no-op");
     }
 
     #[tokio::test]
