@@ -1,1 +1,169 @@
-fn main() {}
+//! `cargo xtask` — the project's automation: engine setup, tests, contract runs, docs, CI.
+//!
+//! `main` only parses arguments and dispatches; each command lives in its own module with a
+//! `run(...) -> anyhow::Result<()>` (the rust-analyzer layout, see `STYLE.md`).
+#![allow(
+    clippy::print_stdout,
+    reason = "xtask is a command-line tool: its printed progress is its interface"
+)]
+
+mod bench;
+mod ci;
+mod contract;
+mod daemons;
+mod demo;
+mod docs;
+mod engine_config;
+mod images;
+mod mirror;
+mod packages;
+mod process;
+mod report;
+mod scratch;
+mod setup;
+mod teardown;
+mod test;
+mod verify;
+
+use std::process::ExitCode;
+
+use anyhow::{Result, bail};
+
+use crate::contract::Backend;
+
+const USAGE: &str = "\
+usage: cargo xtask <command>
+
+commands:
+  setup [--rebuild-images]   install and configure Docker + Podman (+ gVisor), start their
+                             daemons, build the local test images (root, Debian/Ubuntu)
+  test [-- <filter>...]      cargo test --workspace, then the contract suite on fake,
+                             docker and podman
+  contract <fake|docker|podman> [-- <args>...]
+                             run one adapter's contract suite (`--test contract`)
+  docs [--check]             regenerate docs/errors/ (--check: fail on drift)
+  ci                         everything CI checks: fmt, clippy, test, docs --check
+  demo                       the end-to-end demo
+  bench                      engine micro-benchmarks
+  teardown                   stop the daemons `setup` started (pids in /run/sandbox-rs/)
+
+environment:
+  CARGO                      cargo to invoke (set by `cargo xtask`)
+  CI=true, SBX_CONTRACT_REQUIRED=1
+                             a missing engine fails `contract docker|podman` instead of
+                             skipping it
+  SBX_DEBIAN_MIRROR          Debian mirror for the Python image (default: the one apt uses)
+";
+
+enum Command {
+    Setup(setup::Options),
+    Test(Vec<String>),
+    Contract(Backend, Vec<String>),
+    Docs { check: bool },
+    Ci,
+    Demo,
+    Bench,
+    Teardown,
+    Help,
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = parse(&args).and_then(dispatch);
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("xtask: error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(command: Command) -> Result<()> {
+    match command {
+        Command::Setup(options) => setup::run(&options),
+        Command::Test(passthrough) => test::run(&passthrough),
+        Command::Contract(backend, passthrough) => contract::run(backend, &passthrough),
+        Command::Docs { check } => docs::run(check),
+        Command::Ci => ci::run(),
+        Command::Demo => demo::run(),
+        Command::Bench => bench::run(),
+        Command::Teardown => teardown::run(),
+        Command::Help => {
+            print!("{USAGE}");
+            Ok(())
+        }
+    }
+}
+
+fn parse(args: &[String]) -> Result<Command> {
+    let Some((command, rest)) = args.split_first() else {
+        return Ok(Command::Help);
+    };
+    // Everything after `--` is handed to the test binaries untouched.
+    let (flags, passthrough) = match rest.iter().position(|a| a == "--") {
+        Some(i) => (&rest[..i], rest[i + 1..].to_vec()),
+        None => (rest, Vec::new()),
+    };
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let command = match (command.as_str(), flags.as_slice()) {
+        ("help" | "--help" | "-h", _) => Command::Help,
+        ("setup", flags) => {
+            let mut options = setup::Options::default();
+            for flag in flags {
+                match *flag {
+                    "--rebuild-images" => options.rebuild_images = true,
+                    other => bail!("setup: unknown flag {other:?}\n\n{USAGE}"),
+                }
+            }
+            Command::Setup(options)
+        }
+        ("test", []) => Command::Test(passthrough),
+        ("contract", [backend]) => Command::Contract(backend.parse()?, passthrough),
+        ("contract", _) => bail!("contract takes exactly one backend: fake, docker or podman"),
+        ("docs", []) => Command::Docs { check: false },
+        ("docs", ["--check"]) => Command::Docs { check: true },
+        ("ci", []) => Command::Ci,
+        ("demo", []) => Command::Demo,
+        ("bench", []) => Command::Bench,
+        ("teardown", []) => Command::Teardown,
+        (name, []) => bail!("unknown command {name:?}\n\n{USAGE}"),
+        (name, flags) => bail!("{name}: unexpected arguments {flags:?}\n\n{USAGE}"),
+    };
+    Ok(command)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn contract_takes_a_backend_and_passthrough_args() {
+        let Command::Contract(backend, rest) =
+            parse(&args(&["contract", "podman", "--", "lifecycle"])).unwrap()
+        else {
+            panic!("not a contract command")
+        };
+        assert_eq!(backend, Backend::Podman);
+        assert_eq!(rest, vec!["lifecycle".to_string()]);
+    }
+
+    #[test]
+    fn unknown_backend_and_flags_are_refused() {
+        assert!(parse(&args(&["contract", "lxc"])).is_err());
+        assert!(parse(&args(&["setup", "--fast"])).is_err());
+        assert!(parse(&args(&["docs", "--chek"])).is_err());
+    }
+
+    #[test]
+    fn docs_check_flag_is_parsed() {
+        assert!(matches!(
+            parse(&args(&["docs", "--check"])).unwrap(),
+            Command::Docs { check: true }
+        ));
+    }
+}

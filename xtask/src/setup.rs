@@ -1,0 +1,197 @@
+//! `cargo xtask setup`: makes a Debian 12 (or Ubuntu) machine ready for the whole test suite —
+//! packages, engine configuration, running daemons, local test images — and proves it by
+//! running hardened containers. Idempotent: a second run only checks (a few seconds).
+//! What it does and why is documented in `docs/engines.md`.
+
+use std::fs;
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+
+use crate::daemons::{DOCKERD, Daemon, PODMAN};
+use crate::engine_config::{self, Applied};
+use crate::images::{self, BUSYBOX, PYTHON};
+use crate::process;
+use crate::report::{self, seconds, step};
+use crate::{packages, verify};
+
+const SCOPE: &str = "setup";
+
+/// Flags of `cargo xtask setup`.
+#[derive(Default)]
+pub struct Options {
+    /// Re-import both images and re-run debootstrap even when current ones exist.
+    pub rebuild_images: bool,
+}
+
+/// Runs every step in order; the first failure stops setup with the step's name.
+pub fn run(options: &Options) -> Result<()> {
+    let start = Instant::now();
+    step(SCOPE, "preflight", preflight)?;
+    step(SCOPE, "packages", || Ok(((), packages::ensure()?)))?;
+    let applied = step(SCOPE, "engine config", engine_config::apply)?;
+    step(SCOPE, "dockerd", || ensure_dockerd(&applied))?;
+    step(SCOPE, "podman service", || ensure_podman_service(&applied))?;
+    for image in [&BUSYBOX, &PYTHON] {
+        step(SCOPE, image.reference, || {
+            images::ensure(image, options.rebuild_images)
+        })?;
+    }
+    step(SCOPE, "verify docker + podman", verify::run)?;
+    step(SCOPE, "gVisor (docker --runtime runsc)", verify::gvisor)?;
+    step(SCOPE, "versions", versions)?;
+    println!("{SCOPE}: done in {}", seconds(start.elapsed()));
+    Ok(())
+}
+
+/// Root on Debian/Ubuntu, or a message saying exactly what to do instead.
+fn preflight() -> Result<((), String)> {
+    if !is_root() {
+        bail!(
+            "setup installs packages and starts daemons, so it needs root: run `sudo -E cargo xtask setup` (or as root)"
+        );
+    }
+    let os_release = fs::read_to_string("/etc/os-release").unwrap_or_default();
+    let field = |key: &str| {
+        os_release
+            .lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+            .map(|v| v.trim_matches('"').to_string())
+            .unwrap_or_default()
+    };
+    let (id, like, pretty) = (field("ID"), field("ID_LIKE"), field("PRETTY_NAME"));
+    let apt_based = id == "debian" || id == "ubuntu" || like.split(' ').any(|l| l == "debian");
+    if !apt_based || process::find_in_path("apt-get").is_none() {
+        bail!(
+            "setup supports Debian and Ubuntu (apt) only; this is {:?}. Install docker, podman, \
+             catatonit, runsc, debootstrap and busybox (static) by hand and follow docs/engines.md",
+            if pretty.is_empty() {
+                "an unknown system"
+            } else {
+                &pretty
+            }
+        );
+    }
+    Ok(((), format!("root on {pretty}")))
+}
+
+fn is_root() -> bool {
+    // The real uid, from the first field of `Uid:` (std has no getuid without libc).
+    fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|ids| ids.split_whitespace().next().map(|id| id == "0"))
+        })
+        .unwrap_or(false)
+}
+
+fn ensure_dockerd(applied: &Applied) -> Result<((), String)> {
+    if DOCKERD.answers() {
+        let pid = DOCKERD
+            .running_pid()
+            .map_or_else(|| "pid unknown".into(), |p| format!("pid {p}"));
+        if !applied.daemon_json_changed {
+            return Ok(((), format!("already running ({pid})")));
+        }
+        // dockerd reloads `runtimes` from daemon.json on SIGHUP; no restart needed.
+        let Some(daemon_pid) = DOCKERD.running_pid() else {
+            bail!("daemon.json changed but dockerd's pid is unknown; restart dockerd by hand");
+        };
+        process::send_signal(daemon_pid, "HUP")?;
+        wait_for_runsc_runtime()?;
+        return Ok((
+            (),
+            format!("already running ({pid}); reloaded daemon.json (SIGHUP)"),
+        ));
+    }
+    start_or_await(&DOCKERD)
+}
+
+fn ensure_podman_service(applied: &Applied) -> Result<((), String)> {
+    if PODMAN.answers() {
+        if !applied.containers_conf_changed {
+            let pid = PODMAN
+                .running_pid()
+                .map_or_else(|| "pid unknown".into(), |p| format!("pid {p}"));
+            return Ok(((), format!("already running ({pid})")));
+        }
+        // The service reads containers.conf once at start, so it must restart — but only
+        // one that setup started; someone else's service is left alone, with the fix.
+        let Some(pid) = PODMAN.stop_recorded()? else {
+            report::note(
+                SCOPE,
+                "WARNING: containers.conf changed but the running Podman service was not started by setup; restart it to apply the change",
+            );
+            return Ok(((), "already running (not restarted)".into()));
+        };
+        let new_pid = PODMAN.start()?;
+        return Ok((
+            (),
+            format!("restarted for the new containers.conf (pid {pid} -> {new_pid})"),
+        ));
+    }
+    start_or_await(&PODMAN)
+}
+
+/// Starts `daemon`, unless an instance is already starting (process alive, socket not yet
+/// answering), in which case that one is awaited.
+fn start_or_await(daemon: &Daemon) -> Result<((), String)> {
+    if let Some(pid) = daemon.running_pid() {
+        daemon.wait_until_answering(None)?;
+        return Ok(((), format!("was starting (pid {pid}); now answers")));
+    }
+    let pid = daemon.start()?;
+    Ok((
+        (),
+        format!(
+            "started (pid {pid}, log {}, pid file {})",
+            daemon.log_file().display(),
+            daemon.pid_file().display()
+        ),
+    ))
+}
+
+/// SIGHUP is asynchronous: wait until `docker info` lists the runtime.
+fn wait_for_runsc_runtime() -> Result<()> {
+    let start = Instant::now();
+    loop {
+        let runtimes = process::stdout_of(images::DOCKER.cli().args([
+            "info",
+            "--format",
+            "{{json .Runtimes}}",
+        ]))?;
+        if runtimes.contains("\"runsc\"") {
+            return Ok(());
+        }
+        if start.elapsed().as_secs() >= 10 {
+            bail!(
+                "dockerd did not load the runsc runtime after SIGHUP; see {}",
+                DOCKERD.log_file().display()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+/// Engine and API versions, the facts adapter authors ask for first.
+fn versions() -> Result<((), String)> {
+    let docker = process::stdout_of(images::DOCKER.cli().args([
+        "info",
+        "--format",
+        "docker {{.ServerVersion}}, cgroup v{{.CgroupVersion}} ({{.CgroupDriver}}), default runtime {{.DefaultRuntime}}",
+    ]))?;
+    let docker_api = process::stdout_of(images::DOCKER.cli().args([
+        "version",
+        "--format",
+        "API {{.Server.APIVersion}} (min {{.Server.MinAPIVersion}})",
+    ]))?;
+    let podman = process::stdout_of(images::PODMAN.cli().args([
+        "info",
+        "--format",
+        "podman {{.Version.Version}} (API {{.Version.APIVersion}}), cgroup {{.Host.CgroupsVersion}} ({{.Host.CgroupManager}}), runtime {{.Host.OCIRuntime.Name}}",
+    ]))?;
+    Ok(((), format!("{docker}, {docker_api}; {podman}")))
+}

@@ -1,0 +1,45 @@
+//! `cargo xtask test`: the README's test command — the workspace's own tests, then the
+//! contract suite on every backend. All parts run even when one fails, so one CI log shows
+//! every failure.
+
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+
+use crate::contract::{self, Backend};
+use crate::process;
+use crate::report::seconds;
+
+/// Runs `cargo test --workspace`, then `contract fake|docker|podman`.
+pub fn run(passthrough: &[String]) -> Result<()> {
+    let mut failed = Vec::new();
+    let mut timings = Vec::new();
+
+    let start = Instant::now();
+    let mut workspace = process::cargo();
+    workspace.args(["test", "--workspace"]);
+    if !passthrough.is_empty() {
+        workspace.arg("--").args(passthrough);
+    }
+    println!("test: {}", process::describe(&workspace));
+    if let Err(err) = process::run(&mut workspace) {
+        eprintln!("test: {err:#}");
+        failed.push("cargo test --workspace".to_string());
+    }
+    timings.push(format!("workspace {}", seconds(start.elapsed())));
+
+    for backend in Backend::ALL {
+        let start = Instant::now();
+        if let Err(err) = contract::run(backend, passthrough) {
+            eprintln!("test: {err:#}");
+            failed.push(format!("contract {}", backend.name()));
+        }
+        timings.push(format!("{} {}", backend.name(), seconds(start.elapsed())));
+    }
+
+    println!("test: timings: {}", timings.join(", "));
+    if !failed.is_empty() {
+        bail!("failed: {}", failed.join(", "));
+    }
+    Ok(())
+}
