@@ -1,0 +1,188 @@
+//! Contract trials: capability honesty (every declared flag has trials; every undeclared
+//! flag, when invoked, refuses with `CapabilityNotSupported`).
+
+use std::sync::Arc;
+
+use anyhow::{Context as _, bail, ensure};
+use bytes::Bytes;
+use libtest_mimic::Trial;
+use sandbox_core::{Capability as C, CodeOptions, ErrorCode, NetworkPolicy, Resources, RunOptions};
+
+use crate::ctx::{Ctx, must_code};
+
+const AREA: &str = "capabilities";
+
+/// Which areas hold the positive trials of each capability flag the suite can test.
+/// Flags missing here (PTY, PAUSE_RESUME, SNAPSHOT_FORK, GPU, TUNNELS) have no positive
+/// trials yet, so an adapter must not declare them.
+pub const COVERED: &[(C, &str)] = &[
+    (C::RUN_COMMAND, "run, lifecycle, cancellation, hardening"),
+    (C::RUN_CODE, "run_code"),
+    (C::STATEFUL_CODE, "run_code"),
+    (C::STREAMING, "streaming, cancellation"),
+    (C::FILESYSTEM, "files"),
+    (C::UPLOAD_DOWNLOAD, "files"),
+    (C::NETWORK_POLICY, "policy, hardening"),
+    (C::EGRESS_ALLOWLIST, "policy"),
+    (C::INGRESS_PORTS, "policy"),
+];
+
+/// The flags [`COVERED`] lists.
+pub fn covered_flags() -> C {
+    COVERED.iter().fold(C::empty(), |acc, (c, _)| acc | *c)
+}
+
+/// The trials of this area.
+pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
+    vec![
+        ctx.trial(
+            AREA,
+            "declared_flags_have_trials",
+            &[],
+            declared_flags_have_trials,
+        ),
+        ctx.trial(
+            AREA,
+            "every_undeclared_flag_refuses",
+            &[],
+            every_undeclared_flag_refuses,
+        ),
+    ]
+}
+
+fn case(name: &str) -> String {
+    format!("{AREA}::{name}")
+}
+
+/// Every flag the backend or a default sandbox declares has positive trials in this suite.
+async fn declared_flags_have_trials(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let sb = ctx.sandbox(&case("declared_flags_have_trials")).await?;
+    let declared = ctx.caps | sb.capabilities();
+    sb.kill().await?;
+    let untested = declared - covered_flags();
+    ensure!(
+        untested.is_empty(),
+        "declared capabilities without contract trials: {untested} (a declared flag MUST \
+         have passing contract trials; add trials or stop declaring it)"
+    );
+    Ok(())
+}
+
+/// Every undeclared flag with an entry point refuses with `CapabilityNotSupported` from
+/// that entry point (run, run_code, run_code with a context, stream, files, upload,
+/// download, create with an allowlist / ingress port / GPU / any policy).
+async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let c = case("every_undeclared_flag_refuses");
+    let mut checked = Vec::new();
+    // Creation-time flags (backend level).
+    let create_flags = [
+        (
+            C::EGRESS_ALLOWLIST,
+            ctx.opts(&c)
+                .network(NetworkPolicy::allow_list(["example.org"])),
+        ),
+        (
+            C::INGRESS_PORTS,
+            ctx.opts(&c)
+                .network(NetworkPolicy::deny().ingress_port(8080)),
+        ),
+        (C::GPU, ctx.opts(&c).resources(Resources::default().gpu(1))),
+        (C::NETWORK_POLICY, ctx.opts(&c)),
+    ];
+    for (flag, opts) in create_flags {
+        if ctx.caps.contains(flag) {
+            continue;
+        }
+        must_code(
+            ctx.backend.create(opts).await,
+            ErrorCode::CapabilityNotSupported,
+        )
+        .with_context(|| format!("create needing undeclared {flag}"))?;
+        checked.push(flag);
+    }
+    if !ctx.caps.contains(C::NETWORK_POLICY) {
+        // Nothing can be created; the instance-level flags cannot be reached.
+        return Ok(());
+    }
+    // Instance-level flags.
+    let sb = ctx.sandbox(&c).await?;
+    let caps = sb.capabilities();
+    let refused = |flag: C, r: sandbox_core::Result<()>| -> anyhow::Result<()> {
+        must_code(r, ErrorCode::CapabilityNotSupported)
+            .with_context(|| format!("invoking undeclared {flag}"))?;
+        Ok(())
+    };
+    if !caps.contains(C::RUN_COMMAND) {
+        refused(
+            C::RUN_COMMAND,
+            sb.run(["true"].into(), RunOptions::default())
+                .await
+                .map(|_| ()),
+        )?;
+        checked.push(C::RUN_COMMAND);
+    }
+    if !caps.contains(C::RUN_CODE) {
+        refused(
+            C::RUN_CODE,
+            sb.run_code("print(1)", CodeOptions::default())
+                .await
+                .map(|_| ()),
+        )?;
+        checked.push(C::RUN_CODE);
+    }
+    if !caps.contains(C::STATEFUL_CODE) {
+        refused(
+            C::STATEFUL_CODE,
+            sb.run_code("x = 1", CodeOptions::default().context("cap-check"))
+                .await
+                .map(|_| ()),
+        )?;
+        checked.push(C::STATEFUL_CODE);
+    }
+    if !caps.contains(C::STREAMING) {
+        refused(
+            C::STREAMING,
+            sb.stream(["true"].into(), RunOptions::default())
+                .map(|_| ()),
+        )?;
+        checked.push(C::STREAMING);
+    }
+    match sb.files() {
+        Err(e) => {
+            ensure!(
+                !caps.contains(C::FILESYSTEM),
+                "files() fails although FILESYSTEM is declared: {}",
+                e.render()
+            );
+            ensure!(
+                e.code() == ErrorCode::CapabilityNotSupported,
+                "files() without FILESYSTEM: {}",
+                e.render()
+            );
+            checked.push(C::FILESYSTEM);
+        }
+        Ok(f) => {
+            if !caps.contains(C::FILESYSTEM) {
+                bail!("files() returned a filesystem although FILESYSTEM is undeclared");
+            }
+            if !caps.contains(C::UPLOAD_DOWNLOAD) {
+                let dir = tempfile::tempdir()?;
+                let local = dir.path().join("x");
+                std::fs::write(&local, "x")?;
+                refused(C::UPLOAD_DOWNLOAD, f.upload(&local, "/work/x").await)?;
+                f.write("/work/y", Bytes::from("y"))
+                    .await
+                    .map_err(|e| anyhow::anyhow!("write: {}", e.render()))?;
+                refused(
+                    C::UPLOAD_DOWNLOAD,
+                    f.download("/work/y", &dir.path().join("y")).await,
+                )?;
+                checked.push(C::UPLOAD_DOWNLOAD);
+            }
+        }
+    }
+    // PTY, PAUSE_RESUME, SNAPSHOT_FORK and TUNNELS have no entry point in the traits yet,
+    // so an undeclared one cannot be invoked at all.
+    let _ = checked;
+    sb.kill().await
+}

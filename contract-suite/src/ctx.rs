@@ -1,0 +1,466 @@
+//! The shared context of a suite run and the helpers every trial uses.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::hash::{BuildHasher, Hasher};
+use std::ops::Deref;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, anyhow, bail, ensure};
+use libtest_mimic::{Completion, Failed, Trial};
+use sandbox_core::labels::{LABEL_SESSION, session_id};
+use sandbox_core::teardown::teardown_grace;
+use sandbox_core::{
+    Backend, Capability, Command, CreateOptions, ErrorCode, ExecResult, IsolationTier,
+    ManagedSandbox, ReapableBackend, RunOptions, Sandbox, SandboxError,
+};
+
+use crate::probes::{CanarySpec, Faults, Probes};
+
+/// Metadata key every trial sandbox carries (`contract=<area>::<case>`).
+pub const CASE_LABEL: &str = "contract";
+
+/// Longest a single trial may take before it is failed (a hung adapter must not hang the
+/// suite).
+pub const TRIAL_BUDGET: Duration = Duration::from_secs(180);
+
+/// State shared by every trial of one suite run.
+pub struct Ctx {
+    /// The one multi-thread runtime all trials run on (engine clients are tied to it).
+    pub rt: tokio::runtime::Runtime,
+    /// The backend under test.
+    pub backend: Arc<dyn Backend>,
+    /// The adapter's probes.
+    pub probes: Arc<dyn Probes>,
+    /// `backend.capabilities()`, read once.
+    pub caps: Capability,
+    /// `backend.isolation()`, read once.
+    pub tier: IsolationTier,
+    /// The running canary server, when the adapter provides a canary probe.
+    pub canary: Option<Canary>,
+    /// Why the canary server could not start (the canary trials then fail with it).
+    pub canary_error: Option<String>,
+    /// Fault injection, when provided.
+    pub faults: Option<Arc<dyn Faults>>,
+    /// Why no trial can run (the backend factory failed), and whether that fails them.
+    pub unavailable: Option<Unavailable>,
+    /// Serialises trials that use [`Faults`] (fault state is global to the fault backend).
+    pub fault_lock: tokio::sync::Mutex<()>,
+    /// Serialises trials that measure this process's memory or allocate a lot.
+    pub heavy_lock: tokio::sync::Mutex<()>,
+    pub(crate) background_kills: Arc<AtomicUsize>,
+}
+
+/// The backend could not be created.
+#[derive(Debug, Clone)]
+pub struct Unavailable {
+    /// The error, rendered.
+    pub reason: String,
+    /// `true` with `CI=true` or `SBX_CONTRACT_REQUIRED=1`: trials fail instead of being
+    /// ignored.
+    pub fail: bool,
+}
+
+/// The suite's canary TCP server: every connection receives `<token>\n`.
+#[derive(Debug, Clone)]
+pub struct Canary {
+    /// The spec the adapter gave.
+    pub spec: CanarySpec,
+    /// The port actually bound.
+    pub port: u16,
+    /// The random token the server sends.
+    pub token: String,
+}
+
+impl Canary {
+    /// The in-sandbox egress probe command: `nc -w 3 <dial_host> <port>`.
+    pub fn probe_command(&self) -> Command {
+        Command::Argv(vec![
+            "nc".into(),
+            "-w".into(),
+            "3".into(),
+            self.spec.dial_host.clone(),
+            self.port.to_string(),
+        ])
+    }
+}
+
+/// A precondition of a trial. Unmet preconditions mark the trial ignored with the reason
+/// in its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// The backend declares these capabilities (positive trial).
+    Cap(Capability),
+    /// The backend does not declare this capability (negative trial).
+    Lacks(Capability),
+    /// A canary probe.
+    Canary,
+    /// A fault-injection probe.
+    Faults,
+    /// A template without python3.
+    TemplateWithoutPython,
+    /// The backend is a `ReapableBackend`.
+    Reapable,
+    /// The adapter can create symlinks inside a sandbox (`Probes::symlinks`).
+    Symlinks,
+}
+
+impl Ctx {
+    /// The reason a trial with these needs cannot run, if any.
+    pub fn unmet(&self, needs: &[Need]) -> Option<String> {
+        for n in needs {
+            let missing = match n {
+                Need::Cap(c) if !self.caps.contains(*c) => {
+                    Some(format!("{} not declared", (*c - self.caps).names()))
+                }
+                Need::Lacks(c) if self.caps.contains(*c) => {
+                    Some(format!("{} declared; positive trials cover it", c.names()))
+                }
+                Need::Canary if self.canary.is_none() && self.canary_error.is_none() => {
+                    Some("no canary probe".into())
+                }
+                Need::Faults if self.faults.is_none() => Some("no faults probe".into()),
+                Need::TemplateWithoutPython if self.probes.template_without_python().is_none() => {
+                    Some("no template_without_python probe".into())
+                }
+                Need::Reapable if self.backend.as_reapable().is_none() => {
+                    Some("backend is not a ReapableBackend".into())
+                }
+                Need::Symlinks if !self.probes.symlinks() => {
+                    Some("adapter declares no symlink support (Probes::symlinks)".into())
+                }
+                _ => None,
+            };
+            if missing.is_some() {
+                return missing;
+            }
+        }
+        None
+    }
+
+    /// Builds the trial `contract::<area>::<case>` running `case` on the shared runtime,
+    /// or an ignored / failing trial with the reason in its name.
+    pub fn trial<F, Fut>(self: &Arc<Self>, area: &str, case: &str, needs: &[Need], f: F) -> Trial
+    where
+        F: FnOnce(Arc<Ctx>) -> Fut + Send + 'static,
+        Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
+    {
+        let name = format!("contract::{area}::{case}");
+        if let Some(u) = &self.unavailable {
+            if u.fail {
+                let reason = u.reason.clone();
+                return Trial::test(name, move || {
+                    Err(Failed::from(format!("backend unavailable: {reason}")))
+                });
+            }
+            return Trial::test(format!("{name} [ignored: {}]", u.reason), || Ok(()))
+                .with_ignored_flag(true);
+        }
+        if let Some(reason) = self.unmet(needs) {
+            return Trial::test(format!("{name} [ignored: {reason}]"), || Ok(()))
+                .with_ignored_flag(true);
+        }
+        let ctx = self.clone();
+        Trial::ignorable_test(name, move || {
+            let fut = f(ctx.clone());
+            let outcome = ctx
+                .rt
+                .block_on(async { tokio::time::timeout(TRIAL_BUDGET, fut).await });
+            match outcome {
+                Ok(Ok(())) => Ok(Completion::Completed),
+                Ok(Err(e)) => match e.downcast_ref::<Skip>() {
+                    Some(skip) => Ok(Completion::ignored_with(skip.0.clone())),
+                    None => Err(Failed::from(format!("{e:#}"))),
+                },
+                Err(_) => Err(Failed::from(format!(
+                    "trial did not finish within {TRIAL_BUDGET:?}"
+                ))),
+            }
+        })
+    }
+
+    /// The running canary server (trials that call this declare `Need::Canary`).
+    pub fn canary(&self) -> anyhow::Result<&Canary> {
+        match (&self.canary, &self.canary_error) {
+            (Some(c), _) => Ok(c),
+            (None, Some(e)) => bail!("{e}"),
+            (None, None) => bail!("no canary probe"),
+        }
+    }
+
+    /// The fault probe (trials that call this declare `Need::Faults`).
+    pub fn faults(&self) -> anyhow::Result<Arc<dyn Faults>> {
+        self.faults
+            .clone()
+            .ok_or_else(|| anyhow!("no faults probe"))
+    }
+
+    /// The options a trial starts from: the adapter's base options plus
+    /// `contract=<case>` metadata.
+    pub fn opts(&self, case: &str) -> CreateOptions {
+        self.probes.base_options().metadata(CASE_LABEL, case)
+    }
+
+    /// Creates a sandbox from `opts` (adding `contract=<case>`), wrapped in a guard that
+    /// always kills it.
+    pub async fn create(&self, case: &str, opts: CreateOptions) -> anyhow::Result<Sbx> {
+        let opts = opts.metadata(CASE_LABEL, case);
+        let sb = self
+            .backend
+            .create(opts)
+            .await
+            .map_err(|e| anyhow!("create failed: {}", e.render()))?;
+        Ok(Sbx::new(sb, self.background_kills.clone()))
+    }
+
+    /// Creates a sandbox with the base options.
+    pub async fn sandbox(&self, case: &str) -> anyhow::Result<Sbx> {
+        self.create(case, self.opts(case)).await
+    }
+
+    /// The backend as a `ReapableBackend` (trials that call this declare `Need::Reapable`).
+    pub fn reaper(&self) -> anyhow::Result<&dyn ReapableBackend> {
+        self.backend
+            .as_reapable()
+            .ok_or_else(|| anyhow!("backend is not a ReapableBackend"))
+    }
+
+    /// Sandboxes of this session carrying `contract=<case>`.
+    pub async fn listed(&self, case: &str) -> anyhow::Result<Vec<ManagedSandbox>> {
+        let mut filter = BTreeMap::new();
+        filter.insert(CASE_LABEL.to_string(), case.to_string());
+        filter.insert(LABEL_SESSION.to_string(), session_id().to_string());
+        self.reaper()?
+            .list_managed(&filter)
+            .await
+            .map_err(|e| anyhow!("list_managed failed: {}", e.render()))
+    }
+
+    /// Waits until no sandbox of this session carries `contract=<case>` (within the
+    /// teardown grace plus `margin`).
+    pub async fn wait_unlisted(&self, case: &str, margin: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + teardown_grace() + margin;
+        loop {
+            let left = self.listed(case).await?;
+            if left.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                let ids: Vec<_> = left.iter().map(|m| (m.id.clone(), m.state)).collect();
+                bail!(
+                    "sandboxes of case `{case}` still listed {:?} after the grace: {ids:?}",
+                    teardown_grace() + margin
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until sandbox `id` is no longer listed (within grace plus `margin`).
+    pub async fn wait_id_unlisted(
+        &self,
+        case: &str,
+        id: &str,
+        margin: Duration,
+    ) -> anyhow::Result<()> {
+        let deadline = Instant::now() + teardown_grace() + margin;
+        loop {
+            let left = self.listed(case).await?;
+            if !left.iter().any(|m| m.id == id) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "sandbox {id} still listed {:?} after it should be gone",
+                    teardown_grace() + margin
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits for the suite's own background kills (guards dropped in failing trials).
+    pub async fn wait_background_kills(&self, max: Duration) {
+        let deadline = Instant::now() + max;
+        while self.background_kills.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// A trial's sandbox: derefs to the `Sandbox`; dropping it without [`Sbx::kill`] kills the
+/// sandbox explicitly in the background (so failing trials clean up too).
+pub struct Sbx {
+    inner: Option<Box<dyn Sandbox>>,
+    background: Arc<AtomicUsize>,
+}
+
+impl Sbx {
+    /// Wraps a sandbox.
+    pub fn new(sb: Box<dyn Sandbox>, background: Arc<AtomicUsize>) -> Self {
+        Sbx {
+            inner: Some(sb),
+            background,
+        }
+    }
+
+    /// Kills the sandbox and returns the kill result.
+    pub async fn kill(mut self) -> anyhow::Result<()> {
+        let sb = self.inner.take().context("sandbox already taken")?;
+        sb.kill()
+            .await
+            .map_err(|e| anyhow!("kill failed: {}", e.render()))
+    }
+
+    /// Gives up the guard: the caller owns the raw handle (and its drop behaviour).
+    pub fn into_inner(mut self) -> Box<dyn Sandbox> {
+        self.inner.take().expect("sandbox present until taken")
+    }
+}
+
+impl Deref for Sbx {
+    type Target = dyn Sandbox;
+    fn deref(&self) -> &Self::Target {
+        self.inner.as_deref().expect("sandbox present until taken")
+    }
+}
+
+impl Drop for Sbx {
+    fn drop(&mut self) {
+        if let Some(sb) = self.inner.take() {
+            if let Ok(h) = tokio::runtime::Handle::try_current() {
+                let counter = self.background.clone();
+                counter.fetch_add(1, Ordering::SeqCst);
+                h.spawn(async move {
+                    let _ = tokio::time::timeout(teardown_grace() * 2, sb.kill()).await;
+                    counter.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        }
+    }
+}
+
+/// Marks a trial ignored at run time with a reason (return `Err(Skip(..).into())`).
+#[derive(Debug)]
+pub struct Skip(pub String);
+
+impl std::fmt::Display for Skip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ignored: {}", self.0)
+    }
+}
+
+impl std::error::Error for Skip {}
+
+/// Asserts `result` is an error with `code`; returns the error.
+pub fn must_code<T: std::fmt::Debug>(
+    result: sandbox_core::Result<T>,
+    code: ErrorCode,
+) -> anyhow::Result<SandboxError> {
+    match result {
+        Ok(v) => bail!("expected {code:?} ({}), got Ok({v:?})", code.as_str()),
+        Err(e) if e.code() == code => Ok(e),
+        Err(e) => bail!(
+            "expected {code:?} ({}), got {:?}: {}",
+            code.as_str(),
+            e.code(),
+            e.render()
+        ),
+    }
+}
+
+/// Turns a `SandboxError` into an `anyhow` error carrying its rendering.
+pub fn sbx<T>(result: sandbox_core::Result<T>, what: &str) -> anyhow::Result<T> {
+    result.map_err(|e| anyhow!("{what}: {}", e.render()))
+}
+
+/// Runs a command with default options, failing the trial on a `SandboxError`.
+pub async fn run(sb: &dyn Sandbox, cmd: impl Into<Command>) -> anyhow::Result<ExecResult> {
+    let cmd = cmd.into();
+    let what = format!("run {cmd:?}");
+    sbx(sb.run(cmd, RunOptions::default()).await, &what)
+}
+
+/// Runs a command and requires exit 0; returns stdout as text.
+pub async fn run_ok(sb: &dyn Sandbox, cmd: impl Into<Command>) -> anyhow::Result<String> {
+    let cmd = cmd.into();
+    let r = run(sb, cmd.clone()).await?;
+    ensure!(
+        r.exit_code == 0,
+        "{cmd:?} exited {} (stderr: {:?})",
+        r.exit_code,
+        r.stderr_text()
+    );
+    Ok(r.stdout_text())
+}
+
+/// Polls until `path` exists in the sandbox (via `test -e`), at most `max`.
+pub async fn wait_for_file(sb: &dyn Sandbox, path: &str, max: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + max;
+    loop {
+        let r = run(sb, ["test", "-e", path]).await?;
+        if r.exit_code == 0 {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!("{path} did not appear within {max:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Reads a pid written by `echo $$ > FILE` inside the sandbox.
+pub async fn read_pid(sb: &dyn Sandbox, path: &str) -> anyhow::Result<String> {
+    let out = run_ok(sb, ["cat", path]).await?;
+    let pid = out.trim().to_string();
+    ensure!(
+        !pid.is_empty() && pid.chars().all(|c| c.is_ascii_digit()),
+        "pid file {path} holds {out:?}"
+    );
+    Ok(pid)
+}
+
+/// Whether a process is alive inside the sandbox (`kill -0 PID`).
+pub async fn pid_alive(sb: &dyn Sandbox, pid: &str) -> anyhow::Result<bool> {
+    Ok(run(sb, ["kill", "-0", pid]).await?.exit_code == 0)
+}
+
+/// Waits until the process is gone (teardown grace + 2 s), else fails naming the orphan.
+pub async fn assert_pid_gone(sb: &dyn Sandbox, pid: &str, what: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + teardown_grace() + Duration::from_secs(2);
+    loop {
+        if !pid_alive(sb, pid).await? {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "orphan process: pid {pid} ({what}) still alive {:?} after it should have been killed",
+                teardown_grace() + Duration::from_secs(2)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A random token (hex) for secrets, canaries and unique paths.
+pub fn token(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::SeqCst));
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    let a = h.finish();
+    h.write_u64(a);
+    format!("{prefix}{a:016x}{:08x}", h.finish() as u32)
+}
+
+/// The grace every bounded wait in the suite is derived from, plus a margin.
+pub fn grace_plus(margin: Duration) -> Duration {
+    teardown_grace() + margin
+}

@@ -1,0 +1,170 @@
+//! Contract trials: the security defaults of SPEC §5, verified from inside the sandbox
+//! (no-new-privileges, no effective capabilities, limits, interfaces, secrets).
+
+use std::sync::Arc;
+
+use anyhow::{Context as _, ensure};
+use libtest_mimic::Trial;
+use sandbox_core::{Capability as C, NetworkPolicy, Resources, Sandbox};
+
+use crate::ctx::{Ctx, Need, Skip, run, run_ok, token};
+use crate::policy::{memory_limit, pids_limit};
+
+const AREA: &str = "hardening";
+
+/// The trials of this area.
+pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
+    let r = Need::Cap(C::RUN_COMMAND);
+    vec![
+        ctx.trial(AREA, "no_new_privs_pid1", &[r], no_new_privs_pid1),
+        ctx.trial(AREA, "no_new_privs_self", &[r], no_new_privs_self),
+        ctx.trial(AREA, "cap_eff_zero_pid1", &[r], cap_eff_zero_pid1),
+        ctx.trial(AREA, "cap_eff_zero_self", &[r], cap_eff_zero_self),
+        ctx.trial(AREA, "limits_as_requested", &[r], limits_as_requested),
+        ctx.trial(
+            AREA,
+            "interfaces_only_loopback_by_default",
+            &[r],
+            interfaces_only_loopback_by_default,
+        ),
+        ctx.trial(
+            AREA,
+            "secrets_not_in_engine_env",
+            &[],
+            secrets_not_in_engine_env,
+        ),
+        ctx.trial(
+            AREA,
+            "secrets_visible_to_process",
+            &[r],
+            secrets_visible_to_process,
+        ),
+    ]
+}
+
+fn case(name: &str) -> String {
+    format!("{AREA}::{name}")
+}
+
+/// One field of a `/proc/<pid>/status` file.
+async fn status_field(sb: &dyn Sandbox, file: &str, field: &str) -> anyhow::Result<String> {
+    let out = run_ok(sb, ["cat", file]).await?;
+    out.lines()
+        .find_map(|l| {
+            l.split_once(':')
+                .filter(|(k, _)| k.trim() == field)
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .with_context(|| format!("{file} has no {field} line: {out:?}"))
+}
+
+async fn expect_no_new_privs(ctx: Arc<Ctx>, c: &str, file: &str) -> anyhow::Result<()> {
+    let sb = ctx.sandbox(&case(c)).await?;
+    let v = status_field(&*sb, file, "NoNewPrivs").await?;
+    ensure!(v == "1", "{file} NoNewPrivs = {v:?}");
+    sb.kill().await
+}
+
+async fn expect_cap_eff_zero(ctx: Arc<Ctx>, c: &str, file: &str) -> anyhow::Result<()> {
+    let sb = ctx.sandbox(&case(c)).await?;
+    let v = status_field(&*sb, file, "CapEff").await?;
+    let bits = u64::from_str_radix(&v, 16).with_context(|| format!("CapEff {v:?}"))?;
+    ensure!(bits == 0, "{file} CapEff = {v} (capabilities not dropped)");
+    sb.kill().await
+}
+
+/// PID 1 runs with no-new-privileges.
+async fn no_new_privs_pid1(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    expect_no_new_privs(ctx, "no_new_privs_pid1", "/proc/1/status").await
+}
+
+/// User commands run with no-new-privileges.
+async fn no_new_privs_self(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    expect_no_new_privs(ctx, "no_new_privs_self", "/proc/self/status").await
+}
+
+/// PID 1 has no effective capabilities.
+async fn cap_eff_zero_pid1(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    expect_cap_eff_zero(ctx, "cap_eff_zero_pid1", "/proc/1/status").await
+}
+
+/// User commands have no effective capabilities.
+async fn cap_eff_zero_self(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    expect_cap_eff_zero(ctx, "cap_eff_zero_self", "/proc/self/status").await
+}
+
+/// Memory and pids limits read back exactly as requested.
+async fn limits_as_requested(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let c = case("limits_as_requested");
+    let sb = ctx
+        .create(
+            &c,
+            ctx.opts(&c)
+                .resources(Resources::default().memory_mb(300).pids(64)),
+        )
+        .await?;
+    let m = memory_limit(&*sb).await?;
+    ensure!(m == (300u64 << 20).to_string(), "memory limit {m:?}");
+    let p = pids_limit(&*sb).await?;
+    ensure!(p == "64", "pids limit {p:?}");
+    sb.kill().await
+}
+
+/// With the default network policy the only interface is `lo`.
+async fn interfaces_only_loopback_by_default(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let c = case("interfaces_only_loopback_by_default");
+    let sb = ctx
+        .create(&c, ctx.opts(&c).network(NetworkPolicy::default()))
+        .await?;
+    let r = run(&*sb, ["cat", "/proc/net/dev"]).await?;
+    let ifs: Vec<String> = r
+        .stdout_text()
+        .lines()
+        .filter_map(|l| l.split_once(':').map(|(n, _)| n.trim().to_string()))
+        .filter(|n| !n.is_empty() && !n.contains('|'))
+        .collect();
+    ensure!(ifs == ["lo"], "interfaces by default: {ifs:?}");
+    sb.kill().await
+}
+
+/// Secret values are not stored in the engine's configuration (`docker inspect`
+/// `Config.Env`).
+async fn secrets_not_in_engine_env(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let c = case("secrets_not_in_engine_env");
+    let secret = token("sbx-secret-");
+    let sb = ctx
+        .create(
+            &c,
+            ctx.opts(&c).secret("SBX_CONTRACT_SECRET", secret.as_str()),
+        )
+        .await?;
+    let Some(env) = ctx.probes.engine_env(sb.id()).await else {
+        sb.kill().await?;
+        return Err(Skip("no engine_env probe".into()).into());
+    };
+    ensure!(
+        !env.iter().any(|e| e.contains(&secret)),
+        "the secret value is stored in the engine's env"
+    );
+    sb.kill().await
+}
+
+/// Secrets are visible to the sandboxed process as environment variables.
+async fn secrets_visible_to_process(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let c = case("secrets_visible_to_process");
+    let secret = token("sbx-secret-");
+    let sb = ctx
+        .create(
+            &c,
+            ctx.opts(&c).secret("SBX_CONTRACT_SECRET", secret.as_str()),
+        )
+        .await?;
+    let out = run_ok(&*sb, ["printenv", "SBX_CONTRACT_SECRET"]).await?;
+    ensure!(out.trim() == secret, "printenv shows {:?}", out.len());
+    let out = run_ok(&*sb, "echo $SBX_CONTRACT_SECRET").await?;
+    ensure!(
+        out.trim() == secret,
+        "shell expansion shows a different value"
+    );
+    sb.kill().await
+}

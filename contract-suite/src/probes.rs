@@ -1,0 +1,91 @@
+//! What an adapter tells the suite about itself beyond the core traits.
+//!
+//! Every method has a default meaning "not provided"; a trial that needs a probe the
+//! adapter does not provide is reported as ignored with the reason in its name (or in the
+//! runtime-ignore reason), never as a silent pass.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use sandbox_core::{Backend, CreateOptions};
+
+/// Adapter-specific knowledge the suite needs to prove behaviour from the outside.
+#[async_trait]
+pub trait Probes: Send + Sync {
+    /// Options every trial starts from (a template with python3 and busybox applets).
+    /// Default: `CreateOptions::default()`.
+    fn base_options(&self) -> CreateOptions {
+        CreateOptions::default()
+    }
+
+    /// A template WITHOUT python3, for the interpreter-missing trial. `None` → that trial
+    /// is ignored.
+    fn template_without_python(&self) -> Option<String> {
+        None
+    }
+
+    /// Where the suite's canary TCP server binds, and the host name or IP a sandbox with
+    /// egress `Allow` dials to reach it. Docker: bind `0.0.0.0:0` on the host, dial the
+    /// bridge gateway IP. The fake: bind `127.0.0.1:0`, dial `"127.0.0.1"`. `None` →
+    /// egress trials are ignored.
+    async fn canary(&self) -> Option<CanarySpec> {
+        None
+    }
+
+    /// The engine-side view of a sandbox's configured environment (`docker inspect`
+    /// `Config.Env`), to prove secrets are not stored there. `None` → that trial is
+    /// ignored.
+    async fn engine_env(&self, _sandbox_id: &str) -> Option<Vec<String>> {
+        None
+    }
+
+    /// Fault injection sharing the same engine; `None` → fault trials are ignored.
+    async fn faults(&self) -> Option<Arc<dyn Faults>> {
+        None
+    }
+
+    /// Whether `ln -s TARGET LINK` works inside a sandbox, so the suite can plant a
+    /// symlink that escapes a downloaded directory. Default `true`; an adapter whose
+    /// sandboxes cannot hold symlinks (the fake) returns `false`, which marks the tar
+    /// path-escape trial ignored with that reason in its name.
+    fn symlinks(&self) -> bool {
+        true
+    }
+
+    /// Whether sandbox files live in THIS process's memory (the fake). The bounded-memory
+    /// transfer trial then allows the transferred file's own size on top of its bound,
+    /// since storing it is not buffering it. Default `false`.
+    fn in_process_storage(&self) -> bool {
+        false
+    }
+}
+
+/// Where the canary server listens and how a sandbox reaches it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CanarySpec {
+    /// Address the suite binds its canary TCP server to (port 0 = any free port).
+    pub bind: SocketAddr,
+    /// Host name or IP a sandbox with egress `Allow` dials to reach the server.
+    pub dial_host: String,
+}
+
+/// Fault injection on a backend that shares the engine of the one under test.
+#[async_trait]
+pub trait Faults: Send + Sync {
+    /// A backend (same engine) whose sandboxes' kill requests can be made to hang or fail.
+    fn backend(&self) -> Arc<dyn Backend>;
+    /// From now on kills through `backend()` hang (never complete) until `heal()`.
+    async fn hang_kills(&self);
+    /// From now on kills through `backend()` fail with an engine error until `heal()`.
+    async fn fail_kills(&self);
+    /// Back to normal.
+    async fn heal(&self);
+}
+
+/// Probes that provide nothing beyond the defaults (every probe-dependent trial is
+/// ignored with its reason).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoProbes;
+
+impl Probes for NoProbes {}

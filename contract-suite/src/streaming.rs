@@ -1,0 +1,410 @@
+//! Contract trials: `Sandbox::stream` and `Process` (a plain fn, lazy start, order,
+//! stream kinds, `wait`, timeouts, cleanup on every exit path, latency, `returncode`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail, ensure};
+use futures::StreamExt;
+use libtest_mimic::Trial;
+use sandbox_core::{Capability as C, ErrorCode, Process, RunOptions, Sandbox, StreamKind};
+
+use crate::ctx::{
+    Ctx, Need, assert_pid_gone, must_code, read_pid, run, run_ok, sbx, wait_for_file,
+};
+
+const AREA: &str = "streaming";
+
+/// The trials of this area.
+pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
+    let s = Need::Cap(C::STREAMING | C::RUN_COMMAND);
+    vec![
+        ctx.trial(AREA, "stream_is_not_a_future", &[s], stream_is_not_a_future),
+        ctx.trial(AREA, "starts_on_first_poll", &[s], starts_on_first_poll),
+        ctx.trial(AREA, "order_within_a_stream", &[s], order_within_a_stream),
+        ctx.trial(
+            AREA,
+            "stdout_stderr_distinguishable",
+            &[s],
+            stdout_stderr_distinguishable,
+        ),
+        ctx.trial(
+            AREA,
+            "wait_idempotent_and_empty",
+            &[s],
+            wait_idempotent_and_empty,
+        ),
+        ctx.trial(AREA, "timeout_from_iteration", &[s], timeout_from_iteration),
+        ctx.trial(AREA, "timeout_from_wait", &[s], timeout_from_wait),
+        ctx.trial(
+            AREA,
+            "cleanup_after_full_iteration",
+            &[s],
+            cleanup_after_full_iteration,
+        ),
+        ctx.trial(
+            AREA,
+            "cleanup_after_early_break",
+            &[s],
+            cleanup_after_early_break,
+        ),
+        ctx.trial(
+            AREA,
+            "cleanup_after_consumer_error",
+            &[s],
+            cleanup_after_consumer_error,
+        ),
+        ctx.trial(AREA, "cleanup_after_drop", &[s], cleanup_after_drop),
+        ctx.trial(
+            AREA,
+            "first_chunk_before_process_ends",
+            &[s],
+            first_chunk_before_process_ends,
+        ),
+        ctx.trial(
+            AREA,
+            "returncode_none_while_running",
+            &[s],
+            returncode_none_while_running,
+        ),
+        ctx.trial(
+            AREA,
+            "explicit_kill_ends_process",
+            &[s],
+            explicit_kill_ends_process,
+        ),
+        ctx.trial(
+            AREA,
+            "stream_refused_without_capability",
+            &[Need::Lacks(C::STREAMING)],
+            stream_refused_without_capability,
+        ),
+    ]
+}
+
+fn case(name: &str) -> String {
+    format!("{AREA}::{name}")
+}
+
+fn stream(sb: &dyn Sandbox, cmd: &str, timeout: Duration) -> anyhow::Result<Process> {
+    sbx(
+        sb.stream(cmd.into(), RunOptions::default().timeout(timeout)),
+        "stream",
+    )
+}
+
+/// Collects a whole stream into (stdout, stderr).
+async fn drain(p: &mut Process) -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    while let Some(item) = p.next().await {
+        let chunk = sbx(item, "stream item")?;
+        match chunk.stream {
+            StreamKind::Stdout => out.extend_from_slice(&chunk.data),
+            StreamKind::Stderr => err.extend_from_slice(&chunk.data),
+        }
+    }
+    Ok((out, err))
+}
+
+/// `stream()` is a plain fn returning `Result<Process>` (checked at compile time).
+async fn stream_is_not_a_future(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let sb = ctx.sandbox(&case("stream_is_not_a_future")).await?;
+    // No `.await`: this only compiles because `stream` is not async.
+    let r: sandbox_core::Result<Process> = sb.stream(["echo", "x"].into(), RunOptions::default());
+    let mut p = sbx(r, "stream")?;
+    let (out, _) = drain(&mut p).await?;
+    ensure!(out == b"x\n", "stdout {:?}", String::from_utf8_lossy(&out));
+    sb.kill().await
+}
+
+/// The process starts on first poll: an unpolled `Process` runs nothing.
+async fn starts_on_first_poll(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let sb = ctx.sandbox(&case("starts_on_first_poll")).await?;
+    let mut p = stream(
+        &*sb,
+        "echo started > /work/started",
+        Duration::from_secs(30),
+    )?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let r = run(&*sb, ["test", "-e", "/work/started"]).await?;
+    ensure!(r.exit_code != 0, "the process ran before it was polled");
+    let w = sbx(p.wait().await, "wait")?;
+    ensure!(w.exit_code == 0, "exit {}", w.exit_code);
+    let r = run(&*sb, ["test", "-e", "/work/started"]).await?;
+    ensure!(r.exit_code == 0, "the process did not run once polled");
+    sb.kill().await
+}
+
+/// Output within one stream arrives in order.
+async fn order_within_a_stream(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let sb = ctx.sandbox(&case("order_within_a_stream")).await?;
+    let mut p = stream(&*sb, "seq 1 200", Duration::from_secs(30))?;
+    let (out, _) = drain(&mut p).await?;
+    let expected: String = (1..=200).map(|i| format!("{i}\n")).collect();
+    ensure!(
+        out == expected.as_bytes(),
+        "out of order or incomplete: {:?}",
+        String::from_utf8_lossy(&out)
+    );
+    sb.kill().await
+}
+
+/// Stdout and stderr chunks are tagged with their stream.
+async fn stdout_stderr_distinguishable(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let sb = ctx.sandbox(&case("stdout_stderr_distinguishable")).await?;
+    let mut p = stream(
+        &*sb,
+        "echo out; echo err >&2; echo out2",
+        Duration::from_secs(30),
+    )?;
+    let (out, err) = drain(&mut p).await?;
+    ensure!(
+        out == b"out\nout2\n",
+        "stdout {:?}",
+        String::from_utf8_lossy(&out)
+    );
+    ensure!(
+        err == b"err\n",
+        "stderr {:?}",
+        String::from_utf8_lossy(&err)
+    );
+    sb.kill().await
+}
+
+/// `wait()` drains unconsumed output, returns `streamed = true` with empty output, and is
+/// idempotent.
+async fn wait_idempotent_and_empty(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let sb = ctx.sandbox(&case("wait_idempotent_and_empty")).await?;
+    let mut p = stream(&*sb, "seq 1 500; exit 4", Duration::from_secs(30))?;
+    let first = sbx(p.wait().await, "first wait")?;
+    ensure!(
+        first.streamed && first.stdout.is_empty() && first.stderr.is_empty(),
+        "{first:?}"
+    );
+    ensure!(first.exit_code == 4, "exit {}", first.exit_code);
+    let second = sbx(p.wait().await, "second wait")?;
+    ensure!(second == first, "second wait {second:?} != first {first:?}");
+    ensure!(p.next().await.is_none(), "items after wait");
+    sb.kill().await
+}
+
+/// A streamed process past its timeout yields `ExecutionTimeout` from iteration.
+async fn timeout_from_iteration(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let sb = ctx.sandbox(&case("timeout_from_iteration")).await?;
+    let mut p = stream(
+        &*sb,
+        "echo $$ > /work/tpid; echo hi; exec sleep 30",
+        Duration::from_secs(1),
+    )?;
+    let started = Instant::now();
+    let mut timed_out = false;
+    while let Some(item) = tokio::time::timeout(Duration::from_secs(30), p.next())
+        .await
+        .context("iteration hung past the timeout")?
+    {
+        if let Err(e) = item {
+            ensure!(
+                e.code() == ErrorCode::ExecutionTimeout,
+                "expected ExecutionTimeout, got {}",
+                e.render()
+            );
+            timed_out = true;
+            break;
+        }
+    }
+    ensure!(timed_out, "the stream ended without ExecutionTimeout");
+    ensure!(
+        started.elapsed() < crate::ctx::grace_plus(Duration::from_secs(3)),
+        "timeout took {:?}",
+        started.elapsed()
+    );
+    let pid = read_pid(&*sb, "/work/tpid").await?;
+    assert_pid_gone(&*sb, &pid, "timed-out streamed process").await?;
+    drop(p);
+    sb.kill().await
+}
+
+/// A streamed process past its timeout yields `ExecutionTimeout` from `wait()`.
+async fn timeout_from_wait(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let sb = ctx.sandbox(&case("timeout_from_wait")).await?;
+    let mut p = stream(&*sb, "sleep 30", Duration::from_secs(1))?;
+    let r = tokio::time::timeout(Duration::from_secs(30), p.wait())
+        .await
+        .context("wait hung past the timeout")?;
+    must_code(r, ErrorCode::ExecutionTimeout)?;
+    must_code(p.wait().await, ErrorCode::ExecutionTimeout)?;
+    sb.kill().await
+}
+
+const READY: &str = "echo $$ > /work/cpid; echo ready; exec sleep 1000";
+
+/// Reads chunks until `ready` appeared on stdout.
+async fn until_ready(p: &mut Process) -> anyhow::Result<()> {
+    let mut seen = Vec::new();
+    loop {
+        let item = tokio::time::timeout(Duration::from_secs(20), p.next())
+            .await
+            .context("no `ready` from the streamed process")?;
+        match item {
+            Some(Ok(c)) => {
+                seen.extend_from_slice(&c.data);
+                if seen.windows(5).any(|w| w == b"ready") {
+                    return Ok(());
+                }
+            }
+            Some(Err(e)) => bail!("stream error before ready: {}", e.render()),
+            None => bail!("stream ended before ready"),
+        }
+    }
+}
+
+/// After iterating a stream to its end, its process is gone.
+async fn cleanup_after_full_iteration(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let sb = ctx.sandbox(&case("cleanup_after_full_iteration")).await?;
+    let mut p = stream(
+        &*sb,
+        "echo $$ > /work/cpid; seq 1 50",
+        Duration::from_secs(30),
+    )?;
+    let (out, _) = drain(&mut p).await?;
+    ensure!(out.ends_with(b"50\n"), "incomplete output");
+    ensure!(p.returncode() == Some(0), "returncode {:?}", p.returncode());
+    let pid = read_pid(&*sb, "/work/cpid").await?;
+    assert_pid_gone(&*sb, &pid, "fully iterated stream").await?;
+    sb.kill().await
+}
+
+/// Breaking out of the iteration early (then dropping) kills the process.
+async fn cleanup_after_early_break(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let sb = ctx.sandbox(&case("cleanup_after_early_break")).await?;
+    {
+        let mut p = stream(&*sb, READY, Duration::from_secs(120))?;
+        // Iterates until `ready`, then breaks out; `p` is dropped at the end of the block.
+        until_ready(&mut p).await?;
+    }
+    wait_for_file(&*sb, "/work/cpid", Duration::from_secs(5)).await?;
+    let pid = read_pid(&*sb, "/work/cpid").await?;
+    assert_pid_gone(&*sb, &pid, "stream left by an early break").await?;
+    sb.kill().await
+}
+
+async fn consume_and_fail(sb: &dyn Sandbox) -> anyhow::Result<()> {
+    let mut p = stream(sb, READY, Duration::from_secs(120))?;
+    until_ready(&mut p).await?;
+    // The consumer's own error propagates with `?`, dropping the process.
+    let n: u32 = "not-a-number".parse()?;
+    bail!("parsed {n}")
+}
+
+/// An error in the consumer (propagated with `?`) still kills the process.
+async fn cleanup_after_consumer_error(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let sb = ctx.sandbox(&case("cleanup_after_consumer_error")).await?;
+    let e = consume_and_fail(&*sb).await.expect_err("consumer fails");
+    ensure!(
+        e.downcast_ref::<std::num::ParseIntError>().is_some(),
+        "unexpected error: {e:#}"
+    );
+    let pid = read_pid(&*sb, "/work/cpid").await?;
+    assert_pid_gone(&*sb, &pid, "stream dropped by a consumer error").await?;
+    sb.kill().await
+}
+
+/// Dropping a started process without consuming it kills it.
+async fn cleanup_after_drop(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let sb = ctx.sandbox(&case("cleanup_after_drop")).await?;
+    let mut p = stream(&*sb, READY, Duration::from_secs(120))?;
+    sbx(p.start().await, "start")?;
+    wait_for_file(&*sb, "/work/cpid", Duration::from_secs(20)).await?;
+    let pid = read_pid(&*sb, "/work/cpid").await?;
+    drop(p);
+    assert_pid_gone(&*sb, &pid, "dropped process").await?;
+    sb.kill().await
+}
+
+/// The first chunk arrives while the process is still running.
+async fn first_chunk_before_process_ends(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let sb = ctx
+        .sandbox(&case("first_chunk_before_process_ends"))
+        .await?;
+    let mut p = stream(
+        &*sb,
+        "echo first; sleep 2; echo second",
+        Duration::from_secs(30),
+    )?;
+    let started = Instant::now();
+    let first = tokio::time::timeout(Duration::from_secs(10), p.next())
+        .await
+        .context("no first chunk")?
+        .context("stream ended at once")?;
+    let at = started.elapsed();
+    let first = sbx(first, "first chunk")?;
+    ensure!(
+        first.data.starts_with(b"first"),
+        "first chunk {:?}",
+        first.data
+    );
+    ensure!(
+        at < Duration::from_millis(1500),
+        "first chunk only after {at:?}: output is buffered until the end"
+    );
+    let (rest, _) = drain(&mut p).await?;
+    ensure!(
+        rest.ends_with(b"second\n"),
+        "rest {:?}",
+        String::from_utf8_lossy(&rest)
+    );
+    ensure!(
+        started.elapsed() >= Duration::from_millis(1800),
+        "the process ended after {:?}",
+        started.elapsed()
+    );
+    sb.kill().await
+}
+
+/// `returncode()` is `None` while running and `Some(code)` after the end.
+async fn returncode_none_while_running(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let sb = ctx.sandbox(&case("returncode_none_while_running")).await?;
+    let mut p = stream(&*sb, "echo x; sleep 0.5; exit 7", Duration::from_secs(30))?;
+    ensure!(p.returncode().is_none(), "returncode before start");
+    let first = p.next().await;
+    ensure!(matches!(first, Some(Ok(_))), "first item {first:?}");
+    ensure!(
+        p.returncode().is_none(),
+        "returncode while running: {:?}",
+        p.returncode()
+    );
+    let r = sbx(p.wait().await, "wait")?;
+    ensure!(r.exit_code == 7, "exit {}", r.exit_code);
+    ensure!(
+        p.returncode() == Some(7),
+        "returncode after end: {:?}",
+        p.returncode()
+    );
+    sb.kill().await
+}
+
+/// `Process::kill` ends the remote process and is idempotent.
+async fn explicit_kill_ends_process(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let sb = ctx.sandbox(&case("explicit_kill_ends_process")).await?;
+    let mut p = stream(&*sb, READY, Duration::from_secs(120))?;
+    until_ready(&mut p).await?;
+    let pid = read_pid(&*sb, "/work/cpid").await?;
+    sbx(p.kill().await, "kill")?;
+    sbx(p.kill().await, "second kill")?;
+    assert_pid_gone(&*sb, &pid, "killed process").await?;
+    let out = run_ok(&*sb, ["echo", "ok"]).await?;
+    ensure!(out == "ok\n", "sandbox after process kill: {out:?}");
+    sb.kill().await
+}
+
+/// Without `STREAMING`, `stream()` itself returns `CapabilityNotSupported`.
+async fn stream_refused_without_capability(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let sb = ctx
+        .sandbox(&case("stream_refused_without_capability"))
+        .await?;
+    must_code(
+        sb.stream(["echo", "x"].into(), RunOptions::default()),
+        ErrorCode::CapabilityNotSupported,
+    )?;
+    sb.kill().await
+}
