@@ -1,1 +1,31 @@
-//! Work in progress.
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod backend;
+mod builtins;
+mod calls;
+mod clock;
+mod config;
+mod exec;
+mod faults;
+mod files;
+mod memfs;
+mod netcat;
+mod policy;
+mod processes;
+mod python;
+mod sandbox;
+mod script;
+mod shell;
+
+pub use backend::FakeBackend;
+pub use calls::{Call, FileOp, REDACTED};
+pub use config::{DEFAULT_TEMPLATE, FakeBuilder, FakeConfig, full_capabilities};
+pub use faults::{FaultInjector, FaultState};
+pub use processes::{INIT_PID, ProcessInfo};
+pub use sandbox::{FakeSandbox, SandboxHandle};
+pub use script::{CodeMatch, Response, RunMatch, Step};
+
+/// The backend name (and DSN scheme) of the fake.
+pub const BACKEND_NAME: &str = "fake";

@@ -1,0 +1,439 @@
+//! The fake engine (shared state) and [`FakeBackend`], its `Backend` / `ReapableBackend`.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use sandbox_core::labels::{metadata_filter, sandbox_labels};
+use sandbox_core::teardown::shielded_kill;
+use sandbox_core::{
+    Backend, Capability, CreateOptions, IsolationTier, ManagedSandbox, ReapableBackend, Result,
+    Sandbox, SandboxError, SandboxState,
+};
+
+use crate::BACKEND_NAME;
+use crate::calls::{Call, redact};
+use crate::clock::Clock;
+use crate::config::{FakeBuilder, FakeConfig};
+use crate::faults::FaultInjector;
+use crate::sandbox::{FakeSandbox, Life, SandboxHandle, SandboxInner, Spec};
+use crate::script::{CodeMatch, Response, RunMatch, Script};
+
+/// The in-memory "engine": every sandbox, the recorded calls and the scripted rules.
+pub(crate) struct Engine {
+    sandboxes: Mutex<BTreeMap<String, Arc<SandboxInner>>>,
+    calls: Mutex<Vec<Call>>,
+    scripts: Mutex<Script>,
+    next_id: AtomicU64,
+    clock: Clock,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Engine {
+    pub(crate) fn record(&self, call: Call) {
+        lock(&self.calls).push(call);
+    }
+
+    pub(crate) fn scripts(&self) -> MutexGuard<'_, Script> {
+        lock(&self.scripts)
+    }
+
+    pub(crate) fn forget(&self, id: &str) {
+        lock(&self.sandboxes).remove(id);
+    }
+
+    fn get(&self, id: &str) -> Option<Arc<SandboxInner>> {
+        let sb = lock(&self.sandboxes).get(id).cloned()?;
+        // Applies the deadline lazily (the lifetime task may not have run yet).
+        sb.alive().ok().map(|()| sb)
+    }
+
+    fn all(&self) -> Vec<Arc<SandboxInner>> {
+        let all: Vec<_> = lock(&self.sandboxes).values().cloned().collect();
+        all.into_iter().filter(|sb| sb.alive().is_ok()).collect()
+    }
+}
+
+/// The in-memory, deterministic backend (name `"fake"`).
+///
+/// Cloning gives another handle on the same engine *and* the same fault toggles; see
+/// [`FakeBackend::with_own_faults`] for a handle with separate toggles.
+#[derive(Clone)]
+pub struct FakeBackend {
+    engine: Arc<Engine>,
+    config: Arc<FakeConfig>,
+    faults: FaultInjector,
+}
+
+impl std::fmt::Debug for FakeBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FakeBackend")
+            .field("capabilities", &self.config.capabilities)
+            .field("isolation", &self.config.isolation)
+            .field("sandboxes", &lock(&self.engine.sandboxes).len())
+            .field("faults", &self.faults)
+            .finish()
+    }
+}
+
+impl Default for FakeBackend {
+    fn default() -> Self {
+        FakeBackend::new()
+    }
+}
+
+impl FakeBackend {
+    /// A backend with the default [`FakeConfig`].
+    pub fn new() -> Self {
+        FakeBackend::with_config(FakeConfig::default())
+    }
+
+    /// A builder for a configured backend.
+    pub fn builder() -> FakeBuilder {
+        FakeBuilder::default()
+    }
+
+    /// A backend with this configuration.
+    pub fn with_config(config: FakeConfig) -> Self {
+        let faults = FaultInjector::default();
+        faults.set_create_delay(config.create_delay);
+        FakeBackend {
+            engine: Arc::new(Engine {
+                sandboxes: Mutex::new(BTreeMap::new()),
+                calls: Mutex::new(Vec::new()),
+                scripts: Mutex::new(Script::default()),
+                next_id: AtomicU64::new(1),
+                clock: Clock::new(),
+            }),
+            config: Arc::new(config),
+            faults,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &FakeConfig {
+        &self.config
+    }
+
+    /// The fault toggles of this handle (shared by the sandboxes it creates).
+    pub fn faults(&self) -> &FaultInjector {
+        &self.faults
+    }
+
+    /// Another handle on the same engine (same sandboxes, calls and scripts) with fault
+    /// toggles of its own, so faults can be injected for one client without disturbing
+    /// others.
+    pub fn with_own_faults(&self) -> FakeBackend {
+        let faults = FaultInjector::default();
+        faults.set_create_delay(self.config.create_delay);
+        FakeBackend {
+            engine: self.engine.clone(),
+            config: self.config.clone(),
+            faults,
+        }
+    }
+
+    /// Scripts every command matching `matcher` (until cleared). Scripted rules take
+    /// precedence over built-in commands; the most recent matching rule wins.
+    pub fn on_run(&self, matcher: impl Into<RunMatch>, response: Response) -> &Self {
+        self.engine
+            .scripts()
+            .add_run(matcher.into(), response, None);
+        self
+    }
+
+    /// Scripts the next command matching `matcher` only.
+    pub fn on_run_once(&self, matcher: impl Into<RunMatch>, response: Response) -> &Self {
+        self.engine
+            .scripts()
+            .add_run(matcher.into(), response, Some(1));
+        self
+    }
+
+    /// Scripts every `run_code` snippet matching `matcher`.
+    pub fn on_run_code(&self, matcher: impl Into<CodeMatch>, response: Response) -> &Self {
+        self.engine
+            .scripts()
+            .add_code(matcher.into(), response, None);
+        self
+    }
+
+    /// Scripts the next `run_code` snippet matching `matcher` only.
+    pub fn on_run_code_once(&self, matcher: impl Into<CodeMatch>, response: Response) -> &Self {
+        self.engine
+            .scripts()
+            .add_code(matcher.into(), response, Some(1));
+        self
+    }
+
+    /// Removes every scripted rule.
+    pub fn clear_scripts(&self) {
+        self.engine.scripts().clear();
+    }
+
+    /// Every call received so far, in order (secrets redacted).
+    pub fn calls(&self) -> Vec<Call> {
+        lock(&self.engine.calls).clone()
+    }
+
+    /// The calls concerning one sandbox.
+    pub fn calls_for(&self, sandbox_id: &str) -> Vec<Call> {
+        lock(&self.engine.calls)
+            .iter()
+            .filter(|c| c.sandbox_id() == Some(sandbox_id))
+            .cloned()
+            .collect()
+    }
+
+    /// Forgets the recorded calls.
+    pub fn clear_calls(&self) {
+        lock(&self.engine.calls).clear();
+    }
+
+    /// The inspection handle of a live sandbox.
+    pub fn sandbox(&self, id: &str) -> Option<SandboxHandle> {
+        self.engine.get(id).map(SandboxHandle)
+    }
+
+    /// Every live sandbox.
+    pub fn sandboxes(&self) -> Vec<SandboxHandle> {
+        self.engine.all().into_iter().map(SandboxHandle).collect()
+    }
+
+    /// Fault injection: sandbox `id` reaches its deadline now. Returns whether it existed.
+    pub fn expire(&self, id: &str) -> bool {
+        match self.engine.get(id) {
+            Some(sb) => {
+                sb.expire_now();
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn new_id(&self) -> String {
+        format!(
+            "fake-{:04}",
+            self.engine.next_id.fetch_add(1, Ordering::SeqCst)
+        )
+    }
+
+    fn record_create(
+        &self,
+        options: &CreateOptions,
+        resources: Option<sandbox_core::EffectiveResources>,
+        outcome: std::result::Result<String, sandbox_core::ErrorCode>,
+    ) {
+        self.engine.record(Call::Create {
+            options: redact(options),
+            policy: options.network.clone(),
+            resources,
+            isolation: self.config.isolation,
+            outcome,
+        });
+    }
+
+    fn base_env(id: &str, workdir: &str, uid: u32) -> BTreeMap<String, String> {
+        let home = if uid == 0 { "/root" } else { "/home/sandbox" };
+        BTreeMap::from([
+            (
+                "PATH".to_string(),
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
+            ),
+            ("HOME".to_string(), home.to_string()),
+            ("HOSTNAME".to_string(), id.chars().take(12).collect()),
+            ("PWD".to_string(), workdir.to_string()),
+        ])
+    }
+}
+
+/// Watches the deadline: at the lifetime's end every process dies and the sandbox is
+/// removed (the provider-side backstop). Holds the sandbox weakly.
+fn spawn_lifetime(sb: &Arc<SandboxInner>) {
+    let weak = Arc::downgrade(sb);
+    tokio::spawn(async move {
+        loop {
+            let deadline = match weak.upgrade() {
+                Some(sb) if sb.life() != Life::Gone => sb.deadline(),
+                _ => return,
+            };
+            tokio::time::sleep_until(deadline).await;
+            match weak.upgrade() {
+                Some(sb) => {
+                    if tokio::time::Instant::now() >= sb.deadline() {
+                        sb.terminate();
+                        return;
+                    }
+                }
+                None => return,
+            }
+        }
+    });
+}
+
+#[sandbox_core::async_trait]
+impl Backend for FakeBackend {
+    fn name(&self) -> &str {
+        BACKEND_NAME
+    }
+
+    fn capabilities(&self) -> Capability {
+        self.config.capabilities
+    }
+
+    fn isolation(&self) -> IsolationTier {
+        self.config.isolation
+    }
+
+    async fn create(&self, options: CreateOptions) -> Result<Box<dyn Sandbox>> {
+        let resources = match sandbox_core::policy::check_create(
+            BACKEND_NAME,
+            self.config.capabilities,
+            self.config.isolation,
+            &options,
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                self.record_create(&options, None, Err(e.code()));
+                return Err(e);
+            }
+        };
+        let template = options
+            .template
+            .clone()
+            .unwrap_or_else(|| self.config.default_template.clone());
+        let delay = match self.faults.before_create(BACKEND_NAME).and_then(|d| {
+            if self.config.template_exists(&template) {
+                Ok(d)
+            } else {
+                Err(SandboxError::Creation {
+                    backend: BACKEND_NAME.into(),
+                    message: format!("template `{template}` does not exist"),
+                    source: None,
+                })
+            }
+        }) {
+            Ok(d) => d,
+            Err(e) => {
+                self.record_create(&options, Some(resources), Err(e.code()));
+                return Err(e);
+            }
+        };
+        let id = self.new_id();
+        let workdir = options.effective_workdir().to_string();
+        let mut env = Self::base_env(&id, &workdir, self.config.uid);
+        env.extend(options.env.clone());
+        let clock = self.engine.clock;
+        let inner = Arc::new(SandboxInner::new(
+            Spec {
+                labels: sandbox_labels(
+                    BACKEND_NAME,
+                    clock.unix_after(options.timeout),
+                    &options.metadata,
+                ),
+                id: id.clone(),
+                has_python: self.config.template_has_python(&template),
+                template,
+                policy: options.network.clone(),
+                resources,
+                env,
+                secrets: options.secrets.clone(),
+                workdir,
+                lifetime: options.timeout,
+                capabilities: self.config.capabilities,
+                isolation: self.config.isolation,
+                uid: self.config.uid,
+                clock,
+            },
+            Arc::downgrade(&self.engine),
+        ));
+        lock(&self.engine.sandboxes).insert(id.clone(), inner.clone());
+        // From here on the sandbox exists: the handle's guard kills it if this future is
+        // dropped while it is "starting".
+        let sandbox = FakeSandbox::new(inner.clone(), self.faults.clone());
+        spawn_lifetime(&inner);
+        self.record_create(&options, Some(resources), Ok(id));
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        inner.alive()?;
+        inner.set_running();
+        tracing::debug!(sandbox_id = %inner.id, backend = BACKEND_NAME, "fake sandbox created");
+        Ok(Box::new(sandbox))
+    }
+
+    async fn connect(&self, id: &str) -> Result<Box<dyn Sandbox>> {
+        let found = self.engine.get(id);
+        self.engine.record(Call::Connect {
+            sandbox_id: id.to_string(),
+            found: found.is_some(),
+        });
+        match found {
+            Some(sb) if sb.life() == Life::Running => {
+                Ok(Box::new(FakeSandbox::new(sb, self.faults.clone())))
+            }
+            _ => Err(SandboxError::Connect {
+                id: id.to_string(),
+                message: "no live fake sandbox with this id (never created, killed or expired)"
+                    .into(),
+                source: None,
+            }),
+        }
+    }
+
+    fn as_reapable(&self) -> Option<&dyn ReapableBackend> {
+        Some(self)
+    }
+}
+
+#[sandbox_core::async_trait]
+impl ReapableBackend for FakeBackend {
+    async fn list_managed(&self, labels: &BTreeMap<String, String>) -> Result<Vec<ManagedSandbox>> {
+        self.engine.record(Call::ListManaged);
+        let filter = metadata_filter(labels);
+        Ok(self
+            .engine
+            .all()
+            .into_iter()
+            .filter(|sb| filter.iter().all(|(k, v)| sb.labels.get(k) == Some(v)))
+            .map(|sb| {
+                let state = match sb.life() {
+                    Life::Creating => SandboxState::Creating,
+                    Life::Running => SandboxState::Running,
+                    Life::Gone => SandboxState::Stopped,
+                };
+                ManagedSandbox::new(
+                    sb.id.clone(),
+                    BACKEND_NAME,
+                    state,
+                    Some(sb.created_at),
+                    sb.labels.clone(),
+                )
+            })
+            .collect())
+    }
+
+    async fn kill_managed(&self, id: &str) -> Result<bool> {
+        self.engine.record(Call::KillManaged {
+            sandbox_id: id.to_string(),
+        });
+        let Some(sb) = self.engine.get(id) else {
+            return Ok(false);
+        };
+        let info = sandbox_core::teardown::OrphanInfo::new(id, BACKEND_NAME, sb.labels.clone());
+        let faults = self.faults.clone();
+        shielded_kill(
+            info,
+            Box::pin(async move {
+                faults.before_kill(BACKEND_NAME).await?;
+                sb.terminate();
+                Ok(())
+            }),
+        )
+        .await?;
+        Ok(true)
+    }
+}

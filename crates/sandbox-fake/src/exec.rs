@@ -1,0 +1,252 @@
+//! Running work in a fake sandbox: every exec is a task with a pid whose output flows
+//! through a bounded channel as it is produced, wrapped into a core [`Process`] (which adds
+//! timeouts, drop-kill and `wait`). `run` is `Process::collect`.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use sandbox_core::teardown::{Killer, OrphanInfo};
+use sandbox_core::{
+    KILLED_EXIT_CODE, OutputChunk, Result, SandboxError, StartFuture, StartedExec, StreamKind,
+};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::builtins;
+use crate::memfs::FsError;
+use crate::processes::{SpawnError, spawn_process};
+use crate::python;
+use crate::sandbox::SandboxInner;
+
+/// Chunks buffered between a program and its consumer (backpressure bounds memory).
+const CHANNEL_DEPTH: usize = 16;
+/// Largest chunk a program emits at once.
+pub(crate) const MAX_CHUNK: usize = 64 * 1024;
+/// Exit code of a program whose output consumer went away (128 + SIGPIPE).
+pub(crate) const BROKEN_PIPE_EXIT: i64 = 141;
+
+/// Where a program's output goes.
+#[derive(Clone)]
+pub(crate) enum Sink {
+    /// To the exec's output stream.
+    Chan(mpsc::Sender<OutputChunk>, StreamKind),
+    /// Appended to a sandbox file.
+    File(String),
+    /// Captured (the left side of a pipe).
+    Buffer(Arc<Mutex<Vec<u8>>>),
+    /// Discarded.
+    Null,
+}
+
+/// The execution context of one program: its process, environment and streams.
+#[derive(Clone)]
+pub(crate) struct Proc {
+    pub(crate) sb: Arc<SandboxInner>,
+    pub(crate) pid: u32,
+    pub(crate) pgid: u32,
+    pub(crate) env: BTreeMap<String, String>,
+    pub(crate) cwd: String,
+    pub(crate) stdin: Bytes,
+    pub(crate) stdout: Sink,
+    pub(crate) stderr: Sink,
+}
+
+impl Proc {
+    /// Writes to stdout; false when the consumer is gone.
+    pub(crate) async fn out(&self, data: impl Into<Bytes>) -> bool {
+        self.write(&self.stdout, data.into()).await
+    }
+
+    /// Writes to stderr; false when the consumer is gone.
+    pub(crate) async fn err(&self, data: impl Into<Bytes>) -> bool {
+        self.write(&self.stderr, data.into()).await
+    }
+
+    pub(crate) async fn write(&self, sink: &Sink, mut data: Bytes) -> bool {
+        if data.is_empty() {
+            return true;
+        }
+        match sink {
+            Sink::Chan(tx, kind) => {
+                while !data.is_empty() {
+                    let piece = data.split_to(data.len().min(MAX_CHUNK));
+                    let chunk = OutputChunk {
+                        stream: *kind,
+                        data: piece,
+                    };
+                    if tx.send(chunk).await.is_err() {
+                        return false;
+                    }
+                }
+                true
+            }
+            Sink::File(path) => {
+                let now = self.sb.now();
+                self.sb.fs().append(path, &data, now).is_ok()
+            }
+            Sink::Buffer(buf) => {
+                buf.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .extend_from_slice(&data);
+                true
+            }
+            Sink::Null => true,
+        }
+    }
+
+    /// Resolves a sandbox path against this process's working directory.
+    pub(crate) fn path(&self, p: &str) -> String {
+        sandbox_core::resolve_path(&self.cwd, p).unwrap_or_else(|_| self.cwd.clone())
+    }
+
+    /// Reads a whole file for a program; `Err` carries the errno text.
+    pub(crate) fn read_file(&self, path: &str) -> std::result::Result<Bytes, FsError> {
+        self.sb.read_all(&self.path(path), 64 * 1024 * 1024)
+    }
+}
+
+/// What an exec runs.
+pub(crate) enum Job {
+    /// A program with its arguments.
+    Argv(Vec<String>),
+    /// A Python snippet, optionally in a persistent context.
+    Code {
+        code: String,
+        context: Option<String>,
+        /// A scripted response that replaces the interpreter.
+        scripted: Option<crate::script::Response>,
+    },
+}
+
+/// How a program was invoked (for the "not found" message).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Origin {
+    /// Directly by an exec.
+    Exec,
+    /// By the shell.
+    Shell,
+}
+
+/// Runs one program (scripted rule, built-in, or "not found").
+pub(crate) fn run_program(
+    proc: Proc,
+    argv: Vec<String>,
+    origin: Origin,
+) -> futures::future::BoxFuture<'static, Result<i64>> {
+    Box::pin(async move {
+        if argv.is_empty() {
+            return Ok(0);
+        }
+        if let Some(response) = proc.sb.scripted_run(&argv) {
+            return response.play(&proc).await;
+        }
+        match builtins::lookup(&argv[0], proc.sb.has_python) {
+            Some(program) => program(proc, argv).await,
+            None => {
+                let msg = match origin {
+                    Origin::Exec => format!("{}: not found\n", argv[0]),
+                    Origin::Shell => format!("sh: {}: not found\n", argv[0]),
+                };
+                proc.err(msg).await;
+                Ok(127)
+            }
+        }
+    })
+}
+
+/// The lazy start of one exec, for [`sandbox_core::Process::new`].
+pub(crate) fn start(
+    sb: Arc<SandboxInner>,
+    job: Job,
+    env: BTreeMap<String, String>,
+    cwd: String,
+) -> StartFuture {
+    Box::pin(async move {
+        sb.alive()?;
+        let command = match &job {
+            Job::Argv(argv) => argv.join(" "),
+            Job::Code { .. } => "python3".to_string(),
+        };
+        let (tx, mut rx) = mpsc::channel::<OutputChunk>(CHANNEL_DEPTH);
+        let (code_tx, code_rx) = oneshot::channel::<Result<i64>>();
+        let task_sb = sb.clone();
+        let spawned = spawn_process(&sb, None, command, move |pid| {
+            Box::pin(async move {
+                let proc = Proc {
+                    sb: task_sb.clone(),
+                    pid,
+                    pgid: pid,
+                    env,
+                    cwd,
+                    stdin: Bytes::new(),
+                    stdout: Sink::Chan(tx.clone(), StreamKind::Stdout),
+                    stderr: Sink::Chan(tx, StreamKind::Stderr),
+                };
+                let result = match job {
+                    Job::Argv(argv) => run_program(proc, argv, Origin::Exec).await,
+                    Job::Code {
+                        scripted: Some(response),
+                        ..
+                    } => response.play(&proc).await,
+                    Job::Code { code, context, .. } => {
+                        python::run_snippet(proc, code, context).await
+                    }
+                };
+                // The process is gone before its exit code is observable.
+                task_sb.procs().exited(pid);
+                let _ = code_tx.send(result);
+            })
+        });
+        let pid = match spawned {
+            Ok((pid, _join)) => pid,
+            Err(SpawnError::PidsLimit) => {
+                return Err(SandboxError::ResourceLimitExceeded {
+                    limit: format!("pids ({})", sb.resources.pids),
+                    hint: Some("raise Resources::pids, or let running processes finish".into()),
+                });
+            }
+        };
+        let output = futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).map(Ok);
+        let exit_sb = sb.clone();
+        let exit_code = Box::pin(async move {
+            match code_rx.await {
+                Ok(r) => r,
+                // The task was aborted: by the exec's killer, or because the sandbox died.
+                Err(_) => match exit_sb.alive() {
+                    Ok(()) => Ok(KILLED_EXIT_CODE),
+                    Err(e) => Err(e),
+                },
+            }
+        });
+        Ok(StartedExec {
+            output: Box::pin(output),
+            exit_code,
+            killer: group_killer(sb, pid),
+        })
+    })
+}
+
+/// Kills exec `pgid` and everything it started (not the sandbox).
+fn group_killer(sb: Arc<SandboxInner>, pgid: u32) -> Killer {
+    Arc::new(move || {
+        let sb = sb.clone();
+        Box::pin(async move {
+            sb.alive()?;
+            let handles = sb.procs().kill_group(pgid);
+            for h in handles {
+                h.abort();
+            }
+            Ok(())
+        })
+    })
+}
+
+/// What an exec's orphan warning names.
+pub(crate) fn orphan_info(sb: &SandboxInner, what: &str) -> OrphanInfo {
+    OrphanInfo::new(
+        format!("{}/{what}", sb.id),
+        crate::BACKEND_NAME,
+        sb.labels.clone(),
+    )
+}

@@ -1,0 +1,423 @@
+//! `FileSystem` of a fake sandbox over its in-memory tree; uploads and downloads stream
+//! host files in 1 MiB pieces, so memory stays bounded by the file itself plus one piece.
+
+use std::path::{Component, Path, PathBuf};
+
+use bytes::Bytes;
+use sandbox_core::policy::require;
+use sandbox_core::{Capability, FileInfo, FileSystem, Result, SandboxError};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::BACKEND_NAME;
+use crate::calls::{Call, FileOp};
+use crate::memfs::{self, Content, Device, FsError, Node, NodeKind};
+use crate::sandbox::{FakeSandbox, SandboxInner};
+
+/// Size of one transfer piece.
+const PIECE: usize = 1024 * 1024;
+
+/// Maps an in-memory filesystem error to the typed error of `path`.
+pub(crate) fn fs_error(path: &str, e: FsError) -> SandboxError {
+    match e {
+        FsError::NotFound => SandboxError::PathNotFound {
+            path: path.to_string(),
+        },
+        FsError::IsADirectory => SandboxError::IsADirectory {
+            path: path.to_string(),
+        },
+        other => SandboxError::FileSystem {
+            path: path.to_string(),
+            message: other.errno_text().to_string(),
+            source: None,
+        },
+    }
+}
+
+fn host_error(path: &Path, e: std::io::Error) -> SandboxError {
+    SandboxError::FileSystem {
+        path: path.display().to_string(),
+        message: format!("host file operation failed: {}", e.kind()),
+        source: Some(Box::new(e)),
+    }
+}
+
+fn info(path: &str, node: &Node) -> FileInfo {
+    FileInfo::new(
+        path,
+        node.size(),
+        node.is_dir(),
+        node.mode,
+        Some(node.mtime),
+    )
+}
+
+impl FakeSandbox {
+    /// Checks the capability and liveness, records the call and resolves the path.
+    fn file_op(&self, cap: Capability, op: FileOp, path: &str) -> Result<String> {
+        require(self.inner().capabilities, cap, BACKEND_NAME)?;
+        let sb = self.inner();
+        sb.alive()?;
+        sb.record(Call::File {
+            sandbox_id: sb.id.clone(),
+            op,
+            path: path.to_string(),
+        });
+        sandbox_core::resolve_path(&sb.workdir, path)
+    }
+}
+
+async fn upload_file(sb: &SandboxInner, local: &Path, dest: &str, len: u64) -> Result<()> {
+    let mut file = tokio::fs::File::open(local)
+        .await
+        .map_err(|e| host_error(local, e))?;
+    {
+        let now = sb.now();
+        let mut fs = sb.fs();
+        fs.write(dest, Vec::new(), true, now)
+            .map_err(|e| fs_error(dest, e))?;
+        fs.reserve(dest, usize::try_from(len).unwrap_or(0));
+    }
+    let mut buf = vec![0u8; PIECE];
+    loop {
+        let n = file
+            .read(&mut buf)
+            .await
+            .map_err(|e| host_error(local, e))?;
+        if n == 0 {
+            return Ok(());
+        }
+        sb.alive()?;
+        let now = sb.now();
+        sb.fs()
+            .append(dest, &buf[..n], now)
+            .map_err(|e| fs_error(dest, e))?;
+    }
+}
+
+async fn upload_dir(sb: &SandboxInner, local: &Path, dest: &str) -> Result<()> {
+    let mut stack = vec![(local.to_path_buf(), dest.to_string())];
+    while let Some((host_dir, sandbox_dir)) = stack.pop() {
+        let now = sb.now();
+        sb.fs()
+            .mkdir(&sandbox_dir, true, now)
+            .map_err(|e| fs_error(&sandbox_dir, e))?;
+        let mut entries = tokio::fs::read_dir(&host_dir)
+            .await
+            .map_err(|e| host_error(&host_dir, e))?;
+        while let Some(entry) = entries
+            .next_entry()
+            .await
+            .map_err(|e| host_error(&host_dir, e))?
+        {
+            let host_path = entry.path();
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else {
+                return Err(SandboxError::FileSystem {
+                    path: host_path.display().to_string(),
+                    message: "file name is not UTF-8".into(),
+                    source: None,
+                });
+            };
+            let target = memfs::join(&sandbox_dir, name);
+            let kind = entry
+                .file_type()
+                .await
+                .map_err(|e| host_error(&host_path, e))?;
+            if kind.is_dir() {
+                stack.push((host_path, target));
+            } else if kind.is_file() {
+                let len = entry.metadata().await.map(|m| m.len()).unwrap_or(0);
+                upload_file(sb, &host_path, &target, len).await?;
+            } else {
+                // Symlinks and special files are not followed: an upload never copies more
+                // of the host than the tree it was given.
+                tracing::debug!(path = %host_path.display(), "upload skips a non-regular file");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a relative entry path that could leave the target directory.
+fn safe_relative(entry: &str) -> Result<PathBuf> {
+    let p = Path::new(entry);
+    let ok = !entry.is_empty() && p.components().all(|c| matches!(c, Component::Normal(_)));
+    if ok {
+        Ok(p.to_path_buf())
+    } else {
+        Err(SandboxError::UnsafeArchiveEntry {
+            entry: entry.to_string(),
+        })
+    }
+}
+
+/// Whether a symlink at `entry` (relative to the downloaded root) pointing to `target`
+/// resolves inside the root. Absolute targets never do.
+fn link_stays_inside(entry: &str, target: &str) -> bool {
+    const ROOT: &str = "/download-root";
+    if target.starts_with('/') {
+        return false;
+    }
+    let link = format!("{ROOT}/{entry}");
+    let dir = link.rsplit_once('/').map_or(ROOT, |(d, _)| d);
+    sandbox_core::resolve_path(dir, target)
+        .is_ok_and(|r| r == ROOT || r.starts_with(&format!("{ROOT}/")))
+}
+
+/// Refuses to write through a host symlink below `root` (an existing link could point
+/// anywhere on the host).
+async fn no_symlink_below(root: &Path, rel: &Path, entry: &str) -> Result<()> {
+    let mut cur = root.to_path_buf();
+    for c in rel.components() {
+        cur.push(c);
+        match tokio::fs::symlink_metadata(&cur).await {
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(SandboxError::UnsafeArchiveEntry {
+                    entry: entry.to_string(),
+                });
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+async fn download_file(sb: &SandboxInner, src: &str, target: &Path) -> Result<()> {
+    let mut out = tokio::fs::File::create(target)
+        .await
+        .map_err(|e| host_error(target, e))?;
+    let mut offset = 0usize;
+    loop {
+        sb.alive()?;
+        let piece = sb
+            .fs()
+            .read_range(src, offset, PIECE)
+            .map_err(|e| fs_error(src, e))?;
+        if piece.is_empty() {
+            break;
+        }
+        offset += piece.len();
+        out.write_all(&piece)
+            .await
+            .map_err(|e| host_error(target, e))?;
+    }
+    out.flush().await.map_err(|e| host_error(target, e))
+}
+
+#[sandbox_core::async_trait]
+impl FileSystem for FakeSandbox {
+    async fn read(&self, path: &str) -> Result<Bytes> {
+        let p = self.file_op(Capability::FILESYSTEM, FileOp::Read, path)?;
+        match self.inner().open(&p).map_err(|e| fs_error(&p, e))? {
+            Content::Bytes(b) => Ok(b),
+            Content::Device(Device::Null) => Ok(Bytes::new()),
+            _ => Err(SandboxError::FileSystem {
+                path: p,
+                message: "is an endless character device".into(),
+                source: None,
+            }),
+        }
+    }
+
+    async fn write(&self, path: &str, data: Bytes) -> Result<()> {
+        let p = self.file_op(
+            Capability::FILESYSTEM,
+            FileOp::Write { len: data.len() },
+            path,
+        )?;
+        let sb = self.inner();
+        let now = sb.now();
+        sb.fs()
+            .write(&p, data.to_vec(), true, now)
+            .map_err(|e| fs_error(&p, e))
+    }
+
+    async fn upload(&self, local: &Path, remote: &str) -> Result<()> {
+        let dest = self.file_op(
+            Capability::UPLOAD_DOWNLOAD,
+            FileOp::Upload {
+                local: local.to_path_buf(),
+            },
+            remote,
+        )?;
+        let meta = tokio::fs::metadata(local)
+            .await
+            .map_err(|e| host_error(local, e))?;
+        let sb = self.inner();
+        if meta.is_dir() {
+            return upload_dir(sb, local, &dest).await;
+        }
+        let into_dir = sb.fs().get(&dest).is_some_and(Node::is_dir);
+        let dest = match (into_dir, local.file_name().and_then(|n| n.to_str())) {
+            (true, Some(name)) => memfs::join(&dest, name),
+            _ => dest,
+        };
+        upload_file(sb, local, &dest, meta.len()).await
+    }
+
+    async fn download(&self, remote: &str, local: &Path) -> Result<()> {
+        let src = self.file_op(
+            Capability::UPLOAD_DOWNLOAD,
+            FileOp::Download {
+                local: local.to_path_buf(),
+            },
+            remote,
+        )?;
+        let sb = self.inner();
+        let node = sb.fs().get_followed(&src).cloned_kind();
+        match node {
+            None => Err(SandboxError::PathNotFound { path: src }),
+            Some(Kind::File) => {
+                let target = match tokio::fs::metadata(local).await {
+                    Ok(m) if m.is_dir() => local.join(memfs::base_name(&src)),
+                    _ => local.to_path_buf(),
+                };
+                if let Ok(m) = tokio::fs::symlink_metadata(&target).await {
+                    if m.file_type().is_symlink() {
+                        return Err(SandboxError::UnsafeArchiveEntry {
+                            entry: memfs::base_name(&src).to_string(),
+                        });
+                    }
+                }
+                download_file(sb, &src, &target).await
+            }
+            Some(Kind::Other) => Err(SandboxError::FileSystem {
+                path: src,
+                message: "not a regular file or directory".into(),
+                source: None,
+            }),
+            Some(Kind::Dir) => {
+                if let Ok(m) = tokio::fs::symlink_metadata(local).await {
+                    if m.file_type().is_symlink() {
+                        return Err(SandboxError::UnsafeArchiveEntry {
+                            entry: local.display().to_string(),
+                        });
+                    }
+                }
+                let src = sb.fs().follow(&src).map_err(|e| fs_error(&src, e))?;
+                let strip = if src == "/" { 1 } else { src.len() + 1 };
+                // Vet every link before writing anything.
+                let links: std::collections::BTreeMap<String, String> =
+                    sb.fs().links_under(&src).into_iter().collect();
+                for (path, target) in &links {
+                    let entry = &path[strip.min(path.len())..];
+                    if !link_stays_inside(entry, target) {
+                        return Err(SandboxError::UnsafeArchiveEntry {
+                            entry: format!("{entry} -> {target}"),
+                        });
+                    }
+                }
+                tokio::fs::create_dir_all(local)
+                    .await
+                    .map_err(|e| host_error(local, e))?;
+                let entries = sb.fs().walk_kinds(&src);
+                for (path, is_dir, regular) in entries {
+                    let entry = &path[strip.min(path.len())..];
+                    let rel = safe_relative(entry)?;
+                    no_symlink_below(local, &rel, entry).await?;
+                    let target = local.join(&rel);
+                    if let Some(link) = links.get(&path) {
+                        tokio::fs::symlink(link, &target)
+                            .await
+                            .map_err(|e| host_error(&target, e))?;
+                    } else if is_dir {
+                        tokio::fs::create_dir_all(&target)
+                            .await
+                            .map_err(|e| host_error(&target, e))?;
+                    } else if regular {
+                        download_file(sb, &path, &target).await?;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    async fn ls(&self, path: &str) -> Result<Vec<FileInfo>> {
+        let p = self.file_op(Capability::FILESYSTEM, FileOp::Ls, path)?;
+        let fs = self.inner().fs();
+        match fs.get(&p) {
+            None => Err(SandboxError::PathNotFound { path: p }),
+            Some(n) if !n.is_dir() => Ok(vec![info(&p, n)]),
+            Some(_) => Ok(fs
+                .list(&p)
+                .map_err(|e| fs_error(&p, e))?
+                .iter()
+                .map(|(name, n)| info(&memfs::join(&p, name), n))
+                .collect()),
+        }
+    }
+
+    async fn mkdir(&self, path: &str, parents: bool) -> Result<()> {
+        let p = self.file_op(Capability::FILESYSTEM, FileOp::Mkdir { parents }, path)?;
+        let sb = self.inner();
+        let now = sb.now();
+        sb.fs().mkdir(&p, parents, now).map_err(|e| fs_error(&p, e))
+    }
+
+    async fn remove(&self, path: &str) -> Result<()> {
+        let p = self.file_op(Capability::FILESYSTEM, FileOp::Remove, path)?;
+        self.inner()
+            .fs()
+            .remove(&p, true)
+            .map_err(|e| fs_error(&p, e))
+    }
+
+    async fn stat(&self, path: &str) -> Result<FileInfo> {
+        let p = self.file_op(Capability::FILESYSTEM, FileOp::Stat, path)?;
+        let fs = self.inner().fs();
+        match fs.get_followed(&p).or_else(|| fs.get(&p)) {
+            Some(n) => Ok(info(&p, n)),
+            None => Err(SandboxError::PathNotFound { path: p }),
+        }
+    }
+}
+
+/// The shape of a node, without cloning its content.
+enum Kind {
+    File,
+    Dir,
+    Other,
+}
+
+trait ClonedKind {
+    fn cloned_kind(self) -> Option<Kind>;
+}
+
+impl ClonedKind for Option<&Node> {
+    fn cloned_kind(self) -> Option<Kind> {
+        self.map(|n| match n.kind {
+            NodeKind::File(_) => Kind::File,
+            NodeKind::Dir => Kind::Dir,
+            _ => Kind::Other,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn links_must_stay_inside() {
+        assert!(link_stays_inside("sub/l", "../ok.txt"));
+        assert!(link_stays_inside("l", "sub/x"));
+        assert!(!link_stays_inside("l", "/"));
+        assert!(!link_stays_inside("l", "../x"));
+        assert!(!link_stays_inside("sub/passwd", "/etc/passwd"));
+        assert!(!link_stays_inside("up", "../../../../../../.."));
+    }
+
+    #[test]
+    fn relative_entries_are_checked() {
+        assert!(safe_relative("a/b.txt").is_ok());
+        for bad in ["../x", "/etc/passwd", "a/../../b", "", "./a"] {
+            let e = safe_relative(bad).unwrap_err();
+            assert_eq!(
+                e.code(),
+                sandbox_core::ErrorCode::UnsafeArchiveEntry,
+                "{bad}"
+            );
+        }
+    }
+}

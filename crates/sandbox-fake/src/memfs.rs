@@ -1,0 +1,673 @@
+//! The in-memory filesystem of one fake sandbox.
+//!
+//! A flat ordered map from normalised absolute path to node: listing a directory is a range
+//! scan, and every path is already resolved with [`sandbox_core::resolve_path`] by the
+//! caller. Symlinks are stored as nodes (`ln -s`); reads and writes of a path follow a
+//! symlink in its *last* component (intermediate components are not resolved through
+//! links). Downloads refuse links that would point outside the downloaded tree.
+
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+use bytes::Bytes;
+
+/// Default permission bits of a regular file.
+pub(crate) const FILE_MODE: u32 = 0o644;
+/// Default permission bits of a directory.
+pub(crate) const DIR_MODE: u32 = 0o755;
+
+/// Character devices the fake knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Device {
+    /// Reads nothing, swallows writes.
+    Null,
+    /// Endless zero bytes.
+    Zero,
+    /// Endless pseudo-random bytes (deterministic).
+    Random,
+}
+
+/// Files whose content is synthesized from the sandbox's policy at read time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pseudo {
+    /// `/proc/<pid>/status`.
+    ProcStatus,
+    /// `/proc/net/dev`.
+    NetDev,
+    /// `/sys/fs/cgroup/memory.max`.
+    MemoryMax,
+    /// `/sys/fs/cgroup/memory.swap.max`.
+    SwapMax,
+    /// `/sys/fs/cgroup/pids.max`.
+    PidsMax,
+    /// `/sys/fs/cgroup/cpu.max`.
+    CpuMax,
+    /// `/etc/hostname`.
+    Hostname,
+}
+
+/// What a node is.
+#[derive(Debug, Clone)]
+pub(crate) enum NodeKind {
+    /// A regular file.
+    File(Vec<u8>),
+    /// A directory.
+    Dir,
+    /// A character device.
+    Device(Device),
+    /// A synthesized read-only file.
+    Pseudo(Pseudo),
+    /// A symbolic link and its target as written.
+    Symlink(String),
+}
+
+/// One filesystem entry.
+#[derive(Debug, Clone)]
+pub(crate) struct Node {
+    pub(crate) kind: NodeKind,
+    pub(crate) mode: u32,
+    pub(crate) mtime: SystemTime,
+}
+
+impl Node {
+    pub(crate) fn is_dir(&self) -> bool {
+        matches!(self.kind, NodeKind::Dir)
+    }
+    pub(crate) fn size(&self) -> u64 {
+        match &self.kind {
+            NodeKind::File(b) => b.len() as u64,
+            NodeKind::Symlink(t) => t.len() as u64,
+            _ => 0,
+        }
+    }
+}
+
+/// Why a filesystem operation failed (mapped to `SandboxError` or shell messages).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FsError {
+    NotFound,
+    IsADirectory,
+    NotADirectory,
+    Exists,
+    NotEmpty,
+    ReadOnly,
+    Busy,
+    Loop,
+}
+
+impl FsError {
+    /// The errno text a busybox tool would print.
+    pub(crate) fn errno_text(self) -> &'static str {
+        match self {
+            FsError::NotFound => "No such file or directory",
+            FsError::IsADirectory => "Is a directory",
+            FsError::NotADirectory => "Not a directory",
+            FsError::Exists => "File exists",
+            FsError::NotEmpty => "Directory not empty",
+            FsError::ReadOnly => "Read-only file system",
+            FsError::Busy => "Resource busy",
+            FsError::Loop => "Symbolic link loop",
+        }
+    }
+}
+
+/// What reading a path yields.
+#[derive(Debug, Clone)]
+pub(crate) enum Content {
+    /// Bytes of a regular file.
+    Bytes(Bytes),
+    /// A device stream.
+    Device(Device),
+    /// A pseudo-file to synthesize.
+    Pseudo(Pseudo),
+}
+
+/// The tree.
+#[derive(Debug, Clone)]
+pub(crate) struct MemFs {
+    nodes: BTreeMap<String, Node>,
+}
+
+fn parent_of(path: &str) -> Option<&str> {
+    if path == "/" {
+        return None;
+    }
+    match path.rfind('/') {
+        Some(0) => Some("/"),
+        Some(i) => Some(&path[..i]),
+        None => None,
+    }
+}
+
+fn child_prefix(dir: &str) -> String {
+    if dir == "/" {
+        "/".to_string()
+    } else {
+        format!("{dir}/")
+    }
+}
+
+/// The last component of a normalised path (`/` for the root).
+pub(crate) fn base_name(path: &str) -> &str {
+    path.rsplit('/').find(|s| !s.is_empty()).unwrap_or("/")
+}
+
+/// `dir` joined with `name`.
+pub(crate) fn join(dir: &str, name: &str) -> String {
+    if dir == "/" {
+        format!("/{name}")
+    } else {
+        format!("{dir}/{name}")
+    }
+}
+
+impl MemFs {
+    /// The skeleton every fake sandbox starts with, including `workdir`.
+    pub(crate) fn skeleton(workdir: &str, now: SystemTime) -> MemFs {
+        let mut fs = MemFs {
+            nodes: BTreeMap::new(),
+        };
+        let dir = |now| Node {
+            kind: NodeKind::Dir,
+            mode: DIR_MODE,
+            mtime: now,
+        };
+        fs.nodes.insert("/".into(), dir(now));
+        for d in [
+            "/bin",
+            "/dev",
+            "/etc",
+            "/home",
+            "/proc",
+            "/proc/1",
+            "/proc/self",
+            "/proc/net",
+            "/root",
+            "/sys",
+            "/sys/fs",
+            "/sys/fs/cgroup",
+            "/tmp",
+            "/usr",
+            "/usr/bin",
+            "/var",
+        ] {
+            fs.nodes.insert(d.into(), dir(now));
+        }
+        if let Some(tmp) = fs.nodes.get_mut("/tmp") {
+            tmp.mode = 0o1777;
+        }
+        let _ = fs.mkdir(workdir, true, now);
+        let special = |kind, mode| Node {
+            kind,
+            mode,
+            mtime: now,
+        };
+        for (p, d) in [
+            ("/dev/null", Device::Null),
+            ("/dev/zero", Device::Zero),
+            ("/dev/urandom", Device::Random),
+            ("/dev/random", Device::Random),
+        ] {
+            fs.nodes
+                .insert(p.into(), special(NodeKind::Device(d), 0o666));
+        }
+        for (p, k) in [
+            ("/proc/1/status", Pseudo::ProcStatus),
+            ("/proc/self/status", Pseudo::ProcStatus),
+            ("/proc/net/dev", Pseudo::NetDev),
+            ("/sys/fs/cgroup/memory.max", Pseudo::MemoryMax),
+            ("/sys/fs/cgroup/memory.swap.max", Pseudo::SwapMax),
+            ("/sys/fs/cgroup/pids.max", Pseudo::PidsMax),
+            ("/sys/fs/cgroup/cpu.max", Pseudo::CpuMax),
+            ("/etc/hostname", Pseudo::Hostname),
+        ] {
+            fs.nodes
+                .insert(p.into(), special(NodeKind::Pseudo(k), 0o444));
+        }
+        fs
+    }
+
+    /// The node at `path` (a symlink itself, not its target).
+    pub(crate) fn get(&self, path: &str) -> Option<&Node> {
+        self.nodes.get(path)
+    }
+
+    /// `path` with symlinks in its last component followed (at most 8 hops).
+    pub(crate) fn follow(&self, path: &str) -> Result<String, FsError> {
+        let mut cur = path.to_string();
+        for _ in 0..8 {
+            match self.nodes.get(&cur).map(|n| &n.kind) {
+                Some(NodeKind::Symlink(target)) => {
+                    let dir = parent_of(&cur).unwrap_or("/");
+                    cur = sandbox_core::resolve_path(dir, target).map_err(|_| FsError::NotFound)?;
+                }
+                _ => return Ok(cur),
+            }
+        }
+        Err(FsError::Loop)
+    }
+
+    /// The node at `path` after following symlinks (what `stat(2)` sees).
+    pub(crate) fn get_followed(&self, path: &str) -> Option<&Node> {
+        self.nodes.get(&self.follow(path).ok()?)
+    }
+
+    /// Creates a symbolic link at `path` pointing to `target`.
+    pub(crate) fn symlink(
+        &mut self,
+        path: &str,
+        target: &str,
+        now: SystemTime,
+    ) -> Result<(), FsError> {
+        if self.nodes.contains_key(path) {
+            return Err(FsError::Exists);
+        }
+        self.require_parent_dir(path, false, now)?;
+        self.nodes.insert(
+            path.to_string(),
+            Node {
+                kind: NodeKind::Symlink(target.to_string()),
+                mode: 0o777,
+                mtime: now,
+            },
+        );
+        Ok(())
+    }
+
+    fn require_parent_dir(
+        &mut self,
+        path: &str,
+        create: bool,
+        now: SystemTime,
+    ) -> Result<(), FsError> {
+        let Some(parent) = parent_of(path) else {
+            return Err(FsError::Busy);
+        };
+        match self.nodes.get(parent) {
+            Some(n) if n.is_dir() => Ok(()),
+            Some(_) => Err(FsError::NotADirectory),
+            None if create => self.mkdir(parent, true, now),
+            None => Err(FsError::NotFound),
+        }
+    }
+
+    /// `mkdir` / `mkdir -p`.
+    pub(crate) fn mkdir(
+        &mut self,
+        path: &str,
+        parents: bool,
+        now: SystemTime,
+    ) -> Result<(), FsError> {
+        match self.nodes.get(path) {
+            Some(n) if n.is_dir() && parents => return Ok(()),
+            Some(_) => return Err(FsError::Exists),
+            None => {}
+        }
+        self.require_parent_dir(path, parents, now)?;
+        self.nodes.insert(
+            path.to_string(),
+            Node {
+                kind: NodeKind::Dir,
+                mode: DIR_MODE,
+                mtime: now,
+            },
+        );
+        Ok(())
+    }
+
+    /// Creates or replaces a regular file. With `parents`, missing directories are created.
+    pub(crate) fn write(
+        &mut self,
+        path: &str,
+        data: Vec<u8>,
+        parents: bool,
+        now: SystemTime,
+    ) -> Result<(), FsError> {
+        let path = &self.follow(path)?;
+        match self.nodes.get_mut(path) {
+            Some(n) => match &mut n.kind {
+                NodeKind::Dir => Err(FsError::IsADirectory),
+                NodeKind::Device(Device::Null) => Ok(()),
+                NodeKind::Device(_) | NodeKind::Pseudo(_) | NodeKind::Symlink(_) => {
+                    Err(FsError::ReadOnly)
+                }
+                NodeKind::File(b) => {
+                    *b = data;
+                    n.mtime = now;
+                    Ok(())
+                }
+            },
+            None => {
+                self.require_parent_dir(path, parents, now)?;
+                self.nodes.insert(
+                    path.to_string(),
+                    Node {
+                        kind: NodeKind::File(data),
+                        mode: FILE_MODE,
+                        mtime: now,
+                    },
+                );
+                Ok(())
+            }
+        }
+    }
+
+    /// Appends to a regular file, creating it when missing (its directory must exist).
+    pub(crate) fn append(
+        &mut self,
+        path: &str,
+        data: &[u8],
+        now: SystemTime,
+    ) -> Result<(), FsError> {
+        let path = &self.follow(path)?;
+        match self.nodes.get_mut(path) {
+            Some(n) => match &mut n.kind {
+                NodeKind::Dir => Err(FsError::IsADirectory),
+                NodeKind::Device(Device::Null) => Ok(()),
+                NodeKind::Device(_) | NodeKind::Pseudo(_) | NodeKind::Symlink(_) => {
+                    Err(FsError::ReadOnly)
+                }
+                NodeKind::File(b) => {
+                    b.extend_from_slice(data);
+                    n.mtime = now;
+                    Ok(())
+                }
+            },
+            None => self.write(path, data.to_vec(), false, now),
+        }
+    }
+
+    /// Reserves room for `additional` bytes in an existing regular file.
+    pub(crate) fn reserve(&mut self, path: &str, additional: usize) {
+        if let Some(Node {
+            kind: NodeKind::File(b),
+            ..
+        }) = self.nodes.get_mut(path)
+        {
+            b.reserve_exact(additional);
+        }
+    }
+
+    /// What reading `path` yields.
+    pub(crate) fn read(&self, path: &str) -> Result<Content, FsError> {
+        match self.nodes.get(&self.follow(path)?) {
+            None => Err(FsError::NotFound),
+            Some(n) => match &n.kind {
+                NodeKind::Symlink(_) => Err(FsError::Loop),
+                NodeKind::Dir => Err(FsError::IsADirectory),
+                NodeKind::File(b) => Ok(Content::Bytes(Bytes::copy_from_slice(b))),
+                NodeKind::Device(d) => Ok(Content::Device(*d)),
+                NodeKind::Pseudo(p) => Ok(Content::Pseudo(*p)),
+            },
+        }
+    }
+
+    /// Up to `len` bytes of a regular file from `offset`; empty at the end.
+    pub(crate) fn read_range(
+        &self,
+        path: &str,
+        offset: usize,
+        len: usize,
+    ) -> Result<Bytes, FsError> {
+        match self.nodes.get(&self.follow(path)?).map(|n| &n.kind) {
+            None => Err(FsError::NotFound),
+            Some(NodeKind::File(b)) => {
+                let start = offset.min(b.len());
+                let end = start.saturating_add(len).min(b.len());
+                Ok(Bytes::copy_from_slice(&b[start..end]))
+            }
+            Some(NodeKind::Dir) => Err(FsError::IsADirectory),
+            Some(_) => Err(FsError::ReadOnly),
+        }
+    }
+
+    /// Direct children of a directory, sorted by name.
+    pub(crate) fn list(&self, dir: &str) -> Result<Vec<(String, Node)>, FsError> {
+        match self.nodes.get(dir) {
+            None => return Err(FsError::NotFound),
+            Some(n) if !n.is_dir() => return Err(FsError::NotADirectory),
+            Some(_) => {}
+        }
+        let prefix = child_prefix(dir);
+        Ok(self
+            .nodes
+            .range(prefix.clone()..)
+            .take_while(|(k, _)| k.starts_with(&prefix))
+            .filter(|(k, _)| k.len() > prefix.len() && !k[prefix.len()..].contains('/'))
+            .map(|(k, n)| (k[prefix.len()..].to_string(), n.clone()))
+            .collect())
+    }
+
+    /// Every path under `dir` (excluding `dir`), in order (parents before children).
+    pub(crate) fn walk(&self, dir: &str) -> Vec<(String, Node)> {
+        let prefix = child_prefix(dir);
+        self.nodes
+            .range(prefix.clone()..)
+            .take_while(|(k, _)| k.starts_with(&prefix))
+            .filter(|(k, _)| k.len() > prefix.len())
+            .map(|(k, n)| (k.clone(), n.clone()))
+            .collect()
+    }
+
+    /// Every path under `dir` with (is directory, is regular file), without content.
+    pub(crate) fn walk_kinds(&self, dir: &str) -> Vec<(String, bool, bool)> {
+        let prefix = child_prefix(dir);
+        self.nodes
+            .range(prefix.clone()..)
+            .take_while(|(k, _)| k.starts_with(&prefix))
+            .filter(|(k, _)| k.len() > prefix.len())
+            .map(|(k, n)| (k.clone(), n.is_dir(), matches!(n.kind, NodeKind::File(_))))
+            .collect()
+    }
+
+    /// Every symlink under `dir`: (path, target).
+    pub(crate) fn links_under(&self, dir: &str) -> Vec<(String, String)> {
+        let prefix = child_prefix(dir);
+        self.nodes
+            .range(prefix.clone()..)
+            .take_while(|(k, _)| k.starts_with(&prefix))
+            .filter_map(|(k, n)| match &n.kind {
+                NodeKind::Symlink(t) => Some((k.clone(), t.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn has_children(&self, dir: &str) -> bool {
+        let prefix = child_prefix(dir);
+        self.nodes
+            .range(prefix.clone()..)
+            .next()
+            .is_some_and(|(k, _)| k.starts_with(&prefix) && k.len() > prefix.len())
+    }
+
+    /// Removes a file, or a directory (its whole tree when `recursive`).
+    pub(crate) fn remove(&mut self, path: &str, recursive: bool) -> Result<(), FsError> {
+        let Some(node) = self.nodes.get(path) else {
+            return Err(FsError::NotFound);
+        };
+        if path == "/" {
+            return Err(FsError::Busy);
+        }
+        if matches!(node.kind, NodeKind::Pseudo(_) | NodeKind::Device(_)) {
+            return Err(FsError::ReadOnly);
+        }
+        if node.is_dir() {
+            if self.has_children(path) && !recursive {
+                return Err(FsError::NotEmpty);
+            }
+            let doomed: Vec<String> = self.walk(path).into_iter().map(|(k, _)| k).collect();
+            if doomed.iter().any(|k| {
+                matches!(
+                    self.nodes.get(k).map(|n| &n.kind),
+                    Some(NodeKind::Pseudo(_) | NodeKind::Device(_))
+                )
+            }) {
+                return Err(FsError::ReadOnly);
+            }
+            for k in doomed {
+                self.nodes.remove(&k);
+            }
+        }
+        self.nodes.remove(path);
+        Ok(())
+    }
+
+    /// Copies a file or (with `recursive`) a tree to `to`.
+    pub(crate) fn copy(
+        &mut self,
+        from: &str,
+        to: &str,
+        recursive: bool,
+        now: SystemTime,
+    ) -> Result<(), FsError> {
+        let node = self.nodes.get(from).cloned().ok_or(FsError::NotFound)?;
+        if node.is_dir() {
+            if !recursive {
+                return Err(FsError::IsADirectory);
+            }
+            if to == from || to.starts_with(&child_prefix(from)) {
+                return Err(FsError::Busy);
+            }
+            self.mkdir(to, true, now)?;
+            for (k, n) in self.walk(from) {
+                let dest = format!("{to}{}", &k[from.len()..]);
+                self.nodes.insert(dest, Node { mtime: now, ..n });
+            }
+            return Ok(());
+        }
+        match node.kind {
+            NodeKind::File(b) => self.write(to, b, false, now),
+            NodeKind::Symlink(t) => self.symlink(to, &t, now),
+            NodeKind::Device(_) | NodeKind::Pseudo(_) => Err(FsError::ReadOnly),
+            NodeKind::Dir => Err(FsError::IsADirectory),
+        }
+    }
+
+    /// Moves a file or tree to `to` (replacing a file there).
+    pub(crate) fn rename(&mut self, from: &str, to: &str, now: SystemTime) -> Result<(), FsError> {
+        if from == to {
+            return Ok(());
+        }
+        self.copy(from, to, true, now)?;
+        self.remove(from, true)
+    }
+
+    /// `touch`: creates an empty file or updates the mtime.
+    pub(crate) fn touch(&mut self, path: &str, now: SystemTime) -> Result<(), FsError> {
+        match self.nodes.get_mut(path) {
+            Some(n) => {
+                n.mtime = now;
+                Ok(())
+            }
+            None => self.write(path, Vec::new(), false, now),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fs() -> MemFs {
+        MemFs::skeleton("/work", SystemTime::UNIX_EPOCH)
+    }
+
+    #[test]
+    fn skeleton_has_workdir_and_pseudo_files() {
+        let f = fs();
+        assert!(f.get("/work").unwrap().is_dir());
+        assert!(matches!(
+            f.read("/proc/1/status"),
+            Ok(Content::Pseudo(Pseudo::ProcStatus))
+        ));
+        assert!(matches!(
+            f.read("/dev/zero"),
+            Ok(Content::Device(Device::Zero))
+        ));
+    }
+
+    #[test]
+    fn write_read_list_remove() {
+        let mut f = fs();
+        let t = SystemTime::UNIX_EPOCH;
+        f.write("/work/a/b.txt", b"hi".to_vec(), true, t).unwrap();
+        assert_eq!(
+            f.write("/work/x/y", vec![], false, t),
+            Err(FsError::NotFound)
+        );
+        assert!(matches!(f.read("/work/a"), Err(FsError::IsADirectory)));
+        let names: Vec<String> = f
+            .list("/work")
+            .unwrap()
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(names, ["a"]);
+        assert_eq!(f.remove("/work/a", false), Err(FsError::NotEmpty));
+        f.remove("/work/a", true).unwrap();
+        assert!(f.get("/work/a/b.txt").is_none());
+        assert_eq!(f.remove("/work/a", true), Err(FsError::NotFound));
+    }
+
+    #[test]
+    fn list_does_not_confuse_sibling_prefixes() {
+        let mut f = fs();
+        let t = SystemTime::UNIX_EPOCH;
+        f.mkdir("/work/ab", false, t).unwrap();
+        f.write("/work/a", vec![1], false, t).unwrap();
+        f.write("/work/ab/c", vec![1], false, t).unwrap();
+        f.remove("/work/a", false).unwrap();
+        assert!(f.get("/work/ab/c").is_some());
+        assert_eq!(f.list("/work").unwrap().len(), 1);
+    }
+
+    #[test]
+    fn mkdir_semantics() {
+        let mut f = fs();
+        let t = SystemTime::UNIX_EPOCH;
+        assert_eq!(f.mkdir("/work/p/q", false, t), Err(FsError::NotFound));
+        f.mkdir("/work/p/q", true, t).unwrap();
+        assert_eq!(f.mkdir("/work/p", false, t), Err(FsError::Exists));
+        f.mkdir("/work/p", true, t).unwrap();
+        f.write("/work/file", vec![], false, t).unwrap();
+        assert_eq!(
+            f.mkdir("/work/file/x", true, t),
+            Err(FsError::NotADirectory)
+        );
+    }
+
+    #[test]
+    fn symlinks_are_followed_in_the_last_component() {
+        let mut f = fs();
+        let t = SystemTime::UNIX_EPOCH;
+        f.write("/work/a.txt", b"A".to_vec(), false, t).unwrap();
+        f.symlink("/work/l", "a.txt", t).unwrap();
+        assert!(matches!(f.read("/work/l"), Ok(Content::Bytes(b)) if &b[..] == b"A"));
+        f.symlink("/work/loop", "loop", t).unwrap();
+        assert!(matches!(f.read("/work/loop"), Err(FsError::Loop)));
+        assert_eq!(f.symlink("/work/l", "x", t), Err(FsError::Exists));
+        assert_eq!(f.links_under("/work").len(), 2);
+        f.remove("/work/l", false).unwrap();
+        assert!(
+            f.get("/work/a.txt").is_some(),
+            "removing a link keeps its target"
+        );
+    }
+
+    #[test]
+    fn copy_and_rename_trees() {
+        let mut f = fs();
+        let t = SystemTime::UNIX_EPOCH;
+        f.write("/work/d/e/f", b"x".to_vec(), true, t).unwrap();
+        f.copy("/work/d", "/work/c", true, t).unwrap();
+        assert!(f.get("/work/c/e/f").is_some());
+        f.rename("/work/c", "/tmp/m", t).unwrap();
+        assert!(f.get("/work/c").is_none());
+        assert!(matches!(f.read("/tmp/m/e/f"), Ok(Content::Bytes(b)) if &b[..] == b"x"));
+        assert_eq!(
+            f.copy("/work/d", "/work/d/inner", true, t),
+            Err(FsError::Busy)
+        );
+    }
+}

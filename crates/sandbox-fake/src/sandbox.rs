@@ -1,0 +1,578 @@
+//! One fake sandbox: its state ([`SandboxInner`], shared by every handle), the public
+//! inspection handle ([`SandboxHandle`], what `native()` returns) and the [`FakeSandbox`]
+//! that implements `Sandbox`.
+
+use std::any::Any;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use sandbox_core::policy::require;
+use sandbox_core::teardown::{Killer, OrphanInfo, TeardownGuard};
+use sandbox_core::{
+    Capability, CodeOptions, Command, EffectiveResources, ExecResult, FileSystem, IsolationTier,
+    Language, NetworkPolicy, Process, Result, RunOptions, Sandbox, SandboxError, Secret,
+};
+use tokio::time::Instant;
+
+use crate::BACKEND_NAME;
+use crate::backend::Engine;
+use crate::calls::Call;
+use crate::clock::Clock;
+use crate::exec::{self, Job};
+use crate::faults::FaultInjector;
+use crate::memfs::{Content, Device, FsError, MemFs};
+use crate::policy::pseudo_content;
+use crate::processes::{ProcTable, ProcessInfo};
+use crate::python::Globals;
+use crate::script::Response;
+
+/// Lifecycle of a fake sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Life {
+    Creating,
+    Running,
+    Gone,
+}
+
+/// Everything that makes up one sandbox, shared by all its handles and tasks.
+pub(crate) struct SandboxInner {
+    pub(crate) id: String,
+    pub(crate) template: String,
+    pub(crate) labels: BTreeMap<String, String>,
+    pub(crate) policy: NetworkPolicy,
+    pub(crate) resources: EffectiveResources,
+    /// The environment as "stored by the engine" (no secrets).
+    pub(crate) env: BTreeMap<String, String>,
+    /// Secrets: injected into each command's environment, stored nowhere else.
+    pub(crate) secrets: BTreeMap<String, Secret>,
+    pub(crate) workdir: String,
+    pub(crate) created_at: SystemTime,
+    pub(crate) capabilities: Capability,
+    pub(crate) isolation: IsolationTier,
+    pub(crate) has_python: bool,
+    pub(crate) uid: u32,
+    pub(crate) clock: Clock,
+    deadline: Mutex<Instant>,
+    life: Mutex<Life>,
+    fs: Mutex<MemFs>,
+    procs: Mutex<ProcTable>,
+    contexts: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Globals>>>>,
+    engine: Weak<Engine>,
+}
+
+/// What [`SandboxInner::new`] needs.
+pub(crate) struct Spec {
+    pub(crate) id: String,
+    pub(crate) template: String,
+    pub(crate) labels: BTreeMap<String, String>,
+    pub(crate) policy: NetworkPolicy,
+    pub(crate) resources: EffectiveResources,
+    pub(crate) env: BTreeMap<String, String>,
+    pub(crate) secrets: BTreeMap<String, Secret>,
+    pub(crate) workdir: String,
+    pub(crate) lifetime: Duration,
+    pub(crate) capabilities: Capability,
+    pub(crate) isolation: IsolationTier,
+    pub(crate) has_python: bool,
+    pub(crate) uid: u32,
+    pub(crate) clock: Clock,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl SandboxInner {
+    pub(crate) fn new(spec: Spec, engine: Weak<Engine>) -> Self {
+        let now = spec.clock.now();
+        SandboxInner {
+            fs: Mutex::new(MemFs::skeleton(&spec.workdir, now)),
+            procs: Mutex::new(ProcTable::new(spec.resources.pids)),
+            deadline: Mutex::new(Instant::now() + spec.lifetime),
+            life: Mutex::new(Life::Creating),
+            contexts: Mutex::new(HashMap::new()),
+            created_at: now,
+            id: spec.id,
+            template: spec.template,
+            labels: spec.labels,
+            policy: spec.policy,
+            resources: spec.resources,
+            env: spec.env,
+            secrets: spec.secrets,
+            workdir: spec.workdir,
+            capabilities: spec.capabilities,
+            isolation: spec.isolation,
+            has_python: spec.has_python,
+            uid: spec.uid,
+            clock: spec.clock,
+            engine,
+        }
+    }
+
+    pub(crate) fn fs(&self) -> MutexGuard<'_, MemFs> {
+        lock(&self.fs)
+    }
+
+    pub(crate) fn procs(&self) -> MutexGuard<'_, ProcTable> {
+        lock(&self.procs)
+    }
+
+    /// Virtual wall time.
+    pub(crate) fn now(&self) -> SystemTime {
+        self.clock.now()
+    }
+
+    /// The tokio instant of the engine's clock origin (for `time.monotonic()`).
+    pub(crate) fn clock_origin(&self) -> Instant {
+        self.clock.origin()
+    }
+
+    pub(crate) fn hostname(&self) -> String {
+        self.id.chars().take(12).collect()
+    }
+
+    pub(crate) fn deadline(&self) -> Instant {
+        *lock(&self.deadline)
+    }
+
+    pub(crate) fn life(&self) -> Life {
+        *lock(&self.life)
+    }
+
+    pub(crate) fn set_running(&self) {
+        let mut l = lock(&self.life);
+        if *l == Life::Creating {
+            *l = Life::Running;
+        }
+    }
+
+    /// `Ok` while the sandbox exists; past its deadline it is torn down here.
+    pub(crate) fn alive(&self) -> Result<()> {
+        if self.life() == Life::Gone {
+            return Err(self.gone());
+        }
+        if Instant::now() >= self.deadline() {
+            self.terminate();
+            return Err(self.gone());
+        }
+        Ok(())
+    }
+
+    pub(crate) fn gone(&self) -> SandboxError {
+        SandboxError::SandboxGone {
+            id: self.id.clone(),
+        }
+    }
+
+    /// Lifetime left.
+    pub(crate) fn remaining(&self) -> Duration {
+        self.deadline().saturating_duration_since(Instant::now())
+    }
+
+    /// Kills every process and context and removes the sandbox from its engine.
+    /// Idempotent.
+    pub(crate) fn terminate(&self) {
+        {
+            let mut l = lock(&self.life);
+            if *l == Life::Gone {
+                return;
+            }
+            *l = Life::Gone;
+        }
+        let handles = self.procs().kill_all();
+        for h in handles {
+            h.abort();
+        }
+        lock(&self.contexts).clear();
+        // Free the memory of the files; nothing can read them any more.
+        *self.fs() = MemFs::skeleton("/", self.now());
+        if let Some(engine) = self.engine.upgrade() {
+            engine.forget(&self.id);
+        }
+        tracing::debug!(sandbox_id = %self.id, backend = BACKEND_NAME, "fake sandbox terminated");
+    }
+
+    /// Moves the deadline to now and tears the sandbox down.
+    pub(crate) fn expire_now(&self) {
+        *lock(&self.deadline) = Instant::now();
+        self.terminate();
+    }
+
+    pub(crate) fn record(&self, call: Call) {
+        if let Some(engine) = self.engine.upgrade() {
+            engine.record(call);
+        }
+    }
+
+    pub(crate) fn scripted_run(&self, argv: &[String]) -> Option<Response> {
+        self.engine.upgrade()?.scripts().match_run(argv)
+    }
+
+    pub(crate) fn scripted_code(&self, code: &str) -> Option<Response> {
+        self.engine.upgrade()?.scripts().match_code(code)
+    }
+
+    /// The environment a command sees: base env, secrets, then per-call env.
+    pub(crate) fn command_env(&self, extra: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+        let mut env = self.env.clone();
+        for (k, v) in &self.secrets {
+            env.insert(k.clone(), v.expose().to_string());
+        }
+        for (k, v) in extra {
+            env.insert(k.clone(), v.clone());
+        }
+        env
+    }
+
+    /// The persistent interpreter of `context_id`, created on first use.
+    pub(crate) fn context(&self, context_id: &str) -> Arc<tokio::sync::Mutex<Globals>> {
+        lock(&self.contexts)
+            .entry(context_id.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// What reading `path` yields, pseudo-files synthesized.
+    pub(crate) fn open(&self, path: &str) -> std::result::Result<Content, FsError> {
+        match self.fs().read(path)? {
+            Content::Pseudo(p) => Ok(Content::Bytes(Bytes::from(pseudo_content(p, self)))),
+            other => Ok(other),
+        }
+    }
+
+    /// The whole content of a readable file (at most `cap` bytes from a device).
+    pub(crate) fn read_all(&self, path: &str, cap: usize) -> std::result::Result<Bytes, FsError> {
+        match self.open(path)? {
+            Content::Bytes(b) => Ok(b),
+            Content::Device(Device::Null) => Ok(Bytes::new()),
+            Content::Device(Device::Zero) => Ok(Bytes::from(vec![0u8; cap.min(1 << 20)])),
+            Content::Device(Device::Random) => Ok(Bytes::from(pseudo_random(cap.min(1 << 20)))),
+            Content::Pseudo(_) => Err(FsError::Busy),
+        }
+    }
+}
+
+/// Deterministic "random" bytes (xorshift), for `/dev/urandom`.
+pub(crate) fn pseudo_random(n: usize) -> Vec<u8> {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// Inspection handle of one fake sandbox: what `Sandbox::native()` returns (downcast it with
+/// `sandbox.native().downcast_ref::<SandboxHandle>()`) and what
+/// [`FakeBackend::sandbox`](crate::FakeBackend::sandbox) gives. Cloning shares the sandbox.
+///
+/// Like every adapter's `native()` value it is **outside the semver contract**: methods may
+/// change in any release.
+#[derive(Clone)]
+pub struct SandboxHandle(pub(crate) Arc<SandboxInner>);
+
+impl std::fmt::Debug for SandboxHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SandboxHandle")
+            .field("id", &self.0.id)
+            .field("template", &self.0.template)
+            .field("life", &self.0.life())
+            .finish()
+    }
+}
+
+impl SandboxHandle {
+    /// Sandbox id.
+    pub fn id(&self) -> &str {
+        &self.0.id
+    }
+    /// Template it was created from.
+    pub fn template(&self) -> &str {
+        &self.0.template
+    }
+    /// Its labels (`io.sandbox-rs.*`, metadata under `io.sandbox-rs.meta.`).
+    pub fn labels(&self) -> &BTreeMap<String, String> {
+        &self.0.labels
+    }
+    /// The network policy in effect.
+    pub fn policy(&self) -> &NetworkPolicy {
+        &self.0.policy
+    }
+    /// The resources in effect.
+    pub fn resources(&self) -> EffectiveResources {
+        self.0.resources
+    }
+    /// Working directory.
+    pub fn workdir(&self) -> &str {
+        &self.0.workdir
+    }
+    /// Creation time (virtual wall clock).
+    pub fn created_at(&self) -> SystemTime {
+        self.0.created_at
+    }
+    /// Lifetime left (zero once expired).
+    pub fn remaining(&self) -> Duration {
+        self.0.remaining()
+    }
+    /// Whether it still exists (neither killed nor expired).
+    pub fn is_alive(&self) -> bool {
+        self.0.alive().is_ok()
+    }
+    /// Processes still running in it (init excluded): empty when nothing leaked.
+    pub fn running_processes(&self) -> Vec<ProcessInfo> {
+        self.0.procs().list()
+    }
+    /// Whether `pid` runs (like `kill -0`).
+    pub fn is_running(&self, pid: u32) -> bool {
+        self.0.life() != Life::Gone && self.0.procs().alive(pid)
+    }
+    /// Ids of the persistent interpreter contexts.
+    pub fn contexts(&self) -> Vec<String> {
+        let mut v: Vec<String> = lock(&self.0.contexts).keys().cloned().collect();
+        v.sort();
+        v
+    }
+    /// The environment as stored engine-side (`KEY=VALUE`), like `docker inspect`
+    /// `Config.Env`: secrets are not in it.
+    pub fn engine_env(&self) -> Vec<String> {
+        self.0.env.iter().map(|(k, v)| format!("{k}={v}")).collect()
+    }
+    /// Reads a sandbox file directly (no call is recorded).
+    pub fn read_file(&self, path: &str) -> Result<Bytes> {
+        let p = sandbox_core::resolve_path(&self.0.workdir, path)?;
+        self.0
+            .read_all(&p, 1 << 20)
+            .map_err(|e| crate::files::fs_error(&p, e))
+    }
+    /// Writes a sandbox file directly, creating parents (no call is recorded).
+    pub fn write_file(&self, path: &str, data: impl Into<Bytes>) -> Result<()> {
+        let p = sandbox_core::resolve_path(&self.0.workdir, path)?;
+        let now = self.0.now();
+        self.0
+            .fs()
+            .write(&p, data.into().to_vec(), true, now)
+            .map_err(|e| crate::files::fs_error(&p, e))
+    }
+    /// Fault injection: the sandbox reaches its deadline now (everything in it dies; later
+    /// use returns `SandboxGone`; it disappears from `list_managed`).
+    pub fn expire_now(&self) {
+        self.0.expire_now();
+    }
+}
+
+/// A fake sandbox handle (what `FakeBackend::create` returns, boxed).
+///
+/// Dropping it without [`Sandbox::kill`] kills the sandbox in the background through a
+/// [`TeardownGuard`]. `Debug` shows the id and template, never env values or secrets.
+pub struct FakeSandbox {
+    handle: SandboxHandle,
+    killer: Killer,
+    info: OrphanInfo,
+    guard: tokio::sync::Mutex<TeardownGuard>,
+}
+
+impl std::fmt::Debug for FakeSandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FakeSandbox")
+            .field("id", &self.handle.0.id)
+            .field("template", &self.handle.0.template)
+            .field("isolation", &self.handle.0.isolation)
+            .finish()
+    }
+}
+
+/// The kill of a whole sandbox, with the kill faults of the backend handle that made it.
+fn sandbox_killer(inner: Arc<SandboxInner>, faults: FaultInjector) -> Killer {
+    Arc::new(move || {
+        let inner = inner.clone();
+        let faults = faults.clone();
+        Box::pin(async move {
+            inner.alive()?;
+            inner.record(Call::Kill {
+                sandbox_id: inner.id.clone(),
+            });
+            faults.before_kill(BACKEND_NAME).await?;
+            inner.terminate();
+            Ok(())
+        })
+    })
+}
+
+impl FakeSandbox {
+    pub(crate) fn new(inner: Arc<SandboxInner>, faults: FaultInjector) -> Self {
+        let info = OrphanInfo::new(inner.id.clone(), BACKEND_NAME, inner.labels.clone());
+        let killer = sandbox_killer(inner.clone(), faults);
+        FakeSandbox {
+            guard: tokio::sync::Mutex::new(TeardownGuard::new(info.clone(), killer.clone())),
+            handle: SandboxHandle(inner),
+            killer,
+            info,
+        }
+    }
+
+    /// The inspection handle (same as `native()`).
+    pub fn handle(&self) -> &SandboxHandle {
+        &self.handle
+    }
+
+    pub(crate) fn inner(&self) -> &Arc<SandboxInner> {
+        &self.handle.0
+    }
+
+    fn require(&self, cap: Capability) -> Result<()> {
+        require(self.inner().capabilities, cap, BACKEND_NAME)
+    }
+
+    fn resolve_workdir(&self, w: Option<&str>) -> Result<String> {
+        let sb = self.inner();
+        let cwd = match w {
+            Some(w) => sandbox_core::resolve_path(&sb.workdir, w)?,
+            None => sb.workdir.clone(),
+        };
+        match sb.fs().get(&cwd) {
+            Some(n) if n.is_dir() => Ok(cwd),
+            _ => Err(SandboxError::PathNotFound { path: cwd }),
+        }
+    }
+
+    fn command_process(
+        &self,
+        cmd: Command,
+        options: RunOptions,
+        streamed: bool,
+    ) -> Result<Process> {
+        self.require(Capability::RUN_COMMAND)?;
+        if streamed {
+            self.require(Capability::STREAMING)?;
+        }
+        cmd.validate()?;
+        let sb = self.inner();
+        sb.alive()?;
+        let timeout = options.validate(sb.remaining())?;
+        let cwd = self.resolve_workdir(options.workdir.as_deref())?;
+        let argv = cmd.to_argv();
+        sb.record(Call::Run {
+            sandbox_id: sb.id.clone(),
+            argv: argv.clone(),
+            streamed,
+            env_keys: options.env.keys().cloned().collect(),
+            workdir: cwd.clone(),
+            timeout: options.timeout,
+            policy: sb.policy.clone(),
+        });
+        let env = sb.command_env(&options.env);
+        Ok(Process::new(
+            exec::start(sb.clone(), Job::Argv(argv), env, cwd),
+            timeout,
+            exec::orphan_info(sb, "exec"),
+        ))
+    }
+}
+
+#[sandbox_core::async_trait]
+impl Sandbox for FakeSandbox {
+    fn id(&self) -> &str {
+        &self.inner().id
+    }
+
+    fn backend(&self) -> &str {
+        BACKEND_NAME
+    }
+
+    fn capabilities(&self) -> Capability {
+        self.inner().capabilities
+    }
+
+    fn isolation(&self) -> IsolationTier {
+        self.inner().isolation
+    }
+
+    async fn run(&self, cmd: Command, options: RunOptions) -> Result<ExecResult> {
+        let cap = options
+            .output_cap
+            .unwrap_or(sandbox_core::options::DEFAULT_OUTPUT_CAP);
+        self.command_process(cmd, options, false)?
+            .collect(cap)
+            .await
+    }
+
+    async fn run_code(&self, code: &str, options: CodeOptions) -> Result<ExecResult> {
+        self.require(Capability::RUN_CODE)?;
+        if options.context_id.is_some() {
+            self.require(Capability::STATEFUL_CODE)?;
+        }
+        let sb = self.inner();
+        sb.alive()?;
+        let timeout = options.validate(sb.remaining())?;
+        let interpreter = match options.language {
+            Language::Python => "python3",
+            #[allow(unreachable_patterns)]
+            other => {
+                return Err(SandboxError::config(
+                    format!("language {other:?} is not supported by the fake backend"),
+                    "use Language::Python",
+                ));
+            }
+        };
+        sb.record(Call::RunCode {
+            sandbox_id: sb.id.clone(),
+            code: code.to_string(),
+            context_id: options.context_id.clone(),
+            timeout: options.timeout,
+            policy: sb.policy.clone(),
+        });
+        let scripted = sb.scripted_code(code);
+        if scripted.is_none() && !sb.has_python {
+            return Err(SandboxError::InterpreterMissing {
+                interpreter: interpreter.to_string(),
+                template: sb.template.clone(),
+            });
+        }
+        let cap = options
+            .output_cap
+            .unwrap_or(sandbox_core::options::DEFAULT_OUTPUT_CAP);
+        let job = Job::Code {
+            code: code.to_string(),
+            context: options.context_id.clone(),
+            scripted,
+        };
+        let env = sb.command_env(&BTreeMap::new());
+        Process::new(
+            exec::start(sb.clone(), job, env, sb.workdir.clone()),
+            timeout,
+            exec::orphan_info(sb, "code"),
+        )
+        .collect(cap)
+        .await
+    }
+
+    fn stream(&self, cmd: Command, options: RunOptions) -> Result<Process> {
+        self.command_process(cmd, options, true)
+    }
+
+    fn files(&self) -> Result<&dyn FileSystem> {
+        self.require(Capability::FILESYSTEM)?;
+        Ok(self)
+    }
+
+    async fn kill(&self) -> Result<()> {
+        let mut guard = self.guard.lock().await;
+        match guard.kill_now().await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                // Still running: a later kill (or the drop) tries again.
+                *guard = TeardownGuard::new(self.info.clone(), self.killer.clone());
+                Err(e)
+            }
+        }
+    }
+
+    fn native(&self) -> &dyn Any {
+        &self.handle
+    }
+}

@@ -1,0 +1,85 @@
+//! The contract suite against the fake backend with every capability it implements.
+//!
+//! `create` is given a 25 ms (virtual-time) start-up delay here, like a real engine, so the
+//! drop-mid-create trial can drop a create that is still in flight. The trials that need an
+//! *undeclared* capability run in `contract_reduced.rs` against poorer fakes.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sandbox_contract::{CanarySpec, Faults, Probes};
+use sandbox_core::{Backend, CreateOptions, async_trait};
+use sandbox_fake::FakeBackend;
+
+/// What the suite needs to know about the fake beyond the core traits.
+struct FakeProbes {
+    backend: FakeBackend,
+}
+
+/// Kill faults on a second handle of the same in-memory engine, so injecting them never
+/// disturbs trials running in parallel on the main handle.
+struct FakeFaults {
+    backend: FakeBackend,
+}
+
+#[async_trait]
+impl Faults for FakeFaults {
+    fn backend(&self) -> Arc<dyn Backend> {
+        Arc::new(self.backend.clone())
+    }
+    async fn hang_kills(&self) {
+        self.backend.faults().set_kill_hang(true);
+    }
+    async fn fail_kills(&self) {
+        self.backend.faults().set_kill_failure(true);
+    }
+    async fn heal(&self) {
+        self.backend.faults().heal();
+    }
+}
+
+#[async_trait]
+impl Probes for FakeProbes {
+    fn base_options(&self) -> CreateOptions {
+        CreateOptions::new(sandbox_fake::DEFAULT_TEMPLATE)
+    }
+
+    fn template_without_python(&self) -> Option<String> {
+        Some("sandbox-rs/busybox:latest".into())
+    }
+
+    async fn canary(&self) -> Option<CanarySpec> {
+        Some(CanarySpec {
+            bind: "127.0.0.1:0".parse().ok()?,
+            dial_host: "127.0.0.1".into(),
+        })
+    }
+
+    async fn engine_env(&self, sandbox_id: &str) -> Option<Vec<String>> {
+        self.backend.sandbox(sandbox_id).map(|h| h.engine_env())
+    }
+
+    async fn faults(&self) -> Option<Arc<dyn Faults>> {
+        Some(Arc::new(FakeFaults {
+            backend: self.backend.with_own_faults(),
+        }))
+    }
+
+    fn in_process_storage(&self) -> bool {
+        true
+    }
+}
+
+fn main() -> ExitCode {
+    let backend = FakeBackend::builder()
+        .create_delay(Duration::from_millis(25))
+        .build();
+    let probes = Arc::new(FakeProbes {
+        backend: backend.clone(),
+    });
+    sandbox_contract::run(
+        Box::new(move || Box::pin(async move { Ok(Arc::new(backend) as Arc<dyn Backend>) })),
+        probes,
+    )
+}

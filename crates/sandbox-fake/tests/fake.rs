@@ -1,0 +1,941 @@
+//! Behaviour of the fake backend through its public API (the way users' tests drive it).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use sandbox_core::{
+    Backend, Capability, CodeOptions, CreateOptions, ErrorCode, IsolationTier, NetworkPolicy,
+    Resources, RunOptions, Sandbox, SandboxExt, StreamKind,
+};
+use sandbox_fake::{
+    Call, CodeMatch, FakeBackend, FileOp, REDACTED, Response, RunMatch, SandboxHandle, Step,
+};
+
+async fn sandbox(b: &FakeBackend) -> Box<dyn Sandbox> {
+    b.create(CreateOptions::default()).await.expect("create")
+}
+
+fn handle(sb: &dyn Sandbox) -> SandboxHandle {
+    sb.native()
+        .downcast_ref::<SandboxHandle>()
+        .expect("native() is a SandboxHandle")
+        .clone()
+}
+
+async fn sh(sb: &dyn Sandbox, cmd: &str) -> (i64, String, String) {
+    let r = sb.exec(cmd).await.expect("run");
+    (r.exit_code, r.stdout_text(), r.stderr_text())
+}
+
+// ---------------------------------------------------------------------------------------
+// Identity, lifecycle
+
+#[tokio::test]
+async fn identity_and_declared_capabilities() {
+    let b = FakeBackend::new();
+    assert_eq!(b.name(), "fake");
+    assert_eq!(b.isolation(), IsolationTier::Container);
+    assert!(
+        b.capabilities()
+            .contains(Capability::STATEFUL_CODE | Capability::EGRESS_ALLOWLIST)
+    );
+    assert!(!b.capabilities().contains(Capability::GPU));
+    assert!(b.as_reapable().is_some());
+    let g = FakeBackend::builder()
+        .isolation(IsolationTier::Gvisor)
+        .build();
+    assert_eq!(g.isolation(), IsolationTier::Gvisor);
+}
+
+#[tokio::test]
+async fn kill_is_idempotent_and_later_use_is_gone() {
+    let b = FakeBackend::new();
+    let sb = sandbox(&b).await;
+    sb.kill().await.unwrap();
+    sb.kill().await.unwrap();
+    let e = sb.exec("true").await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::SandboxGone);
+    assert!(b.sandboxes().is_empty());
+    let kills = b
+        .calls()
+        .iter()
+        .filter(|c| matches!(c, Call::Kill { .. }))
+        .count();
+    assert_eq!(kills, 1);
+}
+
+#[tokio::test]
+async fn dropping_the_handle_kills_the_sandbox() {
+    let b = FakeBackend::new();
+    let sb = sandbox(&b).await;
+    let id = sb.id().to_string();
+    drop(sb);
+    assert!(sandbox_core::teardown::wait_for_teardowns(Duration::from_secs(2)).await);
+    assert!(b.sandbox(&id).is_none());
+}
+
+#[tokio::test]
+async fn connect_reattaches_and_unknown_is_connect_error() {
+    let b = FakeBackend::new();
+    let sb = sandbox(&b).await;
+    sb.files()
+        .unwrap()
+        .write("x.txt", Bytes::from("hi"))
+        .await
+        .unwrap();
+    let again = b.connect(sb.id()).await.unwrap();
+    assert_eq!(sh(&*again, "cat x.txt").await.1, "hi");
+    let e = b.connect("nope").await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Connect);
+    sb.kill().await.unwrap();
+    assert_eq!(
+        b.connect(again.id()).await.unwrap_err().code(),
+        ErrorCode::Connect
+    );
+}
+
+#[tokio::test]
+async fn list_and_kill_managed() {
+    let b = FakeBackend::new();
+    let a = b
+        .create(CreateOptions::default().metadata("team", "x"))
+        .await
+        .unwrap();
+    let _other = sandbox(&b).await;
+    let reaper = b.as_reapable().unwrap();
+    let filter = [("team".to_string(), "x".to_string())].into();
+    let listed = reaper.list_managed(&filter).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].labels["io.sandbox-rs.meta.team"], "x");
+    assert_eq!(listed[0].labels["io.sandbox-rs.managed"], "true");
+    assert!(reaper.kill_managed(a.id()).await.unwrap());
+    assert!(!reaper.kill_managed(a.id()).await.unwrap());
+}
+
+#[tokio::test]
+async fn debug_never_shows_secrets_and_calls_are_redacted() {
+    let b = FakeBackend::new();
+    let sb = b
+        .create(
+            CreateOptions::default()
+                .secret("TOKEN", "hunter2")
+                .env("PLAIN", "v"),
+        )
+        .await
+        .unwrap();
+    assert!(!format!("{sb:?}").contains("hunter2"));
+    assert!(format!("{sb:?}").contains(sb.id()));
+    // Visible to commands, absent from the engine-side env and the records.
+    assert_eq!(sh(&*sb, "printenv TOKEN").await.1, "hunter2\n");
+    assert!(
+        !handle(&*sb)
+            .engine_env()
+            .iter()
+            .any(|e| e.contains("hunter2"))
+    );
+    assert!(handle(&*sb).engine_env().contains(&"PLAIN=v".to_string()));
+    let Some(Call::Create { options, .. }) = b.calls().into_iter().next() else {
+        panic!("first call is create");
+    };
+    assert_eq!(options.secrets["TOKEN"].expose(), REDACTED);
+    assert!(!format!("{:?}", b.calls()).contains("hunter2"));
+}
+
+#[tokio::test]
+async fn refusals_happen_before_anything_is_created() {
+    let b = FakeBackend::builder()
+        .without(Capability::EGRESS_ALLOWLIST)
+        .build();
+    let e = b
+        .create(CreateOptions::default().network(NetworkPolicy::allow_list(["a.org"])))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::CapabilityNotSupported);
+    let e = b
+        .create(CreateOptions::default().require_isolation(IsolationTier::MicroVm))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Configuration);
+    assert!(b.sandboxes().is_empty());
+    assert!(matches!(
+        &b.calls()[0],
+        Call::Create {
+            outcome: Err(ErrorCode::CapabilityNotSupported),
+            ..
+        }
+    ));
+}
+
+#[tokio::test]
+async fn undeclared_capabilities_refuse() {
+    let b = FakeBackend::builder()
+        .capabilities(Capability::RUN_COMMAND | Capability::NETWORK_POLICY)
+        .build();
+    let sb = sandbox(&b).await;
+    assert_eq!(
+        sb.files().err().unwrap().code(),
+        ErrorCode::CapabilityNotSupported
+    );
+    assert_eq!(
+        sb.stream("true".into(), RunOptions::default())
+            .unwrap_err()
+            .code(),
+        ErrorCode::CapabilityNotSupported
+    );
+    assert_eq!(
+        sb.code("print(1)").await.unwrap_err().code(),
+        ErrorCode::CapabilityNotSupported
+    );
+    assert_eq!(sh(&*sb, "echo ok").await.1, "ok\n");
+}
+
+// ---------------------------------------------------------------------------------------
+// Built-in commands and the shell subset
+
+#[tokio::test]
+async fn argv_programs() {
+    let b = FakeBackend::new();
+    let sb = sandbox(&b).await;
+    let run = |argv: &'static [&'static str]| {
+        let sb = &sb;
+        async move { sb.exec(argv).await.unwrap() }
+    };
+    assert_eq!(run(&["echo", "a", "b"]).await.stdout_text(), "a b\n");
+    assert_eq!(run(&["echo", "-n", "x"]).await.stdout_text(), "x");
+    assert_eq!(
+        run(&["printf", "%s=%d\\n", "a", "1", "b", "2"])
+            .await
+            .stdout_text(),
+        "a=1\nb=2\n"
+    );
+    assert_eq!(run(&["seq", "3"]).await.stdout_text(), "1\n2\n3\n");
+    assert_eq!(run(&["seq", "2", "4"]).await.stdout_text(), "2\n3\n4\n");
+    assert_eq!(run(&["pwd"]).await.stdout_text(), "/work\n");
+    assert_eq!(run(&["id", "-u"]).await.stdout_text(), "1000\n");
+    assert_eq!(run(&["false"]).await.exit_code, 1);
+    assert_eq!(run(&["/bin/true"]).await.exit_code, 0);
+    // An argv is never a shell: `;` is a literal argument.
+    assert_eq!(
+        run(&["echo", "a;", "echo", "b"]).await.stdout_text(),
+        "a; echo b\n"
+    );
+    let missing = run(&["nosuchprog"]).await;
+    assert_eq!(
+        (missing.exit_code, missing.stderr_text().as_str()),
+        (127, "nosuchprog: not found\n")
+    );
+    assert_eq!(
+        run(&["exit", "3"]).await.exit_code,
+        127,
+        "exit is a shell builtin only"
+    );
+}
+
+#[tokio::test]
+async fn shell_lists_quotes_and_variables() {
+    let b = FakeBackend::new();
+    let sb = b
+        .create(CreateOptions::default().env("NAME", "world"))
+        .await
+        .unwrap();
+    assert_eq!(
+        sh(&*sb, "echo hello $NAME; echo \"${NAME}!\" '$NAME'")
+            .await
+            .1,
+        "hello world\nworld! $NAME\n"
+    );
+    assert_eq!(sh(&*sb, "false && echo no || echo yes").await.1, "yes\n");
+    assert_eq!(sh(&*sb, "false; echo $?").await.1, "1\n");
+    assert_eq!(
+        sh(&*sb, "X=1; echo $X; printenv X || echo unexported")
+            .await
+            .1,
+        "1\nunexported\n"
+    );
+    assert_eq!(sh(&*sb, "X=2 printenv X").await.1, "2\n");
+    assert_eq!(sh(&*sb, "echo ${UNSET:-dflt}").await.1, "dflt\n");
+    assert_eq!(sh(&*sb, "exit 7; echo never").await.0, 7);
+    assert_eq!(
+        sh(&*sb, "echo $$")
+            .await
+            .1
+            .trim()
+            .parse::<u32>()
+            .map(|p| p > 1),
+        Ok(true)
+    );
+    let (code, _, err) = sh(&*sb, "nosuch").await;
+    assert_eq!((code, err.as_str()), (127, "sh: nosuch: not found\n"));
+}
+
+#[tokio::test]
+async fn shell_redirections() {
+    let b = FakeBackend::new();
+    let sb = sandbox(&b).await;
+    assert_eq!(sh(&*sb, "echo a > f; echo b >> f; cat f").await.1, "a\nb\n");
+    let (_, out, err) = sh(&*sb, "echo to-err >&2; echo out 2>/dev/null").await;
+    assert_eq!((out.as_str(), err.as_str()), ("out\n", "to-err\n"));
+    let (_, out, err) = sh(&*sb, "cat missing 2>&1").await;
+    assert_eq!(err, "");
+    assert!(out.contains("can't open 'missing'"), "{out}");
+    assert_eq!(
+        sh(&*sb, "cat nosuch 2> e.txt; cat e.txt").await.1,
+        "cat: can't open 'nosuch': No such file or directory\n"
+    );
+    let (code, _, err) = sh(&*sb, "echo x > /nodir/f").await;
+    assert_eq!(code, 1);
+    assert!(err.contains("nonexistent directory"), "{err}");
+    assert_eq!(
+        sh(&*sb, "echo abc | wc -c").await.1,
+        "4\n",
+        "pipes run stage by stage"
+    );
+    assert_eq!(sh(&*sb, "wc -c < f").await.1, "4\n");
+}
+
+#[tokio::test]
+async fn shell_refuses_what_it_does_not_support() {
+    let b = FakeBackend::new();
+    let sb = sandbox(&b).await;
+    for cmd in ["echo $(id)", "for i in 1 2; do echo $i; done", "(cd /)"] {
+        let (code, _, err) = sh(&*sb, cmd).await;
+        assert_eq!(code, 2, "{cmd}");
+        assert!(err.contains("not supported"), "{cmd}: {err}");
+    }
+}
+
+#[tokio::test]
+async fn filesystem_commands() {
+    let b = FakeBackend::new();
+    let sb = sandbox(&b).await;
+    assert_eq!(
+        sh(
+            &*sb,
+            "mkdir -p a/b && touch a/b/c && ls a/b && test -e a/b/c && echo yes"
+        )
+        .await
+        .1,
+        "c\nyes\n"
+    );
+    let (code, _, err) = sh(&*sb, "mkdir a").await;
+    assert_eq!(
+        (code, err.as_str()),
+        (1, "mkdir: can't create directory 'a': File exists\n")
+    );
+    assert_eq!(sh(&*sb, "rm a").await.2, "rm: 'a' is a directory\n");
+    assert_eq!(
+        sh(&*sb, "rm -rf a; [ -e a ] || echo gone").await.1,
+        "gone\n"
+    );
+    assert_eq!(sh(&*sb, "rm -f nothing; echo $?").await.1, "0\n");
+    assert_eq!(
+        sh(&*sb, "echo data > s; cp s t; mv t u; cat u; ls").await.1,
+        "data\ns\nu\n"
+    );
+    assert_eq!(sh(&*sb, "head -c 2 s; echo; wc -c s").await.1, "da\n5 s\n");
+    assert_eq!(sh(&*sb, "ls -a /work").await.1, ".\n..\ns\nu\n");
+    assert_eq!(
+        sh(&*sb, "ln -s s link; cat link; test -L link && echo L")
+            .await
+            .1,
+        "data\nL\n"
+    );
+}
+
+#[tokio::test]
+async fn policy_pseudo_files() {
+    let b = FakeBackend::new();
+    let sb = b
+        .create(CreateOptions::default().resources(Resources::default().memory_mb(256).pids(64)))
+        .await
+        .unwrap();
+    let status = sh(&*sb, "cat /proc/1/status").await.1;
+    assert!(status.contains("NoNewPrivs:\t1") && status.contains("CapEff:\t0000000000000000"));
+    assert_eq!(
+        sh(&*sb, "cat /sys/fs/cgroup/memory.max").await.1,
+        format!("{}\n", 256 << 20)
+    );
+    assert_eq!(sh(&*sb, "cat /sys/fs/cgroup/pids.max").await.1, "64\n");
+    let dev = sh(&*sb, "cat /proc/net/dev").await.1;
+    assert!(dev.contains("lo:") && !dev.contains("eth0"), "{dev}");
+    let allow = b
+        .create(CreateOptions::default().network(NetworkPolicy::allow()))
+        .await
+        .unwrap();
+    assert!(sh(&*allow, "cat /proc/net/dev").await.1.contains("eth0:"));
+}
+
+#[tokio::test]
+async fn large_output_streams_in_chunks() {
+    let b = FakeBackend::new();
+    let sb = sandbox(&b).await;
+    let r = sb
+        .exec(["dd", "if=/dev/zero", "bs=1M", "count=8"])
+        .await
+        .unwrap();
+    assert_eq!(r.stdout.len(), 8 << 20);
+    assert!(r.stdout.iter().all(|&x| x == 0));
+    let e = sb
+        .run(
+            ["seq", "100000"].into(),
+            RunOptions::default().output_cap(1000),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::ResourceLimitExceeded);
+}
+
+// ---------------------------------------------------------------------------------------
+// Network
+
+#[tokio::test]
+async fn nc_honours_the_egress_policy() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                use tokio::io::AsyncWriteExt;
+                let _ = s.write_all(b"canary\n").await;
+            });
+        }
+    });
+    let b = FakeBackend::new();
+    let cmd = format!("nc -w 3 127.0.0.1 {port}");
+    let deny = sandbox(&b).await;
+    let (code, _, err) = sh(&*deny, &cmd).await;
+    assert_eq!(code, 1);
+    assert!(err.contains("Network is unreachable"), "{err}");
+    assert!(
+        sh(&*deny, &format!("nc -w 3 example.org {port}"))
+            .await
+            .2
+            .contains("bad address")
+    );
+    let allow = b
+        .create(CreateOptions::default().network(NetworkPolicy::allow()))
+        .await
+        .unwrap();
+    assert_eq!(sh(&*allow, &cmd).await.1, "canary\n");
+    let listed = b
+        .create(CreateOptions::default().network(NetworkPolicy::allow_list(["127.0.0.0/8"])))
+        .await
+        .unwrap();
+    assert_eq!(sh(&*listed, &cmd).await.1, "canary\n");
+    let other = b
+        .create(CreateOptions::default().network(NetworkPolicy::allow_list(["10.0.0.1"])))
+        .await
+        .unwrap();
+    assert!(sh(&*other, &cmd).await.2.contains("unreachable"));
+}
+
+// ---------------------------------------------------------------------------------------
+// Python
+
+#[tokio::test]
+async fn python_snippets() {
+    let b = FakeBackend::new();
+    let sb = sandbox(&b).await;
+    let code = |c: &'static str| {
+        let sb = &sb;
+        async move { sb.code(c).await.unwrap() }
+    };
+    assert_eq!(code("print(1)").await.stdout_text(), "1\n");
+    assert_eq!(code("print(2 * (3 + 4) - 1)").await.stdout_text(), "13\n");
+    assert_eq!(code("print(\"hello\")").await.stdout_text(), "hello\n");
+    assert_eq!(
+        code("x = 'ab'; print(x * 2, len(x), sep='|')")
+            .await
+            .stdout_text(),
+        "abab|2\n"
+    );
+    assert_eq!(
+        code("import sys; sys.stderr.write(\"err\\n\")")
+            .await
+            .stderr_text(),
+        "err\n"
+    );
+    assert_eq!(
+        code("import os; print(os.getcwd())").await.stdout_text(),
+        "/work\n"
+    );
+    assert_eq!(
+        code("n = 3\nprint(f'n={n} sq={n*n}')").await.stdout_text(),
+        "n=3 sq=9\n"
+    );
+    let syntax = code("def (:").await;
+    assert!(syntax.exit_code != 0 && syntax.stderr_text().contains("SyntaxError"));
+    let zero = code("print('before')\n1/0").await;
+    assert_eq!(zero.stdout_text(), "before\n");
+    assert!(
+        zero.exit_code != 0
+            && zero
+                .stderr_text()
+                .contains("ZeroDivisionError: division by zero")
+    );
+    assert!(
+        code("raise ValueError(\"x\")")
+            .await
+            .stderr_text()
+            .contains("ValueError: x")
+    );
+    assert!(
+        code("print(undefined)")
+            .await
+            .stderr_text()
+            .contains("NameError")
+    );
+    assert_eq!(code("import sys; sys.exit(3)").await.exit_code, 3);
+    let unsupported = code("for i in range(3):\n    print(i)").await;
+    assert!(
+        unsupported.stderr_text().contains("NotImplementedError"),
+        "{unsupported:?}"
+    );
+    sb.files()
+        .unwrap()
+        .write("name.txt", Bytes::from("file text"))
+        .await
+        .unwrap();
+    assert_eq!(
+        code("print(open(\"name.txt\").read())").await.stdout_text(),
+        "file text\n"
+    );
+    assert_eq!(sh(&*sb, "python3 -c 'print(40 + 2)'").await.1, "42\n");
+}
+
+#[tokio::test]
+async fn contexts_keep_state_and_are_isolated() {
+    let b = FakeBackend::new();
+    let sb = sandbox(&b).await;
+    let ctx = |id: &str| CodeOptions::default().context(id);
+    sb.run_code("x = 41", ctx("a")).await.unwrap();
+    assert_eq!(
+        sb.run_code("print(x + 1)", ctx("a"))
+            .await
+            .unwrap()
+            .stdout_text(),
+        "42\n"
+    );
+    assert!(
+        sb.run_code("print(x)", ctx("b"))
+            .await
+            .unwrap()
+            .stderr_text()
+            .contains("NameError")
+    );
+    assert!(
+        sb.code("print(x)")
+            .await
+            .unwrap()
+            .stderr_text()
+            .contains("NameError")
+    );
+    assert_eq!(handle(&*sb).contexts(), ["a", "b"]);
+}
+
+#[tokio::test]
+async fn templates_without_python_refuse_run_code() {
+    let b = FakeBackend::new();
+    let sb = b
+        .create(CreateOptions::new("sandbox-rs/busybox:latest"))
+        .await
+        .unwrap();
+    let e = sb.code("print(1)").await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::InterpreterMissing);
+    assert!(e.to_string().contains("python3") && e.to_string().contains("busybox"));
+    assert_eq!(sh(&*sb, "python3 -c 'print(1)'").await.0, 127);
+}
+
+// ---------------------------------------------------------------------------------------
+// Files
+
+#[tokio::test]
+async fn file_system_semantics() {
+    let b = FakeBackend::new();
+    let sb = sandbox(&b).await;
+    let f = sb.files().unwrap();
+    let all: Vec<u8> = (0..=255).collect();
+    f.write("bin/all.bin", Bytes::from(all.clone()))
+        .await
+        .unwrap();
+    assert_eq!(f.read("/work/bin/all.bin").await.unwrap(), all);
+    assert_eq!(sh(&*sb, "wc -c bin/all.bin").await.1, "256 bin/all.bin\n");
+    assert_eq!(
+        f.read("nope").await.unwrap_err().code(),
+        ErrorCode::PathNotFound
+    );
+    assert_eq!(
+        f.read("bin").await.unwrap_err().code(),
+        ErrorCode::IsADirectory
+    );
+    assert_eq!(
+        f.remove("nope").await.unwrap_err().code(),
+        ErrorCode::PathNotFound
+    );
+    f.mkdir("d/e/f", true).await.unwrap();
+    assert!(f.mkdir("x/y", false).await.is_err());
+    let st = f.stat("bin/all.bin").await.unwrap();
+    assert_eq!(
+        (st.size, st.is_dir, st.name.as_str()),
+        (256, false, "all.bin")
+    );
+    let names: Vec<String> = f
+        .ls("/work")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.name)
+        .collect();
+    assert_eq!(names, ["bin", "d"]);
+    f.remove("d").await.unwrap();
+    assert_eq!(
+        f.stat("d/e").await.unwrap_err().code(),
+        ErrorCode::PathNotFound
+    );
+    assert!(b.calls().iter().any(|c| matches!(
+        c,
+        Call::File {
+            op: FileOp::Write { len: 256 },
+            ..
+        }
+    )));
+}
+
+#[tokio::test]
+async fn upload_and_download_round_trip() {
+    let b = FakeBackend::new();
+    let sb = sandbox(&b).await;
+    let f = sb.files().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    std::fs::write(src.join("a.txt"), "A").unwrap();
+    std::fs::write(src.join("sub/b.bin"), vec![7u8; 3 << 20]).unwrap();
+    f.upload(&src, "up").await.unwrap();
+    assert_eq!(
+        sh(&*sb, "cat up/a.txt; wc -c up/sub/b.bin").await.1,
+        "A3145728 up/sub/b.bin\n"
+    );
+    let out = dir.path().join("out");
+    f.download("up", &out).await.unwrap();
+    assert_eq!(
+        std::fs::read(out.join("sub/b.bin")).unwrap(),
+        vec![7u8; 3 << 20]
+    );
+    // A link that leaves the tree is refused before anything is written.
+    sh(&*sb, "ln -s /etc/passwd up/evil").await;
+    let e = f
+        .download("up", &dir.path().join("out2"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::UnsafeArchiveEntry);
+    assert!(!dir.path().join("out2").exists());
+}
+
+// ---------------------------------------------------------------------------------------
+// Processes, streaming, timeouts (virtual time)
+
+#[tokio::test(start_paused = true)]
+async fn sleep_uses_virtual_time_and_timeouts_kill_only_that_process() {
+    let b = FakeBackend::new();
+    let sb = sandbox(&b).await;
+    let started = tokio::time::Instant::now();
+    sh(&*sb, "sleep 30").await;
+    assert!(started.elapsed() >= Duration::from_secs(30));
+    sh(&*sb, "sleep 1000 > /dev/null 2>&1 & echo $! > bg.pid").await;
+    let bg: u32 = String::from_utf8(handle(&*sb).read_file("bg.pid").unwrap().to_vec())
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(handle(&*sb).is_running(bg));
+    let e = sb
+        .run(
+            "sleep 100".into(),
+            RunOptions::default().timeout(Duration::from_secs(2)),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::ExecutionTimeout);
+    assert!(handle(&*sb).is_running(bg), "the background job survives");
+    assert_eq!(
+        sh(&*sb, &format!("kill -0 {bg} && kill {bg}; kill -0 {bg}"))
+            .await
+            .0,
+        1
+    );
+    assert!(handle(&*sb).running_processes().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn streamed_output_arrives_as_produced() {
+    let b = FakeBackend::new();
+    let sb = sandbox(&b).await;
+    let mut p = sb
+        .stream(
+            "echo first; sleep 5; echo second >&2".into(),
+            RunOptions::default(),
+        )
+        .unwrap();
+    let t0 = tokio::time::Instant::now();
+    let first = p.next().await.unwrap().unwrap();
+    assert_eq!(
+        (first.stream, &first.data[..]),
+        (StreamKind::Stdout, &b"first\n"[..])
+    );
+    assert!(t0.elapsed() < Duration::from_secs(1));
+    let second = p.next().await.unwrap().unwrap();
+    assert_eq!(second.stream, StreamKind::Stderr);
+    assert!(t0.elapsed() >= Duration::from_secs(5));
+    assert_eq!(p.wait().await.unwrap().exit_code, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_a_stream_kills_its_process_tree() {
+    let b = FakeBackend::new();
+    let sb = sandbox(&b).await;
+    let mut p = sb
+        .stream(
+            "sleep 500 & echo started; wait".into(),
+            RunOptions::default(),
+        )
+        .unwrap();
+    assert_eq!(&p.next().await.unwrap().unwrap().data[..], b"started\n");
+    assert_eq!(
+        handle(&*sb).running_processes().len(),
+        2,
+        "shell + background job"
+    );
+    drop(p);
+    assert!(sandbox_core::teardown::wait_for_teardowns(Duration::from_secs(2)).await);
+    tokio::task::yield_now().await;
+    assert!(handle(&*sb).running_processes().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn lifetime_expiry_makes_the_sandbox_gone() {
+    let b = FakeBackend::new();
+    let sb = b
+        .create(CreateOptions::default().timeout(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    // A command without a timeout inherits the lifetime; the sandbox's end is not a timeout.
+    let e = sb.exec("sleep 1000").await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::SandboxGone);
+    assert!(b.sandboxes().is_empty());
+    let e = sb.exec("true").await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::SandboxGone);
+}
+
+// ---------------------------------------------------------------------------------------
+// Scripting
+
+#[tokio::test(start_paused = true)]
+async fn scripted_responses_take_precedence() {
+    let b = FakeBackend::new();
+    b.on_run(["git", "status"], Response::ok("clean\n"));
+    b.on_run(
+        RunMatch::prefix(["pip"]),
+        Response::output(1, "", "no network\n"),
+    );
+    b.on_run_once("echo hi", Response::ok("scripted\n"));
+    b.on_run(
+        RunMatch::when(|argv| argv.first().is_some_and(|a| a == "slow")),
+        Response::steps([
+            Step::stdout("a"),
+            Step::sleep(Duration::from_secs(10)),
+            Step::stdout("b"),
+        ])
+        .exit_code(4),
+    );
+    b.on_run(["hang"], Response::hang());
+    b.on_run(
+        ["boom"],
+        Response::error(|| sandbox_core::SandboxError::RateLimit {
+            backend: "fake".into(),
+            retry_after: None,
+        }),
+    );
+    b.on_run_code(CodeMatch::contains("import torch"), Response::ok("2.1.0\n"));
+    let sb = sandbox(&b).await;
+    assert_eq!(
+        sb.exec(["git", "status"]).await.unwrap().stdout_text(),
+        "clean\n"
+    );
+    assert_eq!(
+        sh(&*sb, "git status").await.1,
+        "clean\n",
+        "scripts apply inside sh -c too"
+    );
+    assert_eq!(sb.exec(["pip", "install", "x"]).await.unwrap().exit_code, 1);
+    assert_eq!(sh(&*sb, "echo hi").await.1, "scripted\n");
+    assert_eq!(
+        sh(&*sb, "echo hi").await.1,
+        "hi\n",
+        "once rules are consumed"
+    );
+    let t0 = tokio::time::Instant::now();
+    let slow = sb.exec(["slow"]).await.unwrap();
+    assert_eq!((slow.exit_code, slow.stdout_text().as_str()), (4, "ab"));
+    assert!(t0.elapsed() >= Duration::from_secs(10));
+    let e = sb
+        .run(
+            ["hang"].into(),
+            RunOptions::default().timeout(Duration::from_secs(3)),
+        )
+        .await
+        .unwrap_err();
+    assert!(e.is_timeout());
+    assert_eq!(
+        sb.exec(["boom"]).await.unwrap_err().code(),
+        ErrorCode::RateLimit
+    );
+    assert_eq!(
+        sb.code("import torch; print(torch.__version__)")
+            .await
+            .unwrap()
+            .stdout_text(),
+        "2.1.0\n"
+    );
+    b.clear_scripts();
+    assert_eq!(sb.exec(["git", "status"]).await.unwrap().exit_code, 127);
+}
+
+#[tokio::test]
+async fn recorded_calls_carry_the_policy() {
+    let b = FakeBackend::new();
+    let sb = b
+        .create(CreateOptions::default().network(NetworkPolicy::allow()))
+        .await
+        .unwrap();
+    sb.run(
+        "echo x".into(),
+        RunOptions::default()
+            .env("K", "secret-value")
+            .timeout(Duration::from_secs(9)),
+    )
+    .await
+    .unwrap();
+    let calls = b.calls_for(sb.id());
+    let run = calls
+        .iter()
+        .find(|c| matches!(c, Call::Run { .. }))
+        .unwrap();
+    let Call::Run {
+        argv,
+        env_keys,
+        timeout,
+        policy,
+        ..
+    } = run
+    else {
+        unreachable!()
+    };
+    assert_eq!(argv, &["sh", "-c", "echo x"]);
+    assert_eq!(env_keys, &["K"]);
+    assert_eq!(*timeout, Some(Duration::from_secs(9)));
+    assert_eq!(policy, &NetworkPolicy::allow());
+    assert!(!format!("{calls:?}").contains("secret-value"));
+}
+
+// ---------------------------------------------------------------------------------------
+// Faults
+
+#[tokio::test]
+async fn create_faults() {
+    let b = FakeBackend::new();
+    b.faults().set_missing_credential(Some("FAKE_API_KEY"));
+    let e = b.create(CreateOptions::default()).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Auth);
+    assert!(e.hint().contains("FAKE_API_KEY"));
+    b.faults().heal();
+    b.faults().set_provider_failure(true);
+    assert_eq!(
+        b.create(CreateOptions::default()).await.unwrap_err().code(),
+        ErrorCode::Creation
+    );
+    b.faults().heal();
+    let known = FakeBackend::builder().known_templates(["only"]).build();
+    assert_eq!(
+        known
+            .create(CreateOptions::new("other"))
+            .await
+            .unwrap_err()
+            .code(),
+        ErrorCode::Creation
+    );
+    assert!(b.create(CreateOptions::default()).await.is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn slow_create_can_be_dropped_without_leaking() {
+    let b = FakeBackend::new();
+    b.faults().set_create_delay(Duration::from_secs(10));
+    let r = tokio::time::timeout(Duration::from_secs(1), b.create(CreateOptions::default())).await;
+    assert!(r.is_err(), "create still starting");
+    assert!(sandbox_core::teardown::wait_for_teardowns(Duration::from_secs(6)).await);
+    assert!(b.sandboxes().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn kill_faults_are_bounded_and_retriable() {
+    let b = FakeBackend::new();
+    let sb = sandbox(&b).await;
+    b.faults().set_kill_failure(true);
+    let e = sb.kill().await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Connect);
+    assert!(e.hint().contains("sandbox reap"));
+    b.faults().heal();
+    b.faults().set_kill_hang(true);
+    let t0 = tokio::time::Instant::now();
+    assert_eq!(sb.kill().await.unwrap_err().code(), ErrorCode::Connect);
+    assert!(t0.elapsed() <= sandbox_core::teardown::teardown_grace() + Duration::from_secs(1));
+    assert!(handle(&*sb).is_alive());
+    b.faults().heal();
+    sb.kill().await.unwrap();
+    assert!(!handle(&*sb).is_alive());
+}
+
+#[tokio::test]
+async fn own_faults_do_not_leak_into_other_handles() {
+    let b = FakeBackend::new();
+    let other = b.with_own_faults();
+    other.faults().set_kill_failure(true);
+    let sb = sandbox(&b).await;
+    sb.kill().await.unwrap();
+    let sb2 = other.create(CreateOptions::default()).await.unwrap();
+    assert!(sb2.kill().await.is_err());
+    other.faults().heal();
+    sb2.kill().await.unwrap();
+}
+
+#[tokio::test]
+async fn expire_now_is_sandbox_gone() {
+    let b = FakeBackend::new();
+    let sb = sandbox(&b).await;
+    assert!(b.expire(sb.id()));
+    assert_eq!(
+        sb.exec("true").await.unwrap_err().code(),
+        ErrorCode::SandboxGone
+    );
+    assert!(!b.expire(sb.id()));
+    assert!(
+        b.as_reapable()
+            .unwrap()
+            .list_managed(&Default::default())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn backend_is_usable_as_a_trait_object() {
+    let b: Arc<dyn Backend> = Arc::new(FakeBackend::new());
+    let sb = b.create(CreateOptions::default()).await.unwrap();
+    assert_eq!(sb.backend(), "fake");
+    sb.kill().await.unwrap();
+}
