@@ -1,0 +1,384 @@
+//! Direct libpod REST calls for the few things podman-api 0.11 gets wrong or lacks,
+//! over the same endpoint (unix socket or tcp) the podman-api client uses.
+//!
+//! Each bypass and its reason:
+//! - **container create**: podman-api's `ContainerCreateOptsBuilder::no_new_privilages`
+//!   serialises the misspelled field `no_new_privilages`, which Podman silently ignores, so
+//!   the flag never reaches the container. The spec is still assembled with podman-api's
+//!   typed builder; only the body is patched with the correct `no_new_privileges` (and
+//!   OCI-shaped `mounts`/`devices`, which the crate's Docker-shaped `Mount` model cannot
+//!   express) and POSTed here.
+//! - **archive stat** (`HEAD /containers/{id}/archive`): podman-api has no call for it; it
+//!   is the engine's cheap `stat` (no exec needed).
+
+use std::path::PathBuf;
+use std::time::SystemTime;
+
+use hyper::{Body, Method, Request, StatusCode};
+use sandbox_core::{Result, SandboxError};
+use serde::Deserialize;
+
+use crate::error::{BACKEND, START_HINT};
+
+/// The API version prefix this adapter speaks (podman-api's `LATEST_API_VERSION`).
+const API_PREFIX: &str = "/v4.3.1";
+
+#[derive(Clone, Debug)]
+enum Transport {
+    Unix {
+        client: hyper::Client<hyperlocal::UnixConnector>,
+        path: PathBuf,
+    },
+    Tcp {
+        client: hyper::Client<hyper::client::HttpConnector>,
+        base: String,
+    },
+}
+
+/// A minimal libpod REST client for the bypassed calls.
+#[derive(Clone, Debug)]
+pub(crate) struct Rest {
+    transport: Transport,
+    endpoint: String,
+}
+
+/// What the archive HEAD reports about one path.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub(crate) struct PathStat {
+    pub name: String,
+    pub size: i64,
+    /// Go `os.FileMode` bits (directory = 1 << 31, symlink = 1 << 27).
+    pub mode: u32,
+    pub mtime: String,
+    #[serde(rename = "linkTarget", default)]
+    pub link_target: String,
+}
+
+impl PathStat {
+    pub(crate) fn is_dir(&self) -> bool {
+        self.mode & (1 << 31) != 0
+    }
+    pub(crate) fn perm(&self) -> u32 {
+        self.mode & 0o7777
+    }
+    pub(crate) fn modified(&self) -> Option<SystemTime> {
+        parse_rfc3339(&self.mtime)
+    }
+}
+
+/// An engine answer with a status, or a transport failure.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RestError {
+    #[error("engine answered {status}: {message}")]
+    Status { status: u16, message: String },
+    #[error("cannot reach the engine: {0}")]
+    Transport(#[from] hyper::Error),
+    #[error("invalid engine answer: {0}")]
+    Invalid(String),
+}
+
+impl Rest {
+    /// A client for `unix:///path` or `tcp://host:port` (`http://` accepted as tcp).
+    pub(crate) fn new(endpoint: &str) -> Result<Rest> {
+        let transport = if let Some(path) = endpoint.strip_prefix("unix://") {
+            Transport::Unix {
+                client: hyper::Client::builder()
+                    .pool_max_idle_per_host(0)
+                    .build(hyperlocal::UnixConnector),
+                path: PathBuf::from(path),
+            }
+        } else if let Some(host) = endpoint
+            .strip_prefix("tcp://")
+            .or_else(|| endpoint.strip_prefix("http://"))
+        {
+            Transport::Tcp {
+                client: hyper::Client::new(),
+                base: format!("http://{}", host.trim_end_matches('/')),
+            }
+        } else {
+            return Err(SandboxError::config(
+                format!("unsupported Podman endpoint scheme in {endpoint:?}"),
+                "set CONTAINER_HOST to unix:///run/podman/podman.sock or tcp://host:port (ssh:// is not supported)",
+            ));
+        };
+        Ok(Rest {
+            transport,
+            endpoint: endpoint.to_string(),
+        })
+    }
+
+    fn uri(&self, ep: &str) -> hyper::Uri {
+        let ep = format!("{API_PREFIX}{ep}");
+        match &self.transport {
+            Transport::Unix { path, .. } => hyperlocal::Uri::new(path, &ep).into(),
+            Transport::Tcp { base, .. } => format!("{base}{ep}")
+                .parse()
+                .unwrap_or_else(|_| hyper::Uri::from_static("http://invalid.invalid/")),
+        }
+    }
+
+    async fn send(
+        &self,
+        req: Request<Body>,
+    ) -> std::result::Result<hyper::Response<Body>, RestError> {
+        let r = match &self.transport {
+            Transport::Unix { client, .. } => client.request(req).await?,
+            Transport::Tcp { client, .. } => client.request(req).await?,
+        };
+        Ok(r)
+    }
+
+    async fn error_of(resp: hyper::Response<Body>) -> RestError {
+        let status = resp.status().as_u16();
+        let body = hyper::body::to_bytes(resp.into_body())
+            .await
+            .unwrap_or_default();
+        let message = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| {
+                v.get("message")
+                    .or_else(|| v.get("cause"))
+                    .and_then(|m| m.as_str().map(str::to_string))
+            })
+            .unwrap_or_else(|| String::from_utf8_lossy(&body).chars().take(512).collect());
+        RestError::Status { status, message }
+    }
+
+    /// `POST /libpod/containers/create` with a JSON SpecGenerator body; returns the id.
+    pub(crate) async fn create_container(
+        &self,
+        spec: &serde_json::Value,
+    ) -> std::result::Result<String, RestError> {
+        let body = serde_json::to_vec(spec).map_err(|e| RestError::Invalid(e.to_string()))?;
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri(self.uri("/libpod/containers/create"))
+            .header("content-type", "application/json")
+            .body(Body::from(body))
+            .map_err(|e| RestError::Invalid(e.to_string()))?;
+        let resp = self.send(req).await?;
+        if resp.status() != StatusCode::CREATED && resp.status() != StatusCode::OK {
+            return Err(Self::error_of(resp).await);
+        }
+        let body = hyper::body::to_bytes(resp.into_body()).await?;
+        #[derive(Deserialize)]
+        struct Created {
+            #[serde(rename = "Id")]
+            id: String,
+        }
+        let c: Created =
+            serde_json::from_slice(&body).map_err(|e| RestError::Invalid(e.to_string()))?;
+        Ok(c.id)
+    }
+
+    /// `HEAD /containers/{id}/archive?path=`: `Ok(None)` when the path does not exist.
+    pub(crate) async fn stat_path(
+        &self,
+        id: &str,
+        path: &str,
+    ) -> std::result::Result<Option<PathStat>, RestError> {
+        let ep = format!("/containers/{}/archive?path={}", encode(id), encode(path));
+        let req = Request::builder()
+            .method(Method::HEAD)
+            .uri(self.uri(&ep))
+            .body(Body::empty())
+            .map_err(|e| RestError::Invalid(e.to_string()))?;
+        let resp = self.send(req).await?;
+        match resp.status() {
+            StatusCode::OK => {}
+            StatusCode::NOT_FOUND => {
+                // 404 means either "no such path" or "no such container": tell them apart.
+                let container = self.container_exists(id).await?;
+                return if container {
+                    Ok(None)
+                } else {
+                    Err(RestError::Status {
+                        status: 404,
+                        message: "no such container".into(),
+                    })
+                };
+            }
+            _ => return Err(Self::error_of(resp).await),
+        }
+        let header = resp
+            .headers()
+            .get("x-docker-container-path-stat")
+            .ok_or_else(|| RestError::Invalid("archive stat header missing".into()))?;
+        let json = base64_decode(header.as_bytes())
+            .ok_or_else(|| RestError::Invalid("archive stat header is not base64".into()))?;
+        serde_json::from_slice(&json)
+            .map(Some)
+            .map_err(|e| RestError::Invalid(e.to_string()))
+    }
+
+    /// `GET /libpod/containers/{id}/exists`.
+    pub(crate) async fn container_exists(&self, id: &str) -> std::result::Result<bool, RestError> {
+        let req = Request::builder()
+            .method(Method::GET)
+            .uri(self.uri(&format!("/libpod/containers/{}/exists", encode(id))))
+            .body(Body::empty())
+            .map_err(|e| RestError::Invalid(e.to_string()))?;
+        let resp = self.send(req).await?;
+        match resp.status() {
+            StatusCode::NO_CONTENT | StatusCode::OK => Ok(true),
+            StatusCode::NOT_FOUND => Ok(false),
+            _ => Err(Self::error_of(resp).await),
+        }
+    }
+
+    /// Maps a REST error on a live sandbox.
+    pub(crate) fn on_sandbox(&self, id: &str, what: &str, e: RestError) -> SandboxError {
+        match &e {
+            RestError::Status { status: 404, .. } => SandboxError::SandboxGone { id: id.into() },
+            RestError::Transport(_) => SandboxError::EngineUnavailable {
+                backend: BACKEND.into(),
+                endpoint: self.endpoint.clone(),
+                hint: START_HINT.into(),
+                source: Some(Box::new(e)),
+            },
+            _ => SandboxError::Engine {
+                backend: BACKEND.into(),
+                message: format!("{what} failed"),
+                source: Some(Box::new(e)),
+            },
+        }
+    }
+}
+
+/// Percent-encodes a query/path component (RFC 3986 unreserved characters and `/` kept).
+pub(crate) fn encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn base64_decode(input: &[u8]) -> Option<Vec<u8>> {
+    fn val(c: u8) -> Option<u32> {
+        match c {
+            b'A'..=b'Z' => Some((c - b'A') as u32),
+            b'a'..=b'z' => Some((c - b'a' + 26) as u32),
+            b'0'..=b'9' => Some((c - b'0' + 52) as u32),
+            b'+' | b'-' => Some(62),
+            b'/' | b'_' => Some(63),
+            _ => None,
+        }
+    }
+    let clean: Vec<u8> = input
+        .iter()
+        .copied()
+        .filter(|c| !c.is_ascii_whitespace() && *c != b'=')
+        .collect();
+    let mut out = Vec::with_capacity(clean.len() * 3 / 4);
+    for chunk in clean.chunks(4) {
+        let mut acc = 0u32;
+        for (i, c) in chunk.iter().enumerate() {
+            acc |= val(*c)? << (18 - 6 * i);
+        }
+        let bytes = acc.to_be_bytes();
+        match chunk.len() {
+            4 => out.extend_from_slice(&bytes[1..4]),
+            3 => out.extend_from_slice(&bytes[1..3]),
+            2 => out.push(bytes[1]),
+            _ => return None,
+        }
+    }
+    Some(out)
+}
+
+/// Parses `2026-11-29T22:59:12.063721484Z` (UTC, optional fraction, `Z` or `+hh:mm`).
+pub(crate) fn parse_rfc3339(s: &str) -> Option<SystemTime> {
+    let (date, rest) = s.split_once('T')?;
+    let mut d = date.split('-');
+    let y: i64 = d.next()?.parse().ok()?;
+    let mo: i64 = d.next()?.parse().ok()?;
+    let da: i64 = d.next()?.parse().ok()?;
+    let (time, offset_secs) = if let Some(t) = rest.strip_suffix('Z') {
+        (t, 0i64)
+    } else if let Some(pos) = rest.rfind(['+', '-']) {
+        let (t, off) = rest.split_at(pos);
+        let sign = if off.starts_with('-') { -1 } else { 1 };
+        let (oh, om) = off[1..].split_once(':')?;
+        (
+            t,
+            sign * (oh.parse::<i64>().ok()? * 3600 + om.parse::<i64>().ok()? * 60),
+        )
+    } else {
+        (rest, 0)
+    };
+    let (hms, frac) = time.split_once('.').unwrap_or((time, ""));
+    let mut t = hms.split(':');
+    let h: i64 = t.next()?.parse().ok()?;
+    let mi: i64 = t.next()?.parse().ok()?;
+    let se: i64 = t.next()?.parse().ok()?;
+    // days from civil (Howard Hinnant)
+    let y2 = if mo <= 2 { y - 1 } else { y };
+    let era = if y2 >= 0 { y2 } else { y2 - 399 } / 400;
+    let yoe = y2 - era * 400;
+    let doy = (153 * (if mo > 2 { mo - 3 } else { mo + 9 }) + 2) / 5 + da - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + h * 3600 + mi * 60 + se - offset_secs;
+    let nanos: u32 = if frac.is_empty() {
+        0
+    } else {
+        let f: String = frac.chars().take(9).collect();
+        let n: u32 = f.parse().ok()?;
+        n * 10u32.pow(9 - f.len() as u32)
+    };
+    if secs < 0 {
+        return None;
+    }
+    Some(SystemTime::UNIX_EPOCH + std::time::Duration::new(secs as u64, nanos))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_the_archive_stat_header() {
+        let h = b"eyJuYW1lIjoicGFzc3dkIiwic2l6ZSI6ODIsIm1vZGUiOjQyMCwibXRpbWUiOiIyMDI2LTExLTI5VDIyOjUwOjA5WiIsImlzRGlyIjpmYWxzZSwibGlua1RhcmdldCI6Ii9ldGMvcGFzc3dkIn0=";
+        let s: PathStat = serde_json::from_slice(&base64_decode(h).unwrap()).unwrap();
+        assert_eq!(s.name, "passwd");
+        assert_eq!(s.size, 82);
+        assert!(!s.is_dir());
+        assert_eq!(s.perm(), 0o644);
+        let t = s.modified().unwrap();
+        assert_eq!(
+            t.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs(),
+            1_795_992_609
+        );
+    }
+
+    #[test]
+    fn directory_bit_is_read() {
+        let s = PathStat {
+            name: "etc".into(),
+            size: 4096,
+            mode: 2_147_484_141,
+            mtime: "2026-11-29T22:59:12.063721484Z".into(),
+            link_target: String::new(),
+        };
+        assert!(s.is_dir());
+        assert_eq!(s.perm(), 0o755);
+        assert!(s.modified().is_some());
+    }
+
+    #[test]
+    fn encodes_query_values() {
+        assert_eq!(encode("/work/a b&c"), "/work/a%20b%26c");
+    }
+
+    #[test]
+    fn refuses_unknown_schemes() {
+        assert!(Rest::new("ssh://host/run/podman.sock").is_err());
+        assert!(Rest::new("unix:///run/podman/podman.sock").is_ok());
+        assert!(Rest::new("tcp://127.0.0.1:8080").is_ok());
+    }
+}

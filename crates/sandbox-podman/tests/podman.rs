@@ -1,0 +1,641 @@
+//! Integration tests against the real Podman service. They fail loudly when `CI=true` and
+//! the engine is missing, and skip with a printed reason otherwise.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use sandbox_core::{
+    Backend, CodeOptions, Command, CreateOptions, ErrorCode, NetworkPolicy, ReapableBackend,
+    Resources, RunOptions, Sandbox, SandboxError, SandboxExt,
+};
+use sandbox_podman::{Hooks, Mount, PodmanBackend, PodmanConfig, PodmanOptions, PodmanSandbox};
+
+const PY: &str = "sandbox-rs/python:3.11";
+const BUSYBOX: &str = "sandbox-rs/busybox:latest";
+
+async fn backend() -> Option<PodmanBackend> {
+    match PodmanBackend::connect(PodmanConfig::from_env()).await {
+        Ok(b) => Some(b),
+        Err(e) => {
+            let ci = std::env::var("CI").is_ok_and(|v| v == "true")
+                || std::env::var("SBX_CONTRACT_REQUIRED").is_ok_and(|v| v == "1");
+            if ci {
+                panic!(
+                    "Podman engine required (CI=true) but unavailable: {}",
+                    e.render()
+                );
+            }
+            eprintln!("SKIPPED: Podman engine unavailable: {}", e.render());
+            None
+        }
+    }
+}
+
+fn opts(case: &str) -> CreateOptions {
+    CreateOptions::new(PY)
+        .metadata("test", case)
+        .timeout(Duration::from_secs(120))
+}
+
+async fn sh(sb: &dyn Sandbox, s: &str) -> sandbox_core::ExecResult {
+    sb.run(Command::from(s), RunOptions::default())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hardening_is_verified_from_inside() {
+    let Some(b) = backend().await else { return };
+    let sb = b
+        .create(
+            opts("hardening")
+                .resources(Resources::default().memory_mb(128).pids(64))
+                .secret("API_TOKEN", "s3cr3t-value"),
+        )
+        .await
+        .unwrap();
+    let st = sh(&*sb, "cat /proc/1/status").await.stdout_text();
+    assert!(st.contains("NoNewPrivs:\t1"), "{st}");
+    assert!(st.contains("CapEff:\t0000000000000000"), "{st}");
+    let mem = sh(&*sb, "cat /sys/fs/cgroup/memory.max 2>/dev/null || cat /sys/fs/cgroup/memory/memory.limit_in_bytes").await.stdout_text();
+    assert_eq!(mem.trim(), (128u64 * 1024 * 1024).to_string());
+    let sw = sh(&*sb, "cat /sys/fs/cgroup/memory/memory.memsw.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.swap.max").await.stdout_text();
+    assert!(
+        sw.trim() == (128u64 * 1024 * 1024).to_string() || sw.trim() == "0",
+        "swap {sw}"
+    );
+    let pids = sh(
+        &*sb,
+        "cat /sys/fs/cgroup/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids/pids.max",
+    )
+    .await
+    .stdout_text();
+    assert_eq!(pids.trim(), "64");
+    let dev = sh(&*sb, "cat /proc/net/dev").await.stdout_text();
+    assert!(dev.contains("lo:") && !dev.contains("eth0"), "{dev}");
+    assert_eq!(
+        sh(&*sb, "printenv API_TOKEN").await.stdout_text(),
+        "s3cr3t-value\n"
+    );
+    assert_eq!(sh(&*sb, "pwd").await.stdout_text(), "/work\n");
+    let env = b.engine_env(sb.id()).await.unwrap();
+    assert!(
+        env.iter()
+            .all(|e| !e.contains("s3cr3t") && !e.starts_with("API_TOKEN")),
+        "{env:?}"
+    );
+    assert!(!format!("{sb:?}").contains("s3cr3t"));
+    sb.kill().await.unwrap();
+    sb.kill().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_basics_and_missing_binary() {
+    let Some(b) = backend().await else { return };
+    let sb = b.create(opts("exec-basics")).await.unwrap();
+    let r = sb
+        .exec(["sh", "-c", "echo out; echo err >&2; exit 3"])
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            r.exit_code,
+            r.stdout_text().as_str(),
+            r.stderr_text().as_str()
+        ),
+        (3, "out\n", "err\n")
+    );
+    let r = sb.exec(["echo", "$HOME", "a b"]).await.unwrap();
+    assert_eq!(
+        r.stdout_text(),
+        "$HOME a b\n",
+        "argv never goes through a shell"
+    );
+    let r = sb.exec(["definitely-not-here"]).await.unwrap();
+    assert_eq!(r.exit_code, 127);
+    assert!(r.stderr_text().contains("not found"), "{}", r.stderr_text());
+    let r = sb
+        .run(
+            Command::from("printenv X"),
+            RunOptions::default().env("X", "y"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.stdout_text(), "y\n");
+    let r = sb
+        .exec("dd if=/dev/zero bs=1048576 count=3 2>/dev/null")
+        .await
+        .unwrap();
+    assert_eq!(r.stdout.len(), 3 * 1024 * 1024);
+    sb.kill().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeout_kills_only_that_process() {
+    let Some(b) = backend().await else { return };
+    let sb = b.create(opts("timeout")).await.unwrap();
+    let t = Instant::now();
+    let e = sb
+        .run(
+            Command::from("sleep 30 & echo $! > /tmp/child; wait"),
+            RunOptions::default().timeout(Duration::from_millis(800)),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::ExecutionTimeout, "{e}");
+    assert!(t.elapsed() < Duration::from_secs(10));
+    let child = sh(&*sb, "cat /tmp/child").await.stdout_text();
+    let r = sh(
+        &*sb,
+        &format!("kill -0 {} 2>/dev/null; echo $?", child.trim()),
+    )
+    .await;
+    assert_eq!(
+        r.stdout_text().trim(),
+        "1",
+        "child of the timed-out command must be dead"
+    );
+    assert_eq!(sh(&*sb, "echo alive").await.stdout_text(), "alive\n");
+    sb.kill().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_run_and_process_kill_the_tree() {
+    let Some(b) = backend().await else { return };
+    let sb = b.create(opts("drop")).await.unwrap();
+    {
+        let fut = sb.run(
+            Command::from("echo $$ > /tmp/p1; sleep 60"),
+            RunOptions::default(),
+        );
+        let _ = tokio::time::timeout(Duration::from_millis(1500), fut).await;
+    }
+    let mut p = sb
+        .stream(
+            Command::from("echo $$ > /tmp/p2; echo first; sleep 60"),
+            RunOptions::default(),
+        )
+        .unwrap();
+    let first = p.next().await.unwrap().unwrap();
+    assert_eq!(&first.data[..], b"first\n");
+    drop(p);
+    assert!(sandbox_core::teardown::wait_for_teardowns(Duration::from_secs(10)).await);
+    for f in ["/tmp/p1", "/tmp/p2"] {
+        let pid = sh(&*sb, &format!("cat {f}")).await.stdout_text();
+        let r = sh(
+            &*sb,
+            &format!("kill -0 {} 2>/dev/null; echo $?", pid.trim()),
+        )
+        .await;
+        assert_eq!(r.stdout_text().trim(), "1", "{f} survived");
+    }
+    sb.kill().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_code_stateless_and_stateful() {
+    let Some(b) = backend().await else { return };
+    let sb = b.create(opts("code")).await.unwrap();
+    let r = sb.code("print(1)").await.unwrap();
+    assert_eq!((r.exit_code, r.stdout_text().as_str()), (0, "1\n"));
+    let r = sb.code("def (:").await.unwrap();
+    assert!(r.exit_code != 0 && r.stderr_text().contains("SyntaxError"));
+    let r = sb.code("1/0").await.unwrap();
+    assert!(r.exit_code != 0 && r.stderr_text().contains("ZeroDivisionError"));
+    let r = sb.code("import os; print(os.getcwd())").await.unwrap();
+    assert_eq!(r.stdout_text(), "/work\n");
+    let c = |id: &str| CodeOptions::default().context(id);
+    assert_eq!(sb.run_code("x = 41", c("a")).await.unwrap().exit_code, 0);
+    let r = sb.run_code("print(x + 1)", c("a")).await.unwrap();
+    assert_eq!(r.stdout_text(), "42\n");
+    let r = sb
+        .run_code("import sys; sys.stderr.write('err\\n')", c("a"))
+        .await
+        .unwrap();
+    assert_eq!(r.stderr_text(), "err\n");
+    let r = sb.run_code("print(x)", c("b")).await.unwrap();
+    assert!(
+        r.exit_code != 0 && r.stderr_text().contains("NameError"),
+        "{}",
+        r.stderr_text()
+    );
+    let e = sb
+        .run_code(
+            "import time; time.sleep(30)",
+            c("a").timeout(Duration::from_millis(800)),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::ExecutionTimeout);
+    let r = sb.run_code("print(2)", c("a")).await.unwrap();
+    assert_eq!(r.stdout_text(), "2\n", "context restarts after a timeout");
+    let big = format!("s = '{}'\nprint(len(s))", "a".repeat(100_000));
+    assert_eq!(sb.code(&big).await.unwrap().stdout_text(), "100000\n");
+    sb.kill().await.unwrap();
+
+    let sb = b.create(opts("no-python").template(BUSYBOX)).await.unwrap();
+    for o in [CodeOptions::default(), c("z")] {
+        let e = sb.run_code("print(1)", o).await.unwrap_err();
+        assert_eq!(e.code(), ErrorCode::InterpreterMissing, "{e}");
+    }
+    sb.kill().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_round_trip_and_errors() {
+    let Some(b) = backend().await else { return };
+    let sb = b.create(opts("files").template(BUSYBOX)).await.unwrap();
+    let fs = sb.files().unwrap();
+    let all: Vec<u8> = (0..=255u8).collect();
+    fs.write("bin.dat", Bytes::from(all.clone())).await.unwrap();
+    assert_eq!(&fs.read("/work/bin.dat").await.unwrap()[..], &all[..]);
+    assert_eq!(
+        sh(&*sb, "wc -c bin.dat")
+            .await
+            .stdout_text()
+            .split_whitespace()
+            .next(),
+        Some("256")
+    );
+    fs.write("deep/er/x.txt", Bytes::from_static(b"hi"))
+        .await
+        .unwrap();
+    fs.mkdir("d1/d2", true).await.unwrap();
+    let e = fs.mkdir("nope/x", false).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::PathNotFound);
+    let names: Vec<String> = fs
+        .ls(".")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|f| f.name)
+        .collect();
+    assert_eq!(names, ["bin.dat", "d1", "deep"]);
+    let st = fs.stat("bin.dat").await.unwrap();
+    assert_eq!((st.size, st.is_dir), (256, false));
+    assert!(fs.stat("d1").await.unwrap().is_dir);
+    assert_eq!(
+        fs.read("missing").await.unwrap_err().code(),
+        ErrorCode::PathNotFound
+    );
+    assert_eq!(
+        fs.read("d1").await.unwrap_err().code(),
+        ErrorCode::IsADirectory
+    );
+    assert_eq!(
+        fs.stat("missing").await.unwrap_err().code(),
+        ErrorCode::PathNotFound
+    );
+    assert_eq!(
+        fs.remove("missing").await.unwrap_err().code(),
+        ErrorCode::PathNotFound
+    );
+    fs.remove("deep").await.unwrap();
+    assert_eq!(
+        fs.ls("deep").await.unwrap_err().code(),
+        ErrorCode::PathNotFound
+    );
+
+    // escaping symlink inside a downloaded tree
+    sh(
+        &*sb,
+        "mkdir -p /work/t && echo a > /work/t/a && ln -s /etc/passwd /work/t/evil",
+    )
+    .await;
+    let tmp = tempfile::tempdir().unwrap();
+    let e = fs.download("t", &tmp.path().join("t")).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::UnsafeArchiveEntry);
+    sh(&*sb, "rm /work/t/evil").await;
+    fs.download("t", &tmp.path().join("t")).await.unwrap();
+    assert_eq!(std::fs::read(tmp.path().join("t/a")).unwrap(), b"a\n");
+    // upload a tree
+    let up = tmp.path().join("up");
+    std::fs::create_dir_all(up.join("s")).unwrap();
+    std::fs::write(up.join("s/f"), b"zz").unwrap();
+    fs.upload(&up, "/work/up2").await.unwrap();
+    assert_eq!(&fs.read("/work/up2/s/f").await.unwrap()[..], b"zz");
+    sb.kill().await.unwrap();
+}
+
+fn rss_kb() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_transfer_has_bounded_memory() {
+    let Some(b) = backend().await else { return };
+    let sb = b.create(opts("large").template(BUSYBOX)).await.unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("big.bin");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&src).unwrap();
+        let block = vec![0xA5u8; 1 << 20];
+        for _ in 0..80 {
+            f.write_all(&block).unwrap();
+        }
+    }
+    let before = rss_kb();
+    let fs = sb.files().unwrap();
+    fs.upload(&src, "big.bin").await.unwrap();
+    let dst = tmp.path().join("back.bin");
+    fs.download("big.bin", &dst).await.unwrap();
+    let growth_mb = (rss_kb().saturating_sub(before)) / 1024;
+    println!("peak RSS growth for an 80 MiB upload+download: {growth_mb} MiB");
+    assert_eq!(std::fs::metadata(&dst).unwrap().len(), 80 << 20);
+    assert!(growth_mb < 40, "peak RSS grew by {growth_mb} MiB");
+    sb.kill().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifetime_backstop_and_reaping() {
+    let Some(b) = backend().await else { return };
+    let sb = b
+        .create(
+            opts("lifetime")
+                .template(BUSYBOX)
+                .timeout(Duration::from_secs(2)),
+        )
+        .await
+        .unwrap();
+    let id = sb.id().to_string();
+    let listed = b
+        .list_managed(&BTreeMap::from([(
+            "test".to_string(),
+            "lifetime".to_string(),
+        )]))
+        .await
+        .unwrap();
+    assert!(listed.iter().any(|m| m.id == id));
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let e = sb.exec("true").await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::SandboxGone, "{e}");
+    let mut gone = false;
+    for _ in 0..50 {
+        if !b
+            .list_managed(&BTreeMap::new())
+            .await
+            .unwrap()
+            .iter()
+            .any(|m| m.id == id)
+        {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(gone, "ephemeral container removed after its lifetime");
+    assert_eq!(b.connect(&id).await.unwrap_err().code(), ErrorCode::Connect);
+    assert!(!b.kill_managed(&id).await.unwrap());
+    sb.kill().await.unwrap();
+
+    // retained: kept stopped, listed, then reaped
+    let sb = b
+        .create_with(
+            opts("retained")
+                .template(BUSYBOX)
+                .timeout(Duration::from_secs(1)),
+            PodmanOptions::new().ephemeral(false),
+        )
+        .await
+        .unwrap();
+    let id = sb.id().to_string();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let m = b.list_managed(&BTreeMap::new()).await.unwrap();
+    let me = m
+        .iter()
+        .find(|m| m.id == id)
+        .expect("retained container listed");
+    assert_eq!(me.state, sandbox_core::SandboxState::Stopped);
+    assert!(b.kill_managed(&id).await.unwrap());
+    assert!(!b.kill_managed(&id).await.unwrap());
+    drop(sb);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_reattaches_and_unknown_is_connect_error() {
+    let Some(b) = backend().await else { return };
+    let sb = b.create(opts("connect").template(BUSYBOX)).await.unwrap();
+    sh(&*sb, "echo v > /work/f").await;
+    let again = b.connect(sb.id()).await.unwrap();
+    assert_eq!(sh(&*again, "cat f").await.stdout_text(), "v\n");
+    assert_eq!(
+        b.connect("0123456789abcdef").await.unwrap_err().code(),
+        ErrorCode::Connect
+    );
+    sb.kill().await.unwrap();
+    drop(again);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn podman_options_mounts_hooks_and_caps() {
+    let Some(b) = backend().await else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let seed = tmp.path().join("seed");
+    std::fs::create_dir_all(seed.join("inner")).unwrap();
+    std::fs::write(seed.join("inner/file.txt"), b"copied").unwrap();
+    let shared = tmp.path().join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    std::fs::write(shared.join("ro.txt"), b"ro").unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (c1, c2) = (calls.clone(), calls.clone());
+    let hooks = Hooks::new()
+        .pre_start(move |ev| {
+            let c = c1.clone();
+            async move {
+                assert!(!ev.container_id.is_empty());
+                c.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }
+        })
+        .post_start(move |_| {
+            let c = c2.clone();
+            async move {
+                c.fetch_add(10, Ordering::SeqCst);
+                Ok(())
+            }
+        });
+    let po = PodmanOptions::new()
+        .mount(Mount::copy(&seed, "/opt/deep/seed"))
+        .mount(Mount::bind(&shared, "/shared").read_only(true))
+        .capability("CHOWN")
+        .hooks(hooks);
+    let sb = b
+        .create_with(opts("options").template(BUSYBOX), po)
+        .await
+        .unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 11);
+    assert_eq!(
+        sh(&sb, "cat /opt/deep/seed/inner/file.txt")
+            .await
+            .stdout_text(),
+        "copied"
+    );
+    let mounts = sh(&sb, "cat /proc/mounts").await.stdout_text();
+    assert!(
+        !mounts.contains("/opt/deep/seed"),
+        "copy mode leaves no bind mount"
+    );
+    assert_eq!(sh(&sb, "cat /shared/ro.txt").await.stdout_text(), "ro");
+    let r = sh(&sb, "echo x > /shared/new 2>/dev/null; echo $?").await;
+    assert_ne!(r.stdout_text().trim(), "0", "read-only bind mount");
+    let st = sh(&sb, "cat /proc/1/status").await.stdout_text();
+    assert!(st.contains("CapEff:\t0000000000000001"), "CHOWN only: {st}");
+    sb.kill().await.unwrap();
+
+    // failing pre_start hook: creation error, nothing left behind
+    let before = b
+        .list_managed(&BTreeMap::from([(
+            "test".to_string(),
+            "hookfail".to_string(),
+        )]))
+        .await
+        .unwrap()
+        .len();
+    assert_eq!(before, 0);
+    let po = PodmanOptions::new().hooks(Hooks::new().pre_start(|_| async { Err("nope".into()) }));
+    let e = b
+        .create_with(opts("hookfail").template(BUSYBOX), po)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Creation);
+    let after = b
+        .list_managed(&BTreeMap::from([(
+            "test".to_string(),
+            "hookfail".to_string(),
+        )]))
+        .await
+        .unwrap();
+    assert!(after.is_empty(), "{after:?}");
+
+    // refusals: before anything is created
+    let e = b
+        .create_with(
+            opts("refused"),
+            PodmanOptions::new().capability("NET_ADMIN"),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Configuration);
+    let e = b
+        .create_with(
+            opts("refused"),
+            PodmanOptions::new().cdi_device("nvidia.com/gpu=0"),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Configuration);
+    assert!(
+        b.list_managed(&BTreeMap::from([(
+            "test".to_string(),
+            "refused".to_string()
+        )]))
+        .await
+        .unwrap()
+        .is_empty()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn egress_allow_has_an_interface_and_ingress_publishes_on_loopback() {
+    let Some(b) = backend().await else { return };
+    let sb = b
+        .create(
+            opts("ingress")
+                .template(BUSYBOX)
+                .network(NetworkPolicy::allow().ingress_port(18089)),
+        )
+        .await
+        .unwrap();
+    let dev = sh(&*sb, "cat /proc/net/dev").await.stdout_text();
+    assert!(dev.contains("eth0"), "{dev}");
+    let mut p = sb
+        .stream(
+            Command::from("echo ready; echo pong | nc -l -p 18089"),
+            RunOptions::default(),
+        )
+        .unwrap();
+    let _ = p.next().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut s = tokio::net::TcpStream::connect("127.0.0.1:18089")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    use tokio::io::AsyncReadExt;
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await;
+    assert_eq!(buf, b"pong\n");
+    drop(p);
+    sb.kill().await.unwrap();
+
+    // Deny: still only loopback, the adapter forwards the port itself.
+    let sb = b
+        .create_with(
+            opts("ingress-deny")
+                .template(BUSYBOX)
+                .network(NetworkPolicy::deny().ingress_port(18091)),
+            PodmanOptions::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        sb.ingress_address(18091),
+        Some("127.0.0.1:18091".parse().unwrap())
+    );
+    assert_eq!(sb.ingress_address(1), None);
+    let dev = sh(&sb, "cat /proc/net/dev").await.stdout_text();
+    assert!(!dev.contains("eth0"), "{dev}");
+    let mut p = sb
+        .stream(
+            Command::from("echo ready; echo pong | nc -l -p 18091"),
+            RunOptions::default(),
+        )
+        .unwrap();
+    let _ = p.next().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut s = tokio::net::TcpStream::connect("127.0.0.1:18091")
+        .await
+        .unwrap();
+    let _ = &s;
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await;
+    assert_eq!(buf, b"pong\n");
+    drop(p);
+    sb.kill().await.unwrap();
+    assert!(
+        tokio::net::TcpStream::connect("127.0.0.1:18091")
+            .await
+            .is_err(),
+        "forwarder stopped with the sandbox"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn diagnose_reports_engine() {
+    let Some(b) = backend().await else { return };
+    let r = b.diagnose().await;
+    assert!(r.reachable, "{r:?}");
+    assert!(r.version.is_some());
+    assert!(r.images.iter().all(|(_, present)| *present), "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_gone_not_timeout_after_kill() {
+    let Some(b) = backend().await else { return };
+    let sb: PodmanSandbox = b
+        .create_with(opts("gone").template(BUSYBOX), PodmanOptions::new())
+        .await
+        .unwrap();
+    sb.kill().await.unwrap();
+    let e = sb.exec("true").await.unwrap_err();
+    assert!(matches!(e, SandboxError::SandboxGone { .. }), "{e}");
+}
