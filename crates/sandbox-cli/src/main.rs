@@ -1,1 +1,121 @@
-fn main() {}
+//! `sandbox`: the sandbox-rs command line. See the crate README for commands, JSON
+//! schemas and exit codes.
+
+#![forbid(unsafe_code)]
+
+mod cli;
+mod demo;
+mod doctor;
+mod egress;
+mod output;
+mod reap;
+mod run;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use sandbox::{ErrorCode, SandboxError};
+
+use crate::cli::{Cli, Cmd};
+use crate::output::Out;
+
+/// Success.
+pub const EXIT_OK: u8 = 0;
+/// A failure (engine error, unhealthy engine, failed demo step, failed kill).
+pub const EXIT_FAILURE: u8 = 1;
+/// Bad usage: clap parse errors, and configuration errors (bad DSN, unknown scheme, bad
+/// option values).
+pub const EXIT_USAGE: u8 = 2;
+/// `sandbox run`: the command ran past `--timeout` and was killed.
+pub const EXIT_TIMEOUT: u8 = 124;
+/// Interrupted by Ctrl-C / SIGINT (after the sandbox was torn down).
+pub const EXIT_INTERRUPTED: u8 = 130;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // Help and version are exit 0; usage errors exit 2.
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { EXIT_USAGE } else { EXIT_OK });
+        }
+    };
+    init_tracing();
+    let out = Out::new(cli.command.json());
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            out.error(&SandboxError::Engine {
+                backend: "cli".into(),
+                message: format!("cannot start the async runtime: {e}"),
+                source: None,
+            });
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    let code = runtime.block_on(async move {
+        // Installed before any sandbox exists, so Ctrl-C never kills us mid-create.
+        let interrupted = tokio::signal::ctrl_c();
+        let code = tokio::select! {
+            r = dispatch(cli.command, out) => match r {
+                Ok(code) => code,
+                Err(e) => {
+                    out.error(&e);
+                    exit_code_for(&e)
+                }
+            },
+            _ = interrupted => {
+                // Dropping the command's future dropped its sandbox and process handles,
+                // which scheduled their bounded kills; they finish below.
+                if out.json {
+                    out.json_value(&serde_json::json!({"interrupted": true}));
+                } else {
+                    out.note("interrupted; tearing down");
+                }
+                EXIT_INTERRUPTED
+            }
+        };
+        let grace = sandbox::teardown::teardown_grace() + Duration::from_secs(1);
+        if !sandbox::teardown::wait_for_teardowns(grace).await {
+            out.note("warning: a teardown did not finish; list leftovers with `sandbox reap`");
+        }
+        code
+    });
+    ExitCode::from(code)
+}
+
+async fn dispatch(cmd: Cmd, out: Out) -> sandbox::Result<u8> {
+    match cmd {
+        Cmd::Run(args) => run::run(args, out).await,
+        Cmd::Demo(args) => demo::demo(args, out).await,
+        Cmd::Doctor(args) => doctor::doctor(args, out).await,
+        Cmd::Reap(args) => reap::reap(args, out).await,
+    }
+}
+
+/// Configuration errors are usage errors (2); everything else is a failure (1).
+fn exit_code_for(e: &SandboxError) -> u8 {
+    match e.code() {
+        ErrorCode::Configuration | ErrorCode::BackendNotFound => EXIT_USAGE,
+        ErrorCode::ExecutionTimeout => EXIT_TIMEOUT,
+        _ => EXIT_FAILURE,
+    }
+}
+
+/// Warnings (e.g. "orphaned sandbox") go to stderr; `SANDBOX_LOG` (an env-filter) raises
+/// the level. stdout stays clean for `--json`.
+fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("SANDBOX_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(!no_color && std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}

@@ -1,0 +1,209 @@
+//! `sandbox doctor`: health of every engine, with a fix for each problem.
+//!
+//! Exit 0 when the default engine (Docker, when compiled in) is healthy — or, with
+//! `--engine`, when every selected engine is; else 1. The fake is always healthy, so it
+//! never makes a broken Docker setup look fine.
+
+use std::time::Duration;
+
+use sandbox::{EngineReport, SandboxError};
+use serde::Serialize;
+
+use crate::cli::DoctorArgs;
+use crate::output::{Out, redact_endpoint};
+use crate::{EXIT_FAILURE, EXIT_OK};
+
+/// How long one engine may take to answer.
+pub const ENGINE_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Serialize)]
+struct Image {
+    name: String,
+    present: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Problem {
+    problem: String,
+    fix: String,
+}
+
+/// One engine in `doctor --json`.
+#[derive(Debug, Serialize)]
+struct Engine {
+    backend: String,
+    default: bool,
+    healthy: bool,
+    reachable: bool,
+    version: Option<String>,
+    endpoint: String,
+    runtimes: Vec<String>,
+    images: Vec<Image>,
+    tier: String,
+    problems: Vec<Problem>,
+}
+
+#[derive(Debug, Serialize)]
+struct DoctorReport {
+    ok: bool,
+    default_engine: String,
+    engines: Vec<Engine>,
+}
+
+pub async fn doctor(args: DoctorArgs, out: Out) -> sandbox::Result<u8> {
+    let selected = selected_engines(&args.engines)?;
+    let mut engines = Vec::new();
+    for scheme in &selected {
+        let report = diagnose(scheme).await;
+        engines.push(to_engine(report, scheme == sandbox::DEFAULT_SCHEME));
+    }
+    let ok = if args.engines.is_empty() {
+        let default = engines.iter().find(|e| e.default);
+        match default {
+            Some(d) => d.healthy,
+            None => engines.iter().any(|e| e.healthy),
+        }
+    } else {
+        engines.iter().all(|e| e.healthy)
+    };
+    let report = DoctorReport {
+        ok,
+        default_engine: sandbox::DEFAULT_SCHEME.to_string(),
+        engines,
+    };
+    if out.json {
+        out.json_value(&report);
+    } else {
+        print_human(&report, &out);
+    }
+    Ok(if ok { EXIT_OK } else { EXIT_FAILURE })
+}
+
+/// `--engine` names (validated against what this build has), or every scheme.
+pub fn selected_engines(requested: &[String]) -> sandbox::Result<Vec<String>> {
+    let all = sandbox::schemes();
+    if requested.is_empty() {
+        return Ok(all);
+    }
+    for r in requested {
+        if !all.contains(r) {
+            return Err(SandboxError::BackendNotFound {
+                scheme: r.clone(),
+                available: all,
+                feature: ["docker", "podman", "fake"]
+                    .contains(&r.as_str())
+                    .then(|| r.clone()),
+            });
+        }
+    }
+    Ok(requested.to_vec())
+}
+
+/// Connects (bounded) and asks the backend; a failure to connect is reported as an
+/// unreachable engine with the error's hint as the fix.
+async fn diagnose(scheme: &str) -> EngineReport {
+    let target = format!("{scheme}://");
+    let connected = tokio::time::timeout(ENGINE_TIMEOUT, sandbox::backend(target.as_str())).await;
+    let backend = match connected {
+        Ok(Ok(b)) => b,
+        Ok(Err(e)) => return unreachable(scheme, &e),
+        Err(_) => {
+            let e = SandboxError::EngineUnavailable {
+                backend: scheme.to_string(),
+                endpoint: "unknown".into(),
+                hint: format!("check that the {scheme} engine is running and responsive"),
+                source: None,
+            };
+            return unreachable(scheme, &e);
+        }
+    };
+    match tokio::time::timeout(ENGINE_TIMEOUT, backend.diagnose()).await {
+        Ok(r) => r,
+        Err(_) => {
+            let mut r = EngineReport::new(scheme, "unknown");
+            r.problems.push(sandbox::Problem::new(
+                format!("the {scheme} engine did not answer within {ENGINE_TIMEOUT:?}"),
+                format!("restart the {scheme} engine"),
+            ));
+            r
+        }
+    }
+}
+
+fn unreachable(scheme: &str, e: &SandboxError) -> EngineReport {
+    let endpoint = match e {
+        SandboxError::EngineUnavailable { endpoint, .. } => endpoint.clone(),
+        _ => "unknown".to_string(),
+    };
+    let mut r = EngineReport::new(scheme, endpoint);
+    r.problems.push(sandbox::Problem::new(
+        format!("{} ({})", e, e.code()),
+        e.hint(),
+    ));
+    r
+}
+
+fn to_engine(r: EngineReport, default: bool) -> Engine {
+    Engine {
+        healthy: r.healthy(),
+        default,
+        backend: r.backend,
+        reachable: r.reachable,
+        version: r.version,
+        endpoint: redact_endpoint(&r.endpoint),
+        runtimes: r.runtimes,
+        images: r
+            .images
+            .into_iter()
+            .map(|(name, present)| Image { name, present })
+            .collect(),
+        tier: r.tier.to_string(),
+        problems: r
+            .problems
+            .into_iter()
+            .map(|p| Problem {
+                problem: p.problem,
+                fix: p.fix,
+            })
+            .collect(),
+    }
+}
+
+fn print_human(report: &DoctorReport, out: &Out) {
+    for e in &report.engines {
+        let state = if e.healthy {
+            out.green("healthy")
+        } else if e.reachable {
+            out.yellow("degraded")
+        } else {
+            out.red("unreachable")
+        };
+        let default = if e.default { " (default)" } else { "" };
+        out.line(format!("{}{default}: {state}", out.bold(&e.backend)));
+        out.line(format!("  endpoint: {}", e.endpoint));
+        if let Some(v) = &e.version {
+            out.line(format!("  version:  {v}"));
+        }
+        if !e.runtimes.is_empty() {
+            out.line(format!("  runtimes: {}", e.runtimes.join(", ")));
+        }
+        for i in &e.images {
+            let mark = if i.present {
+                out.green("present")
+            } else {
+                out.red("missing")
+            };
+            out.line(format!("  image:    {} ({mark})", i.name));
+        }
+        out.line(format!("  tier:     {}", e.tier));
+        for p in &e.problems {
+            out.line(format!("  {} {}", out.red("problem:"), p.problem));
+            out.line(format!("  {}     {}", out.bold("fix:"), p.fix));
+        }
+    }
+    out.line(if report.ok {
+        out.green("doctor: ok")
+    } else {
+        out.red("doctor: problems found")
+    });
+}

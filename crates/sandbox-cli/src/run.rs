@@ -1,0 +1,185 @@
+//! `sandbox run DSN -- CMD…`: one command in a fresh sandbox.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use sandbox::options::DEFAULT_OUTPUT_CAP;
+use sandbox::{
+    Command, CreateOptions, ErrorCode, NetworkPolicy, Resources, RunOptions, SandboxError,
+    StreamKind,
+};
+use serde::Serialize;
+
+use crate::cli::{NetworkArg, RunArgs};
+use crate::output::{Out, ms};
+use crate::{EXIT_FAILURE, EXIT_TIMEOUT};
+
+/// Default command timeout.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+/// The sandbox outlives the command by this much, so a command timeout is reported as
+/// `ExecutionTimeout`, never as the sandbox's lifetime running out.
+const LIFETIME_MARGIN: Duration = Duration::from_secs(30);
+
+#[derive(Serialize)]
+struct SandboxInfo {
+    id: String,
+    backend: String,
+    tier: String,
+}
+
+/// `run --json` payload.
+#[derive(Serialize)]
+struct RunReport {
+    sandbox: SandboxInfo,
+    exit_code: Option<i64>,
+    timed_out: bool,
+    stdout: String,
+    stderr: String,
+    truncated: bool,
+    duration_ms: u64,
+}
+
+pub async fn run(args: RunArgs, out: Out) -> sandbox::Result<u8> {
+    let timeout = args.timeout.unwrap_or(DEFAULT_TIMEOUT);
+    let options = create_options(&args, timeout);
+    let started = Instant::now();
+    let sb = {
+        let _progress = out.progress("creating sandbox");
+        sandbox::create(args.dsn.as_str(), options).await?
+    };
+    let info = SandboxInfo {
+        id: sb.id().to_string(),
+        backend: sb.backend().to_string(),
+        tier: sb.isolation().to_string(),
+    };
+    let result = execute(&*sb, Command::Argv(args.cmd.clone()), timeout, out).await;
+    // Tear down before reporting; a teardown failure never hides the command's outcome.
+    if let Err(e) = sb.kill().await {
+        out.note(format!("warning: {}", e.render()));
+    }
+    drop(sb);
+    let duration_ms = ms(started.elapsed());
+    let (exit_code, timed_out, captured) = match result {
+        Ok((code, captured)) => (Some(code), false, captured),
+        Err(e) if e.code() == ErrorCode::ExecutionTimeout => {
+            if !out.json {
+                out.error(&e);
+                return Ok(EXIT_TIMEOUT);
+            }
+            (None, true, Captured::default())
+        }
+        Err(e) => return Err(e),
+    };
+    if out.json {
+        out.json_value(&RunReport {
+            sandbox: info,
+            exit_code,
+            timed_out,
+            stdout: String::from_utf8_lossy(&captured.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&captured.stderr).into_owned(),
+            truncated: captured.truncated,
+            duration_ms,
+        });
+    }
+    Ok(match exit_code {
+        None => EXIT_TIMEOUT,
+        Some(c) => u8::try_from(c).unwrap_or(EXIT_FAILURE),
+    })
+}
+
+fn create_options(args: &RunArgs, timeout: Duration) -> CreateOptions {
+    let mut resources = Resources::default();
+    if let Some(m) = args.memory {
+        resources = resources.memory_mb(m);
+    }
+    if let Some(c) = args.cpus {
+        resources = resources.cpu(c);
+    }
+    let network = match args.network {
+        NetworkArg::Deny => NetworkPolicy::deny(),
+        NetworkArg::Allow => NetworkPolicy::allow(),
+    };
+    let mut o = CreateOptions::default()
+        .resources(resources)
+        .network(network)
+        .timeout(timeout + LIFETIME_MARGIN)
+        .metadata("tool", "sandbox-cli")
+        .metadata("command", "run");
+    for (k, v) in &args.env {
+        o = o.env(k.clone(), v.clone());
+    }
+    o
+}
+
+#[derive(Default)]
+struct Captured {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    truncated: bool,
+}
+
+impl Captured {
+    fn push(&mut self, kind: StreamKind, data: &[u8]) {
+        let buf = match kind {
+            StreamKind::Stdout => &mut self.stdout,
+            StreamKind::Stderr => &mut self.stderr,
+        };
+        let room = DEFAULT_OUTPUT_CAP.saturating_sub(buf.len());
+        if data.len() > room {
+            self.truncated = true;
+        }
+        buf.extend_from_slice(&data[..data.len().min(room)]);
+    }
+}
+
+/// Streams the command's output live (or captures it for `--json`) and returns its exit
+/// code. Falls back to a buffered `run` on backends without `STREAMING`.
+async fn execute(
+    sb: &dyn sandbox::Sandbox,
+    cmd: Command,
+    timeout: Duration,
+    out: Out,
+) -> sandbox::Result<(i64, Captured)> {
+    let options = RunOptions::default().timeout(timeout);
+    let mut captured = Captured::default();
+    let mut process = match sb.stream(cmd.clone(), options.clone()) {
+        Ok(p) => p,
+        Err(SandboxError::CapabilityNotSupported { .. }) => {
+            let r = sb.run(cmd, options).await?;
+            if out.json {
+                captured.push(StreamKind::Stdout, &r.stdout);
+                captured.push(StreamKind::Stderr, &r.stderr);
+            } else {
+                write_live(StreamKind::Stdout, &r.stdout);
+                write_live(StreamKind::Stderr, &r.stderr);
+            }
+            return Ok((r.exit_code, captured));
+        }
+        Err(e) => return Err(e),
+    };
+    while let Some(chunk) = process.next().await {
+        let chunk = chunk?;
+        if out.json {
+            captured.push(chunk.stream, &chunk.data);
+        } else {
+            write_live(chunk.stream, &chunk.data);
+        }
+    }
+    let r = process.wait().await?;
+    Ok((r.exit_code, captured))
+}
+
+fn write_live(kind: StreamKind, data: &[u8]) {
+    // Errors (a closed pipe) are ignored: the command keeps its exit code.
+    match kind {
+        StreamKind::Stdout => {
+            let mut o = std::io::stdout().lock();
+            let _ = o.write_all(data).and_then(|_| o.flush());
+        }
+        StreamKind::Stderr => {
+            let mut e = std::io::stderr().lock();
+            let _ = e.write_all(data).and_then(|_| e.flush());
+        }
+    }
+}

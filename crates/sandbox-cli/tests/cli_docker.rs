@@ -1,0 +1,224 @@
+//! The CLI against the local Docker engine. Skipped (with a printed reason) when Docker is
+//! missing, and failing instead when `CI=true`.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const BUSYBOX: &str = "docker://sandbox-rs/busybox:latest";
+const PYTHON: &str = "docker://sandbox-rs/python:3.11";
+
+fn docker(args: &[&str]) -> String {
+    let o = std::process::Command::new("docker")
+        .args(args)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn docker_run_streams_and_exits_with_the_commands_code() {
+    if !docker_available("docker_run_streams_and_exits_with_the_commands_code") {
+        return;
+    }
+    let o = run(&[
+        "run",
+        BUSYBOX,
+        "--",
+        "sh",
+        "-c",
+        "echo out; echo err >&2; exit 7",
+    ]);
+    assert_eq!(code(&o), 7, "stderr: {}", stderr(&o));
+    assert_eq!(stdout(&o), "out\n");
+    assert_eq!(stderr(&o), "err\n");
+}
+
+#[test]
+fn docker_run_json_schema() {
+    if !docker_available("docker_run_json_schema") {
+        return;
+    }
+    let o = run(&[
+        "run",
+        "--json",
+        "--memory",
+        "128",
+        BUSYBOX,
+        "--",
+        "sh",
+        "-c",
+        "echo hi; echo oops >&2",
+    ]);
+    assert_eq!(code(&o), 0, "stderr: {}", stderr(&o));
+    let mut v = json(&o);
+    redact(&mut v);
+    insta::assert_json_snapshot!("run_json_docker", v);
+}
+
+#[test]
+fn docker_demo_passes_in_under_10s() {
+    if !docker_available("docker_demo_passes_in_under_10s") {
+        return;
+    }
+    let start = Instant::now();
+    let o = run(&["demo", "--json", PYTHON]);
+    let wall = start.elapsed();
+    let mut v = json(&o);
+    assert_eq!(code(&o), 0, "{v:#}");
+    eprintln!("demo on docker: total_ms={} wall={wall:?}", v["total_ms"]);
+    assert!(v["total_ms"].as_u64().unwrap() < 10_000);
+    assert_eq!(v["egress"]["denied"], true, "{v:#}");
+    assert_eq!(v["egress"]["interfaces"], serde_json::json!(["lo"]));
+    let detail = v["steps"][3]["detail"]
+        .as_str()
+        .unwrap()
+        .to_ascii_lowercase();
+    assert!(detail.contains("network is unreachable"), "{detail}");
+    redact_demo(&mut v);
+    insta::assert_json_snapshot!("demo_json_docker", v);
+}
+
+#[test]
+fn docker_ctrl_c_kills_the_sandbox_and_exits_130() {
+    if !docker_available("docker_ctrl_c_kills_the_sandbox_and_exits_130") {
+        return;
+    }
+    let mut child = sandbox(&["run", BUSYBOX, "--", "sh", "-c", "echo ready; sleep 60"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "ready\n");
+    // The container this CLI process owns carries its pid in the owner label.
+    let owner_filter = "label=io.sandbox-rs.meta.command=run";
+    let mine = |pid: u32| -> Vec<String> {
+        docker(&[
+            "ps",
+            "-a",
+            "--filter",
+            owner_filter,
+            "--format",
+            "{{.ID}} {{.Labels}}",
+        ])
+        .lines()
+        .filter(|l| l.contains(&format!("/{pid}/")))
+        .map(|l| l.split(' ').next().unwrap_or("").to_string())
+        .collect()
+    };
+    let pid = child.id();
+    let before = mine(pid);
+    let start = Instant::now();
+    // Interrupt first, assert after: a failed assertion must not leave the child running.
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-INT", &pid.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    assert_eq!(before.len(), 1, "the run's container exists while it runs");
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    assert!(start.elapsed() < Duration::from_secs(10));
+    assert!(mine(pid).is_empty(), "container removed after Ctrl-C");
+}
+
+#[test]
+fn docker_reap_lists_and_kills_by_label_and_id() {
+    if !docker_available("docker_reap_lists_and_kills_by_label_and_id") {
+        return;
+    }
+    // A managed container this test creates directly (as a crashed client would leave it).
+    let tag = format!("reap-{}", std::process::id());
+    let id = docker(&[
+        "run",
+        "-d",
+        "--network",
+        "none",
+        "--label",
+        "io.sandbox-rs.managed=true",
+        "--label",
+        "io.sandbox-rs.backend=docker",
+        "--label",
+        &format!("io.sandbox-rs.meta.cli-test={tag}"),
+        "sandbox-rs/busybox:latest",
+        "sleep",
+        "120",
+    ])
+    .trim()
+    .to_string();
+    assert!(!id.is_empty(), "docker run failed");
+    let label = format!("cli-test={tag}");
+
+    let o = run(&["reap", "--json", "--engine", "docker", "--label", &label]);
+    assert_eq!(code(&o), 0, "{}", stdout(&o));
+    let v = json(&o);
+    let listed = v["sandboxes"].as_array().unwrap();
+    assert_eq!(listed.len(), 1, "{v:#}");
+    assert!(id.starts_with(listed[0]["id"].as_str().unwrap()) || listed[0]["id"] == id.as_str());
+    assert_eq!(
+        listed[0]["killed"],
+        serde_json::Value::Null,
+        "listing never kills"
+    );
+    let mut snap = v.clone();
+    redact(&mut snap);
+    snap["sandboxes"][0]["labels"] = "[labels]".into();
+    insta::assert_json_snapshot!("reap_json_docker_listed", snap);
+
+    let o = run(&[
+        "reap",
+        "--json",
+        "--engine",
+        "docker",
+        "--kill",
+        "--id",
+        &id[..12],
+    ]);
+    assert_eq!(code(&o), 0, "{}", stdout(&o));
+    let v = json(&o);
+    assert_eq!(v["sandboxes"][0]["killed"], true, "{v:#}");
+    assert!(
+        docker(&["ps", "-aq", "--filter", &format!("id={id}")])
+            .trim()
+            .is_empty()
+    );
+}
+
+#[test]
+fn docker_doctor_reports_a_healthy_engine() {
+    if !docker_available("docker_doctor_reports_a_healthy_engine") {
+        return;
+    }
+    let o = run(&["doctor", "--json", "--engine", "docker"]);
+    let mut v = json(&o);
+    let e = &v["engines"][0];
+    assert_eq!(e["reachable"], true, "{v:#}");
+    assert!(e["version"].is_string());
+    assert!(
+        e["runtimes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r == "runc"),
+        "{v:#}"
+    );
+    assert_eq!(code(&o), if e["healthy"] == true { 0 } else { 1 });
+    redact(&mut v);
+    v["engines"][0]["runtimes"] = "[runtimes]".into();
+    v["engines"][0]["images"] = "[images]".into();
+    v["engines"][0]["problems"] = "[problems]".into();
+    v["engines"][0]["healthy"] = "[healthy]".into();
+    v["engines"][0]["tier"] = "[tier]".into();
+    v["ok"] = "[ok]".into();
+    insta::assert_json_snapshot!("doctor_json_docker", v);
+}

@@ -1,0 +1,281 @@
+//! The CLI against the in-memory fake (`fake://`): no engine needed.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+#[test]
+fn run_streams_output_and_exits_with_the_commands_code() {
+    let o = run(&[
+        "run",
+        "fake://",
+        "--",
+        "sh",
+        "-c",
+        "echo out; echo err >&2; exit 3",
+    ]);
+    assert_eq!(code(&o), 3, "stderr: {}", stderr(&o));
+    assert_eq!(stdout(&o), "out\n");
+    assert_eq!(stderr(&o), "err\n");
+}
+
+#[test]
+fn run_passes_env_and_resource_flags() {
+    let o = run(&[
+        "run",
+        "--env",
+        "GREETING=hi",
+        "--memory",
+        "256",
+        "--cpus",
+        "0.5",
+        "--network",
+        "deny",
+        "fake://",
+        "--",
+        "printenv",
+        "GREETING",
+    ]);
+    assert_eq!(code(&o), 0, "stderr: {}", stderr(&o));
+    assert_eq!(stdout(&o), "hi\n");
+}
+
+#[test]
+fn run_json_schema() {
+    let o = run(&[
+        "run",
+        "--json",
+        "fake://",
+        "--",
+        "sh",
+        "-c",
+        "echo hi; echo oops >&2",
+    ]);
+    assert_eq!(code(&o), 0, "stderr: {}", stderr(&o));
+    let mut v = json(&o);
+    redact(&mut v);
+    insta::assert_json_snapshot!("run_json_fake", v);
+}
+
+#[test]
+fn run_timeout_exits_124() {
+    let start = Instant::now();
+    let o = run(&["run", "--timeout", "0.5", "fake://", "--", "sleep", "30"]);
+    assert_eq!(code(&o), 124, "stderr: {}", stderr(&o));
+    assert!(stderr(&o).contains("SBX_E1302"), "{}", stderr(&o));
+    assert!(start.elapsed() < Duration::from_secs(15));
+    let o = run(&[
+        "run",
+        "--json",
+        "--timeout",
+        "0.5",
+        "fake://",
+        "--",
+        "sleep",
+        "30",
+    ]);
+    assert_eq!(code(&o), 124);
+    assert_eq!(json(&o)["timed_out"], true);
+}
+
+#[test]
+fn unknown_scheme_is_a_usage_error_listing_compiled_in_backends() {
+    let o = run(&["run", "nosuch://", "--", "true"]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("SBX_E1001"), "{}", stderr(&o));
+    let o = run(&["run", "--json", "nosuch://", "--", "true"]);
+    assert_eq!(code(&o), 2);
+    let v = json(&o);
+    insta::assert_json_snapshot!("error_json_unknown_scheme", v);
+}
+
+#[test]
+fn credential_in_dsn_is_refused_and_never_echoed() {
+    let o = run(&["run", "--json", "fake://x?token=hunter2", "--", "true"]);
+    assert_eq!(code(&o), 2);
+    assert_eq!(json(&o)["error"]["code"], "SBX_E1000");
+    assert!(!stdout(&o).contains("hunter2") && !stderr(&o).contains("hunter2"));
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    for args in [
+        &["run", "fake://"][..],
+        &["run", "--network", "sideways", "fake://", "--", "true"],
+        &["run", "--timeout", "0", "fake://", "--", "true"],
+        &["reap", "--older-than", "10"],
+        &["reap", "--label", "novalue"],
+        &["frobnicate"],
+    ] {
+        let o = run(args);
+        assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));
+    }
+    let o = run(&["run", "--memory", "0", "fake://", "--", "true"]);
+    assert_eq!(code(&o), 2, "configuration error: {}", stderr(&o));
+}
+
+#[test]
+fn help_documents_exit_codes() {
+    let o = run(&["--help"]);
+    assert_eq!(code(&o), 0);
+    for needle in ["Exit codes", "130", "124", "NO_COLOR", "--json"] {
+        assert!(stdout(&o).contains(needle), "{needle}");
+    }
+}
+
+#[test]
+fn demo_on_the_fake_passes_every_step() {
+    let o = run(&["demo", "fake://"]);
+    assert_eq!(
+        code(&o),
+        0,
+        "stdout: {}\nstderr: {}",
+        stdout(&o),
+        stderr(&o)
+    );
+    let text = stdout(&o);
+    for step in [
+        "create",
+        "run_code",
+        "stream",
+        "egress_denied",
+        "teardown",
+        "demo passed",
+    ] {
+        assert!(text.contains(step), "{step} missing in:\n{text}");
+    }
+    assert!(!text.contains('\x1b'), "NO_COLOR respected");
+}
+
+#[test]
+fn demo_json_schema() {
+    let o = run(&["demo", "--json", "fake://"]);
+    assert_eq!(code(&o), 0, "stdout: {}", stdout(&o));
+    let mut v = json(&o);
+    assert!(v["total_ms"].as_u64().unwrap() < 10_000);
+    redact_demo(&mut v);
+    insta::assert_json_snapshot!("demo_json_fake", v);
+}
+
+#[test]
+fn doctor_json_schema_for_the_fake() {
+    let o = run(&["doctor", "--json", "--engine", "fake"]);
+    assert_eq!(code(&o), 0, "{}", stdout(&o));
+    let mut v = json(&o);
+    redact(&mut v);
+    insta::assert_json_snapshot!("doctor_json_fake", v);
+    let o = run(&["doctor", "--engine", "nosuch"]);
+    assert_eq!(code(&o), 2);
+}
+
+#[test]
+fn doctor_lists_every_compiled_in_engine() {
+    let o = run(&["doctor", "--json"]);
+    let v = json(&o);
+    let names: Vec<&str> = v["engines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["backend"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"docker") && names.contains(&"fake"),
+        "{names:?}"
+    );
+    for e in v["engines"].as_array().unwrap() {
+        if !e["healthy"].as_bool().unwrap() {
+            for p in e["problems"].as_array().unwrap() {
+                assert!(
+                    !p["fix"].as_str().unwrap().is_empty(),
+                    "each problem has a fix"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn reap_json_schema_on_the_fake() {
+    let o = run(&[
+        "reap",
+        "--json",
+        "--engine",
+        "fake",
+        "--label",
+        "team=x",
+        "--older-than",
+        "1h",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stdout(&o));
+    let v = json(&o);
+    insta::assert_json_snapshot!("reap_json_fake_empty", v);
+}
+
+#[test]
+fn reap_unknown_id_fails() {
+    let o = run(&[
+        "reap", "--json", "--engine", "fake", "--kill", "--id", "deadbeef",
+    ]);
+    assert_eq!(code(&o), 1);
+    assert_eq!(json(&o)["not_found"][0], "deadbeef");
+}
+
+#[test]
+fn ctrl_c_tears_down_and_exits_130() {
+    let mut child = sandbox(&["run", "fake://", "--", "sh", "-c", "echo ready; sleep 30"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "ready\n");
+    let start = Instant::now();
+    let kill = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    assert!(start.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn doctor_reports_an_unreachable_engine_with_its_fix() {
+    let o = sandbox(&["doctor", "--json", "--engine", "docker"])
+        .env("DOCKER_HOST", "unix:///nonexistent/sandbox-rs-test.sock")
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), 1, "{}", stdout(&o));
+    let mut v = json(&o);
+    // The problem and fix texts belong to the Docker adapter; pin that they exist.
+    let p = &mut v["engines"][0]["problems"][0];
+    assert!(p["problem"].as_str().unwrap().contains("SBX_E1003"), "{p}");
+    assert!(!p["fix"].as_str().unwrap().is_empty());
+    p["problem"] = "[problem]".into();
+    p["fix"] = "[fix]".into();
+    insta::assert_json_snapshot!("doctor_json_docker_unreachable", v);
+    let o = sandbox(&["doctor", "--engine", "docker"])
+        .env("DOCKER_HOST", "unix:///nonexistent/sandbox-rs-test.sock")
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), 1);
+    assert!(stdout(&o).contains("unreachable") && stdout(&o).contains("fix:"));
+}
+
+#[test]
+fn doctor_never_prints_credentials_from_the_endpoint() {
+    let o = sandbox(&["doctor", "--json", "--engine", "docker"])
+        .env("DOCKER_HOST", "tcp://user:hunter2@127.0.0.1:1")
+        .output()
+        .unwrap();
+    assert!(!stdout(&o).contains("hunter2"), "{}", stdout(&o));
+    assert!(!stderr(&o).contains("hunter2"), "{}", stderr(&o));
+}
