@@ -36,6 +36,16 @@ pub trait Sandbox: Send + Sync + std::fmt::Debug {
     fn files(&self) -> Result<&dyn FileSystem>;
     /// Kills and removes the sandbox. Idempotent and bounded by the teardown grace.
     async fn kill(&self) -> Result<()>;
+    /// The host address where a container port listed in
+    /// `NetworkPolicy::ingress_ports` is published (on loopback). Needs `INGRESS_PORTS`;
+    /// a port that was not requested is a `Configuration` error.
+    fn ingress_address(&self, port: u16) -> Result<std::net::SocketAddr> {
+        let _ = port;
+        Err(crate::SandboxError::unsupported(
+            Capability::INGRESS_PORTS,
+            self.backend(),
+        ))
+    }
     /// The engine client and container id, unwrapped.
     ///
     /// **Outside the semver contract**: the concrete type may change in any release.
