@@ -166,17 +166,6 @@ impl PodmanSandbox {
         &self.native
     }
 
-    /// Where a published ingress port is reachable on the host (`127.0.0.1:<port>`, or an
-    /// ephemeral port when that one was taken under egress `Deny`). Podman-specific,
-    /// outside the portable contract. `None` for unpublished ports and connected handles.
-    pub fn ingress_address(&self, container_port: u16) -> Option<std::net::SocketAddr> {
-        self.shared
-            .ingress
-            .iter()
-            .find(|(p, _)| *p == container_port)
-            .map(|(_, a)| *a)
-    }
-
     fn info(&self) -> OrphanInfo {
         self.shared.target.info.clone()
     }
@@ -313,6 +302,25 @@ impl Sandbox for PodmanSandbox {
             *g = TeardownGuard::new(self.info(), self.killer.clone());
         }
         r
+    }
+
+    /// Where a published ingress port is reachable on the host: `127.0.0.1:<port>`, or an
+    /// ephemeral loopback port when that one was taken under egress `Deny` (the adapter
+    /// forwards it itself, since a `none` network cannot publish). A port that was not
+    /// requested, or a handle from `connect` (which does not know the forwards), is a
+    /// `Configuration` error.
+    fn ingress_address(&self, container_port: u16) -> Result<std::net::SocketAddr> {
+        self.shared
+            .ingress
+            .iter()
+            .find(|(p, _)| *p == container_port)
+            .map(|(_, a)| *a)
+            .ok_or_else(|| {
+                SandboxError::config(
+                    format!("container port {container_port} is not published by this handle"),
+                    "list the port in NetworkPolicy::ingress_ports at create, and use the handle create returned",
+                )
+            })
     }
 
     fn native(&self) -> &dyn Any {

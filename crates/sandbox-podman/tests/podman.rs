@@ -588,10 +588,13 @@ async fn egress_allow_has_an_interface_and_ingress_publishes_on_loopback() {
         .await
         .unwrap();
     assert_eq!(
-        sb.ingress_address(18091),
-        Some("127.0.0.1:18091".parse().unwrap())
+        sb.ingress_address(18091).unwrap(),
+        "127.0.0.1:18091".parse().unwrap()
     );
-    assert_eq!(sb.ingress_address(1), None);
+    assert_eq!(
+        sb.ingress_address(1).unwrap_err().code(),
+        sandbox_core::ErrorCode::Configuration
+    );
     let dev = sh(&sb, "cat /proc/net/dev").await.stdout_text();
     assert!(!dev.contains("eth0"), "{dev}");
     let mut p = sb
