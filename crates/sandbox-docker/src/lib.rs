@@ -1,1 +1,18 @@
-//! Work in progress.
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod backend;
+mod code;
+mod config;
+mod error;
+mod exec;
+mod files;
+mod ingress;
+mod policy;
+mod sandbox;
+mod tar_stream;
+
+pub use backend::DockerBackend;
+pub use config::{DEFAULT_DOCKER_HOST, DEFAULT_TEMPLATE, DOCKER_HOST_ENV, DockerConfig, Runtime};
+pub use sandbox::{DockerNative, DockerSandbox};

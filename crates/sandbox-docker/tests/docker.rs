@@ -1,0 +1,620 @@
+//! Integration tests against the real Docker engine. They skip (with a printed reason)
+//! when no engine answers, and fail loudly when `CI=true`.
+#![allow(clippy::print_stdout)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use sandbox_core::labels::{LABEL_MANAGED, LABEL_OWNER};
+use sandbox_core::{
+    Backend, CodeOptions, Command, CreateOptions, ErrorCode, NetworkPolicy, ReapableBackend,
+    Resources, RunOptions, SandboxExt,
+};
+use sandbox_docker::{DockerBackend, DockerConfig, DockerNative};
+
+const PY: &str = "sandbox-rs/python:3.11";
+const BUSYBOX: &str = "sandbox-rs/busybox:latest";
+
+async fn backend() -> Option<DockerBackend> {
+    match DockerBackend::connect(DockerConfig::from_env()).await {
+        Ok(b) => Some(b),
+        Err(e) if e.code() == ErrorCode::EngineUnavailable => {
+            if std::env::var("CI").as_deref() == Ok("true") {
+                panic!("Docker engine required under CI=true: {}", e.render());
+            }
+            println!("skipping: Docker engine unavailable: {}", e.render());
+            None
+        }
+        Err(e) => panic!("connect failed: {}", e.render()),
+    }
+}
+
+fn opts(template: &str, test: &str) -> CreateOptions {
+    CreateOptions::new(template)
+        .timeout(Duration::from_secs(120))
+        .metadata("test", test)
+}
+
+async fn engine_ids(b: &DockerBackend, test: &str) -> Vec<String> {
+    let mut f = BTreeMap::new();
+    f.insert("test".to_string(), test.to_string());
+    b.list_managed(&f)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.id)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn run_basics_env_secrets_and_missing_binary() {
+    let Some(b) = backend().await else { return };
+    let s = b
+        .create(
+            opts(BUSYBOX, "run_basics")
+                .env("PLAIN", "visible")
+                .secret("TOKEN", "hunter2"),
+        )
+        .await
+        .unwrap();
+    let r = s.exec(["echo", "hi"]).await.unwrap();
+    assert_eq!((r.exit_code, r.stdout_text().as_str()), (0, "hi\n"));
+    let r = s.exec("echo out; echo err >&2; exit 3").await.unwrap();
+    assert_eq!(r.exit_code, 3);
+    assert_eq!(r.stdout_text(), "out\n");
+    assert_eq!(r.stderr_text(), "err\n");
+    let r = s.exec(["echo", "$HOME;", "x"]).await.unwrap();
+    assert_eq!(
+        r.stdout_text(),
+        "$HOME; x\n",
+        "a list never goes through a shell"
+    );
+    let r = s.exec("printenv PLAIN; printenv TOKEN; pwd").await.unwrap();
+    assert_eq!(r.stdout_text(), "visible\nhunter2\n/work\n");
+    let r = s
+        .run(
+            Command::from(["printenv", "X"]),
+            RunOptions::default().env("X", "1"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.stdout_text(), "1\n");
+    // Secrets are injected per exec, never stored in the container configuration.
+    let native = s.native().downcast_ref::<DockerNative>().unwrap();
+    let c = native
+        .client
+        .inspect_container(&native.container_id, None)
+        .await
+        .unwrap();
+    let env = c.config.unwrap().env.unwrap_or_default();
+    assert!(env.iter().any(|e| e == "PLAIN=visible"));
+    assert!(!env.iter().any(|e| e.contains("hunter2")), "{env:?}");
+    assert!(!format!("{s:?}").contains("hunter2"));
+    // Missing executable: exit 127, message on stderr (argv and shell forms).
+    let r = s.exec(["no-such-binary"]).await.unwrap();
+    assert_eq!(r.exit_code, 127, "{r:?}");
+    assert!(r.stderr_text().contains("no-such-binary"), "{r:?}");
+    assert!(r.stdout.is_empty());
+    let r = s.exec("no-such-binary").await.unwrap();
+    assert_eq!(r.exit_code, 127);
+    assert!(r.stderr_text().contains("not found"), "{r:?}");
+    s.kill().await.unwrap();
+    s.kill().await.unwrap();
+    let e = s.exec(["true"]).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::SandboxGone);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hardening_visible_from_inside() {
+    let Some(b) = backend().await else { return };
+    let s = b
+        .create(opts(BUSYBOX, "hardening").resources(Resources::default().memory_mb(96).pids(64)))
+        .await
+        .unwrap();
+    let status = s
+        .exec(["cat", "/proc/1/status"])
+        .await
+        .unwrap()
+        .stdout_text();
+    assert!(status.contains("NoNewPrivs:\t1"), "{status}");
+    assert!(status.contains("CapEff:\t0000000000000000"), "{status}");
+    let dev = s
+        .exec(["cat", "/proc/net/dev"])
+        .await
+        .unwrap()
+        .stdout_text();
+    let ifaces: Vec<&str> = dev
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split(':').next())
+        .map(str::trim)
+        .collect();
+    assert_eq!(ifaces, vec!["lo"]);
+    let mem = s
+        .exec("cat /sys/fs/cgroup/memory.max 2>/dev/null || cat /sys/fs/cgroup/memory/memory.limit_in_bytes")
+        .await
+        .unwrap()
+        .stdout_text();
+    assert_eq!(mem.trim(), (96u64 * 1024 * 1024).to_string());
+    let pids = s
+        .exec("cat /sys/fs/cgroup/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids/pids.max")
+        .await
+        .unwrap()
+        .stdout_text();
+    assert_eq!(pids.trim(), "64");
+    let r = s.exec("nc -w 2 10.0.0.1 80").await.unwrap();
+    assert!(r.exit_code != 0 && r.exit_code != 127, "{r:?}");
+    s.kill().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn timeout_kills_only_that_process() {
+    let Some(b) = backend().await else { return };
+    let s = b.create(opts(BUSYBOX, "timeout")).await.unwrap();
+    let bg = s
+        .exec("sleep 300 & echo $! > /tmp/bg.pid; echo started")
+        .await
+        .unwrap();
+    assert_eq!(bg.stdout_text(), "started\n");
+    let t = Instant::now();
+    let e = s
+        .run(
+            Command::from("sleep 60 & sleep 60; echo never"),
+            RunOptions::default().timeout(Duration::from_millis(500)),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::ExecutionTimeout);
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    // The timed-out tree is gone, the unrelated background process survives.
+    let ps = s.exec("ps -o pid,args").await.unwrap().stdout_text();
+    assert_eq!(ps.matches("sleep 60").count(), 0, "{ps}");
+    let alive = s
+        .exec("kill -0 $(cat /tmp/bg.pid) && echo alive")
+        .await
+        .unwrap();
+    assert_eq!(alive.stdout_text(), "alive\n");
+    // A dropped run future kills its process too.
+    let fut = s.exec("sleep 77");
+    let _ = tokio::time::timeout(Duration::from_millis(700), fut).await;
+    assert!(sandbox_core::teardown::wait_for_teardowns(Duration::from_secs(5)).await);
+    let ps = s.exec("ps -o pid,args").await.unwrap().stdout_text();
+    assert!(!ps.contains("sleep 77"), "{ps}");
+    s.kill().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn streaming_delivers_before_exit() {
+    use futures::StreamExt;
+    let Some(b) = backend().await else { return };
+    let s = b.create(opts(BUSYBOX, "stream")).await.unwrap();
+    let mut p = s
+        .stream(
+            Command::from("echo first; sleep 1; echo second"),
+            RunOptions::default(),
+        )
+        .unwrap();
+    let t = Instant::now();
+    let first = p.next().await.unwrap().unwrap();
+    assert_eq!(&first.data[..], b"first\n");
+    assert!(t.elapsed() < Duration::from_millis(900));
+    let r = p.wait().await.unwrap();
+    assert!(r.streamed && r.exit_code == 0);
+    s.kill().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn run_code_and_stateful_contexts() {
+    let Some(b) = backend().await else { return };
+    let s = b.create(opts(PY, "code")).await.unwrap();
+    let r = s.code("print(1)").await.unwrap();
+    assert_eq!((r.exit_code, r.stdout_text().as_str()), (0, "1\n"));
+    let r = s.code("1/0").await.unwrap();
+    assert!(r.exit_code != 0 && r.stderr_text().contains("ZeroDivisionError"));
+    let r = s.code("def (:").await.unwrap();
+    assert!(r.exit_code != 0 && r.stderr_text().contains("SyntaxError"));
+    let r = s.code("import os; print(os.getcwd())").await.unwrap();
+    assert_eq!(r.stdout_text(), "/work\n");
+    let big = format!("x = '{}'\nprint(len(x))", "a".repeat(200_000));
+    assert_eq!(s.code(&big).await.unwrap().stdout_text(), "200000\n");
+
+    let c1 = CodeOptions::default().context("one");
+    let c2 = CodeOptions::default().context("two");
+    let r = s.run_code("x = 41", c1.clone()).await.unwrap();
+    assert_eq!(r.exit_code, 0, "{r:?}");
+    let r = s.run_code("print(x + 1)", c1.clone()).await.unwrap();
+    assert_eq!(r.stdout_text(), "42\n", "{r:?}");
+    let r = s.run_code("print(x)", c2.clone()).await.unwrap();
+    assert!(
+        r.exit_code != 0 && r.stderr_text().contains("NameError"),
+        "{r:?}"
+    );
+    let r = s
+        .run_code(
+            "import os, sys; sys.stderr.write('e\\n'); os.system('echo sub')",
+            c1.clone(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.stdout_text().as_str(), r.stderr_text().as_str()),
+        ("sub\n", "e\n")
+    );
+    let e = s
+        .run_code(
+            "import time; time.sleep(30)",
+            c1.clone().timeout(Duration::from_millis(500)),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::ExecutionTimeout);
+    // The context's interpreter was killed: its state is gone, a fresh one serves it.
+    let r = s.run_code("print('x' in globals())", c1).await.unwrap();
+    assert_eq!(r.stdout_text(), "False\n");
+    s.kill().await.unwrap();
+
+    let bb = b.create(opts(BUSYBOX, "code-missing")).await.unwrap();
+    let e = bb.code("print(1)").await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::InterpreterMissing);
+    assert!(e.to_string().contains("python3") && e.to_string().contains(BUSYBOX));
+    bb.kill().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn files_round_trip_on_busybox() {
+    let Some(b) = backend().await else { return };
+    let s = b.create(opts(BUSYBOX, "files")).await.unwrap();
+    let f = s.files().unwrap();
+    let all: Vec<u8> = (0..=255u8).collect();
+    f.write("bin.dat", Bytes::from(all.clone())).await.unwrap();
+    assert_eq!(f.read("/work/bin.dat").await.unwrap(), all);
+    let r = s.exec(["wc", "-c", "bin.dat"]).await.unwrap();
+    assert!(
+        r.stdout_text().starts_with("256"),
+        "relative = run's workdir"
+    );
+    f.write("deep/er/t.txt", Bytes::from_static(b"t"))
+        .await
+        .unwrap();
+    assert_eq!(&f.read("deep/er/t.txt").await.unwrap()[..], b"t");
+    let st = f.stat("bin.dat").await.unwrap();
+    assert_eq!(
+        (st.size, st.is_dir, st.path.as_str()),
+        (256, false, "/work/bin.dat")
+    );
+    assert!(st.modified.is_some());
+    assert!(f.stat("deep").await.unwrap().is_dir);
+    f.mkdir("a/b/c", true).await.unwrap();
+    f.mkdir("a/b/c", true).await.unwrap();
+    assert_eq!(
+        f.mkdir("x/y", false).await.unwrap_err().code(),
+        ErrorCode::PathNotFound
+    );
+    let mut names: Vec<String> = f
+        .ls(".")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.name)
+        .collect();
+    names.sort();
+    assert_eq!(names, vec!["a", "bin.dat", "deep"]);
+    assert_eq!(
+        f.read("nope").await.unwrap_err().code(),
+        ErrorCode::PathNotFound
+    );
+    assert_eq!(
+        f.stat("nope").await.unwrap_err().code(),
+        ErrorCode::PathNotFound
+    );
+    assert_eq!(
+        f.ls("nope").await.unwrap_err().code(),
+        ErrorCode::PathNotFound
+    );
+    assert_eq!(
+        f.read("deep").await.unwrap_err().code(),
+        ErrorCode::IsADirectory
+    );
+    f.remove("a").await.unwrap();
+    assert_eq!(
+        f.remove("a").await.unwrap_err().code(),
+        ErrorCode::PathNotFound
+    );
+
+    let tmp = tempfile::tempdir().unwrap();
+    let up = tmp.path().join("up");
+    std::fs::create_dir_all(up.join("sub")).unwrap();
+    std::fs::write(up.join("sub/x.txt"), b"x").unwrap();
+    f.upload(&up, "uploaded").await.unwrap();
+    assert_eq!(&f.read("uploaded/sub/x.txt").await.unwrap()[..], b"x");
+    let down = tmp.path().join("down");
+    f.download("uploaded", &down).await.unwrap();
+    assert_eq!(std::fs::read(down.join("sub/x.txt")).unwrap(), b"x");
+    // A symlink pointing out of the tree is refused on download; nothing lands outside.
+    s.exec("mkdir -p esc && ln -s /etc esc/evil").await.unwrap();
+    let e = f
+        .download("esc", &tmp.path().join("esc"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::UnsafeArchiveEntry);
+    s.kill().await.unwrap();
+}
+
+fn rss_kib(field: &str) -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    s.lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn large_transfers_stream_with_bounded_memory() {
+    let Some(b) = backend().await else { return };
+    let s = b
+        .create(opts(BUSYBOX, "large").resources(Resources::default().memory_mb(128)))
+        .await
+        .unwrap();
+    let f = s.files().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("big.bin");
+    {
+        use std::io::Write;
+        let mut w = std::io::BufWriter::new(std::fs::File::create(&src).unwrap());
+        let block: Vec<u8> = (0..1024 * 1024).map(|i| (i % 251) as u8).collect();
+        for _ in 0..256 {
+            w.write_all(&block).unwrap();
+        }
+    }
+    let base = rss_kib("VmRSS:");
+    let t = Instant::now();
+    f.upload(&src, "big.bin").await.unwrap();
+    let up = t.elapsed();
+    let after_up = rss_kib("VmHWM:");
+    assert_eq!(f.stat("big.bin").await.unwrap().size, 256 * 1024 * 1024);
+    let t = Instant::now();
+    let dst = tmp.path().join("back.bin");
+    f.download("big.bin", &dst).await.unwrap();
+    let down = t.elapsed();
+    let after_down = rss_kib("VmHWM:");
+    assert_eq!(std::fs::metadata(&dst).unwrap().len(), 256 * 1024 * 1024);
+    println!(
+        "256 MiB: upload {up:?}, download {down:?}; RSS base {base} KiB, peak after upload {after_up} KiB (+{} KiB), after download {after_down} KiB (+{} KiB)",
+        after_up.saturating_sub(base),
+        after_down.saturating_sub(base)
+    );
+    assert!(
+        after_down.saturating_sub(base) < 32 * 1024,
+        "peak RSS grew by more than 32 MiB"
+    );
+    s.kill().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lifetime_backstop_removes_the_container() {
+    let Some(b) = backend().await else { return };
+    let s = b
+        .create(opts(BUSYBOX, "lifetime").timeout(Duration::from_secs(2)))
+        .await
+        .unwrap();
+    assert!(s.exec(["true"]).await.unwrap().ok());
+    let id = s.id().to_string();
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    assert_eq!(
+        s.exec(["true"]).await.unwrap_err().code(),
+        ErrorCode::SandboxGone
+    );
+    assert!(
+        !engine_ids(&b, "lifetime").await.contains(&id),
+        "removed by the engine"
+    );
+    assert_eq!(b.connect(&id).await.unwrap_err().code(), ErrorCode::Connect);
+    s.kill().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reaping_and_connect() {
+    let Some(b) = backend().await else { return };
+    let s = b.create(opts(BUSYBOX, "reap")).await.unwrap();
+    let id = s.id().to_string();
+    let again = b.connect(&id).await.unwrap();
+    assert_eq!(
+        again.exec(["echo", "x"]).await.unwrap().stdout_text(),
+        "x\n"
+    );
+    std::mem::forget(again); // keep the handle's drop from killing it here
+    assert!(engine_ids(&b, "reap").await.contains(&id));
+    assert!(b.kill_managed(&id).await.unwrap());
+    assert!(!b.kill_managed(&id).await.unwrap());
+    assert_eq!(
+        b.connect("does-not-exist").await.unwrap_err().code(),
+        ErrorCode::Connect
+    );
+    s.kill().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn startup_sweep_removes_dead_owners_containers() {
+    let Some(b) = backend().await else { return };
+    // A container that claims a dead owner on this host (same pid, other start time).
+    let me = sandbox_core::labels::Owner::current();
+    let dead = sandbox_core::labels::Owner {
+        start_time: me.start_time + 12345,
+        ..me.clone()
+    };
+    let mut labels = std::collections::HashMap::new();
+    labels.insert(LABEL_MANAGED.to_string(), "true".to_string());
+    labels.insert(LABEL_OWNER.to_string(), dead.to_label());
+    labels.insert("io.sandbox-rs.meta.test".to_string(), "sweep".to_string());
+    let client = b.client().clone();
+    let c = client
+        .create_container(
+            None,
+            bollard::models::ContainerCreateBody {
+                image: Some(BUSYBOX.into()),
+                cmd: Some(vec!["sleep".into(), "60".into()]),
+                labels: Some(labels),
+                host_config: Some(bollard::models::HostConfig {
+                    network_mode: Some("none".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(
+        engine_ids(&b, "sweep").await.contains(&c.id),
+        "stopped ones are listed"
+    );
+    let _b2 = DockerBackend::connect(DockerConfig::from_env())
+        .await
+        .unwrap();
+    assert!(!engine_ids(&b, "sweep").await.contains(&c.id), "swept");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unreachable_engine_is_engine_unavailable() {
+    let e = DockerBackend::connect(DockerConfig::default().host("unix:///tmp/sbx-no-such.sock"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::EngineUnavailable);
+    assert!(e.hint().contains("sudo cargo xtask setup"), "{}", e.hint());
+    assert!(std::error::Error::source(&e).is_some());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn refusals_before_provisioning() {
+    let Some(b) = backend().await else { return };
+    for (o, code) in [
+        (
+            opts(BUSYBOX, "refuse").resources(Resources::default().disk_mb(10)),
+            ErrorCode::Configuration,
+        ),
+        (
+            opts(BUSYBOX, "refuse").resources(Resources::default().gpu(1)),
+            ErrorCode::CapabilityNotSupported,
+        ),
+        (
+            opts(BUSYBOX, "refuse").network(NetworkPolicy::allow_list(["example.com"])),
+            ErrorCode::CapabilityNotSupported,
+        ),
+        (
+            opts("sandbox-rs/no-such-image:0", "refuse"),
+            ErrorCode::Creation,
+        ),
+    ] {
+        assert_eq!(b.create(o).await.unwrap_err().code(), code);
+    }
+    assert!(engine_ids(&b, "refuse").await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn diagnose_reports_engine() {
+    let Some(b) = backend().await else { return };
+    let r = b.diagnose().await;
+    assert!(r.reachable && r.version.is_some());
+    assert!(r.runtimes.iter().any(|x| x == "runc"));
+    println!("{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ingress_ports_published_on_loopback() {
+    use tokio::io::AsyncReadExt;
+    let Some(b) = backend().await else { return };
+    for (name, net) in [
+        ("ingress-deny", NetworkPolicy::deny().ingress_port(8080)),
+        ("ingress-allow", NetworkPolicy::allow().ingress_port(8080)),
+    ] {
+        let s = b.create(opts(BUSYBOX, name).network(net)).await.unwrap();
+        let native = s.native().downcast_ref::<DockerNative>().unwrap();
+        let addr = native.ingress[&8080];
+        assert!(addr.ip().is_loopback(), "{name}: {addr}");
+        let r = s
+            .exec("nc -l -p 8080 -e echo hello-ingress >/dev/null 2>&1 &")
+            .await
+            .unwrap();
+        assert_eq!(r.exit_code, 0);
+        let mut got = String::new();
+        for _ in 0..50 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let Ok(mut c) = tokio::net::TcpStream::connect(addr).await else {
+                continue;
+            };
+            got.clear();
+            let _ = c.read_to_string(&mut got).await;
+            if !got.is_empty() {
+                break;
+            }
+        }
+        assert_eq!(got, "hello-ingress\n", "{name}");
+        s.kill().await.unwrap();
+    }
+}
+
+#[allow(dead_code)]
+fn _arc(b: DockerBackend) -> Arc<dyn Backend> {
+    Arc::new(b)
+}
+
+/// Latency medians over 30 runs (run with `--ignored --nocapture`).
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "measurement, not a check"]
+async fn measure_latency() {
+    let Some(b) = backend().await else { return };
+    fn median(mut v: Vec<Duration>) -> Duration {
+        v.sort();
+        v[v.len() / 2]
+    }
+    let n = 30;
+    let (mut create, mut kill) = (vec![], vec![]);
+    for _ in 0..n {
+        let t = Instant::now();
+        let s = b.create(opts(PY, "latency")).await.unwrap();
+        create.push(t.elapsed());
+        let t = Instant::now();
+        s.kill().await.unwrap();
+        kill.push(t.elapsed());
+    }
+    let s = b.create(opts(PY, "latency")).await.unwrap();
+    let (mut run, mut code, mut files, mut ctx) = (vec![], vec![], vec![], vec![]);
+    let mib = Bytes::from(vec![7u8; 1024 * 1024]);
+    s.code("pass").await.unwrap();
+    for _ in 0..n {
+        let t = Instant::now();
+        assert!(s.exec(["true"]).await.unwrap().ok());
+        run.push(t.elapsed());
+        let t = Instant::now();
+        assert_eq!(s.code("print(1)").await.unwrap().stdout_text(), "1\n");
+        code.push(t.elapsed());
+        let t = Instant::now();
+        s.run_code("print(1)", CodeOptions::default().context("bench"))
+            .await
+            .unwrap();
+        ctx.push(t.elapsed());
+        let t = Instant::now();
+        s.files()
+            .unwrap()
+            .write("m.bin", mib.clone())
+            .await
+            .unwrap();
+        assert_eq!(
+            s.files().unwrap().read("m.bin").await.unwrap().len(),
+            mib.len()
+        );
+        files.push(t.elapsed());
+    }
+    s.kill().await.unwrap();
+    println!(
+        "medians over {n}: create {:?}, kill {:?}, run([\"true\"]) {:?}, run_code(\"print(1)\") {:?}, stateful run_code {:?}, 1 MiB write+read {:?}",
+        median(create),
+        median(kill),
+        median(run),
+        median(code),
+        median(ctx),
+        median(files)
+    );
+}
