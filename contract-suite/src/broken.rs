@@ -36,16 +36,20 @@ pub enum Flaw {
     /// Processes are never killed: a dropped `run` future or `Process` leaves the remote
     /// process running.
     OrphanProcesses,
+    /// Declares `INGRESS_PORTS` and accepts ingress ports at create, but publishes nothing:
+    /// `ingress_address` names a loopback port where no sandbox program answers.
+    PretendIngress,
 }
 
 impl Flaw {
     /// Every flaw.
-    pub const ALL: [Flaw; 5] = [
+    pub const ALL: [Flaw; 6] = [
         Flaw::SwallowTimeouts,
         Flaw::PretendNetworkPolicy,
         Flaw::LeakSecrets,
         Flaw::LeakKillError,
         Flaw::OrphanProcesses,
+        Flaw::PretendIngress,
     ];
 }
 
@@ -67,7 +71,10 @@ impl Backend for BrokenBackend {
         self.inner.name()
     }
     fn capabilities(&self) -> Capability {
-        self.inner.capabilities()
+        match self.flaw {
+            Flaw::PretendIngress => self.inner.capabilities() | Capability::INGRESS_PORTS,
+            _ => self.inner.capabilities(),
+        }
     }
     fn isolation(&self) -> IsolationTier {
         self.inner.isolation()
@@ -76,6 +83,11 @@ impl Backend for BrokenBackend {
         if self.flaw == Flaw::PretendNetworkPolicy && options.network.egress == Egress::Deny {
             options.network.egress = Egress::Allow;
         }
+        let ingress = if self.flaw == Flaw::PretendIngress {
+            std::mem::take(&mut options.network.ingress_ports)
+        } else {
+            vec![]
+        };
         let secrets: Vec<String> = options
             .secrets
             .values()
@@ -86,6 +98,7 @@ impl Backend for BrokenBackend {
             inner,
             flaw: self.flaw,
             secrets,
+            ingress,
         }))
     }
     async fn connect(&self, id: &str) -> Result<Box<dyn Sandbox>> {
@@ -94,6 +107,7 @@ impl Backend for BrokenBackend {
             inner,
             flaw: self.flaw,
             secrets: vec![],
+            ingress: vec![],
         }))
     }
     fn as_reapable(&self) -> Option<&dyn ReapableBackend> {
@@ -123,6 +137,8 @@ struct BrokenSandbox {
     inner: Box<dyn Sandbox>,
     flaw: Flaw,
     secrets: Vec<String>,
+    /// Ingress ports asked for (and silently dropped) under `PretendIngress`.
+    ingress: Vec<u16>,
 }
 
 impl std::fmt::Debug for BrokenSandbox {
@@ -223,6 +239,12 @@ impl Sandbox for BrokenSandbox {
     }
     fn files(&self) -> Result<&dyn FileSystem> {
         self.inner.files()
+    }
+    fn ingress_address(&self, port: u16) -> Result<std::net::SocketAddr> {
+        if self.flaw == Flaw::PretendIngress && self.ingress.contains(&port) {
+            return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+        }
+        self.inner.ingress_address(port)
     }
     async fn kill(&self) -> Result<()> {
         match self.inner.kill().await {

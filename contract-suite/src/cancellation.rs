@@ -13,7 +13,7 @@ use sandbox_core::{Capability as C, CodeOptions, ErrorCode, ReapableBackend, Run
 
 use crate::capture;
 use crate::ctx::{
-    CASE_LABEL, Ctx, Need, Skip, assert_pid_gone, must_code, read_pid, sbx, wait_for_file,
+    CASE_LABEL, Ctx, Need, assert_pid_gone, must_code, read_pid, sbx, wait_for_file, wait_for_pid,
 };
 
 const AREA: &str = "cancellation";
@@ -30,9 +30,9 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
         ),
         ctx.trial(
             AREA,
-            "drop_mid_run_code_leaves_sandbox_usable",
-            &[Need::Cap(C::RUN_CODE)],
-            drop_mid_run_code_leaves_sandbox_usable,
+            "drop_mid_run_code_kills_interpreter",
+            &[Need::Cap(C::RUN_CODE | C::RUN_COMMAND)],
+            drop_mid_run_code_kills_interpreter,
         ),
         ctx.trial(
             AREA,
@@ -96,31 +96,37 @@ async fn drop_mid_run_kills_process(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     sb.kill().await
 }
 
-/// Dropping a `run_code` future mid-flight returns promptly, its teardown finishes within
-/// the grace, and the sandbox still runs code.
-async fn drop_mid_run_code_leaves_sandbox_usable(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+/// The snippet of `drop_mid_run_code_kills_interpreter`: the interpreter writes its pid,
+/// then sleeps.
+const PYID_SNIPPET: &str =
+    "import os; open(\"/work/pyid\", \"w\").write(str(os.getpid()))\nimport time; time.sleep(1000)";
+
+/// Dropping a `run_code` future mid-flight returns promptly and kills the interpreter
+/// (the pid it wrote is gone once the teardowns finish), and the sandbox still runs code.
+async fn drop_mid_run_code_kills_interpreter(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let sb = ctx
-        .sandbox(&case("drop_mid_run_code_leaves_sandbox_usable"))
+        .sandbox(&case("drop_mid_run_code_kills_interpreter"))
         .await?;
-    let started = Instant::now();
-    let r = tokio::time::timeout(
-        Duration::from_millis(1500),
-        sb.run_code(
-            "import time; time.sleep(1000)",
-            CodeOptions::default().timeout(Duration::from_secs(120)),
-        ),
-    )
-    .await;
-    ensure!(r.is_err(), "sleeping code returned: {r:?}");
+    let mut long = Box::pin(sb.run_code(
+        PYID_SNIPPET,
+        CodeOptions::default().timeout(Duration::from_secs(120)),
+    ));
+    let pid = tokio::select! {
+        r = &mut long => bail!("the sleeping code ended by itself: {r:?}"),
+        pid = wait_for_pid(&*sb, "/work/pyid", Duration::from_secs(30)) => pid?,
+    };
+    let dropping = Instant::now();
+    drop(long);
     ensure!(
-        started.elapsed() < Duration::from_secs(3),
-        "dropping the run_code future took {:?}",
-        started.elapsed()
+        dropping.elapsed() < Duration::from_secs(1),
+        "dropping the run_code future blocked for {:?}",
+        dropping.elapsed()
     );
     ensure!(
         wait_for_teardowns(teardown_grace() + Duration::from_secs(1)).await,
         "the dropped run_code's teardown did not finish within the grace"
     );
+    assert_pid_gone(&*sb, &pid, "python interpreter of a dropped run_code").await?;
     let r = sbx(
         tokio::time::timeout(
             Duration::from_secs(30),
@@ -158,23 +164,20 @@ async fn drop_mid_stream_kills_process(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     sb.kill().await
 }
 
-/// Dropping `create` at any point leaves no sandbox behind (within grace + margin).
+/// Dropping `create` at any point — mid-flight, or its finished handle — leaves no sandbox
+/// behind (within grace + margin).
 async fn drop_mid_create_leaves_nothing(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let c = case("drop_mid_create_leaves_nothing");
-    let mut dropped = 0;
     for delay_ms in [1u64, 20, 60, 150, 300] {
         let create = ctx.backend.create(ctx.opts(&c));
         match tokio::time::timeout(Duration::from_millis(delay_ms), create).await {
-            Ok(Ok(sb)) => sbx(sb.kill().await, "kill of a completed create")?,
+            // Finished before this drop point: drop the handle unkilled instead, the
+            // last point at which "dropping create" can happen.
+            Ok(Ok(sb)) => drop(sb),
             Ok(Err(e)) => bail!("create failed: {}", e.render()),
-            Err(_) => dropped += 1,
+            // Dropped mid-create.
+            Err(_) => {}
         }
-    }
-    if dropped == 0 {
-        // Only a backend whose create completes on its first poll gets here.
-        return Err(
-            Skip("create always completed before the first drop point (1 ms)".into()).into(),
-        );
     }
     wait_for_teardowns(teardown_grace() + Duration::from_secs(1)).await;
     ctx.wait_unlisted(&c, Duration::from_secs(3)).await

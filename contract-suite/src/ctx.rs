@@ -422,6 +422,27 @@ pub async fn read_pid(sb: &dyn Sandbox, path: &str) -> anyhow::Result<String> {
     Ok(pid)
 }
 
+/// Polls until `path` holds a pid (digits; a writer may have created it empty first), at
+/// most `max`; returns it.
+pub async fn wait_for_pid(sb: &dyn Sandbox, path: &str, max: Duration) -> anyhow::Result<String> {
+    let deadline = Instant::now() + max;
+    loop {
+        let r = run(sb, ["cat", path]).await?;
+        let out = r.stdout_text();
+        let pid = out.trim();
+        if r.exit_code == 0 && !pid.is_empty() && pid.chars().all(|c| c.is_ascii_digit()) {
+            return Ok(pid.to_string());
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "{path} held no pid within {max:?} (last: exit {}, {out:?})",
+                r.exit_code
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Whether a process is alive inside the sandbox (`kill -0 PID`).
 pub async fn pid_alive(sb: &dyn Sandbox, pid: &str) -> anyhow::Result<bool> {
     Ok(run(sb, ["kill", "-0", pid]).await?.exit_code == 0)

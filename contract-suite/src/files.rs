@@ -90,15 +90,15 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
         ),
         ctx.trial(
             AREA,
-            "files_refused_without_capability",
-            &[Need::Lacks(C::FILESYSTEM)],
-            files_refused_without_capability,
+            "entry_point_honours_declaration",
+            &[],
+            entry_point_honours_declaration,
         ),
         ctx.trial(
             AREA,
-            "transfer_refused_without_capability",
-            &[f, Need::Lacks(C::UPLOAD_DOWNLOAD)],
-            transfer_refused_without_capability,
+            "transfer_honours_declaration",
+            &[],
+            transfer_honours_declaration,
         ),
     ]
 }
@@ -584,39 +584,80 @@ async fn download_rejects_tar_path_escape(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     sb.kill().await
 }
 
-/// Without `FILESYSTEM`, `files()` is `CapabilityNotSupported`.
-async fn files_refused_without_capability(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+/// `files()` honours the declaration: with `FILESYSTEM` it is `Ok` and a write/read round
+/// trip works; without it, `files()` itself is `CapabilityNotSupported`.
+async fn entry_point_honours_declaration(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let sb = ctx
-        .sandbox(&case("files_refused_without_capability"))
+        .sandbox(&case("entry_point_honours_declaration"))
         .await?;
-    match sb.files() {
-        Ok(_) => bail!("files() returned a filesystem although FILESYSTEM is undeclared"),
-        Err(e) => ensure!(
+    let declared = sb.capabilities().contains(C::FILESYSTEM);
+    match (declared, sb.files()) {
+        (true, Ok(f)) => {
+            sbx(f.write("/work/decl.txt", Bytes::from("d")).await, "write")?;
+            let back = sbx(f.read("decl.txt").await, "read")?;
+            ensure!(back == "d".as_bytes(), "read back {back:?}");
+        }
+        (true, Err(e)) => bail!("FILESYSTEM is declared but files() fails: {}", e.render()),
+        (false, Ok(_)) => bail!("files() returned a filesystem although FILESYSTEM is undeclared"),
+        (false, Err(e)) => ensure!(
             e.code() == ErrorCode::CapabilityNotSupported,
-            "files(): {}",
+            "files() without FILESYSTEM: {}",
             e.render()
         ),
     }
     sb.kill().await
 }
 
-/// Without `UPLOAD_DOWNLOAD`, `upload` and `download` are `CapabilityNotSupported`.
-async fn transfer_refused_without_capability(ctx: Arc<Ctx>) -> anyhow::Result<()> {
-    let sb = ctx
-        .sandbox(&case("transfer_refused_without_capability"))
-        .await?;
-    let f = fs(&sb)?;
+/// `upload`/`download` honour the declaration: with `UPLOAD_DOWNLOAD` a file uploads and
+/// downloads back intact; without it both are `CapabilityNotSupported` (or unreachable,
+/// when `files()` itself is refused).
+async fn transfer_honours_declaration(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let sb = ctx.sandbox(&case("transfer_honours_declaration")).await?;
+    let caps = sb.capabilities();
+    let declared = caps.contains(C::UPLOAD_DOWNLOAD);
+    let f = match sb.files() {
+        Ok(f) => f,
+        Err(e) => {
+            ensure!(
+                !declared,
+                "UPLOAD_DOWNLOAD is declared but files() fails: {}",
+                e.render()
+            );
+            ensure!(
+                e.code() == ErrorCode::CapabilityNotSupported && !caps.contains(C::FILESYSTEM),
+                "files() without FILESYSTEM: {}",
+                e.render()
+            );
+            return sb.kill().await;
+        }
+    };
     let dir = tempfile::tempdir().context("tempdir")?;
     let local = dir.path().join("x.txt");
-    std::fs::write(&local, "x")?;
-    must_code(
-        f.upload(&local, "/work/x.txt").await,
-        ErrorCode::CapabilityNotSupported,
-    )?;
-    sbx(f.write("/work/y.txt", Bytes::from("y")).await, "write")?;
-    must_code(
-        f.download("/work/y.txt", &dir.path().join("y.txt")).await,
-        ErrorCode::CapabilityNotSupported,
-    )?;
+    let payload = token("transfer-");
+    std::fs::write(&local, &payload)?;
+    let back = dir.path().join("back.txt");
+    if declared {
+        sbx(f.upload(&local, "/work/x.txt").await, "upload")?;
+        let inside = sbx(f.read("/work/x.txt").await, "read uploaded")?;
+        ensure!(inside == payload.as_bytes(), "uploaded {inside:?}");
+        sbx(f.download("/work/x.txt", &back).await, "download")?;
+        let got = std::fs::read(&back).context("read downloaded")?;
+        ensure!(got == payload.as_bytes(), "downloaded {got:?}");
+    } else {
+        must_code(
+            f.upload(&local, "/work/x.txt").await,
+            ErrorCode::CapabilityNotSupported,
+        )?;
+        sbx(f.write("/work/y.txt", Bytes::from("y")).await, "write")?;
+        must_code(
+            f.download("/work/y.txt", &back).await,
+            ErrorCode::CapabilityNotSupported,
+        )?;
+        ensure!(
+            !back.exists(),
+            "a refused download wrote {}",
+            back.display()
+        );
+    }
     sb.kill().await
 }

@@ -1,16 +1,20 @@
 //! Contract trials: policy (egress deny/allow/allowlist, resource caps read back from
 //! inside, refusals before provisioning).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
 use libtest_mimic::Trial;
 use sandbox_core::{
-    Capability as C, CreateOptions, ErrorCode, IsolationTier, NetworkPolicy, Resources, Sandbox,
+    Capability as C, Command, CreateOptions, ErrorCode, IsolationTier, NetworkPolicy, Resources,
+    RunOptions, Sandbox,
 };
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
 
-use crate::ctx::{Ctx, Need, Skip, must_code, run};
+use crate::ctx::{Ctx, Need, Skip, must_code, run, sbx, token};
 
 const AREA: &str = "policy";
 
@@ -18,6 +22,18 @@ const AREA: &str = "policy";
 pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
     let r = Need::Cap(C::RUN_COMMAND);
     let net = Need::Cap(C::NETWORK_POLICY | C::RUN_COMMAND);
+    // A declared capability is proven by exercising it (which needs commands and, for
+    // the allowlist, the canary); an undeclared one by its refusal, which needs nothing.
+    let allowlist_needs: &[Need] = if ctx.caps.contains(C::EGRESS_ALLOWLIST) {
+        &[net, Need::Canary]
+    } else {
+        &[]
+    };
+    let ingress_needs: &[Need] = if ctx.caps.contains(C::INGRESS_PORTS) {
+        &[r]
+    } else {
+        &[]
+    };
     vec![
         ctx.trial(
             AREA,
@@ -39,15 +55,9 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
         ),
         ctx.trial(
             AREA,
-            "allowlist_permits_only_listed_hosts",
-            &[net, Need::Cap(C::EGRESS_ALLOWLIST), Need::Canary],
-            allowlist_permits_only_listed_hosts,
-        ),
-        ctx.trial(
-            AREA,
-            "allowlist_refused_without_capability",
-            &[Need::Lacks(C::EGRESS_ALLOWLIST)],
-            allowlist_refused_without_capability,
+            "allowlist_enforced_or_refused",
+            allowlist_needs,
+            allowlist_enforced_or_refused,
         ),
         ctx.trial(AREA, "memory_cap_read_back", &[r], memory_cap_read_back),
         ctx.trial(AREA, "pids_cap_read_back", &[r], pids_cap_read_back),
@@ -67,15 +77,9 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
         ),
         ctx.trial(
             AREA,
-            "ingress_ports_published",
-            &[Need::Cap(C::INGRESS_PORTS)],
-            ingress_ports_published,
-        ),
-        ctx.trial(
-            AREA,
-            "ingress_ports_refused_without_capability",
-            &[Need::Lacks(C::INGRESS_PORTS)],
-            ingress_ports_refused_without_capability,
+            "ingress_published_or_refused",
+            ingress_needs,
+            ingress_published_or_refused,
         ),
         ctx.trial(
             AREA,
@@ -230,9 +234,22 @@ async fn allow_adds_an_interface(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     sb.kill().await
 }
 
-/// An allowlist reaches listed hosts only.
-async fn allowlist_permits_only_listed_hosts(ctx: Arc<Ctx>) -> anyhow::Result<()> {
-    let c = case("allowlist_permits_only_listed_hosts");
+/// An allowlist is enforced or refused: with `EGRESS_ALLOWLIST` a listed host is
+/// reachable and an unlisted one is not; without it, an allowlist is
+/// `CapabilityNotSupported` before provisioning.
+async fn allowlist_enforced_or_refused(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let c = case("allowlist_enforced_or_refused");
+    if !ctx.caps.contains(C::EGRESS_ALLOWLIST) {
+        refused_before_provisioning(
+            &ctx,
+            &c,
+            ctx.opts(&c)
+                .network(NetworkPolicy::allow_list(["example.org"])),
+            ErrorCode::CapabilityNotSupported,
+        )
+        .await?;
+        return Ok(());
+    }
     let canary = ctx.canary()?.clone();
     let listed = ctx
         .create(
@@ -268,21 +285,6 @@ async fn allowlist_permits_only_listed_hosts(ctx: Arc<Ctx>) -> anyhow::Result<()
         r.exit_code
     );
     other.kill().await
-}
-
-/// Without `EGRESS_ALLOWLIST`, an allowlist is `CapabilityNotSupported` before
-/// provisioning.
-async fn allowlist_refused_without_capability(ctx: Arc<Ctx>) -> anyhow::Result<()> {
-    let c = case("allowlist_refused_without_capability");
-    refused_before_provisioning(
-        &ctx,
-        &c,
-        ctx.opts(&c)
-            .network(NetworkPolicy::allow_list(["example.org"])),
-        ErrorCode::CapabilityNotSupported,
-    )
-    .await?;
-    Ok(())
 }
 
 /// A 256 MiB memory cap reads back as 268435456 bytes inside the sandbox.
@@ -372,35 +374,124 @@ async fn unbounded_lifetime_refused(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// With `INGRESS_PORTS`, a sandbox with a published port is created and usable.
-async fn ingress_ports_published(ctx: Arc<Ctx>) -> anyhow::Result<()> {
-    let c = case("ingress_ports_published");
-    let sb = ctx
-        .create(
-            &c,
-            ctx.opts(&c)
-                .network(NetworkPolicy::deny().ingress_port(8080)),
-        )
-        .await?;
-    if ctx.caps.contains(C::RUN_COMMAND) {
-        let r = run(&*sb, ["true"]).await?;
-        ensure!(r.exit_code == 0, "sandbox with an ingress port unusable");
+/// Ingress ports are published or refused — never ignored: with `INGRESS_PORTS`, a
+/// one-shot server inside a sandbox (egress deny, then allow) answers on
+/// `ingress_address(8080)`, a loopback address, egress stays denied under deny, and an
+/// unrequested port is an error; without it, asking for a port is `CapabilityNotSupported`
+/// before provisioning.
+async fn ingress_published_or_refused(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let c = case("ingress_published_or_refused");
+    let policies = [
+        ("deny", NetworkPolicy::deny().ingress_port(INGRESS_PORT)),
+        ("allow", NetworkPolicy::allow().ingress_port(INGRESS_PORT)),
+    ];
+    if !ctx.caps.contains(C::INGRESS_PORTS) {
+        for (_, policy) in policies {
+            refused_before_provisioning(
+                &ctx,
+                &c,
+                ctx.opts(&c).network(policy),
+                ErrorCode::CapabilityNotSupported,
+            )
+            .await?;
+        }
+        return Ok(());
     }
-    sb.kill().await
+    for (egress, policy) in policies {
+        let sb = ctx.create(&c, ctx.opts(&c).network(policy)).await?;
+        ingress_serves(&*sb)
+            .await
+            .with_context(|| format!("egress {egress} with ingress port {INGRESS_PORT}"))?;
+        if egress == "deny" && ctx.canary.is_some() {
+            let canary = ctx.canary()?;
+            let r = run(&*sb, canary.probe_command()).await?;
+            ensure!(
+                !r.stdout_text().contains(&canary.token) && r.exit_code != 0,
+                "an ingress port opened egress under Deny (nc exit {})",
+                r.exit_code
+            );
+        }
+        sb.kill().await?;
+    }
+    Ok(())
 }
 
-/// Without `INGRESS_PORTS`, ingress ports are `CapabilityNotSupported` — never ignored.
-async fn ingress_ports_refused_without_capability(ctx: Arc<Ctx>) -> anyhow::Result<()> {
-    let c = case("ingress_ports_refused_without_capability");
-    refused_before_provisioning(
-        &ctx,
-        &c,
-        ctx.opts(&c)
-            .network(NetworkPolicy::deny().ingress_port(8080)),
-        ErrorCode::CapabilityNotSupported,
+/// The container port the ingress trial publishes.
+const INGRESS_PORT: u16 = 8080;
+
+/// Starts a one-shot server on [`INGRESS_PORT`] inside `sb` (busybox `nc -l -p`) that
+/// sends a random token, and fetches the token from the host through
+/// `ingress_address(INGRESS_PORT)`.
+async fn ingress_serves(sb: &dyn Sandbox) -> anyhow::Result<()> {
+    let addr = sbx(
+        sb.ingress_address(INGRESS_PORT),
+        &format!("ingress_address({INGRESS_PORT})"),
+    )?;
+    ensure!(
+        addr.ip().is_loopback(),
+        "ingress_address({INGRESS_PORT}) is {addr}, not a loopback address"
+    );
+    if let Ok(a) = sb.ingress_address(9999) {
+        bail!("ingress_address(9999) of a port that was not requested is Ok({a})");
+    }
+    let tok = token("sbx-ingress-");
+    let server: Command = format!(
+        "printf {tok} > /work/ingress-token; nc -l -p {INGRESS_PORT} < /work/ingress-token"
     )
-    .await?;
-    Ok(())
+    .into();
+    let opts = RunOptions::default().timeout(Duration::from_secs(90));
+    let fetch = fetch_token(addr, &tok);
+    if sb.capabilities().contains(C::STREAMING) {
+        let mut p = sbx(sb.stream(server, opts), "stream the server")?;
+        sbx(p.start().await, "start the server")?;
+        let got = fetch.await;
+        // Kills the server if it is still listening.
+        drop(p);
+        got
+    } else {
+        let serving = sb.run(server, opts);
+        tokio::pin!(serving, fetch);
+        tokio::select! {
+            got = &mut fetch => got,
+            r = &mut serving => {
+                // The one-shot server ends right after serving; let the reader finish.
+                tokio::time::timeout(Duration::from_secs(5), fetch)
+                    .await
+                    .with_context(|| format!("the server ended ({r:?}) and nothing arrived"))?
+            }
+        }
+    }
+}
+
+/// Connects to `addr` until it sends `token` (the server may still be starting, and a
+/// forwarder may accept before the server listens), for at most 30 s.
+async fn fetch_token(addr: SocketAddr, token: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let last = match tokio::time::timeout(Duration::from_secs(3), TcpStream::connect(addr))
+            .await
+        {
+            Ok(Ok(mut conn)) => {
+                let mut buf = Vec::new();
+                let read =
+                    tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut buf)).await;
+                if String::from_utf8_lossy(&buf).contains(token) {
+                    return Ok(());
+                }
+                match read {
+                    Ok(Ok(_)) => format!("connected, received {buf:?}"),
+                    Ok(Err(e)) => format!("connected, read failed: {e}"),
+                    Err(_) => format!("connected, no EOF within 5 s (got {buf:?})"),
+                }
+            }
+            Ok(Err(e)) => format!("connect failed: {e}"),
+            Err(_) => "connect timed out".into(),
+        };
+        if Instant::now() >= deadline {
+            bail!("the in-sandbox server's token never arrived at {addr}: last attempt {last}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// Requiring a tier above the backend's is refused before anything is provisioned.

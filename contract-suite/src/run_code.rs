@@ -34,15 +34,9 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
         ),
         ctx.trial(
             AREA,
-            "stateful_context_keeps_state",
-            &[stateful],
-            stateful_context_keeps_state,
-        ),
-        ctx.trial(
-            AREA,
-            "stateful_context_refused_without_capability",
-            &[code, Need::Lacks(C::STATEFUL_CODE)],
-            stateful_context_refused_without_capability,
+            "context_honours_declaration",
+            &[],
+            context_honours_declaration,
         ),
         ctx.trial(AREA, "contexts_isolated", &[stateful], contexts_isolated),
         ctx.trial(
@@ -66,9 +60,9 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
         ctx.trial(AREA, "cwd_is_work", &[code], cwd_is_work),
         ctx.trial(
             AREA,
-            "run_code_refused_without_capability",
-            &[Need::Lacks(C::RUN_CODE)],
-            run_code_refused_without_capability,
+            "entry_point_honours_declaration",
+            &[],
+            entry_point_honours_declaration,
         ),
     ]
 }
@@ -159,27 +153,27 @@ async fn rich_results_typed_or_absent(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     sb.kill().await
 }
 
-/// With `STATEFUL_CODE`, a context keeps state between calls.
-async fn stateful_context_keeps_state(ctx: Arc<Ctx>) -> anyhow::Result<()> {
-    let sb = ctx.sandbox(&case("stateful_context_keeps_state")).await?;
-    let a = CodeOptions::default().context("ctx-a");
-    let r = code(&*sb, "x = 41", a.clone()).await?;
-    ensure!(r.exit_code == 0, "x = 41: {r:?}");
-    let r = code(&*sb, "print(x + 1)", a).await?;
-    ensure!(r.exit_code == 0 && r.stdout_text() == "42\n", "{r:?}");
-    sb.kill().await
-}
-
-/// Without `STATEFUL_CODE`, a context id is `CapabilityNotSupported`.
-async fn stateful_context_refused_without_capability(ctx: Arc<Ctx>) -> anyhow::Result<()> {
-    let sb = ctx
-        .sandbox(&case("stateful_context_refused_without_capability"))
-        .await?;
-    must_code(
-        sb.run_code("x = 1", CodeOptions::default().context("c1"))
-            .await,
-        ErrorCode::CapabilityNotSupported,
-    )?;
+/// A context id honours the declaration: with `STATEFUL_CODE` the context keeps state
+/// between calls; without it, `run_code` with a context is `CapabilityNotSupported`.
+async fn context_honours_declaration(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let sb = ctx.sandbox(&case("context_honours_declaration")).await?;
+    let caps = sb.capabilities();
+    let c1 = CodeOptions::default().context("decl-c1");
+    if caps.contains(C::STATEFUL_CODE) {
+        ensure!(
+            caps.contains(C::RUN_CODE),
+            "STATEFUL_CODE is declared without RUN_CODE"
+        );
+        let r = code(&*sb, "x = 41", c1.clone()).await?;
+        ensure!(r.exit_code == 0, "x = 41: {r:?}");
+        let r = code(&*sb, "print(x + 1)", c1).await?;
+        ensure!(r.exit_code == 0 && r.stdout_text() == "42\n", "{r:?}");
+    } else {
+        must_code(
+            sb.run_code("x = 1", c1).await,
+            ErrorCode::CapabilityNotSupported,
+        )?;
+    }
     sb.kill().await
 }
 
@@ -269,14 +263,18 @@ async fn cwd_is_work(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     sb.kill().await
 }
 
-/// Without `RUN_CODE`, `run_code` is `CapabilityNotSupported`.
-async fn run_code_refused_without_capability(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+/// `run_code` honours the declaration: with `RUN_CODE`, `print(1)` prints `1`; without
+/// it, `run_code` is `CapabilityNotSupported`.
+async fn entry_point_honours_declaration(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let sb = ctx
-        .sandbox(&case("run_code_refused_without_capability"))
+        .sandbox(&case("entry_point_honours_declaration"))
         .await?;
-    must_code(
-        sb.run_code("print(1)", CodeOptions::default()).await,
-        ErrorCode::CapabilityNotSupported,
-    )?;
+    let r = sb.run_code("print(1)", CodeOptions::default()).await;
+    if sb.capabilities().contains(C::RUN_CODE) {
+        let r = sbx(r, "run_code although RUN_CODE is declared")?;
+        ensure!(r.exit_code == 0 && r.stdout_text() == "1\n", "{r:?}");
+    } else {
+        must_code(r, ErrorCode::CapabilityNotSupported)?;
+    }
     sb.kill().await
 }

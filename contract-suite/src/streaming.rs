@@ -75,9 +75,9 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
         ),
         ctx.trial(
             AREA,
-            "stream_refused_without_capability",
-            &[Need::Lacks(C::STREAMING)],
-            stream_refused_without_capability,
+            "entry_point_honours_declaration",
+            &[],
+            entry_point_honours_declaration,
         ),
     ]
 }
@@ -397,14 +397,25 @@ async fn explicit_kill_ends_process(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     sb.kill().await
 }
 
-/// Without `STREAMING`, `stream()` itself returns `CapabilityNotSupported`.
-async fn stream_refused_without_capability(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+/// `stream()` honours the declaration: with `STREAMING` it returns a `Process` that
+/// delivers the output and exit code; without it, `stream()` itself (not the first poll)
+/// returns `CapabilityNotSupported`.
+async fn entry_point_honours_declaration(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let sb = ctx
-        .sandbox(&case("stream_refused_without_capability"))
+        .sandbox(&case("entry_point_honours_declaration"))
         .await?;
-    must_code(
-        sb.stream(["echo", "x"].into(), RunOptions::default()),
-        ErrorCode::CapabilityNotSupported,
-    )?;
+    let declared = sb.capabilities().contains(C::STREAMING);
+    let started = sb.stream(["echo", "streamed"].into(), RunOptions::default());
+    if declared {
+        let mut p = sbx(started, "stream() although STREAMING is declared")?;
+        let (out, _) = tokio::time::timeout(Duration::from_secs(30), drain(&mut p))
+            .await
+            .context("the streamed echo did not end")??;
+        ensure!(out == b"streamed\n", "streamed stdout {out:?}");
+        let r = sbx(p.wait().await, "wait")?;
+        ensure!(r.exit_code == 0, "streamed echo exited {}", r.exit_code);
+    } else {
+        must_code(started, ErrorCode::CapabilityNotSupported)?;
+    }
     sb.kill().await
 }

@@ -122,6 +122,10 @@ const CATCHES: &[(Flaw, &str)] = &[
         Flaw::OrphanProcesses,
         "contract::streaming::cleanup_after_drop",
     ),
+    (
+        Flaw::PretendIngress,
+        "contract::policy::ingress_published_or_refused",
+    ),
 ];
 
 fn check(flaw: Flaw) {
@@ -165,6 +169,11 @@ fn raw_kill_error_is_caught() {
 #[test]
 fn orphan_leaver_is_caught() {
     check(Flaw::OrphanProcesses);
+}
+
+#[test]
+fn pretended_ingress_is_caught() {
+    check(Flaw::PretendIngress);
 }
 
 #[test]

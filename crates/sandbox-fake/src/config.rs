@@ -7,8 +7,10 @@ use sandbox_core::{Capability, IsolationTier};
 /// Default template of fake sandboxes (it "has" python3 and the busybox applets).
 pub const DEFAULT_TEMPLATE: &str = "sandbox-rs/python:3.11";
 
-/// Everything the fake backend declares. `PTY`, `PAUSE_RESUME`, `SNAPSHOT_FORK`, `GPU` and
-/// `TUNNELS` are not implemented and therefore never declared.
+/// Everything the fake backend declares. `PTY`, `PAUSE_RESUME`, `SNAPSHOT_FORK`, `GPU`,
+/// `INGRESS_PORTS` (nothing in a fake sandbox can accept a host connection) and `TUNNELS`
+/// are not implemented and therefore never declared: asking for them is
+/// `CapabilityNotSupported`.
 pub fn full_capabilities() -> Capability {
     Capability::RUN_COMMAND
         | Capability::RUN_CODE
@@ -18,7 +20,6 @@ pub fn full_capabilities() -> Capability {
         | Capability::UPLOAD_DOWNLOAD
         | Capability::NETWORK_POLICY
         | Capability::EGRESS_ALLOWLIST
-        | Capability::INGRESS_PORTS
 }
 
 /// Options of a [`FakeBackend`](crate::FakeBackend). Build one with

@@ -1,8 +1,10 @@
 //! The contract suite against the fake backend with every capability it implements.
 //!
 //! `create` is given a 25 ms (virtual-time) start-up delay here, like a real engine, so the
-//! drop-mid-create trial can drop a create that is still in flight. The trials that need an
-//! *undeclared* capability run in `contract_reduced.rs` against poorer fakes.
+//! drop-mid-create trial can drop a create that is still in flight. Every trial runs here
+//! (zero ignored); the "refused" branch of each capability trial runs in
+//! `contract_reduced.rs` against poorer fakes. `cargo xtask contract fake` runs this target
+//! (`test = false` keeps it out of `cargo test --workspace`).
 
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -1,9 +1,11 @@
-//! The contract suite against fakes that declare fewer capabilities, so every negative
-//! trial ("X refused without capability") runs somewhere: the full fake in `contract.rs`
-//! declares everything those trials need absent. Positive trials of the undeclared
-//! capabilities are (correctly) ignored here.
+//! The contract suite against fakes that declare fewer capabilities, so the "refused"
+//! branch of every capability trial (`*_honours_declaration`, `*_or_refused`) runs: the
+//! full fake in `contract.rs` takes their "declared, and it really works" branch. Positive
+//! trials of the undeclared capabilities are (correctly) ignored here with the reason.
+//!
+//! A normal test (unlike `contract.rs`, which `cargo xtask contract fake` runs), so every
+//! `cargo test -p sandbox-fake` proves the refusals.
 
-use std::process::ExitCode;
 use std::sync::Arc;
 
 use sandbox_contract::libtest_mimic::Arguments;
@@ -29,29 +31,59 @@ impl Probes for ReducedProbes {
     }
 }
 
-fn suite(caps: Capability) -> bool {
+/// The capability questions: each is one trial that runs whatever the declaration.
+const CAPABILITY_TRIALS: &[&str] = &[
+    "contract::files::entry_point_honours_declaration",
+    "contract::files::transfer_honours_declaration",
+    "contract::streaming::entry_point_honours_declaration",
+    "contract::run_code::entry_point_honours_declaration",
+    "contract::run_code::context_honours_declaration",
+    "contract::policy::allowlist_enforced_or_refused",
+    "contract::policy::ingress_published_or_refused",
+    "contract::policy::gpu_refused_without_capability",
+    "contract::capabilities::every_undeclared_flag_refuses",
+    "contract::capabilities::declared_flags_have_trials",
+];
+
+fn suite_passes(label: &str, caps: Capability) {
     let backend = FakeBackend::builder().capabilities(caps).build();
-    let report = sandbox_contract::build(
+    let suite = sandbox_contract::build(
         Box::new(move || Box::pin(async move { Ok(Arc::new(backend) as Arc<dyn Backend>) })),
         Arc::new(ReducedProbes),
-    )
-    .run(&Arguments::from_args());
-    !report.failed()
+    );
+    let names = suite.trial_names();
+    for t in CAPABILITY_TRIALS {
+        assert!(
+            names.iter().any(|n| n == t),
+            "{label}: {t} does not run: {:?}",
+            names
+                .iter()
+                .filter(|n| n.starts_with(t))
+                .collect::<Vec<_>>()
+        );
+    }
+    let report = suite.run(&Arguments {
+        quiet: true,
+        ..Arguments::default()
+    });
+    assert!(
+        !report.failed(),
+        "{label} fake ({caps}): {} trial(s) failed, leaked {:?}",
+        report.conclusion.num_failed,
+        report.leaked
+    );
 }
 
-fn main() -> ExitCode {
+#[test]
+fn poorer_fakes_pass_the_suite_by_refusing() {
     // Stateless code, no streaming, no transfers, no allowlist, no ingress.
-    let poor = suite(
+    suite_passes(
+        "poor",
         Capability::RUN_COMMAND
             | Capability::RUN_CODE
             | Capability::FILESYSTEM
             | Capability::NETWORK_POLICY,
     );
     // Commands only: no code, no filesystem.
-    let bare = suite(Capability::RUN_COMMAND | Capability::NETWORK_POLICY);
-    if poor && bare {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(101)
-    }
+    suite_passes("bare", Capability::RUN_COMMAND | Capability::NETWORK_POLICY);
 }

@@ -191,6 +191,28 @@ async fn undeclared_capabilities_refuse() {
     assert_eq!(sh(&*sb, "echo ok").await.1, "ok\n");
 }
 
+#[tokio::test]
+async fn ingress_ports_are_refused_since_nothing_can_serve() {
+    let b = FakeBackend::new();
+    assert!(!b.capabilities().contains(Capability::INGRESS_PORTS));
+    for policy in [
+        NetworkPolicy::deny().ingress_port(8080),
+        NetworkPolicy::allow().ingress_port(8080),
+    ] {
+        let e = b
+            .create(CreateOptions::default().network(policy))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), ErrorCode::CapabilityNotSupported);
+    }
+    assert!(b.sandboxes().is_empty(), "a refused create provisioned");
+    let sb = sandbox(&b).await;
+    assert_eq!(
+        sb.ingress_address(8080).unwrap_err().code(),
+        ErrorCode::CapabilityNotSupported
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // Built-in commands and the shell subset
 
@@ -504,6 +526,42 @@ async fn python_snippets() {
         "file text\n"
     );
     assert_eq!(sh(&*sb, "python3 -c 'print(40 + 2)'").await.1, "42\n");
+}
+
+/// The contract suite's pid-proving snippet: the interpreter's pid is a live process of
+/// the sandbox (`kill -0` works) until the `run_code` is cancelled.
+#[tokio::test(start_paused = true)]
+async fn getpid_names_the_interpreter_until_run_code_is_dropped() {
+    let b = FakeBackend::new();
+    let sb = sandbox(&b).await;
+    let snippet = "import os; open(\"/work/pyid\", \"w\").write(str(os.getpid()))\nimport time; time.sleep(1000)";
+    let mut long = Box::pin(sb.code(snippet));
+    let pid = loop {
+        tokio::select! {
+            r = &mut long => panic!("the sleeping code ended: {r:?}"),
+            _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+        }
+        let (code, out, _) = sh(&*sb, "cat /work/pyid").await;
+        if code == 0 && !out.is_empty() {
+            break out;
+        }
+    };
+    let procs = handle(&*sb).running_processes();
+    assert!(
+        procs
+            .iter()
+            .any(|p| p.pid.to_string() == pid && p.command == "python3"),
+        "pid {pid} is not the interpreter: {procs:?}"
+    );
+    assert_eq!(sh(&*sb, &format!("kill -0 {pid}")).await.0, 0);
+    drop(long);
+    assert!(sandbox_core::teardown::wait_for_teardowns(Duration::from_secs(2)).await);
+    tokio::task::yield_now().await;
+    let (code, _, err) = sh(&*sb, &format!("kill -0 {pid}")).await;
+    assert_ne!(code, 0, "the interpreter outlived its dropped run_code");
+    assert!(err.contains("No such process"), "{err}");
+    assert!(handle(&*sb).running_processes().is_empty());
+    assert_eq!(sb.code("print(1)").await.unwrap().stdout_text(), "1\n");
 }
 
 #[tokio::test]
