@@ -19,7 +19,7 @@ use sandbox_core::{
     Sandbox, SandboxError, StartedExec,
 };
 
-use crate::probes::{CanarySpec, Faults, Probes};
+use crate::probes::{CanarySpec, EngineLimits, Faults, Probes};
 
 /// One way an adapter can be broken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -302,6 +302,9 @@ impl Probes for BrokenProbes {
     }
     fn in_process_storage(&self) -> bool {
         self.inner.in_process_storage()
+    }
+    async fn engine_limits(&self, sandbox_id: &str) -> Option<EngineLimits> {
+        self.inner.engine_limits(sandbox_id).await
     }
 }
 

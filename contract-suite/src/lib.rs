@@ -15,6 +15,7 @@ mod errors;
 mod files;
 mod hardening;
 mod lifecycle;
+mod limits;
 mod policy;
 mod run;
 mod run_code;
@@ -36,7 +37,7 @@ use sandbox_core::{
 use tokio::io::AsyncWriteExt;
 
 pub use crate::ctx::{Ctx, Need, Skip};
-pub use crate::probes::{CanarySpec, Faults, NoProbes, Probes};
+pub use crate::probes::{CanarySpec, EngineLimits, Faults, MAX_PIDS_HEADROOM, NoProbes, Probes};
 pub use libtest_mimic;
 
 /// Makes the backend under test, on the suite's runtime.

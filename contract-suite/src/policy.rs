@@ -14,7 +14,8 @@ use sandbox_core::{
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
-use crate::ctx::{Ctx, Need, Skip, must_code, run, sbx, token};
+use crate::ctx::{CASE_LABEL, Canary, Ctx, Need, Sbx, Skip, must_code, run, sbx, token};
+use crate::limits::{PidsEvidence, expect_memory_limit, expect_pids_limit};
 
 const AREA: &str = "policy";
 
@@ -136,56 +137,102 @@ async fn interfaces(sb: &dyn Sandbox) -> anyhow::Result<Vec<String>> {
         .collect())
 }
 
-/// The first readable file among `paths`, trimmed.
-pub(crate) async fn read_first(sb: &dyn Sandbox, paths: &[&str]) -> anyhow::Result<String> {
-    for p in paths {
-        let r = run(sb, ["cat", p]).await?;
-        if r.exit_code == 0 {
-            return Ok(r.stdout_text().trim().to_string());
+/// Creates a sandbox with an egress-`Allow` policy — or proves the adapter refused it
+/// honestly: a typed `Configuration` or `CapabilityNotSupported` error, and nothing
+/// provisioned (when the backend can list). `None` means "refused". An adapter may be
+/// unable to give sandboxes a network at all (Docker with runsc registered
+/// `--network=none`, SPEC §12); refusing `Allow` then is correct, while silently denying
+/// it would not be — which the `Deny` checks cannot tell apart, so they stay strict.
+async fn allow_or_refused(ctx: &Ctx, c: &str, opts: CreateOptions) -> anyhow::Result<Option<Sbx>> {
+    let before: Vec<String> = if ctx.backend.as_reapable().is_some() {
+        ctx.listed(c).await?.into_iter().map(|m| m.id).collect()
+    } else {
+        vec![]
+    };
+    match ctx.backend.create(opts.metadata(CASE_LABEL, c)).await {
+        Ok(sb) => Ok(Some(Sbx::new(sb, ctx.background_kills.clone()))),
+        Err(e)
+            if matches!(
+                e.code(),
+                ErrorCode::Configuration | ErrorCode::CapabilityNotSupported
+            ) =>
+        {
+            if ctx.backend.as_reapable().is_some() {
+                let new: Vec<String> = ctx
+                    .listed(c)
+                    .await?
+                    .into_iter()
+                    .map(|m| m.id)
+                    .filter(|id| !before.contains(id))
+                    .collect();
+                ensure!(
+                    new.is_empty(),
+                    "egress Allow was refused ({}) but provisioned {new:?}",
+                    e.render()
+                );
+            }
+            Ok(None)
         }
+        Err(e) => bail!(
+            "egress Allow must work or be refused with Configuration/CapabilityNotSupported, \
+             got: {}",
+            e.render()
+        ),
     }
-    bail!("none of {paths:?} is readable inside the sandbox")
 }
 
-/// Memory limit in bytes as the sandbox sees it.
-pub(crate) async fn memory_limit(sb: &dyn Sandbox) -> anyhow::Result<String> {
-    read_first(
-        sb,
-        &[
-            "/sys/fs/cgroup/memory.max",
-            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
-        ],
-    )
-    .await
-}
-
-/// Pids limit as the sandbox sees it.
-pub(crate) async fn pids_limit(sb: &dyn Sandbox) -> anyhow::Result<String> {
-    read_first(
-        sb,
-        &["/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/pids/pids.max"],
-    )
-    .await
+/// Connects to the canary server from this process (not from a sandbox) and requires
+/// its token: proves the server is alive when no sandbox can reach it.
+async fn canary_answers_the_host(canary: &Canary) -> anyhow::Result<()> {
+    let ip = if canary.spec.bind.ip().is_unspecified() {
+        canary
+            .spec
+            .dial_host
+            .parse()
+            .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST))
+    } else {
+        canary.spec.bind.ip()
+    };
+    let addr = SocketAddr::new(ip, canary.port);
+    let mut conn = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(addr))
+        .await
+        .with_context(|| format!("connecting to the canary at {addr} timed out"))?
+        .with_context(|| format!("the canary server at {addr} is not reachable from the host"))?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut buf))
+        .await
+        .with_context(|| format!("the canary at {addr} sent no EOF within 5 s"))??;
+    ensure!(
+        String::from_utf8_lossy(&buf).contains(&canary.token),
+        "the canary at {addr} answered {buf:?}, not its token"
+    );
+    Ok(())
 }
 
 /// Egress deny really denies: an `Allow` sandbox fetches the canary token (the probe
-/// works), a `Deny` sandbox fails for the right reason (no route), not a missing tool.
+/// works) — or, where `Allow` is refused with a typed error before provisioning, the host
+/// fetches it (the server is alive) — and a `Deny` sandbox fails for the right reason (no
+/// route), not a missing tool.
 async fn egress_deny_really_denies(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let c = case("egress_deny_really_denies");
     let canary = ctx.canary()?.clone();
-    let allow = ctx
-        .create(&c, ctx.opts(&c).network(NetworkPolicy::allow()))
-        .await?;
-    let r = run(&*allow, canary.probe_command()).await?;
-    ensure!(
-        r.stdout_text().contains(&canary.token),
-        "an Allow sandbox could not reach the canary (the probe itself is broken): exit {} \
-         stdout {:?} stderr {:?}",
-        r.exit_code,
-        r.stdout_text(),
-        r.stderr_text()
-    );
-    allow.kill().await?;
+    match allow_or_refused(&ctx, &c, ctx.opts(&c).network(NetworkPolicy::allow())).await? {
+        Some(allow) => {
+            let r = run(&*allow, canary.probe_command()).await?;
+            ensure!(
+                r.stdout_text().contains(&canary.token),
+                "an Allow sandbox could not reach the canary (the probe itself is broken): \
+                 exit {} stdout {:?} stderr {:?}",
+                r.exit_code,
+                r.stdout_text(),
+                r.stderr_text()
+            );
+            allow.kill().await?;
+        }
+        None => canary_answers_the_host(&canary)
+            .await
+            .context("egress Allow is refused, so the host proves the canary alive")?,
+    }
     let deny = ctx
         .create(&c, ctx.opts(&c).network(NetworkPolicy::deny()))
         .await?;
@@ -199,9 +246,13 @@ async fn egress_deny_really_denies(ctx: Arc<Ctx>) -> anyhow::Result<()> {
         r.exit_code != 127,
         "nc is missing (127): the denial was not proven"
     );
+    // ENETUNREACH ("Network is unreachable", runc: no interface but lo), EHOSTUNREACH
+    // ("No route to host", gVisor's netstack), or a name that cannot resolve.
     let err = r.stderr_text().to_lowercase();
     ensure!(
-        err.contains("unreachable") || err.contains("bad address"),
+        err.contains("unreachable")
+            || err.contains("no route to host")
+            || err.contains("bad address"),
         "nc failed for another reason than no route: {:?}",
         r.stderr_text()
     );
@@ -220,12 +271,15 @@ async fn deny_leaves_only_loopback(ctx: Arc<Ctx>) -> anyhow::Result<()> {
 }
 
 /// Under egress allow there is an interface besides `lo` (so the deny check is not
-/// vacuous).
+/// vacuous) — or `Allow` is refused with `Configuration`/`CapabilityNotSupported` before
+/// anything is provisioned (an adapter that cannot give a network says so; it never
+/// silently denies).
 async fn allow_adds_an_interface(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let c = case("allow_adds_an_interface");
-    let sb = ctx
-        .create(&c, ctx.opts(&c).network(NetworkPolicy::allow()))
-        .await?;
+    let Some(sb) = allow_or_refused(&ctx, &c, ctx.opts(&c).network(NetworkPolicy::allow())).await?
+    else {
+        return Ok(());
+    };
     let ifs = interfaces(&*sb).await?;
     ensure!(
         ifs.iter().any(|i| i != "lo"),
@@ -287,7 +341,9 @@ async fn allowlist_enforced_or_refused(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     other.kill().await
 }
 
-/// A 256 MiB memory cap reads back as 268435456 bytes inside the sandbox.
+/// A 256 MiB memory cap reads back as 268435456 bytes inside the sandbox: the cgroup
+/// file, or — only when no cgroup memory file exists inside (gVisor) — `/proc/meminfo`
+/// `MemTotal`, which gVisor sizes to the limit (see `limits.rs`).
 async fn memory_cap_read_back(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let c = case("memory_cap_read_back");
     let sb = ctx
@@ -296,35 +352,76 @@ async fn memory_cap_read_back(ctx: Arc<Ctx>) -> anyhow::Result<()> {
             ctx.opts(&c).resources(Resources::default().memory_mb(256)),
         )
         .await?;
-    let m = memory_limit(&*sb).await?;
-    ensure!(m == "268435456", "memory limit inside: {m:?}");
+    expect_memory_limit(&*sb, 256).await?;
     sb.kill().await
 }
 
-/// A pids cap of 100 reads back as 100 inside the sandbox.
+/// A pids cap of 100 reads back as 100 inside the sandbox. A gVisor sandbox has no cgroup
+/// view inside: the engine must hold 100 + the adapter's documented runtime headroom
+/// (`Probes::engine_limits`), and — the behavioural half — spawning more processes than
+/// even that engine limit must fail inside (a fork error, or the runtime ending the
+/// sandbox: under gVisor the limit counts the sentry's host threads, so exceeding it kills
+/// the whole sandbox, reported as `SandboxGone`).
 async fn pids_cap_read_back(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let c = case("pids_cap_read_back");
     let sb = ctx
         .create(&c, ctx.opts(&c).resources(Resources::default().pids(100)))
         .await?;
-    let p = pids_limit(&*sb).await?;
-    ensure!(p == "100", "pids limit inside: {p:?}");
+    if let PidsEvidence::Engine { engine_pids } =
+        expect_pids_limit(&ctx, &*sb, 100, SPEC_DEFAULT_MEMORY_MB).await?
+    {
+        spawning_past_the_limit_fails(&*sb, engine_pids).await?;
+    }
     sb.kill().await
 }
 
-/// Default resources are concrete limits inside (512 MiB, 512 pids), never "max".
+/// Starts `engine_pids + 1` sleeping processes: with any pids limit in force that cannot
+/// all succeed — either a fork fails (the shell exits non-zero before printing the marker)
+/// or the runtime ends the sandbox (`SandboxGone`).
+async fn spawning_past_the_limit_fails(sb: &dyn Sandbox, engine_pids: u64) -> anyhow::Result<()> {
+    let n = engine_pids + 1;
+    let script: Command =
+        format!("i=0; while [ $i -lt {n} ]; do sleep 120 & i=$((i+1)); done; echo sbx-spawned-all")
+            .into();
+    let r = sb
+        .run(
+            script,
+            RunOptions::default().timeout(Duration::from_secs(90)),
+        )
+        .await;
+    match r {
+        Ok(r) => ensure!(
+            r.exit_code != 0 || !r.stdout_text().contains("sbx-spawned-all"),
+            "{n} processes started in a sandbox whose engine pids limit is {engine_pids}: \
+             the limit is not enforced"
+        ),
+        Err(e) if e.code() == ErrorCode::SandboxGone => {}
+        Err(e) => bail!(
+            "spawning {n} processes failed with neither a fork error nor SandboxGone: {}",
+            e.render()
+        ),
+    }
+    Ok(())
+}
+
+/// SPEC §2 default memory limit (MiB) when none is requested.
+const SPEC_DEFAULT_MEMORY_MB: u64 = 512;
+/// SPEC §2 default pids limit when none is requested.
+const SPEC_DEFAULT_PIDS: u64 = 512;
+
+/// Default resources are concrete limits inside (512 MiB, 512 pids), never "max" (with
+/// the same gVisor evidence as the two cases above).
 async fn caps_cannot_be_unset(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let c = case("caps_cannot_be_unset");
     let sb = ctx
         .create(&c, ctx.opts(&c).resources(Resources::default()))
         .await?;
-    let m = memory_limit(&*sb).await?;
-    ensure!(
-        m == (512u64 * 1024 * 1024).to_string(),
-        "default memory limit inside: {m:?}"
-    );
-    let p = pids_limit(&*sb).await?;
-    ensure!(p == "512", "default pids limit inside: {p:?}");
+    expect_memory_limit(&*sb, SPEC_DEFAULT_MEMORY_MB)
+        .await
+        .context("default memory limit")?;
+    expect_pids_limit(&ctx, &*sb, SPEC_DEFAULT_PIDS, SPEC_DEFAULT_MEMORY_MB)
+        .await
+        .context("default pids limit")?;
     sb.kill().await
 }
 
@@ -378,7 +475,9 @@ async fn unbounded_lifetime_refused(ctx: Arc<Ctx>) -> anyhow::Result<()> {
 /// one-shot server inside a sandbox (egress deny, then allow) answers on
 /// `ingress_address(8080)`, a loopback address, egress stays denied under deny, and an
 /// unrequested port is an error; without it, asking for a port is `CapabilityNotSupported`
-/// before provisioning.
+/// before provisioning. The allow half, like every egress-`Allow` create, may instead be
+/// refused with a typed error before provisioning (an adapter that cannot give sandboxes
+/// a network); the deny half must always work.
 async fn ingress_published_or_refused(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let c = case("ingress_published_or_refused");
     let policies = [
@@ -398,7 +497,15 @@ async fn ingress_published_or_refused(ctx: Arc<Ctx>) -> anyhow::Result<()> {
         return Ok(());
     }
     for (egress, policy) in policies {
-        let sb = ctx.create(&c, ctx.opts(&c).network(policy)).await?;
+        let opts = ctx.opts(&c).network(policy);
+        let sb = if egress == "allow" {
+            match allow_or_refused(&ctx, &c, opts).await? {
+                Some(sb) => sb,
+                None => continue,
+            }
+        } else {
+            ctx.create(&c, opts).await?
+        };
         ingress_serves(&*sb)
             .await
             .with_context(|| format!("egress {egress} with ingress port {INGRESS_PORT}"))?;

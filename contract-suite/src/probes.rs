@@ -59,7 +59,42 @@ pub trait Probes: Send + Sync {
     fn in_process_storage(&self) -> bool {
         false
     }
+
+    /// The limits the ENGINE holds for a sandbox (Docker: `docker inspect` `HostConfig`
+    /// `Memory`, `MemorySwap`, `PidsLimit`), plus the pids headroom the adapter documents
+    /// adding for its runtime. Used ONLY for a sandbox whose `isolation()` is
+    /// [`IsolationTier::Gvisor`](sandbox_core::IsolationTier::Gvisor) when no cgroup view
+    /// of the pids limit exists inside it (gVisor mounts no cgroup filesystem): the limit
+    /// trials then assert the engine holds exactly what was asked. `None` (the default) →
+    /// those trials fail for such a sandbox, since a security default that cannot be
+    /// verified is not proven.
+    async fn engine_limits(&self, _sandbox_id: &str) -> Option<EngineLimits> {
+        None
+    }
 }
+
+/// The limits an engine holds for one sandbox, as [`Probes::engine_limits`] reads them.
+/// `0` means "not set" (unlimited), which never satisfies a limit trial.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineLimits {
+    /// Memory limit in bytes (Docker `HostConfig.Memory`).
+    pub memory_bytes: u64,
+    /// Memory + swap limit in bytes (Docker `HostConfig.MemorySwap`); equal to
+    /// `memory_bytes` when swap is disabled, as SPEC §5 requires.
+    pub memory_swap_bytes: u64,
+    /// Engine pids limit (Docker `HostConfig.PidsLimit`).
+    pub pids: u64,
+    /// What the adapter documents adding to the requested pids limit for this sandbox's
+    /// runtime (e.g. sandbox-docker's `RUNSC_PIDS_HEADROOM`: gVisor's own host threads
+    /// count against the engine limit). The trials require `pids == requested +
+    /// pids_headroom` and bound the headroom by
+    /// [`MAX_PIDS_HEADROOM`].
+    pub pids_headroom: u64,
+}
+
+/// The largest runtime pids headroom the limit trials accept: beyond it, the engine limit
+/// no longer bounds the sandbox in the sense of SPEC §5.
+pub const MAX_PIDS_HEADROOM: u64 = 1024;
 
 /// Where the canary server listens and how a sandbox reaches it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,13 +4,22 @@
 //! An engine that does not answer is a skip with the reason printed locally, and a loud
 //! failure when `CI=true` or `SBX_CONTRACT_REQUIRED=1` (SPEC §10): CI must never go green
 //! because Docker was not there.
+//!
+//! Docker runs the suite twice: on `runc`, then on gVisor (`SBX_DOCKER_RUNTIME=runsc`)
+//! when the engine registers a `runsc` runtime. Without it the gVisor run is a skip with
+//! the reason locally and a failure in CI (`cargo xtask setup` registers it). Both runs
+//! happen even when the first fails; each prints its duration.
 
+use std::path::Path;
+use std::process::Command;
 use std::str::FromStr;
+use std::time::Instant;
 
-use anyhow::{Result, bail};
+use anyhow::{Context as _, Result, bail};
 
 use crate::daemons;
 use crate::process;
+use crate::report::seconds;
 
 /// A backend with a contract-suite entry point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,6 +86,7 @@ pub fn engines_required() -> bool {
 }
 
 /// Runs the suite; `passthrough` goes to the test binary (e.g. a trial name filter).
+/// Docker: once per runtime (runc, then runsc when registered).
 pub fn run(backend: Backend, passthrough: &[String]) -> Result<()> {
     if let Some(reason) = backend.unavailable_reason() {
         if engines_required() {
@@ -92,11 +102,139 @@ pub fn run(backend: Backend, passthrough: &[String]) -> Result<()> {
         );
         return Ok(());
     }
+    if backend != Backend::Docker {
+        return run_once(backend, None, passthrough);
+    }
+    let mut failed = Vec::new();
+    if let Err(err) = run_once(backend, Some("runc"), passthrough) {
+        eprintln!("{err:#}");
+        failed.push("runc");
+    }
+    let registered = match docker_has_runtime("runsc") {
+        Ok(true) => Ok(()),
+        Ok(false) => Err("the Docker engine registers no `runsc` runtime".to_string()),
+        Err(err) => Err(format!("cannot read the engine's runtimes: {err:#}")),
+    };
+    match registered {
+        Ok(()) => {
+            if let Err(err) = run_once(backend, Some("runsc"), passthrough) {
+                eprintln!("{err:#}");
+                failed.push("runsc");
+            }
+        }
+        Err(why) if engines_required() => {
+            eprintln!(
+                "contract docker (runsc): FAILED: {why}. CI=true/SBX_CONTRACT_REQUIRED=1 \
+                 requires the gVisor run; fix: `sudo cargo xtask setup` (installs runsc and \
+                 registers it in /etc/docker/daemon.json)"
+            );
+            failed.push("runsc (not registered)");
+        }
+        Err(why) => println!(
+            "contract docker (runsc): SKIPPED: {why}. Run `sudo cargo xtask setup`; with \
+             CI=true this fails."
+        ),
+    }
+    if !failed.is_empty() {
+        bail!("contract docker failed on: {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+/// One `cargo test -p sandbox-<backend> --test contract` run, with `SBX_DOCKER_RUNTIME`
+/// set when `runtime` is given; prints the outcome and duration.
+fn run_once(backend: Backend, runtime: Option<&str>, passthrough: &[String]) -> Result<()> {
+    let label = match runtime {
+        Some(r) => format!("{} ({r})", backend.name()),
+        None => backend.name().to_string(),
+    };
     let mut cmd = process::cargo();
     cmd.args(["test", "-p", &backend.package(), "--test", "contract"]);
+    if let Some(r) = runtime {
+        cmd.env("SBX_DOCKER_RUNTIME", r);
+    }
     if !passthrough.is_empty() {
         cmd.arg("--").args(passthrough);
     }
-    println!("contract {}: {}", backend.name(), process::describe(&cmd));
-    process::run(&mut cmd)
+    let env = runtime
+        .map(|r| format!("SBX_DOCKER_RUNTIME={r} "))
+        .unwrap_or_default();
+    println!("contract {label}: {env}{}", process::describe(&cmd));
+    let start = Instant::now();
+    let result = process::run(&mut cmd);
+    let took = seconds(start.elapsed());
+    match &result {
+        Ok(()) => println!("contract {label}: passed in {took}"),
+        Err(_) => println!("contract {label}: FAILED after {took}"),
+    }
+    result.with_context(|| format!("contract {label}"))
+}
+
+/// Whether the Docker engine registers an OCI runtime named `name` (`GET /info`
+/// `Runtimes`, over the unix socket; `docker info` for other endpoints).
+fn docker_has_runtime(name: &str) -> Result<bool> {
+    let host = daemons::docker_host();
+    let runtimes = match host.strip_prefix("unix://") {
+        Some(socket) => {
+            let (status, body) = daemons::http_get_unix(Path::new(socket), "/info")
+                .with_context(|| format!("GET /info on {host}"))?;
+            if status != 200 {
+                bail!("GET /info on {host}: HTTP {status}");
+            }
+            json_object(&body, "Runtimes")
+                .with_context(|| format!("GET /info on {host} has no Runtimes object"))?
+                .to_string()
+        }
+        None => process::stdout_of(Command::new("docker").args([
+            "info",
+            "--format",
+            "{{json .Runtimes}}",
+        ]))?,
+    };
+    Ok(runtimes.contains(&format!("\"{name}\":")))
+}
+
+/// The text of the JSON object value of the first `"key":` in `json` (braces balanced,
+/// strings skipped). Enough for `/info`'s `Runtimes` without a JSON dependency.
+fn json_object<'a>(json: &'a str, key: &str) -> Option<&'a str> {
+    let at = json.find(&format!("\"{key}\":"))?;
+    let rest = &json[at + key.len() + 3..];
+    let open = rest.find(|c: char| !c.is_whitespace())?;
+    if !rest[open..].starts_with('{') {
+        return None;
+    }
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for (i, c) in rest[open..].char_indices() {
+        match (in_string, escaped, c) {
+            (true, true, _) => escaped = false,
+            (true, false, '\\') => escaped = true,
+            (true, false, '"') => in_string = false,
+            (true, false, _) => {}
+            (false, _, '"') => in_string = true,
+            (false, _, '{') => depth += 1,
+            (false, _, '}') => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(&rest[open..open + i + 1]);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runtimes_object_is_found_with_nested_braces_and_strings() {
+        let info = r#"{"Name":"x","Runtimes":{"runc":{"path":"runc"},"runsc":{"path":"/usr/bin/runsc","runtimeArgs":["--network=none","}"]}},"Swarm":{}}"#;
+        let r = json_object(info, "Runtimes").unwrap();
+        assert!(r.starts_with("{\"runc\"") && r.ends_with("]}}"));
+        assert!(r.contains("\"runsc\":"));
+        assert!(json_object(r#"{"Runtimes": 3}"#, "Runtimes").is_none());
+        assert!(json_object("{}", "Runtimes").is_none());
+    }
 }

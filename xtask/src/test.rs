@@ -1,6 +1,7 @@
 //! `cargo xtask test`: the README's test command — the workspace's own tests, then the
-//! contract suite on every backend. All parts run even when one fails, so one CI log shows
-//! every failure.
+//! contract suite on every backend (Docker twice: runc, then gVisor/runsc when the engine
+//! registers it — see `contract.rs`; each run prints its own duration). All parts run even
+//! when one fails, so one CI log shows every failure.
 
 use std::time::Instant;
 
@@ -10,7 +11,8 @@ use crate::contract::{self, Backend};
 use crate::process;
 use crate::report::seconds;
 
-/// Runs `cargo test --workspace`, then `contract fake|docker|podman`.
+/// Runs `cargo test --workspace`, then `contract fake|docker|podman` (docker: runc and
+/// runsc).
 pub fn run(passthrough: &[String]) -> Result<()> {
     let mut failed = Vec::new();
     let mut timings = Vec::new();
