@@ -21,6 +21,7 @@ mod resources;
 mod result;
 mod sandbox;
 mod secret;
+pub mod tar_stream;
 pub mod teardown;
 
 pub use backend::{Backend, ReapableBackend};

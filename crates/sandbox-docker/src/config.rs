@@ -11,6 +11,13 @@ pub const DEFAULT_TEMPLATE: &str = "sandbox-rs/python:3.11";
 /// Test images `sandbox doctor` checks for.
 pub const TEST_IMAGES: [&str; 2] = ["sandbox-rs/python:3.11", "sandbox-rs/busybox:latest"];
 
+/// Host threads an idle gVisor sandbox (sentry + gofer) needs on top of the sandbox's own
+/// processes; measured at 45 here, more under load. Under runsc the engine's (cgroup) pids
+/// limit counts those threads, so a limit of e.g. 64 would kill the sandbox on its first
+/// exec: the adapter sets `requested + RUNSC_PIDS_HEADROOM` (see
+/// [`Runtime::pids_headroom`]).
+pub const RUNSC_PIDS_HEADROOM: u64 = 256;
+
 /// The OCI runtime a sandbox runs under, from a vetted allowlist (never a path).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -37,6 +44,15 @@ impl Runtime {
         match self {
             Runtime::Runc => IsolationTier::Container,
             Runtime::Runsc => IsolationTier::Gvisor,
+        }
+    }
+
+    /// What the adapter adds to the requested pids limit under this runtime before
+    /// setting the engine's limit: 0 for runc, [`RUNSC_PIDS_HEADROOM`] for runsc.
+    pub fn pids_headroom(self) -> u64 {
+        match self {
+            Runtime::Runc => 0,
+            Runtime::Runsc => RUNSC_PIDS_HEADROOM,
         }
     }
 

@@ -14,12 +14,12 @@ use bollard::query_parameters::{
 };
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
+use sandbox_core::tar_stream;
 use sandbox_core::{FileInfo, FileSystem, Result, SandboxError, async_trait, resolve_path};
 
 use crate::error::{self, BACKEND};
 use crate::exec::helper_argv;
 use crate::sandbox::SandboxInner;
-use crate::tar_stream;
 
 /// The sandbox filesystem of a [`DockerSandbox`](crate::DockerSandbox).
 pub(crate) struct DockerFiles {
@@ -373,18 +373,8 @@ impl FileSystem for DockerFiles {
         ensure_dir(inner, &parent).await?;
         let (tx, mut rx) = tokio::sync::mpsc::channel(tar_stream::CHUNKS_IN_FLIGHT);
         let local_owned = local.to_path_buf();
-        let producer = tokio::task::spawn_blocking(move || {
-            // A failure is sent into the body too, so the engine sees a broken upload
-            // instead of a silently truncated archive.
-            let err_tx = tx.clone();
-            let w = tar_stream::ChannelWriter::new(tx);
-            let r = tar_stream::append_local(w, &local_owned, &name)
-                .and_then(|mut w| std::io::Write::flush(&mut w));
-            if let Err(e) = &r {
-                let _ = err_tx.blocking_send(Err(std::io::Error::new(e.kind(), e.to_string())));
-            }
-            r
-        });
+        let producer =
+            tokio::task::spawn_blocking(move || tar_stream::stream_local(tx, &local_owned, &name));
         let body = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
         let opts = UploadToContainerOptions {
             path: parent.clone(),

@@ -11,8 +11,10 @@ mod files;
 mod ingress;
 mod policy;
 mod sandbox;
-mod tar_stream;
 
 pub use backend::DockerBackend;
-pub use config::{DEFAULT_DOCKER_HOST, DEFAULT_TEMPLATE, DOCKER_HOST_ENV, DockerConfig, Runtime};
+pub use config::{
+    DEFAULT_DOCKER_HOST, DEFAULT_TEMPLATE, DOCKER_HOST_ENV, DockerConfig, RUNSC_PIDS_HEADROOM,
+    Runtime,
+};
 pub use sandbox::{DockerNative, DockerSandbox};

@@ -115,17 +115,10 @@ pub(crate) fn engine_published(options: &CreateOptions) -> Vec<u16> {
     }
 }
 
-/// Host threads an idle gVisor sandbox (sentry + gofer) needs on top of the sandbox's own
-/// processes; measured at 45 here, more under load. Under runsc the cgroup pids limit counts
-/// those threads, so a limit of e.g. 64 would kill the sandbox on its first exec.
-pub(crate) const RUNSC_PIDS_HEADROOM: u64 = 256;
-
-/// The cgroup pids limit for `requested` sandbox processes.
+/// The cgroup pids limit for `requested` sandbox processes (plus the runtime's
+/// [`Runtime::pids_headroom`]).
 pub(crate) fn pids_limit(runtime: Runtime, requested: u64) -> i64 {
-    let n = match runtime {
-        Runtime::Runc => requested,
-        Runtime::Runsc => requested.saturating_add(RUNSC_PIDS_HEADROOM),
-    };
+    let n = requested.saturating_add(runtime.pids_headroom());
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use sandbox_contract::{CanarySpec, Faults, Probes};
+use sandbox_contract::{CanarySpec, EngineLimits, Faults, Probes};
 use sandbox_core::{Backend, CreateOptions, async_trait};
 use sandbox_docker::{DockerBackend, DockerConfig, Runtime};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -60,6 +60,24 @@ impl Probes for DockerProbes {
         let b = self.backend.get()?;
         let c = b.client().inspect_container(sandbox_id, None).await.ok()?;
         Some(c.config?.env.unwrap_or_default())
+    }
+
+    /// `docker inspect` `HostConfig`: used by the limit trials only for a gVisor sandbox,
+    /// which has no cgroup view inside. The headroom is the adapter's documented runsc
+    /// pids headroom (`Runtime::pids_headroom`) for the runtime the engine stored for the
+    /// container (`HostConfig.Runtime`), not for this process's configuration.
+    async fn engine_limits(&self, sandbox_id: &str) -> Option<EngineLimits> {
+        let b = self.backend.get()?;
+        let c = b.client().inspect_container(sandbox_id, None).await.ok()?;
+        let hc = c.host_config?;
+        let positive = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok()).unwrap_or(0);
+        let runtime = Runtime::parse(hc.runtime.as_deref()?)?;
+        Some(EngineLimits {
+            memory_bytes: positive(hc.memory),
+            memory_swap_bytes: positive(hc.memory_swap),
+            pids: positive(hc.pids_limit),
+            pids_headroom: runtime.pids_headroom(),
+        })
     }
 
     async fn faults(&self) -> Option<Arc<dyn Faults>> {

@@ -13,9 +13,8 @@ use crate::error::{engine_msg, guard, on_sandbox};
 use crate::exec::run_helper;
 use crate::rest::PathStat;
 use crate::sandbox::Shared;
-use crate::tar_stream::{
-    ChannelReader, ChannelWriter, DEPTH, FirstEntry, extract, first_entry, single_file, write_tree,
-};
+use crate::tar_stream::{ChannelReader, DEPTH, FirstEntry, first_entry};
+use sandbox_core::tar_stream::{single_file, stream_local, unpack_safely};
 
 /// The [`FileSystem`] of a Podman sandbox.
 pub(crate) struct PodmanFiles {
@@ -220,27 +219,15 @@ impl FileSystem for PodmanFiles {
         self.ensure_parent(&parent).await?;
         let (tx, mut rx) = mpsc::channel::<std::io::Result<Bytes>>(DEPTH);
         let local_owned = local.to_path_buf();
-        let producer = tokio::task::spawn_blocking(move || {
-            let w = ChannelWriter::new(tx.clone());
-            if let Err(e) = write_tree(&local_owned, &name, w) {
-                let msg = e.to_string();
-                ChannelWriter::new(tx).fail(e);
-                return Err(msg);
-            }
-            Ok(())
-        });
+        let producer = tokio::task::spawn_blocking(move || stream_local(tx, &local_owned, &name));
         let body_stream = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
         let body = hyper::Body::wrap_stream(body_stream);
         let put = self.put_archive(&parent, body).await;
         let produced = producer
             .await
             .map_err(|_| engine_msg("upload task failed"))?;
-        if let Err(msg) = produced {
-            return Err(SandboxError::FileSystem {
-                path: local.display().to_string(),
-                message: format!("reading the host tree failed: {msg}"),
-                source: None,
-            });
+        if let Err(e) = produced {
+            return Err(host_err(local, "reading the host tree failed", e));
         }
         put
     }
@@ -259,10 +246,11 @@ impl FileSystem for PodmanFiles {
         let (tx, rx) = mpsc::channel(DEPTH);
         let task = self.spawn_get(source, tx);
         let local_owned = local.to_path_buf();
-        let extracted =
-            tokio::task::spawn_blocking(move || extract(ChannelReader::new(rx), &local_owned))
-                .await
-                .map_err(|_| engine_msg("download task failed"))?;
+        let extracted = tokio::task::spawn_blocking(move || {
+            unpack_safely(ChannelReader::new(rx), &local_owned)
+        })
+        .await
+        .map_err(|_| engine_msg("download task failed"))?;
         let fetched = task
             .await
             .map_err(|_| engine_msg("archive download task failed"))?;

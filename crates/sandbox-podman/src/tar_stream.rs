@@ -1,78 +1,21 @@
-//! Streaming tar in both directions with bounded memory, and safe extraction.
+//! The Podman-specific side of archive streaming; building and safely unpacking archives
+//! is [`sandbox_core::tar_stream`].
 //!
-//! Upload: a blocking task walks the host tree into a `tar::Builder` whose writer feeds a
-//! small bounded channel that becomes the HTTP body. Download: the archive stream feeds a
-//! bounded channel that a blocking task reads as `std::io::Read` while extracting. At most
-//! a few 64 KiB chunks are in flight either way.
-//!
-//! Extraction refuses (with `UnsafeArchiveEntry`) absolute paths, `..` components, and
-//! symlinks or hard links whose target would resolve outside the local target.
+//! Download: podman-api yields the archive as an async stream, which a task feeds into a
+//! small bounded channel that a blocking task reads through [`ChannelReader`] while
+//! [`unpack_safely`](sandbox_core::tar_stream::unpack_safely) extracts it. `read` and
+//! `stat`-like checks look at the first entry of an in-memory archive ([`first_entry`]).
 
-use std::io::{Read, Write};
-use std::path::{Component, Path, PathBuf};
+use std::io::Read;
 
 use bytes::Bytes;
 use sandbox_core::{Result, SandboxError};
 use tokio::sync::mpsc;
 
-/// Chunk size of the channels.
-pub(crate) const CHUNK: usize = 64 * 1024;
-/// Chunks in flight per channel.
-pub(crate) const DEPTH: usize = 4;
+pub(crate) use sandbox_core::tar_stream::ChannelWriter;
 
-fn fs_err(path: &Path, what: &str, e: std::io::Error) -> SandboxError {
-    SandboxError::FileSystem {
-        path: path.display().to_string(),
-        message: what.to_string(),
-        source: Some(Box::new(e)),
-    }
-}
-
-/// A `Write` that sends 64 KiB chunks into a bounded channel (blocking; use in
-/// `spawn_blocking`).
-pub(crate) struct ChannelWriter {
-    tx: mpsc::Sender<std::io::Result<Bytes>>,
-    buf: Vec<u8>,
-}
-
-impl ChannelWriter {
-    pub(crate) fn new(tx: mpsc::Sender<std::io::Result<Bytes>>) -> Self {
-        ChannelWriter {
-            tx,
-            buf: Vec::with_capacity(CHUNK),
-        }
-    }
-
-    fn send(&mut self) -> std::io::Result<()> {
-        if self.buf.is_empty() {
-            return Ok(());
-        }
-        let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
-        self.tx
-            .blocking_send(Ok(chunk))
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "upload aborted"))
-    }
-
-    /// Reports a failure to the reading side.
-    pub(crate) fn fail(&self, e: std::io::Error) {
-        let _ = self.tx.blocking_send(Err(e));
-    }
-}
-
-impl Write for ChannelWriter {
-    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        let room = CHUNK - self.buf.len();
-        let n = room.min(data.len());
-        self.buf.extend_from_slice(&data[..n]);
-        if self.buf.len() >= CHUNK {
-            self.send()?;
-        }
-        Ok(n)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.send()
-    }
-}
+/// Chunks in flight per channel, in both directions.
+pub(crate) const DEPTH: usize = sandbox_core::tar_stream::CHUNKS_IN_FLIGHT;
 
 /// A `Read` over chunks received from a bounded channel (blocking; use in `spawn_blocking`).
 pub(crate) struct ChannelReader {
@@ -105,171 +48,7 @@ impl Read for ChannelReader {
     }
 }
 
-/// Writes `local` (file or directory) as a tar whose top entry is `name`.
-pub(crate) fn write_tree(local: &Path, name: &str, w: impl Write) -> std::io::Result<()> {
-    let mut b = tar::Builder::new(w);
-    // Never pull in host files through symlinks: links are archived as links.
-    b.follow_symlinks(false);
-    let meta = std::fs::symlink_metadata(local)?;
-    if meta.is_dir() {
-        b.append_dir_all(name, local)?;
-    } else {
-        let mut f = std::fs::File::open(local)?;
-        b.append_file(name, &mut f)?;
-    }
-    b.into_inner()?.flush()
-}
-
-/// A tar holding one file `name` with `data`.
-pub(crate) fn single_file(name: &str, data: &[u8], mode: u32) -> std::io::Result<Vec<u8>> {
-    let mut b = tar::Builder::new(Vec::with_capacity(data.len() + 1024));
-    let mut h = tar::Header::new_gnu();
-    h.set_size(data.len() as u64);
-    h.set_mode(mode);
-    h.set_entry_type(tar::EntryType::Regular);
-    h.set_mtime(sandbox_core::labels::unix_now());
-    b.append_data(&mut h, name, data)?;
-    b.into_inner()
-}
-
-/// The relative path of an entry after dropping its first component, refusing absolute
-/// paths and `..`. `None` for the top entry itself.
-fn relative(entry: &Path) -> std::result::Result<Option<PathBuf>, ()> {
-    let mut out = PathBuf::new();
-    let mut first = true;
-    for c in entry.components() {
-        match c {
-            Component::Normal(p) => {
-                if first {
-                    first = false;
-                } else {
-                    out.push(p)
-                }
-            }
-            Component::CurDir => {}
-            Component::ParentDir | Component::RootDir | Component::Prefix(_) => return Err(()),
-        }
-    }
-    if first {
-        return Err(());
-    }
-    Ok(if out.as_os_str().is_empty() {
-        None
-    } else {
-        Some(out)
-    })
-}
-
-/// Whether `target` (a link target) stays inside the root when resolved from `dir`
-/// (both relative to the root).
-fn link_stays_inside(dir: &Path, target: &Path) -> bool {
-    let mut depth: i64 = dir
-        .components()
-        .filter(|c| matches!(c, Component::Normal(_)))
-        .count() as i64;
-    for c in target.components() {
-        match c {
-            Component::Normal(_) => depth += 1,
-            Component::CurDir => {}
-            Component::ParentDir => {
-                depth -= 1;
-                if depth < 0 {
-                    return false;
-                }
-            }
-            Component::RootDir | Component::Prefix(_) => return false,
-        }
-    }
-    true
-}
-
-/// Extracts an archive whose top entry is the downloaded file or directory onto `local`
-/// (the file itself, or the directory that receives the tree).
-pub(crate) fn extract(r: impl Read, local: &Path) -> Result<()> {
-    let mut ar = tar::Archive::new(r);
-    let entries = ar
-        .entries()
-        .map_err(|e| fs_err(local, "reading the archive failed", e))?;
-    let mut top_is_dir: Option<bool> = None;
-    for entry in entries {
-        let mut entry = entry.map_err(|e| fs_err(local, "reading the archive failed", e))?;
-        let raw = entry
-            .path()
-            .map_err(|e| fs_err(local, "bad entry name", e))?
-            .into_owned();
-        let unsafe_entry = || SandboxError::UnsafeArchiveEntry {
-            entry: raw.display().to_string(),
-        };
-        let rel = relative(&raw).map_err(|_| unsafe_entry())?;
-        let kind = entry.header().entry_type();
-        let dest = match (&rel, top_is_dir) {
-            (None, None) => {
-                top_is_dir = Some(kind.is_dir());
-                local.to_path_buf()
-            }
-            (None, Some(_)) => return Err(unsafe_entry()),
-            (Some(_), Some(false)) | (Some(_), None) => return Err(unsafe_entry()),
-            (Some(p), Some(true)) => local.join(p),
-        };
-        let rel_dir = rel
-            .as_ref()
-            .and_then(|p| p.parent().map(Path::to_path_buf))
-            .unwrap_or_default();
-        if kind.is_dir() {
-            std::fs::create_dir_all(&dest).map_err(|e| fs_err(&dest, "mkdir failed", e))?;
-        } else if kind.is_symlink() {
-            let target = entry
-                .link_name()
-                .map_err(|e| fs_err(&dest, "bad link target", e))?
-                .ok_or_else(unsafe_entry)?
-                .into_owned();
-            if rel.is_none() || !link_stays_inside(&rel_dir, &target) {
-                return Err(unsafe_entry());
-            }
-            if let Some(p) = dest.parent() {
-                std::fs::create_dir_all(p).map_err(|e| fs_err(p, "mkdir failed", e))?;
-            }
-            let _ = std::fs::remove_file(&dest);
-            std::os::unix::fs::symlink(&target, &dest)
-                .map_err(|e| fs_err(&dest, "symlink failed", e))?;
-        } else if kind.is_hard_link() {
-            let target = entry
-                .link_name()
-                .map_err(|e| fs_err(&dest, "bad link target", e))?
-                .ok_or_else(unsafe_entry)?
-                .into_owned();
-            let Ok(Some(t)) = relative(&target) else {
-                return Err(unsafe_entry());
-            };
-            std::fs::hard_link(local.join(t), &dest)
-                .map_err(|e| fs_err(&dest, "hard link failed", e))?;
-        } else if kind.is_file() || kind == tar::EntryType::Continuous {
-            if let Some(p) = dest.parent() {
-                std::fs::create_dir_all(p).map_err(|e| fs_err(p, "mkdir failed", e))?;
-            }
-            let mut f =
-                std::fs::File::create(&dest).map_err(|e| fs_err(&dest, "create failed", e))?;
-            std::io::copy(&mut entry, &mut f).map_err(|e| fs_err(&dest, "write failed", e))?;
-            if let Ok(mode) = entry.header().mode() {
-                use std::os::unix::fs::PermissionsExt;
-                let _ =
-                    std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(mode & 0o777));
-            }
-        }
-        // Devices, fifos and other special entries are skipped: never created on the host.
-    }
-    if top_is_dir.is_none() {
-        return Err(SandboxError::FileSystem {
-            path: local.display().to_string(),
-            message: "the archive was empty".into(),
-            source: None,
-        });
-    }
-    Ok(())
-}
-
-/// The first regular file of an in-memory archive (for `read`): `Ok(None)` for a
-/// directory, `Err` for other kinds.
+/// The kind (and, for a regular file, the content) of an archive's first entry.
 pub(crate) enum FirstEntry {
     File(Bytes),
     Dir,
@@ -277,6 +56,7 @@ pub(crate) enum FirstEntry {
     Other,
 }
 
+/// The first entry of an in-memory archive (for `read`); `PathNotFound` when empty.
 pub(crate) fn first_entry(data: &[u8], path: &str) -> Result<FirstEntry> {
     let mut ar = tar::Archive::new(data);
     let err = |e: std::io::Error| SandboxError::FileSystem {
@@ -307,87 +87,7 @@ pub(crate) fn first_entry(data: &[u8], path: &str) -> Result<FirstEntry> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sandbox_core::ErrorCode;
-
-    fn archive(entries: &[(&str, tar::EntryType, &str)]) -> Vec<u8> {
-        let mut b = tar::Builder::new(Vec::new());
-        for (name, kind, data_or_link) in entries {
-            let mut h = tar::Header::new_gnu();
-            h.set_entry_type(*kind);
-            h.set_mode(0o644);
-            match *kind {
-                tar::EntryType::Symlink | tar::EntryType::Link => {
-                    h.set_size(0);
-                    b.append_link(&mut h, name, data_or_link).unwrap();
-                }
-                tar::EntryType::Directory => {
-                    h.set_size(0);
-                    b.append_data(&mut h, name, std::io::empty()).unwrap();
-                }
-                _ => {
-                    h.set_size(data_or_link.len() as u64);
-                    // append_data refuses `..`; write the name raw to build hostile archives.
-                    let raw = name.as_bytes();
-                    h.as_old_mut().name[..raw.len()].copy_from_slice(raw);
-                    h.set_cksum();
-                    b.append(&h, data_or_link.as_bytes()).unwrap();
-                }
-            }
-        }
-        b.into_inner().unwrap()
-    }
-
-    #[test]
-    fn extracts_a_tree() {
-        let d = tempfile::tempdir().unwrap();
-        let a = archive(&[
-            ("top", tar::EntryType::Directory, ""),
-            ("top/a.txt", tar::EntryType::Regular, "hello"),
-            ("top/sub/b.txt", tar::EntryType::Regular, "b"),
-            ("top/link", tar::EntryType::Symlink, "sub/b.txt"),
-        ]);
-        let out = d.path().join("out");
-        extract(&a[..], &out).unwrap();
-        assert_eq!(std::fs::read_to_string(out.join("a.txt")).unwrap(), "hello");
-        assert_eq!(std::fs::read_to_string(out.join("link")).unwrap(), "b");
-    }
-
-    #[test]
-    fn extracts_a_single_file_onto_the_target() {
-        let d = tempfile::tempdir().unwrap();
-        let a = archive(&[("f.bin", tar::EntryType::Regular, "xyz")]);
-        let out = d.path().join("copy.bin");
-        extract(&a[..], &out).unwrap();
-        assert_eq!(std::fs::read(out).unwrap(), b"xyz");
-    }
-
-    #[test]
-    fn download_rejects_tar_path_escape() {
-        for hostile in [
-            vec![
-                ("top", tar::EntryType::Directory, ""),
-                ("top/../../evil", tar::EntryType::Regular, "x"),
-            ],
-            vec![
-                ("top", tar::EntryType::Directory, ""),
-                ("top/link", tar::EntryType::Symlink, "../../etc"),
-            ],
-            vec![
-                ("top", tar::EntryType::Directory, ""),
-                ("top/abs", tar::EntryType::Symlink, "/etc/passwd"),
-            ],
-            vec![
-                ("top", tar::EntryType::Directory, ""),
-                ("top/hard", tar::EntryType::Link, "/etc/passwd"),
-            ],
-            vec![("/abs", tar::EntryType::Regular, "x")],
-        ] {
-            let d = tempfile::tempdir().unwrap();
-            let e = extract(&archive(&hostile)[..], &d.path().join("out")).unwrap_err();
-            assert_eq!(e.code(), ErrorCode::UnsafeArchiveEntry, "{hostile:?}");
-            assert!(!d.path().join("evil").exists());
-        }
-    }
+    use sandbox_core::tar_stream::{single_file, stream_local, unpack_safely};
 
     #[test]
     fn channel_pipes_round_trip() {
@@ -396,13 +96,40 @@ mod tests {
         std::fs::create_dir(d.path().join("src")).unwrap();
         std::fs::write(d.path().join("src/x"), vec![7u8; 300_000]).unwrap();
         let src = d.path().join("src");
-        let writer = std::thread::spawn(move || {
-            let w = ChannelWriter::new(tx);
-            write_tree(&src, "src", w).unwrap();
-        });
+        let writer = std::thread::spawn(move || stream_local(tx, &src, "src"));
         let out = d.path().join("dst");
-        extract(ChannelReader::new(rx), &out).unwrap();
-        writer.join().unwrap();
+        unpack_safely(ChannelReader::new(rx), &out).unwrap();
+        writer.join().unwrap().unwrap();
         assert_eq!(std::fs::read(out.join("x")).unwrap().len(), 300_000);
+    }
+
+    #[test]
+    fn channel_reader_passes_producer_errors() {
+        let (tx, rx) = mpsc::channel(DEPTH);
+        let producer = std::thread::spawn(move || {
+            tx.blocking_send(Ok(Bytes::from_static(b"ab"))).unwrap();
+            tx.blocking_send(Err(std::io::Error::other("engine failed")))
+                .unwrap();
+        });
+        let mut r = ChannelReader::new(rx);
+        let mut buf = Vec::new();
+        assert!(r.read_to_end(&mut buf).is_err());
+        assert_eq!(buf, b"ab");
+        producer.join().unwrap();
+    }
+
+    #[test]
+    fn first_entry_kinds() {
+        let a = single_file("f", b"data", 0o644).unwrap();
+        assert!(matches!(first_entry(&a, "/f").unwrap(), FirstEntry::File(b) if b == "data"));
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Directory);
+        h.set_size(0);
+        b.append_data(&mut h, "d/", std::io::empty()).unwrap();
+        let a = b.into_inner().unwrap();
+        assert!(matches!(first_entry(&a, "/d").unwrap(), FirstEntry::Dir));
+        let e = first_entry(&[0u8; 1024], "/gone").err().unwrap();
+        assert_eq!(e.code(), sandbox_core::ErrorCode::PathNotFound);
     }
 }
