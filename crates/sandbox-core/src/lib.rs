@@ -37,7 +37,7 @@ pub use network::{Egress, NetworkPolicy};
 pub use options::{CodeOptions, Command, CreateOptions, Language, RunOptions};
 pub use pool::{Pool, PoolConfig, PoolStats};
 pub use process::{KILLED_EXIT_CODE, Process, StartFuture, StartedExec};
-pub use resources::{EffectiveResources, Resources};
+pub use resources::{DEFAULT_CPU, DEFAULT_MEMORY_MB, DEFAULT_PIDS, EffectiveResources, Resources};
 pub use result::{ExecResult, OutputChunk, RichResult, StreamKind};
 pub use sandbox::{Sandbox, SandboxExt};
 pub use secret::Secret;

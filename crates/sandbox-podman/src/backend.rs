@@ -311,41 +311,56 @@ impl PodmanBackend {
             let w = ChannelWriter::new(tx.clone());
             let mut b = tar::Builder::new(w);
             b.follow_symlinks(false);
-            let mut prefix = std::path::PathBuf::new();
-            let dirs = if host_is_dir {
-                missing.len()
-            } else {
-                missing.len().saturating_sub(1)
-            };
-            for name in missing.iter().take(dirs) {
-                prefix.push(name);
-                let mut h = tar::Header::new_gnu();
-                h.set_entry_type(tar::EntryType::Directory);
-                h.set_mode(0o755);
-                h.set_size(0);
-                h.set_mtime(sandbox_core::labels::unix_now());
-                b.append_data(&mut h, &prefix, std::io::empty())?;
-            }
-            if host_is_dir {
-                let at = if prefix.as_os_str().is_empty() {
-                    std::path::PathBuf::from(".")
+            // Build inside a closure so a host read error poisons the writer: otherwise
+            // the builder's drop would still send the end-of-archive marker and the engine
+            // would accept a truncated tree as complete.
+            let mut build = || -> std::io::Result<()> {
+                let mut prefix = std::path::PathBuf::new();
+                let dirs = if host_is_dir {
+                    missing.len()
                 } else {
-                    prefix.clone()
+                    missing.len().saturating_sub(1)
                 };
-                b.append_dir_all(at, &host)?;
-            } else {
-                let name = missing.last().cloned().unwrap_or_default();
-                if name.is_empty() {
-                    return Err(std::io::Error::other(
-                        "copy target of a file already exists",
-                    ));
+                for name in missing.iter().take(dirs) {
+                    prefix.push(name);
+                    let mut h = tar::Header::new_gnu();
+                    h.set_entry_type(tar::EntryType::Directory);
+                    h.set_mode(0o755);
+                    h.set_size(0);
+                    h.set_mtime(sandbox_core::labels::unix_now());
+                    b.append_data(&mut h, &prefix, std::io::empty())?;
                 }
-                prefix.push(name);
-                let mut f = std::fs::File::open(&host)?;
-                b.append_file(&prefix, &mut f)?;
+                if host_is_dir {
+                    let at = if prefix.as_os_str().is_empty() {
+                        std::path::PathBuf::from(".")
+                    } else {
+                        prefix.clone()
+                    };
+                    b.append_dir_all(at, &host)?;
+                } else {
+                    let name = missing.last().cloned().unwrap_or_default();
+                    if name.is_empty() {
+                        return Err(std::io::Error::other(
+                            "copy target of a file already exists",
+                        ));
+                    }
+                    prefix.push(name);
+                    let mut f = std::fs::File::open(&host)?;
+                    b.append_file(&prefix, &mut f)?;
+                }
+                Ok(())
+            };
+            match build() {
+                Ok(()) => {
+                    let mut w = b.into_inner()?;
+                    std::io::Write::flush(&mut w)
+                }
+                Err(e) => {
+                    b.get_mut()
+                        .fail(std::io::Error::new(e.kind(), e.to_string()));
+                    Err(e)
+                }
             }
-            let mut w = b.into_inner()?;
-            std::io::Write::flush(&mut w)
         });
         let body = hyper::Body::wrap_stream(futures::stream::poll_fn(move |cx| rx.poll_recv(cx)));
         let c = self.inner.client.containers().get(id);
