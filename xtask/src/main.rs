@@ -44,7 +44,9 @@ commands:
   docs [--check]             regenerate docs/errors/ (--check: fail on drift)
   ci                         everything CI checks: fmt, clippy, test, docs --check
   demo                       the end-to-end demo
-  bench                      engine micro-benchmarks
+  bench [-- <args>...]       benchmarks: sandbox-rs vs raw engine crates vs engine CLIs on
+                             docker, podman and fake; regenerates docs/benchmarks.md
+                             (args go to sandbox-bench, e.g. `-- --runs 10 --backend docker`)
   teardown                   stop the daemons `setup` started (pids in /run/sandbox-rs/)
 
 environment:
@@ -62,7 +64,7 @@ enum Command {
     Docs { check: bool },
     Ci,
     Demo,
-    Bench,
+    Bench(Vec<String>),
     Teardown,
     Help,
 }
@@ -87,7 +89,7 @@ fn dispatch(command: Command) -> Result<()> {
         Command::Docs { check } => docs::run(check),
         Command::Ci => ci::run(),
         Command::Demo => demo::run(),
-        Command::Bench => bench::run(),
+        Command::Bench(passthrough) => bench::run(&passthrough),
         Command::Teardown => teardown::run(),
         Command::Help => {
             print!("{USAGE}");
@@ -125,7 +127,7 @@ fn parse(args: &[String]) -> Result<Command> {
         ("docs", ["--check"]) => Command::Docs { check: true },
         ("ci", []) => Command::Ci,
         ("demo", []) => Command::Demo,
-        ("bench", []) => Command::Bench,
+        ("bench", []) => Command::Bench(passthrough),
         ("teardown", []) => Command::Teardown,
         (name, []) => bail!("unknown command {name:?}\n\n{USAGE}"),
         (name, flags) => bail!("{name}: unexpected arguments {flags:?}\n\n{USAGE}"),
