@@ -139,10 +139,39 @@ pub(crate) async fn remove_container(client: &Docker, id: &str) -> Result<()> {
     };
     match client.remove_container(id, Some(opts)).await {
         Ok(()) => Ok(()),
-        Err(e) if matches!(error::kind(&e), Kind::NotFound | Kind::NotRunning) => Ok(()),
+        Err(e) if matches!(error::kind(&e), Kind::NotFound) => Ok(()),
+        // Another remove (a concurrent kill, reap or startup sweep) is in flight: the
+        // container still exists, so "removed" is only true once the engine says 404.
+        Err(e) if matches!(error::kind(&e), Kind::NotRunning) => wait_until_gone(client, id).await,
         Err(e) => Err(error::engine("remove container", e)),
     }
 }
+
+/// Polls until the engine no longer knows `id`. Bounded: callers run under the teardown
+/// grace, and this gives up after [`REMOVAL_WAIT`] on its own.
+async fn wait_until_gone(client: &Docker, id: &str) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + REMOVAL_WAIT;
+    loop {
+        match client.inspect_container(id, None).await {
+            Err(e) if matches!(error::kind(&e), Kind::NotFound) => return Ok(()),
+            Err(e) if !matches!(error::kind(&e), Kind::NotRunning) => {
+                return Err(error::engine("inspect container during removal", e));
+            }
+            _ => {}
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(SandboxError::Connect {
+                id: id.to_string(),
+                message: format!("container still being removed after {REMOVAL_WAIT:?}"),
+                source: None,
+            });
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// Longest [`remove_container`] waits for a removal someone else started.
+const REMOVAL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A killer that force-removes the container.
 pub(crate) fn container_killer(client: Docker, id: String) -> Killer {
