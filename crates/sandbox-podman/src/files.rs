@@ -79,18 +79,7 @@ impl PodmanFiles {
     async fn mkdir_p(&self, p: &str) -> Result<()> {
         let (code, _, err) = self.helper("mkdir -p -- \"$1\"", &[p]).await?;
         if code != 0 {
-            return Err(SandboxError::FileSystem {
-                path: p.into(),
-                message: format!(
-                    "mkdir failed: {}",
-                    String::from_utf8_lossy(&err)
-                        .trim()
-                        .chars()
-                        .take(200)
-                        .collect::<String>()
-                ),
-                source: None,
-            });
+            return Err(helper_failed(p, "mkdir", &err));
         }
         Ok(())
     }
@@ -281,18 +270,7 @@ done"#;
                 });
             }
             _ => {
-                return Err(SandboxError::FileSystem {
-                    path: p,
-                    message: format!(
-                        "listing failed: {}",
-                        String::from_utf8_lossy(&err)
-                            .trim()
-                            .chars()
-                            .take(200)
-                            .collect::<String>()
-                    ),
-                    source: None,
-                });
+                return Err(helper_failed(p, "listing", &err));
             }
         }
         let mut v = Vec::new();
@@ -346,18 +324,7 @@ done"#;
                 message: "already exists".into(),
                 source: None,
             }),
-            _ => Err(SandboxError::FileSystem {
-                path: p,
-                message: format!(
-                    "mkdir failed: {}",
-                    String::from_utf8_lossy(&err)
-                        .trim()
-                        .chars()
-                        .take(200)
-                        .collect::<String>()
-                ),
-                source: None,
-            }),
+            _ => Err(helper_failed(p, "mkdir", &err)),
         }
     }
 
@@ -379,18 +346,7 @@ done"#;
         match code {
             0 => Ok(()),
             44 => Err(SandboxError::PathNotFound { path: p }),
-            _ => Err(SandboxError::FileSystem {
-                path: p,
-                message: format!(
-                    "remove failed: {}",
-                    String::from_utf8_lossy(&err)
-                        .trim()
-                        .chars()
-                        .take(200)
-                        .collect::<String>()
-                ),
-                source: None,
-            }),
+            _ => Err(helper_failed(p, "remove", &err)),
         }
     }
 
@@ -412,6 +368,21 @@ done"#;
             st.perm(),
             st.modified(),
         ))
+    }
+}
+
+/// A helper exec failed: the operation and the first 200 characters of its stderr (a
+/// sandbox's own output, so bounded — never a wall of text in an error).
+fn helper_failed(path: impl Into<String>, op: &str, stderr: &[u8]) -> SandboxError {
+    let text: String = String::from_utf8_lossy(stderr)
+        .trim()
+        .chars()
+        .take(200)
+        .collect();
+    SandboxError::FileSystem {
+        path: path.into(),
+        message: format!("{op} failed: {text}"),
+        source: None,
     }
 }
 
