@@ -1,0 +1,315 @@
+//! The narrow engine trait: everything this crate needs from a container engine, nothing
+//! it can do itself.
+//!
+//! An adapter implements [`ContainerEngine`] on its client (bollard, podman-api, …) and maps
+//! its own errors into [`EngineError`] in its `error.rs`. Every method is one engine round
+//! trip (or one streamed request); retries, timeouts, kill semantics and the mapping of
+//! [`EngineErrorKind`] to `SandboxError` in context are done once, by this crate.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use sandbox_core::{
+    BoxError, Capability, EffectiveResources, EngineReport, IsolationTier, OutputChunk,
+    SandboxState,
+};
+
+/// Result of one engine call.
+pub type EngineResult<T> = std::result::Result<T, EngineError>;
+
+/// What kind of failure an engine call met; the container layer turns it into the right
+/// `SandboxError` for the operation (a `NotFound` on exec is `SandboxGone`, on an archive
+/// read it is `PathNotFound`, on create it is a missing image).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EngineErrorKind {
+    /// The container, exec, path or image does not exist.
+    NotFound,
+    /// The object is in a state that refuses the call (already removing, not running…).
+    Conflict,
+    /// The engine cannot be reached (socket missing, connection refused or reset).
+    Unavailable,
+    /// The engine did not answer in time.
+    Timeout,
+    /// The engine refused the request as invalid (bad create body, unknown runtime…).
+    InvalidRequest,
+    /// Anything else; the message and source say what.
+    Other,
+}
+
+/// An engine failure, as the adapter's `error.rs` describes it. Never shown to users as
+/// is: the container layer wraps it into a `SandboxError` and keeps it as the `source`.
+pub struct EngineError {
+    /// The kind, which decides the `SandboxError` variant.
+    pub kind: EngineErrorKind,
+    /// The engine's message (bounded by the adapter; never contains secrets).
+    pub message: String,
+    /// The engine crate's error, kept for the source chain.
+    pub source: Option<BoxError>,
+}
+
+impl EngineError {
+    /// An error of `kind` with a message.
+    pub fn new(kind: EngineErrorKind, message: impl Into<String>) -> Self {
+        EngineError {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// The same error with the engine crate's error as its source.
+    pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+}
+
+impl fmt::Debug for EngineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EngineError")
+            .field("kind", &self.kind)
+            .field("message", &self.message)
+            .finish()
+    }
+}
+
+impl fmt::Display for EngineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}: {}", self.kind, self.message)
+    }
+}
+
+impl std::error::Error for EngineError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// How the container is networked. Decided by the container layer from the
+/// `NetworkPolicy`; the adapter applies it or refuses the create.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NetworkMode {
+    /// No network at all (only loopback).
+    None,
+    /// A network the engine provides, with `publish` ports published on the host's
+    /// loopback at engine-chosen ports.
+    Bridge {
+        /// Container ports to publish on 127.0.0.1.
+        publish: Vec<u16>,
+    },
+}
+
+/// Everything the container layer asks the engine to create. The adapter translates it into
+/// its create body and MUST apply every field, or refuse the create with
+/// [`EngineErrorKind::InvalidRequest`]: a field silently dropped is a security bug.
+///
+/// Always applied, whatever the fields say (SPEC §5): all capabilities dropped,
+/// `no-new-privileges`, swap disabled (memory+swap == memory), no privileged mode, no
+/// auto-published ports.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ContainerSpec {
+    /// Container name (the guard removes by name while a create is in flight).
+    pub name: String,
+    /// Image reference.
+    pub image: String,
+    /// The main process (entrypoint + args): the lifetime backstop; it ends at the
+    /// deadline, which ends the container.
+    pub command: Vec<String>,
+    /// Whether the engine's init should be PID 1 (reaps zombies).
+    pub init: bool,
+    /// Non-secret environment (secrets are injected per exec, never stored here).
+    pub env: Vec<(String, String)>,
+    /// Working directory, created at start.
+    pub workdir: String,
+    /// Labels, including the `io.sandbox-rs.*` ones.
+    pub labels: BTreeMap<String, String>,
+    /// Resource limits to apply (cpu, memory, pids, disk).
+    pub resources: EffectiveResources,
+    /// Networking.
+    pub network: NetworkMode,
+    /// The sandbox lifetime (the deadline is `now + lifetime`).
+    pub lifetime: Duration,
+}
+
+/// What one exec runs.
+#[derive(Clone, Default)]
+#[non_exhaustive]
+pub struct ExecRequest {
+    /// The argv, exec'd as given (never through a shell unless argv says so).
+    pub argv: Vec<String>,
+    /// Environment for this exec, secrets included (the adapter never logs it).
+    pub env: Vec<(String, String)>,
+    /// Working directory.
+    pub workdir: String,
+    /// Attach stdin.
+    pub stdin: bool,
+}
+
+impl ExecRequest {
+    /// An exec of `argv` in `workdir`.
+    pub fn new(argv: Vec<String>, workdir: impl Into<String>) -> Self {
+        ExecRequest {
+            argv,
+            env: Vec::new(),
+            workdir: workdir.into(),
+            stdin: false,
+        }
+    }
+}
+
+impl fmt::Debug for ExecRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // env carries secrets: only its keys are shown.
+        f.debug_struct("ExecRequest")
+            .field("argv0", &self.argv.first())
+            .field("env_keys", &self.env.iter().map(|(k, _)| k).collect::<Vec<_>>())
+            .field("workdir", &self.workdir)
+            .field("stdin", &self.stdin)
+            .finish()
+    }
+}
+
+/// Stdin of a started exec.
+pub type ExecInput = Pin<Box<dyn tokio::io::AsyncWrite + Send>>;
+
+/// A started exec: its engine id, demultiplexed output and (when requested) stdin.
+pub struct ExecStream {
+    /// The engine's exec id (for [`ContainerEngine::exec_state`]).
+    pub exec_id: String,
+    /// Output in order per stream; ends when the exec closed its output. Chunk sizes are
+    /// the engine's; the container layer bounds what it buffers.
+    pub output: BoxStream<'static, EngineResult<OutputChunk>>,
+    /// Stdin, when [`ExecRequest::stdin`] was set.
+    pub input: Option<ExecInput>,
+}
+
+/// The engine's view of one exec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ExecState {
+    /// Whether the engine still reports it running. An exit code is trusted only once this
+    /// is false (Podman reports exit 0 while an exec still runs).
+    pub running: bool,
+    /// The exit code, when the engine has one.
+    pub exit_code: Option<i64>,
+}
+
+impl ExecState {
+    /// A state.
+    pub fn new(running: bool, exit_code: Option<i64>) -> Self {
+        ExecState { running, exit_code }
+    }
+}
+
+/// The engine's view of one container.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ContainerInfo {
+    /// Full id.
+    pub id: String,
+    /// Name, without a leading `/`.
+    pub name: String,
+    /// Lifecycle state.
+    pub state: SandboxState,
+    /// Creation time, when the engine reports one.
+    pub created_at: Option<SystemTime>,
+    /// All labels.
+    pub labels: BTreeMap<String, String>,
+    /// Image reference the container was created from.
+    pub image: String,
+    /// Working directory from its config.
+    pub workdir: Option<String>,
+    /// Published container port → host address.
+    pub published: BTreeMap<u16, SocketAddr>,
+}
+
+impl ContainerInfo {
+    /// A record with no ports and no workdir.
+    pub fn new(
+        id: impl Into<String>,
+        name: impl Into<String>,
+        state: SandboxState,
+        labels: BTreeMap<String, String>,
+    ) -> Self {
+        ContainerInfo {
+            id: id.into(),
+            name: name.into(),
+            state,
+            created_at: None,
+            labels,
+            image: String::new(),
+            workdir: None,
+            published: BTreeMap::new(),
+        }
+    }
+
+    /// Whether the container is running.
+    pub fn is_running(&self) -> bool {
+        self.state == SandboxState::Running
+    }
+}
+
+/// A streamed archive body (a tar stream).
+pub type ArchiveBody = BoxStream<'static, std::io::Result<Bytes>>;
+
+/// The narrow engine trait. One implementation per container engine; a third-party engine
+/// implements this and gets the whole sandbox (and passes the contract suite) for free.
+#[async_trait]
+pub trait ContainerEngine: Send + Sync + fmt::Debug + 'static {
+    /// Backend name, also the DSN scheme (`"docker"`).
+    fn backend(&self) -> &'static str;
+    /// Isolation tier of the containers this engine creates (runc → `Container`, runsc →
+    /// `Gvisor`).
+    fn tier(&self) -> IsolationTier;
+    /// Capabilities this engine can honour on top of what the container layer provides.
+    /// The container layer intersects this with what it implements.
+    fn capabilities(&self) -> Capability;
+    /// The endpoint, for error messages and `doctor` (never with credentials).
+    fn endpoint(&self) -> &str;
+
+    /// Refuses, before anything is provisioned, what this engine cannot enforce for `spec`
+    /// (e.g. `disk_mb` without a storage quota).
+    fn check_spec(&self, spec: &ContainerSpec) -> EngineResult<()> {
+        let _ = spec;
+        Ok(())
+    }
+    /// Creates (does not start) a container; returns its id. The adapter may do
+    /// engine-specific provisioning here (sealed copy-in, hooks) as long as the container is
+    /// not started.
+    async fn create(&self, spec: &ContainerSpec) -> EngineResult<String>;
+    /// Starts a created container.
+    async fn start(&self, id: &str) -> EngineResult<()>;
+    /// Inspects a container by id or name.
+    async fn inspect(&self, id: &str) -> EngineResult<ContainerInfo>;
+    /// Force-removes a container (with its anonymous volumes only when the adapter created
+    /// them). `Ok(false)` when it was already gone.
+    async fn remove(&self, id: &str) -> EngineResult<bool>;
+    /// Containers (running or not) carrying every label in `labels` (`key=value`).
+    async fn list(&self, labels: &BTreeMap<String, String>) -> EngineResult<Vec<ContainerInfo>>;
+
+    /// Creates and starts an exec with attached output (and stdin when asked).
+    async fn exec(&self, id: &str, request: ExecRequest) -> EngineResult<ExecStream>;
+    /// The state of an exec.
+    async fn exec_state(&self, exec_id: &str) -> EngineResult<ExecState>;
+
+    /// Extracts a tar stream into directory `dir` of the container (which must exist).
+    async fn put_archive(&self, id: &str, dir: &str, body: ArchiveBody) -> EngineResult<()>;
+    /// A tar stream of `path` in the container (`NotFound` when missing).
+    async fn get_archive(&self, id: &str, path: &str) -> EngineResult<ArchiveBody>;
+
+    /// Health check.
+    async fn ping(&self) -> EngineResult<()>;
+    /// Version, runtimes and reachability for `sandbox doctor`.
+    async fn diagnose(&self) -> EngineReport;
+}
