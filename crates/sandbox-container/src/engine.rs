@@ -173,7 +173,10 @@ impl fmt::Debug for ExecRequest {
         // env carries secrets: only its keys are shown.
         f.debug_struct("ExecRequest")
             .field("argv0", &self.argv.first())
-            .field("env_keys", &self.env.iter().map(|(k, _)| k).collect::<Vec<_>>())
+            .field(
+                "env_keys",
+                &self.env.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+            )
             .field("workdir", &self.workdir)
             .field("stdin", &self.stdin)
             .finish()
@@ -263,6 +266,36 @@ impl ContainerInfo {
 /// A streamed archive body (a tar stream).
 pub type ArchiveBody = BoxStream<'static, std::io::Result<Bytes>>;
 
+/// What the engine knows about one path inside a container without running anything in
+/// it (Docker's and Podman's archive `HEAD`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PathStat {
+    /// Size in bytes.
+    pub size: u64,
+    /// Unix permission bits, including setuid/setgid/sticky (`0o7777`).
+    pub mode: u32,
+    /// Whether it is a directory.
+    pub is_dir: bool,
+    /// Last modification time, when the engine reports one.
+    pub modified: Option<SystemTime>,
+    /// The target, when the path is a symbolic link.
+    pub link_target: Option<String>,
+}
+
+impl PathStat {
+    /// A stat record without modification time or link target.
+    pub fn new(size: u64, mode: u32, is_dir: bool) -> Self {
+        PathStat {
+            size,
+            mode,
+            is_dir,
+            modified: None,
+            link_target: None,
+        }
+    }
+}
+
 /// The narrow engine trait. One implementation per container engine; a third-party engine
 /// implements this and gets the whole sandbox (and passes the contract suite) for free.
 #[async_trait]
@@ -307,6 +340,9 @@ pub trait ContainerEngine: Send + Sync + fmt::Debug + 'static {
     async fn put_archive(&self, id: &str, dir: &str, body: ArchiveBody) -> EngineResult<()>;
     /// A tar stream of `path` in the container (`NotFound` when missing).
     async fn get_archive(&self, id: &str, path: &str) -> EngineResult<ArchiveBody>;
+    /// Metadata of `path` in the container without an exec (`NotFound` when missing; a
+    /// missing container is `NotFound` too, the container layer tells them apart).
+    async fn stat_path(&self, id: &str, path: &str) -> EngineResult<PathStat>;
 
     /// Health check.
     async fn ping(&self) -> EngineResult<()>;

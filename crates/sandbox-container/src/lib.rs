@@ -6,5 +6,5 @@ pub mod engine;
 
 pub use engine::{
     ArchiveBody, ContainerEngine, ContainerInfo, ContainerSpec, EngineError, EngineErrorKind,
-    EngineResult, ExecInput, ExecRequest, ExecState, ExecStream, NetworkMode,
+    EngineResult, ExecInput, ExecRequest, ExecState, ExecStream, NetworkMode, PathStat,
 };
