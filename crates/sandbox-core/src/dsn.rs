@@ -51,13 +51,19 @@ impl Dsn {
     }
 
     /// Parses a DSN. Never panics; every malformed input is a `Configuration` error.
+    ///
+    /// Errors quote the DSN only after [`redact`] removed userinfo and every parameter
+    /// value but `timeout`'s, and the credential refusals run before any other check, so
+    /// no error (message, `Debug`, hint) can carry a password, whatever else is wrong.
     pub fn parse(input: &str) -> Result<Dsn> {
+        let shown = redact(input);
         let bad = |why: &str| {
             SandboxError::config(
-                format!("invalid DSN {:?}: {why}", truncate(input)),
+                format!("invalid DSN {:?}: {why}", truncate(&shown)),
                 "write it as <backend>://[template][?timeout=SECONDS], e.g. docker://sandbox-rs/python:3.11?timeout=60",
             )
         };
+        refuse_credentials(input)?;
         if input.chars().any(|c| c.is_control() || c.is_whitespace()) {
             return Err(bad("it contains whitespace or control characters"));
         }
@@ -76,16 +82,10 @@ impl Dsn {
         };
         let mut dsn = Dsn::new(scheme);
         if !template.is_empty() {
-            if template.contains('%') {
-                return Err(bad("percent-encoding is not supported in templates"));
-            }
-            if let Some((user, _)) = template.split_once('@') {
-                if user.contains(':') && !user.contains('/') {
-                    return Err(SandboxError::config(
-                        "DSN looks like it carries credentials (`user:password@…`)",
-                        "remove credentials from the DSN and pass them through the backend's environment variable",
-                    ));
-                }
+            if let Some(c) = template.chars().find(|c| !template_char(*c)) {
+                return Err(bad(&format!(
+                    "templates are image references; {c:?} is not allowed in one"
+                )));
             }
             dsn.template = Some(template.to_string());
         }
@@ -97,13 +97,6 @@ impl Dsn {
                 let (k, v) = pair
                     .split_once('=')
                     .ok_or_else(|| bad("parameters are key=value"))?;
-                let lower = k.to_ascii_lowercase();
-                if CREDENTIAL_WORDS.iter().any(|w| lower.contains(w)) {
-                    return Err(SandboxError::config(
-                        format!("DSN parameter `{}` looks like a credential", truncate(k)),
-                        "never put credentials in a DSN; pass them through the backend's environment variable",
-                    ));
-                }
                 match k {
                     "timeout" => {
                         if dsn.timeout.is_some() {
@@ -169,12 +162,119 @@ fn valid_scheme(s: &str) -> bool {
         && s.len() <= 32
 }
 
-fn truncate(s: &str) -> String {
-    if s.chars().count() > 80 {
-        format!("{}…", s.chars().take(80).collect::<String>())
+/// Refuses userinfo (`user:password@`, `token@`) and credential-looking parameter names,
+/// before any other check can build a message. Neither refusal quotes the input.
+fn refuse_credentials(input: &str) -> Result<()> {
+    let rest = input.split_once("://").map_or(input, |(_, r)| r);
+    let before_query = rest.split(['?', '#']).next().unwrap_or("");
+    // `@` is legal in a template only in front of a digest (`img@sha256:…`); anything
+    // else with an `@` is userinfo, however malformed (a password may contain `/` or `@`).
+    if let Some((name, after)) = rest.rsplit_once('@') {
+        let digest_form = !name.contains('@') && before_query.contains('@') && is_digest(after);
+        if !digest_form {
+            return Err(SandboxError::config(
+                "DSN looks like it carries credentials (`user:password@…`)",
+                "remove credentials from the DSN and pass them through the backend's environment variable",
+            ));
+        }
+    }
+    let query = rest.split_once('?').map_or("", |(_, q)| q);
+    for pair in query.split(['&', '#']) {
+        let key = pair.split_once('=').map_or(pair, |(k, _)| k);
+        let lower = key.to_ascii_lowercase();
+        if CREDENTIAL_WORDS.iter().any(|w| lower.contains(w)) {
+            return Err(SandboxError::config(
+                format!(
+                    "DSN parameter `{}` looks like a credential",
+                    truncate_to(key, 32)
+                ),
+                "never put credentials in a DSN; pass them through the backend's environment variable",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `algorithm:encoded` (OCI digest grammar), up to an optional query.
+fn is_digest(s: &str) -> bool {
+    let s = s.split('?').next().unwrap_or("");
+    let Some((alg, enc)) = s.split_once(':') else {
+        return false;
+    };
+    !alg.is_empty()
+        && alg
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "+._-".contains(c))
+        && !enc.is_empty()
+        && enc
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "=_-".contains(c))
+}
+
+/// Characters of an image reference (`registry:port/name:tag@alg:digest`).
+fn template_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || "._/:@-".contains(c)
+}
+
+/// The DSN as errors may quote it: userinfo becomes `***`, every parameter value but
+/// `timeout`'s becomes `***` (as does a bare parameter), and a fragment becomes `#***`.
+/// Over-redacting a strange DSN is fine; quoting a password is not.
+fn redact(input: &str) -> String {
+    let (head, rest) = match input.find("://") {
+        Some(i) => input.split_at(i + 3),
+        None => ("", input),
+    };
+    let (rest, fragment) = match rest.split_once('#') {
+        Some((r, f)) => (r, if f.is_empty() { "#" } else { "#***" }),
+        None => (rest, ""),
+    };
+    let rest = match rest.rsplit_once('@') {
+        Some((name, after)) if name.contains(':') || name.contains('@') || !is_digest(after) => {
+            format!("***@{after}")
+        }
+        _ => rest.to_string(),
+    };
+    let (template, query) = match rest.split_once('?') {
+        Some((t, q)) => (t, Some(q)),
+        None => (rest.as_str(), None),
+    };
+    let mut out = String::from(head);
+    let mut pieces = template.split('&');
+    // A template with `&`/`=` in it (a forgotten `?`) still gets its values redacted.
+    let first = pieces.next().unwrap_or("");
+    out.push_str(&redact_pair(first, true));
+    for p in pieces {
+        out.push('&');
+        out.push_str(&redact_pair(p, false));
+    }
+    if let Some(q) = query {
+        out.push('?');
+        let pairs: Vec<String> = q.split('&').map(|p| redact_pair(p, false)).collect();
+        out.push_str(&pairs.join("&"));
+    }
+    out.push_str(fragment);
+    out
+}
+
+fn redact_pair(pair: &str, is_template: bool) -> String {
+    match pair.split_once('=') {
+        Some(("timeout", v)) => format!("timeout={}", truncate_to(v, 20)),
+        Some((k, _)) => format!("{}=***", truncate_to(k, 32)),
+        None if is_template || pair.is_empty() => pair.to_string(),
+        None => "***".to_string(),
+    }
+}
+
+fn truncate_to(s: &str, n: usize) -> String {
+    if s.chars().count() > n {
+        format!("{}…", s.chars().take(n).collect::<String>())
     } else {
         s.to_string()
     }
+}
+
+fn truncate(s: &str) -> String {
+    truncate_to(s, 80)
 }
 
 #[cfg(test)]
@@ -223,6 +323,48 @@ mod tests {
         assert!(!e.to_string().contains("hunter2"));
     }
 
+    /// Every way an error could show the input: message, Debug (with the source chain),
+    /// hint and the full rendering.
+    fn shown(e: &SandboxError) -> String {
+        format!("{e}\n{e:?}\n{}\n{}", e.hint(), e.render())
+    }
+
+    #[test]
+    fn an_earlier_error_never_echoes_a_later_credential() {
+        // Each of these fails on something other than the credential first (a bad timeout,
+        // a fragment, whitespace, a malformed pair), which used to quote the whole DSN.
+        for dsn in [
+            "docker://x?timeout=abc&password=hunter2",
+            "docker://u:hunter2@img#f",
+            "docker://u:hunter2@img?timeout=abc",
+            "docker://x?timeout=1&timeout=2&token=hunter2",
+            "docker://x y?secret=hunter2",
+            "docker://x?hunter2",
+            "docker://x?timeout=abc#password=hunter2",
+            "docker://u:p/hunter2@img#f",
+            "docker://u:hunter2@x@img?timeout=0",
+            "Docker://u:hunter2@img",
+            "docker//u:hunter2@img",
+        ] {
+            let e = Dsn::parse(dsn).unwrap_err();
+            assert_eq!(e.code(), ErrorCode::Configuration, "{dsn}");
+            assert!(!shown(&e).contains("hunter2"), "{dsn}: {}", shown(&e));
+        }
+    }
+
+    #[test]
+    fn redaction_keeps_what_helps() {
+        assert_eq!(
+            redact("docker://u:pw@img?timeout=abc&password=x&foo=bar#frag"),
+            "docker://***@img?timeout=abc&password=***&foo=***#***"
+        );
+        assert_eq!(
+            redact("docker://img@sha256:abc?timeout=1"),
+            "docker://img@sha256:abc?timeout=1"
+        );
+        assert_eq!(redact("docker://x?bare"), "docker://x?***");
+    }
+
     proptest! {
         #[test]
         fn never_panics(s in "\\PC*") {
@@ -245,6 +387,28 @@ mod tests {
             prop_assume!(k != "timeout");
             let e = Dsn::parse(&format!("docker://img?{k}={v}")).unwrap_err();
             prop_assert_eq!(e.code(), ErrorCode::Configuration);
+        }
+
+        #[test]
+        fn no_error_ever_shows_a_credential(
+            scheme in "(docker|Docker|nosuch|)",
+            sep in "(://|:/|)",
+            user in "[a-z]{0,6}",
+            secret in "[A-Za-z0-9]{10,16}",
+            template in "[a-z0-9/:.@ #-]{0,12}",
+            word in proptest::sample::select(CREDENTIAL_WORDS),
+            pre in "(timeout=[a-z0-9]{0,3}&|&|timeout=1&timeout=2&|)",
+            post in "(#[a-z]{0,3}|&x| |)",
+            in_userinfo in any::<bool>(),
+        ) {
+            let dsn = if in_userinfo {
+                format!("{scheme}{sep}{user}:{secret}@{template}{post}")
+            } else {
+                format!("{scheme}{sep}{template}?{pre}{word}={secret}{post}")
+            };
+            if let Err(e) = Dsn::parse(&dsn) {
+                prop_assert!(!shown(&e).contains(&secret), "{}: {}", dsn, shown(&e));
+            }
         }
 
         #[test]
