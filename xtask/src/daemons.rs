@@ -4,6 +4,11 @@
 //! Neither runs by default on the CI machines (no systemd), so `setup` starts them detached
 //! with `setsid` (they outlive xtask), records their pids under `/run/sandbox-rs/`, and
 //! `teardown` stops exactly those pids, never anything found by name.
+//!
+//! Each daemon runs in a working directory of its own under `/run/sandbox-rs/`, never the
+//! directory `setup` was called from: conmon, which the Podman service spawns per container,
+//! writes an `oom` marker into its inherited working directory when a container is
+//! OOM-killed, and a service started from the checkout left that file in the repository.
 
 use std::fs::{self, OpenOptions};
 use std::io::{Read, Write};
@@ -79,6 +84,12 @@ impl Daemon {
         Path::new(STATE_DIR).join(format!("{}.pid", self.name))
     }
 
+    /// The working directory `setup` starts the daemon in: its own, so whatever the daemon
+    /// or its children write relative to their cwd (conmon's `oom` marker) lands there.
+    pub fn work_dir(&self) -> PathBuf {
+        Path::new(STATE_DIR).join(self.name)
+    }
+
     /// The daemon's log when `setup` started it.
     pub fn log_file(&self) -> PathBuf {
         PathBuf::from(format!("/var/log/sandbox-rs-{}.log", self.name))
@@ -108,6 +119,15 @@ impl Daemon {
         read_pid(&self.pid_file()).filter(|&pid| self.is(pid))
     }
 
+    /// Whether a running instance (`pid`) was started from somewhere other than
+    /// [`work_dir`](Self::work_dir), e.g. by an older `setup` that ran it in the checkout.
+    /// `Some(cwd)` names where it runs; `None` when it runs in its own directory or its cwd
+    /// cannot be read.
+    pub fn foreign_cwd(&self, pid: u32) -> Option<PathBuf> {
+        let cwd = fs::read_link(format!("/proc/{pid}/cwd")).ok()?;
+        (cwd != self.work_dir()).then_some(cwd)
+    }
+
     fn is(&self, pid: u32) -> bool {
         is_alive(pid) && cmdline_matches(pid, self.identity)
     }
@@ -116,6 +136,8 @@ impl Daemon {
     /// records its pid and waits until the API answers.
     pub fn start(&self) -> Result<u32> {
         fs::create_dir_all(STATE_DIR)?;
+        let work_dir = self.work_dir();
+        fs::create_dir_all(&work_dir)?;
         if let Some(dir) = Path::new(self.socket).parent() {
             fs::create_dir_all(dir)?;
         }
@@ -132,6 +154,7 @@ impl Daemon {
         let mut child = Command::new("setsid")
             .arg(self.program)
             .args(self.args)
+            .current_dir(&work_dir)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -325,6 +348,104 @@ mod tests {
         let name = exe.file_name().unwrap().to_str().unwrap().to_string();
         assert!(cmdline_matches(pid, &[name.as_str()]));
         assert!(!cmdline_matches(pid, &["dockerd"]));
+    }
+
+    /// The repository checkout this xtask was built from.
+    fn checkout() -> PathBuf {
+        let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+        manifest_dir.parent().unwrap_or(manifest_dir).to_path_buf()
+    }
+
+    /// Files in the checkout git does not know and does not ignore.
+    fn untracked_files(checkout: &Path) -> std::collections::BTreeSet<String> {
+        let output = Command::new("git")
+            .args(["ls-files", "--others", "--exclude-standard", "-z"])
+            .current_dir(checkout)
+            .output()
+            .expect("run git ls-files");
+        assert!(output.status.success(), "git ls-files failed: {output:?}");
+        output
+            .stdout
+            .split(|&b| b == 0)
+            .filter(|name| !name.is_empty())
+            .map(|name| String::from_utf8_lossy(name).into_owned())
+            .collect()
+    }
+
+    /// conmon writes an `oom` marker into the working directory it inherits from the Podman
+    /// service. An OOM-killed container run through the service must leave no new file in
+    /// the checkout, which fails whenever the service runs there (as `setup` once started it).
+    #[test]
+    fn oom_killed_podman_container_leaves_the_checkout_clean() {
+        let host = podman_host();
+        if let Some(why) = unreachable_reason(&host, PODMAN_PING) {
+            assert!(
+                !crate::contract::engines_required(),
+                "CI=true requires the Podman service: {why}"
+            );
+            println!("skipped: Podman service not reachable ({why})");
+            return;
+        }
+        let checkout = checkout();
+        let before = untracked_files(&checkout);
+        // conmon opens the marker with O_CREAT only, so one left by an earlier run would not
+        // change and would hide a new one: it is itself the failure this test looks for.
+        let stale: Vec<&String> = before
+            .iter()
+            .filter(|path| Path::new(path).file_name() == Some("oom".as_ref()))
+            .collect();
+        assert!(
+            stale.is_empty(),
+            "OOM markers {stale:?} are already in the checkout {}: a Podman service ran there; \
+             delete them and restart the service with `cargo xtask setup`",
+            checkout.display()
+        );
+        // busybox `dd` allocates a block of `bs` bytes: 256 MiB under a 32 MiB limit (no
+        // swap) is OOM-killed as soon as the block is filled.
+        let output = Command::new("podman")
+            .args(["--remote", "--url", &host, "run", "--rm"])
+            .args(["--label", "io.sandbox-rs.managed=true"])
+            .args(["--label", "io.sandbox-rs.meta.test=xtask-oom-checkout"])
+            .args([
+                "--network",
+                "none",
+                "--memory",
+                "32m",
+                "--memory-swap",
+                "32m",
+            ])
+            .args([
+                "sandbox-rs/busybox:latest",
+                "dd",
+                "if=/dev/zero",
+                "of=/dev/null",
+            ])
+            .args(["bs=256M", "count=1"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run podman --remote");
+        // 137 = SIGKILL: the kernel's OOM killer, so conmon did see an OOM kill.
+        assert_eq!(
+            output.status.code(),
+            Some(137),
+            "the workload was not OOM-killed, so this proves nothing: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let new: Vec<String> = untracked_files(&checkout)
+            .difference(&before)
+            .cloned()
+            .collect();
+        let service_cwd = PODMAN
+            .running_pid()
+            .and_then(|pid| fs::read_link(format!("/proc/{pid}/cwd")).ok());
+        assert!(
+            new.is_empty(),
+            "an OOM-killed Podman container left {new:?} in the checkout {}; the Podman \
+             service runs in {service_cwd:?}, it must run in {} (restart it with `cargo xtask \
+             setup`)",
+            checkout.display(),
+            PODMAN.work_dir().display()
+        );
     }
 
     #[test]

@@ -22,12 +22,28 @@ const SCOPE: &str = "setup";
 pub struct Options {
     /// Re-import both images and re-run debootstrap even when current ones exist.
     pub rebuild_images: bool,
+    /// Only start (or fix) the two daemons: no packages, configuration, images or checks.
+    /// For a machine already set up whose daemons are gone (`/run` is cleared at boot) or
+    /// run from the wrong directory.
+    pub daemons_only: bool,
 }
 
 /// Runs every step in order; the first failure stops setup with the step's name.
 pub fn run(options: &Options) -> Result<()> {
     let start = Instant::now();
     step(SCOPE, "preflight", preflight)?;
+    if options.daemons_only {
+        let unchanged = Applied {
+            containers_conf_changed: false,
+            daemon_json_changed: false,
+        };
+        step(SCOPE, "dockerd", || ensure_dockerd(&unchanged))?;
+        step(SCOPE, "podman service", || {
+            ensure_podman_service(&unchanged)
+        })?;
+        println!("{SCOPE}: daemons done in {}", seconds(start.elapsed()));
+        return Ok(());
+    }
     step(SCOPE, "packages", || Ok(((), packages::ensure()?)))?;
     let applied = step(SCOPE, "engine config", engine_config::apply)?;
     step(SCOPE, "dockerd", || ensure_dockerd(&applied))?;
@@ -90,6 +106,18 @@ fn is_root() -> bool {
 
 fn ensure_dockerd(applied: &Applied) -> Result<((), String)> {
     if DOCKERD.answers() {
+        // Restarting dockerd would stop every container on it, and nothing is known to
+        // write into its cwd, so an instance running elsewhere is only reported.
+        if let Some(cwd) = DOCKERD.running_pid().and_then(|p| DOCKERD.foreign_cwd(p)) {
+            report::note(
+                SCOPE,
+                &format!(
+                    "note: dockerd runs in {}; `cargo xtask teardown && cargo xtask setup` moves it to {}",
+                    cwd.display(),
+                    DOCKERD.work_dir().display()
+                ),
+            );
+        }
         let pid = DOCKERD
             .running_pid()
             .map_or_else(|| "pid unknown".into(), |p| format!("pid {p}"));
@@ -111,29 +139,42 @@ fn ensure_dockerd(applied: &Applied) -> Result<((), String)> {
 }
 
 fn ensure_podman_service(applied: &Applied) -> Result<((), String)> {
-    if PODMAN.answers() {
-        if !applied.containers_conf_changed {
+    if !PODMAN.answers() {
+        return start_or_await(&PODMAN);
+    }
+    // conmon drops its `oom` marker into the service's cwd (see daemons.rs), so a service
+    // an older setup started from the checkout must move. Restarting the service is cheap
+    // (≈ 0.5 s) and keeps its containers: each one's conmon is independent of it.
+    let misplaced = PODMAN.running_pid().and_then(|p| PODMAN.foreign_cwd(p));
+    let reason = match (applied.containers_conf_changed, &misplaced) {
+        (true, _) => "the new containers.conf".to_string(),
+        (false, Some(cwd)) => format!("its own directory (it ran in {})", cwd.display()),
+        (false, None) => {
             let pid = PODMAN
                 .running_pid()
                 .map_or_else(|| "pid unknown".into(), |p| format!("pid {p}"));
             return Ok(((), format!("already running ({pid})")));
         }
-        // The service reads containers.conf once at start, so it must restart — but only
-        // one that setup started; someone else's service is left alone, with the fix.
-        let Some(pid) = PODMAN.stop_recorded()? else {
-            report::note(
-                SCOPE,
-                "WARNING: containers.conf changed but the running Podman service was not started by setup; restart it to apply the change",
-            );
-            return Ok(((), "already running (not restarted)".into()));
-        };
-        let new_pid = PODMAN.start()?;
-        return Ok((
-            (),
-            format!("restarted for the new containers.conf (pid {pid} -> {new_pid})"),
-        ));
-    }
-    start_or_await(&PODMAN)
+    };
+    // Only a service setup started is restarted; someone else's is left alone, with the fix.
+    let Some(pid) = PODMAN.stop_recorded()? else {
+        report::note(
+            SCOPE,
+            &format!(
+                "WARNING: the running Podman service was not started by setup, so it was not restarted for {reason}; restart it from {} yourself",
+                PODMAN.work_dir().display()
+            ),
+        );
+        return Ok(((), "already running (not restarted)".into()));
+    };
+    let new_pid = PODMAN.start()?;
+    Ok((
+        (),
+        format!(
+            "restarted for {reason} (pid {pid} -> {new_pid}, cwd {})",
+            PODMAN.work_dir().display()
+        ),
+    ))
 }
 
 /// Starts `daemon`, unless an instance is already starting (process alive, socket not yet
