@@ -37,6 +37,7 @@ usage: cargo xtask <command>
 commands:
   setup [--rebuild-images]   install and configure Docker + Podman (+ gVisor), start their
                              daemons, build the local test images (root, Debian/Ubuntu)
+  setup --daemons-only       only start the daemons (or move a misplaced Podman service)
   test [-- <filter>...]      cargo test --workspace, then the contract suite on fake,
                              docker and podman
   contract <fake|docker|podman> [-- <args>...]
@@ -115,6 +116,7 @@ fn parse(args: &[String]) -> Result<Command> {
             for flag in flags {
                 match *flag {
                     "--rebuild-images" => options.rebuild_images = true,
+                    "--daemons-only" => options.daemons_only = true,
                     other => bail!("setup: unknown flag {other:?}\n\n{USAGE}"),
                 }
             }
