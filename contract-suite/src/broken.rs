@@ -284,18 +284,26 @@ impl Probes for BrokenProbes {
     fn template_without_python(&self) -> Option<String> {
         self.inner.template_without_python()
     }
-    async fn canary(&self) -> Option<CanarySpec> {
+    fn extra_templates(&self) -> Vec<String> {
+        self.inner.extra_templates()
+    }
+    fn in_process(&self) -> bool {
+        self.inner.in_process()
+    }
+    async fn canary(&self) -> anyhow::Result<Option<CanarySpec>> {
         self.inner.canary().await
     }
-    async fn engine_env(&self, sandbox_id: &str) -> Option<Vec<String>> {
+    async fn engine_env(&self, sandbox_id: &str) -> anyhow::Result<Option<Vec<String>>> {
         self.inner.engine_env(sandbox_id).await
     }
-    async fn faults(&self) -> Option<Arc<dyn Faults>> {
-        let inner = self.inner.faults().await?;
-        Some(Arc::new(BrokenFaults {
+    async fn faults(&self) -> anyhow::Result<Option<Arc<dyn Faults>>> {
+        let Some(inner) = self.inner.faults().await? else {
+            return Ok(None);
+        };
+        Ok(Some(Arc::new(BrokenFaults {
             backend: wrap(inner.backend(), self.flaw),
             inner,
-        }))
+        })))
     }
     fn symlinks(&self) -> bool {
         self.inner.symlinks()
@@ -303,7 +311,7 @@ impl Probes for BrokenProbes {
     fn in_process_storage(&self) -> bool {
         self.inner.in_process_storage()
     }
-    async fn engine_limits(&self, sandbox_id: &str) -> Option<EngineLimits> {
+    async fn engine_limits(&self, sandbox_id: &str) -> anyhow::Result<Option<EngineLimits>> {
         self.inner.engine_limits(sandbox_id).await
     }
 }

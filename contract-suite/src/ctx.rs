@@ -44,6 +44,8 @@ pub struct Ctx {
     pub canary_error: Option<String>,
     /// Fault injection, when provided.
     pub faults: Option<Arc<dyn Faults>>,
+    /// Why the faults probe failed (the fault trials then fail with it).
+    pub faults_error: Option<String>,
     /// Why no trial can run (the backend factory failed), and whether that fails them.
     pub unavailable: Option<Unavailable>,
     /// Serialises trials that use [`Faults`] (fault state is global to the fault backend).
@@ -51,6 +53,8 @@ pub struct Ctx {
     /// Serialises trials that measure this process's memory or allocate a lot.
     pub heavy_lock: tokio::sync::Mutex<()>,
     pub(crate) background_kills: Arc<AtomicUsize>,
+    /// How many trials reported "not applicable" in this run (counted apart from passes).
+    pub(crate) not_applicable: Arc<AtomicUsize>,
 }
 
 /// The backend could not be created.
@@ -105,7 +109,14 @@ pub enum Need {
     Reapable,
     /// The adapter can create symlinks inside a sandbox (`Probes::symlinks`).
     Symlinks,
+    /// Evidence read from the kernel inside the sandbox (capabilities, cgroups,
+    /// `/proc/net/dev`) means something: false for an in-process backend
+    /// (`Probes::in_process`), whose trials then report "not applicable", counted apart.
+    KernelEvidence,
 }
+
+/// The reason a kernel-evidence trial gives on an in-process backend.
+pub const NOT_APPLICABLE_IN_PROCESS: &str = "not applicable: in-process backend";
 
 impl Ctx {
     /// The reason a trial with these needs cannot run, if any.
@@ -121,7 +132,9 @@ impl Ctx {
                 Need::Canary if self.canary.is_none() && self.canary_error.is_none() => {
                     Some("no canary probe".into())
                 }
-                Need::Faults if self.faults.is_none() => Some("no faults probe".into()),
+                Need::Faults if self.faults.is_none() && self.faults_error.is_none() => {
+                    Some("no faults probe".into())
+                }
                 Need::TemplateWithoutPython if self.probes.template_without_python().is_none() => {
                     Some("no template_without_python probe".into())
                 }
@@ -155,12 +168,30 @@ impl Ctx {
                     Err(Failed::from(format!("backend unavailable: {reason}")))
                 });
             }
-            return Trial::test(format!("{name} [ignored: {}]", u.reason), || Ok(()))
-                .with_ignored_flag(true);
+            let why = format!("ignored: {}", u.reason);
+            return Trial::test(format!("{name} [ignored: {}]", u.reason), move || {
+                Err(Failed::from(why))
+            })
+            .with_ignored_flag(true);
         }
         if let Some(reason) = self.unmet(needs) {
-            return Trial::test(format!("{name} [ignored: {reason}]"), || Ok(()))
-                .with_ignored_flag(true);
+            // Run with `--include-ignored`, an ignored trial still proves nothing: it fails
+            // instead of passing.
+            let why = format!("ignored: {reason}");
+            return Trial::test(format!("{name} [ignored: {reason}]"), move || {
+                Err(Failed::from(why))
+            })
+            .with_ignored_flag(true);
+        }
+        if needs.contains(&Need::KernelEvidence) && self.probes.in_process() {
+            let counter = self.not_applicable.clone();
+            return Trial::ignorable_test(
+                format!("{name} [{NOT_APPLICABLE_IN_PROCESS}]"),
+                move || {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    Ok(Completion::ignored_with(NOT_APPLICABLE_IN_PROCESS))
+                },
+            );
         }
         let ctx = self.clone();
         Trial::ignorable_test(name, move || {
@@ -192,9 +223,11 @@ impl Ctx {
 
     /// The fault probe (trials that call this declare `Need::Faults`).
     pub fn faults(&self) -> anyhow::Result<Arc<dyn Faults>> {
-        self.faults
-            .clone()
-            .ok_or_else(|| anyhow!("no faults probe"))
+        match (&self.faults, &self.faults_error) {
+            (Some(f), _) => Ok(f.clone()),
+            (None, Some(e)) => bail!("{e}"),
+            (None, None) => bail!("no faults probe"),
+        }
     }
 
     /// The options a trial starts from: the adapter's base options plus

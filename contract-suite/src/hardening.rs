@@ -177,7 +177,12 @@ async fn secrets_not_in_engine_env(ctx: Arc<Ctx>) -> anyhow::Result<()> {
             ctx.opts(&c).secret("SBX_CONTRACT_SECRET", secret.as_str()),
         )
         .await?;
-    let Some(env) = ctx.probes.engine_env(sb.id()).await else {
+    let Some(env) = ctx
+        .probes
+        .engine_env(sb.id())
+        .await
+        .context("the engine_env probe failed")?
+    else {
         sb.kill().await?;
         return Err(Skip("no engine_env probe".into()).into());
     };

@@ -24,7 +24,7 @@ mod streaming;
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -38,6 +38,7 @@ use tokio::io::AsyncWriteExt;
 
 pub use crate::ctx::{Ctx, Need, Skip};
 pub use crate::probes::{CanarySpec, EngineLimits, Faults, MAX_PIDS_HEADROOM, NoProbes, Probes};
+pub use anyhow;
 pub use libtest_mimic;
 
 /// Makes the backend under test, on the suite's runtime.
@@ -62,17 +63,37 @@ pub struct Suite {
 /// The outcome of [`Suite::run`].
 #[derive(Debug)]
 pub struct Report {
-    /// What libtest-mimic concluded.
+    /// What libtest-mimic concluded (its `num_ignored` includes the not-applicable ones).
     pub conclusion: Conclusion,
     /// Ids of this session's sandboxes still held by the engine after all trials (they
     /// have been killed since). Non-empty fails the run.
     pub leaked: Vec<String>,
+    /// Trials that reported "not applicable: in-process backend" (kernel evidence on the
+    /// fake): neither passes nor ignored.
+    pub not_applicable: u64,
+    /// Trials ignored for any other reason (a missing probe, an undeclared capability a
+    /// positive trial needs, a runtime skip). Non-zero fails the run unless ignoring is
+    /// allowed (see [`ignored_allowed`]) or the engine is absent outside CI.
+    pub ignored: u64,
+    /// Whether ignored trials are tolerated in this run.
+    pub ignored_allowed: bool,
+}
+
+/// Whether this run tolerates ignored trials: `SBX_CONTRACT_ALLOW_IGNORED=1` (what
+/// `cargo xtask contract <backend> --allow-ignored` sets, for local use). Without it a
+/// first-party backend's run with any ignored trial fails: an ignored security trial is
+/// an unproven one, and CI must not go green on it.
+pub fn ignored_allowed() -> bool {
+    std::env::var("SBX_CONTRACT_ALLOW_IGNORED").is_ok_and(|v| v == "1" || v == "true")
 }
 
 impl Report {
-    /// Whether any trial failed or anything leaked.
+    /// Whether any trial failed, anything leaked, or a trial was ignored where that is
+    /// not allowed.
     pub fn failed(&self) -> bool {
-        self.conclusion.has_failed() || !self.leaked.is_empty()
+        self.conclusion.has_failed()
+            || !self.leaked.is_empty()
+            || (self.ignored > 0 && !self.ignored_allowed)
     }
 
     /// The process exit code for this report.
@@ -121,11 +142,16 @@ pub fn build(factory: BackendFactory, probes: Arc<dyn Probes>) -> Suite {
         let faults = rt.block_on(probes.faults());
         (canary, faults)
     } else {
-        (Ok(None), None)
+        (Ok(None), Ok(None))
     };
+    // A probe that errors is not a probe that is absent: its trials fail with the error.
     let (canary, canary_error) = match canary {
         Ok(c) => (c, None),
         Err(e) => (None, Some(e)),
+    };
+    let (faults, faults_error) = match faults {
+        Ok(f) => (f, None),
+        Err(e) => (None, Some(format!("the faults probe failed: {e:#}"))),
     };
     let ctx = Arc::new(Ctx {
         rt,
@@ -136,10 +162,12 @@ pub fn build(factory: BackendFactory, probes: Arc<dyn Probes>) -> Suite {
         canary,
         canary_error,
         faults,
+        faults_error,
         unavailable,
         fault_lock: tokio::sync::Mutex::new(()),
         heavy_lock: tokio::sync::Mutex::new(()),
         background_kills: Arc::new(AtomicUsize::new(0)),
+        not_applicable: Arc::new(AtomicUsize::new(0)),
     });
     let trials = all_trials(&ctx);
     Suite { ctx, trials }
@@ -188,7 +216,35 @@ impl Suite {
                 leaked.len()
             );
         }
-        Report { conclusion, leaked }
+        let not_applicable = ctx.not_applicable.load(Ordering::SeqCst) as u64;
+        let ignored = conclusion.num_ignored.saturating_sub(not_applicable);
+        // A missing engine outside CI is a visible local skip, not an unproven trial; in
+        // CI its trials already fail.
+        let ignored_allowed = ignored_allowed() || ctx.unavailable.is_some();
+        if not_applicable > 0 {
+            eprintln!(
+                "sandbox-contract: {not_applicable} trial(s) not applicable (in-process backend: \
+                 kernel evidence proves nothing here); they are not passes"
+            );
+        }
+        if ignored > 0 && !args.list {
+            if ignored_allowed {
+                eprintln!("sandbox-contract: {ignored} trial(s) ignored (allowed in this run)");
+            } else {
+                eprintln!(
+                    "sandbox-contract: FAILED: {ignored} trial(s) ignored; an ignored trial is \
+                     an unproven one (SBX_CONTRACT_ALLOW_IGNORED=1, or `cargo xtask contract \
+                     <backend> --allow-ignored`, tolerates it for local use)"
+                );
+            }
+        }
+        Report {
+            conclusion,
+            leaked,
+            not_applicable,
+            ignored,
+            ignored_allowed,
+        }
     }
 }
 
@@ -228,8 +284,10 @@ async fn leak_check(ctx: &Ctx) -> Vec<String> {
 
 /// Binds the canary server the adapter asked for and serves `<token>\n` to every client.
 async fn start_canary(probes: &dyn Probes) -> Result<Option<ctx::Canary>, String> {
-    let Some(spec) = probes.canary().await else {
-        return Ok(None);
+    let spec = match probes.canary().await {
+        Ok(Some(spec)) => spec,
+        Ok(None) => return Ok(None),
+        Err(e) => return Err(format!("the canary probe failed: {e:#}")),
     };
     let listener = tokio::net::TcpListener::bind(spec.bind)
         .await

@@ -129,7 +129,12 @@ pub(crate) async fn expect_pids_limit(
         "no cgroup pids file inside the sandbox (tier {}): the pids limit cannot be verified",
         sb.isolation()
     );
-    let Some(e) = ctx.probes.engine_limits(sb.id()).await else {
+    let Some(e) = ctx
+        .probes
+        .engine_limits(sb.id())
+        .await
+        .context("the engine_limits probe failed")?
+    else {
         bail!(
             "gVisor sandbox without a cgroup view and no engine_limits probe: the pids limit \
              cannot be verified (implement Probes::engine_limits)"

@@ -2,7 +2,9 @@
 //!
 //! Every method has a default meaning "not provided"; a trial that needs a probe the
 //! adapter does not provide is reported as ignored with the reason in its name (or in the
-//! runtime-ignore reason), never as a silent pass.
+//! runtime-ignore reason), never as a silent pass — and a first-party backend's run with
+//! any ignored trial fails. A probe that is provided but errors (`Err`) fails the trials
+//! that need it with that error: it never turns into "not provided".
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -25,24 +27,41 @@ pub trait Probes: Send + Sync {
         None
     }
 
+    /// Every test image the `run` and `files` areas run on, besides `base_options`'s own
+    /// template (e.g. a busybox image next to a Debian-based python one, so busybox
+    /// `ls`/`stat` differences are covered). Each extra template gets its own copy of
+    /// those trials, named `…::<case>@<template>`. Default: none.
+    fn extra_templates(&self) -> Vec<String> {
+        vec![]
+    }
+
+    /// Whether this backend runs sandboxes inside this process (the fake). Kernel
+    /// evidence (capabilities, cgroups, `/proc/net/dev`) read from such a sandbox is not
+    /// evidence of anything, so those trials report "not applicable: in-process backend",
+    /// counted apart from passes. Default `false`.
+    fn in_process(&self) -> bool {
+        false
+    }
+
     /// Where the suite's canary TCP server binds, and the host name or IP a sandbox with
     /// egress `Allow` dials to reach it. Docker: bind `0.0.0.0:0` on the host, dial the
-    /// bridge gateway IP. The fake: bind `127.0.0.1:0`, dial `"127.0.0.1"`. `None` →
-    /// egress trials are ignored.
-    async fn canary(&self) -> Option<CanarySpec> {
-        None
+    /// bridge gateway IP. The fake: bind `127.0.0.1:0`, dial `"127.0.0.1"`. `Ok(None)` →
+    /// egress trials are ignored; `Err` → they fail with it.
+    async fn canary(&self) -> anyhow::Result<Option<CanarySpec>> {
+        Ok(None)
     }
 
     /// The engine-side view of a sandbox's configured environment (`docker inspect`
-    /// `Config.Env`), to prove secrets are not stored there. `None` → that trial is
-    /// ignored.
-    async fn engine_env(&self, _sandbox_id: &str) -> Option<Vec<String>> {
-        None
+    /// `Config.Env`), to prove secrets are not stored there. `Ok(None)` → that trial is
+    /// ignored; `Err` → it fails with it.
+    async fn engine_env(&self, _sandbox_id: &str) -> anyhow::Result<Option<Vec<String>>> {
+        Ok(None)
     }
 
-    /// Fault injection sharing the same engine; `None` → fault trials are ignored.
-    async fn faults(&self) -> Option<Arc<dyn Faults>> {
-        None
+    /// Fault injection sharing the same engine; `Ok(None)` → fault trials are ignored;
+    /// `Err` → they fail with it.
+    async fn faults(&self) -> anyhow::Result<Option<Arc<dyn Faults>>> {
+        Ok(None)
     }
 
     /// Whether `ln -s TARGET LINK` works inside a sandbox, so the suite can plant a
@@ -67,9 +86,9 @@ pub trait Probes: Send + Sync {
     /// of the pids limit exists inside it (gVisor mounts no cgroup filesystem): the limit
     /// trials then assert the engine holds exactly what was asked. `None` (the default) →
     /// those trials fail for such a sandbox, since a security default that cannot be
-    /// verified is not proven.
-    async fn engine_limits(&self, _sandbox_id: &str) -> Option<EngineLimits> {
-        None
+    /// verified is not proven; so does `Err`.
+    async fn engine_limits(&self, _sandbox_id: &str) -> anyhow::Result<Option<EngineLimits>> {
+        Ok(None)
     }
 }
 

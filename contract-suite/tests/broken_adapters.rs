@@ -37,16 +37,23 @@ impl Faults for FakeFaults {
 
 #[async_trait]
 impl Probes for FakeSuiteProbes {
-    async fn canary(&self) -> Option<CanarySpec> {
-        Some(CanarySpec {
-            bind: "127.0.0.1:0".parse().ok()?,
+    async fn canary(&self) -> anyhow::Result<Option<CanarySpec>> {
+        Ok(Some(CanarySpec {
+            bind: "127.0.0.1:0".parse()?,
             dial_host: "127.0.0.1".into(),
-        })
-    }
-    async fn faults(&self) -> Option<Arc<dyn Faults>> {
-        Some(Arc::new(FakeFaults {
-            backend: self.backend.with_own_faults(),
         }))
+    }
+    async fn engine_env(&self, sandbox_id: &str) -> anyhow::Result<Option<Vec<String>>> {
+        let handle = self
+            .backend
+            .sandbox(sandbox_id)
+            .ok_or_else(|| anyhow::anyhow!("the fake holds no sandbox {sandbox_id}"))?;
+        Ok(Some(handle.engine_env()))
+    }
+    async fn faults(&self) -> anyhow::Result<Option<Arc<dyn Faults>>> {
+        Ok(Some(Arc::new(FakeFaults {
+            backend: self.backend.with_own_faults(),
+        })))
     }
     fn in_process_storage(&self) -> bool {
         true

@@ -51,24 +51,36 @@ impl Probes for FakeProbes {
         Some("sandbox-rs/busybox:latest".into())
     }
 
-    async fn canary(&self) -> Option<CanarySpec> {
-        Some(CanarySpec {
-            bind: "127.0.0.1:0".parse().ok()?,
+    fn extra_templates(&self) -> Vec<String> {
+        vec!["sandbox-rs/busybox:latest".into()]
+    }
+
+    async fn canary(&self) -> sandbox_contract::anyhow::Result<Option<CanarySpec>> {
+        Ok(Some(CanarySpec {
+            bind: "127.0.0.1:0".parse()?,
             dial_host: "127.0.0.1".into(),
-        })
-    }
-
-    async fn engine_env(&self, sandbox_id: &str) -> Option<Vec<String>> {
-        self.backend.sandbox(sandbox_id).map(|h| h.engine_env())
-    }
-
-    async fn faults(&self) -> Option<Arc<dyn Faults>> {
-        Some(Arc::new(FakeFaults {
-            backend: self.backend.with_own_faults(),
         }))
     }
 
+    async fn engine_env(&self, sandbox_id: &str) -> sandbox_contract::anyhow::Result<Option<Vec<String>>> {
+        let handle = self
+            .backend
+            .sandbox(sandbox_id)
+            .ok_or_else(|| sandbox_contract::anyhow::anyhow!("the fake holds no sandbox {sandbox_id}"))?;
+        Ok(Some(handle.engine_env()))
+    }
+
+    async fn faults(&self) -> sandbox_contract::anyhow::Result<Option<Arc<dyn Faults>>> {
+        Ok(Some(Arc::new(FakeFaults {
+            backend: self.backend.with_own_faults(),
+        })))
+    }
+
     fn in_process_storage(&self) -> bool {
+        true
+    }
+
+    fn in_process(&self) -> bool {
         true
     }
 }
