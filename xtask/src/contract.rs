@@ -5,6 +5,11 @@
 //! failure when `CI=true` or `SBX_CONTRACT_REQUIRED=1` (SPEC §10): CI must never go green
 //! because Docker was not there.
 //!
+//! Any ignored trial fails the run (an ignored security trial is an unproven one):
+//! `--allow-ignored` tolerates them for local use by setting `SBX_CONTRACT_ALLOW_IGNORED=1`
+//! for the test binary. Trials "not applicable" on an in-process backend (kernel evidence
+//! on the fake) are counted apart and never fail it.
+//!
 //! Docker runs the suite twice: on `runc`, then on gVisor (`SBX_DOCKER_RUNTIME=runsc`)
 //! when the engine registers a `runsc` runtime. Without it the gVisor run is a skip with
 //! the reason locally and a failure in CI (`cargo xtask setup` registers it). Both runs
@@ -78,6 +83,27 @@ impl FromStr for Backend {
     }
 }
 
+/// How one contract run treats ignored trials.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Options {
+    /// Tolerate ignored trials (`--allow-ignored`, for local use only).
+    pub allow_ignored: bool,
+}
+
+impl Options {
+    /// Parses the flags after the backend name.
+    pub fn parse(flags: &[&str]) -> Result<Options> {
+        let mut options = Options::default();
+        for flag in flags {
+            match *flag {
+                "--allow-ignored" => options.allow_ignored = true,
+                other => bail!("contract: unknown flag {other:?} (known: --allow-ignored)"),
+            }
+        }
+        Ok(options)
+    }
+}
+
 /// Whether a missing engine must fail rather than skip.
 pub fn engines_required() -> bool {
     let set =
@@ -87,7 +113,7 @@ pub fn engines_required() -> bool {
 
 /// Runs the suite; `passthrough` goes to the test binary (e.g. a trial name filter).
 /// Docker: once per runtime (runc, then runsc when registered).
-pub fn run(backend: Backend, passthrough: &[String]) -> Result<()> {
+pub fn run(backend: Backend, options: Options, passthrough: &[String]) -> Result<()> {
     if let Some(reason) = backend.unavailable_reason() {
         if engines_required() {
             bail!(
@@ -103,10 +129,10 @@ pub fn run(backend: Backend, passthrough: &[String]) -> Result<()> {
         return Ok(());
     }
     if backend != Backend::Docker {
-        return run_once(backend, None, passthrough);
+        return run_once(backend, None, options, passthrough);
     }
     let mut failed = Vec::new();
-    if let Err(err) = run_once(backend, Some("runc"), passthrough) {
+    if let Err(err) = run_once(backend, Some("runc"), options, passthrough) {
         eprintln!("{err:#}");
         failed.push("runc");
     }
@@ -117,7 +143,7 @@ pub fn run(backend: Backend, passthrough: &[String]) -> Result<()> {
     };
     match registered {
         Ok(()) => {
-            if let Err(err) = run_once(backend, Some("runsc"), passthrough) {
+            if let Err(err) = run_once(backend, Some("runsc"), options, passthrough) {
                 eprintln!("{err:#}");
                 failed.push("runsc");
             }
@@ -143,7 +169,12 @@ pub fn run(backend: Backend, passthrough: &[String]) -> Result<()> {
 
 /// One `cargo test -p sandbox-<backend> --test contract` run, with `SBX_DOCKER_RUNTIME`
 /// set when `runtime` is given; prints the outcome and duration.
-fn run_once(backend: Backend, runtime: Option<&str>, passthrough: &[String]) -> Result<()> {
+fn run_once(
+    backend: Backend,
+    runtime: Option<&str>,
+    options: Options,
+    passthrough: &[String],
+) -> Result<()> {
     let label = match runtime {
         Some(r) => format!("{} ({r})", backend.name()),
         None => backend.name().to_string(),
@@ -153,12 +184,22 @@ fn run_once(backend: Backend, runtime: Option<&str>, passthrough: &[String]) -> 
     if let Some(r) = runtime {
         cmd.env("SBX_DOCKER_RUNTIME", r);
     }
+    // The suite itself fails on ignored trials; only an explicit flag relaxes that, and
+    // an inherited variable must not relax it silently.
+    if options.allow_ignored {
+        cmd.env("SBX_CONTRACT_ALLOW_IGNORED", "1");
+    } else {
+        cmd.env_remove("SBX_CONTRACT_ALLOW_IGNORED");
+    }
     if !passthrough.is_empty() {
         cmd.arg("--").args(passthrough);
     }
-    let env = runtime
+    let mut env = runtime
         .map(|r| format!("SBX_DOCKER_RUNTIME={r} "))
         .unwrap_or_default();
+    if options.allow_ignored {
+        env.push_str("SBX_CONTRACT_ALLOW_IGNORED=1 ");
+    }
     println!("contract {label}: {env}{}", process::describe(&cmd));
     let start = Instant::now();
     let result = process::run(&mut cmd);
@@ -236,5 +277,13 @@ mod tests {
         assert!(r.contains("\"runsc\":"));
         assert!(json_object(r#"{"Runtimes": 3}"#, "Runtimes").is_none());
         assert!(json_object("{}", "Runtimes").is_none());
+    }
+
+    #[test]
+    fn allow_ignored_is_explicit() {
+        assert_eq!(Options::parse(&[]).unwrap(), Options::default());
+        assert!(!Options::default().allow_ignored);
+        assert!(Options::parse(&["--allow-ignored"]).unwrap().allow_ignored);
+        assert!(Options::parse(&["--allow-ignore"]).is_err());
     }
 }

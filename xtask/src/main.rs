@@ -40,8 +40,9 @@ commands:
   setup --daemons-only       only start the daemons (or move a misplaced Podman service)
   test [-- <filter>...]      cargo test --workspace, then the contract suite on fake,
                              docker and podman
-  contract <fake|docker|podman> [-- <args>...]
-                             run one adapter's contract suite (`--test contract`)
+  contract <fake|docker|podman> [--allow-ignored] [-- <args>...]
+                             run one adapter's contract suite (`--test contract`); an
+                             ignored trial fails it unless --allow-ignored (local use)
   docs [--check]             regenerate docs/errors/ (--check: fail on drift)
   ci                         everything CI checks: fmt, clippy, test, docs --check
   demo                       the end-to-end demo
@@ -61,7 +62,7 @@ environment:
 enum Command {
     Setup(setup::Options),
     Test(Vec<String>),
-    Contract(Backend, Vec<String>),
+    Contract(Backend, contract::Options, Vec<String>),
     Docs { check: bool },
     Ci,
     Demo,
@@ -86,7 +87,9 @@ fn dispatch(command: Command) -> Result<()> {
     match command {
         Command::Setup(options) => setup::run(&options),
         Command::Test(passthrough) => test::run(&passthrough),
-        Command::Contract(backend, passthrough) => contract::run(backend, &passthrough),
+        Command::Contract(backend, options, passthrough) => {
+            contract::run(backend, options, &passthrough)
+        }
         Command::Docs { check } => docs::run(check),
         Command::Ci => ci::run(),
         Command::Demo => demo::run(),
@@ -123,7 +126,11 @@ fn parse(args: &[String]) -> Result<Command> {
             Command::Setup(options)
         }
         ("test", []) => Command::Test(passthrough),
-        ("contract", [backend]) => Command::Contract(backend.parse()?, passthrough),
+        ("contract", [backend, flags @ ..]) => Command::Contract(
+            backend.parse()?,
+            contract::Options::parse(flags)?,
+            passthrough,
+        ),
         ("contract", _) => bail!("contract takes exactly one backend: fake, docker or podman"),
         ("docs", []) => Command::Docs { check: false },
         ("docs", ["--check"]) => Command::Docs { check: true },
@@ -147,7 +154,7 @@ mod tests {
 
     #[test]
     fn contract_takes_a_backend_and_passthrough_args() {
-        let Command::Contract(backend, rest) =
+        let Command::Contract(backend, _, rest) =
             parse(&args(&["contract", "podman", "--", "lifecycle"])).unwrap()
         else {
             panic!("not a contract command")
