@@ -9,6 +9,7 @@ use std::fmt;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use sandbox_core::{BoxError, IsolationTier, Result, SandboxError};
@@ -23,21 +24,109 @@ pub const DEFAULT_TEMPLATE: &str = "sandbox-rs/python:3.11";
 pub const CDI_SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
 
 /// Linux capabilities a sandbox may be granted on top of the empty set (after
-/// `cap_drop ALL`). `NET_ADMIN`, `NET_RAW` and `SYS_ADMIN` are never grantable: either
-/// would let sandbox root rewrite or bypass the network policy or escape mount isolation.
-pub const GRANTABLE_CAPABILITIES: [&str; 11] = [
-    "AUDIT_WRITE",
-    "CHOWN",
-    "DAC_OVERRIDE",
-    "FOWNER",
-    "FSETID",
-    "KILL",
-    "NET_BIND_SERVICE",
-    "PERFMON",
-    "SETGID",
-    "SETUID",
-    "SYS_CHROOT",
+/// `cap_drop ALL`): exactly the variants of [`LinuxCapability`]. `NET_ADMIN`, `NET_RAW` and
+/// `SYS_ADMIN` are never grantable: either would let sandbox root rewrite or bypass the
+/// network policy or escape mount isolation. `PERFMON` is not grantable either: it opens
+/// `perf_event_open` and BPF tracing of the host kernel to sandbox root.
+pub const GRANTABLE_CAPABILITIES: [LinuxCapability; 10] = [
+    LinuxCapability::AuditWrite,
+    LinuxCapability::Chown,
+    LinuxCapability::DacOverride,
+    LinuxCapability::Fowner,
+    LinuxCapability::Fsetid,
+    LinuxCapability::Kill,
+    LinuxCapability::NetBindService,
+    LinuxCapability::Setgid,
+    LinuxCapability::Setuid,
+    LinuxCapability::SysChroot,
 ];
+
+/// A Linux capability a sandbox may be granted. Only vetted capabilities have a variant,
+/// so a dangerous one cannot even be named; [`LinuxCapability::parse`] explains refusals of
+/// names given as text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum LinuxCapability {
+    /// `CAP_AUDIT_WRITE`: write to the kernel audit log (some `login`-like tools need it).
+    AuditWrite,
+    /// `CAP_CHOWN`: change file owners.
+    Chown,
+    /// `CAP_DAC_OVERRIDE`: bypass file permission checks (inside the sandbox's own files).
+    DacOverride,
+    /// `CAP_FOWNER`: act as the owner of any file.
+    Fowner,
+    /// `CAP_FSETID`: keep set-id bits when modifying files.
+    Fsetid,
+    /// `CAP_KILL`: signal processes of other users in the sandbox.
+    Kill,
+    /// `CAP_NET_BIND_SERVICE`: bind ports below 1024.
+    NetBindService,
+    /// `CAP_SETGID`: change group ids.
+    Setgid,
+    /// `CAP_SETUID`: change user ids.
+    Setuid,
+    /// `CAP_SYS_CHROOT`: `chroot(2)`.
+    SysChroot,
+}
+
+impl LinuxCapability {
+    /// The name Podman expects (`CHOWN`, without the `CAP_` prefix).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LinuxCapability::AuditWrite => "AUDIT_WRITE",
+            LinuxCapability::Chown => "CHOWN",
+            LinuxCapability::DacOverride => "DAC_OVERRIDE",
+            LinuxCapability::Fowner => "FOWNER",
+            LinuxCapability::Fsetid => "FSETID",
+            LinuxCapability::Kill => "KILL",
+            LinuxCapability::NetBindService => "NET_BIND_SERVICE",
+            LinuxCapability::Setgid => "SETGID",
+            LinuxCapability::Setuid => "SETUID",
+            LinuxCapability::SysChroot => "SYS_CHROOT",
+        }
+    }
+
+    /// Parses `chown`, `CHOWN` or `CAP_CHOWN`. A never-grantable or unlisted capability is
+    /// a `Configuration` error that says why.
+    pub fn parse(name: &str) -> Result<LinuxCapability> {
+        let up = name.trim().to_ascii_uppercase();
+        let up = up.strip_prefix("CAP_").unwrap_or(&up);
+        if let Some(c) = GRANTABLE_CAPABILITIES.iter().find(|c| c.as_str() == up) {
+            return Ok(*c);
+        }
+        if NEVER_GRANTABLE.contains(&up) {
+            return Err(SandboxError::config(
+                format!("capability {up} is never grantable"),
+                "NET_ADMIN/NET_RAW would let sandbox root rewrite or bypass the network policy and SYS_ADMIN defeats mount isolation; do that work on the host side",
+            ));
+        }
+        Err(SandboxError::config(
+            format!(
+                "capability {:?} is not on the vetted allowlist",
+                up.chars().take(64).collect::<String>()
+            ),
+            format!(
+                "grant only one of: {}",
+                GRANTABLE_CAPABILITIES
+                    .map(LinuxCapability::as_str)
+                    .join(", ")
+            ),
+        ))
+    }
+}
+
+impl fmt::Display for LinuxCapability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for LinuxCapability {
+    type Err = SandboxError;
+    fn from_str(s: &str) -> Result<Self> {
+        LinuxCapability::parse(s)
+    }
+}
 
 /// Capabilities refused with a dedicated explanation.
 pub const NEVER_GRANTABLE: [&str; 3] = ["NET_ADMIN", "NET_RAW", "SYS_ADMIN"];
@@ -53,7 +142,12 @@ pub struct PodmanConfig {
     pub(crate) default_template: String,
     pub(crate) options: PodmanOptions,
     pub(crate) startup_sweep: bool,
+    pub(crate) call_timeout: Duration,
 }
+
+/// How long one engine call may take before it fails with a timeout (a wedged engine must
+/// not hang the caller). Streamed bodies are bounded per chunk, not in total.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(20);
 
 impl Default for PodmanConfig {
     /// `unix:///run/podman/podman.sock`, template `sandbox-rs/python:3.11`, default
@@ -65,6 +159,7 @@ impl Default for PodmanConfig {
             default_template: DEFAULT_TEMPLATE.to_string(),
             options: PodmanOptions::default(),
             startup_sweep: true,
+            call_timeout: DEFAULT_CALL_TIMEOUT,
         }
     }
 }
@@ -76,6 +171,7 @@ impl fmt::Debug for PodmanConfig {
             .field("default_template", &self.default_template)
             .field("options", &self.options)
             .field("startup_sweep", &self.startup_sweep)
+            .field("call_timeout", &self.call_timeout)
             .finish()
     }
 }
@@ -115,6 +211,13 @@ impl PodmanConfig {
     /// Whether `connect` removes containers whose owner process is proven gone (default on).
     pub fn startup_sweep(mut self, on: bool) -> Self {
         self.startup_sweep = on;
+        self
+    }
+
+    /// How long one engine call may take (default [`DEFAULT_CALL_TIMEOUT`]); a streamed
+    /// body may stall this long between chunks. Zero is raised to one millisecond.
+    pub fn call_timeout(mut self, limit: Duration) -> Self {
+        self.call_timeout = limit.max(Duration::from_millis(1));
         self
     }
 
@@ -204,36 +307,67 @@ pub enum MountMode {
 }
 
 /// A host directory or file made visible in the sandbox.
+///
+/// The engine is rootful and has no user namespace, so sandbox root is host root on a bind
+/// mount: bind mounts are read-only unless [`Mount::read_only`]`(false)` says otherwise,
+/// always `nosuid,nodev` (a setuid binary or device node written through a writable mount
+/// stays inert on the host), and never of a host path that gives the host away (see
+/// [`REFUSED_HOST_PATHS`] and [`ENGINE_PATHS`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mount {
-    /// Absolute host path (must exist).
+    /// Absolute host path (must exist; canonicalised before use).
     pub host: PathBuf,
     /// Absolute path inside the sandbox.
     pub container: String,
     /// Private or shared.
     pub sharing: Sharing,
-    /// Read-only (bind mounts only).
+    /// Read-only (bind mounts only). Default `true` for bind mounts.
     pub read_only: bool,
     /// Bind or copy.
     pub mode: MountMode,
 }
 
+/// Host paths that are never mounted or copied into a sandbox, nor anything under them
+/// (`/` itself only exactly): host configuration and credentials, kernel interfaces and
+/// devices, the boot files and root's home.
+pub const REFUSED_HOST_PATHS: [&str; 7] = ["/", "/etc", "/proc", "/sys", "/dev", "/boot", "/root"];
+
+/// Container-engine sockets and state: a sandbox that reaches one of these controls the
+/// engine, hence the host. A host path that is one of these, lies under one, or contains
+/// one is refused (so is any unix socket).
+pub const ENGINE_PATHS: [&str; 10] = [
+    "/run/podman",
+    "/run/docker.sock",
+    "/run/docker",
+    "/run/containerd",
+    "/run/crio",
+    "/run/containers",
+    "/run/user",
+    "/var/lib/containers",
+    "/var/lib/docker",
+    "/var/lib/containerd",
+];
+
+/// Sandbox paths a mount may not cover (nor anything under them).
+const RESERVED_TARGETS: [&str; 5] = ["/", "/proc", "/sys", "/dev", "/run/podman-init"];
+
 impl Mount {
-    /// A private, writable bind mount.
+    /// A private, **read-only** bind mount (`read_only(false)` makes it writable).
     pub fn bind(host: impl Into<PathBuf>, container: impl Into<String>) -> Self {
         Mount {
             host: host.into(),
             container: container.into(),
             sharing: Sharing::Private,
-            read_only: false,
+            read_only: true,
             mode: MountMode::Bind,
         }
     }
 
-    /// A sealed copy injected before start.
+    /// A sealed copy injected before start (writable by the sandbox, which owns the copy).
     pub fn copy(host: impl Into<PathBuf>, container: impl Into<String>) -> Self {
         Mount {
             mode: MountMode::Copy,
+            read_only: false,
             ..Mount::bind(host, container)
         }
     }
@@ -250,45 +384,111 @@ impl Mount {
         self
     }
 
-    fn validate(&self) -> Result<()> {
-        let host = self.host.to_string_lossy();
-        if !self.host.is_absolute() || host.chars().any(|c| c.is_control()) {
+    /// The canonical host path (symlinks resolved), refused when it gives the host away.
+    /// The create body uses this path, never the one given.
+    pub fn resolved_host(&self) -> Result<PathBuf> {
+        let given = self.host.to_string_lossy();
+        if !self.host.is_absolute() || given.chars().any(|c| c.is_control()) {
             return Err(SandboxError::config(
-                format!("mount host path {host:?} must be absolute, without control characters"),
+                format!("mount host path {given:?} must be absolute, without control characters"),
                 "give an absolute host path, e.g. Mount::bind(\"/srv/data\", \"/data\")",
             ));
         }
-        if !self.host.exists() {
-            return Err(SandboxError::config(
-                format!("mount host path {host:?} does not exist"),
-                format!("create it first: mkdir -p {host}"),
-            ));
-        }
+        let host = std::fs::canonicalize(&self.host).map_err(|_| {
+            SandboxError::config(
+                format!("mount host path {given:?} does not exist"),
+                format!("create it first: mkdir -p {given}"),
+            )
+        })?;
+        refuse_host_path(&host)?;
+        Ok(host)
+    }
+
+    /// The sandbox path with repeated and trailing slashes removed (`//proc/` → `/proc`),
+    /// refused when relative, reserved or containing `.`, `..`, commas or control
+    /// characters.
+    pub fn normalized_target(&self) -> Result<String> {
         let c = &self.container;
-        let reserved = ["/", "/proc", "/sys", "/dev", "/run/podman-init"];
-        if !c.starts_with('/')
-            || c.chars().any(|ch| ch.is_control())
-            || c.split('/').any(|s| s == ".." || s == ".")
-            || c.contains(',')
-            || reserved.iter().any(|r| {
-                let c = c.trim_end_matches('/');
-                let c = if c.is_empty() { "/" } else { c };
-                c == *r || (*r != "/" && c.starts_with(&format!("{r}/")))
-            })
-        {
-            return Err(SandboxError::config(
-                format!("mount target {c:?} is not allowed"),
+        let refused = || {
+            SandboxError::config(
+                format!(
+                    "mount target {:?} is not allowed",
+                    c.chars().take(256).collect::<String>()
+                ),
                 "use an absolute sandbox path without `..`, `.`, commas or control characters, outside /, /proc, /sys and /dev",
-            ));
+            )
+        };
+        if !c.starts_with('/') || c.chars().any(|ch| ch.is_control()) || c.contains(',') {
+            return Err(refused());
         }
+        let parts: Vec<&str> = c.split('/').filter(|s| !s.is_empty()).collect();
+        if parts.iter().any(|s| *s == "." || *s == "..") {
+            return Err(refused());
+        }
+        let target = format!("/{}", parts.join("/"));
+        let covered = |r: &str| {
+            target == r || (r != "/" && target.starts_with(r) && target[r.len()..].starts_with('/'))
+        };
+        if RESERVED_TARGETS.iter().any(|r| covered(r)) {
+            return Err(refused());
+        }
+        Ok(target)
+    }
+
+    fn validate(&self) -> Result<()> {
+        self.resolved_host()?;
+        let target = self.normalized_target()?;
         if self.mode == MountMode::Copy && self.read_only {
             return Err(SandboxError::config(
-                format!("copy mount to {c:?} cannot be read-only (sandbox root owns copied files)"),
+                format!(
+                    "copy mount to {target:?} cannot be read-only (sandbox root owns copied files)"
+                ),
                 "use MountMode::Bind with read_only(true) for a read-only view",
             ));
         }
         Ok(())
     }
+}
+
+/// Refuses a canonical host path that is (or is under) a [`REFUSED_HOST_PATHS`] entry, is,
+/// is under or contains an [`ENGINE_PATHS`] entry, or is a unix socket.
+fn refuse_host_path(host: &Path) -> Result<()> {
+    let shown = host.to_string_lossy().chars().take(256).collect::<String>();
+    let refused = |why: &str| {
+        SandboxError::config(
+            format!("mount host path {shown:?} is refused: {why}"),
+            "mount a dedicated data directory (e.g. /srv/sandbox-data), never host system paths or container-engine sockets",
+        )
+    };
+    let inside =
+        |p: &Path, root: &Path| p == root || (root != Path::new("/") && p.starts_with(root));
+    for r in REFUSED_HOST_PATHS {
+        if inside(host, Path::new(r)) {
+            return Err(refused("it exposes host system files"));
+        }
+    }
+    for e in ENGINE_PATHS {
+        // The engine path's own symlinks are resolved too (`/var/run` → `/run`).
+        let engine = std::fs::canonicalize(e).unwrap_or_else(|_| PathBuf::from(e));
+        if inside(host, &engine) || engine.starts_with(host) {
+            return Err(refused("it exposes a container engine"));
+        }
+    }
+    if is_socket(host) {
+        return Err(refused("it is a unix socket"));
+    }
+    Ok(())
+}
+
+#[cfg(unix)]
+fn is_socket(p: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(p).is_ok_and(|m| m.file_type().is_socket())
+}
+
+#[cfg(not(unix))]
+fn is_socket(_: &Path) -> bool {
+    false
 }
 
 /// What a lifecycle hook is told.
@@ -358,8 +558,8 @@ pub struct PodmanOptions {
     pub mounts: Vec<Mount>,
     /// OCI runtime (`None`: the engine's default, reported as `Container`).
     pub runtime: Option<PodmanRuntime>,
-    /// Extra capabilities, each from [`GRANTABLE_CAPABILITIES`].
-    pub capabilities: Vec<String>,
+    /// Extra capabilities (only vetted ones can be named).
+    pub capabilities: Vec<LinuxCapability>,
     /// OCI annotations, keys from [`ANNOTATION_ALLOWLIST`].
     pub annotations: BTreeMap<String, String>,
     /// Lifecycle hooks.
@@ -418,9 +618,9 @@ impl PodmanOptions {
         self.runtime = Some(r);
         self
     }
-    /// Grants one extra capability (checked against [`GRANTABLE_CAPABILITIES`]).
-    pub fn capability(mut self, name: impl Into<String>) -> Self {
-        self.capabilities.push(name.into());
+    /// Grants one extra capability (text names: [`LinuxCapability::parse`]).
+    pub fn capability(mut self, c: LinuxCapability) -> Self {
+        self.capabilities.push(c);
         self
     }
     /// Adds an OCI annotation (key checked against [`ANNOTATION_ALLOWLIST`]).
@@ -463,20 +663,17 @@ impl PodmanOptions {
         for m in &self.mounts {
             m.validate()?;
         }
-        let mut targets: Vec<&str> = self
+        let mut targets: Vec<String> = self
             .mounts
             .iter()
-            .map(|m| m.container.trim_end_matches('/'))
-            .collect();
+            .map(Mount::normalized_target)
+            .collect::<Result<_>>()?;
         targets.sort_unstable();
         if targets.windows(2).any(|w| w[0] == w[1]) {
             return Err(SandboxError::config(
                 "two mounts share one sandbox target",
                 "give each mount its own container path",
             ));
-        }
-        for c in &self.capabilities {
-            normalize_capability(c)?;
         }
         for (k, v) in &self.annotations {
             validate_annotation(k, v)?;
@@ -492,28 +689,6 @@ impl PodmanOptions {
         }
         Ok(())
     }
-}
-
-/// `net_admin`, `CAP_NET_ADMIN` → `NET_ADMIN`, then checked against the allowlist.
-pub(crate) fn normalize_capability(name: &str) -> Result<String> {
-    let up = name.trim().to_ascii_uppercase();
-    let up = up.strip_prefix("CAP_").unwrap_or(&up).to_string();
-    if NEVER_GRANTABLE.contains(&up.as_str()) {
-        return Err(SandboxError::config(
-            format!("capability {up} is never grantable"),
-            "NET_ADMIN/NET_RAW would let sandbox root rewrite or bypass the network policy and SYS_ADMIN defeats mount isolation; do that work on the host side",
-        ));
-    }
-    if !GRANTABLE_CAPABILITIES.contains(&up.as_str()) {
-        return Err(SandboxError::config(
-            format!(
-                "capability {:?} is not on the vetted allowlist",
-                up.chars().take(64).collect::<String>()
-            ),
-            format!("grant only one of: {}", GRANTABLE_CAPABILITIES.join(", ")),
-        ));
-    }
-    Ok(up)
 }
 
 fn validate_annotation(k: &str, v: &str) -> Result<()> {
@@ -632,24 +807,52 @@ mod tests {
     #[test]
     fn dangerous_capabilities_are_never_granted() {
         for c in ["NET_ADMIN", "net_raw", "CAP_SYS_ADMIN"] {
-            let e = refused(PodmanOptions::new().capability(c));
+            let e = LinuxCapability::parse(c).unwrap_err();
+            assert_eq!(e.code(), ErrorCode::Configuration);
             assert!(e.to_string().contains("never grantable"));
         }
     }
 
     #[test]
     fn unlisted_capabilities_are_refused() {
-        for c in ["SYS_PTRACE", "SYS_MODULE", "ALL", "", "MKNOD"] {
-            refused(PodmanOptions::new().capability(c));
+        for c in ["SYS_PTRACE", "SYS_MODULE", "ALL", "", "MKNOD", "BPF"] {
+            let e = LinuxCapability::parse(c).unwrap_err();
+            assert_eq!(e.code(), ErrorCode::Configuration, "{c}");
+            assert!(!e.hint().is_empty());
         }
+        assert_eq!(
+            LinuxCapability::parse("cap_chown").unwrap(),
+            LinuxCapability::Chown
+        );
+        assert_eq!(
+            "net_bind_service".parse::<LinuxCapability>().unwrap(),
+            LinuxCapability::NetBindService
+        );
         assert!(
             PodmanOptions::new()
-                .capability("cap_chown")
-                .capability("PERFMON")
+                .capability(LinuxCapability::Chown)
                 .validate_with_cdi_dirs(&[])
                 .is_ok()
         );
-        assert_eq!(normalize_capability("cap_chown").unwrap(), "CHOWN");
+    }
+
+    /// PERFMON opens perf_event_open/BPF tracing of the host kernel: not grantable.
+    #[test]
+    fn perfmon_is_not_grantable() {
+        for c in ["PERFMON", "cap_perfmon"] {
+            assert_eq!(
+                LinuxCapability::parse(c).unwrap_err().code(),
+                ErrorCode::Configuration
+            );
+        }
+        assert!(
+            GRANTABLE_CAPABILITIES
+                .iter()
+                .all(|c| c.as_str() != "PERFMON")
+        );
+        for never in NEVER_GRANTABLE {
+            assert!(GRANTABLE_CAPABILITIES.iter().all(|c| c.as_str() != never));
+        }
     }
 
     #[test]
@@ -727,6 +930,88 @@ mod tests {
                 .mount(Mount::copy(&host, "/seed"))
                 .validate_with_cdi_dirs(&[])
                 .is_ok()
+        );
+    }
+
+    #[test]
+    fn bind_mounts_are_read_only_by_default() {
+        let d = tempfile::tempdir().unwrap();
+        assert!(Mount::bind(d.path(), "/data").read_only);
+        assert!(!Mount::bind(d.path(), "/data").read_only(false).read_only);
+        assert!(!Mount::copy(d.path(), "/seed").read_only);
+    }
+
+    /// A mount of a host system path or an engine socket hands the host to sandbox root.
+    #[test]
+    fn host_system_paths_and_engine_sockets_are_refused() {
+        for host in [
+            "/", "/etc", "/etc/ssh", "/proc", "/proc/1", "/sys", "/sys/fs", "/dev", "/boot",
+            "/root", "/run", "/var",
+        ] {
+            if Path::new(host).exists() {
+                let e = refused(PodmanOptions::new().mount(Mount::bind(host, "/data")));
+                assert!(e.to_string().contains("refused"), "{host}: {e}");
+                refused(PodmanOptions::new().mount(Mount::copy(host, "/data")));
+            }
+        }
+        // Engine sockets and state, whether or not the engine runs on this host.
+        let d = tempfile::tempdir().unwrap();
+        for p in ENGINE_PATHS {
+            if Path::new(p).exists() {
+                refused(PodmanOptions::new().mount(Mount::bind(p, "/data")));
+            }
+        }
+        // Canonicalised first: a symlink to /etc is /etc.
+        let link = d.path().join("innocent");
+        std::os::unix::fs::symlink("/etc", &link).unwrap();
+        refused(PodmanOptions::new().mount(Mount::bind(&link, "/data")));
+        // Any unix socket (a custom engine endpoint, a proxy) is refused.
+        let sock = d.path().join("engine.sock");
+        let _l = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let e = refused(PodmanOptions::new().mount(Mount::bind(&sock, "/engine.sock")));
+        assert!(e.to_string().contains("socket"), "{e}");
+        // A plain data directory is fine, and the body gets its canonical path.
+        let data = d.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        let m = Mount::bind(d.path().join("./data/../data"), "/data");
+        assert_eq!(
+            m.resolved_host().unwrap(),
+            std::fs::canonicalize(&data).unwrap()
+        );
+    }
+
+    /// `//proc` must not slip past the reserved-target check.
+    #[test]
+    fn mount_targets_are_normalised_before_the_reserved_check() {
+        let d = tempfile::tempdir().unwrap();
+        for target in [
+            "//proc",
+            "/proc/",
+            "//proc//sys",
+            "///sys",
+            "//dev/shm",
+            "//",
+            "/./proc",
+        ] {
+            refused(PodmanOptions::new().mount(Mount::bind(d.path(), target)));
+        }
+        assert_eq!(
+            Mount::bind(d.path(), "//data//x/")
+                .normalized_target()
+                .unwrap(),
+            "/data/x"
+        );
+        assert_eq!(
+            Mount::bind(d.path(), "/processes")
+                .normalized_target()
+                .unwrap(),
+            "/processes"
+        );
+        // Two spellings of one target are one target.
+        refused(
+            PodmanOptions::new()
+                .mount(Mount::bind(d.path(), "/data"))
+                .mount(Mount::copy(d.path(), "//data/")),
         );
     }
 

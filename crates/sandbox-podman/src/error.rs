@@ -9,8 +9,13 @@
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 
+use std::time::Duration;
+
 use futures::{FutureExt, Stream, StreamExt};
+use sandbox_container::{EngineError, EngineErrorKind, EngineResult};
 use sandbox_core::{BoxError, SandboxError};
+
+use crate::rest::RestError;
 
 /// Backend name used in every error.
 pub(crate) const BACKEND: &str = "podman";
@@ -125,10 +130,131 @@ where
         })
 }
 
+/// Longest engine message kept in an [`EngineError`] (the engine may echo user input).
+const MAX_MESSAGE: usize = 512;
+
+fn bounded(m: &str) -> String {
+    m.chars().take(MAX_MESSAGE).collect()
+}
+
+/// The [`EngineErrorKind`] of a podman-api error.
+pub(crate) fn kind_of(e: &podman_api::Error) -> EngineErrorKind {
+    match status_of(e) {
+        Some(404) => EngineErrorKind::NotFound,
+        Some(409) => EngineErrorKind::Conflict,
+        Some(400) => EngineErrorKind::InvalidRequest,
+        Some(500) if is_gone(e) => EngineErrorKind::Conflict,
+        Some(_) => EngineErrorKind::Other,
+        None if is_transport(e) => EngineErrorKind::Unavailable,
+        None => EngineErrorKind::Other,
+    }
+}
+
+/// A podman-api error as an [`EngineError`], the source kept.
+pub(crate) fn from_api(what: &str, e: podman_api::Error) -> EngineError {
+    EngineError::new(kind_of(&e), bounded(&format!("{what}: {e}"))).with_source(boxed(e))
+}
+
+/// A REST bypass error as an [`EngineError`], the source kept.
+pub(crate) fn from_rest(what: &str, e: RestError) -> EngineError {
+    let kind = match &e {
+        RestError::Status { status: 404, .. } => EngineErrorKind::NotFound,
+        RestError::Status { status: 409, .. } => EngineErrorKind::Conflict,
+        RestError::Status { status: 400, .. } => EngineErrorKind::InvalidRequest,
+        RestError::Status { .. } | RestError::Invalid(_) => EngineErrorKind::Other,
+        RestError::Transport(_) => EngineErrorKind::Unavailable,
+    };
+    EngineError::new(kind, bounded(&format!("{what}: {e}"))).with_source(e)
+}
+
+/// A refusal of this adapter's own checks (options, spec assembly) as an [`EngineError`].
+pub(crate) fn refused(what: &str, e: SandboxError) -> EngineError {
+    EngineError::new(
+        EngineErrorKind::InvalidRequest,
+        bounded(&format!("{what}: {e}; {}", e.hint())),
+    )
+    .with_source(e)
+}
+
+/// Runs one engine call bounded by `limit`, with a panic inside podman-api turned into an
+/// [`EngineError`] (its frame decoder panics on unexpected frames). A wedged engine fails
+/// the call with [`EngineErrorKind::Timeout`] instead of hanging the caller.
+pub(crate) async fn call<T, F>(what: &str, limit: Duration, fut: F) -> EngineResult<T>
+where
+    F: Future<Output = EngineResult<T>>,
+{
+    match tokio::time::timeout(limit, AssertUnwindSafe(fut).catch_unwind()).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(_)) => Err(engine_panicked(what)),
+        Err(_) => Err(EngineError::new(
+            EngineErrorKind::Timeout,
+            format!("{what}: the engine did not answer within {limit:?}"),
+        )),
+    }
+}
+
+/// A podman-api panic as an [`EngineError`] (logged once).
+pub(crate) fn engine_panicked(what: &str) -> EngineError {
+    tracing::error!(
+        backend = BACKEND,
+        operation = what,
+        "podman-api panicked; mapped to an engine error"
+    );
+    EngineError::new(
+        EngineErrorKind::Other,
+        format!("{what}: the podman-api client panicked (unexpected engine data)"),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use sandbox_core::ErrorCode;
+
+    #[tokio::test]
+    async fn engine_call_panic_and_hang_are_engine_errors() {
+        let r: EngineResult<()> = call("exec start", Duration::from_secs(5), async {
+            panic!("invalid stream number from podman daemon: '7'")
+        })
+        .await;
+        assert_eq!(r.unwrap_err().kind, EngineErrorKind::Other);
+        let t = std::time::Instant::now();
+        let r: EngineResult<()> = call(
+            "container create",
+            Duration::from_millis(50),
+            std::future::pending(),
+        )
+        .await;
+        assert_eq!(r.unwrap_err().kind, EngineErrorKind::Timeout);
+        assert!(t.elapsed() < Duration::from_secs(2));
+    }
+
+    #[test]
+    fn rest_errors_map_to_kinds() {
+        let k = |status| {
+            from_rest(
+                "x",
+                RestError::Status {
+                    status,
+                    message: "m".into(),
+                },
+            )
+            .kind
+        };
+        assert_eq!(k(404), EngineErrorKind::NotFound);
+        assert_eq!(k(409), EngineErrorKind::Conflict);
+        assert_eq!(k(400), EngineErrorKind::InvalidRequest);
+        assert_eq!(k(500), EngineErrorKind::Other);
+        let long = "y".repeat(10_000);
+        let e = from_rest(
+            "x",
+            RestError::Status {
+                status: 500,
+                message: long,
+            },
+        );
+        assert!(e.message.len() <= MAX_MESSAGE);
+    }
 
     #[tokio::test]
     async fn panic_in_crate_future_is_an_engine_error() {

@@ -4,6 +4,8 @@
 
 mod backend;
 mod config;
+mod copy_in;
+mod engine;
 mod error;
 mod exec;
 mod files;
@@ -16,8 +18,10 @@ mod tar_stream;
 
 pub use backend::PodmanBackend;
 pub use config::{
-    ANNOTATION_ALLOWLIST, CDI_SPEC_DIRS, CONTAINER_HOST_ENV, DEFAULT_ENDPOINT, DEFAULT_TEMPLATE,
-    GRANTABLE_CAPABILITIES, HookEvent, HookFn, Hooks, Mount, MountMode, NEVER_GRANTABLE,
-    PodmanConfig, PodmanOptions, PodmanRuntime, Sharing,
+    ANNOTATION_ALLOWLIST, CDI_SPEC_DIRS, CONTAINER_HOST_ENV, DEFAULT_CALL_TIMEOUT,
+    DEFAULT_ENDPOINT, DEFAULT_TEMPLATE, ENGINE_PATHS, GRANTABLE_CAPABILITIES, HookEvent, HookFn,
+    Hooks, LinuxCapability, Mount, MountMode, NEVER_GRANTABLE, PodmanConfig, PodmanOptions,
+    PodmanRuntime, REFUSED_HOST_PATHS, Sharing,
 };
+pub use engine::PodmanEngine;
 pub use sandbox::{PodmanNative, PodmanSandbox};

@@ -9,12 +9,13 @@ use std::collections::BTreeMap;
 
 use podman_api::models;
 use podman_api::opts::ContainerCreateOpts;
+use sandbox_container::{ContainerSpec, NetworkMode};
 use sandbox_core::{
     Capability, CreateOptions, EffectiveResources, Egress, IsolationTier, Result, SandboxError,
 };
 use serde_json::{Value, json};
 
-use crate::config::{MountMode, PodmanOptions, Sharing, normalize_capability};
+use crate::config::{MountMode, PodmanOptions, Sharing};
 use crate::error::BACKEND;
 
 /// What every Podman sandbox can do with default options.
@@ -76,10 +77,51 @@ pub(crate) fn check(
     Ok(res)
 }
 
+/// What Podman cannot enforce for `spec` with these options, refused before anything is
+/// provisioned: a disk quota (no per-container quota on the overlay driver here), more
+/// GPUs than named CDI devices, and any option outside the vetted allowlists.
+pub(crate) fn check_spec(spec: &ContainerSpec, podman: &PodmanOptions) -> Result<()> {
+    let res = &spec.resources;
+    if let Some(mb) = res.disk_mb {
+        return Err(SandboxError::config(
+            format!("resources.disk_mb ({mb} MiB) cannot be enforced by the Podman adapter"),
+            "leave resources.disk_mb unset (the overlay storage driver has no per-container quota here)",
+        ));
+    }
+    if res.gpu > 0 && (res.gpu as usize) > podman.cdi_devices.len() {
+        return Err(SandboxError::config(
+            format!(
+                "{} GPU(s) requested but only {} CDI device(s) named",
+                res.gpu,
+                podman.cdi_devices.len()
+            ),
+            "name one CDI device per GPU with PodmanOptions::cdi_device(\"nvidia.com/gpu=N\")",
+        ));
+    }
+    podman.validate()
+}
+
 /// The lifetime in whole seconds the main `sleep` runs (at least 1).
 pub(crate) fn lifetime_secs(options: &CreateOptions) -> u64 {
     let t = options.timeout;
     (t.as_secs() + u64::from(t.subsec_nanos() > 0)).max(1)
+}
+
+/// The largest value the kernel accepts in `pids.max` (`PID_MAX_LIMIT`, 2^22): no
+/// container can hold more processes, so a larger request means this.
+pub(crate) const MAX_PIDS: u64 = 4_194_304;
+
+/// The pids limit for the body. Clamped, because a `u64` of 2^63 or more would wrap to a
+/// negative `int64`, which Podman reads as "unlimited".
+pub(crate) fn pids_limit(pids: u64) -> i64 {
+    pids.clamp(1, MAX_PIDS) as i64
+}
+
+/// The memory limit in bytes, saturating instead of wrapping to a negative (= unlimited).
+pub(crate) fn memory_limit(memory_mb: u64) -> i64 {
+    i64::try_from(memory_mb)
+        .unwrap_or(i64::MAX)
+        .saturating_mul(1024 * 1024)
 }
 
 /// The libpod SpecGenerator JSON for a new sandbox container.
@@ -90,7 +132,7 @@ pub(crate) fn container_spec(
     template: &str,
     labels: &BTreeMap<String, String>,
 ) -> Result<Value> {
-    let memory = (res.memory_mb as i64).saturating_mul(1024 * 1024);
+    let memory = memory_limit(res.memory_mb);
     let period: u64 = 100_000;
     let quota = (res.cpu * period as f64).round().max(1000.0) as i64;
     let resources = models::LinuxResources {
@@ -119,7 +161,7 @@ pub(crate) fn container_spec(
         }),
         network: None,
         pids: Some(models::LinuxPids {
-            limit: Some(res.pids as i64),
+            limit: Some(pids_limit(res.pids)),
         }),
         rdma: None,
         unified: None,
@@ -128,10 +170,11 @@ pub(crate) fn container_spec(
         Egress::Deny => "none",
         _ => "bridge",
     };
-    let mut caps_add = Vec::new();
-    for c in &podman.capabilities {
-        caps_add.push(normalize_capability(c)?);
-    }
+    let caps_add: Vec<String> = podman
+        .capabilities
+        .iter()
+        .map(|c| c.as_str().to_string())
+        .collect();
     let mut b = ContainerCreateOpts::builder()
         .image(template)
         // The main process bounds the lifetime: when `sleep` ends the container stops
@@ -189,35 +232,140 @@ pub(crate) fn container_spec(
         message: "re-reading the container spec failed".into(),
         source: Some(Box::new(e)),
     })?;
-    patch_spec(&mut spec, podman);
+    patch_spec(&mut spec, podman)?;
     Ok(spec)
 }
 
-/// Applies what podman-api cannot express correctly.
-fn patch_spec(spec: &mut Value, podman: &PodmanOptions) {
+/// The libpod SpecGenerator JSON for a [`ContainerSpec`] from the container layer plus
+/// this backend's [`PodmanOptions`]. Every field of the spec is applied (SPEC §5): a field
+/// silently dropped would be a security bug.
+pub(crate) fn create_body(spec: &ContainerSpec, podman: &PodmanOptions) -> Result<Value> {
+    let res = &spec.resources;
+    let memory = memory_limit(res.memory_mb);
+    let period: u64 = 100_000;
+    let quota = (res.cpu * period as f64).round().max(1000.0) as i64;
+    let resources = models::LinuxResources {
+        block_io: None,
+        cpu: Some(models::LinuxCpu {
+            cpus: None,
+            mems: None,
+            period: Some(period),
+            quota: Some(quota),
+            realtime_period: None,
+            realtime_runtime: None,
+            shares: None,
+        }),
+        devices: None,
+        hugepage_limits: None,
+        // memory == memory+swap: swap disabled.
+        memory: Some(models::LinuxMemory {
+            disable_oom_killer: None,
+            kernel: None,
+            kernel_tcp: None,
+            limit: Some(memory),
+            reservation: None,
+            swap: Some(memory),
+            swappiness: None,
+            use_hierarchy: None,
+        }),
+        network: None,
+        pids: Some(models::LinuxPids {
+            limit: Some(pids_limit(res.pids)),
+        }),
+        rdma: None,
+        unified: None,
+    };
+    let (netns, publish): (&str, &[u16]) = match &spec.network {
+        NetworkMode::None => ("none", &[]),
+        NetworkMode::Bridge { publish } => ("bridge", publish),
+        other => {
+            return Err(SandboxError::config(
+                format!("network mode {other:?} is not supported by the Podman adapter"),
+                "use egress Deny or Allow",
+            ));
+        }
+    };
+    let mut b = ContainerCreateOpts::builder()
+        .name(&spec.name)
+        .image(&spec.image)
+        // The whole argv as entrypoint: Podman then ignores the image's CMD, which would
+        // otherwise be appended to our main process.
+        .entrypoint(spec.command.iter().cloned())
+        .init(spec.init)
+        .labels(spec.labels.iter().map(|(k, v)| (k.clone(), v.clone())))
+        .env(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())))
+        .work_dir(&spec.workdir)
+        .create_working_dir(true)
+        .remove(podman.ephemeral)
+        .drop_capabilities(["ALL"])
+        .net_namespace(models::Namespace {
+            nsmode: Some(netns.to_string()),
+            value: None,
+        })
+        .resource_limits(resources)
+        .stop_timeout(1u64);
+    if !podman.capabilities.is_empty() {
+        b = b.add_capabilities(podman.capabilities.iter().map(|c| c.as_str().to_string()));
+    }
+    if let Some(rt) = podman.runtime {
+        b = b.oci_runtime(rt.as_str());
+    }
+    if !podman.annotations.is_empty() {
+        b = b.annotations(
+            podman
+                .annotations
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone())),
+        );
+    }
+    if !publish.is_empty() {
+        // Loopback only, at a port the engine picks (a sandbox must not take a well-known
+        // host port and impersonate a local service).
+        b = b.portmappings(publish.iter().map(|p| models::PortMapping {
+            container_port: Some(*p),
+            host_ip: Some("127.0.0.1".into()),
+            host_port: None,
+            protocol: Some("tcp".into()),
+            range: None,
+        }));
+    }
+    let body = b
+        .build()
+        .serialize_vec()
+        .map_err(|e| crate::error::engine("serialising the container spec", e))?;
+    let mut v: Value = serde_json::from_slice(&body).map_err(|e| SandboxError::Engine {
+        backend: BACKEND.into(),
+        message: "re-reading the container spec failed".into(),
+        source: Some(Box::new(e)),
+    })?;
+    patch_spec(&mut v, podman)?;
+    Ok(v)
+}
+
+/// Applies what podman-api cannot express correctly. Mount sources are canonicalised and
+/// checked again here, so the body never carries a path other than the one vetted.
+fn patch_spec(spec: &mut Value, podman: &PodmanOptions) -> Result<()> {
     let Some(obj) = spec.as_object_mut() else {
-        return;
+        return Ok(());
     };
     // podman-api 0.11 only offers `no_new_privilages` (sic), which Podman ignores.
     obj.remove("no_new_privilages");
     obj.insert("no_new_privileges".into(), Value::Bool(true));
-    let mounts: Vec<Value> = podman
-        .mounts
-        .iter()
-        .filter(|m| m.mode == MountMode::Bind)
-        .map(|m| {
-            let relabel = match m.sharing {
-                Sharing::Private => "Z",
-                Sharing::Shared => "z",
-            };
-            json!({
-                "destination": m.container,
-                "source": m.host.to_string_lossy(),
-                "type": "bind",
-                "options": ["rbind", if m.read_only { "ro" } else { "rw" }, relabel],
-            })
-        })
-        .collect();
+    let mut mounts: Vec<Value> = Vec::new();
+    for m in podman.mounts.iter().filter(|m| m.mode == MountMode::Bind) {
+        let relabel = match m.sharing {
+            Sharing::Private => "Z",
+            Sharing::Shared => "z",
+        };
+        // Sandbox root is host root on a bind mount (rootful, no user namespace): a setuid
+        // binary or a device node written through it must stay inert on the host.
+        mounts.push(json!({
+            "destination": m.normalized_target()?,
+            "source": m.resolved_host()?.to_string_lossy(),
+            "type": "bind",
+            "options": ["rbind", if m.read_only { "ro" } else { "rw" }, "nosuid", "nodev", relabel],
+        }));
+    }
     if !mounts.is_empty() {
         obj.insert("mounts".into(), Value::Array(mounts));
     }
@@ -229,6 +377,7 @@ fn patch_spec(spec: &mut Value, podman: &PodmanOptions) {
             .collect();
         obj.insert("devices".into(), Value::Array(devices));
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -280,7 +429,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let p = PodmanOptions::new()
             .runtime(crate::PodmanRuntime::Runsc)
-            .capability("chown")
+            .capability(crate::LinuxCapability::Chown)
             .annotation("krun.cpus", "2")
             .ephemeral(false)
             .mount(Mount::bind(d.path(), "/data").read_only(true))
@@ -303,7 +452,56 @@ mod tests {
         let mounts = v["mounts"].as_array().unwrap();
         assert_eq!(mounts.len(), 1, "copy mounts leave no bind mount");
         assert_eq!(mounts[0]["destination"], "/data");
-        assert_eq!(mounts[0]["options"], json!(["rbind", "ro", "Z"]));
+        assert_eq!(
+            mounts[0]["options"],
+            json!(["rbind", "ro", "nosuid", "nodev", "Z"])
+        );
+    }
+
+    /// `pids` of 2^63 or more wrapped to a negative int64, which Podman reads as unlimited.
+    #[test]
+    fn huge_pids_and_memory_never_become_unlimited() {
+        for pids in [1u64 << 63, u64::MAX, (1u64 << 63) + 512, MAX_PIDS + 1] {
+            let o = CreateOptions::default().resources(Resources::default().pids(pids));
+            let v = spec(&o, &PodmanOptions::default());
+            let limit = v["resource_limits"]["pids"]["limit"].as_i64().unwrap();
+            assert_eq!(limit, MAX_PIDS as i64, "pids {pids}");
+        }
+        assert_eq!(pids_limit(64), 64);
+        let o = CreateOptions::default().resources(Resources::default().memory_mb(u64::MAX));
+        let v = spec(&o, &PodmanOptions::default());
+        let mem = v["resource_limits"]["memory"]["limit"].as_i64().unwrap();
+        assert!(mem > 0);
+        assert_eq!(
+            v["resource_limits"]["memory"]["swap"].as_i64().unwrap(),
+            mem
+        );
+    }
+
+    /// A writable bind mount still cannot plant a setuid-root file or a device on the host.
+    #[test]
+    fn bind_mounts_are_nosuid_nodev_with_canonical_paths() {
+        let d = tempfile::tempdir().unwrap();
+        let data = d.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        let link = d.path().join("link");
+        std::os::unix::fs::symlink(&data, &link).unwrap();
+        let p = PodmanOptions::new()
+            .mount(Mount::bind(&link, "//rw//").read_only(false))
+            .mount(Mount::bind(&data, "/ro"));
+        let v = spec(&CreateOptions::default(), &p);
+        let mounts = v["mounts"].as_array().unwrap();
+        let canonical = std::fs::canonicalize(&data).unwrap();
+        assert_eq!(mounts[0]["destination"], "/rw");
+        assert_eq!(mounts[0]["source"], canonical.to_string_lossy().as_ref());
+        assert_eq!(
+            mounts[0]["options"],
+            json!(["rbind", "rw", "nosuid", "nodev", "Z"])
+        );
+        assert_eq!(
+            mounts[1]["options"],
+            json!(["rbind", "ro", "nosuid", "nodev", "Z"])
+        );
     }
 
     #[test]
@@ -353,13 +551,6 @@ mod tests {
             code(
                 CreateOptions::default().require_isolation(IsolationTier::Gvisor),
                 &p
-            ),
-            ErrorCode::Configuration
-        );
-        assert_eq!(
-            code(
-                CreateOptions::default(),
-                &PodmanOptions::new().capability("NET_ADMIN")
             ),
             ErrorCode::Configuration
         );

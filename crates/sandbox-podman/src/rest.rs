@@ -211,6 +211,26 @@ impl Rest {
             .map_err(|e| RestError::Invalid(e.to_string()))
     }
 
+    /// `GET /containers/{id}/archive?path=`: the tar stream of `path` (`Status 404` for a
+    /// missing path or container alike; the container layer tells them apart).
+    pub(crate) async fn get_archive(
+        &self,
+        id: &str,
+        path: &str,
+    ) -> std::result::Result<Body, RestError> {
+        let ep = format!("/containers/{}/archive?path={}", encode(id), encode(path));
+        let req = Request::builder()
+            .method(Method::GET)
+            .uri(self.uri(&ep))
+            .body(Body::empty())
+            .map_err(|e| RestError::Invalid(e.to_string()))?;
+        let resp = self.send(req).await?;
+        match resp.status() {
+            StatusCode::OK => Ok(resp.into_body()),
+            _ => Err(Self::error_of(resp).await),
+        }
+    }
+
     /// `GET /libpod/containers/{id}/exists`.
     pub(crate) async fn container_exists(&self, id: &str) -> std::result::Result<bool, RestError> {
         let req = Request::builder()

@@ -468,7 +468,7 @@ async fn podman_options_mounts_hooks_and_caps() {
     let po = PodmanOptions::new()
         .mount(Mount::copy(&seed, "/opt/deep/seed"))
         .mount(Mount::bind(&shared, "/shared").read_only(true))
-        .capability("CHOWN")
+        .capability(sandbox_podman::LinuxCapability::Chown)
         .hooks(hooks);
     let sb = b
         .create_with(opts("options").template(BUSYBOX), po)
@@ -522,7 +522,7 @@ async fn podman_options_mounts_hooks_and_caps() {
     let e = b
         .create_with(
             opts("refused"),
-            PodmanOptions::new().capability("NET_ADMIN"),
+            PodmanOptions::new().mount(Mount::bind("//run/podman", "/engine")),
         )
         .await
         .unwrap_err();
@@ -641,4 +641,35 @@ async fn sandbox_gone_not_timeout_after_kill() {
     sb.kill().await.unwrap();
     let e = sb.exec("true").await.unwrap_err();
     assert!(matches!(e, SandboxError::SandboxGone { .. }), "{e}");
+}
+
+/// The attack: sandbox root copies a shell into a mounted host directory and makes it
+/// setuid root. A default bind mount is read-only, and every bind mount is nosuid,nodev.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bind_mount_cannot_plant_a_setuid_file_on_the_host() {
+    let Some(b) = backend().await else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let ro = tmp.path().join("ro");
+    let rw = tmp.path().join("rw");
+    std::fs::create_dir_all(&ro).unwrap();
+    std::fs::create_dir_all(&rw).unwrap();
+    let po = PodmanOptions::new()
+        .mount(Mount::bind(&ro, "/ro"))
+        .mount(Mount::bind(&rw, "//rw/").read_only(false));
+    let sb = b
+        .create_with(opts("setuid-plant").template(BUSYBOX), po)
+        .await
+        .unwrap();
+    let r = sh(&sb, "cp /bin/busybox /ro/sh && chmod 4755 /ro/sh; echo $?").await;
+    assert_ne!(r.stdout_text().trim(), "0");
+    assert!(!ro.join("sh").exists(), "a default bind mount is read-only");
+    let mounts = sh(&sb, "cat /proc/mounts").await.stdout_text();
+    for target in ["/ro", "/rw"] {
+        let line = mounts
+            .lines()
+            .find(|l| l.split(' ').nth(1) == Some(target))
+            .unwrap_or_else(|| panic!("{target} not mounted: {mounts}"));
+        assert!(line.contains("nosuid") && line.contains("nodev"), "{line}");
+    }
+    sb.kill().await.unwrap();
 }

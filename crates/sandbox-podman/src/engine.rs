@@ -1,0 +1,773 @@
+//! [`PodmanEngine`]: the container-engine trait of `sandbox-container` on podman-api 0.11
+//! and the small REST bypass in `rest.rs`.
+//!
+//! Every call is bounded by [`PodmanConfig::call_timeout`] (a wedged service fails a call
+//! instead of hanging it) and runs under `error::call`, which also turns a panic inside
+//! podman-api (its frame decoder panics on unexpected frames) into an error. Streamed
+//! bodies are bounded per chunk: an archive download may stall at most that long between
+//! chunks, an upload at most that long while the engine stops reading. Exec output is not
+//! bounded here: a quiet command is not a wedged engine, and the container layer bounds
+//! every exec by its timeout.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt, TryStreamExt};
+use podman_api::Podman;
+use podman_api::conn::TtyChunk;
+use podman_api::opts::{
+    ContainerDeleteOpts, ContainerListFilter, ContainerListOpts, ExecCreateOpts, ExecStartOpts,
+};
+use sandbox_container::{
+    ArchiveBody, ContainerEngine, ContainerInfo, ContainerSpec, EngineError, EngineErrorKind,
+    EngineResult, ExecInput, ExecRequest, ExecState, ExecStream, PathStat,
+};
+use sandbox_core::{
+    Capability, EngineReport, IsolationTier, OutputChunk, Problem, SandboxError, SandboxState,
+};
+
+use crate::config::{HookEvent, HookFn, MountMode, PodmanConfig, PodmanOptions};
+use crate::error::{BACKEND, START_HINT, call, engine_panicked, from_api, from_rest, refused};
+use crate::rest::Rest;
+
+/// The Podman engine: one shared podman-api client plus the REST bypass, and the Podman
+/// options (mounts, runtime, capabilities, hooks…) every container it creates gets.
+#[derive(Clone)]
+pub struct PodmanEngine {
+    client: Podman,
+    rest: Rest,
+    endpoint: String,
+    default_template: String,
+    options: PodmanOptions,
+    limit: Duration,
+    /// `post_start` events of created containers not yet started, by container id.
+    pending_post_start: Arc<Mutex<HashMap<String, HookEvent>>>,
+}
+
+impl std::fmt::Debug for PodmanEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PodmanEngine")
+            .field("endpoint", &self.endpoint)
+            .field("options", &self.options)
+            .field("call_timeout", &self.limit)
+            .finish()
+    }
+}
+
+impl PodmanEngine {
+    /// An engine for `config` (no engine call is made; see [`ContainerEngine::ping`]).
+    /// Refuses an endpoint that is neither `unix://` nor `tcp://`.
+    pub fn new(config: &PodmanConfig) -> sandbox_core::Result<PodmanEngine> {
+        let rest = Rest::new(&config.endpoint)?;
+        let client = Podman::new(&config.endpoint).map_err(|e| {
+            SandboxError::config(
+                format!("invalid Podman endpoint {:?}: {e}", config.endpoint),
+                "use unix:///run/podman/podman.sock or tcp://host:port",
+            )
+        })?;
+        Ok(PodmanEngine {
+            client,
+            rest,
+            endpoint: config.endpoint.clone(),
+            default_template: config.default_template.clone(),
+            options: config.options.clone(),
+            limit: config.call_timeout,
+            pending_post_start: Arc::default(),
+        })
+    }
+
+    /// The same engine (same client) creating containers with other Podman options.
+    pub fn with_options(&self, options: PodmanOptions) -> PodmanEngine {
+        PodmanEngine {
+            options,
+            pending_post_start: Arc::default(),
+            ..self.clone()
+        }
+    }
+
+    /// The podman-api client (outside semver).
+    pub fn client(&self) -> &Podman {
+        &self.client
+    }
+
+    /// The Podman options containers of this engine get.
+    pub fn options(&self) -> &PodmanOptions {
+        &self.options
+    }
+
+    /// The engine-side configured environment of a container (`Config.Env`), for proving
+    /// that secrets are not stored there.
+    pub async fn engine_env(&self, id: &str) -> EngineResult<Vec<String>> {
+        let c = self.client.containers().get(id);
+        let i = call("container inspect", self.limit, async {
+            c.inspect()
+                .await
+                .map_err(|e| from_api("container inspect", e))
+        })
+        .await?;
+        Ok(i.config.and_then(|c| c.env).unwrap_or_default())
+    }
+
+    /// Copy mounts and `pre_start`, on a created container; `post_start` is kept for
+    /// [`ContainerEngine::start`].
+    async fn provision(&self, id: &str, image: &str) -> EngineResult<()> {
+        for m in self
+            .options
+            .mounts
+            .iter()
+            .filter(|m| m.mode == MountMode::Copy)
+        {
+            let host = m.resolved_host().map_err(|e| refused("copy mount", e))?;
+            let target = m
+                .normalized_target()
+                .map_err(|e| refused("copy mount", e))?;
+            self.inject(id, &host, &target).await?;
+        }
+        let event = HookEvent {
+            container_id: id.to_string(),
+            template: image.to_string(),
+        };
+        run_hook("pre_start", &self.options.hooks.pre_start, &event).await?;
+        if self.options.hooks.post_start.is_some() {
+            self.pending().insert(id.to_string(), event);
+        }
+        Ok(())
+    }
+
+    fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<String, HookEvent>> {
+        self.pending_post_start
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Injects a host tree into a created (not started) container: missing parents of
+    /// `target` become directories, and the host tree's contents land at `target`.
+    async fn inject(&self, id: &str, host: &Path, target: &str) -> EngineResult<()> {
+        // Deepest existing ancestor: only missing components get directory entries, so
+        // existing directories keep their modes.
+        let mut missing: Vec<String> = Vec::new();
+        let mut anchor = target.to_string();
+        loop {
+            match self
+                .stat_path(id, if anchor.is_empty() { "/" } else { &anchor })
+                .await
+            {
+                Ok(_) => break,
+                Err(e) if e.kind == EngineErrorKind::NotFound && !anchor.is_empty() => {}
+                Err(e) => return Err(e),
+            }
+            let Some((parent, name)) = anchor.rsplit_once('/') else {
+                break;
+            };
+            missing.insert(0, name.to_string());
+            anchor = parent.to_string();
+        }
+        let anchor = if anchor.is_empty() {
+            "/".to_string()
+        } else {
+            anchor
+        };
+        let body = crate::copy_in::tar_of(host.to_path_buf(), missing);
+        self.put_archive(id, &anchor, body).await
+    }
+}
+
+async fn run_hook(name: &str, hook: &Option<HookFn>, event: &HookEvent) -> EngineResult<()> {
+    let Some(h) = hook else {
+        return Ok(());
+    };
+    let fut = h(event.clone());
+    // A user hook is not an engine call: unbounded here, like the user's own code.
+    match futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(fut)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(EngineError::new(
+            EngineErrorKind::Other,
+            format!("the {name} hook failed: {}", bounded(&e.to_string())),
+        )
+        .with_source(e)),
+        Err(_) => Err(EngineError::new(
+            EngineErrorKind::Other,
+            format!("the {name} hook panicked"),
+        )),
+    }
+}
+
+fn bounded(s: &str) -> String {
+    s.chars().take(256).collect()
+}
+
+fn state_of(s: Option<&str>) -> SandboxState {
+    match s {
+        Some("running") => SandboxState::Running,
+        Some("created") | Some("configured") | Some("initialized") => SandboxState::Creating,
+        Some("paused") => SandboxState::Paused,
+        Some("exited") | Some("stopped") | Some("stopping") => SandboxState::Stopped,
+        _ => SandboxState::Unknown,
+    }
+}
+
+/// Seconds since the epoch (podman-api's `DateTime::timestamp`) as a `SystemTime`.
+fn system_time(secs: i64) -> Option<SystemTime> {
+    u64::try_from(secs)
+        .ok()
+        .map(|s| UNIX_EPOCH + Duration::from_secs(s))
+}
+
+fn loopback(ip: Option<&str>, port: Option<u16>) -> Option<SocketAddr> {
+    let port = port.filter(|p| *p != 0)?;
+    let ip = match ip.unwrap_or("") {
+        "" | "0.0.0.0" => "127.0.0.1",
+        other => other,
+    };
+    Some(SocketAddr::new(ip.parse().ok()?, port))
+}
+
+/// The stdin half of podman-api's multiplexer (a `futures` writer) as a tokio writer.
+struct Stdin(Pin<Box<dyn futures::io::AsyncWrite + Send>>);
+
+impl tokio::io::AsyncWrite for Stdin {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.0.as_mut().poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.0.as_mut().poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.0.as_mut().poll_close(cx)
+    }
+}
+
+/// Wraps a stream so a panic while polling it (podman-api's frame decoder) becomes one
+/// error item, after which the stream ends.
+fn unwind_safe<S, T>(what: &'static str, stream: S) -> BoxStream<'static, EngineResult<T>>
+where
+    S: Stream<Item = EngineResult<T>> + Send + 'static,
+    T: Send + 'static,
+{
+    let mut done = false;
+    futures::stream::StreamExt::catch_unwind(std::panic::AssertUnwindSafe(stream))
+        .map(move |item| match item {
+            Ok(r) => r,
+            Err(_) => Err(engine_panicked(what)),
+        })
+        .take_while(move |r| {
+            let keep = !done;
+            if r.is_err() {
+                done = true;
+            }
+            futures::future::ready(keep)
+        })
+        .boxed()
+}
+
+/// A download body whose every chunk must arrive within `limit` while it is polled.
+fn idle_bounded(body: hyper::Body, limit: Duration) -> ArchiveBody {
+    futures::stream::unfold(Some(body), move |body| async move {
+        let mut body = body?;
+        match tokio::time::timeout(limit, body.next()).await {
+            Ok(Some(Ok(b))) => Some((Ok(b), Some(body))),
+            Ok(Some(Err(e))) => Some((Err(std::io::Error::other(e)), None)),
+            Ok(None) => None,
+            Err(_) => Some((
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("the engine sent nothing for {limit:?}"),
+                )),
+                None,
+            )),
+        }
+    })
+    .boxed()
+}
+
+/// Upload progress: when hyper last polled the body, and whether it then waited on our
+/// source (a slow source is not a wedged engine).
+#[derive(Default)]
+struct Progress {
+    start: Option<Instant>,
+    last_poll_ms: AtomicU64,
+    waiting_on_source: AtomicBool,
+}
+
+impl Progress {
+    fn now_ms(&self) -> u64 {
+        self.start
+            .map(|s| s.elapsed().as_millis() as u64)
+            .unwrap_or(0)
+    }
+}
+
+struct Watched {
+    inner: ArchiveBody,
+    progress: Arc<Progress>,
+}
+
+impl Stream for Watched {
+    type Item = std::io::Result<Bytes>;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let p = self.progress.clone();
+        p.last_poll_ms.store(p.now_ms(), Ordering::Relaxed);
+        let r = self.inner.as_mut().poll_next(cx);
+        p.waiting_on_source.store(r.is_pending(), Ordering::Relaxed);
+        r
+    }
+}
+
+#[sandbox_core::async_trait]
+impl ContainerEngine for PodmanEngine {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn tier(&self) -> IsolationTier {
+        self.options.tier()
+    }
+
+    fn capabilities(&self) -> Capability {
+        crate::policy::capabilities_for(&self.options)
+    }
+
+    fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    fn check_spec(&self, spec: &ContainerSpec) -> EngineResult<()> {
+        crate::policy::check_spec(spec, &self.options).map_err(|e| refused("podman options", e))
+    }
+
+    async fn create(&self, spec: &ContainerSpec) -> EngineResult<String> {
+        let body =
+            crate::policy::create_body(spec, &self.options).map_err(|e| refused("create", e))?;
+        let rest = self.rest.clone();
+        let id = call("container create", self.limit, async move {
+            rest.create_container(&body)
+                .await
+                .map_err(|e| from_rest("container create", e))
+        })
+        .await?;
+        if let Err(e) = self.provision(&id, &spec.image).await {
+            // Nothing of a half-provisioned container is left; the caller's error wins.
+            self.pending().remove(&id);
+            let _ = self.remove(&id).await;
+            return Err(e);
+        }
+        Ok(id)
+    }
+
+    async fn start(&self, id: &str) -> EngineResult<()> {
+        let c = self.client.containers().get(id);
+        call("container start", self.limit, async {
+            c.start(None)
+                .await
+                .map_err(|e| from_api("container start", e))
+        })
+        .await?;
+        let event = self.pending().remove(id);
+        if let Some(event) = event {
+            run_hook("post_start", &self.options.hooks.post_start, &event).await?;
+        }
+        Ok(())
+    }
+
+    async fn inspect(&self, id: &str) -> EngineResult<ContainerInfo> {
+        let c = self.client.containers().get(id);
+        let i = call("container inspect", self.limit, async {
+            c.inspect()
+                .await
+                .map_err(|e| from_api("container inspect", e))
+        })
+        .await?;
+        let (labels, image, workdir) = match i.config {
+            Some(c) => (c.labels.unwrap_or_default(), c.image, c.working_dir),
+            None => (HashMap::new(), None, None),
+        };
+        let labels: BTreeMap<String, String> = labels.into_iter().collect();
+        let name = i.name.unwrap_or_default();
+        let state = state_of(i.state.as_ref().and_then(|s| s.status.as_deref()));
+        let mut info = ContainerInfo::new(
+            i.id.unwrap_or_else(|| id.to_string()),
+            name.trim_start_matches('/'),
+            state,
+            labels,
+        );
+        info.created_at = i.created.and_then(|t| system_time(t.timestamp()));
+        info.image = i.image_name.or(image).unwrap_or_default();
+        info.workdir = workdir.filter(|w| w.starts_with('/'));
+        for (port, hosts) in i.network_settings.and_then(|n| n.ports).unwrap_or_default() {
+            let Some(p) = port.split('/').next().and_then(|p| p.parse::<u16>().ok()) else {
+                continue;
+            };
+            let addr = hosts.unwrap_or_default().into_iter().find_map(|h| {
+                loopback(
+                    h.host_ip.as_deref(),
+                    h.host_port.as_deref().and_then(|p| p.parse().ok()),
+                )
+            });
+            if let Some(a) = addr {
+                info.published.insert(p, a);
+            }
+        }
+        Ok(info)
+    }
+
+    async fn remove(&self, id: &str) -> EngineResult<bool> {
+        let opts = ContainerDeleteOpts::builder()
+            .force(true)
+            .timeout(0)
+            .build();
+        let c = self.client.containers().get(id);
+        let r = call("container delete", self.limit, async {
+            c.delete(&opts)
+                .await
+                .map_err(|e| from_api("container delete", e))
+        })
+        .await;
+        match r {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind == EngineErrorKind::NotFound => Ok(false),
+            Err(e) if e.kind == EngineErrorKind::Conflict => {
+                // Another removal is in flight (auto-remove at the deadline, a second
+                // kill): done once the container is gone, within the same bound.
+                let deadline = Instant::now() + self.limit;
+                while Instant::now() < deadline {
+                    let exists = call("container exists", self.limit, async {
+                        c.exists()
+                            .await
+                            .map_err(|e| from_api("container exists", e))
+                    })
+                    .await?;
+                    if !exists {
+                        return Ok(true);
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn list(&self, labels: &BTreeMap<String, String>) -> EngineResult<Vec<ContainerInfo>> {
+        let filters: Vec<ContainerListFilter> = labels
+            .iter()
+            .map(|(k, v)| ContainerListFilter::LabelKeyVal(k.clone(), v.clone()))
+            .collect();
+        let opts = ContainerListOpts::builder()
+            .all(true)
+            .filter(filters)
+            .build();
+        let c = self.client.containers();
+        let list = call("container list", self.limit, async {
+            c.list(&opts)
+                .await
+                .map_err(|e| from_api("container list", e))
+        })
+        .await?;
+        Ok(list
+            .into_iter()
+            .filter_map(|c| {
+                let id = c.id?;
+                let labels: BTreeMap<String, String> =
+                    c.labels.unwrap_or_default().into_iter().collect();
+                let name = c
+                    .names
+                    .and_then(|n| n.into_iter().next())
+                    .unwrap_or_default();
+                let mut info = ContainerInfo::new(
+                    id,
+                    name.trim_start_matches('/'),
+                    state_of(c.state.as_deref()),
+                    labels,
+                );
+                info.created_at = c.created.and_then(|t| system_time(t.timestamp()));
+                info.image = c.image.unwrap_or_default();
+                for p in c.ports.unwrap_or_default() {
+                    if let (Some(cp), Some(a)) = (
+                        p.container_port,
+                        loopback(p.host_ip.as_deref(), p.host_port),
+                    ) {
+                        info.published.insert(cp, a);
+                    }
+                }
+                Some(info)
+            })
+            .collect())
+    }
+
+    async fn exec(&self, id: &str, request: ExecRequest) -> EngineResult<ExecStream> {
+        let mut b = ExecCreateOpts::builder()
+            .command(request.argv)
+            .attach_stdout(true)
+            .attach_stderr(true)
+            .attach_stdin(request.stdin)
+            .working_dir(request.workdir);
+        if !request.env.is_empty() {
+            b = b.env(request.env);
+        }
+        let opts = b.build();
+        let container = self.client.containers().get(id);
+        // The handle from `create_exec` must be the one started: a handle from
+        // `execs().get(id)` is "unchecked" in podman-api and refuses to start.
+        let exec = call("exec create", self.limit, async {
+            container
+                .create_exec(&opts)
+                .await
+                .map_err(|e| from_api("exec create", e))
+        })
+        .await?;
+        let exec_id = exec.id().to_string();
+        let start_opts = ExecStartOpts::builder().build();
+        let mux = call("exec start", self.limit, async {
+            exec.start(&start_opts)
+                .await
+                .map_err(|e| from_api("exec start", e))
+        })
+        .await?
+        .ok_or_else(|| EngineError::new(EngineErrorKind::Other, "exec start returned no stream"))?;
+        let (reader, writer) = mux.split();
+        let output = reader
+            .map_err(|e| from_api("exec output", podman_api::Error::from(e)))
+            .try_filter_map(|c| {
+                futures::future::ready(Ok(match c {
+                    TtyChunk::StdOut(v) => Some(OutputChunk::stdout(Bytes::from(v))),
+                    TtyChunk::StdErr(v) => Some(OutputChunk::stderr(Bytes::from(v))),
+                    TtyChunk::StdIn(_) => None,
+                }))
+            });
+        let input: Option<ExecInput> = if request.stdin {
+            Some(Box::pin(Stdin(Box::pin(writer))))
+        } else {
+            None
+        };
+        Ok(ExecStream {
+            exec_id,
+            output: unwind_safe("exec output", output),
+            input,
+        })
+    }
+
+    async fn exec_state(&self, exec_id: &str) -> EngineResult<ExecState> {
+        let exec = self.client.execs().get(exec_id);
+        let v = call("exec inspect", self.limit, async {
+            exec.inspect()
+                .await
+                .map_err(|e| from_api("exec inspect", e))
+        })
+        .await?;
+        // A missing `Running` is not taken as "finished": Podman reports exit 0 while an
+        // exec still runs, so only an explicit `false` releases the exit code.
+        let running = v.get("Running").and_then(|r| r.as_bool()).unwrap_or(true);
+        let exit_code = v.get("ExitCode").and_then(|c| c.as_i64());
+        Ok(ExecState::new(
+            running,
+            if running { None } else { exit_code },
+        ))
+    }
+
+    async fn put_archive(&self, id: &str, dir: &str, body: ArchiveBody) -> EngineResult<()> {
+        let progress = Arc::new(Progress {
+            start: Some(Instant::now()),
+            ..Progress::default()
+        });
+        let watched = Watched {
+            inner: body,
+            progress: progress.clone(),
+        };
+        let body = hyper::Body::wrap_stream(watched);
+        let c = self.client.containers().get(id);
+        let put = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(async {
+            c.copy_to(dir, body)
+                .await
+                .map_err(|e| from_api("archive upload", e))
+        }));
+        tokio::pin!(put);
+        let limit_ms = self.limit.as_millis() as u64;
+        let tick = (self.limit / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                r = &mut put => return r.unwrap_or_else(|_| Err(engine_panicked("archive upload"))),
+                _ = tokio::time::sleep(tick) => {
+                    let idle = progress.now_ms().saturating_sub(progress.last_poll_ms.load(Ordering::Relaxed));
+                    if !progress.waiting_on_source.load(Ordering::Relaxed) && idle > limit_ms {
+                        return Err(EngineError::new(
+                            EngineErrorKind::Timeout,
+                            format!("archive upload: the engine made no progress for {:?}", self.limit),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
+    async fn get_archive(&self, id: &str, path: &str) -> EngineResult<ArchiveBody> {
+        let rest = self.rest.clone();
+        let body = call("archive download", self.limit, async move {
+            rest.get_archive(id, path)
+                .await
+                .map_err(|e| from_rest("archive download", e))
+        })
+        .await?;
+        Ok(idle_bounded(body, self.limit))
+    }
+
+    async fn stat_path(&self, id: &str, path: &str) -> EngineResult<PathStat> {
+        let rest = self.rest.clone();
+        let st = call("archive stat", self.limit, async move {
+            rest.stat_path(id, path)
+                .await
+                .map_err(|e| from_rest("archive stat", e))
+        })
+        .await?
+        .ok_or_else(|| EngineError::new(EngineErrorKind::NotFound, "archive stat: no such path"))?;
+        let mut out = PathStat::new(st.size.max(0) as u64, st.perm(), st.is_dir());
+        out.modified = st.modified();
+        out.link_target = Some(st.link_target).filter(|t| !t.is_empty());
+        Ok(out)
+    }
+
+    async fn ping(&self) -> EngineResult<()> {
+        let c = self.client.clone();
+        call("ping", self.limit, async move {
+            c.ping().await.map(|_| ()).map_err(|e| from_api("ping", e))
+        })
+        .await
+    }
+
+    async fn diagnose(&self) -> EngineReport {
+        let mut r = EngineReport::new(BACKEND, self.endpoint.clone());
+        r.tier = self.tier();
+        let c = self.client.clone();
+        let version = call("version", self.limit, async {
+            c.version().await.map_err(|e| from_api("version", e))
+        })
+        .await;
+        match version {
+            Ok(v) => {
+                r.reachable = true;
+                r.version = v.version;
+            }
+            Err(e) => {
+                r.problems.push(Problem::new(
+                    format!("the Podman API did not answer: {e}"),
+                    START_HINT,
+                ));
+                return r;
+            }
+        }
+        let info = call("info", self.limit, async {
+            c.info().await.map_err(|e| from_api("info", e))
+        })
+        .await;
+        if let Some(rt) = info
+            .ok()
+            .and_then(|i| i.host)
+            .and_then(|h| h.oci_runtime)
+            .and_then(|o| o.name)
+        {
+            r.runtimes.push(rt);
+        }
+        if let Some(rt) = self.options.runtime {
+            if !r.runtimes.iter().any(|x| x == rt.as_str()) {
+                r.runtimes.push(format!("{rt} (configured)"));
+            }
+        }
+        for image in [
+            self.default_template.clone(),
+            "sandbox-rs/busybox:latest".to_string(),
+        ] {
+            let img = c.images().get(&image);
+            let present = call("image exists", self.limit, async {
+                img.exists().await.map_err(|e| from_api("image exists", e))
+            })
+            .await
+            .unwrap_or(false);
+            if !present {
+                r.problems.push(Problem::new(
+                    format!("image `{image}` is missing"),
+                    "sudo cargo xtask setup podman",
+                ));
+            }
+            r.images.push((image, present));
+        }
+        if let Ok(conf) = std::fs::read_to_string("/etc/containers/containers.conf") {
+            let delay = conf
+                .lines()
+                .map(str::trim)
+                .find(|l| l.starts_with("exit_command_delay"))
+                .and_then(|l| l.split('=').nth(1))
+                .and_then(|v| v.trim().parse::<u64>().ok());
+            match delay {
+                Some(d) if d <= 30 => {}
+                _ => r.problems.push(Problem::new(
+                    "each Podman exec leaves a conmon process for `exit_command_delay` (default 300 s); exec-heavy use accumulates them",
+                    "set `exit_command_delay = 5` under [engine] in /etc/containers/containers.conf and restart the Podman service (sudo cargo xtask setup podman)",
+                )),
+            }
+        }
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_map() {
+        assert_eq!(state_of(Some("running")), SandboxState::Running);
+        assert_eq!(state_of(Some("exited")), SandboxState::Stopped);
+        assert_eq!(state_of(Some("created")), SandboxState::Creating);
+        assert_eq!(state_of(None), SandboxState::Unknown);
+    }
+
+    #[test]
+    fn published_ports_are_loopback_addresses() {
+        assert_eq!(
+            loopback(Some("127.0.0.1"), Some(40000)),
+            Some(SocketAddr::from(([127, 0, 0, 1], 40000)))
+        );
+        assert_eq!(
+            loopback(Some(""), Some(40000)),
+            Some(SocketAddr::from(([127, 0, 0, 1], 40000)))
+        );
+        assert_eq!(loopback(Some("127.0.0.1"), Some(0)), None);
+        assert_eq!(loopback(Some("not an ip"), Some(1)), None);
+    }
+
+    #[tokio::test]
+    async fn a_panicking_output_stream_ends_with_one_error() {
+        let s = futures::stream::iter(0..3).map(|i| {
+            if i == 1 {
+                panic!("invalid stream number from podman daemon: '7'");
+            }
+            Ok::<_, EngineError>(i)
+        });
+        let items: Vec<_> = unwind_safe("exec output", s).collect().await;
+        assert_eq!(items.len(), 2);
+        assert!(items[0].is_ok());
+        assert_eq!(items[1].as_ref().unwrap_err().kind, EngineErrorKind::Other);
+    }
+
+    #[tokio::test]
+    async fn a_stalled_download_fails_within_the_limit() {
+        let (_tx, body) = hyper::Body::channel();
+        let mut s = idle_bounded(body, Duration::from_millis(50));
+        let t = Instant::now();
+        let e = s.next().await.unwrap().unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+        assert!(t.elapsed() < Duration::from_secs(2));
+        assert!(s.next().await.is_none());
+    }
+}
