@@ -310,6 +310,14 @@ pub trait ContainerEngine: Send + Sync + fmt::Debug + 'static {
     fn capabilities(&self) -> Capability;
     /// The endpoint, for error messages and `doctor` (never with credentials).
     fn endpoint(&self) -> &str;
+    /// The exact fix when the engine does not answer (a command where one exists).
+    fn unavailable_hint(&self) -> String {
+        format!(
+            "check that the {} engine at {} is running and reachable",
+            self.backend(),
+            self.endpoint()
+        )
+    }
 
     /// Refuses, before anything is provisioned, what this engine cannot enforce for `spec`
     /// (e.g. `disk_mb` without a storage quota).

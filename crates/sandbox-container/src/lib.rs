@@ -2,9 +2,33 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod archive;
+mod backend;
 pub mod engine;
+mod error;
+mod exec;
+mod files;
+mod ingress;
+mod interpreter;
+mod kill;
+pub mod runtime;
+mod sandbox;
+mod sweep;
+pub mod time;
 
+pub use backend::{
+    ContainerBackend, ContainerConfig, DEFAULT_CALL_TIMEOUT, DEFAULT_CREATE_TIMEOUT,
+    DEFAULT_MAX_CONTEXTS, DEFAULT_MAX_INGRESS_CONNECTIONS, DEFAULT_READ_CAP, LAYER_CAPABILITIES,
+    NAME_PREFIX, SWEEP_PAST_DEADLINE,
+};
 pub use engine::{
     ArchiveBody, ContainerEngine, ContainerInfo, ContainerSpec, EngineError, EngineErrorKind,
     EngineResult, ExecInput, ExecRequest, ExecState, ExecStream, NetworkMode, PathStat,
 };
+pub use exec::EXEC_TOKEN_ENV;
+pub use files::{LS_SCRIPT, MKDIR_SCRIPT, REMOVE_SCRIPT};
+pub use interpreter::DRIVER;
+pub use kill::KILL_SCRIPT;
+pub use runtime::{LABEL_RUNTIME, RUNSC_PIDS_HEADROOM, Runtime};
+pub use sandbox::{ContainerNative, ContainerSandbox};
+pub use time::parse_rfc3339;

@@ -1,0 +1,212 @@
+//! Turning an [`EngineError`] into the right `SandboxError` for the operation it failed in.
+//!
+//! The engine adapter says *what kind* of failure it met; only the operation knows what it
+//! means (a `NotFound` on exec is `SandboxGone`, on an archive read `PathNotFound`, on create
+//! a missing image). Every `SandboxError` this crate builds is built here, so the mapping
+//! is written once and the engine error stays the `source`.
+
+use std::time::Duration;
+
+use sandbox_core::SandboxError;
+
+use crate::engine::{ContainerEngine, EngineError, EngineErrorKind};
+
+/// The engine did not answer (or did not answer in time).
+pub(crate) fn unavailable<E: ContainerEngine + ?Sized>(engine: &E, e: EngineError) -> SandboxError {
+    SandboxError::EngineUnavailable {
+        backend: engine.backend().into(),
+        endpoint: engine.endpoint().to_string(),
+        hint: engine.unavailable_hint(),
+        source: Some(Box::new(e)),
+    }
+}
+
+fn is_unreachable(e: &EngineError) -> bool {
+    matches!(
+        e.kind,
+        EngineErrorKind::Unavailable | EngineErrorKind::Timeout
+    )
+}
+
+/// Any engine error during `op`, source kept.
+pub(crate) fn engine<E: ContainerEngine + ?Sized>(
+    engine: &E,
+    op: &str,
+    e: EngineError,
+) -> SandboxError {
+    if is_unreachable(&e) {
+        return unavailable(engine, e);
+    }
+    SandboxError::Engine {
+        backend: engine.backend().into(),
+        message: format!("{op} failed"),
+        source: Some(Box::new(e)),
+    }
+}
+
+/// A failure of this crate's own machinery (no engine error behind it).
+pub(crate) fn internal(backend: &str, message: impl Into<String>) -> SandboxError {
+    SandboxError::Engine {
+        backend: backend.into(),
+        message: message.into(),
+        source: None,
+    }
+}
+
+/// A local I/O failure during `op` on `backend`.
+pub(crate) fn io(backend: &str, op: &str, e: std::io::Error) -> SandboxError {
+    SandboxError::Engine {
+        backend: backend.into(),
+        message: format!("{op} failed"),
+        source: Some(Box::new(e)),
+    }
+}
+
+/// An engine error on a live sandbox: a missing container, or one that refuses the call
+/// because it is not running, is `SandboxGone`.
+pub(crate) fn on_sandbox<E: ContainerEngine + ?Sized>(
+    eng: &E,
+    id: &str,
+    op: &str,
+    e: EngineError,
+) -> SandboxError {
+    match e.kind {
+        EngineErrorKind::NotFound | EngineErrorKind::Conflict => gone(id),
+        _ => engine(eng, op, e),
+    }
+}
+
+/// The sandbox no longer exists.
+pub(crate) fn gone(id: &str) -> SandboxError {
+    SandboxError::SandboxGone { id: id.to_string() }
+}
+
+/// An engine error while creating from `template`.
+pub(crate) fn on_create<E: ContainerEngine + ?Sized>(
+    eng: &E,
+    template: &str,
+    op: &str,
+    e: EngineError,
+) -> SandboxError {
+    if is_unreachable(&e) {
+        return unavailable(eng, e);
+    }
+    let message = match e.kind {
+        EngineErrorKind::NotFound if op == "create container" => format!(
+            "image `{template}` not found on the engine (build the test images with `sudo cargo \
+             xtask setup`, or pull `{template}`)"
+        ),
+        _ => format!("{op} failed: {}", bounded_text(&e.message)),
+    };
+    SandboxError::Creation {
+        backend: eng.backend().into(),
+        message,
+        source: Some(Box::new(e)),
+    }
+}
+
+/// What the engine refused before anything was provisioned.
+pub(crate) fn refused_spec(e: EngineError) -> SandboxError {
+    SandboxError::Configuration {
+        message: bounded_text(&e.message),
+        hint: Some(
+            "change the option the message names, or the engine configuration it depends on".into(),
+        ),
+    }
+}
+
+/// `create` did not finish within its bound.
+pub(crate) fn create_timeout(backend: &str, after: Duration) -> SandboxError {
+    SandboxError::CreateTimeout {
+        backend: backend.into(),
+        after,
+    }
+}
+
+/// `connect` found no live sandbox under `id`.
+pub(crate) fn connect(
+    id: &str,
+    message: impl Into<String>,
+    source: Option<EngineError>,
+) -> SandboxError {
+    SandboxError::Connect {
+        id: id.to_string(),
+        message: message.into(),
+        source: source.map(|e| Box::new(e) as sandbox_core::BoxError),
+    }
+}
+
+/// A missing sandbox path.
+pub(crate) fn path_not_found(path: &str) -> SandboxError {
+    SandboxError::PathNotFound {
+        path: path.to_string(),
+    }
+}
+
+/// A file operation given a directory.
+pub(crate) fn is_a_directory(path: &str) -> SandboxError {
+    SandboxError::IsADirectory {
+        path: path.to_string(),
+    }
+}
+
+/// A file operation that failed for a reason the message names.
+pub(crate) fn file(
+    path: &str,
+    message: impl Into<String>,
+    source: Option<sandbox_core::BoxError>,
+) -> SandboxError {
+    SandboxError::FileSystem {
+        path: path.to_string(),
+        message: message.into(),
+        source,
+    }
+}
+
+/// A named limit was reached; `hint` says how to raise it or what to use instead.
+pub(crate) fn limit(limit: impl Into<String>, hint: impl Into<String>) -> SandboxError {
+    SandboxError::ResourceLimitExceeded {
+        limit: limit.into(),
+        hint: Some(hint.into()),
+    }
+}
+
+/// A timeout of user work.
+pub(crate) fn execution_timeout(after: Duration) -> SandboxError {
+    SandboxError::ExecutionTimeout { after }
+}
+
+/// The template lacks the interpreter.
+pub(crate) fn interpreter_missing(interpreter: &str, template: &str) -> SandboxError {
+    SandboxError::InterpreterMissing {
+        interpreter: interpreter.to_string(),
+        template: template.to_string(),
+    }
+}
+
+/// Engine or sandbox text quoted in a message, cut to a bounded, single-line form (a
+/// hostile sandbox controls some of it).
+pub(crate) fn bounded_text(s: &str) -> String {
+    const MAX: usize = 200;
+    let mut out: String = s
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(MAX)
+        .collect();
+    if s.chars().count() > MAX {
+        out.push('…');
+    }
+    out.trim().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoted_text_is_bounded_and_single_line() {
+        let s = bounded_text(&format!("a\nb\x1b[31m{}", "x".repeat(10_000)));
+        assert!(!s.contains('\n') && !s.contains('\x1b'));
+        assert!(s.chars().count() <= 201);
+    }
+}

@@ -1,0 +1,504 @@
+//! Starting execs: the pid wrapper, exit codes, helper execs, and user processes.
+//!
+//! Every user command starts under a tiny `sh` wrapper that prints its own pid as the
+//! exec's first stdout line and then `exec`s the argv unchanged (no shell parsing of the
+//! user's list). The pid is read from the exec's *own* output stream before any user code
+//! runs, so nothing inside the sandbox can forge it (a pidfile in a shared directory
+//! could be rewritten to point a kill at PID 1). Every exec also carries a random token in
+//! its environment (`SBX_EXEC`), which its children inherit: the kill finds background
+//! children through it even after they were re-parented (see `kill.rs`).
+//!
+//! Exit codes come from the engine's exec inspect and are trusted only once it reports
+//! the exec no longer running (Podman reports exit 0 while an exec still runs).
+
+use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+use sandbox_core::teardown::{Killer, OrphanInfo, TeardownGuard};
+use sandbox_core::{
+    ExecResult, OutputChunk, Process, Result, StartFuture, StartedExec, StreamKind,
+};
+use tokio::io::AsyncWriteExt;
+
+use crate::engine::{ContainerEngine, ExecInput, ExecRequest};
+use crate::error;
+use crate::kill::exec_killer;
+use crate::sandbox::Shared;
+
+/// Environment variable carrying each exec's token.
+pub const EXEC_TOKEN_ENV: &str = "SBX_EXEC";
+
+/// The wrapper: print our pid, then become the command. A missing program makes `exec`
+/// fail with 127 and the shell's message on stderr.
+pub(crate) const WRAPPER: &str = "echo \"$$\"; exec \"$@\"";
+
+/// Longest first line accepted as the wrapper's pid line.
+const PID_LINE_MAX: usize = 32;
+/// Stderr held back while waiting for the pid line (the wrapper prints nothing there).
+const HELD_STDERR_MAX: usize = 64 * 1024;
+/// Bound on internal helper execs (kill, mkdir, ls, …): time and buffered output.
+pub(crate) const HELPER_TIMEOUT: Duration = Duration::from_secs(30);
+/// Output a helper may produce before it is refused.
+pub(crate) const HELPER_OUTPUT_CAP: usize = 16 * 1024 * 1024;
+/// How long an exec runs before its container is also watched for dying.
+const WATCH_AFTER: Duration = Duration::from_secs(1);
+
+/// The wrapper argv for `argv`.
+pub(crate) fn wrap_argv(argv: &[String]) -> Vec<String> {
+    let mut v = vec![
+        "sh".to_string(),
+        "-c".to_string(),
+        WRAPPER.to_string(),
+        // `$0`: names the program in the shell's error messages.
+        argv.first().cloned().unwrap_or_else(|| "sh".into()),
+    ];
+    v.extend(argv.iter().cloned());
+    v
+}
+
+/// A fresh exec token: 16 hex digits (fixed length, so no token is a prefix of another).
+pub(crate) fn new_token() -> String {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(SEQ.fetch_add(1, Ordering::Relaxed));
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.write_u32(std::process::id());
+    format!("{:016x}", h.finish())
+}
+
+/// Parses the wrapper's first line.
+pub(crate) fn parse_pid_line(line: &[u8]) -> Option<u32> {
+    let s = std::str::from_utf8(line).ok()?.trim();
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse::<u32>().ok().filter(|p| *p > 1)
+}
+
+/// What to exec.
+pub(crate) struct ExecPlan {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub workdir: String,
+    pub stdin: bool,
+    /// Under the pid wrapper (user commands, interpreters, forwarders) or bare (helpers).
+    pub wrapped: bool,
+    /// Whether a dropped launch kills what it started. Off only for the kill helper
+    /// itself, so a kill that times out cannot schedule kills of itself forever.
+    pub guarded: bool,
+}
+
+impl ExecPlan {
+    /// A bare, guarded helper exec in `/`.
+    pub(crate) fn helper(argv: Vec<String>) -> Self {
+        ExecPlan {
+            argv,
+            env: Vec::new(),
+            workdir: "/".into(),
+            stdin: false,
+            wrapped: false,
+            guarded: true,
+        }
+    }
+}
+
+/// A started exec.
+pub(crate) struct Launched {
+    pub exec_id: String,
+    pub output: BoxStream<'static, Result<OutputChunk>>,
+    pub input: Option<ExecInput>,
+    /// Kills what this exec started (and only that).
+    pub killer: Killer,
+    /// Owns the remote process until the caller hands the killer on; dropping it kills.
+    pub guard: TeardownGuard,
+    /// The wrapper never ran: the engine's own text (e.g. no `sh` in the image) was
+    /// turned into stderr, and an exit of 126/127 is reported as 127.
+    pub engine_text: Arc<AtomicBool>,
+}
+
+/// Creates and starts an exec; for a wrapped plan, reads the pid line first.
+pub(crate) async fn launch<E: ContainerEngine>(
+    sh: &Arc<Shared<E>>,
+    plan: ExecPlan,
+) -> Result<Launched> {
+    let token = new_token();
+    let argv = if plan.wrapped {
+        wrap_argv(&plan.argv)
+    } else {
+        plan.argv
+    };
+    let mut env = plan.env;
+    env.push((EXEC_TOKEN_ENV.to_string(), token.clone()));
+    let mut request = ExecRequest::new(argv, plan.workdir);
+    request.env = env;
+    request.stdin = plan.stdin;
+    let stream = sh
+        .call("exec", sh.engine.exec(&sh.id, request))
+        .await
+        .map_err(|e| error::on_sandbox(&*sh.engine, &sh.id, "exec", e))?;
+    let exec_id = stream.exec_id;
+    // From here the remote process may exist: a dropped launch kills it, by token until
+    // the pid is known.
+    let info = OrphanInfo::new(
+        format!("{}/{exec_id}", sh.id),
+        sh.engine.backend(),
+        sh.labels.clone(),
+    );
+    let token_killer = exec_killer(sh, exec_id.clone(), None, token.clone());
+    let mut guard = TeardownGuard::new(info.clone(), token_killer.clone());
+    if !plan.guarded {
+        guard.disarm();
+    }
+    let eng = sh.engine.clone();
+    let id = sh.id.clone();
+    let mut output: BoxStream<'static, Result<OutputChunk>> = stream
+        .output
+        .map_err(move |e| error::on_sandbox(&*eng, &id, "exec output", e))
+        .boxed();
+    let engine_text = Arc::new(AtomicBool::new(false));
+    let mut killer = token_killer;
+    if plan.wrapped {
+        let (pid, prefix) = read_pid_line(&mut output).await?;
+        match pid {
+            Some(pid) => {
+                killer = exec_killer(sh, exec_id.clone(), Some(pid), token);
+                if plan.guarded {
+                    guard = TeardownGuard::new(info, killer.clone());
+                }
+                output = futures::stream::iter(prefix.into_iter().map(Ok))
+                    .chain(output)
+                    .boxed();
+            }
+            None => {
+                engine_text.store(true, Ordering::SeqCst);
+                let rest = output.map_ok(|c| OutputChunk::stderr(c.data));
+                output = futures::stream::iter(prefix.into_iter().map(Ok))
+                    .chain(rest)
+                    .boxed();
+            }
+        }
+    }
+    let output = watch_container(sh.clone(), output);
+    Ok(Launched {
+        exec_id,
+        output,
+        input: stream.input,
+        killer,
+        guard,
+        engine_text,
+    })
+}
+
+/// Reads until the wrapper's pid line. Returns the pid (or `None` when the first line is
+/// not ours, i.e. the wrapper never ran) and the output read past it, in order.
+async fn read_pid_line(
+    output: &mut BoxStream<'static, Result<OutputChunk>>,
+) -> Result<(Option<u32>, Vec<OutputChunk>)> {
+    let mut line = BytesMut::new();
+    let mut held: Vec<OutputChunk> = Vec::new();
+    let mut held_len = 0usize;
+    let not_ours = |line: BytesMut, held: Vec<OutputChunk>| {
+        let mut v = Vec::with_capacity(held.len() + 1);
+        if !line.is_empty() {
+            v.push(OutputChunk::stderr(line.freeze()));
+        }
+        v.extend(held.into_iter().map(|c| OutputChunk::stderr(c.data)));
+        (None, v)
+    };
+    loop {
+        match output.next().await {
+            Some(Ok(c)) if c.stream == StreamKind::Stdout => {
+                line.extend_from_slice(&c.data);
+                if let Some(pos) = line.iter().position(|b| *b == b'\n') {
+                    let rest = line.split_off(pos + 1);
+                    if let Some(pid) = parse_pid_line(&line[..pos]) {
+                        if !rest.is_empty() {
+                            held.push(OutputChunk::stdout(rest.freeze()));
+                        }
+                        return Ok((Some(pid), held));
+                    }
+                    line.unsplit(rest);
+                    return Ok(not_ours(line, held));
+                }
+                if line.len() > PID_LINE_MAX {
+                    return Ok(not_ours(line, held));
+                }
+            }
+            Some(Ok(c)) => {
+                held_len += c.data.len();
+                held.push(c);
+                if held_len > HELD_STDERR_MAX {
+                    return Ok(not_ours(line, held));
+                }
+            }
+            Some(Err(e)) => return Err(e),
+            None => return Ok(not_ours(line, held)),
+        }
+    }
+}
+
+/// Ends `output` with `SandboxGone` if the container stops while the exec's stream is
+/// still open: some runtimes (runsc) leave the attach stream open and the exec "running"
+/// forever when the sandbox dies under it. Checked only while the stream is polled.
+fn watch_container<E: ContainerEngine>(
+    sh: Arc<Shared<E>>,
+    output: BoxStream<'static, Result<OutputChunk>>,
+) -> BoxStream<'static, Result<OutputChunk>> {
+    let died = Arc::new(AtomicBool::new(false));
+    let flag = died.clone();
+    let watch = sh.clone();
+    let watchdog = async move {
+        tokio::time::sleep(WATCH_AFTER).await;
+        loop {
+            if !watch.container_running().await {
+                flag.store(true, Ordering::SeqCst);
+                return;
+            }
+            tokio::time::sleep(WATCH_AFTER).await;
+        }
+    };
+    let gone = futures::stream::once(async move {
+        died.load(Ordering::SeqCst)
+            .then(|| Err(error::gone(&sh.id)))
+    })
+    .filter_map(futures::future::ready);
+    output.take_until(watchdog).chain(gone).boxed()
+}
+
+/// The exit code of an exec, once the engine reports it no longer running. A container
+/// that stopped under it is `SandboxGone`, never a hang.
+pub(crate) async fn exit_code<E: ContainerEngine>(sh: &Shared<E>, exec_id: &str) -> Result<i64> {
+    let mut delay = Duration::from_millis(1);
+    let mut next_container_check = tokio::time::Instant::now() + WATCH_AFTER;
+    loop {
+        let state = sh
+            .call("exec inspect", sh.engine.exec_state(exec_id))
+            .await
+            .map_err(|e| error::on_sandbox(&*sh.engine, &sh.id, "exec inspect", e))?;
+        if !state.running {
+            return Ok(state.exit_code.unwrap_or(-1));
+        }
+        if tokio::time::Instant::now() >= next_container_check {
+            if !sh.container_running().await {
+                return Err(error::gone(&sh.id));
+            }
+            next_container_check = tokio::time::Instant::now() + WATCH_AFTER;
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// Runs a helper to completion, bounded in time ([`HELPER_TIMEOUT`]) and output
+/// ([`HELPER_OUTPUT_CAP`]); past either bound it is killed and refused.
+pub(crate) async fn helper<E: ContainerEngine>(
+    sh: &Arc<Shared<E>>,
+    plan: ExecPlan,
+) -> Result<ExecResult> {
+    let backend = sh.engine.backend();
+    let fut = async {
+        let mut l = launch(sh, plan).await?;
+        let mut out = BytesMut::new();
+        let mut err = BytesMut::new();
+        while let Some(chunk) = l.output.next().await {
+            let chunk = chunk?;
+            let buf = match chunk.stream {
+                StreamKind::Stdout => &mut out,
+                StreamKind::Stderr => &mut err,
+            };
+            if buf.len() + chunk.data.len() > HELPER_OUTPUT_CAP {
+                // Dropping `l` (its guard armed) kills the helper.
+                return Err(error::limit(
+                    format!("internal helper output ({HELPER_OUTPUT_CAP} bytes)"),
+                    "the directory or path holds more than sandbox-rs's helpers read at once; \
+                     use run() or download() to handle it in parts",
+                ));
+            }
+            buf.extend_from_slice(&chunk.data);
+        }
+        let code = exit_code(sh, &l.exec_id).await?;
+        l.guard.disarm();
+        Ok(ExecResult::new(code, out.freeze(), err.freeze()))
+    };
+    match tokio::time::timeout(HELPER_TIMEOUT, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(error::internal(
+            backend,
+            format!("an internal exec did not finish within {HELPER_TIMEOUT:?}"),
+        )),
+    }
+}
+
+/// A bare helper of `argv` in `/`.
+pub(crate) async fn helper_argv<E: ContainerEngine>(
+    sh: &Arc<Shared<E>>,
+    argv: &[&str],
+) -> Result<ExecResult> {
+    helper(
+        sh,
+        ExecPlan::helper(argv.iter().map(|s| s.to_string()).collect()),
+    )
+    .await
+}
+
+/// The future that starts a user process for `sandbox_core::Process`.
+fn start_future<E: ContainerEngine>(
+    sh: Arc<Shared<E>>,
+    plan: ExecPlan,
+    feed: Option<Bytes>,
+) -> StartFuture {
+    Box::pin(async move {
+        sh.remaining()?;
+        let mut l = launch(&sh, plan).await?;
+        if let Some(data) = feed {
+            let Some(input) = l.input.as_mut() else {
+                return Err(error::internal(
+                    sh.engine.backend(),
+                    "the engine attached no stdin",
+                ));
+            };
+            let fed = async {
+                input.write_all(&data).await?;
+                input.shutdown().await
+            }
+            .await;
+            // A failed feed drops `l`, whose guard kills the process.
+            fed.map_err(|e| error::io(sh.engine.backend(), "writing the exec's stdin", e))?;
+        }
+        l.guard.disarm();
+        let exec_id = l.exec_id.clone();
+        let engine_text = l.engine_text.clone();
+        let exit = Box::pin(async move {
+            let code = exit_code(&sh, &exec_id).await?;
+            if engine_text.load(Ordering::SeqCst) && (code == 126 || code == 127) {
+                return Ok(127);
+            }
+            Ok(code)
+        });
+        Ok(StartedExec {
+            output: l.output,
+            exit_code: exit,
+            killer: l.killer,
+        })
+    })
+}
+
+/// A user command as a lazily started, killable [`Process`] bounded by `timeout`.
+pub(crate) fn process<E: ContainerEngine>(
+    sh: &Arc<Shared<E>>,
+    argv: Vec<String>,
+    env: &std::collections::BTreeMap<String, String>,
+    workdir: Option<&str>,
+    timeout: Duration,
+    feed: Option<Bytes>,
+) -> Result<Process> {
+    let workdir = match workdir {
+        Some(w) => sandbox_core::resolve_path(&sh.workdir, w)?,
+        None => sh.workdir.clone(),
+    };
+    let plan = ExecPlan {
+        argv,
+        env: sh.exec_env(env),
+        workdir,
+        stdin: feed.is_some(),
+        wrapped: true,
+        guarded: true,
+    };
+    Ok(Process::new(
+        start_future(sh.clone(), plan, feed),
+        timeout,
+        sh.info(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrapper_execs_argv_without_parsing_it() {
+        let argv = vec!["echo".to_string(), "$HOME; rm -rf /".to_string()];
+        let w = wrap_argv(&argv);
+        assert_eq!(&w[..3], &["sh", "-c", WRAPPER]);
+        assert_eq!(&w[3], "echo", "$0 names the program in error messages");
+        assert_eq!(
+            &w[4..],
+            &argv[..],
+            "argv passed verbatim as positional args"
+        );
+        assert!(
+            !WRAPPER.contains("/dev/shm") && !WRAPPER.contains('>'),
+            "no pidfile"
+        );
+    }
+
+    #[test]
+    fn pid_line_is_strict() {
+        assert_eq!(parse_pid_line(b"1234"), Some(1234));
+        assert_eq!(parse_pid_line(b" 77\r"), Some(77));
+        assert_eq!(parse_pid_line(b"1"), None, "never PID 1");
+        assert_eq!(parse_pid_line(b"0"), None);
+        assert_eq!(parse_pid_line(b"-1"), None);
+        assert_eq!(parse_pid_line(b"12 34"), None);
+        assert_eq!(parse_pid_line(b"99999999999"), None, "overflow refused");
+        assert_eq!(parse_pid_line(b"OCI runtime exec failed"), None);
+        assert_eq!(parse_pid_line(b""), None);
+    }
+
+    #[test]
+    fn tokens_are_fixed_length_and_distinct() {
+        let a = new_token();
+        let b = new_token();
+        assert_eq!(a.len(), 16);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+
+    fn chunks(v: Vec<OutputChunk>) -> BoxStream<'static, Result<OutputChunk>> {
+        futures::stream::iter(v.into_iter().map(Ok)).boxed()
+    }
+
+    #[tokio::test]
+    async fn pid_line_split_across_chunks_keeps_the_rest() {
+        let mut s = chunks(vec![
+            OutputChunk::stdout("12"),
+            OutputChunk::stderr("early"),
+            OutputChunk::stdout("3\nhello"),
+        ]);
+        let (pid, rest) = read_pid_line(&mut s).await.unwrap();
+        assert_eq!(pid, Some(123));
+        assert_eq!(
+            rest,
+            vec![OutputChunk::stderr("early"), OutputChunk::stdout("hello")]
+        );
+    }
+
+    #[tokio::test]
+    async fn engine_text_instead_of_a_pid_becomes_stderr() {
+        let mut s = chunks(vec![OutputChunk::stdout(
+            "OCI runtime exec failed: no sh\n",
+        )]);
+        let (pid, rest) = read_pid_line(&mut s).await.unwrap();
+        assert_eq!(pid, None);
+        assert_eq!(
+            rest,
+            vec![OutputChunk::stderr("OCI runtime exec failed: no sh\n")]
+        );
+        let mut s = chunks(vec![OutputChunk::stdout("x".repeat(100))]);
+        assert_eq!(
+            read_pid_line(&mut s).await.unwrap().0,
+            None,
+            "an endless line is not a pid"
+        );
+    }
+}
