@@ -142,6 +142,32 @@ pub struct ContainerSpec {
     pub lifetime: Duration,
 }
 
+impl ContainerSpec {
+    /// A spec for `image` running `command` with `resources` for `lifetime`: init as PID 1,
+    /// workdir `/work`, no env, no labels, no network. The other fields are public, so an
+    /// adapter's tests (and a third-party engine's) can build any spec without the layer.
+    pub fn new(
+        name: impl Into<String>,
+        image: impl Into<String>,
+        command: Vec<String>,
+        resources: EffectiveResources,
+        lifetime: Duration,
+    ) -> Self {
+        ContainerSpec {
+            name: name.into(),
+            image: image.into(),
+            command,
+            init: true,
+            env: Vec::new(),
+            workdir: sandbox_core::options::DEFAULT_WORKDIR.to_string(),
+            labels: BTreeMap::new(),
+            resources,
+            network: NetworkMode::None,
+            lifetime,
+        }
+    }
+}
+
 /// What one exec runs.
 #[derive(Clone, Default)]
 #[non_exhaustive]
