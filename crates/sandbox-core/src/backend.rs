@@ -38,6 +38,12 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         r.tier = self.isolation();
         r
     }
+    /// This backend as the core enforcement layer, when it is one. Only
+    /// [`EnforcedBackend`](crate::layer::EnforcedBackend) returns `Some`; adapters keep the
+    /// default. [`layer::enforce`](crate::layer::enforce) uses it to wrap a backend once.
+    fn as_enforced(&self) -> Option<&crate::layer::EnforcedBackend> {
+        None
+    }
 }
 
 /// A backend that can list and kill the sandboxes it manages (for `sandbox reap`).
@@ -73,5 +79,8 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     async fn diagnose(&self) -> EngineReport {
         (**self).diagnose().await
+    }
+    fn as_enforced(&self) -> Option<&crate::layer::EnforcedBackend> {
+        (**self).as_enforced()
     }
 }

@@ -294,7 +294,7 @@ impl SandboxError {
         }
     }
 
-    /// Shorthand for a [`SandboxError::Configuration`] with a hint.
+    /// A [`SandboxError::Configuration`] with the exact fix.
     pub fn config(message: impl Into<String>, hint: impl Into<String>) -> Self {
         SandboxError::Configuration {
             message: message.into(),
@@ -302,14 +302,217 @@ impl SandboxError {
         }
     }
 
-    /// Shorthand for [`SandboxError::CapabilityNotSupported`], filling in the first-party
-    /// backends known to declare `capability`.
+    /// A [`SandboxError::Configuration`] without a specific hint (the code's general fix
+    /// is shown).
+    pub fn configuration(message: impl Into<String>) -> Self {
+        SandboxError::Configuration {
+            message: message.into(),
+            hint: None,
+        }
+    }
+
+    /// A [`SandboxError::BackendNotFound`]; `feature` is the cargo feature that adds a known
+    /// first-party scheme.
+    pub fn backend_not_found(
+        scheme: impl Into<String>,
+        available: Vec<String>,
+        feature: Option<String>,
+    ) -> Self {
+        SandboxError::BackendNotFound {
+            scheme: scheme.into(),
+            available,
+            feature,
+        }
+    }
+
+    /// A [`SandboxError::BackendNotInstalled`] with the install command.
+    pub fn backend_not_installed(backend: impl Into<String>, hint: impl Into<String>) -> Self {
+        SandboxError::BackendNotInstalled {
+            backend: backend.into(),
+            hint: hint.into(),
+        }
+    }
+
+    /// A [`SandboxError::EngineUnavailable`] with the exact start command.
+    pub fn engine_unavailable(
+        backend: impl Into<String>,
+        endpoint: impl Into<String>,
+        hint: impl Into<String>,
+    ) -> Self {
+        SandboxError::EngineUnavailable {
+            backend: backend.into(),
+            endpoint: endpoint.into(),
+            hint: hint.into(),
+            source: None,
+        }
+    }
+
+    /// A [`SandboxError::CapabilityNotSupported`] naming `capability`. Which backends have
+    /// it is filled in by the facade's enforcement layer (core knows no first-party list).
     pub fn unsupported(capability: Capability, backend: impl Into<String>) -> Self {
         SandboxError::CapabilityNotSupported {
             capability,
             backend: backend.into(),
-            supported_by: first_party_support(capability),
+            supported_by: Vec::new(),
         }
+    }
+
+    /// A [`SandboxError::CapabilityNotSupported`] with the backends known to have it.
+    pub fn capability_not_supported(
+        capability: Capability,
+        backend: impl Into<String>,
+        supported_by: Vec<String>,
+    ) -> Self {
+        SandboxError::CapabilityNotSupported {
+            capability,
+            backend: backend.into(),
+            supported_by,
+        }
+    }
+
+    /// A [`SandboxError::Creation`].
+    pub fn creation(backend: impl Into<String>, message: impl Into<String>) -> Self {
+        SandboxError::Creation {
+            backend: backend.into(),
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A [`SandboxError::Connect`].
+    pub fn connect(id: impl Into<String>, message: impl Into<String>) -> Self {
+        SandboxError::Connect {
+            id: id.into(),
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A [`SandboxError::CreateTimeout`].
+    pub fn create_timeout(backend: impl Into<String>, after: Duration) -> Self {
+        SandboxError::CreateTimeout {
+            backend: backend.into(),
+            after,
+        }
+    }
+
+    /// A [`SandboxError::SandboxGone`].
+    pub fn gone(id: impl Into<String>) -> Self {
+        SandboxError::SandboxGone { id: id.into() }
+    }
+
+    /// A [`SandboxError::Execution`] (what `raise_for_status` returns).
+    pub fn execution(exit_code: i64, stderr: impl Into<bytes::Bytes>) -> Self {
+        SandboxError::Execution {
+            exit_code,
+            stderr: stderr.into(),
+        }
+    }
+
+    /// A [`SandboxError::ExecutionTimeout`].
+    pub fn execution_timeout(after: Duration) -> Self {
+        SandboxError::ExecutionTimeout { after }
+    }
+
+    /// A [`SandboxError::InterpreterMissing`].
+    pub fn interpreter_missing(
+        interpreter: impl Into<String>,
+        template: impl Into<String>,
+    ) -> Self {
+        SandboxError::InterpreterMissing {
+            interpreter: interpreter.into(),
+            template: template.into(),
+        }
+    }
+
+    /// A [`SandboxError::NetworkPolicyViolation`].
+    pub fn network_policy_violation(message: impl Into<String>) -> Self {
+        SandboxError::NetworkPolicyViolation {
+            message: message.into(),
+        }
+    }
+
+    /// A [`SandboxError::ResourceLimitExceeded`] naming the limit, with how to raise it.
+    pub fn resource_limit(limit: impl Into<String>, hint: Option<String>) -> Self {
+        SandboxError::ResourceLimitExceeded {
+            limit: limit.into(),
+            hint,
+        }
+    }
+
+    /// A [`SandboxError::Auth`] naming the environment variable of the credential.
+    pub fn auth(env_var: impl Into<String>) -> Self {
+        SandboxError::Auth {
+            env_var: env_var.into(),
+        }
+    }
+
+    /// A [`SandboxError::RateLimit`].
+    pub fn rate_limit(backend: impl Into<String>, retry_after: Option<Duration>) -> Self {
+        SandboxError::RateLimit {
+            backend: backend.into(),
+            retry_after,
+        }
+    }
+
+    /// A [`SandboxError::AuditSink`].
+    pub fn audit_sink(message: impl Into<String>) -> Self {
+        SandboxError::AuditSink {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A [`SandboxError::FileSystem`].
+    pub fn file_system(path: impl Into<String>, message: impl Into<String>) -> Self {
+        SandboxError::FileSystem {
+            path: path.into(),
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A [`SandboxError::PathNotFound`].
+    pub fn path_not_found(path: impl Into<String>) -> Self {
+        SandboxError::PathNotFound { path: path.into() }
+    }
+
+    /// A [`SandboxError::IsADirectory`].
+    pub fn is_a_directory(path: impl Into<String>) -> Self {
+        SandboxError::IsADirectory { path: path.into() }
+    }
+
+    /// A [`SandboxError::UnsafeArchiveEntry`].
+    pub fn unsafe_archive_entry(entry: impl Into<String>) -> Self {
+        SandboxError::UnsafeArchiveEntry {
+            entry: entry.into(),
+        }
+    }
+
+    /// A [`SandboxError::Engine`] (any engine error no more specific code describes).
+    pub fn engine(backend: impl Into<String>, message: impl Into<String>) -> Self {
+        SandboxError::Engine {
+            backend: backend.into(),
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Keeps `source` as the underlying error, on every variant that carries one
+    /// (`EngineUnavailable`, `Creation`, `Connect`, `AuditSink`, `FileSystem`, `Engine`);
+    /// other variants are returned unchanged.
+    pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
+        use SandboxError::*;
+        match &mut self {
+            EngineUnavailable { source: s, .. }
+            | Creation { source: s, .. }
+            | Connect { source: s, .. }
+            | AuditSink { source: s, .. }
+            | FileSystem { source: s, .. }
+            | Engine { source: s, .. } => *s = Some(source.into()),
+            _ => {}
+        }
+        self
     }
 
     /// A one-line rendering with code, message and hint, for CLIs and logs:
@@ -317,26 +520,6 @@ impl SandboxError {
     pub fn render(&self) -> String {
         format!("{}: {} (hint: {})", self.code(), self, self.hint())
     }
-}
-
-/// First-party backends that declare a capability (used in `CapabilityNotSupported`).
-pub fn first_party_support(capability: Capability) -> Vec<String> {
-    let container = Capability::RUN_COMMAND
-        | Capability::RUN_CODE
-        | Capability::STATEFUL_CODE
-        | Capability::STREAMING
-        | Capability::FILESYSTEM
-        | Capability::UPLOAD_DOWNLOAD
-        | Capability::NETWORK_POLICY
-        | Capability::INGRESS_PORTS;
-    let fake = container | Capability::EGRESS_ALLOWLIST;
-    let mut out = Vec::new();
-    for (name, caps) in [("docker", container), ("podman", container), ("fake", fake)] {
-        if !capability.is_empty() && caps.contains(capability) {
-            out.push(name.to_string());
-        }
-    }
-    out
 }
 
 #[cfg(test)]
@@ -357,8 +540,12 @@ mod tests {
                 hint: "sudo cargo xtask setup".into(),
                 source: None,
             },
-            SandboxError::unsupported(Capability::EGRESS_ALLOWLIST, "docker"),
-            SandboxError::SandboxGone { id: "abc".into() },
+            SandboxError::capability_not_supported(
+                Capability::EGRESS_ALLOWLIST,
+                "docker",
+                vec!["fake".into()],
+            ),
+            SandboxError::gone("abc"),
             SandboxError::Execution {
                 exit_code: 3,
                 stderr: bytes::Bytes::from_static(b"secret stderr"),
@@ -366,9 +553,7 @@ mod tests {
             SandboxError::ExecutionTimeout {
                 after: Duration::from_millis(1500),
             },
-            SandboxError::PathNotFound {
-                path: "/work/x".into(),
-            },
+            SandboxError::path_not_found("/work/x"),
             SandboxError::Connect {
                 id: "abc".into(),
                 message: "kill failed".into(),
@@ -399,12 +584,16 @@ mod tests {
     #[test]
     fn source_chain_is_kept() {
         let io = std::io::Error::other("socket closed");
-        let e = SandboxError::Engine {
-            backend: "docker".into(),
-            message: "inspect failed".into(),
-            source: Some(Box::new(io)),
-        };
+        let e = SandboxError::engine("docker", "inspect failed").with_source(io);
         let src = std::error::Error::source(&e).expect("source kept");
         assert_eq!(src.to_string(), "socket closed");
+    }
+
+    #[test]
+    fn with_source_leaves_sourceless_variants_alone() {
+        let e = SandboxError::execution_timeout(Duration::from_secs(1))
+            .with_source(std::io::Error::other("x"));
+        assert!(std::error::Error::source(&e).is_none());
+        assert!(e.is_timeout());
     }
 }

@@ -2,6 +2,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod audit;
 mod backend;
 mod capability;
 mod diagnostics;
@@ -11,6 +12,7 @@ mod error_code;
 mod files;
 mod isolation;
 pub mod labels;
+pub mod layer;
 mod managed;
 mod network;
 pub mod options;
@@ -21,6 +23,7 @@ mod resources;
 mod result;
 mod sandbox;
 mod secret;
+mod sha256;
 pub mod tar_stream;
 pub mod teardown;
 
@@ -28,7 +31,7 @@ pub use backend::{Backend, ReapableBackend};
 pub use capability::Capability;
 pub use diagnostics::{EngineReport, Problem};
 pub use dsn::Dsn;
-pub use error::{BoxError, Result, SandboxError, first_party_support};
+pub use error::{BoxError, Result, SandboxError};
 pub use error_code::{CodeDoc, DOCS_BASE_URL, ErrorCode};
 pub use files::{FileInfo, FileSystem, resolve_path};
 pub use isolation::IsolationTier;

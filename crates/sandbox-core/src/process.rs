@@ -284,7 +284,7 @@ impl Process {
 /// Rebuilds an error for a second report (sources are not `Clone`; their text is kept).
 fn replay_error(e: &SandboxError) -> SandboxError {
     match e {
-        SandboxError::SandboxGone { id } => SandboxError::SandboxGone { id: id.clone() },
+        SandboxError::SandboxGone { id, .. } => SandboxError::gone(id.clone()),
         SandboxError::ExecutionTimeout { after } => {
             SandboxError::ExecutionTimeout { after: *after }
         }

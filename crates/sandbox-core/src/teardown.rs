@@ -286,7 +286,7 @@ mod tests {
     async fn gone_counts_as_killed() {
         let mut g = TeardownGuard::new(
             info(),
-            Arc::new(|| Box::pin(async { Err(SandboxError::SandboxGone { id: "x".into() }) })),
+            Arc::new(|| Box::pin(async { Err(SandboxError::gone("x")) })),
         );
         assert!(g.kill_now().await.is_ok());
     }
