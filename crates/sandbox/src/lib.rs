@@ -1,9 +1,12 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
+// docs.rs (all features) marks each adapter module with the cargo feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod blocking;
 mod registry;
+mod support;
 mod target;
 
 use std::sync::Arc;
@@ -11,17 +14,21 @@ use std::sync::Arc;
 use tracing::Instrument;
 
 pub use registry::{BackendFactory, DEFAULT_SCHEME, register, schemes};
+pub use support::first_party_support;
 pub use sandbox_core::*;
 pub use target::{BackendConfig, Target};
 
 /// The Docker adapter (typed configuration: `docker::DockerConfig`).
 #[cfg(feature = "docker")]
+#[cfg_attr(docsrs, doc(cfg(feature = "docker")))]
 pub use sandbox_docker as docker;
 /// The in-memory fake backend, for tests without an engine.
 #[cfg(feature = "fake")]
+#[cfg_attr(docsrs, doc(cfg(feature = "fake")))]
 pub use sandbox_fake as fake;
 /// The Podman adapter (typed configuration: `podman::PodmanConfig`).
 #[cfg(feature = "podman")]
+#[cfg_attr(docsrs, doc(cfg(feature = "podman")))]
 pub use sandbox_podman as podman;
 
 /// Creates a sandbox and returns once it is usable.
@@ -30,13 +37,18 @@ pub use sandbox_podman as podman;
 /// the local Docker engine, or a typed configuration ([`BackendConfig`], `DockerConfig`, an
 /// `Arc<dyn Backend>`). A DSN's template and timeout are applied on top of `options`.
 ///
-/// Options are validated and `require_isolation` is checked against the backend's tier
-/// before anything is provisioned. An unknown scheme is `BackendNotFound`, listing the
+/// Every backend the facade hands out is wrapped in core's enforcement layer
+/// ([`layer`]): options are validated and `require_isolation` and the capabilities the
+/// policy needs are checked before anything is provisioned, and every operation gets its
+/// `tracing` span and audit record. To attach audit sinks, wrap the backend yourself with
+/// [`layer::Layer`] and pass the `Arc<dyn Backend>` as the target; the facade detects the
+/// layer and does not add a second one. An unknown scheme is `BackendNotFound`, listing the
 /// schemes this build has and, for a known first-party one, the cargo feature that adds it.
 pub async fn create(target: impl Into<Target>, options: CreateOptions) -> Result<Box<dyn Sandbox>> {
     let target = target.into();
     let span = tracing::info_span!("sandbox.facade.create", backend = tracing::field::Empty);
     async move {
+        // Refuse bad options before resolving (and maybe connecting to) an engine.
         options.validate()?;
         let (backend, dsn) = registry::resolve(target).await?;
         tracing::Span::current().record("backend", backend.name());
@@ -44,12 +56,6 @@ pub async fn create(target: impl Into<Target>, options: CreateOptions) -> Result
             Some(d) => d.apply(options),
             None => options,
         };
-        policy::check_create(
-            backend.name(),
-            backend.capabilities(),
-            backend.isolation(),
-            &options,
-        )?;
         backend.create(options).await
     }
     .instrument(span)

@@ -17,13 +17,16 @@ use sandbox_core::{Backend, Dsn};
 pub enum BackendConfig {
     /// The Docker adapter.
     #[cfg(feature = "docker")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "docker")))]
     Docker(sandbox_docker::DockerConfig),
     /// The Podman adapter.
     #[cfg(feature = "podman")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "podman")))]
     Podman(sandbox_podman::PodmanConfig),
     /// The in-memory fake. `fake://` means `FakeConfig::default()`; one fake (with its
     /// sandboxes) is shared per configuration, like an engine.
     #[cfg(feature = "fake")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "fake")))]
     Fake(sandbox_fake::FakeConfig),
     /// A ready backend object (a configured fake, a third-party adapter). Used as is,
     /// never cached.
@@ -124,6 +127,7 @@ impl From<Arc<dyn Backend>> for Target {
 }
 
 #[cfg(feature = "docker")]
+#[cfg_attr(docsrs, doc(cfg(feature = "docker")))]
 impl From<sandbox_docker::DockerConfig> for Target {
     fn from(c: sandbox_docker::DockerConfig) -> Self {
         Target::Config(BackendConfig::Docker(c))
@@ -131,6 +135,7 @@ impl From<sandbox_docker::DockerConfig> for Target {
 }
 
 #[cfg(feature = "podman")]
+#[cfg_attr(docsrs, doc(cfg(feature = "podman")))]
 impl From<sandbox_podman::PodmanConfig> for Target {
     fn from(c: sandbox_podman::PodmanConfig) -> Self {
         Target::Config(BackendConfig::Podman(c))
@@ -138,6 +143,7 @@ impl From<sandbox_podman::PodmanConfig> for Target {
 }
 
 #[cfg(feature = "fake")]
+#[cfg_attr(docsrs, doc(cfg(feature = "fake")))]
 impl From<sandbox_fake::FakeConfig> for Target {
     fn from(c: sandbox_fake::FakeConfig) -> Self {
         Target::Config(BackendConfig::Fake(c))
