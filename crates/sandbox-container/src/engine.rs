@@ -168,30 +168,6 @@ impl ContainerSpec {
     }
 }
 
-impl ContainerSpec {
-    /// A spec for `image` named `name` with `resources`: no command, the engine's init,
-    /// no env, workdir `/work`, no labels, no network, a 300 s lifetime. The container layer
-    /// fills every field; adapters use this in their tests.
-    pub fn new(
-        name: impl Into<String>,
-        image: impl Into<String>,
-        resources: EffectiveResources,
-    ) -> Self {
-        ContainerSpec {
-            name: name.into(),
-            image: image.into(),
-            command: Vec::new(),
-            init: true,
-            env: Vec::new(),
-            workdir: sandbox_core::options::DEFAULT_WORKDIR.to_string(),
-            labels: BTreeMap::new(),
-            resources,
-            network: NetworkMode::None,
-            lifetime: Duration::from_secs(300),
-        }
-    }
-}
-
 /// What one exec runs.
 #[derive(Clone, Default)]
 #[non_exhaustive]
