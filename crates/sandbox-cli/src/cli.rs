@@ -64,6 +64,11 @@ pub struct RunArgs {
     /// Print one JSON object instead of streaming.
     #[arg(long)]
     pub json: bool,
+    /// Write the sandbox's output to a terminal byte for byte. By default, on a terminal,
+    /// control characters but newline and tab (escape sequences) are shown escaped (`\x1b`),
+    /// so sandboxed code cannot drive the terminal; pipes and files always get raw bytes.
+    #[arg(long)]
+    pub raw: bool,
     /// Where to run: `docker://sandbox-rs/busybox:latest`, `podman://…`, `fake://`.
     #[arg(value_name = "DSN")]
     pub dsn: String,
@@ -97,9 +102,14 @@ pub struct DoctorArgs {
 /// `sandbox reap`.
 #[derive(Debug, Args)]
 pub struct ReapArgs {
-    /// Kill (and remove) what is listed. Without it, only list.
+    /// Kill (and remove) listed sandboxes whose owner process is proven gone or whose
+    /// deadline has passed. Without it, only list. The whole command gives up after 60 s.
     #[arg(long)]
     pub kill: bool,
+    /// With --kill, also kill live sandboxes (owner alive or unverifiable, deadline
+    /// ahead). Sandboxes without the labels sandbox-rs sets are never killed.
+    #[arg(long, requires = "kill")]
+    pub force: bool,
     /// Only sandboxes with this metadata label (repeatable; `io.sandbox-rs.*` keys as given).
     #[arg(long = "label", value_name = "K=V", value_parser = parse_key_value)]
     pub labels: Vec<(String, String)>,

@@ -215,7 +215,8 @@ fn push(
             step,
             out.status(ok),
             elapsed,
-            detail
+            // The detail quotes sandbox output and error text.
+            crate::terminal::escape_text(&detail)
         ));
     }
     report.steps.push(Step {

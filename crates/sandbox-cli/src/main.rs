@@ -10,6 +10,7 @@ mod egress;
 mod output;
 mod reap;
 mod run;
+mod terminal;
 
 use std::process::ExitCode;
 use std::time::Duration;

@@ -53,7 +53,9 @@ impl Out {
         if self.json {
             self.json_value(&error_json(e));
         } else {
-            self.note(format!("{} {}", self.red("error:"), e.render()));
+            // Messages can carry engine or sandbox text (a helper's stderr).
+            let text = crate::terminal::escape_text(&e.render());
+            self.note(format!("{} {text}", self.red("error:")));
             self.note(format!("  docs: {}", e.url()));
         }
     }

@@ -1,6 +1,6 @@
 //! `sandbox run DSN -- CMD…`: one command in a fresh sandbox.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use crate::cli::{NetworkArg, RunArgs};
 use crate::output::{Out, ms};
+use crate::terminal::TerminalEscaper;
 use crate::{EXIT_FAILURE, EXIT_TIMEOUT};
 
 /// Default command timeout.
@@ -53,7 +54,14 @@ pub async fn run(args: RunArgs, out: Out) -> sandbox::Result<u8> {
         backend: sb.backend().to_string(),
         tier: sb.isolation().to_string(),
     };
-    let result = execute(&*sb, Command::Argv(args.cmd.clone()), timeout, out).await;
+    let result = execute(
+        &*sb,
+        Command::Argv(args.cmd.clone()),
+        timeout,
+        out,
+        args.raw,
+    )
+    .await;
     // Tear down before reporting; a teardown failure never hides the command's outcome.
     if let Err(e) = sb.kill().await {
         out.note(format!("warning: {}", e.render()));
@@ -140,9 +148,11 @@ async fn execute(
     cmd: Command,
     timeout: Duration,
     out: Out,
+    raw: bool,
 ) -> sandbox::Result<(i64, Captured)> {
     let options = RunOptions::default().timeout(timeout);
     let mut captured = Captured::default();
+    let mut live = LiveOutput::new(raw);
     let mut process = match sb.stream(cmd.clone(), options.clone()) {
         Ok(p) => p,
         Err(SandboxError::CapabilityNotSupported { .. }) => {
@@ -151,26 +161,76 @@ async fn execute(
                 captured.push(StreamKind::Stdout, &r.stdout);
                 captured.push(StreamKind::Stderr, &r.stderr);
             } else {
-                write_live(StreamKind::Stdout, &r.stdout);
-                write_live(StreamKind::Stderr, &r.stderr);
+                live.write(StreamKind::Stdout, &r.stdout);
+                live.write(StreamKind::Stderr, &r.stderr);
+                live.finish();
             }
             return Ok((r.exit_code, captured));
         }
         Err(e) => return Err(e),
     };
     while let Some(chunk) = process.next().await {
-        let chunk = chunk?;
+        let chunk = match chunk {
+            Ok(c) => c,
+            Err(e) => {
+                live.finish();
+                return Err(e);
+            }
+        };
         if out.json {
             captured.push(chunk.stream, &chunk.data);
         } else {
-            write_live(chunk.stream, &chunk.data);
+            live.write(chunk.stream, &chunk.data);
         }
     }
+    live.finish();
     let r = process.wait().await?;
     Ok((r.exit_code, captured))
 }
 
-fn write_live(kind: StreamKind, data: &[u8]) {
+/// The sandbox's output on our stdout/stderr: escaped for a terminal (see
+/// [`crate::terminal`]) unless `--raw`, byte for byte into pipes and files.
+struct LiveOutput {
+    /// `None`: raw.
+    stdout: Option<TerminalEscaper>,
+    stderr: Option<TerminalEscaper>,
+}
+
+impl LiveOutput {
+    fn new(raw: bool) -> Self {
+        let escaper = |tty: bool| (tty && !raw).then(TerminalEscaper::default);
+        LiveOutput {
+            stdout: escaper(std::io::stdout().is_terminal()),
+            stderr: escaper(std::io::stderr().is_terminal()),
+        }
+    }
+
+    fn write(&mut self, kind: StreamKind, data: &[u8]) {
+        let escaper = match kind {
+            StreamKind::Stdout => &mut self.stdout,
+            StreamKind::Stderr => &mut self.stderr,
+        };
+        match escaper {
+            Some(e) => write_to(kind, &e.push(data)),
+            None => write_to(kind, data),
+        }
+    }
+
+    /// Flushes a character held back at the end of either stream.
+    fn finish(&mut self) {
+        if let Some(e) = &mut self.stdout {
+            write_to(StreamKind::Stdout, &e.finish());
+        }
+        if let Some(e) = &mut self.stderr {
+            write_to(StreamKind::Stderr, &e.finish());
+        }
+    }
+}
+
+fn write_to(kind: StreamKind, data: &[u8]) {
+    if data.is_empty() {
+        return;
+    }
     // Errors (a closed pipe) are ignored: the command keeps its exit code.
     match kind {
         StreamKind::Stdout => {

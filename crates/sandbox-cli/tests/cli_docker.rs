@@ -132,31 +132,65 @@ fn docker_ctrl_c_kills_the_sandbox_and_exits_130() {
     assert!(mine(pid).is_empty(), "container removed after Ctrl-C");
 }
 
+/// Starts a `sleep 120` container with these labels (and this name); returns its id.
+fn labelled_container(name: Option<&str>, labels: &[(&str, String)]) -> String {
+    let mut args = vec![
+        "run".to_string(),
+        "-d".into(),
+        "--network".into(),
+        "none".into(),
+    ];
+    if let Some(n) = name {
+        args.extend(["--name".into(), n.to_string()]);
+    }
+    for (k, v) in labels {
+        args.push("--label".into());
+        args.push(format!("{k}={v}"));
+    }
+    args.extend([
+        "sandbox-rs/busybox:latest".into(),
+        "sleep".into(),
+        "120".into(),
+    ]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let id = docker(&args).trim().to_string();
+    assert!(!id.is_empty(), "docker run failed");
+    id
+}
+
 #[test]
 fn docker_reap_lists_and_kills_by_label_and_id() {
     if !docker_available("docker_reap_lists_and_kills_by_label_and_id") {
         return;
     }
-    // A managed container this test creates directly (as a crashed client would leave it).
+    use sandbox::labels::{
+        LABEL_BACKEND, LABEL_DEADLINE, LABEL_MANAGED, LABEL_OWNER, LABEL_SESSION, Owner, unix_now,
+    };
+    // A managed container as a client elsewhere would leave it: every label sandbox-rs
+    // sets, an owner on another host (never proven gone, so the adapter's startup sweep
+    // keeps it) and a deadline that has just passed (the sweep waits a grace beyond it;
+    // `reap --kill` does not).
     let tag = format!("reap-{}", std::process::id());
-    let id = docker(&[
-        "run",
-        "-d",
-        "--network",
-        "none",
-        "--label",
-        "io.sandbox-rs.managed=true",
-        "--label",
-        "io.sandbox-rs.backend=docker",
-        "--label",
-        &format!("io.sandbox-rs.meta.cli-test={tag}"),
-        "sandbox-rs/busybox:latest",
-        "sleep",
-        "120",
-    ])
-    .trim()
-    .to_string();
-    assert!(!id.is_empty(), "docker run failed");
+    let elsewhere = Owner {
+        host: "elsewhere".into(),
+        ..Owner::current().clone()
+    };
+    let meta = "io.sandbox-rs.meta.cli-test";
+    let id = labelled_container(
+        Some(&format!("sbx-cli-{tag}")),
+        &[
+            (LABEL_MANAGED, "true".into()),
+            (LABEL_BACKEND, "docker".into()),
+            (LABEL_SESSION, "0123456789abcdef".into()),
+            (LABEL_OWNER, elsewhere.to_label()),
+            (LABEL_DEADLINE, (unix_now() - 1).to_string()),
+            (meta, tag.clone()),
+        ],
+    );
+    // One that only claims to be managed (as an image's labels can): foreign.
+    let foreign_tag = format!("{tag}-foreign");
+    let foreign =
+        labelled_container(&[(LABEL_MANAGED, "true".into()), (meta, foreign_tag.clone())]);
     let label = format!("cli-test={tag}");
 
     let o = run(&["reap", "--json", "--engine", "docker", "--label", &label]);
@@ -174,6 +208,32 @@ fn docker_reap_lists_and_kills_by_label_and_id() {
     redact(&mut snap);
     snap["sandboxes"][0]["labels"] = "[labels]".into();
     insta::assert_json_snapshot!("reap_json_docker_listed", snap);
+
+    // Even --force leaves the foreign one alone.
+    let foreign_label = format!("cli-test={foreign_tag}");
+    let o = run(&[
+        "reap",
+        "--json",
+        "--engine",
+        "docker",
+        "--kill",
+        "--force",
+        "--label",
+        &foreign_label,
+    ]);
+    let v = json(&o);
+    assert_eq!(v["sandboxes"][0]["verdict"], "foreign", "{v:#}");
+    assert_eq!(
+        v["sandboxes"][0]["killed"],
+        serde_json::Value::Null,
+        "{v:#}"
+    );
+    assert!(
+        !docker(&["ps", "-q", "--filter", &format!("id={foreign}")])
+            .trim()
+            .is_empty()
+    );
+    docker(&["rm", "-f", &foreign]);
 
     let o = run(&[
         "reap",

@@ -23,6 +23,53 @@ fn run_streams_output_and_exits_with_the_commands_code() {
     assert_eq!(stderr(&o), "err\n");
 }
 
+/// Runs `sandbox ARGS` under a pseudo-terminal (`script`), returning what the terminal
+/// received; `None` (with a printed reason) where `script` is missing.
+fn on_a_terminal(args: &[&str]) -> Option<Vec<u8>> {
+    let line = std::iter::once(env!("CARGO_BIN_EXE_sandbox"))
+        .chain(args.iter().copied())
+        .map(|a| format!("'{}'", a.replace('\'', r"'\''")))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let o = std::process::Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .output();
+    match o {
+        Ok(o) => Some(o.stdout),
+        Err(e) => {
+            eprintln!("SKIPPED: `script` (util-linux) is needed for a pseudo-terminal: {e}");
+            None
+        }
+    }
+}
+
+#[test]
+fn run_escapes_control_sequences_on_a_terminal() {
+    // Clear the screen, set the window title, then forge a line.
+    let attack = r"\033[2J\033]0;pwned\007\rok\n";
+    let Some(seen) = on_a_terminal(&["run", "fake://", "--", "printf", attack]) else {
+        return;
+    };
+    let text = String::from_utf8_lossy(&seen);
+    assert!(
+        !seen.contains(&0x1b) && !seen.contains(&0x07),
+        "raw escape reached the terminal: {text:?}"
+    );
+    assert!(text.contains(r"\x1b[2J\x1b]0;pwned\x07\x0dok"), "{text:?}");
+    // --raw passes the bytes through.
+    let seen = on_a_terminal(&["run", "--raw", "fake://", "--", "printf", attack]).unwrap();
+    assert!(seen.windows(4).any(|w| w == b"\x1b[2J"), "{seen:?}");
+}
+
+#[test]
+fn run_writes_raw_bytes_into_a_pipe() {
+    let o = run(&["run", "fake://", "--", "printf", r"\033[1mbold\n"]);
+    assert_eq!(code(&o), 0, "stderr: {}", stderr(&o));
+    assert_eq!(o.stdout, b"\x1b[1mbold\n");
+}
+
 #[test]
 fn run_passes_env_and_resource_flags() {
     let o = run(&[
@@ -213,6 +260,12 @@ fn reap_json_schema_on_the_fake() {
     assert_eq!(code(&o), 0, "{}", stdout(&o));
     let v = json(&o);
     insta::assert_json_snapshot!("reap_json_fake_empty", v);
+}
+
+#[test]
+fn reap_force_needs_kill() {
+    let o = run(&["reap", "--engine", "fake", "--force"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
 }
 
 #[test]
