@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use sandbox_contract::{CanarySpec, Faults, Probes};
+use sandbox_contract::{CanarySpec, Faults, Probes, anyhow};
 use sandbox_core::{Backend, async_trait};
 use sandbox_fake::FakeBackend;
 
@@ -35,18 +35,21 @@ impl Faults for FakeFaults {
 
 #[async_trait]
 impl Probes for FakeSuiteProbes {
-    async fn canary(&self) -> Option<CanarySpec> {
-        Some(CanarySpec {
-            bind: "127.0.0.1:0".parse().ok()?,
+    async fn canary(&self) -> anyhow::Result<Option<CanarySpec>> {
+        Ok(Some(CanarySpec {
+            bind: "127.0.0.1:0".parse()?,
             dial_host: "127.0.0.1".into(),
-        })
-    }
-    async fn faults(&self) -> Option<Arc<dyn Faults>> {
-        Some(Arc::new(FakeFaults {
-            backend: self.backend.with_own_faults(),
         }))
     }
+    async fn faults(&self) -> anyhow::Result<Option<Arc<dyn Faults>>> {
+        Ok(Some(Arc::new(FakeFaults {
+            backend: self.backend.with_own_faults(),
+        })))
+    }
     fn in_process_storage(&self) -> bool {
+        true
+    }
+    fn in_process(&self) -> bool {
         true
     }
     fn symlinks(&self) -> bool {

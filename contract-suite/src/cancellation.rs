@@ -306,7 +306,8 @@ async fn failing_kill_is_connect_error_with_reap_hint(ctx: Arc<Ctx>) -> anyhow::
 }
 
 /// With kills failing, the caller still gets its own error (an exit status, a timeout),
-/// never the teardown's.
+/// never the teardown's: a refused kill is a `Connect` error that leaves the handle
+/// usable, and the caller's later errors are its own.
 async fn teardown_failure_never_hides_callers_error(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let c = case("teardown_failure_never_hides_callers_error");
     let faults = ctx.faults()?;
@@ -318,7 +319,11 @@ async fn teardown_failure_never_hides_callers_error(ctx: Arc<Ctx>) -> anyhow::Re
     )?;
     faults.fail_kills().await;
     let outcome = async {
-        let r = sbx(sb.run("exit 3".into(), RunOptions::default()).await, "run")?;
+        // The teardown fails first; what follows must not be reported as that failure.
+        must_code(sb.kill().await, ErrorCode::Connect).context("a kill the engine refuses")?;
+        let r = sbx(sb.run("exit 3".into(), RunOptions::default()).await, "run")
+            .context("after a failed kill")?;
+        ensure!(r.exit_code == 3, "exit 3 after a failed kill: {r:?}");
         must_code(r.raise_for_status(), ErrorCode::Execution)?;
         let t = sb
             .run(

@@ -68,6 +68,31 @@ async fn declared_flags_have_trials(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A refusal names the capability it lacks (the typed field, not the message), and its
+/// hint names every backend the error lists as having it.
+fn names_the_flag(e: &sandbox_core::SandboxError, flag: C) -> anyhow::Result<()> {
+    let sandbox_core::SandboxError::CapabilityNotSupported {
+        capability,
+        supported_by,
+        ..
+    } = e
+    else {
+        bail!("not a CapabilityNotSupported: {}", e.render());
+    };
+    ensure!(
+        capability.contains(flag),
+        "the refusal of {flag} names {capability} instead"
+    );
+    let hint = e.hint();
+    for b in supported_by {
+        ensure!(
+            hint.contains(b.as_str()),
+            "the hint of the {flag} refusal does not name {b}, which has it"
+        );
+    }
+    Ok(())
+}
+
 /// Every undeclared flag with an entry point refuses with `CapabilityNotSupported` from
 /// that entry point (run, run_code, run_code with a context, stream, files, upload,
 /// download, create with an allowlist / ingress port / GPU / any policy).
@@ -93,24 +118,25 @@ async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
         if ctx.caps.contains(flag) {
             continue;
         }
-        must_code(
+        let e = must_code(
             ctx.backend.create(opts).await,
             ErrorCode::CapabilityNotSupported,
         )
         .with_context(|| format!("create needing undeclared {flag}"))?;
+        names_the_flag(&e, flag)?;
         checked.push(flag);
     }
     if !ctx.caps.contains(C::NETWORK_POLICY) {
         // Nothing can be created; the instance-level flags cannot be reached.
-        return Ok(());
+        return all_reachable_checked(ctx.caps, C::empty(), &checked);
     }
     // Instance-level flags.
     let sb = ctx.sandbox(&c).await?;
     let caps = sb.capabilities();
     let refused = |flag: C, r: sandbox_core::Result<()>| -> anyhow::Result<()> {
-        must_code(r, ErrorCode::CapabilityNotSupported)
+        let e = must_code(r, ErrorCode::CapabilityNotSupported)
             .with_context(|| format!("invoking undeclared {flag}"))?;
-        Ok(())
+        names_the_flag(&e, flag)
     };
     if !caps.contains(C::RUN_COMMAND) {
         refused(
@@ -183,6 +209,35 @@ async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     }
     // PTY, PAUSE_RESUME, SNAPSHOT_FORK and TUNNELS have no entry point in the traits yet,
     // so an undeclared one cannot be invoked at all.
-    let _ = checked;
-    sb.kill().await
+    let files_refused = sb.files().is_err();
+    sb.kill().await?;
+    let unreachable = if files_refused {
+        C::UPLOAD_DOWNLOAD
+    } else {
+        C::empty()
+    };
+    all_reachable_checked(ctx.caps | caps, unreachable, &checked)
+}
+
+/// Every flag with an entry point that is neither declared nor unreachable must have been
+/// invoked and refused: a check that silently covers fewer flags proves less.
+fn all_reachable_checked(declared: C, unreachable: C, checked: &[C]) -> anyhow::Result<()> {
+    let with_entry_point = C::RUN_COMMAND
+        | C::RUN_CODE
+        | C::STATEFUL_CODE
+        | C::STREAMING
+        | C::FILESYSTEM
+        | C::UPLOAD_DOWNLOAD
+        | C::NETWORK_POLICY
+        | C::EGRESS_ALLOWLIST
+        | C::INGRESS_PORTS
+        | C::GPU;
+    let expected = with_entry_point - declared - unreachable;
+    let got = checked.iter().fold(C::empty(), |acc, c| acc | *c);
+    ensure!(
+        got == expected,
+        "undeclared flags refused: {got}; expected every undeclared flag with an entry point: \
+         {expected}"
+    );
+    Ok(())
 }

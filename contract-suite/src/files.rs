@@ -190,7 +190,8 @@ async fn ls_lists_entries(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     sb.kill().await
 }
 
-/// `mkdir(parents = true)` creates missing parents and tolerates an existing directory.
+/// `mkdir(parents = true)` creates missing parents and tolerates an existing directory;
+/// without `parents`, a missing parent is `PathNotFound` and nothing is created.
 async fn mkdir_parents(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let sb = ctx.sandbox(&case("mkdir_parents")).await?;
     let f = fs(&sb)?;
@@ -198,8 +199,10 @@ async fn mkdir_parents(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     sbx(f.mkdir("/work/a/b/c", true).await, "mkdir -p again")?;
     let info = sbx(f.stat("/work/a/b/c").await, "stat")?;
     ensure!(info.is_dir, "{info:?}");
-    let r = f.mkdir("/work/x/y/z", false).await;
-    ensure!(r.is_err(), "mkdir without parents created missing parents");
+    must_code(f.mkdir("/work/x/y/z", false).await, ErrorCode::PathNotFound)
+        .context("mkdir without parents under a missing parent")?;
+    must_code(f.stat("/work/x").await, ErrorCode::PathNotFound)
+        .context("mkdir without parents created a missing parent")?;
     sb.kill().await
 }
 

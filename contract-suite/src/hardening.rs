@@ -15,16 +15,19 @@ const AREA: &str = "hardening";
 /// The trials of this area.
 pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
     let r = Need::Cap(C::RUN_COMMAND);
+    // What these trials read is the kernel's view of the sandbox; on an in-process
+    // backend it is a constant, not evidence.
+    let k = Need::KernelEvidence;
     vec![
-        ctx.trial(AREA, "no_new_privs_pid1", &[r], no_new_privs_pid1),
-        ctx.trial(AREA, "no_new_privs_self", &[r], no_new_privs_self),
-        ctx.trial(AREA, "cap_eff_zero_pid1", &[r], cap_eff_zero_pid1),
-        ctx.trial(AREA, "cap_eff_zero_self", &[r], cap_eff_zero_self),
-        ctx.trial(AREA, "limits_as_requested", &[r], limits_as_requested),
+        ctx.trial(AREA, "no_new_privs_pid1", &[r, k], no_new_privs_pid1),
+        ctx.trial(AREA, "no_new_privs_self", &[r, k], no_new_privs_self),
+        ctx.trial(AREA, "cap_eff_zero_pid1", &[r, k], cap_eff_zero_pid1),
+        ctx.trial(AREA, "cap_eff_zero_self", &[r, k], cap_eff_zero_self),
+        ctx.trial(AREA, "limits_as_requested", &[r, k], limits_as_requested),
         ctx.trial(
             AREA,
             "interfaces_only_loopback_by_default",
-            &[r],
+            &[r, k],
             interfaces_only_loopback_by_default,
         ),
         ctx.trial(
@@ -100,11 +103,19 @@ async fn expect_no_new_privs(ctx: Arc<Ctx>, c: &str, file: &str) -> anyhow::Resu
     sb.kill().await
 }
 
-async fn expect_cap_eff_zero(ctx: Arc<Ctx>, c: &str, file: &str) -> anyhow::Result<()> {
+/// The capability sets of `file` (a `/proc/<pid>/status`) that must be empty. A process
+/// of a non-root user has an empty effective set even without `cap_drop ALL`, so the
+/// evidence is the bounding set (what any process of the sandbox — root included — could
+/// ever gain) and the permitted set, next to the effective one.
+const EMPTY_CAP_SETS: [&str; 3] = ["CapEff", "CapPrm", "CapBnd"];
+
+async fn expect_no_capabilities(ctx: Arc<Ctx>, c: &str, file: &str) -> anyhow::Result<()> {
     let sb = ctx.sandbox(&case(c)).await?;
-    let v = status_field(&*sb, file, "CapEff").await?;
-    let bits = u64::from_str_radix(&v, 16).with_context(|| format!("CapEff {v:?}"))?;
-    ensure!(bits == 0, "{file} CapEff = {v} (capabilities not dropped)");
+    for set in EMPTY_CAP_SETS {
+        let v = status_field(&*sb, file, set).await?;
+        let bits = u64::from_str_radix(&v, 16).with_context(|| format!("{set} {v:?}"))?;
+        ensure!(bits == 0, "{file} {set} = {v} (capabilities not dropped)");
+    }
     sb.kill().await
 }
 
@@ -122,14 +133,15 @@ async fn no_new_privs_self(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     expect_no_new_privs(ctx, "no_new_privs_self", "/proc/self/status").await
 }
 
-/// PID 1 has no effective capabilities.
+/// PID 1 has no effective, permitted or bounding capabilities (`cap_drop ALL`, proven
+/// even for a root PID 1 by the bounding set).
 async fn cap_eff_zero_pid1(ctx: Arc<Ctx>) -> anyhow::Result<()> {
-    expect_cap_eff_zero(ctx, "cap_eff_zero_pid1", "/proc/1/status").await
+    expect_no_capabilities(ctx, "cap_eff_zero_pid1", "/proc/1/status").await
 }
 
-/// User commands have no effective capabilities.
+/// User commands have no effective, permitted or bounding capabilities.
 async fn cap_eff_zero_self(ctx: Arc<Ctx>) -> anyhow::Result<()> {
-    expect_cap_eff_zero(ctx, "cap_eff_zero_self", "/proc/self/status").await
+    expect_no_capabilities(ctx, "cap_eff_zero_self", "/proc/self/status").await
 }
 
 /// Memory and pids limits read back exactly as requested (from the cgroup files inside;

@@ -14,7 +14,7 @@ use sandbox_core::{
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
-use crate::ctx::{CASE_LABEL, Canary, Ctx, Need, Sbx, Skip, must_code, run, sbx, token};
+use crate::ctx::{Ctx, Need, Sbx, Skip, must_code, run, sbx, token};
 use crate::limits::{PidsEvidence, expect_memory_limit, expect_pids_limit};
 
 const AREA: &str = "policy";
@@ -31,7 +31,7 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
         &[]
     };
     let ingress_needs: &[Need] = if ctx.caps.contains(C::INGRESS_PORTS) {
-        &[r]
+        &[net, Need::Canary]
     } else {
         &[]
     };
@@ -45,13 +45,13 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
         ctx.trial(
             AREA,
             "deny_leaves_only_loopback",
-            &[net],
+            &[net, Need::KernelEvidence],
             deny_leaves_only_loopback,
         ),
         ctx.trial(
             AREA,
             "allow_adds_an_interface",
-            &[net],
+            &[net, Need::Canary, Need::KernelEvidence],
             allow_adds_an_interface,
         ),
         ctx.trial(
@@ -60,9 +60,24 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
             allowlist_needs,
             allowlist_enforced_or_refused,
         ),
-        ctx.trial(AREA, "memory_cap_read_back", &[r], memory_cap_read_back),
-        ctx.trial(AREA, "pids_cap_read_back", &[r], pids_cap_read_back),
-        ctx.trial(AREA, "caps_cannot_be_unset", &[r], caps_cannot_be_unset),
+        ctx.trial(
+            AREA,
+            "memory_cap_read_back",
+            &[r, Need::KernelEvidence],
+            memory_cap_read_back,
+        ),
+        ctx.trial(
+            AREA,
+            "pids_cap_read_back",
+            &[r, Need::KernelEvidence],
+            pids_cap_read_back,
+        ),
+        ctx.trial(
+            AREA,
+            "caps_cannot_be_unset",
+            &[r, Need::KernelEvidence],
+            caps_cannot_be_unset,
+        ),
         ctx.trial(AREA, "zero_resources_refused", &[], zero_resources_refused),
         ctx.trial(
             AREA,
@@ -137,102 +152,31 @@ async fn interfaces(sb: &dyn Sandbox) -> anyhow::Result<Vec<String>> {
         .collect())
 }
 
-/// Creates a sandbox with an egress-`Allow` policy — or proves the adapter refused it
-/// honestly: a typed `Configuration` or `CapabilityNotSupported` error, and nothing
-/// provisioned (when the backend can list). `None` means "refused". An adapter may be
-/// unable to give sandboxes a network at all (Docker with runsc registered
-/// `--network=none`, SPEC §12); refusing `Allow` then is correct, while silently denying
-/// it would not be — which the `Deny` checks cannot tell apart, so they stay strict.
-async fn allow_or_refused(ctx: &Ctx, c: &str, opts: CreateOptions) -> anyhow::Result<Option<Sbx>> {
-    let before: Vec<String> = if ctx.backend.as_reapable().is_some() {
-        ctx.listed(c).await?.into_iter().map(|m| m.id).collect()
-    } else {
-        vec![]
-    };
-    match ctx.backend.create(opts.metadata(CASE_LABEL, c)).await {
-        Ok(sb) => Ok(Some(Sbx::new(sb, ctx.background_kills.clone()))),
-        Err(e)
-            if matches!(
-                e.code(),
-                ErrorCode::Configuration | ErrorCode::CapabilityNotSupported
-            ) =>
-        {
-            if ctx.backend.as_reapable().is_some() {
-                let new: Vec<String> = ctx
-                    .listed(c)
-                    .await?
-                    .into_iter()
-                    .map(|m| m.id)
-                    .filter(|id| !before.contains(id))
-                    .collect();
-                ensure!(
-                    new.is_empty(),
-                    "egress Allow was refused ({}) but provisioned {new:?}",
-                    e.render()
-                );
-            }
-            Ok(None)
-        }
-        Err(e) => bail!(
-            "egress Allow must work or be refused with Configuration/CapabilityNotSupported, \
-             got: {}",
-            e.render()
-        ),
-    }
-}
-
-/// Connects to the canary server from this process (not from a sandbox) and requires
-/// its token: proves the server is alive when no sandbox can reach it.
-async fn canary_answers_the_host(canary: &Canary) -> anyhow::Result<()> {
-    let ip = if canary.spec.bind.ip().is_unspecified() {
-        canary
-            .spec
-            .dial_host
-            .parse()
-            .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST))
-    } else {
-        canary.spec.bind.ip()
-    };
-    let addr = SocketAddr::new(ip, canary.port);
-    let mut conn = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(addr))
+/// Creates a sandbox with egress `Allow`. A backend that declares `NETWORK_POLICY` gives
+/// sandboxes a network when asked: refusing `Allow` — with an error, or silently by
+/// denying — is a broken policy, so there is no "refused" branch here.
+async fn create_allow(ctx: &Ctx, c: &str, opts: CreateOptions) -> anyhow::Result<Sbx> {
+    ctx.create(c, opts)
         .await
-        .with_context(|| format!("connecting to the canary at {addr} timed out"))?
-        .with_context(|| format!("the canary server at {addr} is not reachable from the host"))?;
-    let mut buf = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut buf))
-        .await
-        .with_context(|| format!("the canary at {addr} sent no EOF within 5 s"))??;
-    ensure!(
-        String::from_utf8_lossy(&buf).contains(&canary.token),
-        "the canary at {addr} answered {buf:?}, not its token"
-    );
-    Ok(())
+        .context("egress Allow must work where NETWORK_POLICY is declared")
 }
 
 /// Egress deny really denies: an `Allow` sandbox fetches the canary token (the probe
-/// works) — or, where `Allow` is refused with a typed error before provisioning, the host
-/// fetches it (the server is alive) — and a `Deny` sandbox fails for the right reason (no
-/// route), not a missing tool.
+/// works), and a `Deny` sandbox fails for the right reason (no route), not a missing tool.
 async fn egress_deny_really_denies(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let c = case("egress_deny_really_denies");
     let canary = ctx.canary()?.clone();
-    match allow_or_refused(&ctx, &c, ctx.opts(&c).network(NetworkPolicy::allow())).await? {
-        Some(allow) => {
-            let r = run(&*allow, canary.probe_command()).await?;
-            ensure!(
-                r.stdout_text().contains(&canary.token),
-                "an Allow sandbox could not reach the canary (the probe itself is broken): \
-                 exit {} stdout {:?} stderr {:?}",
-                r.exit_code,
-                r.stdout_text(),
-                r.stderr_text()
-            );
-            allow.kill().await?;
-        }
-        None => canary_answers_the_host(&canary)
-            .await
-            .context("egress Allow is refused, so the host proves the canary alive")?,
-    }
+    let allow = create_allow(&ctx, &c, ctx.opts(&c).network(NetworkPolicy::allow())).await?;
+    let r = run(&*allow, canary.probe_command()).await?;
+    ensure!(
+        r.stdout_text().contains(&canary.token),
+        "an Allow sandbox could not reach the canary (the probe itself is broken): \
+         exit {} stdout {:?} stderr {:?}",
+        r.exit_code,
+        r.stdout_text(),
+        r.stderr_text()
+    );
+    allow.kill().await?;
     let deny = ctx
         .create(&c, ctx.opts(&c).network(NetworkPolicy::deny()))
         .await?;
@@ -271,19 +215,23 @@ async fn deny_leaves_only_loopback(ctx: Arc<Ctx>) -> anyhow::Result<()> {
 }
 
 /// Under egress allow there is an interface besides `lo` (so the deny check is not
-/// vacuous) — or `Allow` is refused with `Configuration`/`CapabilityNotSupported` before
-/// anything is provisioned (an adapter that cannot give a network says so; it never
-/// silently denies).
+/// vacuous), and the sandbox reaches the canary: `Allow` is never refused, nor silently
+/// turned into a deny.
 async fn allow_adds_an_interface(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let c = case("allow_adds_an_interface");
-    let Some(sb) = allow_or_refused(&ctx, &c, ctx.opts(&c).network(NetworkPolicy::allow())).await?
-    else {
-        return Ok(());
-    };
+    let canary = ctx.canary()?.clone();
+    let sb = create_allow(&ctx, &c, ctx.opts(&c).network(NetworkPolicy::allow())).await?;
     let ifs = interfaces(&*sb).await?;
     ensure!(
         ifs.iter().any(|i| i != "lo"),
         "interfaces under allow: {ifs:?}"
+    );
+    let r = run(&*sb, canary.probe_command()).await?;
+    ensure!(
+        r.stdout_text().contains(&canary.token),
+        "an Allow sandbox could not reach the canary: exit {} stderr {:?}",
+        r.exit_code,
+        r.stderr_text()
     );
     sb.kill().await
 }
@@ -473,11 +421,9 @@ async fn unbounded_lifetime_refused(ctx: Arc<Ctx>) -> anyhow::Result<()> {
 
 /// Ingress ports are published or refused — never ignored: with `INGRESS_PORTS`, a
 /// one-shot server inside a sandbox (egress deny, then allow) answers on
-/// `ingress_address(8080)`, a loopback address, egress stays denied under deny, and an
-/// unrequested port is an error; without it, asking for a port is `CapabilityNotSupported`
-/// before provisioning. The allow half, like every egress-`Allow` create, may instead be
-/// refused with a typed error before provisioning (an adapter that cannot give sandboxes
-/// a network); the deny half must always work.
+/// `ingress_address(8080)`, a loopback address, the canary stays unreachable under deny
+/// and reachable under allow, and an unrequested port is a `Configuration` error; without
+/// it, asking for a port is `CapabilityNotSupported` before provisioning.
 async fn ingress_published_or_refused(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let c = case("ingress_published_or_refused");
     let policies = [
@@ -496,26 +442,30 @@ async fn ingress_published_or_refused(ctx: Arc<Ctx>) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    let canary = ctx.canary()?.clone();
     for (egress, policy) in policies {
         let opts = ctx.opts(&c).network(policy);
         let sb = if egress == "allow" {
-            match allow_or_refused(&ctx, &c, opts).await? {
-                Some(sb) => sb,
-                None => continue,
-            }
+            create_allow(&ctx, &c, opts).await?
         } else {
             ctx.create(&c, opts).await?
         };
         ingress_serves(&*sb)
             .await
             .with_context(|| format!("egress {egress} with ingress port {INGRESS_PORT}"))?;
-        if egress == "deny" && ctx.canary.is_some() {
-            let canary = ctx.canary()?;
-            let r = run(&*sb, canary.probe_command()).await?;
+        // Publishing a port must not open egress.
+        let r = run(&*sb, canary.probe_command()).await?;
+        let reached = r.stdout_text().contains(&canary.token);
+        if egress == "deny" {
             ensure!(
-                !r.stdout_text().contains(&canary.token) && r.exit_code != 0,
+                !reached && r.exit_code != 0 && r.exit_code != 127,
                 "an ingress port opened egress under Deny (nc exit {})",
                 r.exit_code
+            );
+        } else {
+            ensure!(
+                reached,
+                "egress Allow with an ingress port cannot reach the canary"
             );
         }
         sb.kill().await?;
@@ -538,9 +488,8 @@ async fn ingress_serves(sb: &dyn Sandbox) -> anyhow::Result<()> {
         addr.ip().is_loopback(),
         "ingress_address({INGRESS_PORT}) is {addr}, not a loopback address"
     );
-    if let Ok(a) = sb.ingress_address(9999) {
-        bail!("ingress_address(9999) of a port that was not requested is Ok({a})");
-    }
+    must_code(sb.ingress_address(9999), ErrorCode::Configuration)
+        .context("ingress_address(9999) of a port that was not requested")?;
     let tok = token("sbx-ingress-");
     let server: Command = format!(
         "printf {tok} > /work/ingress-token; nc -l -p {INGRESS_PORT} < /work/ingress-token"

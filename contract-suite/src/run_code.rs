@@ -141,16 +141,39 @@ async fn runtime_error_nonzero(ctx: Arc<Ctx>) -> anyhow::Result<()> {
 async fn rich_results_typed_or_absent(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let sb = ctx.sandbox(&case("rich_results_typed_or_absent")).await?;
     let r = code(&*sb, "print(1)", CodeOptions::default()).await?;
+    // Printed text is output, not a rich result: it stays on stdout, intact.
+    ensure!(
+        r.exit_code == 0 && r.stdout_text() == "1\n",
+        "print(1) did not print 1 on stdout: {r:?}"
+    );
     for res in &r.results {
         let mime = res.mime.as_str();
         ensure!(
-            mime.split_once('/')
-                .is_some_and(|(a, b)| !a.is_empty() && !b.is_empty()),
-            "rich result with MIME type {mime:?}"
+            is_mime_type(mime),
+            "rich result with MIME type {mime:?} ({} bytes): results must be typed",
+            res.data.len()
+        );
+        ensure!(!res.data.is_empty(), "rich result {mime} has no payload");
+        ensure!(
+            res.data.as_ref() != r.stdout.as_ref(),
+            "rich result {mime} only repeats stdout"
         );
     }
     ensure!(!r.streamed, "run_code result marked streamed");
     sb.kill().await
+}
+
+/// `type/subtype` with RFC 6838 token characters on both sides.
+fn is_mime_type(mime: &str) -> bool {
+    let token = |t: &str| {
+        !t.is_empty()
+            && t.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "!#$&^_.+-".contains(c))
+    };
+    let essence = mime.split(';').next().unwrap_or_default().trim();
+    essence
+        .split_once('/')
+        .is_some_and(|(a, b)| token(a) && token(b))
 }
 
 /// A context id honours the declaration: with `STATEFUL_CODE` the context keeps state

@@ -10,7 +10,7 @@ use libtest_mimic::Trial;
 use sandbox_core::{Capability as C, ErrorCode, Process, RunOptions, Sandbox, StreamKind};
 
 use crate::ctx::{
-    Ctx, Need, assert_pid_gone, must_code, read_pid, run, run_ok, sbx, wait_for_file,
+    Ctx, Need, assert_pid_gone, must_code, pid_alive, read_pid, run, run_ok, sbx, wait_for_file,
 };
 
 const AREA: &str = "streaming";
@@ -258,19 +258,30 @@ async fn until_ready(p: &mut Process) -> anyhow::Result<()> {
     }
 }
 
-/// After iterating a stream to its end, its process is gone.
+/// After iterating a stream to its end, its process is gone: the end of the iteration is
+/// the end of the process (all its output, its exit code), never a quiet pause.
 async fn cleanup_after_full_iteration(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let sb = ctx.sandbox(&case("cleanup_after_full_iteration")).await?;
+    // A pause in the output longer than any read timeout an adapter might take for the
+    // end of the stream.
     let mut p = stream(
         &*sb,
-        "echo $$ > /work/cpid; seq 1 50",
+        "echo $$ > /work/cpid; seq 1 50; sleep 3; echo after-the-pause",
         Duration::from_secs(30),
     )?;
     let (out, _) = drain(&mut p).await?;
-    ensure!(out.ends_with(b"50\n"), "incomplete output");
+    ensure!(
+        out.ends_with(b"50\nafter-the-pause\n"),
+        "the iteration ended before the process did: got {:?}",
+        String::from_utf8_lossy(&out)
+    );
     ensure!(p.returncode() == Some(0), "returncode {:?}", p.returncode());
     let pid = read_pid(&*sb, "/work/cpid").await?;
-    assert_pid_gone(&*sb, &pid, "fully iterated stream").await?;
+    // Checked once, at once: the iteration's end must not precede the process's.
+    ensure!(
+        !pid_alive(&*sb, &pid).await?,
+        "pid {pid} still alive right after its stream ended"
+    );
     sb.kill().await
 }
 

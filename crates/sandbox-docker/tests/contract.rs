@@ -10,6 +10,9 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use std::net::{Ipv4Addr, SocketAddr};
+
+use sandbox_contract::anyhow::{self, Context as _};
 use sandbox_contract::{CanarySpec, EngineLimits, Faults, Probes};
 use sandbox_core::{Backend, CreateOptions, async_trait};
 use sandbox_docker::{DockerBackend, DockerConfig, Runtime};
@@ -43,45 +46,75 @@ impl Probes for DockerProbes {
         Some(BUSYBOX.to_string())
     }
 
-    async fn canary(&self) -> Option<CanarySpec> {
-        let b = self.backend.get()?;
-        let net = b.client().inspect_network("bridge", None).await.ok()?;
-        let gateway = net.ipam?.config?.into_iter().find_map(|c| {
-            c.gateway
-                .filter(|g| g.parse::<std::net::Ipv4Addr>().is_ok())
-        })?;
-        Some(CanarySpec {
-            bind: format!("{gateway}:0").parse().ok()?,
-            dial_host: gateway,
-        })
+    fn extra_templates(&self) -> Vec<String> {
+        vec![BUSYBOX.to_string()]
     }
 
-    async fn engine_env(&self, sandbox_id: &str) -> Option<Vec<String>> {
-        let b = self.backend.get()?;
-        let c = b.client().inspect_container(sandbox_id, None).await.ok()?;
-        Some(c.config?.env.unwrap_or_default())
+    /// The canary binds on the `bridge` network's gateway, the host side of every
+    /// egress-`Allow` sandbox's network (never an outside address). A fresh dockerd's
+    /// IPAM config has a Subnet but no Gateway: the gateway is then the subnet's first
+    /// host address, which is what dockerd gives `docker0`.
+    async fn canary(&self) -> anyhow::Result<Option<CanarySpec>> {
+        let b = self.backend()?;
+        let net = b
+            .client()
+            .inspect_network("bridge", None)
+            .await
+            .context("inspect the `bridge` network")?;
+        let configs = net.ipam.and_then(|i| i.config).unwrap_or_default();
+        let gateway = bridge_gateway(
+            configs
+                .iter()
+                .map(|c| (c.gateway.as_deref(), c.subnet.as_deref())),
+        )
+        .with_context(|| {
+            format!("the `bridge` network has no IPv4 gateway or subnet: {configs:?}")
+        })?;
+        Ok(Some(CanarySpec {
+            bind: SocketAddr::from((gateway, 0)),
+            dial_host: gateway.to_string(),
+        }))
+    }
+
+    async fn engine_env(&self, sandbox_id: &str) -> anyhow::Result<Option<Vec<String>>> {
+        let b = self.backend()?;
+        let c = b
+            .client()
+            .inspect_container(sandbox_id, None)
+            .await
+            .with_context(|| format!("inspect container {sandbox_id}"))?;
+        let config = c.config.context("container inspect has no Config")?;
+        Ok(Some(config.env.unwrap_or_default()))
     }
 
     /// `docker inspect` `HostConfig`: used by the limit trials only for a gVisor sandbox,
     /// which has no cgroup view inside. The headroom is the adapter's documented runsc
     /// pids headroom (`Runtime::pids_headroom`) for the runtime the engine stored for the
     /// container (`HostConfig.Runtime`), not for this process's configuration.
-    async fn engine_limits(&self, sandbox_id: &str) -> Option<EngineLimits> {
-        let b = self.backend.get()?;
-        let c = b.client().inspect_container(sandbox_id, None).await.ok()?;
-        let hc = c.host_config?;
+    async fn engine_limits(&self, sandbox_id: &str) -> anyhow::Result<Option<EngineLimits>> {
+        let b = self.backend()?;
+        let c = b
+            .client()
+            .inspect_container(sandbox_id, None)
+            .await
+            .with_context(|| format!("inspect container {sandbox_id}"))?;
+        let hc = c
+            .host_config
+            .context("container inspect has no HostConfig")?;
         let positive = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok()).unwrap_or(0);
-        let runtime = Runtime::parse(hc.runtime.as_deref()?)?;
-        Some(EngineLimits {
+        let stored = hc.runtime.as_deref().context("HostConfig has no Runtime")?;
+        let runtime = Runtime::parse(stored)
+            .with_context(|| format!("HostConfig.Runtime {stored:?} is not a known runtime"))?;
+        Ok(Some(EngineLimits {
             memory_bytes: positive(hc.memory),
             memory_swap_bytes: positive(hc.memory_swap),
             pids: positive(hc.pids_limit),
             pids_headroom: runtime.pids_headroom(),
-        })
+        }))
     }
 
-    async fn faults(&self) -> Option<Arc<dyn Faults>> {
-        let proxy = FaultProxy::start().await.ok()?;
+    async fn faults(&self) -> anyhow::Result<Option<Arc<dyn Faults>>> {
+        let proxy = FaultProxy::start().await.context("start the fault proxy")?;
         let backend = DockerBackend::connect(
             DockerConfig::default()
                 .host(format!("unix://{}", proxy.path.display()))
@@ -89,12 +122,44 @@ impl Probes for DockerProbes {
                 .startup_sweep(false),
         )
         .await
-        .ok()?;
-        Some(Arc::new(DockerFaults {
+        .map_err(|e| anyhow::anyhow!("connect through the fault proxy: {}", e.render()))?;
+        Ok(Some(Arc::new(DockerFaults {
             backend: Arc::new(backend),
             mode: proxy.mode,
-        }))
+        })))
     }
+}
+
+impl DockerProbes {
+    fn backend(&self) -> anyhow::Result<&DockerBackend> {
+        self.backend
+            .get()
+            .context("the Docker backend was not created before its probes ran")
+    }
+}
+
+/// The first IPv4 gateway among `(gateway, subnet)` pairs; where IPAM names none, the
+/// first host address of the IPv4 subnet (dockerd's choice for `docker0`).
+fn bridge_gateway<'a>(
+    configs: impl Iterator<Item = (Option<&'a str>, Option<&'a str>)>,
+) -> Option<Ipv4Addr> {
+    let configs: Vec<_> = configs.collect();
+    if let Some(g) = configs
+        .iter()
+        .find_map(|(g, _)| g.and_then(|g| g.parse::<Ipv4Addr>().ok()))
+    {
+        return Some(g);
+    }
+    configs.iter().find_map(|(_, subnet)| {
+        let (net, bits) = subnet?.split_once('/')?;
+        let net: Ipv4Addr = net.parse().ok()?;
+        let bits: u32 = bits.parse().ok()?;
+        if bits >= 31 {
+            return None;
+        }
+        let mask = u32::MAX.checked_shl(32 - bits).unwrap_or(0);
+        Some(Ipv4Addr::from((u32::from(net) & mask) + 1))
+    })
 }
 
 const PASS: u8 = 0;

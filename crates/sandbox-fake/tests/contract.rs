@@ -62,11 +62,13 @@ impl Probes for FakeProbes {
         }))
     }
 
-    async fn engine_env(&self, sandbox_id: &str) -> sandbox_contract::anyhow::Result<Option<Vec<String>>> {
-        let handle = self
-            .backend
-            .sandbox(sandbox_id)
-            .ok_or_else(|| sandbox_contract::anyhow::anyhow!("the fake holds no sandbox {sandbox_id}"))?;
+    async fn engine_env(
+        &self,
+        sandbox_id: &str,
+    ) -> sandbox_contract::anyhow::Result<Option<Vec<String>>> {
+        let handle = self.backend.sandbox(sandbox_id).ok_or_else(|| {
+            sandbox_contract::anyhow::anyhow!("the fake holds no sandbox {sandbox_id}")
+        })?;
         Ok(Some(handle.engine_env()))
     }
 

@@ -6,12 +6,13 @@
 //! and faults through a unix-socket proxy in front of the Podman socket whose kill
 //! requests (`DELETE …/containers/…`) can be made to hang or fail.
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 
+use sandbox_contract::anyhow::{self, Context as _};
 use sandbox_contract::{CanarySpec, Faults, Probes};
 use sandbox_core::{Backend, CreateOptions, async_trait};
 use sandbox_podman::{PodmanBackend, PodmanConfig};
@@ -24,29 +25,54 @@ const HANG: u8 = 1;
 const FAIL: u8 = 2;
 
 struct PodmanProbes {
-    backend: OnceCell<Option<PodmanBackend>>,
-    faults: OnceCell<Option<Arc<dyn Faults>>>,
+    backend: OnceCell<PodmanBackend>,
+    faults: OnceCell<Arc<dyn Faults>>,
 }
 
 impl PodmanProbes {
-    async fn backend(&self) -> Option<&PodmanBackend> {
+    async fn backend(&self) -> anyhow::Result<&PodmanBackend> {
         self.backend
-            .get_or_init(|| async {
+            .get_or_try_init(|| async {
                 PodmanBackend::connect(PodmanConfig::from_env().startup_sweep(false))
                     .await
-                    .ok()
+                    .map_err(|e| anyhow::anyhow!("connect for the probes: {}", e.render()))
             })
             .await
-            .as_ref()
     }
 }
 
-/// The host side of the default `podman` bridge network.
-async fn podman_gateway(b: &PodmanBackend) -> Option<String> {
-    let net = b.client().networks().get("podman").inspect().await.ok()?;
-    net.subnets?
-        .into_iter()
-        .find_map(|s| s.gateway.map(|g| g.to_string()))
+/// The host side of the default `podman` bridge network: its IPAM gateway, or — where a
+/// subnet names none — the subnet's first host address (what netavark gives the bridge).
+async fn podman_gateway(b: &PodmanBackend) -> anyhow::Result<Ipv4Addr> {
+    let net = b
+        .client()
+        .networks()
+        .get("podman")
+        .inspect()
+        .await
+        .map_err(|e| anyhow::anyhow!("inspect the `podman` network: {e}"))?;
+    let subnets = net.subnets.unwrap_or_default();
+    if let Some(g) = subnets.iter().find_map(|s| {
+        s.gateway
+            .as_ref()
+            .and_then(|g| g.to_string().parse::<Ipv4Addr>().ok())
+    }) {
+        return Ok(g);
+    }
+    subnets
+        .iter()
+        .find_map(|s| {
+            let text = s.subnet.as_ref()?.to_string();
+            let (net, bits) = text.split_once('/')?;
+            let net: Ipv4Addr = net.parse().ok()?;
+            let bits: u32 = bits.parse().ok()?;
+            if bits >= 31 {
+                return None;
+            }
+            let mask = u32::MAX.checked_shl(32 - bits).unwrap_or(0);
+            Some(Ipv4Addr::from((u32::from(net) & mask) + 1))
+        })
+        .context("the `podman` network has no IPv4 gateway or subnet")
 }
 
 #[async_trait]
@@ -59,28 +85,38 @@ impl Probes for PodmanProbes {
         Some("sandbox-rs/busybox:latest".into())
     }
 
-    async fn canary(&self) -> Option<CanarySpec> {
-        let b = self.backend().await?;
-        let gw = podman_gateway(b).await?;
-        Some(CanarySpec {
+    fn extra_templates(&self) -> Vec<String> {
+        vec!["sandbox-rs/busybox:latest".into()]
+    }
+
+    async fn canary(&self) -> anyhow::Result<Option<CanarySpec>> {
+        let gw = podman_gateway(self.backend().await?).await?;
+        Ok(Some(CanarySpec {
             bind: SocketAddr::from(([0, 0, 0, 0], 0)),
-            dial_host: gw,
-        })
+            dial_host: gw.to_string(),
+        }))
     }
 
-    async fn engine_env(&self, sandbox_id: &str) -> Option<Vec<String>> {
-        self.backend().await?.engine_env(sandbox_id).await.ok()
+    async fn engine_env(&self, sandbox_id: &str) -> anyhow::Result<Option<Vec<String>>> {
+        let env = self
+            .backend()
+            .await?
+            .engine_env(sandbox_id)
+            .await
+            .map_err(|e| anyhow::anyhow!("engine env of {sandbox_id}: {}", e.render()))?;
+        Ok(Some(env))
     }
 
-    async fn faults(&self) -> Option<Arc<dyn Faults>> {
-        self.faults
-            .get_or_init(|| async {
+    async fn faults(&self) -> anyhow::Result<Option<Arc<dyn Faults>>> {
+        let f = self
+            .faults
+            .get_or_try_init(|| async {
                 FaultProxy::start()
                     .await
                     .map(|f| Arc::new(f) as Arc<dyn Faults>)
             })
-            .await
-            .clone()
+            .await?;
+        Ok(Some(f.clone()))
     }
 }
 
@@ -92,14 +128,15 @@ struct FaultProxy {
 }
 
 impl FaultProxy {
-    async fn start() -> Option<FaultProxy> {
+    async fn start() -> anyhow::Result<FaultProxy> {
         let upstream = PodmanConfig::from_env()
             .endpoint_str()
             .strip_prefix("unix://")
-            .map(PathBuf::from)?;
-        let dir = tempfile::tempdir().ok()?;
+            .map(PathBuf::from)
+            .context("the Podman endpoint is not a unix socket; the fault proxy needs one")?;
+        let dir = tempfile::tempdir().context("temp dir for the fault proxy")?;
         let path = dir.path().join("podman-proxy.sock");
-        let listener = UnixListener::bind(&path).ok()?;
+        let listener = UnixListener::bind(&path).context("bind the fault proxy socket")?;
         let mode = Arc::new(AtomicU8::new(PASS));
         let m = mode.clone();
         tokio::spawn(async move {
@@ -113,8 +150,8 @@ impl FaultProxy {
                 .startup_sweep(false),
         )
         .await
-        .ok()?;
-        Some(FaultProxy {
+        .map_err(|e| anyhow::anyhow!("connect through the fault proxy: {}", e.render()))?;
+        Ok(FaultProxy {
             mode,
             backend: Arc::new(backend),
             _dir: dir,
