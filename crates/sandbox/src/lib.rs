@@ -14,8 +14,8 @@ use std::sync::Arc;
 use tracing::Instrument;
 
 pub use registry::{BackendFactory, DEFAULT_SCHEME, register, schemes};
-pub use support::first_party_support;
 pub use sandbox_core::*;
+pub use support::first_party_support;
 pub use target::{BackendConfig, Target};
 
 /// The Docker adapter (typed configuration: `docker::DockerConfig`).

@@ -110,15 +110,18 @@ pub fn schemes() -> Vec<String> {
 /// Resolves a target to a backend (cached per runtime and configuration) and the DSN, if
 /// the target was one (its template and timeout apply to `CreateOptions`).
 pub(crate) async fn resolve(target: Target) -> Result<(Arc<dyn Backend>, Option<Dsn>)> {
-    match target {
-        Target::Default => Ok((backend_for_scheme(DEFAULT_SCHEME).await?, None)),
+    let (backend, dsn) = match target {
+        Target::Default => (backend_for_scheme(DEFAULT_SCHEME).await?, None),
         Target::Dsn(s) => {
             let dsn = Dsn::parse(&s)?;
-            Ok((backend_for_scheme(&dsn.scheme).await?, Some(dsn)))
+            (backend_for_scheme(&dsn.scheme).await?, Some(dsn))
         }
-        Target::Parsed(dsn) => Ok((backend_for_scheme(&dsn.scheme).await?, Some(dsn))),
-        Target::Config(c) => Ok((backend_for_config(c).await?, None)),
-    }
+        Target::Parsed(dsn) => (backend_for_scheme(&dsn.scheme).await?, Some(dsn)),
+        Target::Config(c) => (backend_for_config(c).await?, None),
+    };
+    // Cached backends are wrapped once when built; a user's object is wrapped here (or kept,
+    // when it already carries the layer).
+    Ok((crate::support::enforce(backend), dsn))
 }
 
 async fn backend_for_scheme(scheme: &str) -> Result<Arc<dyn Backend>> {
@@ -217,7 +220,9 @@ where
         .entry((runtime, key))
         .or_default()
         .clone();
-    slot.get_or_try_init(build).await.cloned()
+    slot.get_or_try_init(|| async move { build().await.map(crate::support::enforce) })
+        .await
+        .cloned()
 }
 
 fn custom_key(scheme: &str) -> String {
