@@ -1,6 +1,8 @@
 //! Typed configuration of the Docker backend.
 
-use sandbox_core::IsolationTier;
+use std::time::Duration;
+
+use sandbox_container::{ContainerConfig, Runtime};
 
 /// Environment variable naming the engine endpoint (`unix://…`, `tcp://…`, `https://…`).
 pub const DOCKER_HOST_ENV: &str = "DOCKER_HOST";
@@ -10,67 +12,6 @@ pub const DEFAULT_DOCKER_HOST: &str = "unix:///var/run/docker.sock";
 pub const DEFAULT_TEMPLATE: &str = "sandbox-rs/python:3.11";
 /// Test images `sandbox doctor` checks for.
 pub const TEST_IMAGES: [&str; 2] = ["sandbox-rs/python:3.11", "sandbox-rs/busybox:latest"];
-
-/// Host threads an idle gVisor sandbox (sentry + gofer) needs on top of the sandbox's own
-/// processes; measured at 45 here, more under load. Under runsc the engine's (cgroup) pids
-/// limit counts those threads, so a limit of e.g. 64 would kill the sandbox on its first
-/// exec: the adapter sets `requested + RUNSC_PIDS_HEADROOM` (see
-/// [`Runtime::pids_headroom`]).
-pub const RUNSC_PIDS_HEADROOM: u64 = 256;
-
-/// The OCI runtime a sandbox runs under, from a vetted allowlist (never a path).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Runtime {
-    /// `runc`: Linux namespaces and cgroups on the host kernel ([`IsolationTier::Container`]).
-    #[default]
-    Runc,
-    /// `runsc` (gVisor): a user-space kernel ([`IsolationTier::Gvisor`]). The engine must
-    /// register it (`/etc/docker/daemon.json` `runtimes.runsc`, with `--network=none`).
-    Runsc,
-}
-
-impl Runtime {
-    /// The runtime name the engine knows it by.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Runtime::Runc => "runc",
-            Runtime::Runsc => "runsc",
-        }
-    }
-
-    /// The isolation tier sandboxes get under this runtime.
-    pub fn tier(self) -> IsolationTier {
-        match self {
-            Runtime::Runc => IsolationTier::Container,
-            Runtime::Runsc => IsolationTier::Gvisor,
-        }
-    }
-
-    /// What the adapter adds to the requested pids limit under this runtime before
-    /// setting the engine's limit: 0 for runc, [`RUNSC_PIDS_HEADROOM`] for runsc.
-    pub fn pids_headroom(self) -> u64 {
-        match self {
-            Runtime::Runc => 0,
-            Runtime::Runsc => RUNSC_PIDS_HEADROOM,
-        }
-    }
-
-    /// Parses `runc` / `runsc` (case-insensitive); anything else is `None`.
-    pub fn parse(s: &str) -> Option<Runtime> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "runc" => Some(Runtime::Runc),
-            "runsc" | "gvisor" => Some(Runtime::Runsc),
-            _ => None,
-        }
-    }
-}
-
-impl std::fmt::Display for Runtime {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// Configuration of a [`DockerBackend`](crate::DockerBackend).
 ///
@@ -92,8 +33,15 @@ pub struct DockerConfig {
     /// Image used when `CreateOptions::template` is `None`.
     pub default_template: String,
     /// Whether [`DockerBackend::connect`](crate::DockerBackend::connect) removes this host's
-    /// sandboxes whose owning process is proven gone (default `true`).
+    /// leftovers: sandboxes whose owning process is proven gone, or long past their deadline
+    /// (default `true`).
     pub startup_sweep: bool,
+    /// Bound of one engine call (default 30 s): a wedged engine fails the call.
+    pub call_timeout: Duration,
+    /// Bound of a whole `create` (default 60 s; `CreateTimeout`, SBX_E1203, past it).
+    pub create_timeout: Duration,
+    /// Largest file `files().read` returns (default 64 MiB; `ResourceLimitExceeded` past it).
+    pub read_cap: u64,
 }
 
 impl Default for DockerConfig {
@@ -103,6 +51,9 @@ impl Default for DockerConfig {
             runtime: Runtime::Runc,
             default_template: DEFAULT_TEMPLATE.to_string(),
             startup_sweep: true,
+            call_timeout: sandbox_container::DEFAULT_CALL_TIMEOUT,
+            create_timeout: sandbox_container::DEFAULT_CREATE_TIMEOUT,
+            read_cap: sandbox_container::DEFAULT_READ_CAP,
         }
     }
 }
@@ -142,6 +93,33 @@ impl DockerConfig {
         self
     }
 
+    /// Sets the bound of one engine call.
+    pub fn call_timeout(mut self, t: Duration) -> Self {
+        self.call_timeout = t;
+        self
+    }
+
+    /// Sets the bound of a whole `create`.
+    pub fn create_timeout(mut self, t: Duration) -> Self {
+        self.create_timeout = t;
+        self
+    }
+
+    /// Sets the `files().read` cap.
+    pub fn read_cap(mut self, bytes: u64) -> Self {
+        self.read_cap = bytes;
+        self
+    }
+
+    /// The engine-independent part, for the container layer.
+    pub(crate) fn container_config(&self) -> ContainerConfig {
+        ContainerConfig::new(self.default_template.clone())
+            .startup_sweep(self.startup_sweep)
+            .call_timeout(self.call_timeout)
+            .create_timeout(self.create_timeout)
+            .read_cap(self.read_cap)
+    }
+
     /// The runtime in effect.
     pub fn runtime_kind(&self) -> Runtime {
         self.runtime
@@ -175,14 +153,6 @@ pub(crate) fn redact_endpoint(endpoint: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn runtime_maps_to_tier() {
-        assert_eq!(Runtime::Runc.tier(), IsolationTier::Container);
-        assert_eq!(Runtime::Runsc.tier(), IsolationTier::Gvisor);
-        assert_eq!(Runtime::parse("RUNSC"), Some(Runtime::Runsc));
-        assert_eq!(Runtime::parse("/usr/bin/runc"), None, "never a path");
-    }
 
     #[test]
     fn builder_and_endpoint() {

@@ -2,19 +2,122 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
-mod backend;
-mod code;
 mod config;
+mod engine;
 mod error;
-mod exec;
-mod files;
-mod ingress;
 mod policy;
-mod sandbox;
 
-pub use backend::DockerBackend;
-pub use config::{
-    DEFAULT_DOCKER_HOST, DEFAULT_TEMPLATE, DOCKER_HOST_ENV, DockerConfig, RUNSC_PIDS_HEADROOM,
-    Runtime,
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use sandbox_container::{ContainerBackend, ContainerNative, ContainerSandbox};
+use sandbox_core::{
+    Backend, Capability, CreateOptions, EngineReport, IsolationTier, ManagedSandbox,
+    ReapableBackend, Result, Sandbox, async_trait,
 };
-pub use sandbox::{DockerNative, DockerSandbox};
+
+pub use config::{
+    DEFAULT_DOCKER_HOST, DEFAULT_TEMPLATE, DOCKER_HOST_ENV, DockerConfig, TEST_IMAGES,
+};
+pub use engine::DockerEngine;
+pub use sandbox_container::{RUNSC_PIDS_HEADROOM, Runtime};
+
+/// A Docker sandbox: the shared container sandbox on [`DockerEngine`].
+pub type DockerSandbox = ContainerSandbox<DockerEngine>;
+
+/// What [`Sandbox::native`] returns for a Docker sandbox: the engine (its bollard client
+/// through [`DockerEngine::client`]) and the container id.
+///
+/// **Outside the semver contract**: its fields and their types (including the `bollard`
+/// version) may change in any release.
+pub type DockerNative = ContainerNative<DockerEngine>;
+
+/// The Docker backend. Cheap to clone (one shared bollard client).
+#[derive(Clone, Debug)]
+pub struct DockerBackend {
+    inner: ContainerBackend<DockerEngine>,
+}
+
+impl DockerBackend {
+    /// Connects to the engine (`config.host`, else `DOCKER_HOST`, else the default socket),
+    /// negotiates the API version, pings it, checks the runtime is registered, and sweeps
+    /// this host's leftovers (owner proven gone, or long past their deadline).
+    ///
+    /// An engine that does not answer is `EngineUnavailable` with the start command as hint.
+    pub async fn connect(config: DockerConfig) -> Result<DockerBackend> {
+        let container = config.container_config();
+        let engine = DockerEngine::connect(config).await?;
+        Ok(DockerBackend {
+            inner: ContainerBackend::new(engine, container).await,
+        })
+    }
+
+    /// The configuration in effect.
+    pub fn config(&self) -> &DockerConfig {
+        self.inner.engine().config()
+    }
+
+    /// The engine endpoint (credentials removed).
+    pub fn endpoint(&self) -> &str {
+        sandbox_container::ContainerEngine::endpoint(&**self.inner.engine())
+    }
+
+    /// The shared bollard client. **Outside the semver contract.**
+    pub fn client(&self) -> &bollard::Docker {
+        self.inner.engine().client()
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Arc<DockerEngine> {
+        self.inner.engine()
+    }
+
+    /// The generic container backend this wraps.
+    pub fn container_backend(&self) -> &ContainerBackend<DockerEngine> {
+        &self.inner
+    }
+}
+
+#[async_trait]
+impl Backend for DockerBackend {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn capabilities(&self) -> Capability {
+        self.inner.capabilities()
+    }
+
+    fn isolation(&self) -> IsolationTier {
+        self.inner.isolation()
+    }
+
+    async fn create(&self, options: CreateOptions) -> Result<Box<dyn Sandbox>> {
+        self.inner.create(options).await
+    }
+
+    async fn connect(&self, id: &str) -> Result<Box<dyn Sandbox>> {
+        self.inner.connect(id).await
+    }
+
+    fn as_reapable(&self) -> Option<&dyn ReapableBackend> {
+        Some(self)
+    }
+
+    async fn diagnose(&self) -> EngineReport {
+        self.inner.diagnose().await
+    }
+}
+
+#[async_trait]
+impl ReapableBackend for DockerBackend {
+    async fn list_managed(&self, labels: &BTreeMap<String, String>) -> Result<Vec<ManagedSandbox>> {
+        self.inner.list_managed(labels).await
+    }
+
+    /// Kills and removes one managed sandbox; an id that is not a sandbox-rs container is
+    /// refused with `Configuration`.
+    async fn kill_managed(&self, id: &str) -> Result<bool> {
+        self.inner.kill_managed(id).await
+    }
+}

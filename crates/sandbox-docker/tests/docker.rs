@@ -84,7 +84,8 @@ async fn run_basics_env_secrets_and_missing_binary() {
     // Secrets are injected per exec, never stored in the container configuration.
     let native = s.native().downcast_ref::<DockerNative>().unwrap();
     let c = native
-        .client
+        .engine
+        .client()
         .inspect_container(&native.container_id, None)
         .await
         .unwrap();

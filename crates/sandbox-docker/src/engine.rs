@@ -1,0 +1,558 @@
+//! `DockerEngine`: [`ContainerEngine`] on bollard, one shared client.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::time::{Duration, SystemTime};
+
+use bollard::Docker;
+use bollard::container::LogOutput;
+use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bollard::models::{ContainerStateStatusEnum, ContainerSummaryStateEnum, PortMap};
+use bollard::query_parameters::{
+    ContainerArchiveInfoOptions, CreateContainerOptions, DownloadFromContainerOptions,
+    ListContainersOptions, RemoveContainerOptions, UploadToContainerOptions,
+};
+use futures::{StreamExt, TryStreamExt};
+use sandbox_container::{
+    ArchiveBody, ContainerEngine, ContainerInfo, ContainerSpec, EngineError, EngineErrorKind,
+    EngineResult, ExecRequest, ExecState, ExecStream, LAYER_CAPABILITIES, PathStat, Runtime,
+    parse_rfc3339,
+};
+use sandbox_core::{
+    Capability, EngineReport, IsolationTier, OutputChunk, Problem, SandboxError, SandboxState,
+    async_trait,
+};
+
+use crate::config::{DockerConfig, TEST_IMAGES, redact_endpoint};
+use crate::error::{BACKEND, during, engine_error, start_hint};
+use crate::policy;
+
+/// The Docker engine behind a [`DockerBackend`](crate::DockerBackend).
+pub struct DockerEngine {
+    client: Docker,
+    config: DockerConfig,
+    endpoint: String,
+    /// The runtime is registered with `--network=none` (as SPEC §12 configures runsc), so
+    /// no sandbox can get a network: egress `Allow` is refused instead of ignored.
+    runtime_forces_no_network: bool,
+}
+
+impl std::fmt::Debug for DockerEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DockerEngine")
+            .field("endpoint", &self.endpoint)
+            .field("runtime", &self.config.runtime)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How long connecting (version negotiation, ping, runtime check) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl DockerEngine {
+    /// Connects (`config.host`, else `DOCKER_HOST`, else the default socket), negotiates the
+    /// API version, pings, and checks the runtime is registered. An engine that does not
+    /// answer is `EngineUnavailable` with the start command as hint.
+    pub async fn connect(config: DockerConfig) -> sandbox_core::Result<DockerEngine> {
+        let raw_endpoint = config.endpoint();
+        let endpoint = redact_endpoint(&raw_endpoint);
+        let unavailable = |e: EngineError| SandboxError::EngineUnavailable {
+            backend: BACKEND.into(),
+            endpoint: endpoint.clone(),
+            hint: start_hint(&endpoint),
+            source: Some(Box::new(e)),
+        };
+        let connect = async {
+            let client = Docker::connect_with_host(&raw_endpoint).map_err(during("connect"))?;
+            let client = client
+                .negotiate_version()
+                .await
+                .map_err(during("version"))?;
+            client.ping().await.map_err(during("ping"))?;
+            Ok::<_, EngineError>(client)
+        };
+        let client = match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
+            Ok(r) => r.map_err(unavailable)?,
+            Err(_) => {
+                return Err(unavailable(EngineError::new(
+                    EngineErrorKind::Timeout,
+                    format!("no answer within {CONNECT_TIMEOUT:?}"),
+                )));
+            }
+        };
+        let mut engine = DockerEngine {
+            client,
+            config,
+            endpoint,
+            runtime_forces_no_network: false,
+        };
+        if engine.config.runtime != Runtime::Runc {
+            engine.runtime_forces_no_network = engine.check_runtime().await?;
+        }
+        Ok(engine)
+    }
+
+    /// The shared bollard client. **Outside the semver contract.**
+    pub fn client(&self) -> &Docker {
+        &self.client
+    }
+
+    /// The configuration in effect.
+    pub fn config(&self) -> &DockerConfig {
+        &self.config
+    }
+
+    /// Checks the runtime is registered; returns whether it forces `--network=none`.
+    async fn check_runtime(&self) -> sandbox_core::Result<bool> {
+        let info = tokio::time::timeout(CONNECT_TIMEOUT, self.client.info())
+            .await
+            .map_err(|_| EngineError::new(EngineErrorKind::Timeout, "info timed out"))
+            .and_then(|r| r.map_err(during("info")))
+            .map_err(|e| SandboxError::EngineUnavailable {
+                backend: BACKEND.into(),
+                endpoint: self.endpoint.clone(),
+                hint: start_hint(&self.endpoint),
+                source: Some(Box::new(e)),
+            })?;
+        let name = self.config.runtime.as_str();
+        match info.runtimes.unwrap_or_default().get(name) {
+            Some(rt) => Ok(rt
+                .runtime_args
+                .iter()
+                .flatten()
+                .any(|a| a == "--network=none" || a == "--network none")),
+            None => Err(SandboxError::config(
+                format!(
+                    "the Docker engine at {} has no `{name}` runtime",
+                    self.endpoint
+                ),
+                runtime_fix(self.config.runtime),
+            )),
+        }
+    }
+}
+
+/// The fix for a runtime the engine does not have.
+pub(crate) fn runtime_fix(runtime: Runtime) -> String {
+    match runtime {
+        Runtime::Runsc => "install gVisor and register it: `sudo cargo xtask setup` (writes \
+             /etc/docker/daemon.json {\"runtimes\":{\"runsc\":{\"path\":\"/usr/bin/runsc\",\
+             \"runtimeArgs\":[\"--network=none\"]}}} and reloads dockerd with `sudo kill -HUP \
+             $(pidof dockerd)`)"
+            .into(),
+        Runtime::Runc => "runc ships with Docker; reinstall with `sudo cargo xtask setup`".into(),
+        other => format!(
+            "register `{other}` under \"runtimes\" in /etc/docker/daemon.json and reload dockerd \
+             (`sudo kill -HUP $(pidof dockerd)`)"
+        ),
+    }
+}
+
+fn state_of(s: Option<ContainerStateStatusEnum>) -> SandboxState {
+    match s {
+        Some(ContainerStateStatusEnum::RUNNING) => SandboxState::Running,
+        Some(ContainerStateStatusEnum::CREATED) => SandboxState::Creating,
+        Some(ContainerStateStatusEnum::PAUSED) => SandboxState::Paused,
+        Some(
+            ContainerStateStatusEnum::EXITED
+            | ContainerStateStatusEnum::DEAD
+            | ContainerStateStatusEnum::REMOVING
+            | ContainerStateStatusEnum::STOPPING,
+        ) => SandboxState::Stopped,
+        _ => SandboxState::Unknown,
+    }
+}
+
+fn summary_state_of(s: Option<ContainerSummaryStateEnum>) -> SandboxState {
+    match s {
+        Some(ContainerSummaryStateEnum::RUNNING) => SandboxState::Running,
+        Some(ContainerSummaryStateEnum::CREATED) => SandboxState::Creating,
+        Some(ContainerSummaryStateEnum::PAUSED) => SandboxState::Paused,
+        Some(
+            ContainerSummaryStateEnum::EXITED
+            | ContainerSummaryStateEnum::DEAD
+            | ContainerSummaryStateEnum::REMOVING
+            | ContainerSummaryStateEnum::STOPPING,
+        ) => SandboxState::Stopped,
+        _ => SandboxState::Unknown,
+    }
+}
+
+/// Published ports as the engine reports them (`"8080/tcp"` → host address).
+fn published_ports(ports: Option<PortMap>) -> BTreeMap<u16, SocketAddr> {
+    let mut out = BTreeMap::new();
+    for (key, bindings) in ports.unwrap_or_default() {
+        let Some(port) = key.strip_suffix("/tcp").and_then(|p| p.parse::<u16>().ok()) else {
+            continue;
+        };
+        let addr = bindings.iter().flatten().find_map(|b| {
+            let ip = b
+                .host_ip
+                .as_deref()
+                .filter(|i| !i.is_empty())
+                .unwrap_or("127.0.0.1");
+            let host_port = b.host_port.as_deref()?.parse::<u16>().ok()?;
+            format!("{ip}:{host_port}").parse::<SocketAddr>().ok()
+        });
+        if let Some(addr) = addr {
+            out.insert(port, addr);
+        }
+    }
+    out
+}
+
+/// Unix permission bits from a Go `os.FileMode` (what the archive HEAD reports).
+pub(crate) fn unix_mode(go: u32) -> (u32, bool) {
+    const DIR: u32 = 1 << 31;
+    const SETUID: u32 = 1 << 23;
+    const SETGID: u32 = 1 << 22;
+    const STICKY: u32 = 1 << 20;
+    let mut m = go & 0o777;
+    if go & SETUID != 0 {
+        m |= 0o4000;
+    }
+    if go & SETGID != 0 {
+        m |= 0o2000;
+    }
+    if go & STICKY != 0 {
+        m |= 0o1000;
+    }
+    (m, go & DIR != 0)
+}
+
+#[async_trait]
+impl ContainerEngine for DockerEngine {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn tier(&self) -> IsolationTier {
+        self.config.runtime.tier()
+    }
+
+    fn capabilities(&self) -> Capability {
+        LAYER_CAPABILITIES
+    }
+
+    fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    fn unavailable_hint(&self) -> String {
+        start_hint(&self.endpoint)
+    }
+
+    fn check_spec(&self, spec: &ContainerSpec) -> EngineResult<()> {
+        policy::refuse_unenforceable(spec, self.config.runtime, self.runtime_forces_no_network)
+    }
+
+    async fn create(&self, spec: &ContainerSpec) -> EngineResult<String> {
+        let opts = CreateContainerOptions {
+            name: Some(spec.name.clone()),
+            platform: String::new(),
+        };
+        let body = policy::create_body(spec, self.config.runtime);
+        let created = self
+            .client
+            .create_container(Some(opts), body)
+            .await
+            .map_err(during("create container"))?;
+        for w in created.warnings {
+            tracing::debug!(sandbox_id = %created.id, warning = %w, "engine warning on create");
+        }
+        Ok(created.id)
+    }
+
+    async fn start(&self, id: &str) -> EngineResult<()> {
+        self.client
+            .start_container(id, None)
+            .await
+            .map_err(during("start container"))
+    }
+
+    async fn inspect(&self, id: &str) -> EngineResult<ContainerInfo> {
+        let c = self
+            .client
+            .inspect_container(id, None)
+            .await
+            .map_err(during("inspect container"))?;
+        let config = c.config.unwrap_or_default();
+        let labels: BTreeMap<String, String> =
+            config.labels.unwrap_or_default().into_iter().collect();
+        let state = state_of(c.state.and_then(|s| s.status));
+        let name = c
+            .name
+            .unwrap_or_default()
+            .trim_start_matches('/')
+            .to_string();
+        let mut info =
+            ContainerInfo::new(c.id.unwrap_or_else(|| id.to_string()), name, state, labels);
+        info.created_at = c.created.as_deref().and_then(parse_rfc3339);
+        info.image = config.image.unwrap_or_default();
+        info.workdir = config.working_dir.filter(|w| !w.is_empty());
+        info.published = published_ports(c.network_settings.and_then(|n| n.ports));
+        Ok(info)
+    }
+
+    async fn remove(&self, id: &str) -> EngineResult<bool> {
+        let opts = RemoveContainerOptions {
+            force: true,
+            v: true,
+            link: false,
+        };
+        match self.client.remove_container(id, Some(opts)).await {
+            Ok(()) => Ok(true),
+            Err(e) => {
+                let e = engine_error("remove container", e);
+                if e.kind == EngineErrorKind::NotFound {
+                    Ok(false)
+                } else {
+                    Err(e)
+                }
+            }
+        }
+    }
+
+    async fn list(&self, labels: &BTreeMap<String, String>) -> EngineResult<Vec<ContainerInfo>> {
+        let mut filters = HashMap::new();
+        filters.insert(
+            "label".to_string(),
+            labels
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>(),
+        );
+        let opts = ListContainersOptions {
+            all: true,
+            filters: Some(filters),
+            ..Default::default()
+        };
+        let list = self
+            .client
+            .list_containers(Some(opts))
+            .await
+            .map_err(during("list containers"))?;
+        Ok(list
+            .into_iter()
+            .filter_map(|c| {
+                let id = c.id?;
+                let name = c
+                    .names
+                    .and_then(|n| n.into_iter().next())
+                    .unwrap_or_default()
+                    .trim_start_matches('/')
+                    .to_string();
+                let labels: BTreeMap<String, String> =
+                    c.labels.unwrap_or_default().into_iter().collect();
+                let mut info = ContainerInfo::new(id, name, summary_state_of(c.state), labels);
+                info.created_at = c
+                    .created
+                    .and_then(|s| u64::try_from(s).ok())
+                    .map(|s| SystemTime::UNIX_EPOCH + Duration::from_secs(s));
+                info.image = c.image.unwrap_or_default();
+                Some(info)
+            })
+            .collect())
+    }
+
+    async fn exec(&self, id: &str, request: ExecRequest) -> EngineResult<ExecStream> {
+        let config = CreateExecOptions::<String> {
+            cmd: Some(request.argv),
+            env: Some(
+                request
+                    .env
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect(),
+            ),
+            working_dir: Some(request.workdir),
+            attach_stdin: Some(request.stdin),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            tty: Some(false),
+            ..Default::default()
+        };
+        let created = self
+            .client
+            .create_exec(id, config)
+            .await
+            .map_err(during("create exec"))?;
+        let started = self
+            .client
+            .start_exec(
+                &created.id,
+                Some(StartExecOptions {
+                    detach: false,
+                    tty: false,
+                    output_capacity: Some(64 * 1024),
+                }),
+            )
+            .await
+            .map_err(during("start exec"))?;
+        let StartExecResults::Attached { output, input } = started else {
+            return Err(EngineError::new(
+                EngineErrorKind::Other,
+                "the engine started the exec detached",
+            ));
+        };
+        let output = output
+            .map_err(during("exec output"))
+            .try_filter_map(|item| {
+                futures::future::ready(Ok(match item {
+                    LogOutput::StdOut { message } | LogOutput::Console { message } => {
+                        Some(OutputChunk::stdout(message))
+                    }
+                    LogOutput::StdErr { message } => Some(OutputChunk::stderr(message)),
+                    LogOutput::StdIn { .. } => None,
+                }))
+            })
+            .boxed();
+        Ok(ExecStream {
+            exec_id: created.id,
+            output,
+            input: request.stdin.then_some(input),
+        })
+    }
+
+    async fn exec_state(&self, exec_id: &str) -> EngineResult<ExecState> {
+        let i = self
+            .client
+            .inspect_exec(exec_id)
+            .await
+            .map_err(during("inspect exec"))?;
+        // An absent `Running` is not trusted as finished.
+        Ok(ExecState::new(i.running.unwrap_or(true), i.exit_code))
+    }
+
+    async fn put_archive(&self, id: &str, dir: &str, body: ArchiveBody) -> EngineResult<()> {
+        let opts = UploadToContainerOptions {
+            path: dir.to_string(),
+            ..Default::default()
+        };
+        self.client
+            .upload_to_container(id, Some(opts), bollard::body_try_stream(body))
+            .await
+            .map_err(during("archive upload"))
+    }
+
+    async fn get_archive(&self, id: &str, path: &str) -> EngineResult<ArchiveBody> {
+        let opts = DownloadFromContainerOptions {
+            path: path.to_string(),
+        };
+        let mut s = self.client.download_from_container(id, Some(opts)).boxed();
+        // bollard reports a 404 as the stream's first item: surface it here.
+        let first = match s.next().await {
+            Some(Ok(b)) => b,
+            Some(Err(e)) => return Err(engine_error("archive download", e)),
+            None => bytes::Bytes::new(),
+        };
+        let rest = s.map_err(|e| std::io::Error::other(engine_error("archive download", e)));
+        Ok(futures::stream::once(async move { Ok(first) })
+            .chain(rest)
+            .boxed())
+    }
+
+    async fn stat_path(&self, id: &str, path: &str) -> EngineResult<PathStat> {
+        let opts = ContainerArchiveInfoOptions {
+            path: path.to_string(),
+        };
+        let s = self
+            .client
+            .get_container_archive_info(id, Some(opts))
+            .await
+            .map_err(during("archive stat"))?;
+        let (mode, is_dir) = unix_mode(s.file_mode);
+        let mut stat = PathStat::new(u64::try_from(s.size).unwrap_or(0), mode, is_dir);
+        stat.modified = s.modification_time.as_deref().and_then(parse_rfc3339);
+        stat.link_target = Some(s.link_target).filter(|t| !t.is_empty());
+        Ok(stat)
+    }
+
+    async fn ping(&self) -> EngineResult<()> {
+        self.client.ping().await.map(|_| ()).map_err(during("ping"))
+    }
+
+    async fn diagnose(&self) -> EngineReport {
+        let mut r = EngineReport::new(BACKEND, self.endpoint.clone());
+        r.tier = self.config.runtime.tier();
+        let bound = Duration::from_secs(10);
+        let answered = tokio::time::timeout(bound, self.client.ping()).await;
+        if !matches!(answered, Ok(Ok(_))) {
+            r.problems.push(Problem::new(
+                format!("engine `docker` unavailable at {}", self.endpoint),
+                start_hint(&self.endpoint),
+            ));
+            return r;
+        }
+        r.reachable = true;
+        match tokio::time::timeout(bound, self.client.version()).await {
+            Ok(Ok(v)) => r.version = v.version,
+            _ => r.problems.push(Problem::new(
+                "engine version unavailable",
+                "check `docker version`",
+            )),
+        }
+        match tokio::time::timeout(bound, self.client.info()).await {
+            Ok(Ok(info)) => {
+                let mut rts: Vec<String> = info.runtimes.unwrap_or_default().into_keys().collect();
+                rts.sort();
+                if !rts.iter().any(|n| n == self.config.runtime.as_str()) {
+                    r.problems.push(Problem::new(
+                        format!(
+                            "runtime `{}` is not registered with the engine",
+                            self.config.runtime
+                        ),
+                        runtime_fix(self.config.runtime),
+                    ));
+                }
+                r.runtimes = rts;
+            }
+            _ => r.problems.push(Problem::new(
+                "engine info unavailable",
+                "check `docker info`",
+            )),
+        }
+        for image in TEST_IMAGES {
+            let present = matches!(
+                tokio::time::timeout(bound, self.client.inspect_image(image)).await,
+                Ok(Ok(_))
+            );
+            if !present {
+                r.problems.push(Problem::new(
+                    format!("image `{image}` is missing"),
+                    "build the test images: `sudo cargo xtask setup`",
+                ));
+            }
+            r.images.push((image.to_string(), present));
+        }
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_modes() {
+        assert_eq!(unix_mode(0o755 | 1 << 31), (0o755, true));
+        assert_eq!(unix_mode(0o777 | 1 << 20), (0o1777, false));
+        assert_eq!(unix_mode(0o755 | 1 << 23), (0o4755, false));
+    }
+
+    #[test]
+    fn published_ports_parse() {
+        let mut m: PortMap = HashMap::new();
+        m.insert(
+            "8080/tcp".into(),
+            Some(vec![bollard::models::PortBinding {
+                host_ip: Some("127.0.0.1".into()),
+                host_port: Some("49153".into()),
+            }]),
+        );
+        m.insert("53/udp".into(), None);
+        let p = published_ports(Some(m));
+        assert_eq!(p.len(), 1);
+        assert_eq!(p[&8080], "127.0.0.1:49153".parse().unwrap());
+    }
+}
