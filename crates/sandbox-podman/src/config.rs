@@ -227,63 +227,9 @@ impl PodmanConfig {
     }
 }
 
-/// OCI runtime, chosen from a vetted set by name (never a path).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum PodmanRuntime {
-    /// runc (the default on Debian 12 hosts).
-    Runc,
-    /// crun.
-    Crun,
-    /// gVisor's runsc: a user-space kernel ([`IsolationTier::Gvisor`]).
-    Runsc,
-    /// libkrun (KVM micro-VM). Reported as `Container` until the adapter verifies the
-    /// guest kernel itself.
-    Krun,
-}
-
-impl PodmanRuntime {
-    /// The runtime name Podman resolves through its `[engine.runtimes]` table.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PodmanRuntime::Runc => "runc",
-            PodmanRuntime::Crun => "crun",
-            PodmanRuntime::Runsc => "runsc",
-            PodmanRuntime::Krun => "krun",
-        }
-    }
-
-    /// The isolation tier sandboxes get with this runtime.
-    pub fn tier(self) -> IsolationTier {
-        match self {
-            PodmanRuntime::Runsc => IsolationTier::Gvisor,
-            _ => IsolationTier::Container,
-        }
-    }
-
-    /// Parses a runtime *name*; paths and unknown names are refused.
-    pub fn parse(name: &str) -> Result<PodmanRuntime> {
-        match name {
-            "runc" => Ok(PodmanRuntime::Runc),
-            "crun" => Ok(PodmanRuntime::Crun),
-            "runsc" => Ok(PodmanRuntime::Runsc),
-            "krun" => Ok(PodmanRuntime::Krun),
-            other => Err(SandboxError::config(
-                format!(
-                    "OCI runtime {:?} is not one of the vetted runtimes",
-                    other.chars().take(64).collect::<String>()
-                ),
-                "use PodmanRuntime::{Runc, Crun, Runsc, Krun}; runtimes are chosen by name, never by path",
-            )),
-        }
-    }
-}
-
-impl fmt::Display for PodmanRuntime {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// OCI runtime, chosen from a vetted set by name (never a path): the shared enum of
+/// `sandbox-container`, so Docker and Podman parse and label runtimes alike.
+pub use sandbox_container::Runtime as PodmanRuntime;
 
 /// Who else may use a mounted directory (drives SELinux relabelling: `Z` vs `z`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -644,11 +590,13 @@ impl PodmanOptions {
         self
     }
 
-    /// The isolation tier these options give.
+    /// The isolation tier these options give. `krun` is reported as `Container` until the
+    /// adapter verifies the guest kernel itself: a tier is a promise.
     pub fn tier(&self) -> IsolationTier {
-        self.runtime
-            .map(PodmanRuntime::tier)
-            .unwrap_or(IsolationTier::Container)
+        match self.runtime {
+            Some(PodmanRuntime::Krun) | None => IsolationTier::Container,
+            Some(r) => r.tier(),
+        }
     }
 
     /// Checks every option against the allowlists and the host (mount paths, CDI specs in
@@ -782,25 +730,18 @@ mod tests {
     }
 
     #[test]
-    fn runtime_is_a_vetted_name_never_a_path() {
-        assert_eq!(PodmanRuntime::parse("runsc").unwrap(), PodmanRuntime::Runsc);
-        for bad in ["/usr/bin/runc", "./runc", "youki", "", "runc;rm -rf /"] {
-            assert_eq!(
-                PodmanRuntime::parse(bad).unwrap_err().code(),
-                ErrorCode::Configuration
-            );
-        }
-    }
-
-    #[test]
     fn runtime_maps_to_tier() {
-        assert_eq!(PodmanRuntime::Runsc.tier(), IsolationTier::Gvisor);
-        assert_eq!(PodmanRuntime::Runc.tier(), IsolationTier::Container);
-        assert_eq!(PodmanRuntime::Crun.tier(), IsolationTier::Container);
-        assert_eq!(PodmanRuntime::Krun.tier(), IsolationTier::Container);
+        assert_eq!(PodmanRuntime::parse("runsc"), Some(PodmanRuntime::Runsc));
+        assert_eq!(PodmanRuntime::parse("/usr/bin/runc"), None);
+        assert_eq!(PodmanOptions::new().tier(), IsolationTier::Container);
         assert_eq!(
             PodmanOptions::new().runtime(PodmanRuntime::Runsc).tier(),
             IsolationTier::Gvisor
+        );
+        assert_eq!(
+            PodmanOptions::new().runtime(PodmanRuntime::Krun).tier(),
+            IsolationTier::Container,
+            "unverified micro-VM"
         );
     }
 

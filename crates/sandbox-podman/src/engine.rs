@@ -343,6 +343,10 @@ impl ContainerEngine for PodmanEngine {
         &self.endpoint
     }
 
+    fn unavailable_hint(&self) -> String {
+        START_HINT.to_string()
+    }
+
     fn check_spec(&self, spec: &ContainerSpec) -> EngineResult<()> {
         crate::policy::check_spec(spec, &self.options).map_err(|e| refused("podman options", e))
     }

@@ -1,17 +1,18 @@
-//! The only place that sees `podman-api` errors: mapping them into [`SandboxError`], and
-//! keeping the crate's panics from ever reaching a caller.
+//! The only place that sees `podman-api` (and REST bypass) errors: mapping them into
+//! `sandbox-container`'s [`EngineError`], and keeping the crate's panics from ever reaching
+//! a caller.
 //!
 //! podman-api 0.11's frame decoder `panic!`s on a stream number it does not know
-//! (`containers_api::conn::tty::decode_chunk`); every crate call this adapter makes goes
-//! through [`guard`] (futures) or [`guard_stream`] (streams), which turn such a panic into
-//! [`SandboxError::Engine`].
+//! (`containers_api::conn::tty::decode_chunk`); every crate call the engine makes goes
+//! through [`call`] (futures, also bounded in time) or the engine's `unwind_safe` (streams),
+//! which turn such a panic into an error.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 
 use std::time::Duration;
 
-use futures::{FutureExt, Stream, StreamExt};
+use futures::FutureExt;
 use sandbox_container::{EngineError, EngineErrorKind, EngineResult};
 use sandbox_core::{BoxError, SandboxError};
 
@@ -24,26 +25,21 @@ pub(crate) const BACKEND: &str = "podman";
 pub(crate) const START_HINT: &str = "sudo cargo xtask setup podman   # or: mkdir -p /run/podman && podman system service --time=0 unix:///run/podman/podman.sock &";
 
 /// A podman-api error kept as a `source` (podman-api's error is `Send + Sync`).
-pub(crate) fn boxed(e: podman_api::Error) -> BoxError {
+fn boxed(e: podman_api::Error) -> BoxError {
     Box::new(e)
 }
 
 /// HTTP status of a podman-api error, when the engine answered with one.
-pub(crate) fn status_of(e: &podman_api::Error) -> Option<u16> {
+fn status_of(e: &podman_api::Error) -> Option<u16> {
     match e {
         podman_api::Error::Fault { code, .. } => Some(code.as_u16()),
         _ => None,
     }
 }
 
-/// Whether the error says "no such container / exec" (HTTP 404).
-pub(crate) fn is_not_found(e: &podman_api::Error) -> bool {
-    status_of(e) == Some(404)
-}
-
 /// Whether the error means the container exists no more or is no longer running:
-/// 404, or 409 "container is not running / stopped" from exec create.
-pub(crate) fn is_gone(e: &podman_api::Error) -> bool {
+/// 404, or 409/500 "container is not running / stopped" from exec create.
+fn is_gone(e: &podman_api::Error) -> bool {
     match status_of(e) {
         Some(404) => true,
         Some(409) | Some(500) => {
@@ -60,74 +56,8 @@ pub(crate) fn is_gone(e: &podman_api::Error) -> bool {
 }
 
 /// Whether the engine could not be reached at all (transport error).
-pub(crate) fn is_transport(e: &podman_api::Error) -> bool {
+fn is_transport(e: &podman_api::Error) -> bool {
     matches!(e, podman_api::Error::Error(_) | podman_api::Error::IO(_))
-}
-
-/// Maps any other podman-api error to [`SandboxError::Engine`] with the source kept.
-pub(crate) fn engine(what: &str, e: podman_api::Error) -> SandboxError {
-    SandboxError::Engine {
-        backend: BACKEND.into(),
-        message: format!("{what} failed"),
-        source: Some(boxed(e)),
-    }
-}
-
-/// Maps an error of an operation on a live sandbox: gone → `SandboxGone`, else `Engine`.
-pub(crate) fn on_sandbox(id: &str, what: &str, e: podman_api::Error) -> SandboxError {
-    if is_gone(&e) {
-        SandboxError::SandboxGone { id: id.to_string() }
-    } else {
-        engine(what, e)
-    }
-}
-
-/// A free-form engine error without a podman-api source.
-pub(crate) fn engine_msg(message: impl Into<String>) -> SandboxError {
-    SandboxError::Engine {
-        backend: BACKEND.into(),
-        message: message.into(),
-        source: None,
-    }
-}
-
-fn panicked(what: &str) -> SandboxError {
-    tracing::error!(
-        backend = BACKEND,
-        operation = what,
-        "podman-api panicked; mapped to an engine error"
-    );
-    engine_msg(format!(
-        "{what}: the podman-api client panicked (unexpected engine data)"
-    ))
-}
-
-/// Runs a podman-api future, turning a panic inside it into [`SandboxError::Engine`].
-pub(crate) async fn guard<T, F>(what: &str, fut: F) -> Result<T, SandboxError>
-where
-    F: Future<Output = Result<T, SandboxError>>,
-{
-    match AssertUnwindSafe(fut).catch_unwind().await {
-        Ok(r) => r,
-        Err(_) => Err(panicked(what)),
-    }
-}
-
-/// Wraps a podman-api stream so a panic while polling it becomes one
-/// [`SandboxError::Engine`] item, after which the stream ends.
-pub(crate) fn guard_stream<S, T>(
-    what: &'static str,
-    stream: S,
-) -> impl Stream<Item = Result<T, SandboxError>> + Send
-where
-    S: Stream<Item = Result<T, SandboxError>> + Send,
-{
-    AssertUnwindSafe(stream)
-        .catch_unwind()
-        .map(move |item| match item {
-            Ok(r) => r,
-            Err(_) => Err(panicked(what)),
-        })
 }
 
 /// Longest engine message kept in an [`EngineError`] (the engine may echo user input).
@@ -206,10 +136,30 @@ pub(crate) fn engine_panicked(what: &str) -> EngineError {
     )
 }
 
+/// An engine error outside the container layer (connect's ping, `engine_env`) as a
+/// `SandboxError`: unreachable or wedged engine → `EngineUnavailable` with the start
+/// command, anything else → `Engine`, the source kept.
+pub(crate) fn to_sandbox_error(endpoint: &str, what: &str, e: EngineError) -> SandboxError {
+    match e.kind {
+        EngineErrorKind::Unavailable | EngineErrorKind::Timeout => {
+            SandboxError::EngineUnavailable {
+                backend: BACKEND.into(),
+                endpoint: endpoint.to_string(),
+                hint: START_HINT.into(),
+                source: Some(Box::new(e)),
+            }
+        }
+        _ => SandboxError::Engine {
+            backend: BACKEND.into(),
+            message: format!("{what} failed"),
+            source: Some(Box::new(e)),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sandbox_core::ErrorCode;
 
     #[tokio::test]
     async fn engine_call_panic_and_hang_are_engine_errors() {
@@ -254,25 +204,5 @@ mod tests {
             },
         );
         assert!(e.message.len() <= MAX_MESSAGE);
-    }
-
-    #[tokio::test]
-    async fn panic_in_crate_future_is_an_engine_error() {
-        let r: Result<(), _> = guard("exec start", async { panic!("invalid stream number") }).await;
-        assert_eq!(r.unwrap_err().code(), ErrorCode::Engine);
-    }
-
-    #[tokio::test]
-    async fn panic_in_crate_stream_is_an_engine_error_then_ends() {
-        let s = futures::stream::iter(0..3).map(|i| {
-            if i == 1 {
-                panic!("invalid stream number from podman daemon: '7'");
-            }
-            Ok::<_, SandboxError>(i)
-        });
-        let items: Vec<_> = guard_stream("exec output", s).collect().await;
-        assert_eq!(items.len(), 2);
-        assert!(items[0].is_ok());
-        assert_eq!(items[1].as_ref().unwrap_err().code(), ErrorCode::Engine);
     }
 }

@@ -7,16 +7,10 @@ mod config;
 mod copy_in;
 mod engine;
 mod error;
-mod exec;
-mod files;
-mod ingress;
-mod interpreter;
 mod policy;
 mod rest;
-mod sandbox;
-mod tar_stream;
 
-pub use backend::PodmanBackend;
+pub use backend::{PodmanBackend, PodmanNative, PodmanSandbox};
 pub use config::{
     ANNOTATION_ALLOWLIST, CDI_SPEC_DIRS, CONTAINER_HOST_ENV, DEFAULT_CALL_TIMEOUT,
     DEFAULT_ENDPOINT, DEFAULT_TEMPLATE, ENGINE_PATHS, GRANTABLE_CAPABILITIES, HookEvent, HookFn,
@@ -24,4 +18,3 @@ pub use config::{
     PodmanRuntime, REFUSED_HOST_PATHS, Sharing,
 };
 pub use engine::PodmanEngine;
-pub use sandbox::{PodmanNative, PodmanSandbox};

@@ -1,22 +1,17 @@
-//! Turning `CreateOptions` + [`PodmanOptions`] into a libpod SpecGenerator, and the
-//! refusals that must happen before anything is created.
+//! Turning a [`ContainerSpec`] from the container layer plus [`PodmanOptions`] into a
+//! libpod SpecGenerator, and the refusals that must happen before anything is created.
 //!
-//! The spec is assembled with podman-api's typed `ContainerCreateOptsBuilder` and then
+//! The body is assembled with podman-api's typed `ContainerCreateOptsBuilder` and then
 //! patched where the crate is defective (see `rest.rs`): `no_new_privileges` (the crate's
 //! field is misspelled and ignored by Podman), OCI `mounts` and CDI `devices`.
 
-use std::collections::BTreeMap;
-
 use podman_api::models;
 use podman_api::opts::ContainerCreateOpts;
-use sandbox_container::{ContainerSpec, NetworkMode};
-use sandbox_core::{
-    Capability, CreateOptions, EffectiveResources, Egress, IsolationTier, Result, SandboxError,
-};
+use sandbox_container::{ContainerSpec, LABEL_RUNTIME, NetworkMode};
+use sandbox_core::{Capability, Result, SandboxError};
 use serde_json::{Value, json};
 
 use crate::config::{MountMode, PodmanOptions, Sharing};
-use crate::error::BACKEND;
 
 /// What every Podman sandbox can do with default options.
 pub(crate) fn base_capabilities() -> Capability {
@@ -38,43 +33,6 @@ pub(crate) fn capabilities_for(podman: &PodmanOptions) -> Capability {
         c |= Capability::GPU;
     }
     c
-}
-
-/// Everything checked before provisioning. Returns the effective resources.
-pub(crate) fn check(
-    options: &CreateOptions,
-    podman: &PodmanOptions,
-    caps: Capability,
-    tier: IsolationTier,
-) -> Result<EffectiveResources> {
-    let res = sandbox_core::policy::check_create(BACKEND, caps, tier, options)?;
-    if let Some(mb) = res.disk_mb {
-        return Err(SandboxError::config(
-            format!("resources.disk_mb ({mb} MiB) cannot be enforced by the Podman adapter"),
-            "leave resources.disk_mb unset (the overlay storage driver has no per-container quota here)",
-        ));
-    }
-    if res.gpu > 0 && (res.gpu as usize) > podman.cdi_devices.len() {
-        return Err(SandboxError::config(
-            format!(
-                "{} GPU(s) requested but only {} CDI device(s) named",
-                res.gpu,
-                podman.cdi_devices.len()
-            ),
-            "name one CDI device per GPU with PodmanOptions::cdi_device(\"nvidia.com/gpu=N\")",
-        ));
-    }
-    let mut seen = std::collections::BTreeSet::new();
-    for p in &options.network.ingress_ports {
-        if !seen.insert(*p) {
-            return Err(SandboxError::config(
-                format!("ingress port {p} given twice"),
-                "list each port once",
-            ));
-        }
-    }
-    podman.validate()?;
-    Ok(res)
 }
 
 /// What Podman cannot enforce for `spec` with these options, refused before anything is
@@ -101,12 +59,6 @@ pub(crate) fn check_spec(spec: &ContainerSpec, podman: &PodmanOptions) -> Result
     podman.validate()
 }
 
-/// The lifetime in whole seconds the main `sleep` runs (at least 1).
-pub(crate) fn lifetime_secs(options: &CreateOptions) -> u64 {
-    let t = options.timeout;
-    (t.as_secs() + u64::from(t.subsec_nanos() > 0)).max(1)
-}
-
 /// The largest value the kernel accepts in `pids.max` (`PID_MAX_LIMIT`, 2^22): no
 /// container can hold more processes, so a larger request means this.
 pub(crate) const MAX_PIDS: u64 = 4_194_304;
@@ -117,6 +69,13 @@ pub(crate) fn pids_limit(pids: u64) -> i64 {
     pids.clamp(1, MAX_PIDS) as i64
 }
 
+/// The pids limit for `requested` sandbox processes under the configured runtime (runsc's
+/// own threads count against the cgroup limit), clamped.
+fn runtime_pids_limit(podman: &PodmanOptions, requested: u64) -> i64 {
+    let headroom = podman.runtime.map(|r| r.pids_headroom()).unwrap_or(0);
+    pids_limit(requested.saturating_add(headroom))
+}
+
 /// The memory limit in bytes, saturating instead of wrapping to a negative (= unlimited).
 pub(crate) fn memory_limit(memory_mb: u64) -> i64 {
     i64::try_from(memory_mb)
@@ -124,116 +83,18 @@ pub(crate) fn memory_limit(memory_mb: u64) -> i64 {
         .saturating_mul(1024 * 1024)
 }
 
-/// The libpod SpecGenerator JSON for a new sandbox container.
-pub(crate) fn container_spec(
-    options: &CreateOptions,
-    res: &EffectiveResources,
-    podman: &PodmanOptions,
-    template: &str,
-    labels: &BTreeMap<String, String>,
-) -> Result<Value> {
-    let memory = memory_limit(res.memory_mb);
-    let period: u64 = 100_000;
-    let quota = (res.cpu * period as f64).round().max(1000.0) as i64;
-    let resources = models::LinuxResources {
-        block_io: None,
-        cpu: Some(models::LinuxCpu {
-            cpus: None,
-            mems: None,
-            period: Some(period),
-            quota: Some(quota),
-            realtime_period: None,
-            realtime_runtime: None,
-            shares: None,
-        }),
-        devices: None,
-        hugepage_limits: None,
-        // memory == memory+swap: swap disabled.
-        memory: Some(models::LinuxMemory {
-            disable_oom_killer: None,
-            kernel: None,
-            kernel_tcp: None,
-            limit: Some(memory),
-            reservation: None,
-            swap: Some(memory),
-            swappiness: None,
-            use_hierarchy: None,
-        }),
-        network: None,
-        pids: Some(models::LinuxPids {
-            limit: Some(pids_limit(res.pids)),
-        }),
-        rdma: None,
-        unified: None,
-    };
-    let netns = match options.network.egress {
-        Egress::Deny => "none",
-        _ => "bridge",
-    };
-    let caps_add: Vec<String> = podman
-        .capabilities
+/// The spec's labels plus the runtime label, so a reattached handle reports the tier the
+/// sandbox really has.
+fn labels(spec: &ContainerSpec, podman: &PodmanOptions) -> Vec<(String, String)> {
+    let mut l: Vec<(String, String)> = spec
+        .labels
         .iter()
-        .map(|c| c.as_str().to_string())
+        .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    let mut b = ContainerCreateOpts::builder()
-        .image(template)
-        // The main process bounds the lifetime: when `sleep` ends the container stops
-        // (and, ephemeral, is removed). `init: true` reaps zombies as PID 1.
-        .command(["sleep".to_string(), lifetime_secs(options).to_string()])
-        .init(true)
-        .labels(labels.iter().map(|(k, v)| (k.clone(), v.clone())))
-        .env(options.env.iter().map(|(k, v)| (k.clone(), v.clone())))
-        .work_dir(options.effective_workdir())
-        .create_working_dir(true)
-        .remove(podman.ephemeral)
-        .drop_capabilities(["ALL"])
-        .net_namespace(models::Namespace {
-            nsmode: Some(netns.to_string()),
-            value: None,
-        })
-        .resource_limits(resources)
-        .stop_timeout(1u64);
-    if !caps_add.is_empty() {
-        b = b.add_capabilities(caps_add);
-    }
     if let Some(rt) = podman.runtime {
-        b = b.oci_runtime(rt.as_str());
+        l.push((LABEL_RUNTIME.to_string(), rt.as_str().to_string()));
     }
-    if !podman.annotations.is_empty() {
-        b = b.annotations(
-            podman
-                .annotations
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone())),
-        );
-    }
-    // Under Deny there is no interface to map to: `ingress.rs` forwards those ports.
-    if !options.network.ingress_ports.is_empty() && options.network.egress != Egress::Deny {
-        b = b.portmappings(
-            options
-                .network
-                .ingress_ports
-                .iter()
-                .map(|p| models::PortMapping {
-                    container_port: Some(*p),
-                    host_ip: Some("127.0.0.1".into()),
-                    host_port: Some(*p),
-                    protocol: Some("tcp".into()),
-                    range: None,
-                }),
-        );
-    }
-    let body = b
-        .build()
-        .serialize_vec()
-        .map_err(|e| crate::error::engine("serialising the container spec", e))?;
-    let mut spec: Value = serde_json::from_slice(&body).map_err(|e| SandboxError::Engine {
-        backend: BACKEND.into(),
-        message: "re-reading the container spec failed".into(),
-        source: Some(Box::new(e)),
-    })?;
-    patch_spec(&mut spec, podman)?;
-    Ok(spec)
+    l
 }
 
 /// The libpod SpecGenerator JSON for a [`ContainerSpec`] from the container layer plus
@@ -270,7 +131,7 @@ pub(crate) fn create_body(spec: &ContainerSpec, podman: &PodmanOptions) -> Resul
         }),
         network: None,
         pids: Some(models::LinuxPids {
-            limit: Some(pids_limit(res.pids)),
+            limit: Some(runtime_pids_limit(podman, res.pids)),
         }),
         rdma: None,
         unified: None,
@@ -292,7 +153,7 @@ pub(crate) fn create_body(spec: &ContainerSpec, podman: &PodmanOptions) -> Resul
         // otherwise be appended to our main process.
         .entrypoint(spec.command.iter().cloned())
         .init(spec.init)
-        .labels(spec.labels.iter().map(|(k, v)| (k.clone(), v.clone())))
+        .labels(labels(spec, podman))
         .env(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())))
         .work_dir(&spec.workdir)
         .create_working_dir(true)
@@ -329,14 +190,17 @@ pub(crate) fn create_body(spec: &ContainerSpec, podman: &PodmanOptions) -> Resul
             range: None,
         }));
     }
-    let body = b
-        .build()
-        .serialize_vec()
-        .map_err(|e| crate::error::engine("serialising the container spec", e))?;
-    let mut v: Value = serde_json::from_slice(&body).map_err(|e| SandboxError::Engine {
-        backend: BACKEND.into(),
-        message: "re-reading the container spec failed".into(),
-        source: Some(Box::new(e)),
+    let body = b.build().serialize_vec().map_err(|e| {
+        SandboxError::config(
+            format!("the container spec cannot be serialised: {e}"),
+            "check labels, env and annotations for values JSON cannot carry",
+        )
+    })?;
+    let mut v: Value = serde_json::from_slice(&body).map_err(|e| {
+        SandboxError::config(
+            format!("the container spec cannot be re-read: {e}"),
+            "check labels, env and annotations for values JSON cannot carry",
+        )
     })?;
     patch_spec(&mut v, podman)?;
     Ok(v)
@@ -384,21 +248,38 @@ fn patch_spec(spec: &mut Value, podman: &PodmanOptions) -> Result<()> {
 mod tests {
     use super::*;
     use crate::config::Mount;
-    use sandbox_core::{ErrorCode, NetworkPolicy, Resources};
+    use sandbox_core::{EffectiveResources, ErrorCode, Resources};
+    use std::collections::BTreeMap;
     use std::time::Duration;
 
-    fn spec(o: &CreateOptions, p: &PodmanOptions) -> Value {
-        let res = o.validate().unwrap();
-        let labels = sandbox_core::labels::sandbox_labels("podman", 1, &o.metadata);
-        container_spec(o, &res, p, "img", &labels).unwrap()
+    fn spec_with(resources: Resources, network: NetworkMode) -> ContainerSpec {
+        let mut s = ContainerSpec::new(
+            "sbx-test-0",
+            "img",
+            vec!["sleep".into(), "300".into()],
+            resources.effective().unwrap(),
+            Duration::from_secs(300),
+        );
+        s.network = network;
+        s.env = vec![("PLAIN".into(), "visible".into())];
+        s.labels = BTreeMap::from([("io.sandbox-rs.managed".into(), "true".into())]);
+        s
+    }
+
+    fn body(s: &ContainerSpec, p: &PodmanOptions) -> Value {
+        create_body(s, p).unwrap()
     }
 
     #[test]
-    fn hardening_is_always_in_the_spec() {
-        let v = spec(&CreateOptions::default(), &PodmanOptions::default());
+    fn hardening_is_always_in_the_body() {
+        let v = body(
+            &spec_with(Resources::default(), NetworkMode::None),
+            &PodmanOptions::default(),
+        );
         assert_eq!(v["no_new_privileges"], true);
         assert!(v.get("no_new_privilages").is_none());
         assert_eq!(v["cap_drop"], json!(["ALL"]));
+        assert!(v.get("cap_add").is_none());
         assert_eq!(v["init"], true);
         assert_eq!(v["netns"]["nsmode"], "none");
         assert_eq!(v["remove"], true);
@@ -407,69 +288,76 @@ mod tests {
         assert_eq!(v["resource_limits"]["memory"]["swap"], mem);
         assert_eq!(v["resource_limits"]["pids"]["limit"], 512);
         assert_eq!(v["resource_limits"]["cpu"]["quota"], 100_000);
-        assert_eq!(v["command"], json!(["sleep", "300"]));
+        assert_eq!(v["entrypoint"], json!(["sleep", "300"]));
+        assert!(
+            v.get("command").is_none(),
+            "the image's CMD is never appended"
+        );
+        assert_eq!(v["name"], "sbx-test-0");
         assert_eq!(v["work_dir"], "/work");
         assert_eq!(v["create_working_dir"], true);
-        assert_eq!(v["labels"]["io.sandbox-rs.managed"], "true");
-    }
-
-    #[test]
-    fn secrets_never_enter_the_spec() {
-        let o = CreateOptions::default()
-            .env("PLAIN", "visible")
-            .secret("TOKEN", "hunter2");
-        let v = spec(&o, &PodmanOptions::default());
-        let s = v.to_string();
-        assert!(!s.contains("hunter2") && !s.contains("TOKEN"));
         assert_eq!(v["env"]["PLAIN"], "visible");
+        assert_eq!(v["labels"]["io.sandbox-rs.managed"], "true");
+        assert!(v.get("portmappings").is_none());
     }
 
     #[test]
-    fn options_map_to_the_spec() {
+    fn options_map_to_the_body() {
         let d = tempfile::tempdir().unwrap();
         let p = PodmanOptions::new()
             .runtime(crate::PodmanRuntime::Runsc)
             .capability(crate::LinuxCapability::Chown)
             .annotation("krun.cpus", "2")
             .ephemeral(false)
-            .mount(Mount::bind(d.path(), "/data").read_only(true))
+            .mount(Mount::bind(d.path(), "/data"))
             .mount(Mount::copy(d.path(), "/seed"));
-        let o = CreateOptions::default()
-            .network(NetworkPolicy::allow().ingress_port(8080))
-            .resources(Resources::default().cpu(0.5).memory_mb(256).pids(64))
-            .timeout(Duration::from_millis(1500));
-        let v = spec(&o, &p);
+        let s = spec_with(
+            Resources::default().cpu(0.5).memory_mb(256).pids(64),
+            NetworkMode::Bridge {
+                publish: vec![8080],
+            },
+        );
+        let v = body(&s, &p);
         assert_eq!(v["oci_runtime"], "runsc");
+        assert_eq!(v["labels"][LABEL_RUNTIME], "runsc");
         assert_eq!(v["cap_add"], json!(["CHOWN"]));
         assert_eq!(v["annotations"]["krun.cpus"], "2");
         assert_eq!(v["remove"], false);
         assert_eq!(v["netns"]["nsmode"], "bridge");
         assert_eq!(v["portmappings"][0]["host_ip"], "127.0.0.1");
         assert_eq!(v["portmappings"][0]["container_port"], 8080);
+        assert!(
+            v["portmappings"][0].get("host_port").is_none(),
+            "the engine picks the host port: a sandbox never takes a well-known host port"
+        );
         assert_eq!(v["resource_limits"]["cpu"]["quota"], 50_000);
-        assert_eq!(v["resource_limits"]["pids"]["limit"], 64);
-        assert_eq!(v["command"], json!(["sleep", "2"]));
+        assert_eq!(
+            v["resource_limits"]["pids"]["limit"],
+            64 + sandbox_container::RUNSC_PIDS_HEADROOM
+        );
         let mounts = v["mounts"].as_array().unwrap();
         assert_eq!(mounts.len(), 1, "copy mounts leave no bind mount");
         assert_eq!(mounts[0]["destination"], "/data");
-        assert_eq!(
-            mounts[0]["options"],
-            json!(["rbind", "ro", "nosuid", "nodev", "Z"])
-        );
     }
 
     /// `pids` of 2^63 or more wrapped to a negative int64, which Podman reads as unlimited.
     #[test]
     fn huge_pids_and_memory_never_become_unlimited() {
         for pids in [1u64 << 63, u64::MAX, (1u64 << 63) + 512, MAX_PIDS + 1] {
-            let o = CreateOptions::default().resources(Resources::default().pids(pids));
-            let v = spec(&o, &PodmanOptions::default());
-            let limit = v["resource_limits"]["pids"]["limit"].as_i64().unwrap();
-            assert_eq!(limit, MAX_PIDS as i64, "pids {pids}");
+            for p in [
+                PodmanOptions::default(),
+                PodmanOptions::new().runtime(crate::PodmanRuntime::Runsc),
+            ] {
+                let s = spec_with(Resources::default().pids(pids), NetworkMode::None);
+                let limit = body(&s, &p)["resource_limits"]["pids"]["limit"]
+                    .as_i64()
+                    .unwrap();
+                assert_eq!(limit, MAX_PIDS as i64, "pids {pids}");
+            }
         }
         assert_eq!(pids_limit(64), 64);
-        let o = CreateOptions::default().resources(Resources::default().memory_mb(u64::MAX));
-        let v = spec(&o, &PodmanOptions::default());
+        let s = spec_with(Resources::default().memory_mb(u64::MAX), NetworkMode::None);
+        let v = body(&s, &PodmanOptions::default());
         let mem = v["resource_limits"]["memory"]["limit"].as_i64().unwrap();
         assert!(mem > 0);
         assert_eq!(
@@ -478,7 +366,8 @@ mod tests {
         );
     }
 
-    /// A writable bind mount still cannot plant a setuid-root file or a device on the host.
+    /// A writable bind mount still cannot plant a setuid-root file or a device that works
+    /// in the sandbox; the body carries the canonical host path and the normalised target.
     #[test]
     fn bind_mounts_are_nosuid_nodev_with_canonical_paths() {
         let d = tempfile::tempdir().unwrap();
@@ -489,7 +378,7 @@ mod tests {
         let p = PodmanOptions::new()
             .mount(Mount::bind(&link, "//rw//").read_only(false))
             .mount(Mount::bind(&data, "/ro"));
-        let v = spec(&CreateOptions::default(), &p);
+        let v = body(&spec_with(Resources::default(), NetworkMode::None), &p);
         let mounts = v["mounts"].as_array().unwrap();
         let canonical = std::fs::canonicalize(&data).unwrap();
         assert_eq!(mounts[0]["destination"], "/rw");
@@ -505,64 +394,31 @@ mod tests {
     }
 
     #[test]
-    fn deny_ingress_is_forwarded_not_mapped() {
-        let o = CreateOptions::default().network(NetworkPolicy::deny().ingress_port(8080));
-        let v = spec(&o, &PodmanOptions::default());
-        assert_eq!(v["netns"]["nsmode"], "none");
-        assert!(v.get("portmappings").is_none());
-    }
-
-    #[test]
     fn refusals_happen_before_provisioning() {
-        let caps = base_capabilities();
-        let t = IsolationTier::Container;
         let p = PodmanOptions::default();
-        let code = |o: CreateOptions, p: &PodmanOptions| check(&o, p, caps, t).unwrap_err().code();
+        let refused = |r: Resources, p: &PodmanOptions| {
+            let s = spec_with(r, NetworkMode::None);
+            check_spec(&s, p).unwrap_err().code()
+        };
         assert_eq!(
-            code(
-                CreateOptions::default().resources(Resources::default().disk_mb(100)),
-                &p
-            ),
+            refused(Resources::default().disk_mb(100), &p),
             ErrorCode::Configuration
         );
         assert_eq!(
-            code(
-                CreateOptions::default().resources(Resources::default().gpu(1)),
-                &p
-            ),
-            ErrorCode::CapabilityNotSupported
-        );
-        assert_eq!(
-            code(
-                CreateOptions::default().network(NetworkPolicy::allow_list(["pypi.org"])),
-                &p
-            ),
-            ErrorCode::CapabilityNotSupported
-        );
-        assert_eq!(
-            code(
-                CreateOptions::default()
-                    .network(NetworkPolicy::allow().ingress_port(80).ingress_port(80)),
-                &p
-            ),
+            refused(Resources::default().gpu(1), &p),
             ErrorCode::Configuration
         );
+        let gone = tempfile::tempdir().unwrap().path().join("gone");
         assert_eq!(
-            code(
-                CreateOptions::default().require_isolation(IsolationTier::Gvisor),
-                &p
+            refused(
+                Resources::default(),
+                &PodmanOptions::new().mount(Mount::bind(gone, "/data"))
             ),
-            ErrorCode::Configuration
+            ErrorCode::Configuration,
+            "a mount source that vanished after connect"
         );
-        assert!(check(&CreateOptions::default(), &p, caps, t).is_ok());
-        assert!(
-            check(
-                &CreateOptions::default().require_isolation(IsolationTier::Gvisor),
-                &p,
-                caps,
-                IsolationTier::Gvisor
-            )
-            .is_ok()
-        );
+        let s = spec_with(Resources::default(), NetworkMode::None);
+        assert!(check_spec(&s, &p).is_ok());
+        let _: EffectiveResources = s.resources;
     }
 }

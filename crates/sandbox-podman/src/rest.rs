@@ -10,6 +10,9 @@
 //!   express) and POSTed here.
 //! - **archive stat** (`HEAD /containers/{id}/archive`): podman-api has no call for it; it
 //!   is the engine's cheap `stat` (no exec needed).
+//! - **archive download** (`GET /containers/{id}/archive`): podman-api's `copy_from`
+//!   stream borrows the container handle, so it cannot be handed to the container layer
+//!   as an owned stream; hyper's body can.
 
 use std::path::PathBuf;
 use std::time::SystemTime;
@@ -17,8 +20,6 @@ use std::time::SystemTime;
 use hyper::{Body, Method, Request, StatusCode};
 use sandbox_core::{Result, SandboxError};
 use serde::Deserialize;
-
-use crate::error::{BACKEND, START_HINT};
 
 /// The API version prefix this adapter speaks (podman-api's `LATEST_API_VERSION`).
 const API_PREFIX: &str = "/v4.3.1";
@@ -39,7 +40,6 @@ enum Transport {
 #[derive(Clone, Debug)]
 pub(crate) struct Rest {
     transport: Transport,
-    endpoint: String,
 }
 
 /// What the archive HEAD reports about one path.
@@ -62,7 +62,7 @@ impl PathStat {
         self.mode & 0o7777
     }
     pub(crate) fn modified(&self) -> Option<SystemTime> {
-        parse_rfc3339(&self.mtime)
+        sandbox_container::parse_rfc3339(&self.mtime)
     }
 }
 
@@ -101,10 +101,7 @@ impl Rest {
                 "set CONTAINER_HOST to unix:///run/podman/podman.sock or tcp://host:port (ssh:// is not supported)",
             ));
         };
-        Ok(Rest {
-            transport,
-            endpoint: endpoint.to_string(),
-        })
+        Ok(Rest { transport })
     }
 
     fn uri(&self, ep: &str) -> hyper::Uri {
@@ -245,24 +242,6 @@ impl Rest {
             _ => Err(Self::error_of(resp).await),
         }
     }
-
-    /// Maps a REST error on a live sandbox.
-    pub(crate) fn on_sandbox(&self, id: &str, what: &str, e: RestError) -> SandboxError {
-        match &e {
-            RestError::Status { status: 404, .. } => SandboxError::SandboxGone { id: id.into() },
-            RestError::Transport(_) => SandboxError::EngineUnavailable {
-                backend: BACKEND.into(),
-                endpoint: self.endpoint.clone(),
-                hint: START_HINT.into(),
-                source: Some(Box::new(e)),
-            },
-            _ => SandboxError::Engine {
-                backend: BACKEND.into(),
-                message: format!("{what} failed"),
-                source: Some(Box::new(e)),
-            },
-        }
-    }
 }
 
 /// Percent-encodes a query/path component (RFC 3986 unreserved characters and `/` kept).
@@ -309,52 +288,6 @@ fn base64_decode(input: &[u8]) -> Option<Vec<u8>> {
         }
     }
     Some(out)
-}
-
-/// Parses `2026-11-29T22:59:12.063721484Z` (UTC, optional fraction, `Z` or `+hh:mm`).
-pub(crate) fn parse_rfc3339(s: &str) -> Option<SystemTime> {
-    let (date, rest) = s.split_once('T')?;
-    let mut d = date.split('-');
-    let y: i64 = d.next()?.parse().ok()?;
-    let mo: i64 = d.next()?.parse().ok()?;
-    let da: i64 = d.next()?.parse().ok()?;
-    let (time, offset_secs) = if let Some(t) = rest.strip_suffix('Z') {
-        (t, 0i64)
-    } else if let Some(pos) = rest.rfind(['+', '-']) {
-        let (t, off) = rest.split_at(pos);
-        let sign = if off.starts_with('-') { -1 } else { 1 };
-        let (oh, om) = off[1..].split_once(':')?;
-        (
-            t,
-            sign * (oh.parse::<i64>().ok()? * 3600 + om.parse::<i64>().ok()? * 60),
-        )
-    } else {
-        (rest, 0)
-    };
-    let (hms, frac) = time.split_once('.').unwrap_or((time, ""));
-    let mut t = hms.split(':');
-    let h: i64 = t.next()?.parse().ok()?;
-    let mi: i64 = t.next()?.parse().ok()?;
-    let se: i64 = t.next()?.parse().ok()?;
-    // days from civil (Howard Hinnant)
-    let y2 = if mo <= 2 { y - 1 } else { y };
-    let era = if y2 >= 0 { y2 } else { y2 - 399 } / 400;
-    let yoe = y2 - era * 400;
-    let doy = (153 * (if mo > 2 { mo - 3 } else { mo + 9 }) + 2) / 5 + da - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let secs = days * 86_400 + h * 3600 + mi * 60 + se - offset_secs;
-    let nanos: u32 = if frac.is_empty() {
-        0
-    } else {
-        let f: String = frac.chars().take(9).collect();
-        let n: u32 = f.parse().ok()?;
-        n * 10u32.pow(9 - f.len() as u32)
-    };
-    if secs < 0 {
-        return None;
-    }
-    Some(SystemTime::UNIX_EPOCH + std::time::Duration::new(secs as u64, nanos))
 }
 
 #[cfg(test)]
