@@ -17,16 +17,19 @@ struct ReducedProbes;
 
 #[async_trait]
 impl Probes for ReducedProbes {
-    async fn canary(&self) -> Option<CanarySpec> {
-        Some(CanarySpec {
-            bind: "127.0.0.1:0".parse().ok()?,
+    async fn canary(&self) -> sandbox_contract::anyhow::Result<Option<CanarySpec>> {
+        Ok(Some(CanarySpec {
+            bind: "127.0.0.1:0".parse()?,
             dial_host: "127.0.0.1".into(),
-        })
+        }))
     }
     fn template_without_python(&self) -> Option<String> {
         Some("sandbox-rs/busybox:latest".into())
     }
     fn in_process_storage(&self) -> bool {
+        true
+    }
+    fn in_process(&self) -> bool {
         true
     }
 }
