@@ -16,6 +16,7 @@ mod files;
 mod hardening;
 mod lifecycle;
 mod limits;
+pub mod observability;
 mod policy;
 mod run;
 mod run_code;
@@ -120,7 +121,9 @@ pub fn build(factory: BackendFactory, probes: Arc<dyn Probes>) -> Suite {
     let required = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
         || std::env::var("SBX_CONTRACT_REQUIRED").is_ok_and(|v| v == "1");
     let (backend, unavailable) = match made {
-        Ok(b) => (b, None),
+        // Core's enforcement layer, as the facade applies it: the suite proves adapters
+        // as users reach them (a wrapped backend is kept as is).
+        Ok(b) => (sandbox_core::layer::enforce(b), None),
         Err(e) => {
             // A missing engine is skipped locally and fails in CI; any other factory error
             // is a real failure everywhere.
@@ -182,10 +185,17 @@ fn all_trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
     t.extend(run_code::trials(ctx));
     t.extend(streaming::trials(ctx));
     t.extend(files::trials(ctx));
+    // The run and files areas once more on every other test image the adapter knows
+    // (busybox `ls`/`stat`/`sh` differ from Debian's).
+    for template in ctx.probes.extra_templates() {
+        t.extend(ctx.on_template(&template, || run::trials(ctx)));
+        t.extend(ctx.on_template(&template, || files::trials(ctx)));
+    }
     t.extend(policy::trials(ctx));
     t.extend(hardening::trials(ctx));
     t.extend(errors::trials(ctx));
     t.extend(capabilities::trials(ctx));
+    t.extend(observability::trials(ctx));
     t
 }
 
