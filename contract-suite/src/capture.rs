@@ -41,7 +41,10 @@ pub fn install() -> bool {
                 .with_writer(std::io::stderr)
                 .with_filter(tracing_subscriber::EnvFilter::from_default_env())
         });
-        let subscriber = tracing_subscriber::registry().with(CaptureLayer).with(fmt);
+        let subscriber = tracing_subscriber::registry()
+            .with(CaptureLayer)
+            .with(crate::observability::SpanCapture)
+            .with(fmt);
         tracing::subscriber::set_global_default(subscriber).is_ok()
     })
 }
