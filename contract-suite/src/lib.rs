@@ -185,12 +185,6 @@ fn all_trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
     t.extend(run_code::trials(ctx));
     t.extend(streaming::trials(ctx));
     t.extend(files::trials(ctx));
-    // The run and files areas once more on every other test image the adapter knows
-    // (busybox `ls`/`stat`/`sh` differ from Debian's).
-    for template in ctx.probes.extra_templates() {
-        t.extend(ctx.on_template(&template, || run::trials(ctx)));
-        t.extend(ctx.on_template(&template, || files::trials(ctx)));
-    }
     t.extend(policy::trials(ctx));
     t.extend(hardening::trials(ctx));
     t.extend(errors::trials(ctx));
