@@ -189,8 +189,10 @@ fn docker_reap_lists_and_kills_by_label_and_id() {
     );
     // One that only claims to be managed (as an image's labels can): foreign.
     let foreign_tag = format!("{tag}-foreign");
-    let foreign =
-        labelled_container(&[(LABEL_MANAGED, "true".into()), (meta, foreign_tag.clone())]);
+    let foreign = labelled_container(
+        None,
+        &[(LABEL_MANAGED, "true".into()), (meta, foreign_tag.clone())],
+    );
     let label = format!("cli-test={tag}");
 
     let o = run(&["reap", "--json", "--engine", "docker", "--label", &label]);
