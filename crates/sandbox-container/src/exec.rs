@@ -173,6 +173,8 @@ pub(crate) async fn launch<E: ContainerEngine>(
             Some(pid) => {
                 killer = exec_killer(sh, exec_id.clone(), Some(pid), token);
                 if plan.guarded {
+                    // Disarmed first: dropping an armed guard would kill the exec.
+                    guard.disarm();
                     guard = TeardownGuard::new(info, killer.clone());
                 }
                 output = futures::stream::iter(prefix.into_iter().map(Ok))

@@ -450,10 +450,16 @@ async fn startup_sweep_removes_dead_owners_containers() {
     labels.insert(LABEL_MANAGED.to_string(), "true".to_string());
     labels.insert(LABEL_OWNER.to_string(), dead.to_label());
     labels.insert("io.sandbox-rs.meta.test".to_string(), "sweep".to_string());
+    labels.insert("io.sandbox-rs.backend".to_string(), "docker".to_string());
     let client = b.client().clone();
+    // Our name prefix: the sweep only touches containers with sandbox-rs provenance.
+    let name = format!("sbx-sweeptest-{}", std::process::id());
     let c = client
         .create_container(
-            None,
+            Some(bollard::query_parameters::CreateContainerOptions {
+                name: Some(name),
+                platform: String::new(),
+            }),
             bollard::models::ContainerCreateBody {
                 image: Some(BUSYBOX.into()),
                 cmd: Some(vec!["sleep".into(), "60".into()]),
@@ -554,6 +560,95 @@ async fn ingress_ports_published_on_loopback() {
         assert_eq!(got, "hello-ingress\n", "{name}");
         s.kill().await.unwrap();
     }
+}
+
+/// Issue 11: writing `1` into every file under /dev/shm, /tmp and /run (and pre-creating
+/// pidfile-looking directories) cannot redirect a timeout's kill: the timeout kills only
+/// that command, never PID 1, and the sandbox stays usable.
+#[tokio::test(flavor = "multi_thread")]
+async fn forged_pidfiles_cannot_redirect_a_kill() {
+    let Some(b) = backend().await else { return };
+    let s = b.create(opts(BUSYBOX, "forged-pidfile")).await.unwrap();
+    let forge = "for d in /dev/shm /tmp /run; do mkdir -p $d/.sbx.x $d/.sbx.bench; \
+                 for f in $d/* $d/.*; do [ -f \"$f\" ] && echo 1 > \"$f\"; done; done; \
+                 for i in $(seq 0 50); do echo 1 > /dev/shm/.sbx.$i; echo 1 > /tmp/.sbx.$i; done; sleep 60";
+    let e = s
+        .run(
+            Command::from(forge),
+            RunOptions::default().timeout(Duration::from_secs(2)),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::ExecutionTimeout, "{e}");
+    let r = s.exec(["echo", "alive"]).await.unwrap();
+    assert_eq!(r.stdout_text(), "alive\n", "the sandbox survived the kill");
+    let ps = s.exec("ps -o pid,args").await.unwrap().stdout_text();
+    assert!(
+        !ps.contains("sleep 60"),
+        "the forging command was killed: {ps}"
+    );
+    s.kill().await.unwrap();
+}
+
+/// Issue 11: a timeout kills the exec's whole tree, background and `setsid` children
+/// included, and leaves unrelated processes alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn timeout_kills_background_and_setsid_children() {
+    let Some(b) = backend().await else { return };
+    let s = b.create(opts(BUSYBOX, "tree-kill")).await.unwrap();
+    let keep = s.exec("sleep 310 >/dev/null 2>&1 & echo ok").await.unwrap();
+    assert_eq!(keep.stdout_text(), "ok\n");
+    // `sleep 310` above outlived its own exec on purpose: it is not part of the next one.
+    let e = s
+        .run(
+            Command::from("sleep 301 & sleep 302 & setsid sleep 303 & (sleep 304 &); sleep 305"),
+            RunOptions::default().timeout(Duration::from_secs(2)),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::ExecutionTimeout);
+    let ps = s.exec("ps -o pid,args").await.unwrap().stdout_text();
+    for n in 301..=305 {
+        assert!(
+            !ps.contains(&format!("sleep {n}")),
+            "sleep {n} survived: {ps}"
+        );
+    }
+    assert!(
+        ps.contains("sleep 310"),
+        "an unrelated process was killed: {ps}"
+    );
+    s.kill().await.unwrap();
+}
+
+/// Issue 11: reading a 3 GiB sparse file is refused by size, with bounded host memory.
+#[tokio::test(flavor = "multi_thread")]
+async fn huge_sparse_file_read_is_refused_with_bounded_memory() {
+    let Some(b) = backend().await else { return };
+    let s = b.create(opts(BUSYBOX, "huge-read")).await.unwrap();
+    let r = s
+        .exec("truncate -s 3G /work/huge && echo ok")
+        .await
+        .unwrap();
+    assert_eq!(r.stdout_text(), "ok\n", "{r:?}");
+    let base = rss_kib("VmHWM:");
+    let t = Instant::now();
+    let e = s.files().unwrap().read("/work/huge").await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::ResourceLimitExceeded, "{e}");
+    assert!(e.to_string().contains("files().read cap"), "{e}");
+    assert!(
+        e.hint().contains("download"),
+        "names the streaming alternative: {}",
+        e.hint()
+    );
+    let grew = rss_kib("VmHWM:").saturating_sub(base);
+    println!(
+        "3 GiB sparse read refused in {:?}, peak RSS growth {grew} KiB",
+        t.elapsed()
+    );
+    assert!(grew < 32 * 1024, "peak RSS grew by {grew} KiB");
+    assert!(t.elapsed() < Duration::from_secs(5));
+    s.kill().await.unwrap();
 }
 
 #[allow(dead_code)]
