@@ -36,7 +36,7 @@ pub use error_code::{CodeDoc, DOCS_BASE_URL, ErrorCode};
 pub use files::{FileInfo, FileSystem, resolve_path};
 pub use isolation::IsolationTier;
 pub use managed::{ManagedSandbox, SandboxState};
-pub use network::{Egress, NetworkPolicy};
+pub use network::{Egress, EgressRule, EgressTarget, NetworkPolicy};
 pub use options::{CodeOptions, Command, CreateOptions, Language, RunOptions};
 pub use pool::{Pool, PoolConfig, PoolStats};
 pub use process::{KILLED_EXIT_CODE, Process, StartFuture, StartedExec};

@@ -407,6 +407,11 @@ impl CodeOptions {
         self.timeout = Some(t);
         self
     }
+    /// Sets the buffered output cap per stream (default [`DEFAULT_OUTPUT_CAP`]).
+    pub fn output_cap(mut self, bytes: usize) -> Self {
+        self.output_cap = Some(bytes);
+        self
+    }
 
     /// Validates the context id and resolves the timeout.
     pub fn validate(&self, remaining_lifetime: Duration) -> Result<Duration> {
@@ -437,6 +442,17 @@ impl CodeOptions {
 mod tests {
     use super::*;
     use crate::ErrorCode;
+
+    #[test]
+    fn code_output_cap_setter_and_zero_refused() {
+        let o = CodeOptions::default().output_cap(1024);
+        assert_eq!(o.output_cap, Some(1024));
+        let e = CodeOptions::default()
+            .output_cap(0)
+            .validate(Duration::from_secs(1))
+            .unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Configuration);
+    }
 
     #[test]
     fn debug_hides_values() {

@@ -59,7 +59,7 @@ struct State {
     spares: VecDeque<Spare>,
     creating: usize,
     closed: bool,
-    last_error: Option<String>,
+    last_error: Option<Arc<SandboxError>>,
 }
 
 struct Inner {
@@ -139,7 +139,8 @@ impl Pool {
     }
 
     /// The last error the background refill hit, if any (cleared by a successful create).
-    pub fn last_error(&self) -> Option<String> {
+    /// Shared, since the pool keeps it for every caller that asks.
+    pub fn last_error(&self) -> Option<Arc<SandboxError>> {
         self.inner.lock().last_error.clone()
     }
 
@@ -290,7 +291,7 @@ async fn refill_loop(inner: Arc<Inner>) {
                         }
                         Ok(_closed) => true,
                         Err(e) => {
-                            s.last_error = Some(e.render());
+                            s.last_error = Some(Arc::new(e));
                             false
                         }
                     }
@@ -439,6 +440,20 @@ mod tests {
         });
         let cfg = PoolConfig::new(size, CreateOptions::default().timeout(lifetime));
         (Pool::new(backend, cfg).unwrap(), counts)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn last_error_is_the_typed_error() {
+        // The layer refuses a GPU the backend lacks, so every refill fails the same way.
+        let backend = crate::layer::enforce(Arc::new(TestBackend {
+            counts: Arc::default(),
+            create_delay: Duration::ZERO,
+        }));
+        let options = CreateOptions::default().resources(crate::Resources::default().gpu(1));
+        let p = Pool::new(backend, PoolConfig::new(1, options)).unwrap();
+        assert_eq!(p.wait_ready(1, Duration::from_secs(1)).await, 0);
+        let e = p.last_error().expect("the refill failure is kept");
+        assert_eq!(e.code(), crate::ErrorCode::CapabilityNotSupported);
     }
 
     #[tokio::test(start_paused = true)]
