@@ -234,7 +234,7 @@ pub async fn pool(plan: &Plan, backend: Arc<dyn Backend>, rec: &mut Recorder) {
         if pool.wait_ready(1, Duration::from_secs(60)).await < 1 {
             let e = anyhow!(
                 "no spare became ready within 60 s: {}",
-                pool.last_error().unwrap_or_default()
+                pool.last_error().map(|e| e.render()).unwrap_or_default()
             );
             rec.error(Op::PoolAcquire, Variant::Ours, &e);
             continue;
