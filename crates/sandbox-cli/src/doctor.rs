@@ -170,6 +170,9 @@ fn to_engine(r: EngineReport, default: bool) -> Engine {
 }
 
 fn print_human(report: &DoctorReport, out: &Out) {
+    // Versions, runtime names and problem texts come from the engine (a remote one, with
+    // DOCKER_HOST): shown escaped, like everything that is not ours.
+    use crate::terminal::escape_text as esc;
     for e in &report.engines {
         let state = if e.healthy {
             out.green("healthy")
@@ -180,12 +183,12 @@ fn print_human(report: &DoctorReport, out: &Out) {
         };
         let default = if e.default { " (default)" } else { "" };
         out.line(format!("{}{default}: {state}", out.bold(&e.backend)));
-        out.line(format!("  endpoint: {}", e.endpoint));
+        out.line(format!("  endpoint: {}", esc(&e.endpoint)));
         if let Some(v) = &e.version {
-            out.line(format!("  version:  {v}"));
+            out.line(format!("  version:  {}", esc(v)));
         }
         if !e.runtimes.is_empty() {
-            out.line(format!("  runtimes: {}", e.runtimes.join(", ")));
+            out.line(format!("  runtimes: {}", esc(&e.runtimes.join(", "))));
         }
         for i in &e.images {
             let mark = if i.present {
@@ -197,8 +200,8 @@ fn print_human(report: &DoctorReport, out: &Out) {
         }
         out.line(format!("  tier:     {}", e.tier));
         for p in &e.problems {
-            out.line(format!("  {} {}", out.red("problem:"), p.problem));
-            out.line(format!("  {}     {}", out.bold("fix:"), p.fix));
+            out.line(format!("  {} {}", out.red("problem:"), esc(&p.problem)));
+            out.line(format!("  {}     {}", out.bold("fix:"), esc(&p.fix)));
         }
     }
     out.line(if report.ok {
