@@ -231,7 +231,7 @@ async fn run_code_stateless_and_stateful() {
         )
         .await
         .unwrap_err();
-    assert_eq!(e.code(), ErrorCode::ExecutionTimeout);
+    assert_eq!(e.code(), ErrorCode::ExecutionTimeout, "{}", e.render());
     let r = sb.run_code("print(2)", c("a")).await.unwrap();
     assert_eq!(r.stdout_text(), "2\n", "context restarts after a timeout");
     let big = format!("s = '{}'\nprint(len(s))", "a".repeat(100_000));
@@ -567,9 +567,11 @@ async fn egress_allow_has_an_interface_and_ingress_publishes_on_loopback() {
         .unwrap();
     let _ = p.next().await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let mut s = tokio::net::TcpStream::connect("127.0.0.1:18089")
-        .await
-        .unwrap();
+    // Published on the host's loopback at a port the engine picks, never the same host
+    // port (a sandbox must not take a well-known local port).
+    let addr = sb.ingress_address(18089).unwrap();
+    assert!(addr.ip().is_loopback() && addr.port() != 18089, "{addr}");
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     let mut buf = Vec::new();
     use tokio::io::AsyncReadExt;
     let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await;
@@ -587,10 +589,8 @@ async fn egress_allow_has_an_interface_and_ingress_publishes_on_loopback() {
         )
         .await
         .unwrap();
-    assert_eq!(
-        sb.ingress_address(18091).unwrap(),
-        "127.0.0.1:18091".parse().unwrap()
-    );
+    let addr = sb.ingress_address(18091).unwrap();
+    assert!(addr.ip().is_loopback(), "{addr}");
     assert_eq!(
         sb.ingress_address(1).unwrap_err().code(),
         sandbox_core::ErrorCode::Configuration
@@ -605,19 +605,14 @@ async fn egress_allow_has_an_interface_and_ingress_publishes_on_loopback() {
         .unwrap();
     let _ = p.next().await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let mut s = tokio::net::TcpStream::connect("127.0.0.1:18091")
-        .await
-        .unwrap();
-    let _ = &s;
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     let mut buf = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await;
     assert_eq!(buf, b"pong\n");
     drop(p);
     sb.kill().await.unwrap();
     assert!(
-        tokio::net::TcpStream::connect("127.0.0.1:18091")
-            .await
-            .is_err(),
+        tokio::net::TcpStream::connect(addr).await.is_err(),
         "forwarder stopped with the sandbox"
     );
 }
