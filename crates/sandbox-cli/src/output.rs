@@ -172,7 +172,7 @@ mod tests {
 
     #[test]
     fn error_json_has_the_four_fields() {
-        let e = SandboxError::SandboxGone { id: "abc".into() };
+        let e = SandboxError::gone("abc");
         let v = error_json(&e);
         assert_eq!(v["error"]["code"], "SBX_E1204");
         for k in ["message", "hint", "url"] {

@@ -64,7 +64,10 @@ pub async fn run(args: RunArgs, out: Out) -> sandbox::Result<u8> {
     .await;
     // Tear down before reporting; a teardown failure never hides the command's outcome.
     if let Err(e) = sb.kill().await {
-        out.note(format!("warning: {}", e.render()));
+        out.note(format!(
+            "warning: {}",
+            crate::terminal::escape_text(&e.render())
+        ));
     }
     drop(sb);
     let duration_ms = ms(started.elapsed());

@@ -78,7 +78,7 @@ pub(crate) fn on_sandbox<E: ContainerEngine + ?Sized>(
 
 /// The sandbox no longer exists.
 pub(crate) fn gone(id: &str) -> SandboxError {
-    SandboxError::SandboxGone { id: id.to_string() }
+    SandboxError::gone(id.to_string())
 }
 
 /// An engine error while creating from `template`.
@@ -138,16 +138,12 @@ pub(crate) fn connect(
 
 /// A missing sandbox path.
 pub(crate) fn path_not_found(path: &str) -> SandboxError {
-    SandboxError::PathNotFound {
-        path: path.to_string(),
-    }
+    SandboxError::path_not_found(path.to_string())
 }
 
 /// A file operation given a directory.
 pub(crate) fn is_a_directory(path: &str) -> SandboxError {
-    SandboxError::IsADirectory {
-        path: path.to_string(),
-    }
+    SandboxError::is_a_directory(path.to_string())
 }
 
 /// A file operation that failed for a reason the message names.

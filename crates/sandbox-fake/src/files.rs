@@ -19,12 +19,8 @@ const PIECE: usize = 1024 * 1024;
 /// Maps an in-memory filesystem error to the typed error of `path`.
 pub(crate) fn fs_error(path: &str, e: FsError) -> SandboxError {
     match e {
-        FsError::NotFound => SandboxError::PathNotFound {
-            path: path.to_string(),
-        },
-        FsError::IsADirectory => SandboxError::IsADirectory {
-            path: path.to_string(),
-        },
+        FsError::NotFound => SandboxError::path_not_found(path.to_string()),
+        FsError::IsADirectory => SandboxError::is_a_directory(path.to_string()),
         other => SandboxError::FileSystem {
             path: path.to_string(),
             message: other.errno_text().to_string(),
@@ -266,7 +262,7 @@ impl FileSystem for FakeSandbox {
         let sb = self.inner();
         let node = sb.fs().get_followed(&src).cloned_kind();
         match node {
-            None => Err(SandboxError::PathNotFound { path: src }),
+            None => Err(SandboxError::path_not_found(src)),
             Some(Kind::File) => {
                 let target = match tokio::fs::metadata(local).await {
                     Ok(m) if m.is_dir() => local.join(memfs::base_name(&src)),
@@ -337,7 +333,7 @@ impl FileSystem for FakeSandbox {
         let p = self.file_op(Capability::FILESYSTEM, FileOp::Ls, path)?;
         let fs = self.inner().fs();
         match fs.get(&p) {
-            None => Err(SandboxError::PathNotFound { path: p }),
+            None => Err(SandboxError::path_not_found(p)),
             Some(n) if !n.is_dir() => Ok(vec![info(&p, n)]),
             Some(_) => Ok(fs
                 .list(&p)
@@ -368,7 +364,7 @@ impl FileSystem for FakeSandbox {
         let fs = self.inner().fs();
         match fs.get_followed(&p).or_else(|| fs.get(&p)) {
             Some(n) => Ok(info(&p, n)),
-            None => Err(SandboxError::PathNotFound { path: p }),
+            None => Err(SandboxError::path_not_found(p)),
         }
     }
 }

@@ -161,9 +161,7 @@ impl SandboxInner {
     }
 
     pub(crate) fn gone(&self) -> SandboxError {
-        SandboxError::SandboxGone {
-            id: self.id.clone(),
-        }
+        SandboxError::gone(self.id.clone())
     }
 
     /// Lifetime left.
@@ -436,7 +434,7 @@ impl FakeSandbox {
         };
         match sb.fs().get(&cwd) {
             Some(n) if n.is_dir() => Ok(cwd),
-            _ => Err(SandboxError::PathNotFound { path: cwd }),
+            _ => Err(SandboxError::path_not_found(cwd)),
         }
     }
 
