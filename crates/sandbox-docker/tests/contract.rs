@@ -151,7 +151,7 @@ fn bridge_gateway<'a>(
         return Some(g);
     }
     configs.iter().find_map(|(_, subnet)| {
-        let (net, bits) = subnet?.split_once('/')?;
+        let (net, bits) = (*subnet)?.split_once('/')?;
         let net: Ipv4Addr = net.parse().ok()?;
         let bits: u32 = bits.parse().ok()?;
         if bits >= 31 {
