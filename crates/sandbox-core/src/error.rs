@@ -105,6 +105,9 @@ pub enum SandboxError {
     SandboxGone {
         /// Sandbox id.
         id: String,
+        /// The engine's error, when one said so.
+        #[source]
+        source: Option<BoxError>,
     },
     /// A command exited non-zero (from `raise_for_status`).
     #[error("command exited with status {exit_code}")]
@@ -181,12 +184,18 @@ pub enum SandboxError {
     PathNotFound {
         /// Sandbox path.
         path: String,
+        /// The engine's error, when one said so.
+        #[source]
+        source: Option<BoxError>,
     },
     /// A file operation was given a directory.
     #[error("`{path}` is a directory")]
     IsADirectory {
         /// Sandbox path.
         path: String,
+        /// The engine's error, when one said so.
+        #[source]
+        source: Option<BoxError>,
     },
     /// A downloaded archive tried to write outside its target.
     #[error("unsafe archive entry `{entry}` refused")]
@@ -398,7 +407,10 @@ impl SandboxError {
 
     /// A [`SandboxError::SandboxGone`].
     pub fn gone(id: impl Into<String>) -> Self {
-        SandboxError::SandboxGone { id: id.into() }
+        SandboxError::SandboxGone {
+            id: id.into(),
+            source: None,
+        }
     }
 
     /// A [`SandboxError::Execution`] (what `raise_for_status` returns).
@@ -474,12 +486,18 @@ impl SandboxError {
 
     /// A [`SandboxError::PathNotFound`].
     pub fn path_not_found(path: impl Into<String>) -> Self {
-        SandboxError::PathNotFound { path: path.into() }
+        SandboxError::PathNotFound {
+            path: path.into(),
+            source: None,
+        }
     }
 
     /// A [`SandboxError::IsADirectory`].
     pub fn is_a_directory(path: impl Into<String>) -> Self {
-        SandboxError::IsADirectory { path: path.into() }
+        SandboxError::IsADirectory {
+            path: path.into(),
+            source: None,
+        }
     }
 
     /// A [`SandboxError::UnsafeArchiveEntry`].
@@ -499,16 +517,20 @@ impl SandboxError {
     }
 
     /// Keeps `source` as the underlying error, on every variant that carries one
-    /// (`EngineUnavailable`, `Creation`, `Connect`, `AuditSink`, `FileSystem`, `Engine`);
-    /// other variants are returned unchanged.
+    /// (`EngineUnavailable`, `Creation`, `Connect`, `SandboxGone`, `AuditSink`,
+    /// `FileSystem`, `PathNotFound`, `IsADirectory`, `Engine`); other variants are
+    /// returned unchanged.
     pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
         use SandboxError::*;
         match &mut self {
             EngineUnavailable { source: s, .. }
             | Creation { source: s, .. }
             | Connect { source: s, .. }
+            | SandboxGone { source: s, .. }
             | AuditSink { source: s, .. }
             | FileSystem { source: s, .. }
+            | PathNotFound { source: s, .. }
+            | IsADirectory { source: s, .. }
             | Engine { source: s, .. } => *s = Some(source.into()),
             _ => {}
         }
@@ -587,6 +609,21 @@ mod tests {
         let e = SandboxError::engine("docker", "inspect failed").with_source(io);
         let src = std::error::Error::source(&e).expect("source kept");
         assert_eq!(src.to_string(), "socket closed");
+    }
+
+    #[test]
+    fn engine_source_is_kept_on_gone_and_file_errors() {
+        for e in [
+            SandboxError::gone("abc"),
+            SandboxError::path_not_found("/x"),
+            SandboxError::is_a_directory("/x"),
+        ] {
+            let code = e.code();
+            let e = e.with_source(std::io::Error::other("engine said 404"));
+            assert_eq!(e.code(), code);
+            let src = std::error::Error::source(&e).expect("source kept");
+            assert_eq!(src.to_string(), "engine said 404");
+        }
     }
 
     #[test]
