@@ -1,12 +1,17 @@
-//! Checks every adapter applies before provisioning: option validity, required isolation,
-//! and capabilities the requested policy needs.
+//! Admission checks before provisioning: option validity, required isolation, and the
+//! capabilities the requested policy needs.
+//!
+//! The enforcement layer ([`crate::layer`]) runs [`check_create`] before every `create`
+//! reaches an adapter, so adapters need not call it; calling it again (some adapters do, to
+//! get the effective resources) is harmless.
 
 use crate::{
     Capability, CreateOptions, EffectiveResources, Egress, IsolationTier, Result, SandboxError,
 };
 
-/// Refuses `options` unless a backend with `caps` and `tier` can honour all of it.
-/// Called first thing in `create`, so nothing is provisioned for a refused request.
+/// Refuses `options` unless a backend with `caps` and `tier` can honour all of it, and
+/// returns the effective resources. What the layer runs before `create`, so nothing is
+/// provisioned for a refused request.
 pub fn check_create(
     backend: &str,
     caps: Capability,
