@@ -1,2 +1,23 @@
-//! The `sandbox-agent` binary: PID 1 of a container sandbox.
-fn main() {}
+//! The `sandbox-agent` binary: PID 1 of a container sandbox (see docs/agent.md).
+
+#[cfg(target_os = "linux")]
+fn main() {
+    let args = match sandbox_agent::agent::parse_args(std::env::args().skip(1)) {
+        Ok(a) => a,
+        Err(e) => {
+            // The container's log is the only place this can go; the host reads it when
+            // the agent does not answer its hello.
+            let _ = std::io::Write::write_all(
+                &mut std::io::stderr(),
+                format!("sandbox-agent: {e}\n").as_bytes(),
+            );
+            std::process::exit(2);
+        }
+    };
+    std::process::exit(sandbox_agent::agent::run(args));
+}
+
+#[cfg(not(target_os = "linux"))]
+fn main() {
+    std::process::exit(2);
+}

@@ -1,1 +1,557 @@
-//! Wire format.
+//! The wire format between the host and the agent, shared by both sides.
+//!
+//! A frame is a 9-byte header — `len: u32` (big endian, the byte count of everything after
+//! this field: kind, id and body), `kind: u8`, `id: u32` — then the body. `len` is checked
+//! against [`MAX_FRAME_LEN`] before a single body byte is buffered, on both sides: the host
+//! never trusts a length beyond its cap, whatever the stream says.
+//!
+//! Control frames ([`FrameKind::Control`]) carry one JSON [`Request`] (host → agent) or
+//! [`Reply`] (agent → host). Data frames carry raw bytes of one stream of the request `id`.
+//! Streams are flow-controlled with a window of [`WINDOW`] bytes per request: the receiver
+//! returns credit with [`FrameKind::Ack`] frames as it consumes data, so neither side ever
+//! buffers more than a window per request.
+
+use std::io::{self, Read, Write};
+
+use serde::{Deserialize, Serialize};
+
+/// The protocol versions this build speaks, oldest first.
+pub const SUPPORTED_VERSIONS: &[u32] = &[1];
+
+/// Bytes of the fixed header: length (4), kind (1), id (4).
+pub const HEADER_LEN: usize = 9;
+
+/// Largest `len` accepted (kind + id + body): 1 MiB of body plus the 5 header bytes it
+/// counts. Control messages and data chunks are far smaller; anything above is an attack
+/// or a desynchronised stream.
+pub const MAX_FRAME_LEN: u32 = (1 << 20) + 5;
+
+/// Largest body a sender puts in one data frame.
+pub const DATA_CHUNK: usize = 64 * 1024;
+
+/// Flow-control window per request and direction, in bytes.
+pub const WINDOW: u32 = 1 << 20;
+
+/// Request id the agent uses for messages about itself (the deadline notice).
+pub const AGENT_ID: u32 = 0;
+
+/// What a frame carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FrameKind {
+    /// A JSON [`Request`] or [`Reply`].
+    Control = 1,
+    /// Bytes for a spawned process's stdin (host → agent).
+    Stdin = 2,
+    /// Bytes a process wrote to stdout (agent → host).
+    Stdout = 3,
+    /// Bytes a process wrote to stderr (agent → host).
+    Stderr = 4,
+    /// File content: a read's chunks (agent → host) or a write's (host → agent).
+    FileData = 5,
+    /// Flow-control credit: the body is a big-endian `u32` byte count.
+    Ack = 6,
+}
+
+impl FrameKind {
+    fn from_u8(b: u8) -> Option<Self> {
+        Some(match b {
+            1 => Self::Control,
+            2 => Self::Stdin,
+            3 => Self::Stdout,
+            4 => Self::Stderr,
+            5 => Self::FileData,
+            6 => Self::Ack,
+            _ => return None,
+        })
+    }
+}
+
+/// One frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    /// What the body is.
+    pub kind: FrameKind,
+    /// The request this frame belongs to.
+    pub id: u32,
+    /// The body.
+    pub body: Vec<u8>,
+}
+
+impl Frame {
+    /// A control frame carrying `msg` as JSON.
+    pub fn control<T: Serialize>(id: u32, msg: &T) -> Self {
+        // Serialising our own enums to a Vec cannot fail (no maps with non-string keys).
+        let body = serde_json::to_vec(msg).unwrap_or_default();
+        Frame {
+            kind: FrameKind::Control,
+            id,
+            body,
+        }
+    }
+
+    /// A credit frame returning `bytes` of window.
+    pub fn ack(id: u32, bytes: u32) -> Self {
+        Frame {
+            kind: FrameKind::Ack,
+            id,
+            body: bytes.to_be_bytes().to_vec(),
+        }
+    }
+
+    /// The credit of an [`FrameKind::Ack`] frame, if well formed.
+    pub fn ack_bytes(&self) -> Option<u32> {
+        let b: [u8; 4] = self.body.as_slice().try_into().ok()?;
+        Some(u32::from_be_bytes(b))
+    }
+
+    /// Parses the body of a control frame.
+    pub fn parse<'a, T: Deserialize<'a>>(&'a self) -> Result<T, FrameError> {
+        serde_json::from_slice(&self.body).map_err(|e| FrameError::BadControl(e.to_string()))
+    }
+
+    /// The encoded frame. Fails only when the body exceeds the cap.
+    pub fn encode(&self) -> Result<Vec<u8>, FrameError> {
+        let len = frame_len(self.body.len())?;
+        let mut out = Vec::with_capacity(HEADER_LEN + self.body.len());
+        out.extend_from_slice(&len.to_be_bytes());
+        out.push(self.kind as u8);
+        out.extend_from_slice(&self.id.to_be_bytes());
+        out.extend_from_slice(&self.body);
+        Ok(out)
+    }
+}
+
+fn frame_len(body: usize) -> Result<u32, FrameError> {
+    u32::try_from(body)
+        .ok()
+        .and_then(|b| b.checked_add(5))
+        .filter(|l| *l <= MAX_FRAME_LEN)
+        .ok_or(FrameError::TooLarge(body as u64))
+}
+
+/// A malformed or hostile frame. Any of these desynchronises the stream: the connection
+/// must be dropped, never resynchronised by guessing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FrameError {
+    /// `len` above [`MAX_FRAME_LEN`] (or a body too large to send).
+    TooLarge(u64),
+    /// `len` below the 5 bytes of kind and id.
+    TooShort(u32),
+    /// Unknown frame kind.
+    UnknownKind(u8),
+    /// The stream ended inside a frame.
+    Truncated,
+    /// A control body that is not a valid message.
+    BadControl(String),
+}
+
+impl std::fmt::Display for FrameError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FrameError::TooLarge(n) => {
+                write!(f, "frame of {n} bytes exceeds the {MAX_FRAME_LEN}-byte cap")
+            }
+            FrameError::TooShort(n) => write!(f, "frame length {n} is shorter than its header"),
+            FrameError::UnknownKind(k) => write!(f, "unknown frame kind {k}"),
+            FrameError::Truncated => f.write_str("stream ended inside a frame"),
+            FrameError::BadControl(e) => write!(f, "malformed control message: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for FrameError {}
+
+/// Validates a header; returns the kind, id and body length to read next.
+pub fn parse_header(h: &[u8; HEADER_LEN]) -> Result<(FrameKind, u32, usize), FrameError> {
+    let len = u32::from_be_bytes([h[0], h[1], h[2], h[3]]);
+    if len > MAX_FRAME_LEN {
+        return Err(FrameError::TooLarge(u64::from(len)));
+    }
+    if len < 5 {
+        return Err(FrameError::TooShort(len));
+    }
+    let kind = FrameKind::from_u8(h[4]).ok_or(FrameError::UnknownKind(h[4]))?;
+    let id = u32::from_be_bytes([h[5], h[6], h[7], h[8]]);
+    Ok((kind, id, (len - 5) as usize))
+}
+
+/// Decodes one frame from the front of `buf`: `Ok(None)` when more bytes are needed,
+/// otherwise the frame and the bytes it used. Never allocates beyond the cap.
+pub fn decode(buf: &[u8]) -> Result<Option<(Frame, usize)>, FrameError> {
+    let Some(h) = buf.get(..HEADER_LEN) else {
+        return Ok(None);
+    };
+    let mut header = [0u8; HEADER_LEN];
+    header.copy_from_slice(h);
+    let (kind, id, body_len) = parse_header(&header)?;
+    let Some(body) = buf.get(HEADER_LEN..HEADER_LEN + body_len) else {
+        return Ok(None);
+    };
+    Ok(Some((
+        Frame {
+            kind,
+            id,
+            body: body.to_vec(),
+        },
+        HEADER_LEN + body_len,
+    )))
+}
+
+/// Reads one frame (blocking). `Ok(None)` on a clean end of stream between frames.
+pub fn read_frame<R: Read>(r: &mut R) -> io::Result<Option<Frame>> {
+    let mut header = [0u8; HEADER_LEN];
+    let mut got = 0;
+    while got < HEADER_LEN {
+        match r.read(&mut header[got..]) {
+            Ok(0) if got == 0 => return Ok(None),
+            Ok(0) => return Err(invalid(FrameError::Truncated)),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let (kind, id, body_len) = parse_header(&header).map_err(invalid)?;
+    let mut body = vec![0u8; body_len];
+    r.read_exact(&mut body).map_err(|e| {
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            invalid(FrameError::Truncated)
+        } else {
+            e
+        }
+    })?;
+    Ok(Some(Frame { kind, id, body }))
+}
+
+/// Writes one frame (blocking); the caller flushes.
+pub fn write_frame<W: Write>(w: &mut W, frame: &Frame) -> io::Result<()> {
+    w.write_all(&frame.encode().map_err(invalid)?)
+}
+
+fn invalid(e: FrameError) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e)
+}
+
+/// Host → agent control messages.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// First message: the versions the host speaks. The agent answers
+    /// [`Reply::Hello`] with the highest common one, or [`Reply::Refused`].
+    Hello {
+        /// Versions the host speaks.
+        versions: Vec<u32>,
+    },
+    /// Liveness check, answered by [`Reply::Pong`].
+    Ping,
+    /// Start a process; events follow on the same id.
+    Spawn(SpawnSpec),
+    /// Close the stdin of the process started under this id.
+    CloseStdin,
+    /// Send `signal` to the process started under this id (its root only).
+    Signal {
+        /// Signal number.
+        signal: i32,
+    },
+    /// Kill everything the spawn under this id started, including processes that left its
+    /// process group or session; answered by [`Reply::Killed`].
+    Kill,
+    /// Stream a file's content as [`FrameKind::FileData`] frames, then [`Reply::Done`].
+    ReadFile {
+        /// Sandbox path.
+        path: String,
+    },
+    /// Open a file for writing (created or truncated); [`FrameKind::FileData`] frames
+    /// follow, then [`Request::WriteEnd`]; answered by [`Reply::Done`].
+    WriteFile {
+        /// Sandbox path.
+        path: String,
+        /// Permission bits for a created file (default 0644).
+        mode: Option<u32>,
+    },
+    /// The last frame of a write.
+    WriteEnd,
+    /// Metadata of a path, answered by [`Reply::Stat`].
+    Stat {
+        /// Sandbox path.
+        path: String,
+    },
+    /// Entries of a directory, answered by [`Reply::List`].
+    List {
+        /// Sandbox path.
+        path: String,
+    },
+    /// Create a directory.
+    Mkdir {
+        /// Sandbox path.
+        path: String,
+        /// Create missing parents too (and accept an existing directory).
+        parents: bool,
+    },
+    /// Remove a file or directory.
+    Remove {
+        /// Sandbox path.
+        path: String,
+        /// Remove a directory with its content.
+        recursive: bool,
+    },
+}
+
+/// What to start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct SpawnSpec {
+    /// Program and arguments; never run through a shell.
+    pub argv: Vec<String>,
+    /// Variables added to (or overriding) the agent's environment.
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+    /// Working directory; the agent's when absent.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Give the process a stdin pipe fed by [`FrameKind::Stdin`] frames (else /dev/null).
+    #[serde(default)]
+    pub stdin: bool,
+}
+
+/// Agent → host control messages.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Reply {
+    /// The negotiated version.
+    Hello {
+        /// Version both sides now speak.
+        version: u32,
+        /// The agent's build (crate version).
+        agent: String,
+    },
+    /// No common version: the host must fall back (to the engine's exec path).
+    Refused {
+        /// Versions the agent speaks.
+        supported: Vec<u32>,
+    },
+    /// Answer to [`Request::Ping`].
+    Pong,
+    /// The process started.
+    Spawned {
+        /// Its pid inside the sandbox.
+        pid: u32,
+    },
+    /// The process ended; all its output was sent before this.
+    Exit {
+        /// Exit code when it exited.
+        code: Option<i32>,
+        /// Signal number when a signal ended it.
+        signal: Option<i32>,
+    },
+    /// Answer to [`Request::Kill`].
+    Killed {
+        /// How many processes were sent SIGKILL.
+        processes: u32,
+    },
+    /// Answer to [`Request::Stat`].
+    Stat(FileStat),
+    /// Answer to [`Request::List`].
+    List {
+        /// The entries (without `.` and `..`).
+        entries: Vec<FileStat>,
+    },
+    /// A file operation completed.
+    Done,
+    /// The sandbox deadline passed: the agent kills everything and exits.
+    Deadline,
+    /// The request failed.
+    Error {
+        /// What kind of failure.
+        kind: ErrorKind,
+        /// Human-readable detail (an OS error text, never file content).
+        message: String,
+    },
+}
+
+/// Failure kinds, stable across versions (unknown ones read as [`ErrorKind::Other`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// The path does not exist.
+    NotFound,
+    /// A file operation was given a directory.
+    IsADirectory,
+    /// A path component is not a directory.
+    NotADirectory,
+    /// Permission denied.
+    PermissionDenied,
+    /// The path exists.
+    AlreadyExists,
+    /// A directory is not empty.
+    NotEmpty,
+    /// The request is malformed or not allowed in this state.
+    InvalidRequest,
+    /// A limit of the agent was reached.
+    Limit,
+    /// Anything else.
+    #[serde(other)]
+    Other,
+}
+
+impl ErrorKind {
+    /// The kind of an I/O error.
+    pub fn of(e: &io::Error) -> Self {
+        match e.kind() {
+            io::ErrorKind::NotFound => Self::NotFound,
+            io::ErrorKind::PermissionDenied => Self::PermissionDenied,
+            io::ErrorKind::AlreadyExists => Self::AlreadyExists,
+            io::ErrorKind::IsADirectory => Self::IsADirectory,
+            io::ErrorKind::NotADirectory => Self::NotADirectory,
+            io::ErrorKind::DirectoryNotEmpty => Self::NotEmpty,
+            _ => Self::Other,
+        }
+    }
+}
+
+/// Metadata of one path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileStat {
+    /// Last path component.
+    pub name: String,
+    /// Full sandbox path.
+    pub path: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// A directory.
+    pub is_dir: bool,
+    /// A symbolic link (not followed).
+    pub is_symlink: bool,
+    /// Permission and type bits (`st_mode`).
+    pub mode: u32,
+    /// Modification time, seconds since the Unix epoch.
+    pub modified: i64,
+}
+
+/// The highest version in both lists, if any.
+pub fn negotiate(ours: &[u32], theirs: &[u32]) -> Option<u32> {
+    ours.iter().filter(|v| theirs.contains(v)).max().copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn forged_length_is_refused_before_buffering() {
+        let mut h = [0u8; HEADER_LEN];
+        h[..4].copy_from_slice(&u32::MAX.to_be_bytes());
+        h[4] = 1;
+        assert_eq!(decode(&h), Err(FrameError::TooLarge(u64::from(u32::MAX))));
+        let mut r = io::Cursor::new(h.to_vec());
+        assert_eq!(
+            read_frame(&mut r).unwrap_err().kind(),
+            io::ErrorKind::InvalidData
+        );
+    }
+
+    #[test]
+    fn length_shorter_than_header_is_refused() {
+        let h = [0, 0, 0, 4, 1, 0, 0, 0, 0];
+        assert_eq!(decode(&h), Err(FrameError::TooShort(4)));
+    }
+
+    #[test]
+    fn unknown_kind_is_refused() {
+        let h = [0, 0, 0, 5, 99, 0, 0, 0, 0];
+        assert_eq!(decode(&h), Err(FrameError::UnknownKind(99)));
+    }
+
+    #[test]
+    fn truncated_frame_is_an_error_not_a_hang() {
+        let f = Frame::control(3, &Request::Ping).encode().unwrap();
+        for cut in 1..f.len() {
+            let mut r = io::Cursor::new(f[..cut].to_vec());
+            assert!(read_frame(&mut r).is_err(), "cut at {cut}");
+            assert_eq!(decode(&f[..cut]), Ok(None));
+        }
+        let mut r = io::Cursor::new(Vec::new());
+        assert!(read_frame(&mut r).unwrap().is_none());
+    }
+
+    #[test]
+    fn oversized_body_cannot_be_sent() {
+        let f = Frame {
+            kind: FrameKind::Stdout,
+            id: 1,
+            body: vec![0; MAX_FRAME_LEN as usize],
+        };
+        assert!(matches!(f.encode(), Err(FrameError::TooLarge(_))));
+    }
+
+    #[test]
+    fn unknown_error_kind_reads_as_other() {
+        let r: Reply =
+            serde_json::from_str(r#"{"op":"error","kind":"quota","message":"x"}"#).unwrap();
+        assert_eq!(
+            r,
+            Reply::Error {
+                kind: ErrorKind::Other,
+                message: "x".into()
+            }
+        );
+    }
+
+    #[test]
+    fn negotiation_picks_highest_common_or_none() {
+        assert_eq!(negotiate(&[1, 2, 3], &[2, 3, 7]), Some(3));
+        assert_eq!(negotiate(&[1], &[2]), None);
+    }
+
+    fn kind() -> impl Strategy<Value = FrameKind> {
+        prop_oneof![
+            Just(FrameKind::Control),
+            Just(FrameKind::Stdin),
+            Just(FrameKind::Stdout),
+            Just(FrameKind::Stderr),
+            Just(FrameKind::FileData),
+            Just(FrameKind::Ack),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn frames_round_trip(k in kind(), id in any::<u32>(), body in proptest::collection::vec(any::<u8>(), 0..4096)) {
+            let f = Frame { kind: k, id, body };
+            let bytes = f.encode().unwrap();
+            let (g, used) = decode(&bytes).unwrap().unwrap();
+            prop_assert_eq!(used, bytes.len());
+            prop_assert_eq!(&g, &f);
+            let mut r = io::Cursor::new(bytes);
+            prop_assert_eq!(read_frame(&mut r).unwrap().unwrap(), f);
+        }
+
+        #[test]
+        fn garbage_never_panics_and_never_yields_oversized_frames(buf in proptest::collection::vec(any::<u8>(), 0..64)) {
+            if let Ok(Some((f, used))) = decode(&buf) {
+                prop_assert!(used <= buf.len());
+                prop_assert!(f.body.len() + 5 <= MAX_FRAME_LEN as usize);
+            }
+            let mut r = io::Cursor::new(buf);
+            while let Ok(Some(_)) = read_frame(&mut r) {}
+        }
+
+        #[test]
+        fn any_header_length_is_checked(len in any::<u32>(), k in 0u8..8) {
+            let mut h = [0u8; HEADER_LEN];
+            h[..4].copy_from_slice(&len.to_be_bytes());
+            h[4] = k;
+            match parse_header(&h) {
+                Ok((_, _, body)) => prop_assert!(len >= 5 && len <= MAX_FRAME_LEN && body == (len - 5) as usize),
+                Err(_) => prop_assert!(len < 5 || len > MAX_FRAME_LEN || FrameKind::from_u8(k).is_none()),
+            }
+        }
+
+        #[test]
+        fn garbage_control_bodies_are_errors(body in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let f = Frame { kind: FrameKind::Control, id: 1, body };
+            let _ = f.parse::<Request>();
+            let _ = f.parse::<Reply>();
+        }
+    }
+}

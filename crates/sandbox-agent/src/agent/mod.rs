@@ -1,0 +1,351 @@
+//! The agent: PID 1 of a container sandbox.
+//!
+//! Threads, all plain `std`: the main thread reads frames from stdin and dispatches; one
+//! writer thread owns stdout (a bounded queue, so producers feel back-pressure); the reaper
+//! reaps every child (the agent is PID 1 and, outside a container, a child subreaper);
+//! the deadline thread ends everything at the sandbox deadline. Each spawn adds a
+//! supervisor, two output readers and, when asked, a stdin writer.
+//!
+//! No signal handler is installed: as PID 1 of a PID namespace the kernel then drops every
+//! signal sent from inside the namespace (SIGKILL and SIGSTOP included), so sandboxed root
+//! cannot stop the deadline.
+
+mod files;
+mod kill;
+mod spawn;
+
+use std::collections::HashMap;
+use std::io::{self, BufReader, BufWriter, Write};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::protocol::{
+    self, AGENT_ID, ErrorKind, Frame, FrameKind, Reply, Request, SUPPORTED_VERSIONS,
+};
+
+pub use spawn::MARKER_VAR;
+
+/// Frames queued for stdout before producers block.
+const OUT_QUEUE: usize = 256;
+
+/// Command line of the agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Args {
+    /// When the sandbox ends.
+    pub deadline: SystemTime,
+}
+
+/// Parses `--deadline-unix <seconds>` or `--timeout <seconds>`.
+pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Args, String> {
+    let mut it = args.into_iter();
+    let mut deadline = None;
+    while let Some(a) = it.next() {
+        let value = |it: &mut I::IntoIter| {
+            it.next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .ok_or_else(|| format!("{a} needs a number of seconds"))
+        };
+        match a.as_str() {
+            "--deadline-unix" => {
+                deadline = Some(UNIX_EPOCH + Duration::from_secs(value(&mut it)?));
+            }
+            "--timeout" => {
+                deadline = Some(SystemTime::now() + Duration::from_secs(value(&mut it)?));
+            }
+            other => return Err(format!("unknown argument `{other}`")),
+        }
+    }
+    let deadline =
+        deadline.ok_or("a deadline is required: --deadline-unix <s> or --timeout <s>")?;
+    Ok(Args { deadline })
+}
+
+/// Runs the agent on this process's stdin and stdout until the deadline or the end of
+/// stdin. Returns the process exit code.
+pub fn run(args: Args) -> i32 {
+    harden();
+    let (out_tx, out_rx) = mpsc::sync_channel::<Frame>(OUT_QUEUE);
+    let writer = std::thread::Builder::new()
+        .name("writer".into())
+        .spawn(move || write_loop(out_rx));
+    if writer.is_err() {
+        return 70;
+    }
+    let procs = spawn::Processes::start(out_tx.clone());
+    start_deadline(args.deadline, procs.clone(), out_tx.clone());
+    let code = serve(&procs, &out_tx);
+    procs.kill_everything();
+    code
+}
+
+/// Undumpable: /proc/1/fd, /proc/1/mem and ptrace of the agent then need CAP_SYS_PTRACE,
+/// which sandboxed root does not have, so the channel stays out of its reach. Subreaper:
+/// outside a container (the pipe tests) orphans of spawns still come back to the agent.
+fn harden() {
+    let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
+    let _ = rustix::process::set_child_subreaper(Some(rustix::process::getpid()));
+}
+
+fn write_loop(rx: Receiver<Frame>) {
+    let stdout = io::stdout();
+    let mut w = BufWriter::with_capacity(128 * 1024, stdout.lock());
+    while let Ok(frame) = rx.recv() {
+        if write_capped(&mut w, frame).is_err() {
+            return;
+        }
+        // Coalesce what is already queued into one write, then flush: latency of a lone
+        // reply stays one syscall, bulk output is not flushed per frame.
+        while let Ok(more) = rx.try_recv() {
+            if write_capped(&mut w, more).is_err() {
+                return;
+            }
+        }
+        if w.flush().is_err() {
+            return;
+        }
+    }
+}
+
+/// Writes a frame; one over the cap (a huge listing) becomes a `limit` error for its
+/// request instead of breaking the stream.
+fn write_capped<W: Write>(w: &mut W, frame: Frame) -> io::Result<()> {
+    if frame.encode().is_ok() {
+        return protocol::write_frame(w, &frame);
+    }
+    let reply = Reply::Error {
+        kind: ErrorKind::Limit,
+        message: "reply larger than one frame".into(),
+    };
+    protocol::write_frame(w, &Frame::control(frame.id, &reply))
+}
+
+fn start_deadline(deadline: SystemTime, procs: spawn::Processes, out: SyncSender<Frame>) {
+    let left = deadline
+        .duration_since(SystemTime::now())
+        .unwrap_or(Duration::ZERO);
+    let at = Instant::now() + left;
+    let _ = std::thread::Builder::new()
+        .name("deadline".into())
+        .spawn(move || {
+            // Sleep in steps: a long single sleep is fine on Linux, but steps keep the
+            // exit within a second of the deadline even if the clock thread is delayed.
+            while Instant::now() < at {
+                std::thread::sleep(
+                    at.saturating_duration_since(Instant::now())
+                        .min(Duration::from_secs(1)),
+                );
+            }
+            procs.kill_everything();
+            let _ = out.try_send(Frame::control(AGENT_ID, &Reply::Deadline));
+            std::thread::sleep(Duration::from_millis(50));
+            // As PID 1 this ends the container: the kernel kills what is left in the
+            // namespace.
+            std::process::exit(0);
+        });
+}
+
+fn serve(procs: &spawn::Processes, out: &SyncSender<Frame>) -> i32 {
+    let stdin = io::stdin();
+    let mut r = BufReader::with_capacity(128 * 1024, stdin.lock());
+    let mut version = None;
+    let mut writes: HashMap<u32, files::Upload> = HashMap::new();
+    loop {
+        let frame = match protocol::read_frame(&mut r) {
+            Ok(Some(f)) => f,
+            // The host closed the channel: nobody can use or stop what runs, so end it.
+            Ok(None) => return 0,
+            // A desynchronised stream cannot be trusted again.
+            Err(_) => return 65,
+        };
+        let id = frame.id;
+        if version.is_none() {
+            version = hello(&frame, out);
+            continue;
+        }
+        match frame.kind {
+            FrameKind::Control => match frame.parse::<Request>() {
+                Ok(req) => dispatch(id, req, procs, out, &mut writes),
+                Err(e) => reply_error(out, id, ErrorKind::InvalidRequest, e.to_string()),
+            },
+            FrameKind::Stdin => procs.stdin(id, frame.body),
+            FrameKind::Ack => procs.credit(id, frame.ack_bytes().unwrap_or(0)),
+            FrameKind::FileData => {
+                if let Some(up) = writes.get_mut(&id)
+                    && let Err(e) = up.write(&frame.body)
+                {
+                    writes.remove(&id);
+                    reply_error(out, id, ErrorKind::of(&e), e.to_string());
+                }
+            }
+            FrameKind::Stdout | FrameKind::Stderr => reply_error(
+                out,
+                id,
+                ErrorKind::InvalidRequest,
+                "unexpected frame kind".into(),
+            ),
+        }
+    }
+}
+
+fn hello(frame: &Frame, out: &SyncSender<Frame>) -> Option<u32> {
+    let versions = match frame.parse::<Request>() {
+        Ok(Request::Hello { versions }) if frame.kind == FrameKind::Control => versions,
+        _ => {
+            reply_error(
+                out,
+                frame.id,
+                ErrorKind::InvalidRequest,
+                "the first message must be hello".into(),
+            );
+            return None;
+        }
+    };
+    match protocol::negotiate(SUPPORTED_VERSIONS, &versions) {
+        Some(version) => {
+            send(
+                out,
+                frame.id,
+                Reply::Hello {
+                    version,
+                    agent: env!("CARGO_PKG_VERSION").into(),
+                },
+            );
+            Some(version)
+        }
+        None => {
+            send(
+                out,
+                frame.id,
+                Reply::Refused {
+                    supported: SUPPORTED_VERSIONS.to_vec(),
+                },
+            );
+            None
+        }
+    }
+}
+
+fn dispatch(
+    id: u32,
+    req: Request,
+    procs: &spawn::Processes,
+    out: &SyncSender<Frame>,
+    writes: &mut HashMap<u32, files::Upload>,
+) {
+    match req {
+        Request::Hello { .. } => reply_error(
+            out,
+            id,
+            ErrorKind::InvalidRequest,
+            "hello was already done".into(),
+        ),
+        Request::Ping => send(out, id, Reply::Pong),
+        Request::Spawn(spec) => procs.spawn(id, spec),
+        Request::CloseStdin => procs.close_stdin(id),
+        Request::Signal { signal } => procs.signal(id, signal),
+        Request::Kill => {
+            let n = procs.kill(id);
+            send(out, id, Reply::Killed { processes: n });
+        }
+        Request::ReadFile { path } => {
+            files::read(id, path, procs.credits_for_read(id), out.clone())
+        }
+        Request::WriteFile { path, mode } => match files::Upload::open(&path, mode) {
+            Ok(up) => {
+                writes.insert(id, up);
+            }
+            Err(e) => reply_error(out, id, ErrorKind::of(&e), e.to_string()),
+        },
+        Request::WriteEnd => match writes.remove(&id) {
+            Some(up) => match up.finish() {
+                Ok(()) => send(out, id, Reply::Done),
+                Err(e) => reply_error(out, id, ErrorKind::of(&e), e.to_string()),
+            },
+            // Already failed (the error was sent) or never opened.
+            None => {}
+        },
+        Request::Stat { path } => send(out, id, files::stat(&path)),
+        Request::List { path } => send(out, id, files::list(&path)),
+        Request::Mkdir { path, parents } => send(out, id, files::mkdir(&path, parents)),
+        Request::Remove { path, recursive } => send(out, id, files::remove(&path, recursive)),
+    }
+}
+
+/// Queues a reply; blocks while the writer is behind (back-pressure, never loss).
+fn send(out: &SyncSender<Frame>, id: u32, reply: Reply) {
+    let _ = out.send(Frame::control(id, &reply));
+}
+
+fn reply_error(out: &SyncSender<Frame>, id: u32, kind: ErrorKind, message: String) {
+    send(out, id, Reply::Error { kind, message });
+}
+
+/// A shared byte budget: a producer takes before sending, the peer's acks give back.
+pub(crate) struct Credits {
+    state: Mutex<(u64, bool)>,
+    cv: std::sync::Condvar,
+}
+
+impl Credits {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Credits {
+            state: Mutex::new((u64::from(protocol::WINDOW), false)),
+            cv: std::sync::Condvar::new(),
+        })
+    }
+
+    /// Waits for credit; returns how much may be sent (≤ `want`), or `None` once closed.
+    pub(crate) fn take(&self, want: usize) -> Option<usize> {
+        let mut s = self.state.lock().ok()?;
+        loop {
+            if s.1 {
+                return None;
+            }
+            if s.0 > 0 {
+                let n = (want as u64).min(s.0);
+                s.0 -= n;
+                return Some(n as usize);
+            }
+            s = self.cv.wait(s).ok()?;
+        }
+    }
+
+    pub(crate) fn give(&self, n: u32) {
+        if let Ok(mut s) = self.state.lock() {
+            // Capped: a confused peer cannot grant more than one window in advance.
+            s.0 = (s.0 + u64::from(n)).min(u64::from(protocol::WINDOW));
+            self.cv.notify_all();
+        }
+    }
+
+    pub(crate) fn close(&self) {
+        if let Ok(mut s) = self.state.lock() {
+            s.1 = true;
+            self.cv.notify_all();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadline_is_required_and_numeric() {
+        assert!(parse_args(Vec::<String>::new()).is_err());
+        assert!(parse_args(["--timeout".into(), "x".into()]).is_err());
+        assert!(parse_args(["--bogus".into()]).is_err());
+        let a = parse_args(["--deadline-unix".into(), "100".into()]).unwrap();
+        assert_eq!(a.deadline, UNIX_EPOCH + Duration::from_secs(100));
+    }
+
+    #[test]
+    fn credits_never_exceed_a_window() {
+        let c = Credits::new();
+        c.give(u32::MAX);
+        assert_eq!(c.take(usize::MAX), Some(protocol::WINDOW as usize));
+        c.close();
+        assert_eq!(c.take(1), None);
+    }
+}

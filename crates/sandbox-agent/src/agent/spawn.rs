@@ -1,0 +1,496 @@
+//! Spawning, reaping and killing what a spawn started.
+//!
+//! Reaping without racing std: `Command::spawn` waits for its own child when `exec` fails,
+//! and would panic if the reaper had taken that child first. So spawns happen under the
+//! table lock, and the reaper blocks in `waitid(WNOWAIT)` (which reaps nothing), then
+//! takes the lock and reaps everything reapable with `waitpid(-1, WNOHANG)`.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use rustix::process::{Pid, Signal, WaitIdOptions, WaitOptions};
+
+use super::{Credits, kill};
+use crate::protocol::{DATA_CHUNK, ErrorKind, Frame, FrameKind, Reply, SpawnSpec, WINDOW};
+
+/// Environment variable carrying the per-spawn marker; inherited by descendants, so a
+/// process that left the spawn's process group and session is still found by the kill.
+pub const MARKER_VAR: &str = "SANDBOX_AGENT_SPAWN";
+
+/// Most concurrent spawns; more is refused with a `limit` error.
+const MAX_SPAWNS: usize = 1024;
+
+/// After the root exits, output still arriving within this gap is forwarded; then the exit
+/// is reported even if a background process keeps the pipes open.
+const DRAIN_GAP: Duration = Duration::from_millis(100);
+
+/// Shared handle to the process table.
+#[derive(Clone)]
+pub(crate) struct Processes {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    table: Mutex<Table>,
+    /// Bumped on every spawn; the reaper waits on it when it has no children.
+    spawned: Condvar,
+    out: SyncSender<Frame>,
+    /// Distinguishes this agent's markers from another agent's (pipe tests on one host).
+    nonce: String,
+}
+
+#[derive(Default)]
+struct Table {
+    by_id: HashMap<u32, Entry>,
+    by_pid: HashMap<u32, u32>,
+    credits: HashMap<u32, Arc<Credits>>,
+    generation: u64,
+}
+
+pub(crate) struct Entry {
+    pub(crate) pid: u32,
+    pub(crate) marker: String,
+    /// Start of the root in clock ticks since boot (`/proc/<pid>/stat` field 22).
+    pub(crate) start_ticks: u64,
+    /// When the root was reaped, in the same clock; `None` while it runs.
+    pub(crate) exit_ticks: Option<u64>,
+    stdin: Option<Sender<Vec<u8>>>,
+    events: Sender<Event>,
+}
+
+enum Event {
+    Exited(Option<i32>, Option<i32>),
+    Progress,
+    ReaderDone,
+}
+
+impl Processes {
+    pub(crate) fn start(out: SyncSender<Frame>) -> Self {
+        let inner = Arc::new(Inner {
+            table: Mutex::new(Table::default()),
+            spawned: Condvar::new(),
+            out,
+            nonce: nonce(),
+        });
+        let reaper = Processes {
+            inner: inner.clone(),
+        };
+        let _ = std::thread::Builder::new()
+            .name("reaper".into())
+            .spawn(move || reaper.reap_forever());
+        Processes { inner }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        // A poisoned table only means a thread panicked mid-update; the data is still the
+        // best knowledge of what runs, and PID 1 must keep going.
+        self.inner.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn send(&self, id: u32, reply: Reply) {
+        let _ = self.inner.out.send(Frame::control(id, &reply));
+    }
+
+    pub(crate) fn spawn(&self, id: u32, spec: SpawnSpec) {
+        let mut t = self.lock();
+        if t.by_id.contains_key(&id) {
+            drop(t);
+            return self.send(
+                id,
+                Reply::Error {
+                    kind: ErrorKind::InvalidRequest,
+                    message: "request id in use".into(),
+                },
+            );
+        }
+        if t.by_id.len() >= MAX_SPAWNS {
+            drop(t);
+            return self.send(
+                id,
+                Reply::Error {
+                    kind: ErrorKind::Limit,
+                    message: format!("more than {MAX_SPAWNS} concurrent processes"),
+                },
+            );
+        }
+        let Some(program) = spec.argv.first().and_then(|p| resolve(p, &spec.env)) else {
+            drop(t);
+            return self.not_started(id, &spec, 127, "not found");
+        };
+        let marker = format!("{}-{id}", self.inner.nonce);
+        let mut cmd = Command::new(&program);
+        cmd.args(&spec.argv[1..])
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .env(MARKER_VAR, &marker)
+            // Its own process group: signals to the root's group reach the whole job,
+            // and a kill of the group catches children that did not call setsid.
+            .process_group(0)
+            // Never the agent's fds: its stdin/stdout are the channel.
+            .stdin(if spec.stdin {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(cwd) = &spec.cwd {
+            cmd.current_dir(cwd);
+        }
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                drop(t);
+                let code = if e.kind() == std::io::ErrorKind::NotFound {
+                    127
+                } else {
+                    126
+                };
+                return self.not_started(id, &spec, code, &e.to_string());
+            }
+        };
+        let pid = child.id();
+        let (events_tx, events_rx) = mpsc::channel();
+        let credits = Credits::new();
+        let stdin = child.stdin.take().map(|s| start_stdin(s, self.clone(), id));
+        let start_ticks = kill::start_ticks(pid).unwrap_or(0);
+        t.by_pid.insert(pid, id);
+        t.credits.insert(id, credits.clone());
+        t.by_id.insert(
+            id,
+            Entry {
+                pid,
+                marker,
+                start_ticks,
+                exit_ticks: None,
+                stdin,
+                events: events_tx.clone(),
+            },
+        );
+        t.generation += 1;
+        drop(t);
+        self.inner.spawned.notify_all();
+        self.send(id, Reply::Spawned { pid });
+        let mut readers = 0;
+        if let Some(s) = child.stdout.take() {
+            readers += start_reader(
+                s,
+                FrameKind::Stdout,
+                id,
+                &self.inner.out,
+                &credits,
+                &events_tx,
+            );
+        }
+        if let Some(s) = child.stderr.take() {
+            readers += start_reader(
+                s,
+                FrameKind::Stderr,
+                id,
+                &self.inner.out,
+                &credits,
+                &events_tx,
+            );
+        }
+        // `child` is dropped without wait: the reaper owns reaping.
+        let me = self.clone();
+        let _ = std::thread::Builder::new()
+            .name("supervisor".into())
+            .spawn(move || me.supervise(id, readers, events_rx, credits));
+    }
+
+    /// Reports a spawn that never started the way a shell would (exit 127/126 with the
+    /// reason on stderr), so callers see the same result as through the engine's exec.
+    fn not_started(&self, id: u32, spec: &SpawnSpec, code: i32, why: &str) {
+        let name = spec.argv.first().map(String::as_str).unwrap_or("");
+        let msg = format!("sandbox-agent: {name}: {why}\n");
+        let _ = self.inner.out.send(Frame {
+            kind: FrameKind::Stderr,
+            id,
+            body: msg.into_bytes(),
+        });
+        self.send(
+            id,
+            Reply::Exit {
+                code: Some(code),
+                signal: None,
+            },
+        );
+    }
+
+    fn supervise(&self, id: u32, mut readers: u32, events: Receiver<Event>, credits: Arc<Credits>) {
+        let mut status = None;
+        loop {
+            let ev = if status.is_some() {
+                match events.recv_timeout(DRAIN_GAP) {
+                    Ok(ev) => ev,
+                    Err(_) => break,
+                }
+            } else {
+                match events.recv() {
+                    Ok(ev) => ev,
+                    Err(_) => break,
+                }
+            };
+            match ev {
+                Event::Exited(code, signal) => status = Some((code, signal)),
+                Event::Progress => {}
+                Event::ReaderDone => readers = readers.saturating_sub(1),
+            }
+            if status.is_some() && readers == 0 {
+                break;
+            }
+        }
+        // Readers still blocked (a background process holds the pipe) stop forwarding.
+        credits.close();
+        let (code, signal) = status.unwrap_or((None, None));
+        let mut t = self.lock();
+        t.by_id.remove(&id);
+        t.credits.remove(&id);
+        drop(t);
+        self.send(id, Reply::Exit { code, signal });
+    }
+
+    fn reap_forever(&self) {
+        loop {
+            // Blocks until some child is a zombie, reaping nothing (see the module docs).
+            match rustix::process::waitid(
+                rustix::process::WaitId::All,
+                WaitIdOptions::EXITED | WaitIdOptions::NOWAIT,
+            ) {
+                Ok(_) => self.reap_all_ready(),
+                Err(rustix::io::Errno::CHILD) => {
+                    let t = self.lock();
+                    let generation = t.generation;
+                    let _ = self
+                        .inner
+                        .spawned
+                        .wait_timeout_while(t, Duration::from_secs(1), |t| {
+                            t.generation == generation
+                        });
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+    }
+
+    fn reap_all_ready(&self) {
+        let mut t = self.lock();
+        while let Ok(Some((pid, status))) = rustix::process::waitpid(None, WaitOptions::NOHANG) {
+            let pid = pid.as_raw_nonzero().get() as u32;
+            let Some(id) = t.by_pid.remove(&pid) else {
+                continue; // an orphan that came to PID 1: reaped, nothing to report
+            };
+            if let Some(e) = t.by_id.get_mut(&id) {
+                e.exit_ticks = Some(kill::now_ticks());
+                let _ = e.events.send(Event::Exited(
+                    status.exit_status(),
+                    status.terminating_signal(),
+                ));
+            }
+        }
+    }
+
+    pub(crate) fn stdin(&self, id: u32, data: Vec<u8>) {
+        let t = self.lock();
+        if let Some(tx) = t.by_id.get(&id).and_then(|e| e.stdin.as_ref()) {
+            let _ = tx.send(data);
+        }
+    }
+
+    pub(crate) fn close_stdin(&self, id: u32) {
+        let mut t = self.lock();
+        if let Some(e) = t.by_id.get_mut(&id) {
+            e.stdin = None;
+        }
+    }
+
+    pub(crate) fn credit(&self, id: u32, n: u32) {
+        let t = self.lock();
+        if let Some(c) = t.credits.get(&id) {
+            c.give(n);
+        }
+    }
+
+    /// Registers credit for a file read under `id`; released by [`Self::release`].
+    pub(crate) fn credits_for_read(&self, id: u32) -> (Arc<Credits>, Processes) {
+        let c = Credits::new();
+        self.lock().credits.insert(id, c.clone());
+        (c, self.clone())
+    }
+
+    pub(crate) fn release(&self, id: u32) {
+        self.lock().credits.remove(&id);
+    }
+
+    pub(crate) fn signal(&self, id: u32, signal: i32) {
+        let t = self.lock();
+        let Some(e) = t.by_id.get(&id).filter(|e| e.exit_ticks.is_none()) else {
+            return;
+        };
+        // Checked under the lock while the root is unreaped, so the pid cannot have been
+        // reused by another process.
+        if let (Some(pid), Some(sig)) =
+            (Pid::from_raw(e.pid as i32), Signal::from_named_raw(signal))
+        {
+            let _ = rustix::process::kill_process(pid, sig);
+        }
+    }
+
+    /// Kills everything the spawn `id` started; returns how many processes got SIGKILL.
+    pub(crate) fn kill(&self, id: u32) -> u32 {
+        let mut total = 0;
+        // A process can fork between a scan and the kill: repeat until a scan finds none.
+        for _ in 0..50 {
+            let t = self.lock();
+            let Some(target) = t.by_id.get(&id) else {
+                return total;
+            };
+            let others: Vec<&Entry> = t.by_id.values().filter(|e| e.pid != target.pid).collect();
+            let victims = kill::victims(target, &others);
+            if victims.is_empty() {
+                return total;
+            }
+            for pid in &victims {
+                if let Some(p) = Pid::from_raw(*pid as i32) {
+                    let _ = rustix::process::kill_process(p, Signal::KILL);
+                }
+            }
+            total += victims.len() as u32;
+            drop(t);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        total
+    }
+
+    /// Kills every process but the agent (the deadline, or the host went away).
+    pub(crate) fn kill_everything(&self) {
+        for _ in 0..50 {
+            let victims = kill::all_descendants();
+            if victims.is_empty() {
+                return;
+            }
+            for pid in victims {
+                if let Some(p) = Pid::from_raw(pid as i32) {
+                    let _ = rustix::process::kill_process(p, Signal::KILL);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+fn start_reader(
+    mut src: impl Read + Send + 'static,
+    kind: FrameKind,
+    id: u32,
+    out: &SyncSender<Frame>,
+    credits: &Arc<Credits>,
+    events: &Sender<Event>,
+) -> u32 {
+    let (out, credits, events) = (out.clone(), credits.clone(), events.clone());
+    let started = std::thread::Builder::new()
+        .name("reader".into())
+        .spawn(move || {
+            let mut buf = vec![0u8; DATA_CHUNK];
+            let mut forwarding = true;
+            loop {
+                // Credit first, then read no more than it: unread output stays in the pipe and
+                // the writing process blocks — the host's memory stays bounded.
+                let want = if forwarding {
+                    match credits.take(DATA_CHUNK) {
+                        Some(n) => n,
+                        None => {
+                            forwarding = false;
+                            DATA_CHUNK
+                        }
+                    }
+                } else {
+                    DATA_CHUNK
+                };
+                let n = match src.read(&mut buf[..want]) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                if forwarding {
+                    credits.give((want - n) as u32);
+                    if out
+                        .send(Frame {
+                            kind,
+                            id,
+                            body: buf[..n].to_vec(),
+                        })
+                        .is_err()
+                    {
+                        break;
+                    }
+                    let _ = events.send(Event::Progress);
+                }
+            }
+            let _ = events.send(Event::ReaderDone);
+        });
+    u32::from(started.is_ok())
+}
+
+/// The stdin pump. The host keeps at most one window in flight (it waits for acks), so
+/// the queue is bounded by the protocol; the ack is sent once bytes reached the pipe.
+fn start_stdin(mut dst: std::process::ChildStdin, procs: Processes, id: u32) -> Sender<Vec<u8>> {
+    let (tx, rx) = mpsc::channel::<Vec<u8>>();
+    let _ = std::thread::Builder::new()
+        .name("stdin".into())
+        .spawn(move || {
+            while let Ok(data) = rx.recv() {
+                if dst.write_all(&data).is_err() {
+                    break;
+                }
+                let n = u32::try_from(data.len()).unwrap_or(WINDOW);
+                let _ = procs.inner.out.send(Frame::ack(id, n));
+            }
+            // Dropping `dst` closes the pipe: the process sees end of input.
+        });
+    tx
+}
+
+/// Finds `prog` like `execvp` would, with the PATH the process will get.
+fn resolve(prog: &str, env: &[(String, String)]) -> Option<PathBuf> {
+    if prog.is_empty() {
+        return None;
+    }
+    if prog.contains('/') {
+        return Some(PathBuf::from(prog));
+    }
+    let path = env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.clone())
+        .or_else(|| std::env::var("PATH").ok())
+        .unwrap_or_else(|| "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
+    path.split(':')
+        .filter(|d| !d.is_empty())
+        .map(|d| Path::new(d).join(prog))
+        .find(|p| is_executable(p))
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+fn nonce() -> String {
+    let mut b = [0u8; 8];
+    let ok = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b));
+    if ok.is_err() {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos() as u64;
+        b = t.to_le_bytes();
+    }
+    format!("{}-{:016x}", std::process::id(), u64::from_le_bytes(b))
+}

@@ -1,0 +1,786 @@
+//! The host side: an async client over any `AsyncRead` + `AsyncWrite` pair (the engine's
+//! attach stream of the agent).
+//!
+//! One reader task routes frames to requests by id, one writer task serialises frames.
+//! Memory is bounded everywhere: frame lengths are checked against the cap before a body
+//! byte is read, each request receives at most one flow-control window of data before its
+//! consumer acknowledges it (an agent that overruns it is treated as dead), and requests
+//! in flight are capped. When the stream ends or breaks, every pending and future call
+//! fails with `SandboxGone` at once — never a hang.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use sandbox_core::SandboxError;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{Semaphore, mpsc, watch};
+
+use crate::protocol::{
+    self, AGENT_ID, DATA_CHUNK, ErrorKind, FileStat, Frame, FrameKind, HEADER_LEN, Reply, Request,
+    SUPPORTED_VERSIONS, SpawnSpec, WINDOW,
+};
+
+type Result<T> = std::result::Result<T, SandboxError>;
+
+/// Backend name used in errors.
+const BACKEND: &str = "sandbox-agent";
+
+/// Knobs of a client.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ClientOptions {
+    /// Bound on the hello exchange.
+    pub hello_timeout: Duration,
+    /// Bound on single-reply calls (stat, ls, mkdir, remove, ping, kill).
+    pub call_timeout: Duration,
+    /// Most requests in flight at once.
+    pub max_in_flight: usize,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            hello_timeout: Duration::from_secs(10),
+            call_timeout: Duration::from_secs(30),
+            max_in_flight: 1024,
+        }
+    }
+}
+
+enum Incoming {
+    Reply(Reply),
+    Data(FrameKind, Bytes),
+}
+
+struct Route {
+    tx: mpsc::UnboundedSender<Incoming>,
+    /// Stdin credit of a spawn: acks from the agent refill it, the exit closes it.
+    credit: Option<Arc<Semaphore>>,
+    /// Data bytes delivered and not yet acknowledged by the consumer.
+    unacked: Arc<AtomicU32>,
+}
+
+#[derive(Default)]
+struct Routes {
+    map: HashMap<u32, Route>,
+    /// Set once the channel is dead; no route is added after.
+    dead: bool,
+}
+
+struct Shared {
+    routes: Mutex<Routes>,
+    out: mpsc::Sender<Frame>,
+    next_id: AtomicU32,
+    sandbox: String,
+    in_flight: Arc<Semaphore>,
+    opts: ClientOptions,
+    /// Flips to true when the agent is gone (stream ended, broke, or deadline passed).
+    gone: watch::Sender<bool>,
+}
+
+struct Tasks(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.abort();
+        }
+    }
+}
+
+/// A connected agent. Cheap to clone; the I/O tasks end when the last clone is dropped.
+#[derive(Clone)]
+pub struct AgentClient {
+    shared: Arc<Shared>,
+    version: u32,
+    _tasks: Arc<Tasks>,
+}
+
+impl std::fmt::Debug for AgentClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentClient")
+            .field("sandbox", &self.shared.sandbox)
+            .field("version", &self.version)
+            .finish()
+    }
+}
+
+impl AgentClient {
+    /// Starts the I/O tasks on `reader`/`writer` and negotiates the version. `sandbox` is
+    /// the id named by `SandboxGone`. A refused version is a typed error the caller turns
+    /// into a fallback to the engine's exec path.
+    pub async fn connect<R, W>(
+        reader: R,
+        writer: W,
+        sandbox: impl Into<String>,
+        opts: ClientOptions,
+    ) -> Result<Self>
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let (out_tx, out_rx) = mpsc::channel(64);
+        let (gone, _) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            routes: Mutex::new(Routes::default()),
+            out: out_tx,
+            next_id: AtomicU32::new(1),
+            sandbox: sandbox.into(),
+            in_flight: Arc::new(Semaphore::new(opts.max_in_flight)),
+            opts,
+            gone,
+        });
+        let tasks = Tasks(vec![
+            tokio::spawn(read_loop(reader, shared.clone())),
+            tokio::spawn(write_loop(writer, out_rx, shared.clone())),
+        ]);
+        let mut client = AgentClient {
+            shared,
+            version: 0,
+            _tasks: Arc::new(tasks),
+        };
+        let hello = Request::Hello {
+            versions: SUPPORTED_VERSIONS.to_vec(),
+        };
+        let timeout = client.shared.opts.hello_timeout;
+        match client.call_within(hello, timeout).await? {
+            Reply::Hello { version, .. } if SUPPORTED_VERSIONS.contains(&version) => {
+                client.version = version;
+                Ok(client)
+            }
+            Reply::Refused { supported } => Err(SandboxError::engine(
+                BACKEND,
+                format!(
+                    "agent speaks protocol versions {supported:?}, this library {SUPPORTED_VERSIONS:?}"
+                ),
+            )),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// The negotiated protocol version.
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// Whether the agent is known to be gone.
+    pub fn is_gone(&self) -> bool {
+        *self.shared.gone.borrow()
+    }
+
+    /// Round trip to the agent.
+    pub async fn ping(&self) -> Result<Duration> {
+        let t = Instant::now();
+        match self.call(Request::Ping).await? {
+            Reply::Pong => Ok(t.elapsed()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Starts a process. Its events arrive through the returned handle; dropping the
+    /// handle before the exit kills everything it started.
+    pub async fn spawn(&self, spec: SpawnSpec) -> Result<RemoteProcess> {
+        let credit = spec
+            .stdin
+            .then(|| Arc::new(Semaphore::new(WINDOW as usize)));
+        let req = self
+            .open(Frame::control(0, &Request::Spawn(spec)), credit.clone())
+            .await?;
+        let stdin = credit.map(|sem| StdinWriter {
+            out: req.shared.out.clone(),
+            id: req.id,
+            sem,
+            sandbox: req.shared.sandbox.clone(),
+        });
+        Ok(RemoteProcess {
+            req,
+            stdin,
+            exited: None,
+        })
+    }
+
+    /// Reads a whole file, refusing (with `ResourceLimitExceeded`) past `max_bytes`.
+    pub async fn read_file(&self, path: &str, max_bytes: u64) -> Result<Bytes> {
+        let mut r = self.read_file_stream(path).await?;
+        let mut buf = Vec::new();
+        while let Some(chunk) = r.next_chunk().await? {
+            if (buf.len() + chunk.len()) as u64 > max_bytes {
+                return Err(SandboxError::resource_limit(
+                    format!("file read buffer ({max_bytes} bytes)"),
+                    Some("read it in chunks with read_file_stream".into()),
+                ));
+            }
+            buf.extend_from_slice(&chunk);
+        }
+        Ok(buf.into())
+    }
+
+    /// Streams a file's content with bounded memory.
+    pub async fn read_file_stream(&self, path: &str) -> Result<FileReader> {
+        let req = Request::ReadFile { path: path.into() };
+        let req = self.open(Frame::control(0, &req), None).await?;
+        Ok(FileReader {
+            req,
+            path: path.into(),
+            done: false,
+        })
+    }
+
+    /// Writes `data` to `path` (replaced atomically at the end).
+    pub async fn write_file(&self, path: &str, data: &[u8], mode: Option<u32>) -> Result<()> {
+        let open = Request::WriteFile {
+            path: path.into(),
+            mode,
+        };
+        let mut req = self.open(Frame::control(0, &open), None).await?;
+        for chunk in data.chunks(DATA_CHUNK) {
+            req.send(FrameKind::FileData, chunk.to_vec()).await?;
+        }
+        req.send_control(&Request::WriteEnd).await?;
+        let timeout = self.shared.opts.call_timeout;
+        match req.reply_within(timeout).await? {
+            Reply::Done => Ok(()),
+            other => Err(reply_error(other, path)),
+        }
+    }
+
+    /// Metadata of `path` (symlinks not followed).
+    pub async fn stat(&self, path: &str) -> Result<FileStat> {
+        match self.call(Request::Stat { path: path.into() }).await? {
+            Reply::Stat(s) => Ok(s),
+            other => Err(reply_error(other, path)),
+        }
+    }
+
+    /// Entries of the directory `path`, sorted by name.
+    pub async fn list(&self, path: &str) -> Result<Vec<FileStat>> {
+        match self.call(Request::List { path: path.into() }).await? {
+            Reply::List { entries } => Ok(entries),
+            other => Err(reply_error(other, path)),
+        }
+    }
+
+    /// Creates a directory (and its parents when `parents`).
+    pub async fn mkdir(&self, path: &str, parents: bool) -> Result<()> {
+        let req = Request::Mkdir {
+            path: path.into(),
+            parents,
+        };
+        match self.call(req).await? {
+            Reply::Done => Ok(()),
+            other => Err(reply_error(other, path)),
+        }
+    }
+
+    /// Removes a file or (with `recursive`) a directory tree.
+    pub async fn remove(&self, path: &str, recursive: bool) -> Result<()> {
+        let req = Request::Remove {
+            path: path.into(),
+            recursive,
+        };
+        match self.call(req).await? {
+            Reply::Done => Ok(()),
+            other => Err(reply_error(other, path)),
+        }
+    }
+
+    async fn call(&self, req: Request) -> Result<Reply> {
+        self.call_within(req, self.shared.opts.call_timeout).await
+    }
+
+    async fn call_within(&self, req: Request, timeout: Duration) -> Result<Reply> {
+        let mut r = self.open(Frame::control(0, &req), None).await?;
+        r.reply_within(timeout).await
+    }
+
+    /// Registers a route for a new id, then sends `first` under it.
+    async fn open(&self, mut first: Frame, credit: Option<Arc<Semaphore>>) -> Result<Pending> {
+        let permit = self
+            .shared
+            .in_flight
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| self.gone())?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let unacked = Arc::new(AtomicU32::new(0));
+        let id = {
+            let mut routes = self.shared.routes.lock().unwrap_or_else(|e| e.into_inner());
+            if routes.dead {
+                return Err(self.gone());
+            }
+            let mut id;
+            loop {
+                id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+                if id != AGENT_ID && !routes.map.contains_key(&id) {
+                    break;
+                }
+            }
+            routes.map.insert(
+                id,
+                Route {
+                    tx,
+                    credit,
+                    unacked: unacked.clone(),
+                },
+            );
+            id
+        };
+        let pending = Pending {
+            shared: self.shared.clone(),
+            id,
+            rx,
+            unacked,
+            _permit: permit,
+        };
+        first.id = id;
+        pending.send_frame(first).await?;
+        Ok(pending)
+    }
+
+    fn gone(&self) -> SandboxError {
+        SandboxError::gone(self.shared.sandbox.clone())
+    }
+}
+
+/// One request's route; unregistered on drop.
+struct Pending {
+    shared: Arc<Shared>,
+    id: u32,
+    rx: mpsc::UnboundedReceiver<Incoming>,
+    unacked: Arc<AtomicU32>,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let mut routes = self.shared.routes.lock().unwrap_or_else(|e| e.into_inner());
+        routes.map.remove(&self.id);
+    }
+}
+
+impl Pending {
+    fn gone(&self) -> SandboxError {
+        SandboxError::gone(self.shared.sandbox.clone())
+    }
+
+    async fn send_frame(&self, frame: Frame) -> Result<()> {
+        self.shared.out.send(frame).await.map_err(|_| self.gone())
+    }
+
+    async fn send(&self, kind: FrameKind, body: Vec<u8>) -> Result<()> {
+        self.send_frame(Frame {
+            kind,
+            id: self.id,
+            body,
+        })
+        .await
+    }
+
+    async fn send_control(&self, req: &Request) -> Result<()> {
+        self.send_frame(Frame::control(self.id, req)).await
+    }
+
+    /// The next message; `SandboxGone` when the channel died.
+    async fn next(&mut self) -> Result<Incoming> {
+        let msg = self.rx.recv().await.ok_or_else(|| self.gone())?;
+        if let Incoming::Data(_, b) = &msg {
+            // Credit goes back as soon as the consumer takes the chunk: at most one window
+            // per request is ever buffered here.
+            let n = b.len() as u32;
+            self.unacked.fetch_sub(
+                n.min(self.unacked.load(Ordering::Relaxed)),
+                Ordering::Relaxed,
+            );
+            let _ = self
+                .shared
+                .out
+                .try_send(Frame::ack(self.id, n))
+                .or_else(|e| match e {
+                    mpsc::error::TrySendError::Full(f) => {
+                        let out = self.shared.out.clone();
+                        tokio::spawn(async move { out.send(f).await });
+                        Ok(())
+                    }
+                    mpsc::error::TrySendError::Closed(_) => Err(()),
+                });
+        }
+        if let Incoming::Reply(Reply::Deadline) = msg {
+            return Err(self.gone());
+        }
+        Ok(msg)
+    }
+
+    async fn reply_within(&mut self, timeout: Duration) -> Result<Reply> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            match tokio::time::timeout_at(deadline, self.next()).await {
+                Err(_) => {
+                    return Err(SandboxError::engine(
+                        BACKEND,
+                        format!("no reply from the agent within {timeout:?}"),
+                    ));
+                }
+                Ok(Err(e)) => return Err(e),
+                Ok(Ok(Incoming::Reply(r))) => return Ok(r),
+                Ok(Ok(Incoming::Data(..))) => {}
+            }
+        }
+    }
+}
+
+/// How a process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExitStatus {
+    /// Exit code when it exited.
+    pub code: Option<i32>,
+    /// Signal number when a signal ended it.
+    pub signal: Option<i32>,
+}
+
+impl ExitStatus {
+    /// The shell convention: the code, or 128 + the signal.
+    pub fn exit_code(&self) -> i64 {
+        match (self.code, self.signal) {
+            (Some(c), _) => i64::from(c),
+            (None, Some(s)) => 128 + i64::from(s),
+            (None, None) => -1,
+        }
+    }
+}
+
+/// What a process produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProcessEvent {
+    /// A chunk of stdout.
+    Stdout(Bytes),
+    /// A chunk of stderr.
+    Stderr(Bytes),
+    /// The end; nothing follows.
+    Exit(ExitStatus),
+}
+
+/// Buffered result of [`RemoteProcess::output`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Output {
+    /// How it ended.
+    pub status: ExitStatus,
+    /// All of stdout.
+    pub stdout: Bytes,
+    /// All of stderr.
+    pub stderr: Bytes,
+}
+
+/// A process started by the agent. Dropped before its exit, it kills everything it started.
+pub struct RemoteProcess {
+    req: Pending,
+    stdin: Option<StdinWriter>,
+    exited: Option<ExitStatus>,
+}
+
+impl std::fmt::Debug for RemoteProcess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteProcess")
+            .field("id", &self.req.id)
+            .field("exited", &self.exited)
+            .finish()
+    }
+}
+
+impl RemoteProcess {
+    /// The next event; `Ok(None)` after the exit was returned.
+    pub async fn next_event(&mut self) -> Result<Option<ProcessEvent>> {
+        if self.exited.is_some() {
+            return Ok(None);
+        }
+        loop {
+            match self.req.next().await? {
+                Incoming::Data(FrameKind::Stdout, b) => return Ok(Some(ProcessEvent::Stdout(b))),
+                Incoming::Data(FrameKind::Stderr, b) => return Ok(Some(ProcessEvent::Stderr(b))),
+                Incoming::Data(..) => {}
+                Incoming::Reply(Reply::Exit { code, signal }) => {
+                    let st = ExitStatus { code, signal };
+                    self.exited = Some(st);
+                    return Ok(Some(ProcessEvent::Exit(st)));
+                }
+                Incoming::Reply(Reply::Spawned { .. } | Reply::Killed { .. }) => {}
+                Incoming::Reply(other) => return Err(reply_error(other, "")),
+            }
+        }
+    }
+
+    /// Collects all output, refusing (with `ResourceLimitExceeded`, after killing the
+    /// process) once a stream passes `max_bytes`.
+    pub async fn output(mut self, max_bytes: usize) -> Result<Output> {
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        while let Some(ev) = self.next_event().await? {
+            let (buf, data, stream) = match ev {
+                ProcessEvent::Stdout(b) => (&mut out, b, "stdout"),
+                ProcessEvent::Stderr(b) => (&mut err, b, "stderr"),
+                ProcessEvent::Exit(status) => {
+                    return Ok(Output {
+                        status,
+                        stdout: out.into(),
+                        stderr: err.into(),
+                    });
+                }
+            };
+            if buf.len() + data.len() > max_bytes {
+                let _ = self.kill().await;
+                return Err(SandboxError::resource_limit(
+                    format!("{stream} buffer ({max_bytes} bytes)"),
+                    Some("stream the output instead of buffering it".into()),
+                ));
+            }
+            buf.extend_from_slice(&data);
+        }
+        Err(SandboxError::engine(
+            BACKEND,
+            "process ended without an exit status",
+        ))
+    }
+
+    /// A handle feeding the process's stdin, usable while events are read; `None` when
+    /// the spawn did not ask for stdin.
+    pub fn stdin(&self) -> Option<StdinWriter> {
+        self.stdin.clone()
+    }
+
+    /// Sends `signal` to the process (not its descendants).
+    pub async fn signal(&self, signal: i32) -> Result<()> {
+        self.req.send_control(&Request::Signal { signal }).await
+    }
+
+    /// Kills everything the process started (its group, sessions it created, re-parented
+    /// orphans). The exit follows as an event.
+    pub async fn kill(&self) -> Result<()> {
+        self.req.send_control(&Request::Kill).await
+    }
+}
+
+/// Feeds one process's stdin.
+#[derive(Clone)]
+pub struct StdinWriter {
+    out: mpsc::Sender<Frame>,
+    id: u32,
+    sem: Arc<Semaphore>,
+    sandbox: String,
+}
+
+impl std::fmt::Debug for StdinWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StdinWriter").field("id", &self.id).finish()
+    }
+}
+
+impl StdinWriter {
+    /// Writes `data`. Waits while a window of input is in flight (acknowledged once it
+    /// reached the process's pipe), so a process that never reads its stdin cannot grow
+    /// memory anywhere. Input after the process exited is discarded.
+    pub async fn write(&self, data: &[u8]) -> Result<()> {
+        for chunk in data.chunks(DATA_CHUNK) {
+            match self.sem.acquire_many(chunk.len() as u32).await {
+                Ok(p) => p.forget(),
+                Err(_) => return Ok(()), // closed: the process exited or the agent is gone
+            }
+            let frame = Frame {
+                kind: FrameKind::Stdin,
+                id: self.id,
+                body: chunk.to_vec(),
+            };
+            self.out
+                .send(frame)
+                .await
+                .map_err(|_| SandboxError::gone(self.sandbox.clone()))?;
+        }
+        Ok(())
+    }
+
+    /// Ends the process's input.
+    pub async fn close(&self) -> Result<()> {
+        self.out
+            .send(Frame::control(self.id, &Request::CloseStdin))
+            .await
+            .map_err(|_| SandboxError::gone(self.sandbox.clone()))
+    }
+}
+
+impl Drop for RemoteProcess {
+    fn drop(&mut self) {
+        if self.exited.is_none() {
+            // Best effort without awaiting: a full queue means the writer is alive and
+            // busy, so hand the frame to a task; a closed one means the agent is gone.
+            let f = Frame::control(self.req.id, &Request::Kill);
+            if let Err(mpsc::error::TrySendError::Full(f)) = self.req.shared.out.try_send(f)
+                && let Ok(rt) = tokio::runtime::Handle::try_current()
+            {
+                let out = self.req.shared.out.clone();
+                rt.spawn(async move { out.send(f).await });
+            }
+        }
+    }
+}
+
+/// A file being read in chunks.
+pub struct FileReader {
+    req: Pending,
+    path: String,
+    done: bool,
+}
+
+impl std::fmt::Debug for FileReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileReader")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl FileReader {
+    /// The next chunk, `Ok(None)` at the end.
+    pub async fn next_chunk(&mut self) -> Result<Option<Bytes>> {
+        if self.done {
+            return Ok(None);
+        }
+        loop {
+            match self.req.next().await? {
+                Incoming::Data(FrameKind::FileData, b) => return Ok(Some(b)),
+                Incoming::Data(..) => {}
+                Incoming::Reply(Reply::Done) => {
+                    self.done = true;
+                    return Ok(None);
+                }
+                Incoming::Reply(other) => return Err(reply_error(other, &self.path)),
+            }
+        }
+    }
+}
+
+fn unexpected(r: &Reply) -> SandboxError {
+    SandboxError::engine(BACKEND, format!("unexpected reply from the agent: {r:?}"))
+}
+
+fn reply_error(r: Reply, path: &str) -> SandboxError {
+    match r {
+        Reply::Error { kind, message } => match kind {
+            ErrorKind::NotFound => SandboxError::path_not_found(path),
+            ErrorKind::IsADirectory => SandboxError::is_a_directory(path),
+            ErrorKind::Limit => SandboxError::resource_limit(format!("agent: {message}"), None),
+            _ => SandboxError::file_system(path, message),
+        },
+        other => unexpected(&other),
+    }
+}
+
+async fn write_loop<W: AsyncWrite + Unpin>(
+    mut w: W,
+    mut rx: mpsc::Receiver<Frame>,
+    shared: Arc<Shared>,
+) {
+    let mut buf = Vec::with_capacity(64 * 1024);
+    while let Some(f) = rx.recv().await {
+        buf.clear();
+        let push = |f: &Frame, buf: &mut Vec<u8>| match f.encode() {
+            Ok(b) => buf.extend_from_slice(&b),
+            Err(e) => tracing::warn!(error = %e, "frame over the cap not sent"),
+        };
+        push(&f, &mut buf);
+        // Coalesce queued frames into one write (many small acks and stdin chunks).
+        while buf.len() < 256 * 1024
+            && let Ok(more) = rx.try_recv()
+        {
+            push(&more, &mut buf);
+        }
+        if w.write_all(&buf).await.is_err() || w.flush().await.is_err() {
+            break;
+        }
+    }
+    mark_dead(&shared, "write to the agent failed");
+}
+
+async fn read_loop<R: AsyncRead + Unpin>(mut r: R, shared: Arc<Shared>) {
+    let why = loop {
+        let mut header = [0u8; HEADER_LEN];
+        if let Err(e) = r.read_exact(&mut header).await {
+            break format!("agent channel closed: {e}");
+        }
+        // Checked before any body byte is read: a forged length costs nothing.
+        let (kind, id, len) = match protocol::parse_header(&header) {
+            Ok(h) => h,
+            Err(e) => break format!("malformed frame from the agent: {e}"),
+        };
+        let mut body = vec![0u8; len];
+        if let Err(e) = r.read_exact(&mut body).await {
+            break format!("agent channel closed inside a frame: {e}");
+        }
+        let msg = match kind {
+            FrameKind::Control => match serde_json::from_slice::<Reply>(&body) {
+                Ok(r) => Incoming::Reply(r),
+                Err(e) => break format!("malformed reply from the agent: {e}"),
+            },
+            FrameKind::Stdin => break "agent sent a stdin frame".to_string(),
+            k => Incoming::Data(k, body.into()),
+        };
+        if id == AGENT_ID {
+            if let Incoming::Reply(Reply::Deadline) = msg {
+                break "the sandbox deadline passed".to_string();
+            }
+            continue;
+        }
+        if let Err(e) = route(&shared, id, msg) {
+            break e;
+        }
+    };
+    tracing::debug!(sandbox = %shared.sandbox, reason = %why, "agent channel ended");
+    mark_dead(&shared, &why);
+}
+
+fn route(shared: &Shared, id: u32, msg: Incoming) -> std::result::Result<(), String> {
+    let routes = shared.routes.lock().unwrap_or_else(|e| e.into_inner());
+    // A request already dropped (a killed process's late output): discarded.
+    let Some(route) = routes.map.get(&id) else {
+        return Ok(());
+    };
+    if let Incoming::Data(FrameKind::Ack, b) = &msg {
+        if let (Some(sem), Ok(n)) = (&route.credit, <[u8; 4]>::try_from(&b[..])) {
+            // Never above one window, whatever the agent says.
+            let room = (WINDOW as usize).saturating_sub(sem.available_permits());
+            sem.add_permits((u32::from_be_bytes(n) as usize).min(room));
+        }
+        return Ok(());
+    }
+    if let Incoming::Reply(Reply::Exit { .. }) = &msg
+        && let Some(sem) = &route.credit
+    {
+        sem.close();
+    }
+    if let Incoming::Data(_, b) = &msg {
+        let n = route.unacked.fetch_add(b.len() as u32, Ordering::Relaxed) + b.len() as u32;
+        if n > WINDOW {
+            return Err(format!(
+                "agent overran the flow-control window on request {id}"
+            ));
+        }
+    }
+    let _ = route.tx.send(msg);
+    Ok(())
+}
+
+fn mark_dead(shared: &Shared, why: &str) {
+    let mut routes = shared.routes.lock().unwrap_or_else(|e| e.into_inner());
+    if !routes.dead {
+        tracing::debug!(sandbox = %shared.sandbox, reason = why, "agent gone");
+    }
+    routes.dead = true;
+    // Dropping the senders wakes every waiter with `SandboxGone`.
+    for r in routes.map.values() {
+        if let Some(sem) = &r.credit {
+            sem.close();
+        }
+    }
+    routes.map.clear();
+    let _ = shared.gone.send(true);
+}
