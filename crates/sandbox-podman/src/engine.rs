@@ -107,13 +107,32 @@ impl PodmanEngine {
     /// that secrets are not stored there.
     pub async fn engine_env(&self, id: &str) -> EngineResult<Vec<String>> {
         let c = self.client.containers().get(id);
-        let i = call("container inspect", self.limit, async {
-            c.inspect()
-                .await
-                .map_err(|e| from_api("container inspect", e))
-        })
-        .await?;
+        let i = self.api("container inspect", c.inspect()).await?;
         Ok(i.config.and_then(|c| c.env).unwrap_or_default())
+    }
+
+    /// One podman-api call, bounded and panic-safe (see `error::call`).
+    async fn api<T>(
+        &self,
+        what: &'static str,
+        fut: impl std::future::Future<Output = Result<T, podman_api::Error>>,
+    ) -> EngineResult<T> {
+        call(what, self.limit, async move {
+            fut.await.map_err(|e| from_api(what, e))
+        })
+        .await
+    }
+
+    /// One REST bypass call, bounded and panic-safe.
+    async fn rest_call<T>(
+        &self,
+        what: &'static str,
+        fut: impl std::future::Future<Output = Result<T, crate::rest::RestError>>,
+    ) -> EngineResult<T> {
+        call(what, self.limit, async move {
+            fut.await.map_err(|e| from_rest(what, e))
+        })
+        .await
     }
 
     /// Copy mounts and `pre_start`, on a created container; `post_start` is kept for
@@ -354,13 +373,9 @@ impl ContainerEngine for PodmanEngine {
     async fn create(&self, spec: &ContainerSpec) -> EngineResult<String> {
         let body =
             crate::policy::create_body(spec, &self.options).map_err(|e| refused("create", e))?;
-        let rest = self.rest.clone();
-        let id = call("container create", self.limit, async move {
-            rest.create_container(&body)
-                .await
-                .map_err(|e| from_rest("container create", e))
-        })
-        .await?;
+        let id = self
+            .rest_call("container create", self.rest.create_container(&body))
+            .await?;
         if let Err(e) = self.provision(&id, &spec.image).await {
             // Nothing of a half-provisioned container is left; the caller's error wins.
             self.pending().remove(&id);
@@ -372,12 +387,7 @@ impl ContainerEngine for PodmanEngine {
 
     async fn start(&self, id: &str) -> EngineResult<()> {
         let c = self.client.containers().get(id);
-        call("container start", self.limit, async {
-            c.start(None)
-                .await
-                .map_err(|e| from_api("container start", e))
-        })
-        .await?;
+        self.api("container start", c.start(None)).await?;
         let event = self.pending().remove(id);
         if let Some(event) = event {
             run_hook("post_start", &self.options.hooks.post_start, &event).await?;
@@ -387,12 +397,7 @@ impl ContainerEngine for PodmanEngine {
 
     async fn inspect(&self, id: &str) -> EngineResult<ContainerInfo> {
         let c = self.client.containers().get(id);
-        let i = call("container inspect", self.limit, async {
-            c.inspect()
-                .await
-                .map_err(|e| from_api("container inspect", e))
-        })
-        .await?;
+        let i = self.api("container inspect", c.inspect()).await?;
         let (labels, image, workdir) = match i.config {
             Some(c) => (c.labels.unwrap_or_default(), c.image, c.working_dir),
             None => (HashMap::new(), None, None),
@@ -432,12 +437,7 @@ impl ContainerEngine for PodmanEngine {
             .timeout(0)
             .build();
         let c = self.client.containers().get(id);
-        let r = call("container delete", self.limit, async {
-            c.delete(&opts)
-                .await
-                .map_err(|e| from_api("container delete", e))
-        })
-        .await;
+        let r = self.api("container delete", c.delete(&opts)).await;
         match r {
             Ok(()) => Ok(true),
             Err(e) if e.kind == EngineErrorKind::NotFound => Ok(false),
@@ -446,12 +446,7 @@ impl ContainerEngine for PodmanEngine {
                 // kill): done once the container is gone, within the same bound.
                 let deadline = Instant::now() + self.limit;
                 while Instant::now() < deadline {
-                    let exists = call("container exists", self.limit, async {
-                        c.exists()
-                            .await
-                            .map_err(|e| from_api("container exists", e))
-                    })
-                    .await?;
+                    let exists = self.api("container exists", c.exists()).await?;
                     if !exists {
                         return Ok(true);
                     }
@@ -473,12 +468,7 @@ impl ContainerEngine for PodmanEngine {
             .filter(filters)
             .build();
         let c = self.client.containers();
-        let list = call("container list", self.limit, async {
-            c.list(&opts)
-                .await
-                .map_err(|e| from_api("container list", e))
-        })
-        .await?;
+        let list = self.api("container list", c.list(&opts)).await?;
         Ok(list
             .into_iter()
             .filter_map(|c| {
@@ -524,22 +514,17 @@ impl ContainerEngine for PodmanEngine {
         let container = self.client.containers().get(id);
         // The handle from `create_exec` must be the one started: a handle from
         // `execs().get(id)` is "unchecked" in podman-api and refuses to start.
-        let exec = call("exec create", self.limit, async {
-            container
-                .create_exec(&opts)
-                .await
-                .map_err(|e| from_api("exec create", e))
-        })
-        .await?;
+        let exec = self
+            .api("exec create", container.create_exec(&opts))
+            .await?;
         let exec_id = exec.id().to_string();
         let start_opts = ExecStartOpts::builder().build();
-        let mux = call("exec start", self.limit, async {
-            exec.start(&start_opts)
-                .await
-                .map_err(|e| from_api("exec start", e))
-        })
-        .await?
-        .ok_or_else(|| EngineError::new(EngineErrorKind::Other, "exec start returned no stream"))?;
+        let mux = self
+            .api("exec start", exec.start(&start_opts))
+            .await?
+            .ok_or_else(|| {
+                EngineError::new(EngineErrorKind::Other, "exec start returned no stream")
+            })?;
         let (reader, writer) = mux.split();
         let output = reader
             .map_err(|e| from_api("exec output", podman_api::Error::from(e)))
@@ -564,12 +549,7 @@ impl ContainerEngine for PodmanEngine {
 
     async fn exec_state(&self, exec_id: &str) -> EngineResult<ExecState> {
         let exec = self.client.execs().get(exec_id);
-        let v = call("exec inspect", self.limit, async {
-            exec.inspect()
-                .await
-                .map_err(|e| from_api("exec inspect", e))
-        })
-        .await?;
+        let v = self.api("exec inspect", exec.inspect()).await?;
         // A missing `Running` is not taken as "finished": Podman reports exit 0 while an
         // exec still runs, so only an explicit `false` releases the exit code.
         let running = v.get("Running").and_then(|r| r.as_bool()).unwrap_or(true);
@@ -616,25 +596,19 @@ impl ContainerEngine for PodmanEngine {
     }
 
     async fn get_archive(&self, id: &str, path: &str) -> EngineResult<ArchiveBody> {
-        let rest = self.rest.clone();
-        let body = call("archive download", self.limit, async move {
-            rest.get_archive(id, path)
-                .await
-                .map_err(|e| from_rest("archive download", e))
-        })
-        .await?;
+        let body = self
+            .rest_call("archive download", self.rest.get_archive(id, path))
+            .await?;
         Ok(idle_bounded(body, self.limit))
     }
 
     async fn stat_path(&self, id: &str, path: &str) -> EngineResult<PathStat> {
-        let rest = self.rest.clone();
-        let st = call("archive stat", self.limit, async move {
-            rest.stat_path(id, path)
-                .await
-                .map_err(|e| from_rest("archive stat", e))
-        })
-        .await?
-        .ok_or_else(|| EngineError::new(EngineErrorKind::NotFound, "archive stat: no such path"))?;
+        let st = self
+            .rest_call("archive stat", self.rest.stat_path(id, path))
+            .await?
+            .ok_or_else(|| {
+                EngineError::new(EngineErrorKind::NotFound, "archive stat: no such path")
+            })?;
         let mut out = PathStat::new(st.size.max(0) as u64, st.perm(), st.is_dir());
         out.modified = st.modified();
         out.link_target = Some(st.link_target).filter(|t| !t.is_empty());
@@ -642,21 +616,14 @@ impl ContainerEngine for PodmanEngine {
     }
 
     async fn ping(&self) -> EngineResult<()> {
-        let c = self.client.clone();
-        call("ping", self.limit, async move {
-            c.ping().await.map(|_| ()).map_err(|e| from_api("ping", e))
-        })
-        .await
+        self.api("ping", self.client.ping()).await.map(|_| ())
     }
 
     async fn diagnose(&self) -> EngineReport {
         let mut r = EngineReport::new(BACKEND, self.endpoint.clone());
         r.tier = self.tier();
         let c = self.client.clone();
-        let version = call("version", self.limit, async {
-            c.version().await.map_err(|e| from_api("version", e))
-        })
-        .await;
+        let version = self.api("version", c.version()).await;
         match version {
             Ok(v) => {
                 r.reachable = true;
@@ -670,10 +637,7 @@ impl ContainerEngine for PodmanEngine {
                 return r;
             }
         }
-        let info = call("info", self.limit, async {
-            c.info().await.map_err(|e| from_api("info", e))
-        })
-        .await;
+        let info = self.api("info", c.info()).await;
         if let Some(rt) = info
             .ok()
             .and_then(|i| i.host)
@@ -692,11 +656,10 @@ impl ContainerEngine for PodmanEngine {
             "sandbox-rs/busybox:latest".to_string(),
         ] {
             let img = c.images().get(&image);
-            let present = call("image exists", self.limit, async {
-                img.exists().await.map_err(|e| from_api("image exists", e))
-            })
-            .await
-            .unwrap_or(false);
+            let present = self
+                .api("image exists", img.exists())
+                .await
+                .unwrap_or(false);
             if !present {
                 r.problems.push(Problem::new(
                     format!("image `{image}` is missing"),
