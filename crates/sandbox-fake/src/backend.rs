@@ -309,11 +309,10 @@ impl Backend for FakeBackend {
             if self.config.template_exists(&template) {
                 Ok(d)
             } else {
-                Err(SandboxError::Creation {
-                    backend: BACKEND_NAME.into(),
-                    message: format!("template `{template}` does not exist"),
-                    source: None,
-                })
+                Err(SandboxError::creation(
+                    BACKEND_NAME,
+                    format!("template `{template}` does not exist"),
+                ))
             }
         }) {
             Ok(d) => d,
@@ -345,7 +344,6 @@ impl Backend for FakeBackend {
                 lifetime: options.timeout,
                 capabilities: self.config.capabilities,
                 isolation: self.config.isolation,
-                uid: self.config.uid,
                 clock,
             },
             Arc::downgrade(&self.engine),
@@ -375,12 +373,10 @@ impl Backend for FakeBackend {
             Some(sb) if sb.life() == Life::Running => {
                 Ok(Box::new(FakeSandbox::new(sb, self.faults.clone())))
             }
-            _ => Err(SandboxError::Connect {
-                id: id.to_string(),
-                message: "no live fake sandbox with this id (never created, killed or expired)"
-                    .into(),
-                source: None,
-            }),
+            _ => Err(SandboxError::connect(
+                id,
+                "no live fake sandbox with this id (never created, killed or expired)",
+            )),
         }
     }
 

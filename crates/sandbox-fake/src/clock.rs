@@ -21,11 +21,6 @@ impl Clock {
         }
     }
 
-    /// The tokio instant the clock was anchored at.
-    pub(crate) fn origin(&self) -> Instant {
-        self.mono
-    }
-
     /// The current virtual wall time.
     pub(crate) fn now(&self) -> SystemTime {
         self.wall + Instant::now().saturating_duration_since(self.mono)

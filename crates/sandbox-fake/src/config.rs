@@ -40,7 +40,8 @@ pub struct FakeConfig {
     /// When set, only these templates exist; any other fails `create` with a `Creation`
     /// error, like an image that cannot be pulled. Default: every template exists.
     pub known_templates: Option<Vec<String>>,
-    /// User id commands run as (`id -u`; default 1000).
+    /// User id commands run as (default 1000): 0 gives `HOME=/root`, any other
+    /// `HOME=/home/sandbox`.
     pub uid: u32,
     /// Delay before every `create` returns (virtual time; default zero). The same as
     /// `faults().set_create_delay` at start.

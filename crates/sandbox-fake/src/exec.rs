@@ -3,7 +3,7 @@
 //! timeouts, drop-kill and `wait`). `run` is `Process::collect`.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -13,11 +13,11 @@ use sandbox_core::{
 };
 use tokio::sync::{mpsc, oneshot};
 
-use crate::builtins;
 use crate::memfs::FsError;
 use crate::processes::{SpawnError, spawn_process};
-use crate::python;
 use crate::sandbox::SandboxInner;
+use crate::snippets::{self, Vars};
+use crate::vocabulary::{self, NOT_IN_VOCABULARY_EXIT};
 
 /// Chunks buffered between a program and its consumer (backpressure bounds memory).
 const CHANNEL_DEPTH: usize = 16;
@@ -33,9 +33,7 @@ pub(crate) enum Sink {
     Chan(mpsc::Sender<OutputChunk>, StreamKind),
     /// Appended to a sandbox file.
     File(String),
-    /// Captured (the left side of a pipe).
-    Buffer(Arc<Mutex<Vec<u8>>>),
-    /// Discarded.
+    /// Discarded (`/dev/null`).
     Null,
 }
 
@@ -47,7 +45,6 @@ pub(crate) struct Proc {
     pub(crate) pgid: u32,
     pub(crate) env: BTreeMap<String, String>,
     pub(crate) cwd: String,
-    pub(crate) stdin: Bytes,
     pub(crate) stdout: Sink,
     pub(crate) stderr: Sink,
 }
@@ -85,12 +82,6 @@ impl Proc {
                 let now = self.sb.now();
                 self.sb.fs().append(path, &data, now).is_ok()
             }
-            Sink::Buffer(buf) => {
-                buf.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .extend_from_slice(&data);
-                true
-            }
             Sink::Null => true,
         }
     }
@@ -102,7 +93,7 @@ impl Proc {
 
     /// Reads a whole file for a program; `Err` carries the errno text.
     pub(crate) fn read_file(&self, path: &str) -> std::result::Result<Bytes, FsError> {
-        self.sb.read_all(&self.path(path), 64 * 1024 * 1024)
+        self.sb.fs().read(&self.path(path))
     }
 }
 
@@ -110,16 +101,16 @@ impl Proc {
 pub(crate) enum Job {
     /// A program with its arguments.
     Argv(Vec<String>),
-    /// A Python snippet, optionally in a persistent context.
+    /// A `run_code` snippet, with its context's variables.
     Code {
         code: String,
-        context: Option<String>,
-        /// A scripted response that replaces the interpreter.
+        vars: Vars,
+        /// A scripted response that replaces the snippet table.
         scripted: Option<crate::script::Response>,
     },
 }
 
-/// How a program was invoked (for the "not found" message).
+/// How a program was invoked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Origin {
     /// Directly by an exec.
@@ -128,7 +119,8 @@ pub(crate) enum Origin {
     Shell,
 }
 
-/// Runs one program (scripted rule, built-in, or "not found").
+/// Runs one program: a scripted rule, else the vocabulary, else the typed "not in
+/// vocabulary" answer.
 pub(crate) fn run_program(
     proc: Proc,
     argv: Vec<String>,
@@ -141,15 +133,16 @@ pub(crate) fn run_program(
         if let Some(response) = proc.sb.scripted_run(&argv) {
             return response.play(&proc).await;
         }
-        match builtins::lookup(&argv[0], proc.sb.has_python) {
-            Some(program) => program(proc, argv).await,
+        match vocabulary::lookup(&argv[0]) {
+            Some(spec) => (spec.run)(proc, argv).await,
             None => {
-                let msg = match origin {
-                    Origin::Exec => format!("{}: not found\n", argv[0]),
-                    Origin::Shell => format!("sh: {}: not found\n", argv[0]),
-                };
-                proc.err(msg).await;
-                Ok(127)
+                let msg = vocabulary::not_in_vocabulary_message(&argv[0]);
+                proc.err(match origin {
+                    Origin::Exec => msg,
+                    Origin::Shell => format!("sh: {msg}"),
+                })
+                .await;
+                Ok(NOT_IN_VOCABULARY_EXIT)
             }
         }
     })
@@ -179,7 +172,6 @@ pub(crate) fn start(
                     pgid: pid,
                     env,
                     cwd,
-                    stdin: Bytes::new(),
                     stdout: Sink::Chan(tx.clone(), StreamKind::Stdout),
                     stderr: Sink::Chan(tx, StreamKind::Stderr),
                 };
@@ -189,9 +181,7 @@ pub(crate) fn start(
                         scripted: Some(response),
                         ..
                     } => response.play(&proc).await,
-                    Job::Code { code, context, .. } => {
-                        python::run_snippet(proc, code, context).await
-                    }
+                    Job::Code { code, vars, .. } => snippets::run(proc, code, vars).await,
                 };
                 // The process is gone before its exit code is observable.
                 task_sb.procs().exited(pid);
@@ -201,10 +191,10 @@ pub(crate) fn start(
         let pid = match spawned {
             Ok((pid, _join)) => pid,
             Err(SpawnError::PidsLimit) => {
-                return Err(SandboxError::ResourceLimitExceeded {
-                    limit: format!("pids ({})", sb.resources.pids),
-                    hint: Some("raise Resources::pids, or let running processes finish".into()),
-                });
+                return Err(SandboxError::resource_limit(
+                    format!("pids ({})", sb.resources.pids),
+                    Some("raise Resources::pids, or let running processes finish".into()),
+                ));
             }
         };
         let output = futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).map(Ok);

@@ -81,7 +81,7 @@ impl FaultInjector {
     pub(crate) fn before_create(&self, backend: &str) -> Result<Duration> {
         let s = self.state();
         if let Some(env_var) = s.missing_credential {
-            return Err(SandboxError::Auth { env_var });
+            return Err(SandboxError::auth(env_var));
         }
         if s.provider_failure {
             return Err(SandboxError::Creation {

@@ -10,7 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::BACKEND_NAME;
 use crate::calls::{Call, FileOp};
-use crate::memfs::{self, Content, Device, FsError, Node, NodeKind};
+use crate::memfs::{self, FsError, Node, NodeKind};
 use crate::sandbox::{FakeSandbox, SandboxInner};
 
 /// Size of one transfer piece.
@@ -21,11 +21,7 @@ pub(crate) fn fs_error(path: &str, e: FsError) -> SandboxError {
     match e {
         FsError::NotFound => SandboxError::path_not_found(path.to_string()),
         FsError::IsADirectory => SandboxError::is_a_directory(path.to_string()),
-        other => SandboxError::FileSystem {
-            path: path.to_string(),
-            message: other.errno_text().to_string(),
-            source: None,
-        },
+        other => SandboxError::file_system(path, other.errno_text()),
     }
 }
 
@@ -204,15 +200,7 @@ async fn download_file(sb: &SandboxInner, src: &str, target: &Path) -> Result<()
 impl FileSystem for FakeSandbox {
     async fn read(&self, path: &str) -> Result<Bytes> {
         let p = self.file_op(Capability::FILESYSTEM, FileOp::Read, path)?;
-        match self.inner().open(&p).map_err(|e| fs_error(&p, e))? {
-            Content::Bytes(b) => Ok(b),
-            Content::Device(Device::Null) => Ok(Bytes::new()),
-            _ => Err(SandboxError::FileSystem {
-                path: p,
-                message: "is an endless character device".into(),
-                source: None,
-            }),
-        }
+        self.inner().fs().read(&p).map_err(|e| fs_error(&p, e))
     }
 
     async fn write(&self, path: &str, data: Bytes) -> Result<()> {
@@ -279,7 +267,7 @@ impl FileSystem for FakeSandbox {
             }
             Some(Kind::Other) => Err(SandboxError::FileSystem {
                 path: src,
-                message: "not a regular file or directory".into(),
+                message: "a dangling or looping symbolic link".into(),
                 source: None,
             }),
             Some(Kind::Dir) => {

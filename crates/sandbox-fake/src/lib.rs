@@ -3,9 +3,9 @@
 #![forbid(unsafe_code)]
 
 mod backend;
-mod builtins;
 mod calls;
 mod clock;
+mod commands;
 mod config;
 mod exec;
 mod faults;
@@ -14,10 +14,11 @@ mod memfs;
 mod netcat;
 mod policy;
 mod processes;
-mod python;
 mod sandbox;
 mod script;
 mod shell;
+mod snippets;
+pub mod vocabulary;
 
 pub use backend::FakeBackend;
 pub use calls::{Call, FileOp, REDACTED};

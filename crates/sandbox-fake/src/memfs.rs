@@ -4,7 +4,9 @@
 //! scan, and every path is already resolved with [`sandbox_core::resolve_path`] by the
 //! caller. Symlinks are stored as nodes (`ln -s`); reads and writes of a path follow a
 //! symlink in its *last* component (intermediate components are not resolved through
-//! links). Downloads refuse links that would point outside the downloaded tree.
+//! links). Downloads refuse links that would point outside the downloaded tree. There are
+//! no device or kernel files (`/proc`, `/sys`, `/dev`): an in-process model has no kernel
+//! to report on, and a constant derived from the config would prove nothing.
 
 use std::collections::BTreeMap;
 use std::time::SystemTime;
@@ -16,36 +18,6 @@ pub(crate) const FILE_MODE: u32 = 0o644;
 /// Default permission bits of a directory.
 pub(crate) const DIR_MODE: u32 = 0o755;
 
-/// Character devices the fake knows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Device {
-    /// Reads nothing, swallows writes.
-    Null,
-    /// Endless zero bytes.
-    Zero,
-    /// Endless pseudo-random bytes (deterministic).
-    Random,
-}
-
-/// Files whose content is synthesized from the sandbox's policy at read time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Pseudo {
-    /// `/proc/<pid>/status`.
-    ProcStatus,
-    /// `/proc/net/dev`.
-    NetDev,
-    /// `/sys/fs/cgroup/memory.max`.
-    MemoryMax,
-    /// `/sys/fs/cgroup/memory.swap.max`.
-    SwapMax,
-    /// `/sys/fs/cgroup/pids.max`.
-    PidsMax,
-    /// `/sys/fs/cgroup/cpu.max`.
-    CpuMax,
-    /// `/etc/hostname`.
-    Hostname,
-}
-
 /// What a node is.
 #[derive(Debug, Clone)]
 pub(crate) enum NodeKind {
@@ -53,10 +25,6 @@ pub(crate) enum NodeKind {
     File(Vec<u8>),
     /// A directory.
     Dir,
-    /// A character device.
-    Device(Device),
-    /// A synthesized read-only file.
-    Pseudo(Pseudo),
     /// A symbolic link and its target as written.
     Symlink(String),
 }
@@ -90,7 +58,6 @@ pub(crate) enum FsError {
     NotADirectory,
     Exists,
     NotEmpty,
-    ReadOnly,
     Busy,
     Loop,
 }
@@ -104,22 +71,10 @@ impl FsError {
             FsError::NotADirectory => "Not a directory",
             FsError::Exists => "File exists",
             FsError::NotEmpty => "Directory not empty",
-            FsError::ReadOnly => "Read-only file system",
             FsError::Busy => "Resource busy",
             FsError::Loop => "Symbolic link loop",
         }
     }
-}
-
-/// What reading a path yields.
-#[derive(Debug, Clone)]
-pub(crate) enum Content {
-    /// Bytes of a regular file.
-    Bytes(Bytes),
-    /// A device stream.
-    Device(Device),
-    /// A pseudo-file to synthesize.
-    Pseudo(Pseudo),
 }
 
 /// The tree.
@@ -173,57 +128,13 @@ impl MemFs {
             mtime: now,
         };
         fs.nodes.insert("/".into(), dir(now));
-        for d in [
-            "/bin",
-            "/dev",
-            "/etc",
-            "/home",
-            "/proc",
-            "/proc/1",
-            "/proc/self",
-            "/proc/net",
-            "/root",
-            "/sys",
-            "/sys/fs",
-            "/sys/fs/cgroup",
-            "/tmp",
-            "/usr",
-            "/usr/bin",
-            "/var",
-        ] {
+        for d in ["/bin", "/etc", "/home", "/root", "/tmp", "/usr", "/var"] {
             fs.nodes.insert(d.into(), dir(now));
         }
         if let Some(tmp) = fs.nodes.get_mut("/tmp") {
             tmp.mode = 0o1777;
         }
         let _ = fs.mkdir(workdir, true, now);
-        let special = |kind, mode| Node {
-            kind,
-            mode,
-            mtime: now,
-        };
-        for (p, d) in [
-            ("/dev/null", Device::Null),
-            ("/dev/zero", Device::Zero),
-            ("/dev/urandom", Device::Random),
-            ("/dev/random", Device::Random),
-        ] {
-            fs.nodes
-                .insert(p.into(), special(NodeKind::Device(d), 0o666));
-        }
-        for (p, k) in [
-            ("/proc/1/status", Pseudo::ProcStatus),
-            ("/proc/self/status", Pseudo::ProcStatus),
-            ("/proc/net/dev", Pseudo::NetDev),
-            ("/sys/fs/cgroup/memory.max", Pseudo::MemoryMax),
-            ("/sys/fs/cgroup/memory.swap.max", Pseudo::SwapMax),
-            ("/sys/fs/cgroup/pids.max", Pseudo::PidsMax),
-            ("/sys/fs/cgroup/cpu.max", Pseudo::CpuMax),
-            ("/etc/hostname", Pseudo::Hostname),
-        ] {
-            fs.nodes
-                .insert(p.into(), special(NodeKind::Pseudo(k), 0o444));
-        }
         fs
     }
 
@@ -327,10 +238,8 @@ impl MemFs {
         match self.nodes.get_mut(path) {
             Some(n) => match &mut n.kind {
                 NodeKind::Dir => Err(FsError::IsADirectory),
-                NodeKind::Device(Device::Null) => Ok(()),
-                NodeKind::Device(_) | NodeKind::Pseudo(_) | NodeKind::Symlink(_) => {
-                    Err(FsError::ReadOnly)
-                }
+                // `follow` gave up on it: a dangling or looping link.
+                NodeKind::Symlink(_) => Err(FsError::Loop),
                 NodeKind::File(b) => {
                     *b = data;
                     n.mtime = now;
@@ -363,10 +272,7 @@ impl MemFs {
         match self.nodes.get_mut(path) {
             Some(n) => match &mut n.kind {
                 NodeKind::Dir => Err(FsError::IsADirectory),
-                NodeKind::Device(Device::Null) => Ok(()),
-                NodeKind::Device(_) | NodeKind::Pseudo(_) | NodeKind::Symlink(_) => {
-                    Err(FsError::ReadOnly)
-                }
+                NodeKind::Symlink(_) => Err(FsError::Loop),
                 NodeKind::File(b) => {
                     b.extend_from_slice(data);
                     n.mtime = now;
@@ -388,16 +294,14 @@ impl MemFs {
         }
     }
 
-    /// What reading `path` yields.
-    pub(crate) fn read(&self, path: &str) -> Result<Content, FsError> {
+    /// The content of the regular file at `path`.
+    pub(crate) fn read(&self, path: &str) -> Result<Bytes, FsError> {
         match self.nodes.get(&self.follow(path)?) {
             None => Err(FsError::NotFound),
             Some(n) => match &n.kind {
                 NodeKind::Symlink(_) => Err(FsError::Loop),
                 NodeKind::Dir => Err(FsError::IsADirectory),
-                NodeKind::File(b) => Ok(Content::Bytes(Bytes::copy_from_slice(b))),
-                NodeKind::Device(d) => Ok(Content::Device(*d)),
-                NodeKind::Pseudo(p) => Ok(Content::Pseudo(*p)),
+                NodeKind::File(b) => Ok(Bytes::copy_from_slice(b)),
             },
         }
     }
@@ -417,7 +321,7 @@ impl MemFs {
                 Ok(Bytes::copy_from_slice(&b[start..end]))
             }
             Some(NodeKind::Dir) => Err(FsError::IsADirectory),
-            Some(_) => Err(FsError::ReadOnly),
+            Some(NodeKind::Symlink(_)) => Err(FsError::Loop),
         }
     }
 
@@ -489,79 +393,17 @@ impl MemFs {
         if path == "/" {
             return Err(FsError::Busy);
         }
-        if matches!(node.kind, NodeKind::Pseudo(_) | NodeKind::Device(_)) {
-            return Err(FsError::ReadOnly);
-        }
         if node.is_dir() {
             if self.has_children(path) && !recursive {
                 return Err(FsError::NotEmpty);
             }
             let doomed: Vec<String> = self.walk(path).into_iter().map(|(k, _)| k).collect();
-            if doomed.iter().any(|k| {
-                matches!(
-                    self.nodes.get(k).map(|n| &n.kind),
-                    Some(NodeKind::Pseudo(_) | NodeKind::Device(_))
-                )
-            }) {
-                return Err(FsError::ReadOnly);
-            }
             for k in doomed {
                 self.nodes.remove(&k);
             }
         }
         self.nodes.remove(path);
         Ok(())
-    }
-
-    /// Copies a file or (with `recursive`) a tree to `to`.
-    pub(crate) fn copy(
-        &mut self,
-        from: &str,
-        to: &str,
-        recursive: bool,
-        now: SystemTime,
-    ) -> Result<(), FsError> {
-        let node = self.nodes.get(from).cloned().ok_or(FsError::NotFound)?;
-        if node.is_dir() {
-            if !recursive {
-                return Err(FsError::IsADirectory);
-            }
-            if to == from || to.starts_with(&child_prefix(from)) {
-                return Err(FsError::Busy);
-            }
-            self.mkdir(to, true, now)?;
-            for (k, n) in self.walk(from) {
-                let dest = format!("{to}{}", &k[from.len()..]);
-                self.nodes.insert(dest, Node { mtime: now, ..n });
-            }
-            return Ok(());
-        }
-        match node.kind {
-            NodeKind::File(b) => self.write(to, b, false, now),
-            NodeKind::Symlink(t) => self.symlink(to, &t, now),
-            NodeKind::Device(_) | NodeKind::Pseudo(_) => Err(FsError::ReadOnly),
-            NodeKind::Dir => Err(FsError::IsADirectory),
-        }
-    }
-
-    /// Moves a file or tree to `to` (replacing a file there).
-    pub(crate) fn rename(&mut self, from: &str, to: &str, now: SystemTime) -> Result<(), FsError> {
-        if from == to {
-            return Ok(());
-        }
-        self.copy(from, to, true, now)?;
-        self.remove(from, true)
-    }
-
-    /// `touch`: creates an empty file or updates the mtime.
-    pub(crate) fn touch(&mut self, path: &str, now: SystemTime) -> Result<(), FsError> {
-        match self.nodes.get_mut(path) {
-            Some(n) => {
-                n.mtime = now;
-                Ok(())
-            }
-            None => self.write(path, Vec::new(), false, now),
-        }
     }
 }
 
@@ -574,17 +416,16 @@ mod tests {
     }
 
     #[test]
-    fn skeleton_has_workdir_and_pseudo_files() {
+    fn skeleton_has_the_workdir_and_no_kernel_files() {
         let f = fs();
         assert!(f.get("/work").unwrap().is_dir());
-        assert!(matches!(
-            f.read("/proc/1/status"),
-            Ok(Content::Pseudo(Pseudo::ProcStatus))
-        ));
-        assert!(matches!(
-            f.read("/dev/zero"),
-            Ok(Content::Device(Device::Zero))
-        ));
+        for kernel in [
+            "/proc/1/status",
+            "/proc/net/dev",
+            "/sys/fs/cgroup/memory.max",
+        ] {
+            assert_eq!(f.read(kernel), Err(FsError::NotFound), "{kernel}");
+        }
     }
 
     #[test]
@@ -643,31 +484,15 @@ mod tests {
         let t = SystemTime::UNIX_EPOCH;
         f.write("/work/a.txt", b"A".to_vec(), false, t).unwrap();
         f.symlink("/work/l", "a.txt", t).unwrap();
-        assert!(matches!(f.read("/work/l"), Ok(Content::Bytes(b)) if &b[..] == b"A"));
+        assert_eq!(f.read("/work/l").as_deref(), Ok(&b"A"[..]));
         f.symlink("/work/loop", "loop", t).unwrap();
-        assert!(matches!(f.read("/work/loop"), Err(FsError::Loop)));
+        assert_eq!(f.read("/work/loop"), Err(FsError::Loop));
         assert_eq!(f.symlink("/work/l", "x", t), Err(FsError::Exists));
         assert_eq!(f.links_under("/work").len(), 2);
         f.remove("/work/l", false).unwrap();
         assert!(
             f.get("/work/a.txt").is_some(),
             "removing a link keeps its target"
-        );
-    }
-
-    #[test]
-    fn copy_and_rename_trees() {
-        let mut f = fs();
-        let t = SystemTime::UNIX_EPOCH;
-        f.write("/work/d/e/f", b"x".to_vec(), true, t).unwrap();
-        f.copy("/work/d", "/work/c", true, t).unwrap();
-        assert!(f.get("/work/c/e/f").is_some());
-        f.rename("/work/c", "/tmp/m", t).unwrap();
-        assert!(f.get("/work/c").is_none());
-        assert!(matches!(f.read("/tmp/m/e/f"), Ok(Content::Bytes(b)) if &b[..] == b"x"));
-        assert_eq!(
-            f.copy("/work/d", "/work/d/inner", true, t),
-            Err(FsError::Busy)
         );
     }
 }

@@ -1,53 +1,8 @@
-//! The policy in effect, as seen from inside a fake sandbox: pseudo-files synthesized from
-//! it (`/proc/1/status`, `/proc/net/dev`, cgroup limits) and the egress decision `nc`
-//! applies.
+//! The egress decision `nc` applies under the sandbox's network policy.
 
 use std::net::IpAddr;
 
 use sandbox_core::{Egress, NetworkPolicy};
-
-use crate::memfs::Pseudo;
-use crate::sandbox::SandboxInner;
-
-/// Content of a pseudo-file for this sandbox.
-pub(crate) fn pseudo_content(p: Pseudo, sb: &SandboxInner) -> String {
-    let r = &sb.resources;
-    match p {
-        Pseudo::ProcStatus => format!(
-            "Name:\tinit\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t1\nPid:\t1\nPPid:\t0\n\
-             Uid:\t{uid}\t{uid}\t{uid}\t{uid}\nGid:\t{uid}\t{uid}\t{uid}\t{uid}\n\
-             CapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n\
-             CapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\n\
-             Seccomp:\t2\nSeccomp_filters:\t1\n",
-            uid = sb.uid
-        ),
-        Pseudo::NetDev => {
-            let mut s = String::from(
-                "Inter-|   Receive                                                |  Transmit\n \
-                 face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed\n",
-            );
-            for iface in interfaces(&sb.policy) {
-                s.push_str(&format!(
-                    "{iface:>6}:       0       0    0    0    0     0          0         0        0       0    0    0    0     0       0          0\n"
-                ));
-            }
-            s
-        }
-        Pseudo::MemoryMax => format!("{}\n", r.memory_mb * 1024 * 1024),
-        Pseudo::SwapMax => "0\n".to_string(),
-        Pseudo::PidsMax => format!("{}\n", r.pids),
-        Pseudo::CpuMax => format!("{} 100000\n", (r.cpu * 100_000.0).round() as u64),
-        Pseudo::Hostname => format!("{}\n", sb.hostname()),
-    }
-}
-
-/// Network interfaces a sandbox has: only loopback when egress is denied.
-pub(crate) fn interfaces(policy: &NetworkPolicy) -> Vec<&'static str> {
-    match policy.egress {
-        Egress::Deny => vec!["lo"],
-        _ => vec!["lo", "eth0"],
-    }
-}
 
 /// Whether egress to `host` (a name or an IP) is allowed, given the addresses it resolved
 /// to (empty when not resolved).
@@ -124,11 +79,5 @@ mod tests {
         assert!(egress_allowed(&NetworkPolicy::allow(), "anything", &[]));
         assert!(entry_matches_ip("0.0.0.0/0", lo));
         assert!(entry_matches_ip("::1/128", "::1".parse().unwrap()));
-    }
-
-    #[test]
-    fn interfaces_follow_egress() {
-        assert_eq!(interfaces(&NetworkPolicy::deny()), ["lo"]);
-        assert_eq!(interfaces(&NetworkPolicy::allow()), ["lo", "eth0"]);
     }
 }

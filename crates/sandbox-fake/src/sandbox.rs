@@ -22,11 +22,10 @@ use crate::calls::Call;
 use crate::clock::Clock;
 use crate::exec::{self, Job};
 use crate::faults::FaultInjector;
-use crate::memfs::{Content, Device, FsError, MemFs};
-use crate::policy::pseudo_content;
+use crate::memfs::MemFs;
 use crate::processes::{ProcTable, ProcessInfo};
-use crate::python::Globals;
 use crate::script::Response;
+use crate::snippets::Vars;
 
 /// Lifecycle of a fake sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,13 +51,12 @@ pub(crate) struct SandboxInner {
     pub(crate) capabilities: Capability,
     pub(crate) isolation: IsolationTier,
     pub(crate) has_python: bool,
-    pub(crate) uid: u32,
     pub(crate) clock: Clock,
     deadline: Mutex<Instant>,
     life: Mutex<Life>,
     fs: Mutex<MemFs>,
     procs: Mutex<ProcTable>,
-    contexts: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Globals>>>>,
+    contexts: Mutex<HashMap<String, Vars>>,
     engine: Weak<Engine>,
 }
 
@@ -76,7 +74,6 @@ pub(crate) struct Spec {
     pub(crate) capabilities: Capability,
     pub(crate) isolation: IsolationTier,
     pub(crate) has_python: bool,
-    pub(crate) uid: u32,
     pub(crate) clock: Clock,
 }
 
@@ -105,7 +102,6 @@ impl SandboxInner {
             capabilities: spec.capabilities,
             isolation: spec.isolation,
             has_python: spec.has_python,
-            uid: spec.uid,
             clock: spec.clock,
             engine,
         }
@@ -122,15 +118,6 @@ impl SandboxInner {
     /// Virtual wall time.
     pub(crate) fn now(&self) -> SystemTime {
         self.clock.now()
-    }
-
-    /// The tokio instant of the engine's clock origin (for `time.monotonic()`).
-    pub(crate) fn clock_origin(&self) -> Instant {
-        self.clock.origin()
-    }
-
-    pub(crate) fn hostname(&self) -> String {
-        self.id.chars().take(12).collect()
     }
 
     pub(crate) fn deadline(&self) -> Instant {
@@ -224,45 +211,17 @@ impl SandboxInner {
         env
     }
 
-    /// The persistent interpreter of `context_id`, created on first use.
-    pub(crate) fn context(&self, context_id: &str) -> Arc<tokio::sync::Mutex<Globals>> {
-        lock(&self.contexts)
-            .entry(context_id.to_string())
-            .or_default()
-            .clone()
-    }
-
-    /// What reading `path` yields, pseudo-files synthesized.
-    pub(crate) fn open(&self, path: &str) -> std::result::Result<Content, FsError> {
-        match self.fs().read(path)? {
-            Content::Pseudo(p) => Ok(Content::Bytes(Bytes::from(pseudo_content(p, self)))),
-            other => Ok(other),
+    /// The variables of context `context_id` (created on first use), or a fresh set for
+    /// a context-less run.
+    pub(crate) fn context(&self, context_id: Option<&str>) -> Vars {
+        match context_id {
+            Some(id) => lock(&self.contexts)
+                .entry(id.to_string())
+                .or_default()
+                .clone(),
+            None => Vars::default(),
         }
     }
-
-    /// The whole content of a readable file (at most `cap` bytes from a device).
-    pub(crate) fn read_all(&self, path: &str, cap: usize) -> std::result::Result<Bytes, FsError> {
-        match self.open(path)? {
-            Content::Bytes(b) => Ok(b),
-            Content::Device(Device::Null) => Ok(Bytes::new()),
-            Content::Device(Device::Zero) => Ok(Bytes::from(vec![0u8; cap.min(1 << 20)])),
-            Content::Device(Device::Random) => Ok(Bytes::from(pseudo_random(cap.min(1 << 20)))),
-            Content::Pseudo(_) => Err(FsError::Busy),
-        }
-    }
-}
-
-/// Deterministic "random" bytes (xorshift), for `/dev/urandom`.
-pub(crate) fn pseudo_random(n: usize) -> Vec<u8> {
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
 }
 
 /// Inspection handle of one fake sandbox: what `Sandbox::native()` returns (downcast it with
@@ -344,7 +303,8 @@ impl SandboxHandle {
     pub fn read_file(&self, path: &str) -> Result<Bytes> {
         let p = sandbox_core::resolve_path(&self.0.workdir, path)?;
         self.0
-            .read_all(&p, 1 << 20)
+            .fs()
+            .read(&p)
             .map_err(|e| crate::files::fs_error(&p, e))
     }
     /// Writes a sandbox file directly, creating parents (no call is recorded).
@@ -526,17 +486,17 @@ impl Sandbox for FakeSandbox {
         });
         let scripted = sb.scripted_code(code);
         if scripted.is_none() && !sb.has_python {
-            return Err(SandboxError::InterpreterMissing {
-                interpreter: interpreter.to_string(),
-                template: sb.template.clone(),
-            });
+            return Err(SandboxError::interpreter_missing(
+                interpreter,
+                sb.template.clone(),
+            ));
         }
         let cap = options
             .output_cap
             .unwrap_or(sandbox_core::options::DEFAULT_OUTPUT_CAP);
         let job = Job::Code {
             code: code.to_string(),
-            context: options.context_id.clone(),
+            vars: sb.context(options.context_id.as_deref()),
             scripted,
         };
         let env = sb.command_env(&BTreeMap::new());

@@ -1,483 +1,318 @@
-//! The `sh -c` subset of the fake: `;`, newlines, `&&`, `||`, `&` (background jobs with
-//! `$!` and `wait`), `$VAR`, `${VAR}`, `${VAR:-default}`, `$$`, `$?`, `$!`, `$0..$9`, `$#`,
-//! single and double quotes, backslash escapes, redirections (`>`, `>>`, `<`, `2>`, `>&2`,
-//! `2>&1`, `N>&M`), `VAR=value` assignments (alone or before a command), `exec`, `exit`,
-//! `cd`, `export`, `unset`, `wait`, and pipes (run one stage after the other, output
-//! buffered). Anything else — command substitution, subshells, `if`/`for`/`while`/`case`,
-//! globbing, here-documents — is refused with an explicit message and exit status 2, never
-//! silently misinterpreted.
+//! `sh -c` in exactly the forms of [`crate::vocabulary::SHELL_FORMS`]: lists (`;`, newline,
+//! `&&`, `||`), background jobs (`&`), `exec`, `exit`, comments, output redirections,
+//! quotes and `$NAME ${NAME} $$ $! $?`. Anything else is refused with a message naming the
+//! construct and exit status 2 — never silently misread.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use sandbox_core::Result;
-use tokio::task::JoinHandle;
 
 use crate::exec::{Origin, Proc, Sink, run_program};
-use crate::memfs::FsError;
 use crate::processes::{SpawnError, spawn_process};
+use crate::vocabulary::FORM_NOT_IN_VOCABULARY_EXIT;
 
-/// A piece of a word.
+/// A piece of a word: literal text, or a parameter to expand (`$NAME`, `$$`, `$!`, `$?`).
 #[derive(Debug, Clone, PartialEq)]
 enum Seg {
-    /// Literal text; `true` when quoted (no field splitting).
-    Lit(String, bool),
-    /// `$NAME`; `true` when quoted.
-    Var(String, bool),
-    /// `${NAME:-default}`.
-    VarDefault(String, String, bool),
+    Lit(String),
+    Var(String),
 }
 
-type Word = Vec<Seg>;
+/// A word and whether any of it was quoted (quoted words are not split).
+#[derive(Debug, Clone, PartialEq, Default)]
+struct Word {
+    segs: Vec<Seg>,
+    quoted: bool,
+}
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 enum Op {
-    Semi,
-    Amp,
+    Seq,
     And,
     Or,
-    Pipe,
-    Newline,
+    Bg,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum RedirKind {
-    Out,
-    Append,
-    In,
-    Dup(u32),
+#[derive(Debug, Clone, PartialEq)]
+enum Redir {
+    /// `> FILE` (or `2> FILE` with fd 2), `>> FILE` when appending.
+    File { fd: u8, append: bool, target: Word },
+    /// `N>&M`.
+    Dup { fd: u8, to: u8 },
 }
 
 #[derive(Debug, Clone, PartialEq)]
 enum Tok {
     Word(Word),
     Op(Op),
-    Redir(u32, RedirKind),
+    Redir(Redir),
 }
 
-#[derive(Debug, Clone, PartialEq)]
-struct Redir {
-    fd: u32,
-    kind: RedirKind,
-    target: Option<Word>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default)]
 struct Simple {
-    assigns: Vec<(String, Word)>,
     words: Vec<Word>,
     redirs: Vec<Redir>,
 }
 
-type Pipeline = Vec<Simple>;
-
-#[derive(Debug, Clone, PartialEq)]
+/// `first (&& | ||) next …`, run in the foreground or as a background job.
+#[derive(Debug, Clone)]
 struct AndOr {
-    first: Pipeline,
-    rest: Vec<(Op, Pipeline)>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-struct Item {
-    cmd: AndOr,
+    first: Simple,
+    rest: Vec<(Op, Simple)>,
     background: bool,
 }
 
-fn unsupported(what: &str) -> String {
-    format!("{what} not supported by sandbox-fake's shell (script it with FakeBackend::on_run)")
+fn refuse(what: &str) -> String {
+    format!("not in the fake's vocabulary: {what}")
 }
 
-fn is_name(s: &str) -> bool {
-    let mut c = s.chars();
-    matches!(c.next(), Some(ch) if ch.is_ascii_alphabetic() || ch == '_')
-        && c.all(|ch| ch.is_ascii_alphanumeric() || ch == '_')
+fn is_name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
 }
 
-fn push_lit(word: &mut Word, c: char, quoted: bool) {
-    if let Some(Seg::Lit(s, q)) = word.last_mut() {
-        if *q == quoted {
-            s.push(c);
-            return;
-        }
-    }
-    word.push(Seg::Lit(c.to_string(), quoted));
-}
-
-/// Parses `$…` at `chars[*i]` (which is `$`) into `word`.
-fn lex_dollar(
-    chars: &[char],
-    i: &mut usize,
-    word: &mut Word,
-    quoted: bool,
-) -> std::result::Result<(), String> {
-    let next = chars.get(*i + 1).copied();
-    match next {
-        Some('{') => {
-            let start = *i + 2;
-            let Some(len) = chars[start..].iter().position(|&c| c == '}') else {
-                return Err("missing '}'".into());
-            };
-            let inner: String = chars[start..start + len].iter().collect();
-            *i = start + len + 1;
-            if let Some((name, default)) = inner.split_once(":-") {
-                if !is_name(name) {
-                    return Err(format!("{inner}: bad substitution"));
-                }
-                word.push(Seg::VarDefault(name.into(), default.into(), quoted));
-            } else if is_name(&inner)
-                || matches!(inner.as_str(), "$" | "?" | "!" | "#" | "@" | "*")
-                || inner.chars().all(|c| c.is_ascii_digit()) && !inner.is_empty()
-            {
-                word.push(Seg::Var(inner, quoted));
-            } else {
-                return Err(
-                    if inner.starts_with('#') || inner.contains(['%', '/', ':']) {
-                        unsupported("parameter operators are")
-                    } else {
-                        format!("{inner}: bad substitution")
-                    },
-                );
-            }
-        }
-        Some('(') => return Err(unsupported("command substitution $(...) is")),
-        Some(c) if "$?!#@*-".contains(c) || c.is_ascii_digit() => {
-            word.push(Seg::Var(c.to_string(), quoted));
-            *i += 2;
-        }
-        Some(c) if c.is_ascii_alphabetic() || c == '_' => {
-            let start = *i + 1;
-            let mut end = start;
-            while end < chars.len() && (chars[end].is_ascii_alphanumeric() || chars[end] == '_') {
-                end += 1;
-            }
-            word.push(Seg::Var(chars[start..end].iter().collect(), quoted));
-            *i = end;
-        }
-        _ => {
-            push_lit(word, '$', quoted);
+/// Reads the parameter after a `$` at `chars[*i]`.
+fn lex_dollar(chars: &[char], i: &mut usize) -> std::result::Result<Seg, String> {
+    *i += 1;
+    match chars.get(*i) {
+        Some(c @ ('$' | '!' | '?')) => {
             *i += 1;
+            Ok(Seg::Var(c.to_string()))
         }
+        Some('(') => Err(refuse("command substitution `$(…)`")),
+        Some('{') => {
+            let end = chars[*i..].iter().position(|c| *c == '}');
+            let name: String = match end {
+                Some(e) => chars[*i + 1..*i + e].iter().collect(),
+                None => return Err("missing `}`".into()),
+            };
+            if name.is_empty() || !name.chars().all(is_name_char) {
+                return Err(refuse(&format!("parameter expansion `${{{name}}}`")));
+            }
+            *i += name.len() + 2;
+            Ok(Seg::Var(name))
+        }
+        Some(c) if is_name_char(*c) => {
+            let name: String = chars[*i..]
+                .iter()
+                .take_while(|c| is_name_char(**c))
+                .collect();
+            *i += name.len();
+            Ok(Seg::Var(name))
+        }
+        _ => Ok(Seg::Lit("$".into())),
     }
-    Ok(())
 }
 
-#[allow(unused_assignments)]
+fn push_lit(word: &mut Word, c: char) {
+    match word.segs.last_mut() {
+        Some(Seg::Lit(s)) => s.push(c),
+        _ => word.segs.push(Seg::Lit(c.to_string())),
+    }
+}
+
 fn lex(src: &str) -> std::result::Result<Vec<Tok>, String> {
     let chars: Vec<char> = src.chars().collect();
     let mut toks = Vec::new();
-    let mut word: Word = Vec::new();
-    let mut in_word = false;
+    let mut word: Option<Word> = None;
     let mut i = 0;
-    macro_rules! flush {
-        () => {
-            if in_word {
-                toks.push(Tok::Word(std::mem::take(&mut word)));
-                in_word = false;
-            }
-        };
-    }
+    let flush = |word: &mut Option<Word>, toks: &mut Vec<Tok>| {
+        if let Some(w) = word.take() {
+            toks.push(Tok::Word(w));
+        }
+    };
     while i < chars.len() {
         let c = chars[i];
         match c {
-            ' ' | '\t' | '\r' => {
-                flush!();
-                i += 1;
+            ' ' | '\t' => flush(&mut word, &mut toks),
+            '\n' | ';' => {
+                flush(&mut word, &mut toks);
+                toks.push(Tok::Op(Op::Seq));
             }
-            '\n' => {
-                flush!();
-                toks.push(Tok::Op(Op::Newline));
-                i += 1;
-            }
-            '#' if !in_word => {
+            '#' if word.is_none() => {
                 while i < chars.len() && chars[i] != '\n' {
                     i += 1;
                 }
+                continue;
             }
-            ';' => {
-                flush!();
-                if chars.get(i + 1) == Some(&';') {
-                    return Err("syntax error: unexpected \";;\"".into());
-                }
-                toks.push(Tok::Op(Op::Semi));
-                i += 1;
+            '&' | '|' => {
+                flush(&mut word, &mut toks);
+                let double = chars.get(i + 1) == Some(&c);
+                let op = match (c, double) {
+                    ('&', true) => Op::And,
+                    ('&', false) => Op::Bg,
+                    ('|', true) => Op::Or,
+                    _ => return Err(refuse("pipe `|`")),
+                };
+                toks.push(Tok::Op(op));
+                i += if double { 2 } else { 1 };
+                continue;
             }
-            '&' => {
-                flush!();
-                match chars.get(i + 1) {
-                    Some('&') => {
-                        toks.push(Tok::Op(Op::And));
-                        i += 2;
-                    }
-                    Some('>') => return Err(unsupported("`&>` is")),
+            '>' => {
+                // `2>` / `1>`: the word so far is the descriptor.
+                let fd = match &word {
+                    Some(Word {
+                        segs,
+                        quoted: false,
+                    }) if segs == &[Seg::Lit("2".into())] => 2,
+                    Some(Word {
+                        segs,
+                        quoted: false,
+                    }) if segs == &[Seg::Lit("1".into())] => 1,
                     _ => {
-                        toks.push(Tok::Op(Op::Amp));
-                        i += 1;
-                    }
-                }
-            }
-            '|' => {
-                flush!();
-                if chars.get(i + 1) == Some(&'|') {
-                    toks.push(Tok::Op(Op::Or));
-                    i += 2;
-                } else {
-                    toks.push(Tok::Op(Op::Pipe));
-                    i += 1;
-                }
-            }
-            '>' | '<' => {
-                // A word of only unquoted digits right before the operator is the fd.
-                let fd = match (in_word, word.as_slice()) {
-                    (true, [Seg::Lit(s, false)]) if s.chars().all(|c| c.is_ascii_digit()) => {
-                        let fd = s.parse::<u32>().map_err(|_| "bad fd number".to_string())?;
-                        word.clear();
-                        in_word = false;
-                        Some(fd)
-                    }
-                    _ => {
-                        flush!();
-                        None
+                        flush(&mut word, &mut toks);
+                        1
                     }
                 };
-                if c == '<' {
-                    if chars.get(i + 1) == Some(&'<') {
-                        return Err(unsupported("here-documents are"));
-                    }
-                    toks.push(Tok::Redir(fd.unwrap_or(0), RedirKind::In));
-                    i += 1;
+                word = None;
+                i += 1;
+                if chars.get(i) == Some(&'&') {
+                    let to = match chars.get(i + 1) {
+                        Some('1') => 1,
+                        Some('2') => 2,
+                        _ => return Err(refuse("`>&` to a descriptor other than 1 or 2")),
+                    };
+                    toks.push(Tok::Redir(Redir::Dup { fd, to }));
+                    i += 2;
                     continue;
                 }
-                let fd = fd.unwrap_or(1);
-                match chars.get(i + 1) {
-                    Some('>') => {
-                        toks.push(Tok::Redir(fd, RedirKind::Append));
-                        i += 2;
-                    }
-                    Some('&') => {
-                        let start = i + 2;
-                        let mut end = start;
-                        while end < chars.len() && chars[end].is_ascii_digit() {
-                            end += 1;
-                        }
-                        let target: String = chars[start..end].iter().collect();
-                        let target = target
-                            .parse::<u32>()
-                            .map_err(|_| "syntax error: bad fd after >&".to_string())?;
-                        toks.push(Tok::Redir(fd, RedirKind::Dup(target)));
-                        i = end;
-                    }
-                    Some('|') => {
-                        toks.push(Tok::Redir(fd, RedirKind::Out));
-                        i += 2;
-                    }
-                    _ => {
-                        toks.push(Tok::Redir(fd, RedirKind::Out));
-                        i += 1;
-                    }
+                let append = chars.get(i) == Some(&'>');
+                if append {
+                    i += 1;
                 }
+                toks.push(Tok::Redir(Redir::File {
+                    fd,
+                    append,
+                    // The target is the next word; the parser fills it in.
+                    target: Word::default(),
+                }));
+                continue;
             }
+            '<' => return Err(refuse("input redirection `<`")),
+            '(' | ')' => return Err(refuse("subshell `( … )`")),
+            '`' => return Err(refuse("command substitution with backquotes")),
+            '*' => return Err(refuse("globbing `*`")),
             '\'' => {
-                in_word = true;
-                let start = i + 1;
-                let Some(len) = chars[start..].iter().position(|&c| c == '\'') else {
-                    return Err("syntax error: unterminated quoted string".into());
+                let w = word.get_or_insert_with(Word::default);
+                w.quoted = true;
+                let end = chars[i + 1..].iter().position(|c| *c == '\'');
+                let Some(end) = end else {
+                    return Err("unterminated quoted string".into());
                 };
-                word.push(Seg::Lit(chars[start..start + len].iter().collect(), true));
-                i = start + len + 1;
+                w.segs
+                    .push(Seg::Lit(chars[i + 1..i + 1 + end].iter().collect()));
+                i += end + 2;
+                continue;
             }
             '"' => {
-                in_word = true;
-                word.push(Seg::Lit(String::new(), true));
+                let w = word.get_or_insert_with(Word::default);
+                w.quoted = true;
+                w.segs.push(Seg::Lit(String::new()));
                 i += 1;
                 loop {
                     match chars.get(i) {
-                        None => return Err("syntax error: unterminated quoted string".into()),
-                        Some('"') => {
-                            i += 1;
-                            break;
+                        None => return Err("unterminated quoted string".into()),
+                        Some('"') => break,
+                        Some('$') => w.segs.push(lex_dollar(&chars, &mut i)?),
+                        Some('`') => return Err(refuse("command substitution with backquotes")),
+                        Some('\\') if matches!(chars.get(i + 1), Some('"' | '\\' | '$')) => {
+                            push_lit(w, chars[i + 1]);
+                            i += 2;
                         }
-                        Some('\\') => {
-                            match chars.get(i + 1) {
-                                Some('\n') => {}
-                                Some(&n) if "$`\"\\".contains(n) => push_lit(&mut word, n, true),
-                                _ => push_lit(&mut word, '\\', true),
-                            }
-                            i += if chars.get(i + 1).is_some_and(|n| "$`\"\\\n".contains(*n)) {
-                                2
-                            } else {
-                                1
-                            };
-                        }
-                        Some('$') => lex_dollar(&chars, &mut i, &mut word, true)?,
-                        Some('`') => return Err(unsupported("command substitution `...` is")),
-                        Some(&other) => {
-                            push_lit(&mut word, other, true);
+                        Some(c) => {
+                            push_lit(w, *c);
                             i += 1;
                         }
                     }
                 }
-            }
-            '\\' => {
-                match chars.get(i + 1) {
-                    Some('\n') => {}
-                    Some(&n) => {
-                        in_word = true;
-                        push_lit(&mut word, n, true);
-                    }
-                    None => {
-                        in_word = true;
-                        push_lit(&mut word, '\\', false);
-                    }
-                }
-                i += 2;
+                i += 1;
+                continue;
             }
             '$' => {
-                in_word = true;
-                lex_dollar(&chars, &mut i, &mut word, false)?;
+                let seg = lex_dollar(&chars, &mut i)?;
+                word.get_or_insert_with(Word::default).segs.push(seg);
+                continue;
             }
-            '`' => return Err(unsupported("command substitution `...` is")),
-            '(' | ')' => return Err(unsupported("subshells and `( )` are")),
-            _ => {
-                in_word = true;
-                push_lit(&mut word, c, false);
-                i += 1;
+            '\\' => {
+                let w = word.get_or_insert_with(Word::default);
+                w.quoted = true;
+                if let Some(n) = chars.get(i + 1) {
+                    push_lit(w, *n);
+                }
+                i += 2;
+                continue;
             }
+            c => push_lit(word.get_or_insert_with(Word::default), c),
         }
+        i += 1;
     }
-    flush!();
+    flush(&mut word, &mut toks);
     Ok(toks)
 }
 
-struct Parser {
-    toks: Vec<Tok>,
-    pos: usize,
-}
+const KEYWORDS: &[&str] = &[
+    "if", "then", "else", "elif", "fi", "for", "while", "until", "do", "done", "case", "esac",
+    "function", "{", "}", "!", "[[", "cd", "export", "unset", "wait", "set", "eval", ".", "source",
+];
 
-impl Parser {
-    fn peek(&self) -> Option<&Tok> {
-        self.toks.get(self.pos)
-    }
-
-    fn skip_newlines(&mut self) {
-        while self.peek() == Some(&Tok::Op(Op::Newline)) {
-            self.pos += 1;
-        }
-    }
-
-    fn script(&mut self) -> std::result::Result<Vec<Item>, String> {
-        let mut items = Vec::new();
-        loop {
-            while matches!(self.peek(), Some(Tok::Op(Op::Newline | Op::Semi))) {
-                if self.peek() == Some(&Tok::Op(Op::Semi)) && items.is_empty() {
-                    return Err("syntax error: unexpected \";\"".into());
-                }
-                self.pos += 1;
-            }
-            if self.peek().is_none() {
-                return Ok(items);
-            }
-            let cmd = self.and_or()?;
-            let background = match self.peek() {
-                Some(Tok::Op(Op::Amp)) => {
-                    self.pos += 1;
-                    true
-                }
-                Some(Tok::Op(Op::Semi | Op::Newline)) => {
-                    self.pos += 1;
-                    false
-                }
-                None => false,
-                Some(t) => return Err(format!("syntax error: unexpected {t:?}")),
+fn parse(src: &str) -> std::result::Result<Vec<AndOr>, String> {
+    let mut items: Vec<AndOr> = Vec::new();
+    let mut cur: Option<AndOr> = None;
+    let mut simple = Simple::default();
+    let mut pending_op: Option<Op> = None;
+    let mut toks = lex(src)?.into_iter();
+    let finish = |simple: &mut Simple,
+                  cur: &mut Option<AndOr>,
+                  pending: &mut Option<Op>|
+     -> std::result::Result<(), String> {
+        let s = std::mem::take(simple);
+        if s.words.is_empty() && s.redirs.is_empty() {
+            return match pending {
+                Some(_) => Err("syntax error: a list operator without a command".into()),
+                None => Ok(()),
             };
-            items.push(Item { cmd, background });
         }
-    }
-
-    fn and_or(&mut self) -> std::result::Result<AndOr, String> {
-        let first = self.pipeline()?;
-        let mut rest = Vec::new();
-        while let Some(Tok::Op(op @ (Op::And | Op::Or))) = self.peek().cloned() {
-            self.pos += 1;
-            self.skip_newlines();
-            rest.push((op, self.pipeline()?));
-        }
-        Ok(AndOr { first, rest })
-    }
-
-    fn pipeline(&mut self) -> std::result::Result<Pipeline, String> {
-        let mut stages = vec![self.simple()?];
-        while self.peek() == Some(&Tok::Op(Op::Pipe)) {
-            self.pos += 1;
-            self.skip_newlines();
-            stages.push(self.simple()?);
-        }
-        Ok(stages)
-    }
-
-    fn simple(&mut self) -> std::result::Result<Simple, String> {
-        let mut cmd = Simple::default();
-        loop {
-            match self.peek().cloned() {
-                Some(Tok::Word(w)) => {
-                    self.pos += 1;
-                    if cmd.words.is_empty() {
-                        if let Some(Seg::Lit(s, false)) = w.first() {
-                            if let Some((name, value)) = s.split_once('=') {
-                                if is_name(name) {
-                                    let mut v: Word = vec![Seg::Lit(value.to_string(), false)];
-                                    v.extend(w[1..].iter().cloned());
-                                    cmd.assigns.push((name.to_string(), v));
-                                    continue;
-                                }
-                            }
-                        }
-                    }
-                    cmd.words.push(w);
-                }
-                Some(Tok::Redir(fd, kind)) => {
-                    self.pos += 1;
-                    let target = match kind {
-                        RedirKind::Dup(_) => None,
-                        _ => match self.peek().cloned() {
-                            Some(Tok::Word(w)) => {
-                                self.pos += 1;
-                                Some(w)
-                            }
-                            _ => return Err("syntax error: missing redirection target".into()),
-                        },
-                    };
-                    cmd.redirs.push(Redir { fd, kind, target });
-                }
-                _ => break,
+        match (cur.as_mut(), pending.take()) {
+            (Some(c), Some(op)) => c.rest.push((op, s)),
+            _ => {
+                *cur = Some(AndOr {
+                    first: s,
+                    rest: Vec::new(),
+                    background: false,
+                })
             }
         }
-        if cmd.words.is_empty() && cmd.assigns.is_empty() && cmd.redirs.is_empty() {
-            return Err(match self.peek() {
-                Some(t) => format!("syntax error: unexpected {}", describe(t)),
-                None => "syntax error: unexpected end of file".into(),
-            });
+        Ok(())
+    };
+    while let Some(tok) = toks.next() {
+        match tok {
+            Tok::Word(w) => simple.words.push(w),
+            Tok::Redir(Redir::File { fd, append, .. }) => match toks.next() {
+                Some(Tok::Word(target)) => simple.redirs.push(Redir::File { fd, append, target }),
+                _ => return Err("syntax error: redirection without a file".into()),
+            },
+            Tok::Redir(r) => simple.redirs.push(r),
+            Tok::Op(op @ (Op::And | Op::Or)) => {
+                finish(&mut simple, &mut cur, &mut pending_op)?;
+                if cur.is_none() {
+                    return Err("syntax error: a list operator without a command".into());
+                }
+                pending_op = Some(op);
+            }
+            Tok::Op(op) => {
+                finish(&mut simple, &mut cur, &mut pending_op)?;
+                if let Some(mut c) = cur.take() {
+                    c.background = op == Op::Bg;
+                    items.push(c);
+                } else if op == Op::Bg {
+                    return Err("syntax error: `&` without a command".into());
+                }
+            }
         }
-        Ok(cmd)
     }
-}
-
-fn describe(t: &Tok) -> &'static str {
-    match t {
-        Tok::Op(Op::Semi) => "\";\"",
-        Tok::Op(Op::Amp) => "\"&\"",
-        Tok::Op(Op::And) => "\"&&\"",
-        Tok::Op(Op::Or) => "\"||\"",
-        Tok::Op(Op::Pipe) => "\"|\"",
-        Tok::Op(Op::Newline) => "newline",
-        Tok::Word(_) => "word",
-        Tok::Redir(..) => "redirection",
-    }
-}
-
-fn parse(src: &str) -> std::result::Result<Vec<Item>, String> {
-    let toks = lex(src)?;
-    Parser { toks, pos: 0 }.script()
+    finish(&mut simple, &mut cur, &mut pending_op)?;
+    items.extend(cur);
+    Ok(items)
 }
 
 /// What a command did to the shell's control flow.
@@ -486,72 +321,26 @@ enum Flow {
     Exit(i64),
 }
 
-impl Flow {
-    fn code(&self) -> i64 {
-        match self {
-            Flow::Next(c) | Flow::Exit(c) => *c,
-        }
-    }
-}
-
-/// Streams of one command after redirections.
-struct Io {
-    stdin: Bytes,
-    stdout: Sink,
-    stderr: Sink,
-}
-
 /// One shell process.
 pub(crate) struct Shell {
     vars: BTreeMap<String, String>,
-    exported: BTreeSet<String>,
     last: i64,
     last_bg: Option<u32>,
-    children: Vec<(u32, JoinHandle<Result<i64>>)>,
     shell_pid: u32,
-    args: Vec<String>,
-    cwd: String,
-    stdin: Bytes,
     stdout: Sink,
     stderr: Sink,
 }
 
-const KEYWORDS: &[&str] = &[
-    "if", "then", "else", "elif", "fi", "for", "while", "until", "do", "done", "case", "esac",
-    "function", "select", "{", "}", "!", "[[", "]]",
-];
-
 impl Shell {
-    /// A shell running as `proc`, with `$0 $1…` = `args`.
-    pub(crate) fn new(proc: &Proc, args: Vec<String>) -> Shell {
+    /// A shell running as `proc`.
+    pub(crate) fn new(proc: &Proc) -> Shell {
         Shell {
-            exported: proc.env.keys().cloned().collect(),
             vars: proc.env.clone(),
             last: 0,
             last_bg: None,
-            children: Vec::new(),
             shell_pid: proc.pid,
-            args,
-            cwd: proc.cwd.clone(),
-            stdin: proc.stdin.clone(),
             stdout: proc.stdout.clone(),
             stderr: proc.stderr.clone(),
-        }
-    }
-
-    fn fork(&self) -> Shell {
-        Shell {
-            vars: self.vars.clone(),
-            exported: self.exported.clone(),
-            last: self.last,
-            last_bg: self.last_bg,
-            children: Vec::new(),
-            shell_pid: self.shell_pid,
-            args: self.args.clone(),
-            cwd: self.cwd.clone(),
-            stdin: Bytes::new(),
-            stdout: self.stdout.clone(),
-            stderr: self.stderr.clone(),
         }
     }
 
@@ -562,274 +351,151 @@ impl Shell {
             Err(msg) => {
                 proc.write(&self.stderr, Bytes::from(format!("sh: {msg}\n")))
                     .await;
-                return Ok(2);
+                return Ok(FORM_NOT_IN_VOCABULARY_EXIT);
             }
         };
-        for item in &items {
+        for item in items {
             if item.background {
-                self.spawn_background(proc, item.cmd.clone()).await;
+                self.spawn_background(proc, item).await;
                 continue;
             }
-            if let Flow::Exit(code) = self.and_or(proc, &item.cmd).await? {
+            if let Flow::Exit(code) = self.and_or(proc, &item).await? {
                 return Ok(code);
             }
         }
         Ok(self.last)
     }
 
-    async fn spawn_background(&mut self, proc: &Proc, cmd: AndOr) {
-        let mut child = self.fork();
-        // Like a forked subshell that applies its redirections before exec'ing the program:
-        // a job whose output goes elsewhere must not keep the exec's output stream open.
-        if let ([simple], true) = (cmd.first.as_slice(), cmd.rest.is_empty()) {
-            if let Ok(io) = self.redirect(proc, &simple.redirs, None, None) {
-                child.stdout = io.stdout;
-                child.stderr = io.stderr;
+    /// A background job: its own pid in the exec's process group (killing the exec kills
+    /// it), with its redirections applied before it starts, like a forked subshell — so a
+    /// job whose output goes elsewhere does not hold the exec's output open.
+    async fn spawn_background(&mut self, proc: &Proc, item: AndOr) {
+        let mut child = Shell {
+            vars: self.vars.clone(),
+            last: self.last,
+            last_bg: self.last_bg,
+            shell_pid: self.shell_pid,
+            stdout: self.stdout.clone(),
+            stderr: self.stderr.clone(),
+        };
+        if item.rest.is_empty() {
+            if let Ok((out, err)) = self.redirect(proc, &item.first.redirs) {
+                (child.stdout, child.stderr) = (out, err);
             }
         }
-        let mut base = proc.clone();
-        base.stdout = Sink::Null;
-        base.stderr = Sink::Null;
-        let spawned = spawn_process(&proc.sb, Some(proc.pgid), "sh".to_string(), move |pid| {
+        let base = proc.clone();
+        let spawned = spawn_process(&proc.sb, Some(proc.pgid), "sh".into(), move |pid| {
             Box::pin(async move {
                 let mut p = base;
                 p.pid = pid;
-                child.and_or(&p, &cmd).await.map(|f| f.code())
+                child.and_or(&p, &item).await.map(|f| match f {
+                    Flow::Next(c) | Flow::Exit(c) => c,
+                })
             })
         });
         match spawned {
-            Ok((pid, handle)) => {
-                self.children.push((pid, handle));
+            Ok((pid, _handle)) => {
                 self.last_bg = Some(pid);
                 self.last = 0;
             }
             Err(SpawnError::PidsLimit) => {
-                proc.write(
-                    &self.stderr,
-                    Bytes::from_static(b"sh: can't fork: Resource temporarily unavailable\n"),
-                )
-                .await;
+                let msg = "sh: can't fork: Resource temporarily unavailable\n";
+                proc.write(&self.stderr, Bytes::from_static(msg.as_bytes()))
+                    .await;
                 self.last = 2;
             }
         }
     }
 
     async fn and_or(&mut self, proc: &Proc, cmd: &AndOr) -> Result<Flow> {
-        let mut flow = self.pipeline(proc, &cmd.first).await?;
-        for (op, pl) in &cmd.rest {
+        let mut flow = self.simple(proc, &cmd.first).await?;
+        for (op, next) in &cmd.rest {
             if let Flow::Exit(_) = flow {
                 return Ok(flow);
             }
-            let run = match op {
-                Op::And => self.last == 0,
-                _ => self.last != 0,
-            };
-            if run {
-                flow = self.pipeline(proc, pl).await?;
+            if (*op == Op::And) == (self.last == 0) {
+                flow = self.simple(proc, next).await?;
             }
         }
         Ok(flow)
     }
 
-    async fn pipeline(&mut self, proc: &Proc, stages: &Pipeline) -> Result<Flow> {
-        if stages.len() == 1 {
-            return self.simple(proc, &stages[0], None, None).await;
-        }
-        // Stages run one after the other; each one's output is the next one's input.
-        let mut input: Option<Bytes> = None;
-        let mut code = 0;
-        for (i, stage) in stages.iter().enumerate() {
-            let last = i + 1 == stages.len();
-            let buffer = Arc::new(Mutex::new(Vec::new()));
-            let out = (!last).then(|| Sink::Buffer(buffer.clone()));
-            code = self.simple(proc, stage, input.take(), out).await?.code();
-            if !last {
-                let data = std::mem::take(&mut *buffer.lock().unwrap_or_else(|p| p.into_inner()));
-                input = Some(Bytes::from(data));
-            }
-        }
-        self.last = code;
-        Ok(Flow::Next(code))
-    }
-
-    fn lookup(&self, name: &str) -> Option<String> {
-        match name {
-            "$" => Some(self.shell_pid.to_string()),
-            "?" => Some(self.last.to_string()),
-            "!" => self.last_bg.map(|p| p.to_string()),
-            "#" => Some(self.args.len().saturating_sub(1).to_string()),
-            "@" | "*" => Some(self.args.get(1..).unwrap_or_default().join(" ")),
-            "-" => Some(String::new()),
-            n if n.chars().all(|c| c.is_ascii_digit()) => n
-                .parse::<usize>()
-                .ok()
-                .and_then(|i| self.args.get(i).cloned()),
-            n => self.vars.get(n).cloned(),
-        }
-    }
-
-    /// Expands a word into fields (unquoted expansions are split on whitespace).
     fn expand(&self, word: &Word) -> Vec<String> {
-        let mut fields = Vec::new();
-        let mut cur = String::new();
-        let mut have = false;
-        for seg in word {
-            let (value, quoted) = match seg {
-                Seg::Lit(s, q) => {
-                    cur.push_str(s);
-                    have |= *q || !s.is_empty();
-                    continue;
-                }
-                Seg::Var(n, q) => (self.lookup(n).unwrap_or_default(), *q),
-                Seg::VarDefault(n, d, q) => (
-                    self.lookup(n)
-                        .filter(|v| !v.is_empty())
-                        .unwrap_or_else(|| d.clone()),
-                    *q,
-                ),
-            };
-            if quoted {
-                cur.push_str(&value);
-                have = true;
-                continue;
-            }
-            let parts: Vec<&str> = value.split_whitespace().collect();
-            if parts.is_empty() {
-                continue;
-            }
-            if value.starts_with(char::is_whitespace) && have {
-                fields.push(std::mem::take(&mut cur));
-            }
-            for (i, p) in parts.iter().enumerate() {
-                if i > 0 {
-                    fields.push(std::mem::take(&mut cur));
-                }
-                cur.push_str(p);
-            }
-            have = true;
-            if value.ends_with(char::is_whitespace) {
-                fields.push(std::mem::take(&mut cur));
-                have = false;
-            }
-        }
-        if have {
-            fields.push(cur);
-        }
-        fields
-    }
-
-    fn expand_joined(&self, word: &Word) -> String {
-        let mut s = String::new();
-        for seg in word {
-            match seg {
-                Seg::Lit(l, _) => s.push_str(l),
-                Seg::Var(n, _) => s.push_str(&self.lookup(n).unwrap_or_default()),
-                Seg::VarDefault(n, d, _) => s.push_str(
-                    &self
-                        .lookup(n)
-                        .filter(|v| !v.is_empty())
-                        .unwrap_or_else(|| d.clone()),
-                ),
-            }
-        }
-        s
-    }
-
-    fn open_output(
-        &self,
-        proc: &Proc,
-        target: &str,
-        append: bool,
-    ) -> std::result::Result<Sink, String> {
-        match target {
-            "/dev/null" => return Ok(Sink::Null),
-            "/dev/stdout" => return Ok(self.stdout.clone()),
-            "/dev/stderr" => return Ok(self.stderr.clone()),
-            "" => return Err("can't create : nonexistent directory".into()),
-            _ => {}
-        }
-        let path = sandbox_core::resolve_path(&self.cwd, target).map_err(|e| e.to_string())?;
-        let now = proc.sb.now();
-        let mut fs = proc.sb.fs();
-        let r = if append && fs.get(&path).is_some() {
-            fs.append(&path, &[], now)
-        } else {
-            fs.write(&path, Vec::new(), false, now)
-        };
-        match r {
-            Ok(()) => Ok(Sink::File(path)),
-            Err(FsError::NotFound) => Err(format!("can't create {target}: nonexistent directory")),
-            Err(e) => Err(format!("can't create {target}: {}", e.errno_text())),
-        }
-    }
-
-    fn redirect(
-        &self,
-        proc: &Proc,
-        redirs: &[Redir],
-        stdin: Option<Bytes>,
-        stdout: Option<Sink>,
-    ) -> std::result::Result<Io, String> {
-        let mut io = Io {
-            stdin: stdin.unwrap_or_else(|| self.stdin.clone()),
-            stdout: stdout.unwrap_or_else(|| self.stdout.clone()),
-            stderr: self.stderr.clone(),
-        };
-        for r in redirs {
-            let sink = match r.kind {
-                RedirKind::Out | RedirKind::Append => {
-                    let target = r
-                        .target
-                        .as_ref()
-                        .map(|w| self.expand_joined(w))
-                        .unwrap_or_default();
-                    self.open_output(proc, &target, r.kind == RedirKind::Append)?
-                }
-                RedirKind::In => {
-                    let target = r
-                        .target
-                        .as_ref()
-                        .map(|w| self.expand_joined(w))
-                        .unwrap_or_default();
-                    let path = sandbox_core::resolve_path(&self.cwd, &target)
-                        .map_err(|e| e.to_string())?;
-                    io.stdin = proc
-                        .sb
-                        .read_all(&path, 1 << 20)
-                        .map_err(|e| format!("can't open '{target}': {}", e.errno_text()))?;
-                    continue;
-                }
-                RedirKind::Dup(1) => io.stdout.clone(),
-                RedirKind::Dup(2) => io.stderr.clone(),
-                RedirKind::Dup(n) => return Err(format!("{n}: bad file descriptor")),
-            };
-            match r.fd {
-                1 => io.stdout = sink,
-                2 => io.stderr = sink,
-                // Other descriptors are accepted and ignored (nothing reads them).
-                _ => {}
-            }
-        }
-        Ok(io)
-    }
-
-    async fn simple(
-        &mut self,
-        proc: &Proc,
-        cmd: &Simple,
-        stdin: Option<Bytes>,
-        stdout: Option<Sink>,
-    ) -> Result<Flow> {
-        let mut argv = Vec::new();
-        for w in &cmd.words {
-            argv.extend(self.expand(w));
-        }
-        let assigns: Vec<(String, String)> = cmd
-            .assigns
+        let text: String = word
+            .segs
             .iter()
-            .map(|(k, w)| (k.clone(), self.expand_joined(w)))
+            .map(|s| match s {
+                Seg::Lit(l) => l.clone(),
+                Seg::Var(v) => match v.as_str() {
+                    "$" => self.shell_pid.to_string(),
+                    "?" => self.last.to_string(),
+                    "!" => self.last_bg.map(|p| p.to_string()).unwrap_or_default(),
+                    name => self.vars.get(name).cloned().unwrap_or_default(),
+                },
+            })
             .collect();
-        let io = match self.redirect(proc, &cmd.redirs, stdin, stdout) {
+        if word.quoted {
+            vec![text]
+        } else {
+            text.split_whitespace().map(str::to_string).collect()
+        }
+    }
+
+    /// The stdout and stderr of a command after its redirections.
+    fn redirect(&self, proc: &Proc, redirs: &[Redir]) -> std::result::Result<(Sink, Sink), String> {
+        let (mut out, mut err) = (self.stdout.clone(), self.stderr.clone());
+        for r in redirs {
+            let sink = match r {
+                Redir::Dup { to: 1, .. } => out.clone(),
+                Redir::Dup { .. } => err.clone(),
+                Redir::File { append, target, .. } => {
+                    let name = self.expand(target).join(" ");
+                    if name == "/dev/null" {
+                        Sink::Null
+                    } else {
+                        let path = proc.path(&name);
+                        let now = proc.sb.now();
+                        let opened = match append {
+                            true => proc.sb.fs().append(&path, &[], now),
+                            false => proc.sb.fs().write(&path, Vec::new(), false, now),
+                        };
+                        if let Err(e) = opened {
+                            return Err(format!("can't create {name}: {}", e.errno_text()));
+                        }
+                        Sink::File(path)
+                    }
+                }
+            };
+            match r {
+                Redir::Dup { fd: 2, .. } | Redir::File { fd: 2, .. } => err = sink,
+                _ => out = sink,
+            }
+        }
+        Ok((out, err))
+    }
+
+    async fn simple(&mut self, proc: &Proc, cmd: &Simple) -> Result<Flow> {
+        let argv: Vec<String> = cmd.words.iter().flat_map(|w| self.expand(w)).collect();
+        let refused = match argv.first() {
+            Some(w) if KEYWORDS.contains(&w.as_str()) && !cmd.words[0].quoted => {
+                Some(refuse(&format!("`{w}`")))
+            }
+            Some(w)
+                if w.split_once('=').is_some_and(|(k, _)| {
+                    !k.is_empty() && k.chars().all(is_name_char) && !cmd.words[0].quoted
+                }) =>
+            {
+                Some(refuse("variable assignment"))
+            }
+            None => Some(refuse("a redirection without a command")),
+            _ => None,
+        };
+        if let Some(msg) = refused {
+            proc.write(&self.stderr, Bytes::from(format!("sh: {msg}\n")))
+                .await;
+            return Ok(Flow::Exit(FORM_NOT_IN_VOCABULARY_EXIT));
+        }
+        let (stdout, stderr) = match self.redirect(proc, &cmd.redirs) {
             Ok(io) => io,
             Err(msg) => {
                 proc.write(&self.stderr, Bytes::from(format!("sh: {msg}\n")))
@@ -838,153 +504,39 @@ impl Shell {
                 return Ok(Flow::Next(1));
             }
         };
-        if argv.is_empty() {
-            for (k, v) in assigns {
-                self.vars.insert(k, v);
-            }
-            self.last = 0;
-            return Ok(Flow::Next(0));
-        }
-        if KEYWORDS.contains(&argv[0].as_str()) {
-            let msg = format!("sh: {}\n", unsupported(&format!("`{}` is", argv[0])));
-            proc.write(&io.stderr, Bytes::from(msg)).await;
-            return Ok(Flow::Exit(2));
-        }
-        let code = match argv[0].as_str() {
+        let child = Proc {
+            env: self.vars.clone(),
+            stdout,
+            stderr,
+            ..proc.clone()
+        };
+        match argv[0].as_str() {
             "exit" => {
-                let code = match argv.get(1) {
+                let code = match argv.get(1).map(|s| s.parse::<i64>()) {
                     None => self.last,
-                    Some(s) => match s.parse::<i64>() {
-                        Ok(c) => c & 0xff,
-                        Err(_) => {
-                            proc.write(
-                                &io.stderr,
-                                Bytes::from(format!("sh: exit: Illegal number: {s}\n")),
-                            )
+                    Some(Ok(c)) => c & 0xff,
+                    Some(Err(_)) => {
+                        child
+                            .err(format!("sh: exit: Illegal number: {}\n", argv[1]))
                             .await;
-                            2
-                        }
-                    },
+                        2
+                    }
                 };
-                return Ok(Flow::Exit(code));
+                Ok(Flow::Exit(code))
+            }
+            "exec" if argv.len() > 1 => {
+                let code = run_program(child, argv[1..].to_vec(), Origin::Shell).await?;
+                Ok(Flow::Exit(code))
             }
             "exec" => {
-                if argv.len() == 1 {
-                    self.stdin = io.stdin;
-                    self.stdout = io.stdout;
-                    self.stderr = io.stderr;
-                    0
-                } else {
-                    let code = self.program(proc, io, &assigns, argv[1..].to_vec()).await?;
-                    return Ok(Flow::Exit(code));
-                }
+                child
+                    .err(format!("sh: {}\n", refuse("`exec` without a command")))
+                    .await;
+                Ok(Flow::Exit(FORM_NOT_IN_VOCABULARY_EXIT))
             }
-            "wait" => self.wait(&argv[1..]).await?,
-            "cd" => self.cd(proc, &io, argv.get(1)).await,
-            "export" => {
-                for a in &argv[1..] {
-                    match a.split_once('=') {
-                        Some((k, v)) => {
-                            self.vars.insert(k.to_string(), v.to_string());
-                            self.exported.insert(k.to_string());
-                        }
-                        None => {
-                            self.exported.insert(a.clone());
-                        }
-                    }
-                }
-                0
-            }
-            "unset" => {
-                for a in &argv[1..] {
-                    self.vars.remove(a);
-                    self.exported.remove(a);
-                }
-                0
-            }
-            "set" | ":" => 0,
-            _ => self.program(proc, io, &assigns, argv).await?,
-        };
-        self.last = code;
-        Ok(Flow::Next(code))
-    }
-
-    async fn program(
-        &mut self,
-        proc: &Proc,
-        io: Io,
-        assigns: &[(String, String)],
-        argv: Vec<String>,
-    ) -> Result<i64> {
-        let mut env: BTreeMap<String, String> = self
-            .vars
-            .iter()
-            .filter(|(k, _)| self.exported.contains(*k))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        for (k, v) in assigns {
-            env.insert(k.clone(), v.clone());
-        }
-        let child = Proc {
-            sb: proc.sb.clone(),
-            pid: proc.pid,
-            pgid: proc.pgid,
-            env,
-            cwd: self.cwd.clone(),
-            stdin: io.stdin,
-            stdout: io.stdout,
-            stderr: io.stderr,
-        };
-        run_program(child, argv, Origin::Shell).await
-    }
-
-    async fn wait(&mut self, pids: &[String]) -> Result<i64> {
-        let wanted: Option<Vec<u32>> = if pids.is_empty() {
-            None
-        } else {
-            Some(pids.iter().filter_map(|p| p.parse().ok()).collect())
-        };
-        let mut code = 0;
-        let children = std::mem::take(&mut self.children);
-        for (pid, handle) in children {
-            if wanted.as_ref().is_some_and(|w| !w.contains(&pid)) {
-                self.children.push((pid, handle));
-                continue;
-            }
-            code = match handle.await {
-                Ok(Ok(c)) => c,
-                Ok(Err(e)) => return Err(e),
-                Err(_) => sandbox_core::KILLED_EXIT_CODE,
-            };
-        }
-        Ok(if wanted.is_some() { code } else { 0 })
-    }
-
-    async fn cd(&mut self, proc: &Proc, io: &Io, dir: Option<&String>) -> i64 {
-        let target = dir
-            .cloned()
-            .or_else(|| self.vars.get("HOME").cloned())
-            .unwrap_or_else(|| "/".into());
-        let path = sandbox_core::resolve_path(&self.cwd, &target).unwrap_or_else(|_| "/".into());
-        let is_dir = proc.sb.fs().get(&path).map(|n| n.is_dir());
-        match is_dir {
-            Some(true) => {
-                self.cwd = path.clone();
-                self.vars.insert("PWD".into(), path);
-                0
-            }
-            other => {
-                let why = if other.is_some() {
-                    "Not a directory"
-                } else {
-                    "No such file or directory"
-                };
-                proc.write(
-                    &io.stderr,
-                    Bytes::from(format!("sh: cd: can't cd to {target}: {why}\n")),
-                )
-                .await;
-                2
+            _ => {
+                self.last = run_program(child, argv, Origin::Shell).await?;
+                Ok(Flow::Next(self.last))
             }
         }
     }
@@ -994,57 +546,51 @@ impl Shell {
 mod tests {
     use super::*;
 
-    fn lit(s: &str, q: bool) -> Seg {
-        Seg::Lit(s.into(), q)
-    }
-
-    #[test]
-    fn lexes_quotes_vars_and_redirections() {
-        let toks = lex(r#"echo 'a b' "x$HOME" ${V} 2>&1 >> f"#).unwrap();
-        assert_eq!(toks[0], Tok::Word(vec![lit("echo", false)]));
-        assert_eq!(toks[1], Tok::Word(vec![lit("a b", true)]));
-        assert_eq!(
-            toks[2],
-            Tok::Word(vec![lit("x", true), Seg::Var("HOME".into(), true)])
-        );
-        assert_eq!(toks[3], Tok::Word(vec![Seg::Var("V".into(), false)]));
-        assert_eq!(toks[4], Tok::Redir(2, RedirKind::Dup(1)));
-        assert_eq!(toks[5], Tok::Redir(1, RedirKind::Append));
-    }
-
-    #[test]
-    fn parses_lists_and_background() {
-        let items = parse("sleep 30 & echo $! > pid; wait").unwrap();
-        assert_eq!(items.len(), 3);
-        assert!(items[0].background);
-        assert_eq!(items[1].cmd.first[0].redirs.len(), 1);
-        let items = parse("false || echo a && echo b\necho c").unwrap();
-        assert_eq!(items.len(), 2);
-        assert_eq!(items[0].cmd.rest.len(), 2);
-    }
-
-    #[test]
-    fn assignments_are_recognised() {
-        let items = parse("A=1 B=\"x y\" env").unwrap();
-        let s = &items[0].cmd.first[0];
-        assert_eq!(s.assigns.len(), 2);
-        assert_eq!(s.words.len(), 1);
-    }
-
-    #[test]
-    fn refuses_unsupported_constructs() {
-        for src in [
-            "echo $(id)",
-            "echo `id`",
-            "(echo a)",
-            "cat <<EOF",
-            "echo ${#X}",
-        ] {
-            let e = parse(src).unwrap_err();
-            assert!(e.contains("not supported"), "{src}: {e}");
+    fn lit(s: &str) -> Word {
+        Word {
+            segs: vec![Seg::Lit(s.into())],
+            quoted: false,
         }
-        assert!(parse("echo 'unterminated").is_err());
-        assert!(parse("&& echo").is_err());
-        assert!(parse("; echo").is_err());
+    }
+
+    #[test]
+    fn parses_the_suite_forms() {
+        let items = parse("echo $$ > /work/cpid; echo ready; exec sleep 1000").unwrap();
+        assert_eq!(items.len(), 3);
+        assert_eq!(items[0].first.words[1].segs, [Seg::Var("$".into())]);
+        assert_eq!(
+            items[0].first.redirs,
+            [Redir::File {
+                fd: 1,
+                append: false,
+                target: lit("/work/cpid")
+            }]
+        );
+        let items = parse("sleep 300 > /dev/null 2>&1 & echo $! > /work/child; sleep 300").unwrap();
+        assert!(items[0].background && !items[1].background);
+        assert_eq!(items[0].first.redirs[1], Redir::Dup { fd: 2, to: 1 });
+        let items = parse("echo one && echo two; false || echo three").unwrap();
+        assert_eq!(items[0].rest[0].0, Op::And);
+        assert_eq!(items[1].rest[0].0, Op::Or);
+        assert_eq!(parse("exit 3 # a comment").unwrap()[0].first.words.len(), 2);
+        assert_eq!(
+            parse("echo err >&2").unwrap()[0].first.redirs,
+            [Redir::Dup { fd: 1, to: 2 }]
+        );
+    }
+
+    #[test]
+    fn refuses_what_is_not_in_the_vocabulary() {
+        for bad in [
+            "echo $(id)",
+            "a | b",
+            "echo `id`",
+            "(true)",
+            "cat < f",
+            "ls *",
+            "echo 'x",
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
     }
 }

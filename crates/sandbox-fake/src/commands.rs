@@ -1,0 +1,266 @@
+//! The commands of the vocabulary ([`crate::vocabulary::COMMANDS`]), each in exactly the
+//! forms listed there. A form outside the list is answered with a usage error, never
+//! guessed at.
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use sandbox_core::Result;
+
+use crate::exec::{BROKEN_PIPE_EXIT, Proc};
+use crate::vocabulary::FORM_NOT_IN_VOCABULARY_EXIT;
+
+/// A command's body: runs as `proc` with `argv`, returns the exit status.
+pub(crate) type Program = fn(Proc, Vec<String>) -> BoxFuture<'static, Result<i64>>;
+
+/// Writes to stdout and exits 0 (or with the broken-pipe status).
+async fn emit(p: &Proc, s: impl Into<Bytes>) -> Result<i64> {
+    Ok(if p.out(s).await { 0 } else { BROKEN_PIPE_EXIT })
+}
+
+/// Writes an error line to stderr and returns `code`.
+async fn fail(p: &Proc, msg: impl Into<String>, code: i64) -> Result<i64> {
+    let mut m = msg.into();
+    m.push('\n');
+    p.err(m).await;
+    Ok(code)
+}
+
+/// The answer to a vocabulary command used in a form the vocabulary does not list.
+async fn form_not_in_vocabulary(p: &Proc, argv: &[String]) -> Result<i64> {
+    let msg = format!("fake: form not in vocabulary: {}", argv.join(" "));
+    fail(p, msg, FORM_NOT_IN_VOCABULARY_EXIT).await
+}
+
+pub(crate) async fn echo(p: Proc, a: Vec<String>) -> Result<i64> {
+    emit(&p, format!("{}\n", a[1..].join(" "))).await
+}
+
+pub(crate) async fn printf(p: Proc, a: Vec<String>) -> Result<i64> {
+    let Some(format) = a.get(1) else {
+        return form_not_in_vocabulary(&p, &a).await;
+    };
+    let mut args = a[2..].iter();
+    let mut out = Vec::new();
+    let mut chars = format.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some('n') => out.push(b'\n'),
+                Some('t') => out.push(b'\t'),
+                Some('r') => out.push(b'\r'),
+                Some('a') => out.push(7),
+                Some('e') => out.push(0x1b),
+                Some('\\') | None => out.push(b'\\'),
+                Some(d @ '0'..='7') => {
+                    let mut v = d.to_digit(8).unwrap_or(0);
+                    for _ in 0..2 {
+                        match chars.peek().and_then(|c| c.to_digit(8)) {
+                            Some(n) => {
+                                v = v * 8 + n;
+                                chars.next();
+                            }
+                            None => break,
+                        }
+                    }
+                    out.push((v & 0xff) as u8);
+                }
+                Some(other) => {
+                    out.push(b'\\');
+                    out.extend(other.to_string().as_bytes());
+                }
+            },
+            '%' => match chars.next() {
+                Some('%') => out.push(b'%'),
+                Some('s') => out.extend(args.next().map_or("", String::as_str).as_bytes()),
+                Some('d') => {
+                    let arg = args.next().map_or("0", String::as_str);
+                    match arg.parse::<i64>() {
+                        Ok(n) => out.extend(n.to_string().as_bytes()),
+                        Err(_) => {
+                            return fail(&p, format!("printf: invalid number '{arg}'"), 1).await;
+                        }
+                    }
+                }
+                _ => return form_not_in_vocabulary(&p, &a).await,
+            },
+            c => out.extend(c.to_string().as_bytes()),
+        }
+    }
+    emit(&p, out).await
+}
+
+pub(crate) async fn cat(p: Proc, a: Vec<String>) -> Result<i64> {
+    if a.len() < 2 {
+        return form_not_in_vocabulary(&p, &a).await;
+    }
+    let mut code = 0;
+    for f in &a[1..] {
+        match p.read_file(f) {
+            Ok(bytes) => {
+                if !p.out(bytes).await {
+                    return Ok(BROKEN_PIPE_EXIT);
+                }
+            }
+            Err(e) => code = fail(&p, format!("cat: {f}: {}", e.errno_text()), 1).await?,
+        }
+    }
+    Ok(code)
+}
+
+pub(crate) async fn pwd(p: Proc, a: Vec<String>) -> Result<i64> {
+    if a.len() != 1 {
+        return form_not_in_vocabulary(&p, &a).await;
+    }
+    emit(&p, format!("{}\n", p.cwd)).await
+}
+
+pub(crate) async fn printenv(p: Proc, a: Vec<String>) -> Result<i64> {
+    let [_, name] = a.as_slice() else {
+        return form_not_in_vocabulary(&p, &a).await;
+    };
+    match p.env.get(name) {
+        Some(v) => emit(&p, format!("{v}\n")).await,
+        None => Ok(1),
+    }
+}
+
+pub(crate) async fn sleep(p: Proc, a: Vec<String>) -> Result<i64> {
+    let [_, secs] = a.as_slice() else {
+        return form_not_in_vocabulary(&p, &a).await;
+    };
+    match secs.parse::<f64>() {
+        Ok(s) if s.is_finite() && s >= 0.0 => {
+            // Capped at a year: longer is "forever" for any test, and `from_secs_f64`
+            // would panic past `Duration::MAX`.
+            tokio::time::sleep(std::time::Duration::from_secs_f64(s.min(31_536_000.0))).await;
+            Ok(0)
+        }
+        _ => fail(&p, format!("sleep: invalid number '{secs}'"), 1).await,
+    }
+}
+
+pub(crate) async fn seq(p: Proc, a: Vec<String>) -> Result<i64> {
+    let (first, last) = match a.as_slice() {
+        [_, last] => ("1", last.as_str()),
+        [_, first, last] => (first.as_str(), last.as_str()),
+        _ => return form_not_in_vocabulary(&p, &a).await,
+    };
+    let (Ok(first), Ok(last)) = (first.parse::<i64>(), last.parse::<i64>()) else {
+        return fail(&p, "seq: invalid number", 1).await;
+    };
+    let mut out = String::new();
+    let mut i = first;
+    while i <= last {
+        out.push_str(&i.to_string());
+        out.push('\n');
+        // Large ranges go out as they are produced, so memory stays bounded.
+        if out.len() >= 64 * 1024 && !p.out(std::mem::take(&mut out)).await {
+            return Ok(BROKEN_PIPE_EXIT);
+        }
+        let Some(next) = i.checked_add(1) else { break };
+        i = next;
+    }
+    emit(&p, out).await
+}
+
+pub(crate) async fn kill(p: Proc, a: Vec<String>) -> Result<i64> {
+    let (probe, pid) = match a.as_slice() {
+        [_, flag, pid] if flag == "-0" => (true, pid),
+        [_, flag, pid] if flag == "-9" || flag == "-KILL" => (false, pid),
+        [_, pid] => (false, pid),
+        _ => return form_not_in_vocabulary(&p, &a).await,
+    };
+    let Ok(pid) = pid.parse::<u32>() else {
+        return fail(&p, format!("kill: invalid number '{pid}'"), 1).await;
+    };
+    let no_such = format!("kill: can't kill pid {pid}: No such process");
+    if probe {
+        let alive = p.sb.procs().alive(pid);
+        return if alive {
+            Ok(0)
+        } else {
+            fail(&p, no_such, 1).await
+        };
+    }
+    if pid == crate::processes::INIT_PID {
+        return fail(
+            &p,
+            format!("kill: can't kill pid {pid}: Operation not permitted"),
+            1,
+        )
+        .await;
+    }
+    // Take the entry out under the lock, abort outside it (the task's exit guard locks).
+    let killed = p.sb.procs().kill(pid);
+    match killed {
+        Some(abort) => {
+            if let Some(h) = abort {
+                h.abort();
+            }
+            Ok(0)
+        }
+        None => fail(&p, no_such, 1).await,
+    }
+}
+
+pub(crate) async fn test(p: Proc, a: Vec<String>) -> Result<i64> {
+    let [_, flag, path] = a.as_slice() else {
+        return form_not_in_vocabulary(&p, &a).await;
+    };
+    if flag != "-e" {
+        return form_not_in_vocabulary(&p, &a).await;
+    }
+    let exists = p.sb.fs().get_followed(&p.path(path)).is_some();
+    Ok(if exists { 0 } else { 1 })
+}
+
+pub(crate) async fn dd(p: Proc, a: Vec<String>) -> Result<i64> {
+    let (mut zero, mut bs, mut count) = (false, None, None);
+    for arg in &a[1..] {
+        match arg.split_once('=') {
+            Some(("if", "/dev/zero")) => zero = true,
+            Some(("bs", v)) => bs = v.parse::<usize>().ok().filter(|n| *n > 0),
+            Some(("count", v)) => count = v.parse::<usize>().ok(),
+            _ => return form_not_in_vocabulary(&p, &a).await,
+        }
+    }
+    let (true, Some(bs), Some(count)) = (zero, bs, count) else {
+        return form_not_in_vocabulary(&p, &a).await;
+    };
+    let total = bs.saturating_mul(count);
+    let piece = Bytes::from(vec![0u8; total.min(crate::exec::MAX_CHUNK)]);
+    let mut left = total;
+    while left > 0 {
+        let n = left.min(piece.len());
+        if !p.out(piece.slice(..n)).await {
+            return Ok(BROKEN_PIPE_EXIT);
+        }
+        left -= n;
+    }
+    p.err(format!("{count}+0 records in\n{count}+0 records out\n"))
+        .await;
+    Ok(0)
+}
+
+pub(crate) async fn ln(p: Proc, a: Vec<String>) -> Result<i64> {
+    let [_, flag, target, link] = a.as_slice() else {
+        return form_not_in_vocabulary(&p, &a).await;
+    };
+    if flag != "-s" {
+        return form_not_in_vocabulary(&p, &a).await;
+    }
+    let path = p.path(link);
+    let now = p.sb.now();
+    let made = p.sb.fs().symlink(&path, target, now);
+    match made {
+        Ok(()) => Ok(0),
+        Err(e) => fail(&p, format!("ln: {link}: {}", e.errno_text()), 1).await,
+    }
+}
+
+pub(crate) async fn sh(p: Proc, a: Vec<String>) -> Result<i64> {
+    match a.as_slice() {
+        [_, flag, script] if flag == "-c" => crate::shell::Shell::new(&p).run(&p, script).await,
+        _ => form_not_in_vocabulary(&p, &a).await,
+    }
+}

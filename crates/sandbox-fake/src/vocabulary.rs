@@ -1,0 +1,290 @@
+//! The fake's command vocabulary and `run_code` snippet table, as data.
+//!
+//! The fake does not emulate a userland: it answers exactly the commands listed in
+//! [`COMMANDS`] (in the forms listed), the `sh -c` constructs in [`SHELL_FORMS`], and the
+//! `run_code` snippets in [`SNIPPETS`]. Anything else gets a typed, documented answer —
+//! a command outside the vocabulary exits [`NOT_IN_VOCABULARY_EXIT`] with
+//! `fake: command not in vocabulary: <name>` on stderr, never a guess. Script what else a
+//! test needs with [`FakeBackend::on_run`](crate::FakeBackend::on_run) and
+//! [`FakeBackend::on_run_code`](crate::FakeBackend::on_run_code).
+//!
+//! The same tables are rendered in `VOCABULARY.md`; a test keeps the two in step. They are
+//! machine-readable so that a meta-test of the contract suite can fail when a trial uses a
+//! command outside them.
+//!
+//! ```
+//! use sandbox_fake::vocabulary::{COMMANDS, SNIPPETS, is_command};
+//! assert!(is_command("echo") && !is_command("python3"));
+//! assert!(COMMANDS.iter().any(|c| c.name == "sh" && c.forms.contains(&"sh -c SCRIPT")));
+//! assert!(SNIPPETS.iter().any(|s| s.form == "print({int} * {int})"));
+//! ```
+
+use crate::commands::{self, Program};
+
+/// Exit status of a command outside the vocabulary (like a shell's "not found").
+pub const NOT_IN_VOCABULARY_EXIT: i64 = 127;
+/// Exit status of a vocabulary command given a form outside its documented forms, and of
+/// a `sh -c` script using a construct outside [`SHELL_FORMS`] (like a shell's usage error).
+pub const FORM_NOT_IN_VOCABULARY_EXIT: i64 = 2;
+/// Exit status of a `run_code` snippet outside [`SNIPPETS`].
+pub const SNIPPET_NOT_IN_TABLE_EXIT: i64 = 127;
+
+/// The stderr line of a command outside the vocabulary.
+pub fn not_in_vocabulary_message(name: &str) -> String {
+    format!("fake: command not in vocabulary: {name}\n")
+}
+
+/// One command of the vocabulary.
+#[derive(Clone, Copy)]
+#[non_exhaustive]
+pub struct CommandSpec {
+    /// The program name (`argv[0]`; `/bin/` and `/usr/bin/` prefixes are accepted).
+    pub name: &'static str,
+    /// The accepted forms, in usage notation (`UPPERCASE` = an operand).
+    pub forms: &'static [&'static str],
+    /// What it does in a fake sandbox.
+    pub behaviour: &'static str,
+    pub(crate) run: Program,
+}
+
+impl std::fmt::Debug for CommandSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CommandSpec")
+            .field("name", &self.name)
+            .field("forms", &self.forms)
+            .finish()
+    }
+}
+
+/// Every command the fake answers.
+pub const COMMANDS: &[CommandSpec] = &[
+    CommandSpec {
+        name: "true",
+        forms: &["true"],
+        behaviour: "exits 0",
+        run: |_, _| Box::pin(async { Ok(0) }),
+    },
+    CommandSpec {
+        name: "false",
+        forms: &["false"],
+        behaviour: "exits 1",
+        run: |_, _| Box::pin(async { Ok(1) }),
+    },
+    CommandSpec {
+        name: "echo",
+        forms: &["echo [WORD...]"],
+        behaviour: "prints the words joined by spaces and a newline (no options, no escapes)",
+        run: |p, a| Box::pin(commands::echo(p, a)),
+    },
+    CommandSpec {
+        name: "printf",
+        forms: &["printf FORMAT [ARG...]"],
+        behaviour: "prints FORMAT with `%s %d %%` and the escapes `\\n \\t \\r \\\\ \\a \\e \\NNN` (octal)",
+        run: |p, a| Box::pin(commands::printf(p, a)),
+    },
+    CommandSpec {
+        name: "cat",
+        forms: &["cat FILE..."],
+        behaviour: "prints the files' bytes; a missing file or a directory: message, exit 1",
+        run: |p, a| Box::pin(commands::cat(p, a)),
+    },
+    CommandSpec {
+        name: "pwd",
+        forms: &["pwd"],
+        behaviour: "prints the working directory",
+        run: |p, a| Box::pin(commands::pwd(p, a)),
+    },
+    CommandSpec {
+        name: "printenv",
+        forms: &["printenv NAME"],
+        behaviour: "prints the variable's value (create env, secrets, per-call env); unset: exit 1",
+        run: |p, a| Box::pin(commands::printenv(p, a)),
+    },
+    CommandSpec {
+        name: "sleep",
+        forms: &["sleep SECONDS"],
+        behaviour: "waits on tokio time (fractions allowed; instant under a paused clock)",
+        run: |p, a| Box::pin(commands::sleep(p, a)),
+    },
+    CommandSpec {
+        name: "seq",
+        forms: &["seq LAST", "seq FIRST LAST"],
+        behaviour: "prints the integers FIRST (default 1) to LAST, one per line",
+        run: |p, a| Box::pin(commands::seq(p, a)),
+    },
+    CommandSpec {
+        name: "kill",
+        forms: &["kill -0 PID", "kill -9 PID", "kill -KILL PID", "kill PID"],
+        behaviour: "`-0` exits 0 iff PID runs in the process table; otherwise ends PID",
+        run: |p, a| Box::pin(commands::kill(p, a)),
+    },
+    CommandSpec {
+        name: "test",
+        forms: &["test -e PATH"],
+        behaviour: "exits 0 iff PATH exists in the in-memory filesystem (links followed)",
+        run: |p, a| Box::pin(commands::test(p, a)),
+    },
+    CommandSpec {
+        name: "dd",
+        forms: &["dd if=/dev/zero bs=BYTES count=N"],
+        behaviour: "prints BYTES*N zero bytes, then the record counts on stderr",
+        run: |p, a| Box::pin(commands::dd(p, a)),
+    },
+    CommandSpec {
+        name: "ln",
+        forms: &["ln -s TARGET LINK"],
+        behaviour: "creates a symbolic link (followed in the last path component)",
+        run: |p, a| Box::pin(commands::ln(p, a)),
+    },
+    CommandSpec {
+        name: "nc",
+        forms: &["nc -w SECONDS HOST PORT"],
+        behaviour: "egress probe: under Deny `Network is unreachable` (`bad address` for a name), \
+                    exit 1; where the policy allows HOST, a real TCP connection whose received \
+                    bytes are printed (point it at a loopback server)",
+        run: |p, a| Box::pin(crate::netcat::nc(p, a)),
+    },
+    CommandSpec {
+        name: "sh",
+        forms: &["sh -c SCRIPT"],
+        behaviour: "runs SCRIPT in the shell subset of SHELL_FORMS",
+        run: |p, a| Box::pin(commands::sh(p, a)),
+    },
+];
+
+/// The constructs a `sh -c` script may use; anything else (pipes, loops, `if`, command
+/// substitution, globbing, subshells, `cd`, …) exits [`FORM_NOT_IN_VOCABULARY_EXIT`] with
+/// `sh: not in the fake's vocabulary: <construct>` on stderr.
+pub const SHELL_FORMS: &[&str] = &[
+    "CMD ; CMD (also a newline)",
+    "CMD && CMD",
+    "CMD || CMD",
+    "CMD & (a background job in the exec's process group; `$!` is its pid)",
+    "exec CMD (the command keeps the shell's pid)",
+    "exit [N]",
+    "# comment",
+    "> FILE, >> FILE, 2> FILE, >&2, 2>&1, > /dev/null",
+    "'single' and \"double\" quotes, $NAME, ${NAME}, $$ (the shell's pid), $! and $?",
+];
+
+/// One form of the `run_code` snippet table.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct SnippetSpec {
+    /// The snippet, with placeholders: `{int}` an integer, `{num}` a decimal number,
+    /// `{name}` an identifier, `{text}` text without quotes, backslashes or newlines. A
+    /// space matches any run of spaces (including none); the code is trimmed first.
+    pub form: &'static str,
+    /// What it does.
+    pub behaviour: &'static str,
+}
+
+/// Every `run_code` snippet the fake answers without a script, tried in order. Code
+/// matching none exits [`SNIPPET_NOT_IN_TABLE_EXIT`] with `fake: snippet not in table:
+/// <first line>` on stderr. Contexts (`CodeOptions::context`) keep the integer variables
+/// bound by `{name} = {int}`; a context-less run starts with none.
+pub const SNIPPETS: &[SnippetSpec] = &[
+    SnippetSpec {
+        form: "print({int})",
+        behaviour: "prints the integer",
+    },
+    SnippetSpec {
+        form: "print({int} + {int})",
+        behaviour: "prints the sum",
+    },
+    SnippetSpec {
+        form: "print({int} * {int})",
+        behaviour: "prints the product",
+    },
+    SnippetSpec {
+        form: "print({name})",
+        behaviour: "prints the context's variable; unbound: NameError, exit 1",
+    },
+    SnippetSpec {
+        form: "print({name} + {int})",
+        behaviour: "prints the context's variable plus the integer; unbound: NameError, exit 1",
+    },
+    SnippetSpec {
+        form: "print('{text}')",
+        behaviour: "prints the text",
+    },
+    SnippetSpec {
+        form: "print(\"{text}\")",
+        behaviour: "prints the text",
+    },
+    SnippetSpec {
+        form: "{name} = {int}",
+        behaviour: "binds the variable in the context (nothing outlives a context-less run)",
+    },
+    SnippetSpec {
+        form: "import sys; sys.stderr.write(\"{text}\\n\")",
+        behaviour: "writes the text and a newline to stderr",
+    },
+    SnippetSpec {
+        form: "import os; print(os.getcwd())",
+        behaviour: "prints the working directory",
+    },
+    SnippetSpec {
+        form: "import time; time.sleep({num})",
+        behaviour: "waits on tokio time",
+    },
+    SnippetSpec {
+        form: "import os; open(\"{text}\", \"w\").write(str(os.getpid()))\nimport time; time.sleep({num})",
+        behaviour: "writes the interpreter's pid (in the process table until the run ends or \
+                    is cancelled) to the file, then waits",
+    },
+    SnippetSpec {
+        form: "{int}/0",
+        behaviour: "ZeroDivisionError traceback on stderr, exit 1",
+    },
+    SnippetSpec {
+        form: "raise {name}(\"{text}\")",
+        behaviour: "`{name}: {text}` traceback on stderr, exit 1",
+    },
+    SnippetSpec {
+        form: "<brackets or quotes that do not balance>",
+        behaviour: "SyntaxError on stderr, exit 1",
+    },
+];
+
+/// Whether `name` (or `/bin/name`, `/usr/bin/name`) is a command of the vocabulary.
+pub fn is_command(name: &str) -> bool {
+    lookup(name).is_some()
+}
+
+/// The vocabulary entry of `name`.
+pub(crate) fn lookup(name: &str) -> Option<&'static CommandSpec> {
+    let base = ["/usr/bin/", "/bin/"]
+        .iter()
+        .find_map(|d| name.strip_prefix(d))
+        .unwrap_or(name);
+    COMMANDS.iter().find(|c| c.name == base)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `VOCABULARY.md` lists every command form and snippet form of the tables.
+    #[test]
+    fn vocabulary_md_matches_the_tables() {
+        let md = include_str!("../VOCABULARY.md");
+        for c in COMMANDS {
+            for form in c.forms {
+                assert!(
+                    md.contains(&format!("`{form}`")),
+                    "VOCABULARY.md lacks `{form}`"
+                );
+            }
+        }
+        for s in SNIPPETS {
+            let shown = s.form.replace('\n', "⏎");
+            assert!(
+                md.contains(&format!("`{shown}`")),
+                "VOCABULARY.md lacks `{shown}`"
+            );
+        }
+        assert_eq!(lookup("/bin/echo").map(|c| c.name), Some("echo"));
+        assert!(!is_command("bash") && !is_command("python3") && !is_command("ls"));
+    }
+}
