@@ -714,3 +714,73 @@ async fn measure_latency() {
         median(files)
     );
 }
+
+/// A fake engine socket that answers the handshake (`/_ping`, `/version`) and then
+/// accepts every other request without ever answering: a wedged engine.
+async fn wedged_engine() -> std::path::PathBuf {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let path = std::env::temp_dir().join(format!("sbx-wedged-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let listener = tokio::net::UnixListener::bind(&path).unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                loop {
+                    let Ok(n) = conn.read(&mut buf).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    let head = String::from_utf8_lossy(&buf[..n]).to_string();
+                    let body = if head.contains("/_ping") {
+                        "OK".to_string()
+                    } else if head.contains("/version") {
+                        r#"{"ApiVersion":"1.41","MinAPIVersion":"1.12","Version":"20.10.0"}"#
+                            .to_string()
+                    } else {
+                        // Wedged: keep the connection, never answer.
+                        std::future::pending::<()>().await;
+                        return;
+                    };
+                    let resp = format!(
+                        "HTTP/1.1 200 OK\r\nApi-Version: 1.41\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if conn.write_all(resp.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    path
+}
+
+/// Issue 11: against an engine that accepts and never answers, `create` fails with
+/// `CreateTimeout` (SBX_E1203) within its bound, and other calls fail within theirs.
+#[tokio::test(flavor = "multi_thread")]
+async fn wedged_engine_fails_calls_in_bounded_time() {
+    let sock = wedged_engine().await;
+    let b = DockerBackend::connect(
+        DockerConfig::default()
+            .host(format!("unix://{}", sock.display()))
+            .startup_sweep(false)
+            .call_timeout(Duration::from_secs(1))
+            .create_timeout(Duration::from_secs(2)),
+    )
+    .await
+    .unwrap();
+    let t = Instant::now();
+    let e = b.create(opts(BUSYBOX, "wedged")).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::CreateTimeout, "{e}");
+    assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+    let t = Instant::now();
+    let e = b.list_managed(&BTreeMap::new()).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::EngineUnavailable, "{e}");
+    let e = b.connect("abc").await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::EngineUnavailable, "{e}");
+    assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+    let _ = std::fs::remove_file(sock);
+}
