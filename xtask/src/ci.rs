@@ -53,7 +53,8 @@ const CARGO_CHECKS: &[(&str, &[&str])] = &[
 /// and finally that none of it changed the checkout.
 pub fn run() -> Result<()> {
     let checkout = checkout_root();
-    let before = checkout_state(&checkout)?;
+    // Read before anything runs; a failure to read it fails only the last check.
+    let before = checkout_state(&checkout);
     let mut failed = Vec::new();
     let mut check = |name: &str, f: &mut dyn FnMut() -> Result<()>| {
         println!("ci: === {name}");
@@ -82,8 +83,9 @@ pub fn run() -> Result<()> {
     });
     check("test", &mut || crate::test::run(&[]));
     check("docs --check", &mut || crate::docs::run(true));
-    check("checkout unchanged", &mut || {
-        checkout_unchanged(&checkout, &before)
+    check("checkout unchanged", &mut || match &before {
+        Ok(before) => checkout_unchanged(&checkout, before),
+        Err(err) => bail!("the checkout's state before the run is unknown: {err:#}"),
     });
     if !failed.is_empty() {
         bail!("ci failed: {}", failed.join(", "));
@@ -278,6 +280,30 @@ tokio feature "rt" (*)
         for line in ["cargo xtask test", "cargo xtask docs --check"] {
             assert!(script.contains(line), ".ci/run lacks `{line}`");
         }
+    }
+
+    #[test]
+    fn a_file_left_in_the_checkout_fails_the_check() {
+        let repo = std::env::temp_dir().join(format!("xtask-ci-checkout-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&repo);
+        std::fs::create_dir_all(&repo).unwrap();
+        let git = |args: &[&str]| {
+            let status = Command::new("git")
+                .args(args)
+                .current_dir(&repo)
+                .output()
+                .unwrap()
+                .status;
+            assert!(status.success(), "git {args:?}");
+        };
+        git(&["init", "-q"]);
+        std::fs::write(repo.join("already-dirty"), "x").unwrap();
+        let before = checkout_state(&repo).unwrap();
+        assert!(checkout_unchanged(&repo, &before).is_ok());
+        std::fs::write(repo.join("oom"), "").unwrap();
+        let err = checkout_unchanged(&repo, &before).unwrap_err();
+        assert!(format!("{err:#}").contains("oom"), "{err:#}");
+        std::fs::remove_dir_all(&repo).unwrap();
     }
 
     #[test]
