@@ -32,6 +32,177 @@ pub enum Cmd {
     Doctor(DoctorArgs),
     /// List sandboxes sandbox-rs manages on every reachable engine; kill with --kill.
     Reap(ReapArgs),
+    /// Create a sandbox that outlives this command (until `kill` or its --timeout); prints its id.
+    Create(CreateArgs),
+    /// Run a command in a sandbox made by `create`; exits with its exit code.
+    Exec(ExecArgs),
+    /// Copy files between the host and a sandbox: `cp FILE ID:PATH` or `cp ID:PATH FILE`.
+    Cp(CpArgs),
+    /// List live sandboxes on every reachable engine, with age and deadline.
+    Ls(LsArgs),
+    /// Kill (and remove) a sandbox made by `create`.
+    Kill(KillArgs),
+    /// Serve the Model Context Protocol on stdin/stdout (tools: sandbox_create, sandbox_run,
+    /// sandbox_run_code, sandbox_write_file, sandbox_read_file, sandbox_list_files,
+    /// sandbox_kill); every sandbox of the session is killed when it ends.
+    Mcp(McpArgs),
+    /// Print a shell completion script: `sandbox completions bash > /etc/bash_completion.d/sandbox`.
+    Completions(CompletionsArgs),
+}
+
+/// OCI runtime, from a vetted set (never a path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RuntimeArg {
+    /// runc (the engines' default; `Container` tier).
+    Runc,
+    /// crun (`Container` tier).
+    Crun,
+    /// gVisor (`Gvisor` tier); must be registered with the engine.
+    Runsc,
+    /// libkrun micro-VM (`MicroVm` tier); must be registered with the engine.
+    Krun,
+}
+
+/// Minimum isolation tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TierArg {
+    /// A container (namespaces, seccomp, dropped capabilities).
+    Container,
+    /// A user-space kernel (gVisor).
+    Gvisor,
+    /// A micro-VM.
+    Microvm,
+}
+
+/// Sandbox settings shared by `run` and `create`.
+#[derive(Debug, Args)]
+pub struct SandboxArgs {
+    /// Memory limit in MiB (default 512).
+    #[arg(long, value_name = "MB")]
+    pub memory: Option<u64>,
+    /// CPU quota in cores, e.g. 0.5 (default 1).
+    #[arg(long, value_name = "N")]
+    pub cpus: Option<f64>,
+    /// Egress policy.
+    #[arg(long, value_enum, default_value_t = NetworkArg::Deny)]
+    pub network: NetworkArg,
+    /// Environment variable (repeatable). Visible in the engine's container config: use
+    /// --secret for credentials.
+    #[arg(long = "env", value_name = "K=V", value_parser = parse_key_value)]
+    pub env: Vec<(String, String)>,
+    /// Pass the caller's environment variable NAME into the sandbox as a secret (repeatable).
+    /// Its value is read from this process's environment, never from the command line, and
+    /// is kept out of the engine's container config and logs.
+    #[arg(long = "secret", value_name = "NAME", value_parser = parse_env_name)]
+    pub secrets: Vec<String>,
+    /// OCI runtime (Docker and Podman).
+    #[arg(long, value_enum, value_name = "RUNTIME")]
+    pub runtime: Option<RuntimeArg>,
+    /// Refuse to start unless the sandbox reaches this isolation tier (checked before
+    /// anything is provisioned).
+    #[arg(long, value_enum, value_name = "TIER")]
+    pub require_isolation: Option<TierArg>,
+}
+
+/// `sandbox create`.
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    /// Lifetime in seconds: the sandbox is killed after it even if nobody runs `kill`.
+    /// Default 600 (10 min), at most 86400.
+    #[arg(long, value_name = "S", value_parser = parse_positive_secs)]
+    pub timeout: Option<Duration>,
+    /// Sandbox settings.
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// Where: `docker://sandbox-rs/python:3.11`, `podman://…`, `fake://`.
+    #[arg(value_name = "DSN")]
+    pub dsn: String,
+}
+
+/// `sandbox exec`.
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// Command timeout in seconds (default: the sandbox's remaining lifetime).
+    #[arg(long, value_name = "S", value_parser = parse_positive_secs)]
+    pub timeout: Option<Duration>,
+    /// Environment variable for the command (repeatable).
+    #[arg(long = "env", value_name = "K=V", value_parser = parse_key_value)]
+    pub env: Vec<(String, String)>,
+    /// Pass stdin to the command (automatic when stdin is not a terminal).
+    #[arg(short, long)]
+    pub interactive: bool,
+    /// Only look on this engine (default: every compiled-in one).
+    #[arg(long, value_name = "NAME")]
+    pub engine: Option<String>,
+    /// Print one JSON object instead of streaming.
+    #[arg(long)]
+    pub json: bool,
+    /// Write the sandbox's output to a terminal byte for byte (see `run --raw`).
+    #[arg(long)]
+    pub raw: bool,
+    /// Sandbox id (or a unique prefix) printed by `sandbox create`.
+    #[arg(value_name = "ID")]
+    pub id: String,
+    /// The command and its arguments (after `--`); run directly, not through a shell.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub cmd: Vec<String>,
+}
+
+/// `sandbox cp`.
+#[derive(Debug, Args)]
+pub struct CpArgs {
+    /// Only look on this engine (default: every compiled-in one).
+    #[arg(long, value_name = "NAME")]
+    pub engine: Option<String>,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// Source: a host path, or `ID:PATH` in a sandbox.
+    #[arg(value_name = "SRC")]
+    pub src: String,
+    /// Destination: a host path, or `ID:PATH` in a sandbox.
+    #[arg(value_name = "DEST")]
+    pub dest: String,
+}
+
+/// `sandbox ls`.
+#[derive(Debug, Args)]
+pub struct LsArgs {
+    /// Only this engine (repeatable; default: every compiled-in one).
+    #[arg(long = "engine", value_name = "NAME")]
+    pub engines: Vec<String>,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `sandbox kill`.
+#[derive(Debug, Args)]
+pub struct KillArgs {
+    /// Only look on this engine (default: every compiled-in one).
+    #[arg(long, value_name = "NAME")]
+    pub engine: Option<String>,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// Sandbox id (or a unique prefix) printed by `sandbox create`.
+    #[arg(value_name = "ID")]
+    pub id: String,
+}
+
+/// `sandbox mcp`.
+#[derive(Debug, Args)]
+pub struct McpArgs {}
+
+/// `sandbox completions`.
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
 }
 
 /// Egress policy of `run`.
@@ -49,18 +220,12 @@ pub struct RunArgs {
     /// Command timeout in seconds (the sandbox lives 30 s longer). Default: 300.
     #[arg(long, value_name = "S", value_parser = parse_positive_secs)]
     pub timeout: Option<Duration>,
-    /// Memory limit in MiB (default 512).
-    #[arg(long, value_name = "MB")]
-    pub memory: Option<u64>,
-    /// CPU quota in cores, e.g. 0.5 (default 1).
-    #[arg(long, value_name = "N")]
-    pub cpus: Option<f64>,
-    /// Egress policy.
-    #[arg(long, value_enum, default_value_t = NetworkArg::Deny)]
-    pub network: NetworkArg,
-    /// Environment variable for the command (repeatable).
-    #[arg(long = "env", value_name = "K=V", value_parser = parse_key_value)]
-    pub env: Vec<(String, String)>,
+    /// Sandbox settings.
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
+    /// Pass stdin to the command (automatic when stdin is not a terminal).
+    #[arg(short, long)]
+    pub interactive: bool,
     /// Print one JSON object instead of streaming.
     #[arg(long)]
     pub json: bool,
@@ -142,6 +307,12 @@ impl Cmd {
             Cmd::Demo(a) => a.json,
             Cmd::Doctor(a) => a.json,
             Cmd::Reap(a) => a.json,
+            Cmd::Create(a) => a.json,
+            Cmd::Exec(a) => a.json,
+            Cmd::Cp(a) => a.json,
+            Cmd::Ls(a) => a.json,
+            Cmd::Kill(a) => a.json,
+            Cmd::Mcp(_) | Cmd::Completions(_) => false,
         }
     }
 }
@@ -150,6 +321,19 @@ fn parse_key_value(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
         _ => Err(format!("expected K=V, got {s:?}")),
+    }
+}
+
+/// An environment variable name: letters, digits and `_`, not starting with a digit.
+fn parse_env_name(s: &str) -> Result<String, String> {
+    let valid = !s.is_empty()
+        && !s.starts_with(|c: char| c.is_ascii_digit())
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if valid {
+        Ok(s.to_string())
+    } else {
+        // A value pasted by mistake must not be echoed back into logs or scrollback.
+        Err("expected an environment variable NAME (the value is read from the environment)".into())
     }
 }
 
@@ -196,6 +380,15 @@ mod tests {
         assert_eq!(parse_key_value("A=b=c"), Ok(("A".into(), "b=c".into())));
         assert!(parse_key_value("=x").is_err());
         assert!(parse_key_value("novalue").is_err());
+    }
+
+    #[test]
+    fn secret_takes_a_name_never_a_value() {
+        assert_eq!(parse_env_name("API_KEY"), Ok("API_KEY".into()));
+        for bad in ["", "A=b", "1X", "sk-live-123", "A B"] {
+            let e = parse_env_name(bad).expect_err(bad);
+            assert!(bad.is_empty() || !e.contains(bad), "{e}");
+        }
     }
 
     #[test]

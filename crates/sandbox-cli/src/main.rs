@@ -7,9 +7,14 @@ mod cli;
 mod demo;
 mod doctor;
 mod egress;
+mod mcp;
 mod output;
 mod reap;
 mod run;
+mod session;
+mod signals;
+mod stdin;
+mod target;
 mod terminal;
 
 use std::process::ExitCode;
@@ -30,7 +35,7 @@ pub const EXIT_FAILURE: u8 = 1;
 pub const EXIT_USAGE: u8 = 2;
 /// `sandbox run`: the command ran past `--timeout` and was killed.
 pub const EXIT_TIMEOUT: u8 = 124;
-/// Interrupted by Ctrl-C / SIGINT (after the sandbox was torn down).
+/// Interrupted by Ctrl-C, SIGTERM or SIGHUP (after the sandbox was torn down).
 pub const EXIT_INTERRUPTED: u8 = 130;
 
 fn main() -> ExitCode {
@@ -42,6 +47,9 @@ fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { EXIT_USAGE } else { EXIT_OK });
         }
     };
+    if let Cmd::Completions(args) = &cli.command {
+        return completions(args.shell);
+    }
     init_tracing();
     let out = Out::new(cli.command.json());
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -60,10 +68,38 @@ fn main() -> ExitCode {
         }
     };
     let code = runtime.block_on(async move {
-        // Installed before any sandbox exists, so Ctrl-C never kills us mid-create.
-        let interrupted = tokio::signal::ctrl_c();
+        match cli.command {
+            // These own their signal handling: they must tear down sandboxes that live in
+            // tasks or other processes, which dropping their future would not reach.
+            Cmd::Mcp(_) => {
+                let code = match mcp::serve().await {
+                    Ok(code) => code,
+                    Err(e) => {
+                        out.error(&e);
+                        exit_code_for(&e)
+                    }
+                };
+                let grace = sandbox::teardown::teardown_grace() + Duration::from_secs(1);
+                sandbox::teardown::wait_for_teardowns(grace).await;
+                code
+            }
+            Cmd::Create(args) if std::env::var_os(session::HOLDER_ENV).is_some() => {
+                session::hold(args).await
+            }
+            command => run_command(command, out).await,
+        }
+    });
+    ExitCode::from(code)
+}
+
+/// Runs a command until it ends or a termination signal arrives, then waits (bounded) for
+/// the teardowns it scheduled.
+async fn run_command(command: Cmd, out: Out) -> u8 {
+    {
+        // Installed before any sandbox exists, so a signal never kills us mid-create.
+        let interrupted = signals::terminated();
         let code = tokio::select! {
-            r = dispatch(cli.command, out) => match r {
+            r = dispatch(command, out) => match r {
                 Ok(code) => code,
                 Err(e) => {
                     out.error(&e);
@@ -86,8 +122,19 @@ fn main() -> ExitCode {
             out.note("warning: a teardown did not finish; list leftovers with `sandbox reap`");
         }
         code
-    });
-    ExitCode::from(code)
+    }
+}
+
+/// `sandbox completions SHELL`.
+fn completions(shell: clap_complete::Shell) -> ExitCode {
+    use clap::CommandFactory;
+    use std::io::Write;
+    let mut cmd = Cli::command();
+    // Into a buffer first: clap_complete panics when its writer fails (`| head`).
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut cmd, "sandbox", &mut script);
+    let _ = std::io::stdout().lock().write_all(&script);
+    ExitCode::from(EXIT_OK)
 }
 
 async fn dispatch(cmd: Cmd, out: Out) -> sandbox::Result<u8> {
@@ -96,11 +143,19 @@ async fn dispatch(cmd: Cmd, out: Out) -> sandbox::Result<u8> {
         Cmd::Demo(args) => demo::demo(args, out).await,
         Cmd::Doctor(args) => doctor::doctor(args, out).await,
         Cmd::Reap(args) => reap::reap(args, out).await,
+        Cmd::Create(args) => session::create(args, out).await,
+        Cmd::Exec(args) => session::exec(args, out).await,
+        Cmd::Cp(args) => session::cp(args, out).await,
+        Cmd::Ls(args) => session::ls(args, out).await,
+        Cmd::Kill(args) => session::kill(args, out).await,
+        // Handled before dispatch.
+        Cmd::Mcp(_) => mcp::serve().await,
+        Cmd::Completions(_) => Ok(EXIT_OK),
     }
 }
 
 /// Configuration errors are usage errors (2); everything else is a failure (1).
-fn exit_code_for(e: &SandboxError) -> u8 {
+pub(crate) fn exit_code_for(e: &SandboxError) -> u8 {
     match e.code() {
         ErrorCode::Configuration | ErrorCode::BackendNotFound => EXIT_USAGE,
         ErrorCode::ExecutionTimeout => EXIT_TIMEOUT,

@@ -5,13 +5,10 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use sandbox::options::DEFAULT_OUTPUT_CAP;
-use sandbox::{
-    Command, CreateOptions, ErrorCode, NetworkPolicy, Resources, RunOptions, SandboxError,
-    StreamKind,
-};
+use sandbox::{Command, CreateOptions, ErrorCode, RunOptions, SandboxError, StreamKind};
 use serde::Serialize;
 
-use crate::cli::{NetworkArg, RunArgs};
+use crate::cli::RunArgs;
 use crate::output::{Out, ms};
 use crate::terminal::TerminalEscaper;
 use crate::{EXIT_FAILURE, EXIT_TIMEOUT};
@@ -22,11 +19,22 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 /// `ExecutionTimeout`, never as the sandbox's lifetime running out.
 const LIFETIME_MARGIN: Duration = Duration::from_secs(30);
 
+/// Which sandbox, in `--json` reports.
 #[derive(Serialize)]
-struct SandboxInfo {
+pub(crate) struct SandboxInfo {
     id: String,
     backend: String,
     tier: String,
+}
+
+impl SandboxInfo {
+    pub(crate) fn of(sb: &dyn sandbox::Sandbox) -> Self {
+        SandboxInfo {
+            id: sb.id().to_string(),
+            backend: sb.backend().to_string(),
+            tier: sb.isolation().to_string(),
+        }
+    }
 }
 
 /// `run --json` payload.
@@ -43,25 +51,37 @@ struct RunReport {
 
 pub async fn run(args: RunArgs, out: Out) -> sandbox::Result<u8> {
     let timeout = args.timeout.unwrap_or(DEFAULT_TIMEOUT);
-    let options = create_options(&args, timeout);
+    let base = CreateOptions::default()
+        .timeout(timeout + LIFETIME_MARGIN)
+        .metadata("tool", "sandbox-cli")
+        .metadata("command", "run");
+    let (target, options) = crate::target::resolve(&args.dsn, &args.sandbox, base)?;
+    // Read before creating, so a bad or oversized stdin costs no sandbox.
+    let input = if crate::stdin::wanted(args.interactive) {
+        crate::stdin::read_all().await?
+    } else {
+        Vec::new()
+    };
     let started = Instant::now();
     let sb = {
         let _progress = out.progress("creating sandbox");
-        sandbox::create(args.dsn.as_str(), options).await?
+        sandbox::create(target, options).await?
     };
-    let info = SandboxInfo {
-        id: sb.id().to_string(),
-        backend: sb.backend().to_string(),
-        tier: sb.isolation().to_string(),
+    let info = SandboxInfo::of(&*sb);
+    let result = match crate::stdin::stage(&*sb, &args.cmd, input).await {
+        Ok((cmd, _staged)) => {
+            // The staged file dies with the sandbox: no removal needed.
+            execute(
+                &*sb,
+                cmd,
+                RunOptions::default().timeout(timeout),
+                out,
+                args.raw,
+            )
+            .await
+        }
+        Err(e) => Err(e),
     };
-    let result = execute(
-        &*sb,
-        Command::Argv(args.cmd.clone()),
-        timeout,
-        out,
-        args.raw,
-    )
-    .await;
     // Tear down before reporting; a teardown failure never hides the command's outcome.
     if let Err(e) = sb.kill().await {
         out.note(format!(
@@ -70,6 +90,16 @@ pub async fn run(args: RunArgs, out: Out) -> sandbox::Result<u8> {
         ));
     }
     drop(sb);
+    report(out, info, started, result)
+}
+
+/// The exit status of `run` and `exec` (and their `--json` report).
+pub(crate) fn report(
+    out: Out,
+    info: SandboxInfo,
+    started: Instant,
+    result: sandbox::Result<(i64, Captured)>,
+) -> sandbox::Result<u8> {
     let duration_ms = ms(started.elapsed());
     let (exit_code, timed_out, captured) = match result {
         Ok((code, captured)) => (Some(code), false, captured),
@@ -99,32 +129,9 @@ pub async fn run(args: RunArgs, out: Out) -> sandbox::Result<u8> {
     })
 }
 
-fn create_options(args: &RunArgs, timeout: Duration) -> CreateOptions {
-    let mut resources = Resources::default();
-    if let Some(m) = args.memory {
-        resources = resources.memory_mb(m);
-    }
-    if let Some(c) = args.cpus {
-        resources = resources.cpu(c);
-    }
-    let network = match args.network {
-        NetworkArg::Deny => NetworkPolicy::deny(),
-        NetworkArg::Allow => NetworkPolicy::allow(),
-    };
-    let mut o = CreateOptions::default()
-        .resources(resources)
-        .network(network)
-        .timeout(timeout + LIFETIME_MARGIN)
-        .metadata("tool", "sandbox-cli")
-        .metadata("command", "run");
-    for (k, v) in &args.env {
-        o = o.env(k.clone(), v.clone());
-    }
-    o
-}
-
+/// Output kept for `--json`, capped per stream.
 #[derive(Default)]
-struct Captured {
+pub(crate) struct Captured {
     stdout: Vec<u8>,
     stderr: Vec<u8>,
     truncated: bool,
@@ -146,14 +153,13 @@ impl Captured {
 
 /// Streams the command's output live (or captures it for `--json`) and returns its exit
 /// code. Falls back to a buffered `run` on backends without `STREAMING`.
-async fn execute(
+pub(crate) async fn execute(
     sb: &dyn sandbox::Sandbox,
     cmd: Command,
-    timeout: Duration,
+    options: RunOptions,
     out: Out,
     raw: bool,
 ) -> sandbox::Result<(i64, Captured)> {
-    let options = RunOptions::default().timeout(timeout);
     let mut captured = Captured::default();
     let mut live = LiveOutput::new(raw);
     let mut process = match sb.stream(cmd.clone(), options.clone()) {

@@ -1,0 +1,664 @@
+//! `sandbox mcp`: a Model Context Protocol server over stdio (rmcp), so any MCP host
+//! (Claude Desktop, IDE agents) can create sandboxes and run code in them without Rust.
+//!
+//! The server session owns every sandbox it creates: they are killed when the session
+//! ends (stdin EOF, SIGTERM, SIGHUP, Ctrl-C), and each is bounded by its lifetime
+//! `timeout` should the server itself be killed. stdout carries only the protocol; logs
+//! go to stderr through `tracing`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{CallToolResult, ContentBlock, ServerCapabilities, ServerConfig};
+use rmcp::{ServerHandler, ServiceExt, tool, tool_handler, tool_router};
+use sandbox::{
+    CodeOptions, Command, CreateOptions, NetworkPolicy, Resources, RunOptions, Sandbox,
+    SandboxError, StreamKind,
+};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::output::error_json;
+
+/// Bytes of stdout and of stderr a tool result carries; the rest is counted and dropped
+/// (`truncated: true`), so one chatty command cannot flood the model's context.
+pub const RESULT_OUTPUT_CAP: usize = 64 * 1024;
+/// Largest file `sandbox_read_file` returns.
+pub const READ_FILE_CAP: u64 = 1024 * 1024;
+/// Largest `run_code` output buffered in the sandbox before it is refused (run_code has no
+/// stream to cut short).
+const RUN_CODE_BUFFER_CAP: usize = 4 * 1024 * 1024;
+/// Default lifetime of a sandbox created through MCP.
+const DEFAULT_LIFETIME: Duration = Duration::from_secs(600);
+/// Longest lifetime a tool call may ask for.
+const MAX_LIFETIME: Duration = Duration::from_secs(3600);
+/// At most this many live sandboxes per server session.
+const MAX_SANDBOXES: usize = 16;
+/// Most entries `sandbox_list_files` returns.
+const LIST_CAP: usize = 1000;
+
+/// Egress policy of `sandbox_create`.
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkParam {
+    /// No network but loopback (the default).
+    Deny,
+    /// Unrestricted outbound traffic.
+    Allow,
+}
+
+/// Arguments of `sandbox_create`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct CreateParams {
+    /// Engine: `docker`, `podman` or `fake`, or a full DSN such as
+    /// `docker://sandbox-rs/python:3.11`.
+    pub engine: String,
+    /// Container image (template), e.g. `sandbox-rs/python:3.11`. Overrides the DSN's.
+    #[serde(default)]
+    pub image: Option<String>,
+    /// Memory limit in MiB (default 512).
+    #[serde(default)]
+    pub memory_mb: Option<u64>,
+    /// CPU quota in cores, e.g. 0.5 (default 1).
+    #[serde(default)]
+    pub cpus: Option<f64>,
+    /// Sandbox lifetime in seconds (default 600, at most 3600); it is killed after that.
+    #[serde(default)]
+    pub timeout_s: Option<u64>,
+    /// Egress: `deny` (default) or `allow`.
+    #[serde(default)]
+    pub network: Option<NetworkParam>,
+    /// Egress allowlist: hostnames, `*.example.com` wildcards or CIDRs; only these are
+    /// reachable. Engines that cannot enforce it refuse (SBX_E1101).
+    #[serde(default)]
+    pub allow_hosts: Option<Vec<String>>,
+}
+
+/// A command: one string run by `sh -c`, or a list run directly (no shell).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum CommandParam {
+    /// Run with `sh -c`.
+    Shell(String),
+    /// Run directly: program and arguments.
+    Argv(Vec<String>),
+}
+
+/// Arguments of `sandbox_run`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct RunParams {
+    /// The id `sandbox_create` returned.
+    pub sandbox_id: String,
+    /// A string (run by `sh -c`) or a list of program and arguments (no shell).
+    pub command: CommandParam,
+    /// Timeout in seconds; on expiry the command is killed (SBX_E1302). Default: the
+    /// sandbox's remaining lifetime.
+    #[serde(default)]
+    pub timeout_s: Option<f64>,
+}
+
+/// Arguments of `sandbox_run_code`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct RunCodeParams {
+    /// The id `sandbox_create` returned.
+    pub sandbox_id: String,
+    /// Source code.
+    pub code: String,
+    /// Language: `python` (the default and only one).
+    #[serde(default)]
+    pub language: Option<String>,
+    /// Run in this persistent interpreter, keeping variables between calls.
+    #[serde(default)]
+    pub context_id: Option<String>,
+    /// Timeout in seconds.
+    #[serde(default)]
+    pub timeout_s: Option<f64>,
+}
+
+/// Arguments of `sandbox_write_file`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct WriteFileParams {
+    /// The id `sandbox_create` returned.
+    pub sandbox_id: String,
+    /// Path inside the sandbox; relative paths are under the working directory `/work`.
+    pub path: String,
+    /// Text content (UTF-8).
+    pub content: String,
+}
+
+/// Arguments of `sandbox_read_file` and `sandbox_list_files`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct PathParams {
+    /// The id `sandbox_create` returned.
+    pub sandbox_id: String,
+    /// Path inside the sandbox; relative paths are under the working directory `/work`.
+    pub path: String,
+}
+
+/// Arguments of `sandbox_kill`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct KillParams {
+    /// The id `sandbox_create` returned.
+    pub sandbox_id: String,
+}
+
+/// Output of a command, bounded.
+#[derive(Debug, Default, Serialize)]
+struct Bounded {
+    stdout: String,
+    stderr: String,
+    truncated: bool,
+    #[serde(skip)]
+    out: Vec<u8>,
+    #[serde(skip)]
+    err: Vec<u8>,
+}
+
+impl Bounded {
+    fn push(&mut self, kind: StreamKind, data: &[u8]) {
+        let buf = match kind {
+            StreamKind::Stdout => &mut self.out,
+            StreamKind::Stderr => &mut self.err,
+        };
+        let room = RESULT_OUTPUT_CAP.saturating_sub(buf.len());
+        if data.len() > room {
+            self.truncated = true;
+        }
+        buf.extend_from_slice(&data[..data.len().min(room)]);
+    }
+
+    fn finish(mut self) -> Self {
+        self.stdout = String::from_utf8_lossy(&self.out).into_owned();
+        self.stderr = String::from_utf8_lossy(&self.err).into_owned();
+        self
+    }
+}
+
+/// The sandboxes of one server session.
+pub type Registry = Arc<Mutex<HashMap<String, Arc<dyn Sandbox>>>>;
+
+/// The MCP server: tools over the sandboxes of its session.
+#[derive(Clone)]
+pub struct SandboxServer {
+    sandboxes: Registry,
+    tool_router: ToolRouter<Self>,
+}
+
+impl Default for SandboxServer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A successful tool result: the JSON object as text (what hosts show the model) and as
+/// structured content.
+fn ok_result(value: Value) -> CallToolResult {
+    let mut r = CallToolResult::success(vec![ContentBlock::text(value.to_string())]);
+    r.structured_content = Some(value);
+    r
+}
+
+/// A failed tool result carrying the SBX code, message, hint and docs URL.
+fn err_result(e: &SandboxError) -> CallToolResult {
+    let value = error_json(e);
+    let mut r = CallToolResult::error(vec![ContentBlock::text(value.to_string())]);
+    r.structured_content = Some(value);
+    r
+}
+
+fn to_result(r: sandbox::Result<Value>) -> CallToolResult {
+    match r {
+        Ok(v) => ok_result(v),
+        Err(e) => err_result(&e),
+    }
+}
+
+fn secs(s: f64) -> sandbox::Result<Duration> {
+    if s.is_finite() && s > 0.0 && s <= MAX_LIFETIME.as_secs_f64() {
+        Ok(Duration::from_secs_f64(s))
+    } else {
+        Err(SandboxError::config(
+            format!("timeout_s must be in (0, {}]", MAX_LIFETIME.as_secs()),
+            "pass a positive number of seconds",
+        ))
+    }
+}
+
+fn exec_json(exit_code: i64, out: Bounded) -> Value {
+    json!({
+        "exit_code": exit_code,
+        "stdout": out.stdout,
+        "stderr": out.stderr,
+        "truncated": out.truncated,
+    })
+}
+
+fn create_options(p: &CreateParams) -> sandbox::Result<CreateOptions> {
+    let mut resources = Resources::default();
+    if let Some(m) = p.memory_mb {
+        resources = resources.memory_mb(m);
+    }
+    if let Some(c) = p.cpus {
+        resources = resources.cpu(c);
+    }
+    let network = match (&p.allow_hosts, p.network) {
+        (Some(hosts), None | Some(NetworkParam::Deny)) if !hosts.is_empty() => {
+            NetworkPolicy::allow_list(hosts.iter().cloned())
+        }
+        (Some(hosts), Some(NetworkParam::Allow)) if !hosts.is_empty() => {
+            return Err(SandboxError::config(
+                "network `allow` and `allow_hosts` contradict each other",
+                "give either network=allow or an allow_hosts list",
+            ));
+        }
+        (_, Some(NetworkParam::Allow)) => NetworkPolicy::allow(),
+        _ => NetworkPolicy::deny(),
+    };
+    let lifetime = match p.timeout_s {
+        None => DEFAULT_LIFETIME,
+        Some(s) => secs(s as f64)?,
+    };
+    let mut o = CreateOptions::default()
+        .resources(resources)
+        .network(network)
+        .timeout(lifetime)
+        .metadata("tool", "sandbox-cli")
+        .metadata("command", "mcp");
+    if let Some(image) = &p.image {
+        o = o.template(image.clone());
+    }
+    Ok(o)
+}
+
+/// `docker` → `docker://`; a DSN stays as it is.
+fn engine_target(engine: &str) -> String {
+    if engine.contains("://") {
+        engine.to_string()
+    } else {
+        format!("{engine}://")
+    }
+}
+
+#[tool_router]
+impl SandboxServer {
+    /// A server with no sandboxes yet.
+    pub fn new() -> Self {
+        SandboxServer {
+            sandboxes: Arc::new(Mutex::new(HashMap::new())),
+            tool_router: Self::tool_router(),
+        }
+    }
+
+    /// The session's sandboxes, for teardown when the session ends.
+    pub fn registry(&self) -> Registry {
+        self.sandboxes.clone()
+    }
+
+    fn get(&self, id: &str) -> sandbox::Result<Arc<dyn Sandbox>> {
+        let map = self.sandboxes.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(id).cloned().ok_or_else(|| {
+            SandboxError::connect(
+                id,
+                "no sandbox with this id in this MCP session; create one with sandbox_create",
+            )
+        })
+    }
+
+    #[tool(
+        description = "Create an isolated sandbox (a locked-down container: no network by default, 1 CPU, 512 MiB). Returns sandbox_id for the other tools. It is destroyed by sandbox_kill, when its lifetime (timeout_s, default 600) ends, or when this MCP session ends."
+    )]
+    async fn sandbox_create(&self, Parameters(p): Parameters<CreateParams>) -> CallToolResult {
+        to_result(self.create(p).await)
+    }
+
+    async fn create(&self, p: CreateParams) -> sandbox::Result<Value> {
+        {
+            let map = self.sandboxes.lock().unwrap_or_else(|e| e.into_inner());
+            if map.len() >= MAX_SANDBOXES {
+                return Err(SandboxError::config(
+                    format!("this MCP session already has {MAX_SANDBOXES} live sandboxes"),
+                    "kill one with sandbox_kill first",
+                ));
+            }
+        }
+        let options = create_options(&p)?;
+        let sb: Arc<dyn Sandbox> =
+            Arc::from(sandbox::create(engine_target(&p.engine).as_str(), options).await?);
+        let id = sb.id().to_string();
+        let value = json!({
+            "sandbox_id": id,
+            "backend": sb.backend(),
+            "isolation": sb.isolation().to_string(),
+        });
+        self.sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, sb);
+        Ok(value)
+    }
+
+    #[tool(
+        description = "Run a shell command in a sandbox. `command` is a string (run by `sh -c`) or a list [program, args...] (no shell). Returns exit_code, stdout, stderr (each capped at 64 KiB; truncated=true when cut)."
+    )]
+    async fn sandbox_run(&self, Parameters(p): Parameters<RunParams>) -> CallToolResult {
+        to_result(self.run(p).await)
+    }
+
+    async fn run(&self, p: RunParams) -> sandbox::Result<Value> {
+        let sb = self.get(&p.sandbox_id)?;
+        let cmd = match p.command {
+            CommandParam::Shell(s) => Command::Shell(s),
+            CommandParam::Argv(v) => Command::Argv(v),
+        };
+        let mut options = RunOptions::default();
+        if let Some(t) = p.timeout_s {
+            options = options.timeout(secs(t)?);
+        }
+        let (code, out) = run_bounded(&*sb, cmd, options).await?;
+        Ok(exec_json(code, out))
+    }
+
+    #[tool(
+        description = "Run code in the sandbox's interpreter (Python). With context_id, variables persist between calls of the same context. Returns exit_code, stdout, stderr."
+    )]
+    async fn sandbox_run_code(&self, Parameters(p): Parameters<RunCodeParams>) -> CallToolResult {
+        to_result(self.run_code(p).await)
+    }
+
+    async fn run_code(&self, p: RunCodeParams) -> sandbox::Result<Value> {
+        let sb = self.get(&p.sandbox_id)?;
+        let language = match p
+            .language
+            .as_deref()
+            .map(str::to_ascii_lowercase)
+            .as_deref()
+        {
+            None | Some("python") | Some("python3") | Some("py") => sandbox::Language::Python,
+            Some(other) => {
+                return Err(SandboxError::config(
+                    format!("unsupported language {other:?}"),
+                    "use language=python",
+                ));
+            }
+        };
+        let mut options = CodeOptions::default()
+            .language(language)
+            .output_cap(RUN_CODE_BUFFER_CAP);
+        if let Some(c) = p.context_id {
+            options = options.context(c);
+        }
+        if let Some(t) = p.timeout_s {
+            options = options.timeout(secs(t)?);
+        }
+        let r = sb.run_code(&p.code, options).await?;
+        let mut out = Bounded::default();
+        out.push(StreamKind::Stdout, &r.stdout);
+        out.push(StreamKind::Stderr, &r.stderr);
+        Ok(exec_json(r.exit_code, out.finish()))
+    }
+
+    #[tool(
+        description = "Write a UTF-8 text file in a sandbox (relative paths are under /work). Creates or replaces it."
+    )]
+    async fn sandbox_write_file(
+        &self,
+        Parameters(p): Parameters<WriteFileParams>,
+    ) -> CallToolResult {
+        to_result(self.write_file(p).await)
+    }
+
+    async fn write_file(&self, p: WriteFileParams) -> sandbox::Result<Value> {
+        let sb = self.get(&p.sandbox_id)?;
+        let size = p.content.len();
+        sb.files()?
+            .write(&p.path, bytes::Bytes::from(p.content.into_bytes()))
+            .await?;
+        Ok(json!({"path": p.path, "size": size}))
+    }
+
+    #[tool(
+        description = "Read a file from a sandbox (at most 1 MiB). Returns its content as text (invalid UTF-8 replaced; binary=true then)."
+    )]
+    async fn sandbox_read_file(&self, Parameters(p): Parameters<PathParams>) -> CallToolResult {
+        to_result(self.read_file(p).await)
+    }
+
+    async fn read_file(&self, p: PathParams) -> sandbox::Result<Value> {
+        let sb = self.get(&p.sandbox_id)?;
+        let files = sb.files()?;
+        // Checked before reading so a huge file is never pulled into the server.
+        let info = files.stat(&p.path).await?;
+        if info.size > READ_FILE_CAP {
+            return Err(SandboxError::resource_limit(
+                format!(
+                    "sandbox_read_file size ({READ_FILE_CAP} bytes; {} is {} bytes)",
+                    info.path, info.size
+                ),
+                Some("read a part with sandbox_run, e.g. `head -c 100000 FILE`".into()),
+            ));
+        }
+        let data = files.read(&p.path).await?;
+        let binary = std::str::from_utf8(&data).is_err();
+        Ok(json!({
+            "path": info.path,
+            "size": data.len(),
+            "binary": binary,
+            "content": String::from_utf8_lossy(&data),
+        }))
+    }
+
+    #[tool(
+        description = "List a directory in a sandbox: name, path, size, is_dir, mode of each entry (at most 1000)."
+    )]
+    async fn sandbox_list_files(&self, Parameters(p): Parameters<PathParams>) -> CallToolResult {
+        to_result(self.list_files(p).await)
+    }
+
+    async fn list_files(&self, p: PathParams) -> sandbox::Result<Value> {
+        let sb = self.get(&p.sandbox_id)?;
+        let entries = sb.files()?.ls(&p.path).await?;
+        let truncated = entries.len() > LIST_CAP;
+        let entries: Vec<Value> = entries
+            .iter()
+            .take(LIST_CAP)
+            .map(|f| {
+                json!({
+                    "name": f.name,
+                    "path": f.path,
+                    "size": f.size,
+                    "is_dir": f.is_dir,
+                    "mode": format!("{:o}", f.mode),
+                })
+            })
+            .collect();
+        Ok(json!({"path": p.path, "entries": entries, "truncated": truncated}))
+    }
+
+    #[tool(description = "Destroy a sandbox and everything in it. Idempotent.")]
+    async fn sandbox_kill(&self, Parameters(p): Parameters<KillParams>) -> CallToolResult {
+        to_result(self.kill(p).await)
+    }
+
+    async fn kill(&self, p: KillParams) -> sandbox::Result<Value> {
+        let removed = self
+            .sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&p.sandbox_id);
+        match removed {
+            Some(sb) => {
+                sb.kill().await?;
+                Ok(json!({"sandbox_id": p.sandbox_id, "killed": true}))
+            }
+            // Idempotent: a second kill of a sandbox this session created is not an error.
+            None => Ok(json!({"sandbox_id": p.sandbox_id, "killed": false})),
+        }
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for SandboxServer {
+    fn get_info(&self) -> ServerConfig {
+        let mut info = ServerConfig::default();
+        info.capabilities = ServerCapabilities::builder().enable_tools().build();
+        info.instructions = Some(
+            "Run untrusted code in isolated sandboxes: sandbox_create, then sandbox_run / sandbox_run_code / files, then sandbox_kill. Failures carry an SBX error code and a hint."
+                .into(),
+        );
+        info
+    }
+}
+
+/// Streams the command and keeps the first [`RESULT_OUTPUT_CAP`] bytes of each stream
+/// (bounded memory however much it prints); falls back to a buffered `run` on backends
+/// without `STREAMING`.
+async fn run_bounded(
+    sb: &dyn Sandbox,
+    cmd: Command,
+    options: RunOptions,
+) -> sandbox::Result<(i64, Bounded)> {
+    let mut out = Bounded::default();
+    let mut process = match sb.stream(cmd.clone(), options.clone()) {
+        Ok(p) => p,
+        Err(SandboxError::CapabilityNotSupported { .. }) => {
+            let r = sb.run(cmd, options).await?;
+            out.push(StreamKind::Stdout, &r.stdout);
+            out.push(StreamKind::Stderr, &r.stderr);
+            return Ok((r.exit_code, out.finish()));
+        }
+        Err(e) => return Err(e),
+    };
+    while let Some(chunk) = process.next().await {
+        let chunk = chunk?;
+        out.push(chunk.stream, &chunk.data);
+    }
+    let r = process.wait().await?;
+    Ok((r.exit_code, out.finish()))
+}
+
+/// Kills every sandbox of the session concurrently, each bounded by the teardown grace.
+/// Returns how many kills failed.
+pub async fn kill_all(registry: &Registry) -> usize {
+    let all: Vec<Arc<dyn Sandbox>> = registry
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .drain()
+        .map(|(_, sb)| sb)
+        .collect();
+    let kills = all.iter().map(|sb| async move {
+        let r = sb.kill().await;
+        if let Err(e) = &r {
+            tracing::warn!(
+                sandbox_id = sb.id(),
+                code = e.code().as_str(),
+                "mcp teardown failed"
+            );
+        }
+        r.is_err()
+    });
+    futures::future::join_all(kills)
+        .await
+        .into_iter()
+        .filter(|failed| *failed)
+        .count()
+}
+
+/// Serves MCP on stdin/stdout until the client goes away or a termination signal arrives,
+/// then tears every sandbox of the session down.
+pub async fn serve() -> sandbox::Result<u8> {
+    let server = SandboxServer::new();
+    let registry = server.registry();
+    let service =
+        server
+            .serve(rmcp::transport::stdio())
+            .await
+            .map_err(|e| SandboxError::Engine {
+                backend: "mcp".into(),
+                message: format!("MCP initialisation failed: {e}"),
+                source: None,
+            })?;
+    let cancel = service.cancellation_token();
+    let waiting = tokio::spawn(service.waiting());
+    let signal = crate::signals::terminated();
+    let interrupted = tokio::select! {
+        _ = waiting => false,
+        _ = signal => true,
+    };
+    // Stops the protocol loop (no new tool calls) before the sandboxes go.
+    cancel.cancel();
+    let failed = kill_all(&registry).await;
+    if failed > 0 {
+        tracing::warn!(
+            failed,
+            "some sandboxes of the MCP session could not be killed; see `sandbox reap`"
+        );
+    }
+    Ok(match (interrupted, failed) {
+        (true, _) => crate::EXIT_INTERRUPTED,
+        (false, 0) => crate::EXIT_OK,
+        _ => crate::EXIT_FAILURE,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandbox::ErrorCode;
+
+    #[test]
+    fn bounded_output_is_cut_and_flagged() {
+        let mut b = Bounded::default();
+        b.push(StreamKind::Stdout, &vec![b'a'; RESULT_OUTPUT_CAP - 1]);
+        b.push(StreamKind::Stdout, b"bc");
+        b.push(StreamKind::Stderr, b"e");
+        let b = b.finish();
+        assert_eq!(b.stdout.len(), RESULT_OUTPUT_CAP);
+        assert!(b.stdout.ends_with("ab"));
+        assert_eq!(b.stderr, "e");
+        assert!(b.truncated);
+    }
+
+    #[test]
+    fn allow_with_allowlist_is_refused() {
+        let p: CreateParams = serde_json::from_value(json!({
+            "engine": "fake", "network": "allow", "allow_hosts": ["example.com"]
+        }))
+        .expect("params");
+        let e = create_options(&p).expect_err("contradiction");
+        assert_eq!(e.code(), ErrorCode::Configuration);
+    }
+
+    #[test]
+    fn lifetime_is_bounded() {
+        let p: CreateParams =
+            serde_json::from_value(json!({"engine": "fake", "timeout_s": 86400})).expect("p");
+        assert_eq!(
+            create_options(&p).expect_err("too long").code(),
+            ErrorCode::Configuration
+        );
+        let p: CreateParams = serde_json::from_value(json!({"engine": "fake"})).expect("p");
+        assert_eq!(create_options(&p).expect("ok").timeout, DEFAULT_LIFETIME);
+    }
+
+    #[test]
+    fn command_is_a_string_or_a_list() {
+        let p: RunParams =
+            serde_json::from_value(json!({"sandbox_id": "x", "command": "echo hi"})).expect("s");
+        assert!(matches!(p.command, CommandParam::Shell(_)));
+        let p: RunParams =
+            serde_json::from_value(json!({"sandbox_id": "x", "command": ["echo", "hi"]}))
+                .expect("l");
+        assert!(matches!(p.command, CommandParam::Argv(_)));
+    }
+
+    #[test]
+    fn engine_names_become_dsns() {
+        assert_eq!(engine_target("docker"), "docker://");
+        assert_eq!(engine_target("fake://x"), "fake://x");
+    }
+}

@@ -1,0 +1,556 @@
+//! Sandboxes that outlive one command: `create`, `exec`, `cp`, `ls`, `kill`.
+//!
+//! A sandbox is owned by the process that made it: its labels name that process, other
+//! sandbox-rs processes on the host sweep it as soon as the owner is gone, and dropping its
+//! handle kills it. So `sandbox create` does not create the sandbox itself: it starts a
+//! *holder* — this binary again, detached in its own process group with no terminal — that
+//! creates the sandbox, reports its id back through a pipe, and then keeps the handle (and
+//! the ownership) until `sandbox kill`, the `--timeout` lifetime, or SIGTERM to the holder.
+//! Until the parent acknowledges the id, the holder kills the sandbox if the parent goes
+//! away (Ctrl-C during `create` leaves nothing behind).
+//!
+//! `exec` and `cp` reattach with `connect` and must not kill what they did not create:
+//! their handles are [`Borrowed`].
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use sandbox::labels::LABEL_DEADLINE;
+use sandbox::{Backend, CreateOptions, ManagedSandbox, Sandbox, SandboxError, SandboxState};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+use crate::cli::{CpArgs, CreateArgs, ExecArgs, KillArgs, LsArgs};
+use crate::output::{Out, error_json};
+use crate::run::{SandboxInfo, execute, report};
+
+/// Set in the environment of the holder process.
+pub const HOLDER_ENV: &str = "SANDBOX_CLI_HOLDER";
+/// How long `create` waits for the holder to report (image pulls can be slow).
+const CREATE_WAIT: Duration = Duration::from_secs(300);
+/// How often the holder checks that its sandbox still exists (after `sandbox kill`).
+const HOLDER_POLL: Duration = Duration::from_secs(2);
+/// Bound on listing one engine.
+const LIST_TIMEOUT: Duration = Duration::from_secs(10);
+/// The acknowledgement the parent sends once it printed the id.
+const ACK: &str = "ok";
+
+/// What the holder reports on its stdout: one JSON line.
+#[derive(Debug, Serialize, Deserialize)]
+struct HolderReport {
+    /// `sandbox create`'s exit code.
+    exit: u8,
+    /// `--json` body on success, `{"error": …}` on failure.
+    body: serde_json::Value,
+    /// The human line: the id, or the rendered error.
+    text: String,
+}
+
+/// `sandbox create` (the parent side): starts the holder and relays its report.
+pub async fn create(args: CreateArgs, out: Out) -> sandbox::Result<u8> {
+    // Validate here so usage errors come back fast, without a holder.
+    let (_, _) = crate::target::resolve(&args.dsn, &args.sandbox, create_base(&args))?;
+    let exe = std::env::current_exe()
+        .map_err(|e| holder_error(format!("cannot find this binary: {e}")))?;
+    let mut child = tokio::process::Command::new(exe)
+        .args(std::env::args_os().skip(1))
+        .env(HOLDER_ENV, "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        // Not inherited: a holder holding our stderr open would hang `$(sandbox create …)`
+        // and any caller that reads to EOF.
+        .stderr(Stdio::null())
+        // Its own group: Ctrl-C in this terminal must not reach it once it holds a sandbox.
+        .process_group(0)
+        .spawn()
+        .map_err(|e| holder_error(format!("cannot start the holder process: {e}")))?;
+    let (Some(mut stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        return Err(holder_error("the holder process has no pipes".into()));
+    };
+    let mut line = String::new();
+    let read = {
+        let _progress = out.progress("creating sandbox");
+        tokio::time::timeout(CREATE_WAIT, BufReader::new(stdout).read_line(&mut line)).await
+    };
+    let report: HolderReport = match read {
+        Ok(Ok(n)) if n > 0 => serde_json::from_str(&line)
+            .map_err(|e| holder_error(format!("unreadable report from the holder: {e}")))?,
+        Ok(_) => return Err(holder_error("the holder exited without reporting".into())),
+        Err(_) => {
+            return Err(holder_error(format!(
+                "no sandbox after {} s",
+                CREATE_WAIT.as_secs()
+            )));
+        }
+    };
+    if report.exit == crate::EXIT_OK {
+        // From here on the holder keeps the sandbox; failing to ack makes it kill it.
+        stdin
+            .write_all(format!("{ACK}\n").as_bytes())
+            .await
+            .map_err(|e| holder_error(format!("cannot hand the sandbox over: {e}")))?;
+    }
+    drop(stdin);
+    if out.json {
+        out.json_value(&report.body);
+    } else if report.exit == crate::EXIT_OK {
+        out.line(&report.text);
+    } else {
+        out.note(format!("{} {}", out.red("error:"), report.text));
+    }
+    Ok(report.exit)
+}
+
+fn holder_error(message: String) -> SandboxError {
+    SandboxError::Engine {
+        backend: "cli".into(),
+        message,
+        source: None,
+    }
+}
+
+fn create_base(args: &CreateArgs) -> CreateOptions {
+    CreateOptions::default()
+        .timeout(
+            args.timeout
+                .unwrap_or(crate::target::DEFAULT_SESSION_LIFETIME),
+        )
+        .metadata("tool", "sandbox-cli")
+        .metadata("command", "create")
+}
+
+/// The holder: creates the sandbox, reports, waits for the ack, then keeps the sandbox
+/// until it is killed elsewhere, its lifetime ends, or SIGTERM/SIGINT arrives.
+pub async fn hold(args: CreateArgs) -> u8 {
+    // Installed first: a signal between create and the loop below still tears down.
+    let mut terminated = std::pin::pin!(crate::signals::terminated_not_hangup());
+    let lifetime = args
+        .timeout
+        .unwrap_or(crate::target::DEFAULT_SESSION_LIFETIME);
+    let created = async {
+        let (target, options) =
+            crate::target::resolve(&args.dsn, &args.sandbox, create_base(&args))?;
+        let backend = sandbox::backend(target).await?;
+        let sb = backend.create(options).await?;
+        Ok::<_, SandboxError>((backend, sb))
+    };
+    let (backend, sb) = match created.await {
+        Ok(v) => v,
+        Err(e) => {
+            let code = crate::exit_code_for(&e);
+            send_report(&HolderReport {
+                exit: code,
+                body: error_json(&e),
+                text: crate::terminal::escape_text(&e.render()),
+            });
+            return code;
+        }
+    };
+    let deadline = Instant::now() + lifetime;
+    let info = SandboxInfo::of(&*sb);
+    let deadline_unix = sandbox::labels::unix_now().saturating_add(lifetime.as_secs());
+    send_report(&HolderReport {
+        exit: crate::EXIT_OK,
+        body: serde_json::json!({
+            "sandbox": info,
+            "timeout_s": lifetime.as_secs(),
+            "deadline": deadline_unix,
+        }),
+        text: sb.id().to_string(),
+    });
+    let mut ack = String::new();
+    let acked = BufReader::new(tokio::io::stdin()).read_line(&mut ack).await;
+    if !matches!(acked, Ok(n) if n > 0 && ack.trim() == ACK) {
+        let _ = sb.kill().await;
+        return crate::EXIT_INTERRUPTED;
+    }
+    loop {
+        tokio::select! {
+            _ = &mut terminated => break,
+            _ = tokio::time::sleep_until(deadline.into()) => break,
+            _ = tokio::time::sleep(HOLDER_POLL) => {
+                if !still_there(&backend, sb.id()).await {
+                    // Killed by `sandbox kill` (or the engine): nothing left to hold.
+                    return crate::EXIT_OK;
+                }
+            }
+        }
+    }
+    let _ = sb.kill().await;
+    crate::EXIT_OK
+}
+
+/// Whether the engine still lists the sandbox as running. An engine that does not answer
+/// counts as "still there": the holder keeps ownership until the deadline.
+async fn still_there(backend: &Arc<dyn Backend>, id: &str) -> bool {
+    let Some(reapable) = backend.as_reapable() else {
+        return true;
+    };
+    match tokio::time::timeout(LIST_TIMEOUT, reapable.list_managed(&BTreeMap::new())).await {
+        Ok(Ok(list)) => list
+            .iter()
+            .any(|m| m.id == id && m.state != SandboxState::Stopped),
+        _ => true,
+    }
+}
+
+fn send_report(r: &HolderReport) {
+    use std::io::Write;
+    let line = serde_json::to_string(r).unwrap_or_default();
+    let mut o = std::io::stdout().lock();
+    // The parent may be gone (interrupted); the missing ack handles that.
+    let _ = writeln!(o, "{line}").and_then(|_| o.flush());
+}
+
+/// A handle from `connect`. Dropping it must not kill a sandbox this process does not own,
+/// and the `Sandbox` port has no way to give a handle up, so it is never dropped (a few
+/// hundred bytes, once per command, in a process about to exit).
+struct Borrowed(std::mem::ManuallyDrop<Box<dyn Sandbox>>);
+
+impl Borrowed {
+    fn get(&self) -> &dyn Sandbox {
+        &**self.0
+    }
+}
+
+/// A sandbox found on an engine.
+struct Found {
+    scheme: String,
+    backend: Arc<dyn Backend>,
+    id: String,
+}
+
+/// Finds `id` (or a unique prefix of it) on `engine`, or on every compiled-in engine.
+async fn find(id: &str, engine: Option<&str>) -> sandbox::Result<Found> {
+    if id.is_empty() {
+        return Err(SandboxError::config(
+            "empty sandbox id",
+            "pass the id `sandbox create` printed",
+        ));
+    }
+    let schemes = match engine {
+        Some(e) => vec![e.to_string()],
+        None => sandbox::schemes(),
+    };
+    let listings = list_all(&schemes).await;
+    let mut matches = Vec::new();
+    let mut errors = Vec::new();
+    for (scheme, listing) in listings {
+        match listing {
+            Ok((backend, items)) => {
+                for m in items.into_iter().filter(|m| m.id.starts_with(id)) {
+                    if m.id == id {
+                        return Ok(Found {
+                            scheme,
+                            backend,
+                            id: m.id,
+                        });
+                    }
+                    matches.push(Found {
+                        scheme: scheme.clone(),
+                        backend: backend.clone(),
+                        id: m.id,
+                    });
+                }
+            }
+            Err(e) => errors.push(format!("{scheme}: {}", e.code())),
+        }
+    }
+    match matches.len() {
+        1 => Ok(matches.remove(0)),
+        0 => {
+            let unreachable = if errors.is_empty() {
+                String::new()
+            } else {
+                format!(" (not checked: {})", errors.join(", "))
+            };
+            Err(SandboxError::connect(
+                id,
+                format!(
+                    "no sandbox with this id on {}{unreachable}; list them with `sandbox ls`",
+                    schemes.join(", ")
+                ),
+            ))
+        }
+        n => Err(SandboxError::config(
+            format!("sandbox id prefix {id:?} matches {n} sandboxes"),
+            "give more characters of the id (`sandbox ls`)",
+        )),
+    }
+}
+
+type Listing = sandbox::Result<(Arc<dyn Backend>, Vec<ManagedSandbox>)>;
+
+/// Lists every engine concurrently, each bounded by [`LIST_TIMEOUT`].
+async fn list_all(schemes: &[String]) -> Vec<(String, Listing)> {
+    let lists = schemes.iter().map(|s| async move {
+        let listing = tokio::time::timeout(LIST_TIMEOUT, list_one(s))
+            .await
+            .unwrap_or_else(|_| {
+                Err(SandboxError::engine_unavailable(
+                    s.clone(),
+                    "unknown",
+                    format!(
+                        "the {s} engine did not answer within {} s",
+                        LIST_TIMEOUT.as_secs()
+                    ),
+                ))
+            });
+        (s.clone(), listing)
+    });
+    futures::future::join_all(lists).await
+}
+
+async fn list_one(scheme: &str) -> Listing {
+    let backend = sandbox::backend(format!("{scheme}://").as_str()).await?;
+    let reapable = backend.as_reapable().ok_or_else(|| {
+        SandboxError::config(
+            format!("backend `{scheme}` cannot list its sandboxes"),
+            "use the engine's own tooling",
+        )
+    })?;
+    let items = reapable.list_managed(&BTreeMap::new()).await?;
+    Ok((backend, items))
+}
+
+async fn connect(found: &Found) -> sandbox::Result<Borrowed> {
+    let sb = sandbox::connect(format!("{}://", found.scheme).as_str(), &found.id).await?;
+    Ok(Borrowed(std::mem::ManuallyDrop::new(sb)))
+}
+
+/// `sandbox exec ID -- CMD…`.
+pub async fn exec(args: ExecArgs, out: Out) -> sandbox::Result<u8> {
+    let input = if crate::stdin::wanted(args.interactive) {
+        crate::stdin::read_all().await?
+    } else {
+        Vec::new()
+    };
+    let found = find(&args.id, args.engine.as_deref()).await?;
+    let started = Instant::now();
+    let sb = connect(&found).await?;
+    let sb = sb.get();
+    let info = SandboxInfo::of(sb);
+    let mut options = sandbox::RunOptions::default();
+    if let Some(t) = args.timeout {
+        options = options.timeout(t);
+    }
+    for (k, v) in &args.env {
+        options = options.env(k.clone(), v.clone());
+    }
+    let (cmd, staged) = crate::stdin::stage(sb, &args.cmd, input).await?;
+    let result = execute(sb, cmd, options, out, args.raw).await;
+    if let Some(s) = staged {
+        // This sandbox lives on: do not leave the input behind in it.
+        s.remove(sb).await;
+    }
+    report(out, info, started, result)
+}
+
+/// `ID:PATH` in a sandbox, or `None` for a host path. A host path with a colon is written
+/// with a `/` before it (`./a:b`).
+fn sandbox_path(arg: &str) -> Option<(&str, &str)> {
+    let (id, path) = arg.split_once(':')?;
+    (!id.is_empty() && !id.contains('/') && !path.is_empty()).then_some((id, path))
+}
+
+#[derive(Serialize)]
+struct CpReport<'a> {
+    sandbox: SandboxInfo,
+    direction: &'a str,
+    from: &'a str,
+    to: &'a str,
+}
+
+/// `sandbox cp SRC DEST`: exactly one side is `ID:PATH`.
+pub async fn cp(args: CpArgs, out: Out) -> sandbox::Result<u8> {
+    let (id, upload, remote, local) = match (sandbox_path(&args.src), sandbox_path(&args.dest)) {
+        (None, Some((id, path))) => (id, true, path, args.src.as_str()),
+        (Some((id, path)), None) => (id, false, path, args.dest.as_str()),
+        _ => {
+            return Err(SandboxError::config(
+                "exactly one of SRC and DEST must be in a sandbox (ID:PATH)",
+                "e.g. `sandbox cp data.csv ID:/work/data.csv` or `sandbox cp ID:/work/out.txt out.txt`",
+            ));
+        }
+    };
+    let found = find(id, args.engine.as_deref()).await?;
+    let sb = connect(&found).await?;
+    let sb = sb.get();
+    let files = sb.files()?;
+    if upload {
+        files.upload(Path::new(local), remote).await?;
+    } else {
+        files.download(remote, Path::new(local)).await?;
+    }
+    if out.json {
+        out.json_value(&CpReport {
+            sandbox: SandboxInfo::of(sb),
+            direction: if upload { "upload" } else { "download" },
+            from: &args.src,
+            to: &args.dest,
+        });
+    }
+    Ok(crate::EXIT_OK)
+}
+
+/// One line of `sandbox ls`.
+#[derive(Serialize)]
+struct LsEntry {
+    id: String,
+    backend: String,
+    created_at: Option<u64>,
+    age_s: Option<u64>,
+    deadline: Option<u64>,
+    expires_in_s: Option<u64>,
+    labels: BTreeMap<String, String>,
+}
+
+#[derive(Serialize)]
+struct LsReport {
+    sandboxes: Vec<LsEntry>,
+    /// Engines that could not be listed: `{engine, error}`.
+    skipped: Vec<serde_json::Value>,
+}
+
+/// `sandbox ls`: running sandboxes on every reachable engine.
+pub async fn ls(args: LsArgs, out: Out) -> sandbox::Result<u8> {
+    let schemes = if args.engines.is_empty() {
+        sandbox::schemes()
+    } else {
+        args.engines.clone()
+    };
+    let now = SystemTime::now();
+    let now_unix = sandbox::labels::unix_now();
+    let mut report = LsReport {
+        sandboxes: Vec::new(),
+        skipped: Vec::new(),
+    };
+    for (scheme, listing) in list_all(&schemes).await {
+        match listing {
+            Ok((_, items)) => report.sandboxes.extend(
+                items
+                    .into_iter()
+                    .filter(|m| m.state == SandboxState::Running)
+                    .map(|m| {
+                        let deadline = m
+                            .labels
+                            .get(LABEL_DEADLINE)
+                            .and_then(|d| d.parse::<u64>().ok());
+                        LsEntry {
+                            created_at: m
+                                .created_at
+                                .and_then(|c| c.duration_since(SystemTime::UNIX_EPOCH).ok())
+                                .map(|d| d.as_secs()),
+                            age_s: m
+                                .created_at
+                                .and_then(|c| now.duration_since(c).ok())
+                                .map(|d| d.as_secs()),
+                            expires_in_s: deadline.map(|d| d.saturating_sub(now_unix)),
+                            deadline,
+                            id: m.id,
+                            backend: m.backend,
+                            labels: m.labels,
+                        }
+                    }),
+            ),
+            Err(e) => {
+                let mut err = error_json(&e);
+                err["engine"] = serde_json::Value::String(scheme);
+                report.skipped.push(err);
+            }
+        }
+    }
+    report
+        .sandboxes
+        .sort_by(|a, b| (&a.backend, a.created_at).cmp(&(&b.backend, b.created_at)));
+    if out.json {
+        out.json_value(&report);
+        return Ok(crate::EXIT_OK);
+    }
+    for s in &report.skipped {
+        // Engines that are not running are normal here; say so on stderr only.
+        let code = s["error"]["code"].as_str().unwrap_or("?");
+        out.note(format!(
+            "{} {}: {code}",
+            out.yellow("skipped"),
+            s["engine"].as_str().unwrap_or("?")
+        ));
+    }
+    if report.sandboxes.is_empty() {
+        out.note("no live sandboxes");
+        return Ok(crate::EXIT_OK);
+    }
+    out.line(format!(
+        "{:<14} {:<8} {:>6} {:>9}  {}",
+        "ID", "ENGINE", "AGE", "EXPIRES", "COMMAND"
+    ));
+    for s in &report.sandboxes {
+        let short: String = s.id.chars().take(12).collect();
+        let tool = s
+            .labels
+            .get("io.sandbox-rs.meta.command")
+            .map(String::as_str)
+            .unwrap_or("-");
+        out.line(format!(
+            "{:<14} {:<8} {:>6} {:>9}  {}",
+            crate::terminal::escape_text(&short),
+            crate::terminal::escape_text(&s.backend),
+            s.age_s.map(human_secs).unwrap_or_else(|| "?".into()),
+            s.expires_in_s
+                .map(|e| format!("in {}", human_secs(e)))
+                .unwrap_or_else(|| "?".into()),
+            crate::terminal::escape_text(tool),
+        ));
+    }
+    Ok(crate::EXIT_OK)
+}
+
+fn human_secs(s: u64) -> String {
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m", s / 60),
+        3600..86_400 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86_400),
+    }
+}
+
+/// `sandbox kill ID`.
+pub async fn kill(args: KillArgs, out: Out) -> sandbox::Result<u8> {
+    let found = find(&args.id, args.engine.as_deref()).await?;
+    let reapable = found.backend.as_reapable().ok_or_else(|| {
+        SandboxError::config(
+            format!("backend `{}` cannot kill by id", found.scheme),
+            "use the engine's own tooling",
+        )
+    })?;
+    let killed = reapable.kill_managed(&found.id).await?;
+    if out.json {
+        out.json_value(&serde_json::json!({
+            "id": found.id,
+            "backend": found.scheme,
+            "killed": killed,
+        }));
+    } else {
+        out.line(&found.id);
+    }
+    Ok(crate::EXIT_OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sandbox_paths() {
+        assert_eq!(sandbox_path("abc:/work/x"), Some(("abc", "/work/x")));
+        assert_eq!(sandbox_path("abc:rel"), Some(("abc", "rel")));
+        assert_eq!(sandbox_path("./a:b"), None);
+        assert_eq!(sandbox_path("/tmp/a:b"), None);
+        assert_eq!(sandbox_path("plain"), None);
+        assert_eq!(sandbox_path(":x"), None);
+        assert_eq!(sandbox_path("id:"), None);
+    }
+}

@@ -1,0 +1,109 @@
+//! From command-line settings to the facade: the backend target (a DSN, or an engine
+//! configuration when `--runtime` asks for one) and the `CreateOptions`.
+
+use std::time::Duration;
+
+use sandbox::{CreateOptions, Dsn, IsolationTier, NetworkPolicy, Resources, SandboxError, Target};
+
+use crate::cli::{NetworkArg, RuntimeArg, SandboxArgs, TierArg};
+
+// One enum shared by both engines (sandbox-container's), reachable through either.
+#[cfg(feature = "docker")]
+use sandbox::docker::Runtime as EngineRuntime;
+#[cfg(all(feature = "podman", not(feature = "docker")))]
+use sandbox::podman::PodmanRuntime as EngineRuntime;
+
+/// The target and the options of a new sandbox. The DSN's template and `?timeout=` are
+/// applied on top of `options` here, so they win over the defaults as with `sandbox::create`.
+pub fn resolve(
+    dsn: &str,
+    args: &SandboxArgs,
+    options: CreateOptions,
+) -> sandbox::Result<(Target, CreateOptions)> {
+    let options = apply_sandbox_args(args, options)?;
+    let Some(runtime) = args.runtime else {
+        return Ok((Target::from(dsn), options));
+    };
+    let parsed = Dsn::parse(dsn)?;
+    let options = parsed.apply(options);
+    Ok((runtime_target(&parsed.scheme, runtime)?, options))
+}
+
+fn apply_sandbox_args(args: &SandboxArgs, base: CreateOptions) -> sandbox::Result<CreateOptions> {
+    let mut resources = Resources::default();
+    if let Some(m) = args.memory {
+        resources = resources.memory_mb(m);
+    }
+    if let Some(c) = args.cpus {
+        resources = resources.cpu(c);
+    }
+    let network = match args.network {
+        NetworkArg::Deny => NetworkPolicy::deny(),
+        NetworkArg::Allow => NetworkPolicy::allow(),
+    };
+    let mut o = base.resources(resources).network(network);
+    for (k, v) in &args.env {
+        o = o.env(k.clone(), v.clone());
+    }
+    for name in &args.secrets {
+        o = o.secret(name.clone(), secret_from_env(name)?);
+    }
+    if let Some(t) = args.require_isolation {
+        o = o.require_isolation(match t {
+            TierArg::Container => IsolationTier::Container,
+            TierArg::Gvisor => IsolationTier::Gvisor,
+            TierArg::Microvm => IsolationTier::MicroVm,
+        });
+    }
+    Ok(o)
+}
+
+/// The value of the caller's environment variable `name`; the error names the variable,
+/// never a value.
+fn secret_from_env(name: &str) -> sandbox::Result<String> {
+    match std::env::var(name) {
+        Ok(v) => Ok(v),
+        Err(std::env::VarError::NotPresent) => Err(SandboxError::config(
+            format!("--secret {name}: the environment variable {name} is not set"),
+            format!(
+                "export {name}=… in the calling shell (the value is never passed on the command line)"
+            ),
+        )),
+        Err(std::env::VarError::NotUnicode(_)) => Err(SandboxError::config(
+            format!("--secret {name}: the environment variable {name} is not valid UTF-8"),
+            "secrets must be UTF-8 text",
+        )),
+    }
+}
+
+fn runtime_target(scheme: &str, runtime: RuntimeArg) -> sandbox::Result<Target> {
+    #[cfg(any(feature = "docker", feature = "podman"))]
+    let rt = match runtime {
+        RuntimeArg::Runc => EngineRuntime::Runc,
+        RuntimeArg::Crun => EngineRuntime::Crun,
+        RuntimeArg::Runsc => EngineRuntime::Runsc,
+        RuntimeArg::Krun => EngineRuntime::Krun,
+    };
+    match scheme {
+        #[cfg(feature = "docker")]
+        "docker" => Ok(Target::from(
+            sandbox::docker::DockerConfig::from_env().runtime(rt),
+        )),
+        #[cfg(feature = "podman")]
+        "podman" => Ok(Target::from(
+            sandbox::podman::PodmanConfig::from_env()
+                .options(sandbox::podman::PodmanOptions::new().runtime(rt)),
+        )),
+        other => {
+            let _ = runtime;
+            Err(SandboxError::config(
+                format!("--runtime applies to docker and podman, not `{other}`"),
+                "drop --runtime, or use a docker:// or podman:// DSN",
+            ))
+        }
+    }
+}
+
+/// The lifetime of a sandbox made by `sandbox create` when `--timeout` is not given:
+/// modest, because it outlives the command that made it.
+pub const DEFAULT_SESSION_LIFETIME: Duration = Duration::from_secs(600);
