@@ -111,3 +111,96 @@ fn host_config(spec: &ContainerSpec, runtime: Runtime, publish: &[u16]) -> HostC
         ..Default::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandbox_core::Resources;
+    use std::time::Duration;
+
+    fn spec(r: Resources) -> ContainerSpec {
+        let mut s = ContainerSpec::new(
+            "sbx-t-1",
+            "sandbox-rs/python:3.11",
+            vec!["sleep".into(), "2.500".into()],
+            r.effective().unwrap(),
+            Duration::from_millis(2500),
+        );
+        s.env = vec![("PLAIN".into(), "v".into())];
+        s.labels
+            .insert("io.sandbox-rs.managed".into(), "true".into());
+        s
+    }
+
+    #[test]
+    fn hardening_is_always_applied() {
+        let b = create_body(&spec(Resources::default()), Runtime::Runc);
+        let h = b.host_config.clone().unwrap();
+        assert_eq!(h.network_mode.as_deref(), Some("none"));
+        assert_eq!(h.cap_drop, Some(vec!["ALL".to_string()]));
+        assert_eq!(h.cap_add, Some(vec![]));
+        assert_eq!(h.security_opt, Some(vec!["no-new-privileges".to_string()]));
+        assert_eq!(h.privileged, Some(false));
+        assert_eq!(h.memory, Some(512 * 1024 * 1024));
+        assert_eq!(h.memory, h.memory_swap, "swap disabled");
+        assert_eq!(h.pids_limit, Some(512));
+        assert_eq!(h.nano_cpus, Some(1_000_000_000));
+        assert_eq!(h.init, Some(true));
+        assert_eq!(h.auto_remove, Some(true));
+        assert_eq!(h.runtime.as_deref(), Some("runc"));
+        assert!(h.port_bindings.is_none());
+        assert_eq!(b.entrypoint, Some(vec!["sleep".to_string()]));
+        assert_eq!(b.cmd, Some(vec!["2.500".to_string()]));
+        assert_eq!(b.env, Some(vec!["PLAIN=v".to_string()]));
+        assert_eq!(b.working_dir.as_deref(), Some("/work"));
+        let labels = b.labels.unwrap();
+        assert_eq!(labels["io.sandbox-rs.managed"], "true");
+        assert_eq!(labels[LABEL_RUNTIME], "runc");
+    }
+
+    #[test]
+    fn limits_runsc_and_loopback_publishing() {
+        let mut s = spec(Resources::default().cpu(0.5).memory_mb(64).pids(32));
+        s.network = NetworkMode::Bridge {
+            publish: vec![8080],
+        };
+        let b = create_body(&s, Runtime::Runsc);
+        let h = b.host_config.clone().unwrap();
+        assert_eq!(h.nano_cpus, Some(500_000_000));
+        assert_eq!(h.memory, Some(64 * 1024 * 1024));
+        assert_eq!(h.pids_limit, Some(32 + 256), "runsc headroom");
+        assert_eq!(h.runtime.as_deref(), Some("runsc"));
+        assert_eq!(h.network_mode.as_deref(), Some("bridge"));
+        let binding = &h.port_bindings.unwrap()["8080/tcp"];
+        let binding = &binding.as_ref().unwrap()[0];
+        assert_eq!(
+            binding.host_ip.as_deref(),
+            Some("127.0.0.1"),
+            "loopback only"
+        );
+        assert_eq!(
+            binding.host_port.as_deref(),
+            Some(""),
+            "an ephemeral host port"
+        );
+        assert_eq!(b.exposed_ports, Some(vec!["8080/tcp".to_string()]));
+    }
+
+    #[test]
+    fn refusals() {
+        let s = spec(Resources::default().disk_mb(10));
+        let e = refuse_unenforceable(&s, Runtime::Runc, false).unwrap_err();
+        assert_eq!(e.kind, EngineErrorKind::InvalidRequest);
+        let mut s = spec(Resources::default());
+        assert!(
+            refuse_unenforceable(&s, Runtime::Runsc, true).is_ok(),
+            "deny is fine"
+        );
+        s.network = NetworkMode::Bridge { publish: vec![] };
+        assert!(
+            refuse_unenforceable(&s, Runtime::Runsc, true).is_err(),
+            "forced none"
+        );
+        assert!(refuse_unenforceable(&s, Runtime::Runsc, false).is_ok());
+    }
+}
