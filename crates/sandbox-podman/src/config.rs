@@ -208,7 +208,8 @@ impl PodmanConfig {
         self
     }
 
-    /// Whether `connect` removes containers whose owner process is proven gone (default on).
+    /// Whether `connect` runs the container layer's startup sweep (default on): removes
+    /// leftovers of ours whose owner is proven gone or that are long past their deadline.
     pub fn startup_sweep(mut self, on: bool) -> Self {
         self.startup_sweep = on;
         self
