@@ -782,5 +782,5 @@ fn mark_dead(shared: &Shared, why: &str) {
         }
     }
     routes.map.clear();
-    let _ = shared.gone.send(true);
+    shared.gone.send_replace(true);
 }

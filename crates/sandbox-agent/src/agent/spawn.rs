@@ -281,7 +281,9 @@ impl Processes {
 
     fn reap_all_ready(&self) {
         let mut t = self.lock();
-        while let Ok(Some((pid, status))) = rustix::process::waitpid(None, WaitOptions::NOHANG) {
+        // `wait` is wait4(-1): any child. (rustix's `waitpid(None)` is wait4(0), only the
+        // caller's process group, which no spawn is in.)
+        while let Ok(Some((pid, status))) = rustix::process::wait(WaitOptions::NOHANG) {
             let pid = pid.as_raw_nonzero().get() as u32;
             let Some(id) = t.by_pid.remove(&pid) else {
                 continue; // an orphan that came to PID 1: reaped, nothing to report

@@ -1,0 +1,403 @@
+//! The real agent binary as a child process over pipes (no container): the protocol,
+//! the kill of escaped descendants, bounded memory and a dead agent.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use sandbox_agent::client::{AgentClient, ClientOptions, ProcessEvent};
+use sandbox_agent::protocol::SpawnSpec;
+use sandbox_core::ErrorCode;
+use tokio::process::{Child, Command};
+
+struct Agent {
+    child: Child,
+    client: AgentClient,
+}
+
+async fn agent(timeout_s: u64) -> Agent {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sandbox-agent"))
+        .args(["--timeout", &timeout_s.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("agent binary starts");
+    let r = child.stdout.take().unwrap();
+    let w = child.stdin.take().unwrap();
+    let client = AgentClient::connect(r, w, "pipe-test", ClientOptions::default())
+        .await
+        .expect("hello");
+    Agent { child, client }
+}
+
+fn spec(argv: &[&str]) -> SpawnSpec {
+    SpawnSpec {
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        ..SpawnSpec::default()
+    }
+}
+
+fn pid_alive(pid: u32) -> bool {
+    // A zombie is dead for our purpose (it only waits to be reaped by its parent).
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rfind(')').map(|i| s[i + 2..].starts_with('Z')))
+        .is_some_and(|zombie| !zombie)
+}
+
+#[tokio::test]
+async fn spawn_true_exits_zero_and_ping_answers() {
+    let a = agent(60).await;
+    assert_eq!(a.client.version(), 1);
+    a.client.ping().await.unwrap();
+    let out = a
+        .client
+        .spawn(spec(&["true"]))
+        .await
+        .unwrap()
+        .output(1024)
+        .await
+        .unwrap();
+    assert_eq!(out.status.exit_code(), 0);
+    let out = a
+        .client
+        .spawn(spec(&["sh", "-c", "echo err >&2; exit 3"]))
+        .await
+        .unwrap();
+    let out = out.output(1024).await.unwrap();
+    assert_eq!(out.status.exit_code(), 3);
+    assert_eq!(&out.stderr[..], b"err\n");
+}
+
+#[tokio::test]
+async fn missing_program_exits_127_like_a_shell() {
+    let a = agent(60).await;
+    let out = a
+        .client
+        .spawn(spec(&["no-such-program-xyz"]))
+        .await
+        .unwrap();
+    let out = out.output(1024).await.unwrap();
+    assert_eq!(out.status.exit_code(), 127);
+    assert!(!out.stderr.is_empty());
+}
+
+#[tokio::test]
+async fn stdin_is_echoed_back() {
+    let a = agent(60).await;
+    let mut s = spec(&["cat"]);
+    s.stdin = true;
+    let p = a.client.spawn(s).await.unwrap();
+    let stdin = p.stdin().unwrap();
+    // Three windows of input: only completes if acks flow back while cat echoes.
+    let data: Vec<u8> = (0..3 * 1024 * 1024).map(|i| (i % 251) as u8).collect();
+    let writer = {
+        let data = data.clone();
+        tokio::spawn(async move {
+            stdin.write(&data).await.unwrap();
+            stdin.close().await.unwrap();
+        })
+    };
+    let out = p.output(16 << 20).await.unwrap();
+    writer.await.unwrap();
+    assert_eq!(out.status.exit_code(), 0);
+    assert_eq!(out.stdout.len(), data.len());
+    assert!(out.stdout[..] == data[..]);
+}
+
+#[tokio::test]
+async fn large_output_arrives_whole_and_in_order() {
+    let a = agent(60).await;
+    let p = a
+        .client
+        .spawn(spec(&[
+            "sh",
+            "-c",
+            "head -c 20000000 /dev/zero | tr '\\0' 'a'; echo end",
+        ]))
+        .await
+        .unwrap();
+    let out = p.output(32 << 20).await.unwrap();
+    assert_eq!(out.status.exit_code(), 0);
+    assert_eq!(out.stdout.len(), 20_000_004);
+    assert!(out.stdout.ends_with(b"aend\n"));
+}
+
+#[tokio::test]
+async fn output_over_the_cap_is_a_typed_error() {
+    let a = agent(60).await;
+    let p = a.client.spawn(spec(&["sh", "-c", "yes"])).await.unwrap();
+    let e = p.output(1 << 20).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::ResourceLimitExceeded);
+}
+
+#[tokio::test]
+async fn kill_reaches_setsid_and_double_forked_descendants() {
+    let a = agent(60).await;
+    let dir = tempfile_dir();
+    let script = format!(
+        "setsid sleep 300 & echo $! > {d}/a; \
+         (sleep 301 & echo $! > {d}/b) ; \
+         setsid sh -c 'env -u SANDBOX_AGENT_SPAWN sleep 302 & echo $! > {d}/c; wait' & \
+         nohup sleep 303 > /dev/null 2>&1 & echo $! > {d}/d; \
+         sleep 304",
+        d = dir.display()
+    );
+    let mut p = a.client.spawn(spec(&["sh", "-c", &script])).await.unwrap();
+    let files = ["a", "b", "c", "d"];
+    let t = Instant::now();
+    while !files.iter().all(|f| {
+        dir.join(f).exists()
+            && !std::fs::read_to_string(dir.join(f))
+                .unwrap()
+                .trim()
+                .is_empty()
+    }) {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "descendants did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pids: Vec<u32> = files
+        .iter()
+        .map(|f| {
+            std::fs::read_to_string(dir.join(f))
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    assert!(pids.iter().all(|p| pid_alive(*p)));
+    let t = Instant::now();
+    p.kill().await.unwrap();
+    loop {
+        match p.next_event().await.unwrap() {
+            Some(ProcessEvent::Exit(st)) => {
+                assert_eq!(st.signal, Some(9));
+                break;
+            }
+            Some(_) => {}
+            None => panic!("no exit"),
+        }
+    }
+    let took = t.elapsed();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let alive: Vec<u32> = pids.iter().copied().filter(|p| pid_alive(*p)).collect();
+    assert!(alive.is_empty(), "survivors: {alive:?}");
+    assert!(took < Duration::from_millis(500), "kill took {took:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn kill_leaves_a_concurrent_spawn_alone() {
+    let a = agent(60).await;
+    let victim = a.client.spawn(spec(&["sleep", "300"])).await.unwrap();
+    let mut bystander = a
+        .client
+        .spawn(spec(&["sh", "-c", "sleep 0.5; echo ok"]))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    victim.kill().await.unwrap();
+    let out = victim.output(1024).await.unwrap();
+    assert_eq!(out.status.signal, Some(9));
+    let mut got = Vec::new();
+    while let Some(ev) = bystander.next_event().await.unwrap() {
+        match ev {
+            ProcessEvent::Stdout(b) => got.extend_from_slice(&b),
+            ProcessEvent::Exit(st) => assert_eq!(st.exit_code(), 0),
+            ProcessEvent::Stderr(_) => {}
+        }
+    }
+    assert_eq!(got, b"ok\n");
+}
+
+#[tokio::test]
+async fn files_round_trip_and_errors_are_typed() {
+    let a = agent(60).await;
+    let dir = tempfile_dir();
+    let d = dir.display().to_string();
+    a.client.mkdir(&format!("{d}/x/y"), true).await.unwrap();
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 256) as u8).collect();
+    let path = format!("{d}/x/y/f.bin");
+    a.client
+        .write_file(&path, &data, Some(0o600))
+        .await
+        .unwrap();
+    let back = a.client.read_file(&path, 8 << 20).await.unwrap();
+    assert!(back[..] == data[..]);
+    let st = a.client.stat(&path).await.unwrap();
+    assert_eq!(
+        (st.size, st.is_dir, st.mode & 0o777),
+        (3_000_000, false, 0o600)
+    );
+    let ls = a.client.list(&format!("{d}/x/y")).await.unwrap();
+    assert_eq!(
+        ls.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(),
+        ["f.bin"]
+    );
+    let e = a.client.read_file(&path, 1000).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::ResourceLimitExceeded);
+    let e = a
+        .client
+        .read_file(&format!("{d}/x"), 1000)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::IsADirectory);
+    let e = a.client.stat(&format!("{d}/nope")).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::PathNotFound);
+    a.client.remove(&format!("{d}/x"), true).await.unwrap();
+    let e = a.client.stat(&path).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::PathNotFound);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn dead_agent_is_sandbox_gone_promptly() {
+    let mut a = agent(60).await;
+    let mut p = a.client.spawn(spec(&["sleep", "300"])).await.unwrap();
+    a.child.start_kill().unwrap();
+    let t = Instant::now();
+    let e = loop {
+        match p.next_event().await {
+            Err(e) => break e,
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("exit without error"),
+        }
+    };
+    assert_eq!(e.code(), ErrorCode::SandboxGone);
+    assert_eq!(
+        a.client.ping().await.unwrap_err().code(),
+        ErrorCode::SandboxGone
+    );
+    assert!(t.elapsed() < Duration::from_secs(2));
+    assert!(a.client.is_gone());
+}
+
+#[tokio::test]
+async fn deadline_ends_the_agent_and_its_processes() {
+    let mut a = agent(2).await;
+    let mut p = a
+        .client
+        .spawn(spec(&["sh", "-c", "setsid sleep 300 & echo $!; sleep 300"]))
+        .await
+        .unwrap();
+    let pid: u32 = match p.next_event().await.unwrap() {
+        Some(ProcessEvent::Stdout(b)) => std::str::from_utf8(&b).unwrap().trim().parse().unwrap(),
+        other => panic!("{other:?}"),
+    };
+    let t = Instant::now();
+    let status = tokio::time::timeout(Duration::from_secs(10), a.child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success());
+    assert!(t.elapsed() < Duration::from_secs(4));
+    // The kill of everything may report the spawn's exit first; then the channel is gone.
+    while let Ok(Some(_)) = p.next_event().await {}
+    assert_eq!(
+        a.client.ping().await.unwrap_err().code(),
+        ErrorCode::SandboxGone
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!pid_alive(pid), "setsid descendant outlived the deadline");
+}
+
+#[tokio::test]
+async fn unknown_version_is_refused_cleanly() {
+    use sandbox_agent::protocol::{Frame, Reply, Request, read_frame, write_frame};
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sandbox-agent"))
+        .args(["--timeout", "30"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut w = child.stdin.take().unwrap();
+    let mut r = child.stdout.take().unwrap();
+    write_frame(
+        &mut w,
+        &Frame::control(1, &Request::Hello { versions: vec![99] }),
+    )
+    .unwrap();
+    let f = read_frame(&mut r).unwrap().unwrap();
+    assert_eq!(
+        f.parse::<Reply>().unwrap(),
+        Reply::Refused { supported: vec![1] }
+    );
+    // Requests before a successful hello are refused, not served.
+    write_frame(&mut w, &Frame::control(2, &Request::Ping)).unwrap();
+    let f = read_frame(&mut r).unwrap().unwrap();
+    assert!(matches!(f.parse::<Reply>().unwrap(), Reply::Error { .. }));
+    drop(w);
+    assert!(child.wait().unwrap().success());
+}
+
+#[tokio::test]
+async fn agent_refuses_a_forged_length_by_exiting() {
+    use std::io::Write;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sandbox-agent"))
+        .args(["--timeout", "30"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut w = child.stdin.take().unwrap();
+    w.write_all(&[0xff, 0xff, 0xff, 0xff, 1, 0, 0, 0, 1])
+        .unwrap();
+    let st = child.wait().unwrap();
+    assert_eq!(st.code(), Some(65));
+}
+
+#[tokio::test]
+async fn host_client_treats_a_forged_frame_as_a_dead_agent() {
+    // A fake agent answering hello, then announcing a 4 GiB frame.
+    let (host, mut fake) = tokio::io::duplex(1 << 16);
+    let (hr, hw) = tokio::io::split(host);
+    let server = tokio::spawn(async move {
+        use sandbox_agent::protocol::{Frame, HEADER_LEN, Reply};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut h = [0u8; HEADER_LEN];
+        fake.read_exact(&mut h).await.unwrap();
+        let len = u32::from_be_bytes([h[0], h[1], h[2], h[3]]) as usize - 5;
+        let mut body = vec![0; len];
+        fake.read_exact(&mut body).await.unwrap();
+        let id = u32::from_be_bytes([h[5], h[6], h[7], h[8]]);
+        let hello = Frame::control(
+            id,
+            &Reply::Hello {
+                version: 1,
+                agent: "fake".into(),
+            },
+        );
+        fake.write_all(&hello.encode().unwrap()).await.unwrap();
+        fake.write_all(&[0xff, 0xff, 0xff, 0xff, 3, 0, 0, 0, 2])
+            .await
+            .unwrap();
+        // Keep the stream open: the client must not wait for the announced bytes.
+        tokio::time::sleep(Duration::from_secs(30)).await;
+    });
+    let c = AgentClient::connect(hr, hw, "forged", ClientOptions::default())
+        .await
+        .unwrap();
+    let t = Instant::now();
+    let e = c.ping().await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::SandboxGone);
+    assert!(t.elapsed() < Duration::from_secs(1));
+    server.abort();
+}
+
+fn tempfile_dir() -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "sbx-agent-test-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
