@@ -145,7 +145,15 @@ fn ensure_podman_service(applied: &Applied) -> Result<((), String)> {
     // conmon drops its `oom` marker into the service's cwd (see daemons.rs), so a service
     // an older setup started from the checkout must move. Restarting the service is cheap
     // (≈ 0.5 s) and keeps its containers: each one's conmon is independent of it.
-    let misplaced = PODMAN.running_pid().and_then(|p| PODMAN.foreign_cwd(p));
+    // Setup's own instance moves from anywhere; someone else's (systemd's runs in `/`) is
+    // only worth a warning when it runs in the checkout setup is called from.
+    let misplaced = PODMAN
+        .running_pid()
+        .and_then(|p| PODMAN.foreign_cwd(p))
+        .filter(|cwd| {
+            PODMAN.recorded_pid().is_some()
+                || std::env::current_dir().is_ok_and(|here| cwd.starts_with(here))
+        });
     let reason = match (applied.containers_conf_changed, &misplaced) {
         (true, _) => "the new containers.conf".to_string(),
         (false, Some(cwd)) => format!("its own directory (it ran in {})", cwd.display()),
