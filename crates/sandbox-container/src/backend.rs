@@ -162,7 +162,9 @@ impl<E: ContainerEngine> ContainerBackend<E> {
     }
 
     fn caps(&self) -> Capability {
-        LAYER_CAPABILITIES & self.engine.capabilities()
+        // GPU is the engine's alone (devices in its create body, e.g. Podman's CDI names):
+        // passed through when the engine declares it.
+        (LAYER_CAPABILITIES | Capability::GPU) & self.engine.capabilities()
     }
 
     async fn call<T>(
