@@ -13,22 +13,10 @@ use serde_json::{Value, json};
 
 use crate::config::{MountMode, PodmanOptions, Sharing};
 
-/// What every Podman sandbox can do with default options.
-pub(crate) fn base_capabilities() -> Capability {
-    Capability::RUN_COMMAND
-        | Capability::RUN_CODE
-        | Capability::STATEFUL_CODE
-        | Capability::STREAMING
-        | Capability::FILESYSTEM
-        | Capability::UPLOAD_DOWNLOAD
-        | Capability::NETWORK_POLICY
-        | Capability::INGRESS_PORTS
-}
-
 /// Capabilities of a sandbox created with these Podman options (GPU only with CDI devices,
 /// which `PodmanOptions::validate` has checked against the host).
 pub(crate) fn capabilities_for(podman: &PodmanOptions) -> Capability {
-    let mut c = base_capabilities();
+    let mut c = sandbox_container::LAYER_CAPABILITIES;
     if !podman.cdi_devices.is_empty() {
         c |= Capability::GPU;
     }
