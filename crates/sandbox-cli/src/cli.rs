@@ -90,11 +90,6 @@ pub struct SandboxArgs {
     /// --secret for credentials.
     #[arg(long = "env", value_name = "K=V", value_parser = parse_key_value)]
     pub env: Vec<(String, String)>,
-    /// Pass the caller's environment variable NAME into the sandbox as a secret (repeatable).
-    /// Its value is read from this process's environment, never from the command line, and
-    /// is kept out of the engine's container config and logs.
-    #[arg(long = "secret", value_name = "NAME", value_parser = parse_env_name)]
-    pub secrets: Vec<String>,
     /// OCI runtime (Docker and Podman).
     #[arg(long, value_enum, value_name = "RUNTIME")]
     pub runtime: Option<RuntimeArg>,
@@ -131,6 +126,12 @@ pub struct ExecArgs {
     /// Environment variable for the command (repeatable).
     #[arg(long = "env", value_name = "K=V", value_parser = parse_key_value)]
     pub env: Vec<(String, String)>,
+    /// Pass the caller's environment variable NAME to the command as a secret (repeatable).
+    /// Its value is read from this process's environment, never from the command line, and
+    /// is given to the command's process only: not in the engine's container config, not
+    /// in logs.
+    #[arg(long = "secret", value_name = "NAME", value_parser = parse_env_name)]
+    pub secrets: Vec<String>,
     /// Pass stdin to the command (automatic when stdin is not a terminal).
     #[arg(short, long)]
     pub interactive: bool,
@@ -223,6 +224,12 @@ pub struct RunArgs {
     /// Sandbox settings.
     #[command(flatten)]
     pub sandbox: SandboxArgs,
+    /// Pass the caller's environment variable NAME to the command as a secret (repeatable).
+    /// Its value is read from this process's environment, never from the command line, and
+    /// is given to the command's process only: not in the engine's container config, not
+    /// in logs.
+    #[arg(long = "secret", value_name = "NAME", value_parser = parse_env_name)]
+    pub secrets: Vec<String>,
     /// Pass stdin to the command (automatic when stdin is not a terminal).
     #[arg(short, long)]
     pub interactive: bool,

@@ -115,12 +115,11 @@ pub fn parse_local_addresses(fib_trie: &str) -> Vec<Ipv4Addr> {
         let t = line.trim_start_matches([' ', '|', '+', '-']).trim();
         if let Ok(a) = t.parse::<Ipv4Addr>() {
             last = Some(a);
-        } else if t.starts_with("/32 host LOCAL") {
-            if let Some(a) = last {
-                if !out.contains(&a) {
-                    out.push(a);
-                }
-            }
+        } else if t.starts_with("/32 host LOCAL")
+            && let Some(a) = last
+            && !out.contains(&a)
+        {
+            out.push(a);
         }
     }
     out

@@ -55,7 +55,10 @@ pub async fn run(args: RunArgs, out: Out) -> sandbox::Result<u8> {
         .timeout(timeout + LIFETIME_MARGIN)
         .metadata("tool", "sandbox-cli")
         .metadata("command", "run");
-    let (target, options) = crate::target::resolve(&args.dsn, &args.sandbox, base)?;
+    let (target, mut options) = crate::target::resolve(&args.dsn, &args.sandbox, base)?;
+    for name in &args.secrets {
+        options = options.secret(name.clone(), crate::target::secret_from_env(name)?);
+    }
     // Read before creating, so a bad or oversized stdin costs no sandbox.
     let input = if crate::stdin::wanted(args.interactive) {
         crate::stdin::read_all().await?

@@ -340,6 +340,11 @@ pub async fn exec(args: ExecArgs, out: Out) -> sandbox::Result<u8> {
     for (k, v) in &args.env {
         options = options.env(k.clone(), v.clone());
     }
+    // A reattached handle holds no secrets (they are never stored engine-side), so they
+    // go to this one process only.
+    for name in &args.secrets {
+        options = options.env(name.clone(), crate::target::secret_from_env(name)?);
+    }
     let (cmd, staged) = crate::stdin::stage(sb, &args.cmd, input).await?;
     let result = execute(sb, cmd, options, out, args.raw).await;
     if let Some(s) = staged {

@@ -45,9 +45,6 @@ fn apply_sandbox_args(args: &SandboxArgs, base: CreateOptions) -> sandbox::Resul
     for (k, v) in &args.env {
         o = o.env(k.clone(), v.clone());
     }
-    for name in &args.secrets {
-        o = o.secret(name.clone(), secret_from_env(name)?);
-    }
     if let Some(t) = args.require_isolation {
         o = o.require_isolation(match t {
             TierArg::Container => IsolationTier::Container,
@@ -60,7 +57,7 @@ fn apply_sandbox_args(args: &SandboxArgs, base: CreateOptions) -> sandbox::Resul
 
 /// The value of the caller's environment variable `name`; the error names the variable,
 /// never a value.
-fn secret_from_env(name: &str) -> sandbox::Result<String> {
+pub fn secret_from_env(name: &str) -> sandbox::Result<String> {
     match std::env::var(name) {
         Ok(v) => Ok(v),
         Err(std::env::VarError::NotPresent) => Err(SandboxError::config(

@@ -276,7 +276,7 @@ async fn mcp_session_end_kills_its_sandboxes_on_docker() {
     // Closes stdin and waits for the server to exit (it tears down first).
     client.cancel().await.expect("close");
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    while managed_containers("docker", &id) != "" && std::time::Instant::now() < deadline {
+    while !managed_containers("docker", &id).is_empty() && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(

@@ -1,0 +1,365 @@
+//! `sandbox create / exec / cp / ls / kill`, stdin passthrough, secrets and SIGTERM,
+//! through the built binary. The fake cannot be reached from a second process (it lives in
+//! the memory of the process that created it), so the round trips run on Docker and
+//! Podman; each is skipped with a printed reason when its engine is missing, and fails
+//! instead under `CI=true`.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn engine_available(engine: &str, test: &str) -> bool {
+    if engine == "docker" {
+        return docker_available(test);
+    }
+    let ok = Command::new(engine)
+        .args(["info", "--format", "{{.Version.Version}}"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("{test}: {engine} is required when CI=true, but `{engine} info` failed");
+        }
+        eprintln!("SKIPPED {test}: no {engine} engine; set CI=true to make this fail");
+    }
+    ok
+}
+
+/// Ids of containers (running or not) with this id.
+fn containers(engine: &str, id: &str) -> String {
+    let o = Command::new(engine)
+        .args([
+            "ps",
+            "-a",
+            "-q",
+            "--no-trunc",
+            "--filter",
+            &format!("id={id}"),
+        ])
+        .output()
+        .expect("engine cli");
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+/// Runs `sandbox ARGS` with `input` on stdin.
+fn run_with_stdin(args: &[&str], input: &[u8]) -> std::process::Output {
+    let mut child = sandbox(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input)
+        .expect("write stdin");
+    child.wait_with_output().expect("wait")
+}
+
+/// create → ls → exec (stdin, exit code, secret) → cp both ways → kill → gone.
+fn round_trip(engine: &str) {
+    let dsn = format!("{engine}://sandbox-rs/busybox:latest");
+    let started = Instant::now();
+    let o = run(&["create", "--json", "--timeout", "120", &dsn]);
+    assert_eq!(code(&o), 0, "create: {}", stderr(&o));
+    let v = json(&o);
+    let id = v["sandbox"]["id"].as_str().expect("id").to_string();
+    assert_eq!(v["timeout_s"], 120);
+    // `create` returned while the sandbox lives on.
+    assert_eq!(
+        containers(engine, &id),
+        id,
+        "the sandbox outlives `sandbox create`"
+    );
+
+    // Another sandbox-rs process (this one starts a backend, whose startup sweep removes
+    // sandboxes of dead owners) must not sweep it: its owner, the holder, is alive.
+    let o = run(&["ls", "--json", "--engine", engine]);
+    assert_eq!(code(&o), 0, "ls: {}", stderr(&o));
+    let listed = json(&o);
+    let mine = listed["sandboxes"]
+        .as_array()
+        .expect("sandboxes")
+        .iter()
+        .find(|s| s["id"] == id.as_str())
+        .unwrap_or_else(|| panic!("ls lists the sandbox: {listed:#}"))
+        .clone();
+    let expires = mine["expires_in_s"].as_u64().expect("expires_in_s");
+    assert!((100..=120).contains(&expires), "{mine:#}");
+    assert!(mine["age_s"].as_u64().is_some_and(|a| a < 60), "{mine:#}");
+
+    // A unique prefix works; stdin reaches the command; its exit code is ours.
+    let prefix = &id[..12];
+    let o = run_with_stdin(
+        &["exec", prefix, "--", "sh", "-c", "cat; exit 3"],
+        b"piped in\n",
+    );
+    assert_eq!(code(&o), 3, "exec: {}", stderr(&o));
+    assert_eq!(stdout(&o), "piped in\n");
+
+    // State persists between execs: it is the same sandbox.
+    let o = run(&["exec", &id, "--", "sh", "-c", "echo kept > state.txt"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let o = run(&["exec", &id, "--", "cat", "state.txt"]);
+    assert_eq!(stdout(&o), "kept\n", "{}", stderr(&o));
+
+    // A secret comes from our environment, never from argv.
+    let o = sandbox(&[
+        "exec",
+        "--secret",
+        "SBX_TEST_TOKEN",
+        &id,
+        "--",
+        "printenv",
+        "SBX_TEST_TOKEN",
+    ])
+    .env("SBX_TEST_TOKEN", "tok-42")
+    .output()
+    .expect("spawn");
+    assert_eq!(
+        (code(&o), stdout(&o)),
+        (0, "tok-42\n".to_string()),
+        "{}",
+        stderr(&o)
+    );
+
+    // cp host → sandbox → host.
+    let dir = std::env::temp_dir().join(format!("sbx-cp-{}-{engine}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp");
+    let up = dir.join("up.bin");
+    let payload: Vec<u8> = (0..=255u8).cycle().take(100_000).collect();
+    std::fs::write(&up, &payload).expect("write");
+    let remote = format!("{id}:/work/up.bin");
+    let o = run(&["cp", up.to_str().expect("utf8"), &remote]);
+    assert_eq!(code(&o), 0, "cp up: {}", stderr(&o));
+    let o = run(&["exec", &id, "--", "wc", "-c", "/work/up.bin"]);
+    assert!(
+        stdout(&o).trim_start().starts_with("100000"),
+        "{}",
+        stdout(&o)
+    );
+    let down = dir.join("down.bin");
+    let o = run(&["cp", &remote, down.to_str().expect("utf8")]);
+    assert_eq!(code(&o), 0, "cp down: {}", stderr(&o));
+    assert_eq!(std::fs::read(&down).expect("read"), payload);
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let o = run(&["kill", "--json", &id]);
+    assert_eq!(code(&o), 0, "kill: {}", stderr(&o));
+    assert_eq!(json(&o)["killed"], true);
+    assert_eq!(containers(engine, &id), "", "killed and removed");
+    let o = run(&["exec", &id, "--", "true"]);
+    assert_eq!(code(&o), 1, "exec after kill fails: {}", stdout(&o));
+    assert!(stderr(&o).contains("SBX_E1202"), "{}", stderr(&o));
+    eprintln!("{engine} round trip: {:?}", started.elapsed());
+}
+
+#[test]
+fn docker_create_exec_cp_kill_round_trip() {
+    if engine_available("docker", "docker_create_exec_cp_kill_round_trip") {
+        round_trip("docker");
+    }
+}
+
+#[test]
+fn podman_create_exec_cp_kill_round_trip() {
+    if engine_available("podman", "podman_create_exec_cp_kill_round_trip") {
+        round_trip("podman");
+    }
+}
+
+#[test]
+fn docker_run_passes_piped_stdin() {
+    if !docker_available("docker_run_passes_piped_stdin") {
+        return;
+    }
+    let o = run_with_stdin(
+        &[
+            "run",
+            "docker://sandbox-rs/python:3.11",
+            "--",
+            "python3",
+            "-",
+        ],
+        b"print(6*7)\n",
+    );
+    assert_eq!(
+        (code(&o), stdout(&o)),
+        (0, "42\n".to_string()),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn docker_create_lifetime_ends_the_sandbox() {
+    if !docker_available("docker_create_lifetime_ends_the_sandbox") {
+        return;
+    }
+    let o = run(&[
+        "create",
+        "--timeout",
+        "3",
+        "docker://sandbox-rs/busybox:latest",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let id = stdout(&o).trim().to_string();
+    assert_eq!(containers("docker", &id), id);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !containers("docker", &id).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert_eq!(containers("docker", &id), "", "gone after its 3 s lifetime");
+}
+
+/// SIGTERM (systemd, Kubernetes, CI cancellation) tears down like Ctrl-C.
+#[test]
+fn docker_sigterm_to_run_leaves_no_container() {
+    if !docker_available("docker_sigterm_to_run_leaves_no_container") {
+        return;
+    }
+    let mut child = sandbox(&[
+        "run",
+        "docker://sandbox-rs/busybox:latest",
+        "--",
+        "sh",
+        "-c",
+        "echo ready; sleep 60",
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("spawn");
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read");
+    assert_eq!(line, "ready\n");
+    let pid = child.id();
+    let mine = || -> Vec<String> {
+        let o = Command::new("docker")
+            .args([
+                "ps",
+                "-a",
+                "--filter",
+                "label=io.sandbox-rs.meta.command=run",
+                "--format",
+                "{{.ID}} {{.Labels}}",
+            ])
+            .output()
+            .expect("docker");
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter(|l| l.contains(&format!("/{pid}/")))
+            .map(|l| l.split(' ').next().unwrap_or("").to_string())
+            .collect()
+    };
+    let before = mine();
+    let start = Instant::now();
+    // Signal first, assert after: a failed assertion must not leave the child running.
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .expect("kill")
+            .success()
+    );
+    assert_eq!(before.len(), 1, "the run's container exists while it runs");
+    let status = child.wait().expect("wait");
+    assert_eq!(status.code(), Some(130));
+    assert!(start.elapsed() < Duration::from_secs(10));
+    assert!(mine().is_empty(), "container removed after SIGTERM");
+}
+
+#[test]
+fn fake_create_prints_an_id_and_exec_of_an_unknown_id_is_a_connect_error() {
+    // The fake lives in the holder's memory: `create` works, other processes cannot see it.
+    let o = run(&["create", "--timeout", "2", "fake://"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let id = stdout(&o).trim().to_string();
+    assert!(
+        !id.is_empty() && !id.contains(char::is_whitespace),
+        "{id:?}"
+    );
+    let o = run(&["exec", "--engine", "fake", "no-such-sandbox", "--", "true"]);
+    assert_eq!(code(&o), 1);
+    assert!(stderr(&o).contains("SBX_E1202"), "{}", stderr(&o));
+    let o = run(&["kill", "--json", "--engine", "fake", "no-such-sandbox"]);
+    assert_eq!(code(&o), 1);
+    assert_eq!(json(&o)["error"]["code"], "SBX_E1202");
+}
+
+#[test]
+fn create_usage_errors_come_back_without_a_holder() {
+    let o = run(&["create", "--json", "nosuch://x"]);
+    assert_eq!(code(&o), 2);
+    assert_eq!(json(&o)["error"]["code"], "SBX_E1001");
+    let o = sandbox(&["create", "--json", "--runtime", "runsc", "fake://"])
+        .output()
+        .expect("spawn");
+    assert_eq!(code(&o), 2, "{}", stdout(&o));
+}
+
+#[test]
+fn secret_missing_from_the_environment_is_a_usage_error_naming_it() {
+    let o = sandbox(&[
+        "run",
+        "--json",
+        "--secret",
+        "SBX_SURELY_UNSET_VAR",
+        "fake://",
+        "--",
+        "true",
+    ])
+    .env_remove("SBX_SURELY_UNSET_VAR")
+    .output()
+    .expect("spawn");
+    assert_eq!(code(&o), 2);
+    let v = json(&o);
+    assert_eq!(v["error"]["code"], "SBX_E1000");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("SBX_SURELY_UNSET_VAR"))
+    );
+}
+
+#[test]
+fn secret_reaches_a_run_command_on_the_fake() {
+    let o = sandbox(&[
+        "run",
+        "--secret",
+        "SBX_TEST_SECRET",
+        "fake://",
+        "--",
+        "printenv",
+        "SBX_TEST_SECRET",
+    ])
+    .env("SBX_TEST_SECRET", "v-123")
+    .output()
+    .expect("spawn");
+    assert_eq!(
+        (code(&o), stdout(&o)),
+        (0, "v-123\n".to_string()),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn completions_are_generated_for_bash() {
+    let o = run(&["completions", "bash"]);
+    assert_eq!(code(&o), 0);
+    let script = stdout(&o);
+    for sub in ["create", "exec", "cp", "ls", "kill", "mcp"] {
+        assert!(script.contains(sub), "{sub}");
+    }
+}
