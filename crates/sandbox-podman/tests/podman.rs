@@ -668,3 +668,26 @@ async fn bind_mount_cannot_plant_a_setuid_file_on_the_host() {
     }
     sb.kill().await.unwrap();
 }
+
+/// The attack: ask for 2^63 pids, which wrapped to a negative int64 ("unlimited" for
+/// Podman), then fork-bomb the host. The limit read back from inside must be finite.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_pids_request_is_clamped_never_unlimited() {
+    let Some(b) = backend().await else { return };
+    let sb = b
+        .create(
+            opts("pids-clamp")
+                .template(BUSYBOX)
+                .resources(Resources::default().pids(1 << 63)),
+        )
+        .await
+        .unwrap();
+    let pids = sh(
+        &*sb,
+        "cat /sys/fs/cgroup/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids/pids.max",
+    )
+    .await
+    .stdout_text();
+    assert_eq!(pids.trim(), "4194304", "{pids}");
+    sb.kill().await.unwrap();
+}
