@@ -7,6 +7,7 @@
     reason = "xtask is a command-line tool: its printed progress is its interface"
 )]
 
+mod agent;
 mod bench;
 mod ci;
 mod contract;
@@ -46,6 +47,8 @@ commands:
   docs [--check]             regenerate docs/errors/ (--check: fail on drift)
   ci                         everything CI checks: fmt, clippy, test, docs --check
   demo                       the end-to-end demo
+  agent                      build the static in-sandbox agent into target/agent/ and
+                             report its size (see docs/agent.md)
   bench [-- <args>...]       benchmarks: sandbox-rs vs raw engine crates vs engine CLIs on
                              docker, podman and fake; regenerates docs/benchmarks.md
                              (args go to sandbox-bench, e.g. `-- --runs 10 --backend docker`)
@@ -66,6 +69,7 @@ enum Command {
     Docs { check: bool },
     Ci,
     Demo,
+    Agent,
     Bench(Vec<String>),
     Teardown,
     Help,
@@ -93,6 +97,7 @@ fn dispatch(command: Command) -> Result<()> {
         Command::Docs { check } => docs::run(check),
         Command::Ci => ci::run(),
         Command::Demo => demo::run(),
+        Command::Agent => agent::run(),
         Command::Bench(passthrough) => bench::run(&passthrough),
         Command::Teardown => teardown::run(),
         Command::Help => {
@@ -136,6 +141,7 @@ fn parse(args: &[String]) -> Result<Command> {
         ("docs", ["--check"]) => Command::Docs { check: true },
         ("ci", []) => Command::Ci,
         ("demo", []) => Command::Demo,
+        ("agent", []) => Command::Agent,
         ("bench", []) => Command::Bench(passthrough),
         ("teardown", []) => Command::Teardown,
         (name, []) => bail!("unknown command {name:?}\n\n{USAGE}"),
