@@ -71,7 +71,7 @@ pub(crate) fn on_sandbox<E: ContainerEngine + ?Sized>(
     e: EngineError,
 ) -> SandboxError {
     match e.kind {
-        EngineErrorKind::NotFound | EngineErrorKind::Conflict => gone(id),
+        EngineErrorKind::NotFound | EngineErrorKind::Conflict => gone(id).with_source(e),
         _ => engine(eng, op, e),
     }
 }

@@ -68,12 +68,12 @@ impl<E: ContainerEngine> ContainerFiles<E> {
         match e.kind {
             EngineErrorKind::NotFound => {
                 if self.sh.container_running().await {
-                    error::path_not_found(path)
+                    error::path_not_found(path).with_source(e)
                 } else {
-                    error::gone(&self.sh.id)
+                    error::gone(&self.sh.id).with_source(e)
                 }
             }
-            EngineErrorKind::Conflict => error::gone(&self.sh.id),
+            EngineErrorKind::Conflict => error::gone(&self.sh.id).with_source(e),
             _ => error::engine(&*self.sh.engine, op, e),
         }
     }
