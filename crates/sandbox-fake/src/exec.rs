@@ -110,21 +110,11 @@ pub(crate) enum Job {
     },
 }
 
-/// How a program was invoked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Origin {
-    /// Directly by an exec.
-    Exec,
-    /// By the shell.
-    Shell,
-}
-
 /// Runs one program: a scripted rule, else the vocabulary, else the typed "not in
 /// vocabulary" answer.
 pub(crate) fn run_program(
     proc: Proc,
     argv: Vec<String>,
-    origin: Origin,
 ) -> futures::future::BoxFuture<'static, Result<i64>> {
     Box::pin(async move {
         if argv.is_empty() {
@@ -136,12 +126,8 @@ pub(crate) fn run_program(
         match vocabulary::lookup(&argv[0]) {
             Some(spec) => (spec.run)(proc, argv).await,
             None => {
-                let msg = vocabulary::not_in_vocabulary_message(&argv[0]);
-                proc.err(match origin {
-                    Origin::Exec => msg,
-                    Origin::Shell => format!("sh: {msg}"),
-                })
-                .await;
+                proc.err(vocabulary::not_in_vocabulary_message(&argv[0]))
+                    .await;
                 Ok(NOT_IN_VOCABULARY_EXIT)
             }
         }
@@ -176,7 +162,7 @@ pub(crate) fn start(
                     stderr: Sink::Chan(tx, StreamKind::Stderr),
                 };
                 let result = match job {
-                    Job::Argv(argv) => run_program(proc, argv, Origin::Exec).await,
+                    Job::Argv(argv) => run_program(proc, argv).await,
                     Job::Code {
                         scripted: Some(response),
                         ..

@@ -10,7 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::BACKEND_NAME;
 use crate::calls::{Call, FileOp};
-use crate::memfs::{self, FsError, Node, NodeKind};
+use crate::memfs::{self, FsError, Node};
 use crate::sandbox::{FakeSandbox, SandboxInner};
 
 /// Size of one transfer piece.
@@ -248,10 +248,11 @@ impl FileSystem for FakeSandbox {
             remote,
         )?;
         let sb = self.inner();
-        let node = sb.fs().get_followed(&src).cloned_kind();
-        match node {
+        // `get_followed` resolves links, so a node is a file or a directory.
+        let is_dir = sb.fs().get_followed(&src).map(Node::is_dir);
+        match is_dir {
             None => Err(SandboxError::path_not_found(src)),
-            Some(Kind::File) => {
+            Some(false) => {
                 let target = match tokio::fs::metadata(local).await {
                     Ok(m) if m.is_dir() => local.join(memfs::base_name(&src)),
                     _ => local.to_path_buf(),
@@ -265,12 +266,7 @@ impl FileSystem for FakeSandbox {
                 }
                 download_file(sb, &src, &target).await
             }
-            Some(Kind::Other) => Err(SandboxError::FileSystem {
-                path: src,
-                message: "a dangling or looping symbolic link".into(),
-                source: None,
-            }),
-            Some(Kind::Dir) => {
+            Some(true) => {
                 if let Ok(m) = tokio::fs::symlink_metadata(local).await {
                     if m.file_type().is_symlink() {
                         return Err(SandboxError::UnsafeArchiveEntry {
@@ -280,27 +276,26 @@ impl FileSystem for FakeSandbox {
                 }
                 let src = sb.fs().follow(&src).map_err(|e| fs_error(&src, e))?;
                 let strip = if src == "/" { 1 } else { src.len() + 1 };
+                let entries = sb.fs().walk(&src);
                 // Vet every link before writing anything.
-                let links: std::collections::BTreeMap<String, String> =
-                    sb.fs().links_under(&src).into_iter().collect();
-                for (path, target) in &links {
+                for (path, _, target) in &entries {
                     let entry = &path[strip.min(path.len())..];
-                    if !link_stays_inside(entry, target) {
-                        return Err(SandboxError::UnsafeArchiveEntry {
-                            entry: format!("{entry} -> {target}"),
-                        });
+                    if let Some(target) = target.as_deref().filter(|t| !link_stays_inside(entry, t))
+                    {
+                        return Err(SandboxError::unsafe_archive_entry(format!(
+                            "{entry} -> {target}"
+                        )));
                     }
                 }
                 tokio::fs::create_dir_all(local)
                     .await
                     .map_err(|e| host_error(local, e))?;
-                let entries = sb.fs().walk_kinds(&src);
-                for (path, is_dir, regular) in entries {
+                for (path, is_dir, link) in entries {
                     let entry = &path[strip.min(path.len())..];
                     let rel = safe_relative(entry)?;
                     no_symlink_below(local, &rel, entry).await?;
                     let target = local.join(&rel);
-                    if let Some(link) = links.get(&path) {
+                    if let Some(link) = link {
                         tokio::fs::symlink(link, &target)
                             .await
                             .map_err(|e| host_error(&target, e))?;
@@ -308,7 +303,7 @@ impl FileSystem for FakeSandbox {
                         tokio::fs::create_dir_all(&target)
                             .await
                             .map_err(|e| host_error(&target, e))?;
-                    } else if regular {
+                    } else {
                         download_file(sb, &path, &target).await?;
                     }
                 }
@@ -354,27 +349,6 @@ impl FileSystem for FakeSandbox {
             Some(n) => Ok(info(&p, n)),
             None => Err(SandboxError::path_not_found(p)),
         }
-    }
-}
-
-/// The shape of a node, without cloning its content.
-enum Kind {
-    File,
-    Dir,
-    Other,
-}
-
-trait ClonedKind {
-    fn cloned_kind(self) -> Option<Kind>;
-}
-
-impl ClonedKind for Option<&Node> {
-    fn cloned_kind(self) -> Option<Kind> {
-        self.map(|n| match n.kind {
-            NodeKind::File(_) => Kind::File,
-            NodeKind::Dir => Kind::Dir,
-            _ => Kind::Other,
-        })
     }
 }
 

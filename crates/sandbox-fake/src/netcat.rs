@@ -1,4 +1,4 @@
-//! `nc -w SECS HOST PORT`: the egress probe. The fake honours the sandbox's network policy
+//! `nc -w SECONDS HOST PORT`: the egress probe. The fake honours the sandbox's network policy
 //! and, where egress is allowed, really connects over TCP (tests point it at a loopback
 //! canary) and prints what the server sends.
 
@@ -22,32 +22,19 @@ fn unreachable(host: &str) -> String {
 }
 
 pub(crate) async fn nc(p: Proc, a: Vec<String>) -> Result<i64> {
-    let mut wait: Option<Duration> = None;
-    let mut scan = false;
-    let mut operands = Vec::new();
-    let mut i = 1;
-    while i < a.len() {
-        match a[i].as_str() {
-            "-w" => {
-                let Some(secs) = a.get(i + 1).and_then(|s| s.parse::<f64>().ok()) else {
-                    return fail(&p, "nc: invalid number for -w".into()).await;
-                };
-                wait = Some(Duration::from_secs_f64(secs.clamp(0.0, 1e6)));
-                i += 2;
-                continue;
-            }
-            "-z" => scan = true,
-            "-v" | "-n" => {}
-            s if s.starts_with('-') && s.len() > 1 => {
-                return fail(&p, format!("nc: option {s} not supported by sandbox-fake")).await;
-            }
-            s => operands.push(s.to_string()),
-        }
-        i += 1;
-    }
-    let [host, port] = operands.as_slice() else {
-        return fail(&p, "nc: usage: nc [-w SECS] [-z] HOST PORT".into()).await;
+    let [_, w, secs, host, port] = a.as_slice() else {
+        let msg = format!("fake: form not in vocabulary: {}\n", a.join(" "));
+        p.err(msg).await;
+        return Ok(crate::vocabulary::FORM_NOT_IN_VOCABULARY_EXIT);
     };
+    let secs = secs
+        .parse::<f64>()
+        .ok()
+        .filter(|s| w == "-w" && s.is_finite());
+    let Some(secs) = secs else {
+        return fail(&p, "nc: usage: nc -w SECONDS HOST PORT".into()).await;
+    };
+    let wait = Duration::from_secs_f64(secs.clamp(0.0, 1e6));
     let Ok(port) = port.parse::<u16>() else {
         return fail(&p, format!("nc: bad port '{port}'")).await;
     };
@@ -64,7 +51,7 @@ pub(crate) async fn nc(p: Proc, a: Vec<String>) -> Result<i64> {
         )
         .await;
     }
-    let deadline = wait.unwrap_or(Duration::from_secs(60));
+    let deadline = wait;
     let addrs: Vec<SocketAddr> = match literal {
         Some(ip) => vec![SocketAddr::new(ip, port)],
         None => {
@@ -103,18 +90,12 @@ pub(crate) async fn nc(p: Proc, a: Vec<String>) -> Result<i64> {
             }
             Err(_) => return fail(&p, "nc: timeout".into()).await,
         };
-    if scan {
-        return Ok(0);
-    }
     let mut buf = vec![0u8; 16 * 1024];
     loop {
-        let read = match wait {
-            Some(w) => match tokio::time::timeout(w, stream.read(&mut buf)).await {
-                Ok(r) => r,
-                // Idle for -w seconds: done.
-                Err(_) => return Ok(0),
-            },
-            None => stream.read(&mut buf).await,
+        let read = match tokio::time::timeout(wait, stream.read(&mut buf)).await {
+            Ok(r) => r,
+            // Idle for -w seconds: done.
+            Err(_) => return Ok(0),
         };
         match read {
             Ok(0) => return Ok(0),

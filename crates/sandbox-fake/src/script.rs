@@ -351,36 +351,3 @@ impl Script {
         self.code.clear();
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn argv(v: &[&str]) -> Vec<String> {
-        v.iter().map(|s| s.to_string()).collect()
-    }
-
-    #[test]
-    fn matchers() {
-        assert!(RunMatch::from(["git", "status"]).matches(&argv(&["git", "status"])));
-        assert!(!RunMatch::from(["git"]).matches(&argv(&["git", "status"])));
-        assert!(RunMatch::prefix(["git"]).matches(&argv(&["git", "status"])));
-        assert!(RunMatch::from("echo hi").matches(&argv(&["sh", "-c", "echo hi"])));
-        assert!(RunMatch::when(|a| a.len() == 3).matches(&argv(&["a", "b", "c"])));
-        assert!(CodeMatch::from("print(1)").matches("  print(1)\n"));
-        assert!(CodeMatch::contains("import").matches("import os"));
-    }
-
-    #[test]
-    fn newest_rule_wins_and_once_is_consumed() {
-        let mut s = Script::default();
-        s.add_run(RunMatch::any(), Response::ok("old"), None);
-        s.add_run(RunMatch::prefix(["x"]), Response::ok("once"), Some(1));
-        let first = s.match_run(&argv(&["x"])).unwrap();
-        assert_eq!(first.steps, vec![Step::stdout("once")]);
-        let second = s.match_run(&argv(&["x"])).unwrap();
-        assert_eq!(second.steps, vec![Step::stdout("old")]);
-        s.clear();
-        assert!(s.match_run(&argv(&["x"])).is_none());
-    }
-}

@@ -35,7 +35,7 @@ pub fn not_in_vocabulary_message(name: &str) -> String {
 }
 
 /// One command of the vocabulary.
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct CommandSpec {
     /// The program name (`argv[0]`; `/bin/` and `/usr/bin/` prefixes are accepted).
@@ -47,110 +47,106 @@ pub struct CommandSpec {
     pub(crate) run: Program,
 }
 
-impl std::fmt::Debug for CommandSpec {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CommandSpec")
-            .field("name", &self.name)
-            .field("forms", &self.forms)
-            .finish()
-    }
-}
-
 /// Every command the fake answers.
 pub const COMMANDS: &[CommandSpec] = &[
-    CommandSpec {
-        name: "true",
-        forms: &["true"],
-        behaviour: "exits 0",
-        run: |_, _| Box::pin(async { Ok(0) }),
-    },
-    CommandSpec {
-        name: "false",
-        forms: &["false"],
-        behaviour: "exits 1",
-        run: |_, _| Box::pin(async { Ok(1) }),
-    },
-    CommandSpec {
-        name: "echo",
-        forms: &["echo [WORD...]"],
-        behaviour: "prints the words joined by spaces and a newline (no options, no escapes)",
-        run: |p, a| Box::pin(commands::echo(p, a)),
-    },
-    CommandSpec {
-        name: "printf",
-        forms: &["printf FORMAT [ARG...]"],
-        behaviour: "prints FORMAT with `%s %d %%` and the escapes `\\n \\t \\r \\\\ \\a \\e \\NNN` (octal)",
-        run: |p, a| Box::pin(commands::printf(p, a)),
-    },
-    CommandSpec {
-        name: "cat",
-        forms: &["cat FILE..."],
-        behaviour: "prints the files' bytes; a missing file or a directory: message, exit 1",
-        run: |p, a| Box::pin(commands::cat(p, a)),
-    },
-    CommandSpec {
-        name: "pwd",
-        forms: &["pwd"],
-        behaviour: "prints the working directory",
-        run: |p, a| Box::pin(commands::pwd(p, a)),
-    },
-    CommandSpec {
-        name: "printenv",
-        forms: &["printenv NAME"],
-        behaviour: "prints the variable's value (create env, secrets, per-call env); unset: exit 1",
-        run: |p, a| Box::pin(commands::printenv(p, a)),
-    },
-    CommandSpec {
-        name: "sleep",
-        forms: &["sleep SECONDS"],
-        behaviour: "waits on tokio time (fractions allowed; instant under a paused clock)",
-        run: |p, a| Box::pin(commands::sleep(p, a)),
-    },
-    CommandSpec {
-        name: "seq",
-        forms: &["seq LAST", "seq FIRST LAST"],
-        behaviour: "prints the integers FIRST (default 1) to LAST, one per line",
-        run: |p, a| Box::pin(commands::seq(p, a)),
-    },
-    CommandSpec {
-        name: "kill",
-        forms: &["kill -0 PID", "kill -9 PID", "kill -KILL PID", "kill PID"],
-        behaviour: "`-0` exits 0 iff PID runs in the process table; otherwise ends PID",
-        run: |p, a| Box::pin(commands::kill(p, a)),
-    },
-    CommandSpec {
-        name: "test",
-        forms: &["test -e PATH"],
-        behaviour: "exits 0 iff PATH exists in the in-memory filesystem (links followed)",
-        run: |p, a| Box::pin(commands::test(p, a)),
-    },
-    CommandSpec {
-        name: "dd",
-        forms: &["dd if=/dev/zero bs=BYTES count=N"],
-        behaviour: "prints BYTES*N zero bytes, then the record counts on stderr",
-        run: |p, a| Box::pin(commands::dd(p, a)),
-    },
-    CommandSpec {
-        name: "ln",
-        forms: &["ln -s TARGET LINK"],
-        behaviour: "creates a symbolic link (followed in the last path component)",
-        run: |p, a| Box::pin(commands::ln(p, a)),
-    },
-    CommandSpec {
-        name: "nc",
-        forms: &["nc -w SECONDS HOST PORT"],
-        behaviour: "egress probe: under Deny `Network is unreachable` (`bad address` for a name), \
+    cmd("true", &["true"], "exits 0", |_, _| {
+        Box::pin(async { Ok(0) })
+    }),
+    cmd("false", &["false"], "exits 1", |_, _| {
+        Box::pin(async { Ok(1) })
+    }),
+    cmd(
+        "echo",
+        &["echo [WORD...]"],
+        "prints the words joined by spaces and a newline (no options, no escapes)",
+        |p, a| Box::pin(commands::echo(p, a)),
+    ),
+    cmd(
+        "printf",
+        &["printf FORMAT [ARG...]"],
+        "prints FORMAT with `%s %d %%` and the escapes `\\n \\t \\r \\\\ \\a \\e \\NNN` (octal)",
+        |p, a| Box::pin(commands::printf(p, a)),
+    ),
+    cmd(
+        "cat",
+        &["cat FILE..."],
+        "prints the files' bytes; a missing file or a directory: message, exit 1",
+        |p, a| Box::pin(commands::cat(p, a)),
+    ),
+    cmd("pwd", &["pwd"], "prints the working directory", |p, a| {
+        Box::pin(commands::pwd(p, a))
+    }),
+    cmd(
+        "printenv",
+        &["printenv NAME"],
+        "prints the variable's value (create env, secrets, per-call env); unset: exit 1",
+        |p, a| Box::pin(commands::printenv(p, a)),
+    ),
+    cmd(
+        "sleep",
+        &["sleep SECONDS"],
+        "waits on tokio time (fractions allowed; instant under a paused clock)",
+        |p, a| Box::pin(commands::sleep(p, a)),
+    ),
+    cmd(
+        "seq",
+        &["seq LAST", "seq FIRST LAST"],
+        "prints the integers FIRST (default 1) to LAST, one per line",
+        |p, a| Box::pin(commands::seq(p, a)),
+    ),
+    cmd(
+        "kill",
+        &["kill -0 PID", "kill -9 PID", "kill -KILL PID", "kill PID"],
+        "`-0` exits 0 iff PID runs in the process table; otherwise ends PID",
+        |p, a| Box::pin(commands::kill(p, a)),
+    ),
+    cmd(
+        "test",
+        &["test -e PATH"],
+        "exits 0 iff PATH exists in the in-memory filesystem (links followed)",
+        |p, a| Box::pin(commands::test(p, a)),
+    ),
+    cmd(
+        "dd",
+        &["dd if=/dev/zero bs=BYTES count=N"],
+        "prints BYTES*N zero bytes, then the record counts on stderr",
+        |p, a| Box::pin(commands::dd(p, a)),
+    ),
+    cmd(
+        "ln",
+        &["ln -s TARGET LINK"],
+        "creates a symbolic link (followed in the last path component)",
+        |p, a| Box::pin(commands::ln(p, a)),
+    ),
+    cmd(
+        "nc",
+        &["nc -w SECONDS HOST PORT"],
+        "egress probe: under Deny `Network is unreachable` (`bad address` for a name), \
                     exit 1; where the policy allows HOST, a real TCP connection whose received \
                     bytes are printed (point it at a loopback server)",
-        run: |p, a| Box::pin(crate::netcat::nc(p, a)),
-    },
-    CommandSpec {
-        name: "sh",
-        forms: &["sh -c SCRIPT"],
-        behaviour: "runs SCRIPT in the shell subset of SHELL_FORMS",
-        run: |p, a| Box::pin(commands::sh(p, a)),
-    },
+        |p, a| Box::pin(crate::netcat::nc(p, a)),
+    ),
+    cmd(
+        "sh",
+        &["sh -c SCRIPT"],
+        "runs SCRIPT in the shell subset of SHELL_FORMS",
+        |p, a| Box::pin(commands::sh(p, a)),
+    ),
 ];
+
+const fn cmd(
+    name: &'static str,
+    forms: &'static [&'static str],
+    behaviour: &'static str,
+    run: Program,
+) -> CommandSpec {
+    CommandSpec {
+        name,
+        forms,
+        behaviour,
+        run,
+    }
+}
 
 /// The constructs a `sh -c` script may use; anything else (pipes, loops, `if`, command
 /// substitution, globbing, subshells, `cd`, …) exits [`FORM_NOT_IN_VOCABULARY_EXIT`] with
@@ -164,7 +160,7 @@ pub const SHELL_FORMS: &[&str] = &[
     "exit [N]",
     "# comment",
     "> FILE, >> FILE, 2> FILE, >&2, 2>&1, > /dev/null",
-    "'single' and \"double\" quotes, $NAME, ${NAME}, $$ (the shell's pid), $! and $?",
+    "'single' and \"double\" quotes, $NAME, $$ (the shell's pid), $! and $?",
 ];
 
 /// One form of the `run_code` snippet table.

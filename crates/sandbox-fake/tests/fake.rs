@@ -217,176 +217,165 @@ async fn ingress_ports_are_refused_since_nothing_can_serve() {
 // Built-in commands and the shell subset
 
 #[tokio::test]
-async fn argv_programs() {
+async fn vocabulary_commands() {
     let b = FakeBackend::new();
-    let sb = sandbox(&b).await;
+    let sb = b
+        .create(CreateOptions::default().env("NAME", "world"))
+        .await
+        .unwrap();
     let run = |argv: &'static [&'static str]| {
         let sb = &sb;
         async move { sb.exec(argv).await.unwrap() }
     };
     assert_eq!(run(&["echo", "a", "b"]).await.stdout_text(), "a b\n");
-    assert_eq!(run(&["echo", "-n", "x"]).await.stdout_text(), "x");
     assert_eq!(
-        run(&["printf", "%s=%d\\n", "a", "1", "b", "2"])
-            .await
-            .stdout_text(),
-        "a=1\nb=2\n"
+        run(&["printf", "%s=%d\\n\\033!%%", "a", "1"]).await.stdout,
+        &b"a=1\n\x1b!%"[..]
     );
     assert_eq!(run(&["seq", "3"]).await.stdout_text(), "1\n2\n3\n");
     assert_eq!(run(&["seq", "2", "4"]).await.stdout_text(), "2\n3\n4\n");
     assert_eq!(run(&["pwd"]).await.stdout_text(), "/work\n");
-    assert_eq!(run(&["id", "-u"]).await.stdout_text(), "1000\n");
+    assert_eq!(run(&["printenv", "NAME"]).await.stdout_text(), "world\n");
+    assert_eq!(run(&["printenv", "UNSET"]).await.exit_code, 1);
     assert_eq!(run(&["false"]).await.exit_code, 1);
     assert_eq!(run(&["/bin/true"]).await.exit_code, 0);
+    assert_eq!(run(&["test", "-e", "/work"]).await.exit_code, 0);
+    assert_eq!(run(&["test", "-e", "/nope"]).await.exit_code, 1);
+    assert_eq!(run(&["ln", "-s", "/work", "w"]).await.exit_code, 0);
+    assert_eq!(run(&["test", "-e", "w"]).await.exit_code, 0);
+    let cat = run(&["cat", "/nope"]).await;
+    assert_eq!(
+        (cat.exit_code, cat.stderr_text().as_str()),
+        (1, "cat: /nope: No such file or directory\n")
+    );
     // An argv is never a shell: `;` is a literal argument.
     assert_eq!(
         run(&["echo", "a;", "echo", "b"]).await.stdout_text(),
         "a; echo b\n"
     );
-    let missing = run(&["nosuchprog"]).await;
-    assert_eq!(
-        (missing.exit_code, missing.stderr_text().as_str()),
-        (127, "nosuchprog: not found\n")
-    );
-    assert_eq!(
-        run(&["exit", "3"]).await.exit_code,
-        127,
-        "exit is a shell builtin only"
-    );
 }
 
 #[tokio::test]
-async fn shell_lists_quotes_and_variables() {
+async fn outside_the_vocabulary_is_typed_never_guessed() {
+    use sandbox_fake::vocabulary::{
+        FORM_NOT_IN_VOCABULARY_EXIT, NOT_IN_VOCABULARY_EXIT, is_command,
+    };
+    let b = FakeBackend::new();
+    let sb = sandbox(&b).await;
+    for argv in [&["ls"][..], &["python3", "-c", "print(1)"], &["exit", "3"]] {
+        assert!(!is_command(argv[0]));
+        let r = sb.exec(argv).await.unwrap();
+        assert_eq!(r.exit_code, NOT_IN_VOCABULARY_EXIT, "{argv:?}");
+        assert_eq!(
+            r.stderr_text(),
+            format!("fake: command not in vocabulary: {}\n", argv[0])
+        );
+    }
+    let (code, _, err) = sh(&*sb, "mkdir -p a && echo no").await;
+    assert_eq!(
+        (code, err.as_str()),
+        (127, "fake: command not in vocabulary: mkdir\n")
+    );
+    for argv in [
+        &["echo"][..],
+        &["kill", "-HUP", "1"],
+        &["dd", "if=/dev/urandom"],
+    ] {
+        let r = sb.exec(argv).await.unwrap();
+        let expected = if argv.len() == 1 {
+            0
+        } else {
+            FORM_NOT_IN_VOCABULARY_EXIT
+        };
+        assert_eq!(r.exit_code, expected, "{argv:?}: {r:?}");
+    }
+    let r = sb.exec(["seq", "1", "2", "3"]).await.unwrap();
+    assert_eq!(r.exit_code, FORM_NOT_IN_VOCABULARY_EXIT);
+    assert!(
+        r.stderr_text()
+            .starts_with("fake: form not in vocabulary: seq")
+    );
+    for script in [
+        "echo $(id)",
+        "for i in 1 2; do echo $i; done",
+        "(true)",
+        "echo a | cat",
+        "X=1",
+        "cd /",
+        "cat < f",
+        "echo *",
+        "echo ${NAME}",
+    ] {
+        let (code, _, err) = sh(&*sb, script).await;
+        assert_eq!(code, FORM_NOT_IN_VOCABULARY_EXIT, "{script}");
+        assert!(
+            err.contains("not in the fake's vocabulary"),
+            "{script}: {err}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn shell_forms() {
     let b = FakeBackend::new();
     let sb = b
         .create(CreateOptions::default().env("NAME", "world"))
         .await
         .unwrap();
     assert_eq!(
-        sh(&*sb, "echo hello $NAME; echo \"${NAME}!\" '$NAME'")
+        sh(&*sb, "echo hello $NAME; echo \"$NAME!\" '$NAME'")
             .await
             .1,
         "hello world\nworld! $NAME\n"
     );
     assert_eq!(sh(&*sb, "false && echo no || echo yes").await.1, "yes\n");
-    assert_eq!(sh(&*sb, "false; echo $?").await.1, "1\n");
     assert_eq!(
-        sh(&*sb, "X=1; echo $X; printenv X || echo unexported")
+        sh(&*sb, "echo one && echo two; false || echo three")
             .await
             .1,
-        "1\nunexported\n"
+        "one\ntwo\nthree\n"
     );
-    assert_eq!(sh(&*sb, "X=2 printenv X").await.1, "2\n");
-    assert_eq!(sh(&*sb, "echo ${UNSET:-dflt}").await.1, "dflt\n");
+    assert_eq!(sh(&*sb, "false; echo $?").await.1, "1\n");
     assert_eq!(sh(&*sb, "exit 7; echo never").await.0, 7);
-    assert_eq!(
-        sh(&*sb, "echo $$")
-            .await
-            .1
-            .trim()
-            .parse::<u32>()
-            .map(|p| p > 1),
-        Ok(true)
-    );
-    let (code, _, err) = sh(&*sb, "nosuch").await;
-    assert_eq!((code, err.as_str()), (127, "sh: nosuch: not found\n"));
-}
-
-#[tokio::test]
-async fn shell_redirections() {
-    let b = FakeBackend::new();
-    let sb = sandbox(&b).await;
+    assert_eq!(sh(&*sb, "exit 3 # a comment").await.0, 3);
+    let pid = sh(&*sb, "echo $$").await.1;
+    assert!(pid.trim().parse::<u32>().is_ok_and(|p| p > 1), "{pid}");
     assert_eq!(sh(&*sb, "echo a > f; echo b >> f; cat f").await.1, "a\nb\n");
     let (_, out, err) = sh(&*sb, "echo to-err >&2; echo out 2>/dev/null").await;
     assert_eq!((out.as_str(), err.as_str()), ("out\n", "to-err\n"));
     let (_, out, err) = sh(&*sb, "cat missing 2>&1").await;
-    assert_eq!(err, "");
-    assert!(out.contains("can't open 'missing'"), "{out}");
+    assert_eq!(
+        (out.as_str(), err.as_str()),
+        ("cat: missing: No such file or directory\n", "")
+    );
     assert_eq!(
         sh(&*sb, "cat nosuch 2> e.txt; cat e.txt").await.1,
-        "cat: can't open 'nosuch': No such file or directory\n"
+        "cat: nosuch: No such file or directory\n"
     );
-    let (code, _, err) = sh(&*sb, "echo x > /nodir/f").await;
-    assert_eq!(code, 1);
-    assert!(err.contains("nonexistent directory"), "{err}");
+    assert_eq!(sh(&*sb, "echo x > /nodir/f").await.0, 1);
     assert_eq!(
-        sh(&*sb, "echo abc | wc -c").await.1,
-        "4\n",
-        "pipes run stage by stage"
-    );
-    assert_eq!(sh(&*sb, "wc -c < f").await.1, "4\n");
-}
-
-#[tokio::test]
-async fn shell_refuses_what_it_does_not_support() {
-    let b = FakeBackend::new();
-    let sb = sandbox(&b).await;
-    for cmd in ["echo $(id)", "for i in 1 2; do echo $i; done", "(cd /)"] {
-        let (code, _, err) = sh(&*sb, cmd).await;
-        assert_eq!(code, 2, "{cmd}");
-        assert!(err.contains("not supported"), "{cmd}: {err}");
-    }
-}
-
-#[tokio::test]
-async fn filesystem_commands() {
-    let b = FakeBackend::new();
-    let sb = sandbox(&b).await;
-    assert_eq!(
-        sh(
-            &*sb,
-            "mkdir -p a/b && touch a/b/c && ls a/b && test -e a/b/c && echo yes"
-        )
-        .await
-        .1,
-        "c\nyes\n"
-    );
-    let (code, _, err) = sh(&*sb, "mkdir a").await;
-    assert_eq!(
-        (code, err.as_str()),
-        (1, "mkdir: can't create directory 'a': File exists\n")
-    );
-    assert_eq!(sh(&*sb, "rm a").await.2, "rm: 'a' is a directory\n");
-    assert_eq!(
-        sh(&*sb, "rm -rf a; [ -e a ] || echo gone").await.1,
-        "gone\n"
-    );
-    assert_eq!(sh(&*sb, "rm -f nothing; echo $?").await.1, "0\n");
-    assert_eq!(
-        sh(&*sb, "echo data > s; cp s t; mv t u; cat u; ls").await.1,
-        "data\ns\nu\n"
-    );
-    assert_eq!(sh(&*sb, "head -c 2 s; echo; wc -c s").await.1, "da\n5 s\n");
-    assert_eq!(sh(&*sb, "ls -a /work").await.1, ".\n..\ns\nu\n");
-    assert_eq!(
-        sh(&*sb, "ln -s s link; cat link; test -L link && echo L")
-            .await
-            .1,
-        "data\nL\n"
+        sh(&*sb, "exec echo replaced; echo never").await.1,
+        "replaced\n"
     );
 }
 
 #[tokio::test]
-async fn policy_pseudo_files() {
+async fn no_kernel_files_in_a_model() {
     let b = FakeBackend::new();
     let sb = b
         .create(CreateOptions::default().resources(Resources::default().memory_mb(256).pids(64)))
         .await
         .unwrap();
-    let status = sh(&*sb, "cat /proc/1/status").await.1;
-    assert!(status.contains("NoNewPrivs:\t1") && status.contains("CapEff:\t0000000000000000"));
-    assert_eq!(
-        sh(&*sb, "cat /sys/fs/cgroup/memory.max").await.1,
-        format!("{}\n", 256 << 20)
-    );
-    assert_eq!(sh(&*sb, "cat /sys/fs/cgroup/pids.max").await.1, "64\n");
-    let dev = sh(&*sb, "cat /proc/net/dev").await.1;
-    assert!(dev.contains("lo:") && !dev.contains("eth0"), "{dev}");
-    let allow = b
-        .create(CreateOptions::default().network(NetworkPolicy::allow()))
-        .await
-        .unwrap();
-    assert!(sh(&*allow, "cat /proc/net/dev").await.1.contains("eth0:"));
+    for file in [
+        "/proc/1/status",
+        "/proc/net/dev",
+        "/sys/fs/cgroup/memory.max",
+    ] {
+        assert_eq!(sh(&*sb, &format!("cat {file}")).await.0, 1, "{file}");
+    }
+    // The policy in effect is inspected on the handle and in the recorded calls instead.
+    assert_eq!(handle(&*sb).resources().memory_mb, 256);
+    assert_eq!(handle(&*sb).resources().pids, 64);
 }
 
 #[tokio::test]
@@ -394,7 +383,7 @@ async fn large_output_streams_in_chunks() {
     let b = FakeBackend::new();
     let sb = sandbox(&b).await;
     let r = sb
-        .exec(["dd", "if=/dev/zero", "bs=1M", "count=8"])
+        .exec(["dd", "if=/dev/zero", "bs=1048576", "count=8"])
         .await
         .unwrap();
     assert_eq!(r.stdout.len(), 8 << 20);
@@ -458,7 +447,7 @@ async fn nc_honours_the_egress_policy() {
 // Python
 
 #[tokio::test]
-async fn python_snippets() {
+async fn snippet_table() {
     let b = FakeBackend::new();
     let sb = sandbox(&b).await;
     let code = |c: &'static str| {
@@ -466,34 +455,25 @@ async fn python_snippets() {
         async move { sb.code(c).await.unwrap() }
     };
     assert_eq!(code("print(1)").await.stdout_text(), "1\n");
-    assert_eq!(code("print(2 * (3 + 4) - 1)").await.stdout_text(), "13\n");
+    assert_eq!(code("print(40 + 2)").await.stdout_text(), "42\n");
+    assert_eq!(code("print(40+2)").await.stdout_text(), "42\n");
+    assert_eq!(code("print(6 * 7)").await.stdout_text(), "42\n");
     assert_eq!(code("print(\"hello\")").await.stdout_text(), "hello\n");
+    assert_eq!(code("print('tok-1')").await.stdout_text(), "tok-1\n");
+    let err = code("import sys; sys.stderr.write(\"err\\n\")").await;
     assert_eq!(
-        code("x = 'ab'; print(x * 2, len(x), sep='|')")
-            .await
-            .stdout_text(),
-        "abab|2\n"
-    );
-    assert_eq!(
-        code("import sys; sys.stderr.write(\"err\\n\")")
-            .await
-            .stderr_text(),
-        "err\n"
+        (err.stdout_text().as_str(), err.stderr_text().as_str()),
+        ("", "err\n")
     );
     assert_eq!(
         code("import os; print(os.getcwd())").await.stdout_text(),
         "/work\n"
     );
-    assert_eq!(
-        code("n = 3\nprint(f'n={n} sq={n*n}')").await.stdout_text(),
-        "n=3 sq=9\n"
-    );
     let syntax = code("def (:").await;
-    assert!(syntax.exit_code != 0 && syntax.stderr_text().contains("SyntaxError"));
-    let zero = code("print('before')\n1/0").await;
-    assert_eq!(zero.stdout_text(), "before\n");
+    assert!(syntax.exit_code == 1 && syntax.stderr_text().contains("SyntaxError"));
+    let zero = code("1/0").await;
     assert!(
-        zero.exit_code != 0
+        zero.exit_code == 1
             && zero
                 .stderr_text()
                 .contains("ZeroDivisionError: division by zero")
@@ -510,22 +490,20 @@ async fn python_snippets() {
             .stderr_text()
             .contains("NameError")
     );
-    assert_eq!(code("import sys; sys.exit(3)").await.exit_code, 3);
-    let unsupported = code("for i in range(3):\n    print(i)").await;
+    let big = code("print(9223372036854775807 + 1)").await;
     assert!(
-        unsupported.stderr_text().contains("NotImplementedError"),
-        "{unsupported:?}"
+        big.exit_code == 1 && big.stderr_text().contains("OverflowError"),
+        "{big:?}"
     );
-    sb.files()
-        .unwrap()
-        .write("name.txt", Bytes::from("file text"))
-        .await
-        .unwrap();
+    // Not in the table: a typed answer, never an interpretation.
+    let other = code("import json; print(json.dumps([1]))").await;
     assert_eq!(
-        code("print(open(\"name.txt\").read())").await.stdout_text(),
-        "file text\n"
+        (other.exit_code, other.stderr_text().as_str()),
+        (
+            127,
+            "fake: snippet not in table: import json; print(json.dumps([1]))\n"
+        )
     );
-    assert_eq!(sh(&*sb, "python3 -c 'print(40 + 2)'").await.1, "42\n");
 }
 
 /// The contract suite's pid-proving snippet: the interpreter's pid is a live process of
@@ -604,7 +582,6 @@ async fn templates_without_python_refuse_run_code() {
     let e = sb.code("print(1)").await.unwrap_err();
     assert_eq!(e.code(), ErrorCode::InterpreterMissing);
     assert!(e.to_string().contains("python3") && e.to_string().contains("busybox"));
-    assert_eq!(sh(&*sb, "python3 -c 'print(1)'").await.0, 127);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -620,7 +597,7 @@ async fn file_system_semantics() {
         .await
         .unwrap();
     assert_eq!(f.read("/work/bin/all.bin").await.unwrap(), all);
-    assert_eq!(sh(&*sb, "wc -c bin/all.bin").await.1, "256 bin/all.bin\n");
+    assert_eq!(sb.exec(["cat", "bin/all.bin"]).await.unwrap().stdout, all);
     assert_eq!(
         f.read("nope").await.unwrap_err().code(),
         ErrorCode::PathNotFound
@@ -648,7 +625,10 @@ async fn file_system_semantics() {
         .map(|i| i.name)
         .collect();
     assert_eq!(names, ["bin", "d"]);
+    // Listing and removal do not confuse sibling prefixes (`/work/d` vs `/work/dd`).
+    f.write("dd", Bytes::from("x")).await.unwrap();
     f.remove("d").await.unwrap();
+    assert_eq!(f.read("dd").await.unwrap(), "x");
     assert_eq!(
         f.stat("d/e").await.unwrap_err().code(),
         ErrorCode::PathNotFound
@@ -673,9 +653,10 @@ async fn upload_and_download_round_trip() {
     std::fs::write(src.join("a.txt"), "A").unwrap();
     std::fs::write(src.join("sub/b.bin"), vec![7u8; 3 << 20]).unwrap();
     f.upload(&src, "up").await.unwrap();
+    assert_eq!(sh(&*sb, "cat up/a.txt").await.1, "A");
     assert_eq!(
-        sh(&*sb, "cat up/a.txt; wc -c up/sub/b.bin").await.1,
-        "A3145728 up/sub/b.bin\n"
+        handle(&*sb).read_file("up/sub/b.bin").unwrap().len(),
+        3 << 20
     );
     let out = dir.path().join("out");
     f.download("up", &out).await.unwrap();
@@ -757,7 +738,7 @@ async fn dropping_a_stream_kills_its_process_tree() {
     let sb = sandbox(&b).await;
     let mut p = sb
         .stream(
-            "sleep 500 & echo started; wait".into(),
+            "sleep 500 & echo started; sleep 600".into(),
             RunOptions::default(),
         )
         .unwrap();
@@ -996,4 +977,16 @@ async fn backend_is_usable_as_a_trait_object() {
     let sb = b.create(CreateOptions::default()).await.unwrap();
     assert_eq!(sb.backend(), "fake");
     sb.kill().await.unwrap();
+}
+
+#[test]
+fn matchers() {
+    let argv = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert!(RunMatch::from(["git", "status"]).matches(&argv(&["git", "status"])));
+    assert!(!RunMatch::from(["git"]).matches(&argv(&["git", "status"])));
+    assert!(RunMatch::prefix(["git"]).matches(&argv(&["git", "status"])));
+    assert!(RunMatch::from("echo hi").matches(&argv(&["sh", "-c", "echo hi"])));
+    assert!(RunMatch::when(|a| a.len() == 3).matches(&argv(&["a", "b", "c"])));
+    assert!(CodeMatch::from("print(1)").matches("  print(1)\n"));
+    assert!(CodeMatch::contains("import").matches("import os"));
 }
