@@ -1,28 +1,39 @@
 //! Deliberately broken backend decorators (feature `broken`), to prove the suite catches
 //! broken adapters.
 //!
-//! [`wrap`] puts one [`Flaw`] around any backend; [`BrokenProbes`] forwards an adapter's
-//! probes and wraps its fault backend the same way. `tests/broken_adapters.rs` runs the
-//! named trial that must catch each flaw against the wrapped fake and asserts it fails.
-//! Never use these outside tests.
+//! [`wrap`] puts one [`Flaw`] around any working backend; [`BrokenProbes`] forwards an
+//! adapter's probes and wraps its fault backend the same way. Each flaw names the one
+//! trial that must catch it ([`Flaw::caught_by`]); `tests/broken_adapters.rs` runs that
+//! trial against the wrapped fake, requires it to fail, and requires the same trial to
+//! pass on the unbroken fake. `CASES.md` lists, per trial, the flaws that prove it can
+//! fail. Never use these outside tests.
+//!
+//! Some flaws model an adapter that skipped a kernel-level setting (capabilities, cgroup
+//! limits) by rewriting what the sandbox reports about itself: a wrapper cannot take a
+//! setting away from a real container, and what these flaws prove is that the trial reads
+//! and judges that evidence rather than passing whatever it sees.
 
 use std::any::Any;
 use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use futures::StreamExt;
 use sandbox_core::teardown::OrphanInfo;
 use sandbox_core::{
     Backend, Capability, CodeOptions, Command, CreateOptions, Egress, ErrorCode, ExecResult,
-    FileSystem, IsolationTier, ManagedSandbox, Process, ReapableBackend, Result, RunOptions,
-    Sandbox, SandboxError, StartedExec,
+    FileInfo, FileSystem, IsolationTier, ManagedSandbox, NetworkPolicy, Process, ReapableBackend,
+    Resources, Result, RichResult, RunOptions, Sandbox, SandboxError, StartedExec,
 };
 
 use crate::probes::{CanarySpec, EngineLimits, Faults, Probes};
 
 /// One way an adapter can be broken.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Flaw {
     /// `run`/`run_code` ignore the timeout (they inherit the lifetime instead) and turn
     /// `ExecutionTimeout` into a successful exit 0.
@@ -39,23 +50,184 @@ pub enum Flaw {
     /// Declares `INGRESS_PORTS` and accepts ingress ports at create, but publishes nothing:
     /// `ingress_address` names a loopback port where no sandbox program answers.
     PretendIngress,
+    /// `run_code` returns its printed output a second time as an untyped rich result.
+    UntypedRichResults,
+    /// A stream ends after one second without output, reporting exit 0 while the
+    /// process still runs.
+    StreamEndsOnPause,
+    /// After a refused kill, every later call reports that kill's failure instead of its
+    /// own outcome.
+    PoisonAfterFailedKill,
+    /// `mkdir` always creates missing parents, even without `parents`.
+    MkdirAlwaysParents,
+    /// Capabilities are not dropped: the sandbox's processes keep root's bounding and
+    /// permitted sets (modelled on what `/proc/<pid>/status` reports).
+    KeepCapabilities,
+    /// A sandbox reports a different isolation tier than its backend.
+    TierMismatch,
+    /// Memory and pids limits are ignored: the sandbox gets the defaults.
+    IgnoreLimits,
+    /// Without explicit limits the sandbox is unlimited (modelled on the cgroup files
+    /// reading `max`).
+    UnlimitedDefaults,
+    /// Dropping a handle without `kill()` leaves the sandbox running.
+    LeakOnDrop,
+    /// Declares `EGRESS_ALLOWLIST` without honouring it.
+    DeclareUnhonoured,
+    /// Does not declare `STATEFUL_CODE` but still runs code in contexts.
+    EmulateUndeclared,
+    /// An exec timeout kills the whole sandbox, not just that process.
+    TimeoutKillsSandbox,
+    /// An exec timeout kills only the exec's pid, not its process group: background
+    /// children survive.
+    KillOnlyExecPid,
+    /// `stream()` ignores the timeout it was given.
+    IgnoreStreamTimeout,
+    /// Egress `Allow` is silently turned into `Deny`.
+    SilentlyDenyAllow,
+    /// The sandbox lifetime is ignored (the sandbox lives for an hour).
+    IgnoreLifetime,
+    /// An argv command is joined into a `sh -c` string.
+    ArgvViaShell,
+    /// A missing executable exits 126 with its message on stdout.
+    MissingBinary126,
+    /// Secrets are passed as plain environment, so the engine stores them.
+    SecretsInEngineEnv,
+    /// `connect` of a dead id creates a new sandbox instead of failing.
+    ConnectRevives,
+    /// A create that is refused provisions a sandbox first (and leaves it).
+    RefuseAfterProvisioning,
+    /// Output past `output_cap` is silently truncated instead of refused.
+    TruncateSilently,
+    /// `stream()` starts the process at once, before the first poll.
+    EagerStream,
+    /// A dropped handle is never reported when its teardown cannot happen: no orphan
+    /// warning (the handle's drop does nothing).
+    NoOrphanWarning,
+    /// `read` of a directory returns empty data instead of `IsADirectory`.
+    ReadDirReturnsData,
+    /// Engine errors escape unmapped: a failed create is a raw `Engine` error.
+    RawEngineErrors,
+    /// `stat` reports no modification time and mode 0.
+    StaleFileInfo,
+    /// `CreateOptions::workdir` is ignored: commands run in the default directory.
+    IgnoreWorkdir,
+    /// Metadata keys are not checked: a key with control characters reaches the engine.
+    UncheckedLabelKeys,
 }
 
 impl Flaw {
     /// Every flaw.
-    pub const ALL: [Flaw; 6] = [
+    pub const ALL: [Flaw; 35] = [
         Flaw::SwallowTimeouts,
         Flaw::PretendNetworkPolicy,
         Flaw::LeakSecrets,
         Flaw::LeakKillError,
         Flaw::OrphanProcesses,
         Flaw::PretendIngress,
+        Flaw::UntypedRichResults,
+        Flaw::StreamEndsOnPause,
+        Flaw::PoisonAfterFailedKill,
+        Flaw::MkdirAlwaysParents,
+        Flaw::KeepCapabilities,
+        Flaw::TierMismatch,
+        Flaw::IgnoreLimits,
+        Flaw::UnlimitedDefaults,
+        Flaw::LeakOnDrop,
+        Flaw::DeclareUnhonoured,
+        Flaw::EmulateUndeclared,
+        Flaw::TimeoutKillsSandbox,
+        Flaw::KillOnlyExecPid,
+        Flaw::IgnoreStreamTimeout,
+        Flaw::SilentlyDenyAllow,
+        Flaw::IgnoreLifetime,
+        Flaw::ArgvViaShell,
+        Flaw::MissingBinary126,
+        Flaw::SecretsInEngineEnv,
+        Flaw::ConnectRevives,
+        Flaw::RefuseAfterProvisioning,
+        Flaw::TruncateSilently,
+        Flaw::EagerStream,
+        Flaw::NoOrphanWarning,
+        Flaw::ReadDirReturnsData,
+        Flaw::RawEngineErrors,
+        Flaw::StaleFileInfo,
+        Flaw::IgnoreWorkdir,
+        Flaw::UncheckedLabelKeys,
     ];
+
+    /// The trials that must fail on a backend with this flaw (each passes without it).
+    pub fn caught_by(self) -> &'static [&'static str] {
+        match self {
+            Flaw::SwallowTimeouts => &["contract::run::timeout_kills_only_that_process"],
+            Flaw::PretendNetworkPolicy => &[
+                "contract::policy::egress_deny_really_denies",
+                "contract::policy::deny_leaves_only_loopback",
+            ],
+            Flaw::LeakSecrets => &["contract::lifecycle::debug_shows_id_never_secrets"],
+            Flaw::LeakKillError => {
+                &["contract::cancellation::failing_kill_is_connect_error_with_reap_hint"]
+            }
+            Flaw::OrphanProcesses => &[
+                "contract::cancellation::drop_mid_run_kills_process",
+                "contract::streaming::cleanup_after_drop",
+            ],
+            Flaw::PretendIngress => &["contract::policy::ingress_published_or_refused"],
+            Flaw::UntypedRichResults => &["contract::run_code::rich_results_typed_or_absent"],
+            Flaw::StreamEndsOnPause => &["contract::streaming::cleanup_after_full_iteration"],
+            Flaw::PoisonAfterFailedKill => {
+                &["contract::cancellation::teardown_failure_never_hides_callers_error"]
+            }
+            Flaw::MkdirAlwaysParents => &["contract::files::mkdir_parents"],
+            Flaw::KeepCapabilities => &[
+                "contract::hardening::cap_eff_zero_pid1",
+                "contract::hardening::cap_eff_zero_self",
+            ],
+            Flaw::TierMismatch => &["contract::lifecycle::sandbox_tier_equals_backend_tier"],
+            Flaw::IgnoreLimits => &["contract::hardening::limits_as_requested"],
+            Flaw::UnlimitedDefaults => &["contract::policy::caps_cannot_be_unset"],
+            Flaw::LeakOnDrop => &["contract::lifecycle::drop_without_kill_tears_down"],
+            Flaw::DeclareUnhonoured => &["contract::policy::allowlist_enforced_or_refused"],
+            Flaw::EmulateUndeclared => &["contract::capabilities::every_undeclared_flag_refuses"],
+            Flaw::TimeoutKillsSandbox => &["contract::run::timeout_kills_only_that_process"],
+            Flaw::KillOnlyExecPid => &["contract::run::timeout_kills_process_tree"],
+            Flaw::IgnoreStreamTimeout => &["contract::streaming::timeout_from_iteration"],
+            Flaw::SilentlyDenyAllow => &["contract::policy::allow_adds_an_interface"],
+            Flaw::IgnoreLifetime => &["contract::lifecycle::lifetime_backstop_ends_sandbox"],
+            Flaw::ArgvViaShell => &["contract::run::list_not_via_shell"],
+            Flaw::MissingBinary126 => &["contract::run::missing_binary_argv_is_127"],
+            Flaw::SecretsInEngineEnv => &["contract::hardening::secrets_not_in_engine_env"],
+            Flaw::ConnectRevives => &["contract::lifecycle::connect_dead_is_connect_error"],
+            Flaw::RefuseAfterProvisioning => &["contract::policy::gpu_refused_without_capability"],
+            Flaw::TruncateSilently => &["contract::run::output_cap_exceeded_is_typed"],
+            Flaw::EagerStream => &["contract::streaming::starts_on_first_poll"],
+            Flaw::NoOrphanWarning => &["contract::cancellation::grace_expiry_warns_orphan_with_id"],
+            Flaw::ReadDirReturnsData => &["contract::files::read_of_dir_is_typed_error"],
+            Flaw::RawEngineErrors => &["contract::errors::no_raw_engine_error_escapes"],
+            Flaw::StaleFileInfo => &["contract::files::stat_mode_and_modified"],
+            Flaw::IgnoreWorkdir => &["contract::run::create_workdir_applies"],
+            Flaw::UncheckedLabelKeys => &["contract::policy::label_key_with_control_chars_refused"],
+        }
+    }
 }
 
 /// Wraps `inner` so that it has `flaw`.
 pub fn wrap(inner: Arc<dyn Backend>, flaw: Flaw) -> Arc<dyn Backend> {
-    Arc::new(BrokenBackend { inner, flaw })
+    Arc::new(BrokenBackend {
+        inner,
+        flaw,
+        last_options: Mutex::new(None),
+    })
+}
+
+/// Remote work a flaw deliberately abandons (never killed by a drop), held until the
+/// process ends so the suite's leak check, not a destructor, finds it.
+static ABANDONED: Mutex<Vec<Box<dyn Any + Send>>> = Mutex::new(Vec::new());
+
+fn abandon(thing: impl Any + Send) {
+    if let Ok(mut held) = ABANDONED.lock() {
+        held.push(Box::new(thing));
+    }
 }
 
 /// A backend with a flaw.
@@ -63,6 +235,33 @@ pub fn wrap(inner: Arc<dyn Backend>, flaw: Flaw) -> Arc<dyn Backend> {
 pub struct BrokenBackend {
     inner: Arc<dyn Backend>,
     flaw: Flaw,
+    /// The last options a create succeeded with (`ConnectRevives` creates from them).
+    last_options: Mutex<Option<CreateOptions>>,
+}
+
+impl BrokenBackend {
+    fn sandbox(
+        &self,
+        inner: Box<dyn Sandbox>,
+        secrets: Vec<String>,
+        ingress: Vec<u16>,
+    ) -> Box<dyn Sandbox> {
+        Box::new(BrokenSandbox {
+            inner: Arc::from(inner),
+            flaw: self.flaw,
+            secrets,
+            ingress,
+            poisoned: Mutex::new(None),
+        })
+    }
+
+    /// Options with the same metadata that the inner backend accepts.
+    fn plain(options: &CreateOptions) -> CreateOptions {
+        let mut plain = CreateOptions::default();
+        plain.template = options.template.clone();
+        plain.metadata = options.metadata.clone();
+        plain
+    }
 }
 
 #[async_trait]
@@ -71,17 +270,53 @@ impl Backend for BrokenBackend {
         self.inner.name()
     }
     fn capabilities(&self) -> Capability {
-        match self.flaw {
-            Flaw::PretendIngress => self.inner.capabilities() | Capability::INGRESS_PORTS,
-            _ => self.inner.capabilities(),
-        }
+        adjust_caps(self.flaw, self.inner.capabilities())
     }
     fn isolation(&self) -> IsolationTier {
         self.inner.isolation()
     }
     async fn create(&self, mut options: CreateOptions) -> Result<Box<dyn Sandbox>> {
-        if self.flaw == Flaw::PretendNetworkPolicy && options.network.egress == Egress::Deny {
-            options.network.egress = Egress::Allow;
+        match self.flaw {
+            Flaw::PretendNetworkPolicy if options.network.egress == Egress::Deny => {
+                options.network.egress = Egress::Allow;
+            }
+            Flaw::SilentlyDenyAllow if options.network.egress == Egress::Allow => {
+                options.network = NetworkPolicy::deny();
+            }
+            Flaw::DeclareUnhonoured if matches!(options.network.egress, Egress::AllowList(_)) => {
+                // Says it filters, gives full egress.
+                options.network.egress = Egress::Allow;
+            }
+            Flaw::IgnoreLimits => {
+                options.resources = Resources::default();
+            }
+            Flaw::IgnoreLifetime => {
+                options.timeout = Duration::from_secs(3600);
+            }
+            Flaw::SecretsInEngineEnv => {
+                for (k, v) in std::mem::take(&mut options.secrets) {
+                    options.env.insert(k, v.expose().to_string());
+                }
+            }
+            Flaw::IgnoreWorkdir => {
+                options.workdir = None;
+            }
+            Flaw::UncheckedLabelKeys => {
+                // The keys the engine would receive, control characters and all: the
+                // inner backend only sees them cleaned, as if the engine took them.
+                let bad = options
+                    .metadata
+                    .keys()
+                    .any(|k| k.chars().any(char::is_control));
+                if bad {
+                    options.metadata = options
+                        .metadata
+                        .into_iter()
+                        .map(|(k, v)| (k.chars().filter(|c| !c.is_control()).collect(), v))
+                        .collect();
+                }
+            }
+            _ => {}
         }
         let ingress = if self.flaw == Flaw::PretendIngress {
             std::mem::take(&mut options.network.ingress_ports)
@@ -93,27 +328,58 @@ impl Backend for BrokenBackend {
             .values()
             .map(|s| s.expose().to_string())
             .collect();
-        let inner = self.inner.create(options).await?;
-        Ok(Box::new(BrokenSandbox {
-            inner,
-            flaw: self.flaw,
-            secrets,
-            ingress,
-        }))
+        let created = self.inner.create(options.clone()).await;
+        let inner = match created {
+            Ok(inner) => inner,
+            Err(e) if self.flaw == Flaw::RefuseAfterProvisioning => {
+                // Provisions first, then refuses, and leaves what it provisioned.
+                if let Ok(provisioned) = self.inner.create(Self::plain(&options)).await {
+                    abandon(provisioned);
+                }
+                return Err(e);
+            }
+            Err(e) if self.flaw == Flaw::RawEngineErrors => {
+                return Err(SandboxError::engine(
+                    self.inner.name(),
+                    format!("raw engine error: {e}"),
+                ));
+            }
+            Err(e) => return Err(e),
+        };
+        if let Ok(mut last) = self.last_options.lock() {
+            *last = Some(Self::plain(&options));
+        }
+        Ok(self.sandbox(inner, secrets, ingress))
     }
     async fn connect(&self, id: &str) -> Result<Box<dyn Sandbox>> {
-        let inner = self.inner.connect(id).await?;
-        Ok(Box::new(BrokenSandbox {
-            inner,
-            flaw: self.flaw,
-            secrets: vec![],
-            ingress: vec![],
-        }))
+        match self.inner.connect(id).await {
+            Ok(inner) => Ok(self.sandbox(inner, vec![], vec![])),
+            Err(e) if self.flaw == Flaw::ConnectRevives && e.code() == ErrorCode::Connect => {
+                let options = self
+                    .last_options
+                    .lock()
+                    .ok()
+                    .and_then(|o| o.clone())
+                    .unwrap_or_default();
+                let inner = self.inner.create(options).await?;
+                Ok(self.sandbox(inner, vec![], vec![]))
+            }
+            Err(e) => Err(e),
+        }
     }
     fn as_reapable(&self) -> Option<&dyn ReapableBackend> {
         self.inner
             .as_reapable()
             .map(|_| self as &dyn ReapableBackend)
+    }
+}
+
+fn adjust_caps(flaw: Flaw, caps: Capability) -> Capability {
+    match flaw {
+        Flaw::PretendIngress => caps | Capability::INGRESS_PORTS,
+        Flaw::DeclareUnhonoured => caps | Capability::EGRESS_ALLOWLIST,
+        Flaw::EmulateUndeclared => caps - Capability::STATEFUL_CODE,
+        _ => caps,
     }
 }
 
@@ -134,11 +400,13 @@ impl ReapableBackend for BrokenBackend {
 }
 
 struct BrokenSandbox {
-    inner: Box<dyn Sandbox>,
+    inner: Arc<dyn Sandbox>,
     flaw: Flaw,
     secrets: Vec<String>,
     /// Ingress ports asked for (and silently dropped) under `PretendIngress`.
     ingress: Vec<u16>,
+    /// Under `PoisonAfterFailedKill`: the failed kill every later call reports.
+    poisoned: Mutex<Option<String>>,
 }
 
 impl std::fmt::Debug for BrokenSandbox {
@@ -152,7 +420,63 @@ impl std::fmt::Debug for BrokenSandbox {
     }
 }
 
+impl Drop for BrokenSandbox {
+    fn drop(&mut self) {
+        // The handle's own teardown never runs: the sandbox is neither killed nor, when
+        // that matters (a hanging engine), reported as orphaned.
+        if matches!(self.flaw, Flaw::LeakOnDrop | Flaw::NoOrphanWarning) {
+            abandon(self.inner.clone());
+        }
+    }
+}
+
+/// A started process's output, re-wrapped: the flaws that change how a stream ends.
+fn rewrap(inner: Process, timeout: Duration, info: OrphanInfo, end_on_pause: bool) -> Process {
+    let start = async move {
+        let mut inner = inner;
+        inner.start().await?;
+        let held = Arc::new(tokio::sync::Mutex::new(Some(inner)));
+        let out = held.clone();
+        let output = futures::stream::unfold(out, move |out| async move {
+            let next = {
+                let mut guard = out.lock().await;
+                let p = guard.as_mut()?;
+                if end_on_pause {
+                    match tokio::time::timeout(Duration::from_secs(1), p.next()).await {
+                        Ok(item) => item,
+                        Err(_) => {
+                            // Ends the stream; the process is left running.
+                            if let Some(p) = guard.take() {
+                                abandon(p);
+                            }
+                            None
+                        }
+                    }
+                } else {
+                    p.next().await
+                }
+            };
+            next.map(|item| (item, out))
+        })
+        .boxed();
+        let exit_code = Box::pin(async move {
+            let guard = held.lock().await;
+            Ok(guard.as_ref().and_then(|p| p.returncode()).unwrap_or(0))
+        });
+        Ok(StartedExec {
+            output,
+            exit_code,
+            killer: Arc::new(|| Box::pin(async { Ok(()) })),
+        })
+    };
+    Process::new(Box::pin(start), timeout, info)
+}
+
 impl BrokenSandbox {
+    fn info(&self) -> OrphanInfo {
+        OrphanInfo::new(self.inner.id(), self.inner.backend(), BTreeMap::new())
+    }
+
     /// A process whose killer does nothing and whose real process is never dropped (so
     /// its own drop-kill never runs).
     fn orphaning_stream(&self, cmd: Command, options: RunOptions) -> Result<Process> {
@@ -170,11 +494,7 @@ impl BrokenSandbox {
                 held.lock()
                     .ok()
                     .and_then(|p| p.returncode())
-                    .ok_or_else(|| SandboxError::Engine {
-                        backend: "broken".into(),
-                        message: "no exit code".into(),
-                        source: None,
-                    })
+                    .ok_or_else(|| SandboxError::engine("broken", "no exit code"))
             });
             Ok(StartedExec {
                 output,
@@ -184,16 +504,131 @@ impl BrokenSandbox {
         };
         Ok(Process::new(
             Box::pin(start),
-            timeout.unwrap_or(std::time::Duration::from_secs(300)),
-            OrphanInfo::new(self.inner.id(), self.inner.backend(), BTreeMap::new()),
+            timeout.unwrap_or(Duration::from_secs(300)),
+            self.info(),
         ))
     }
+
+    fn poison(&self) -> Result<()> {
+        match self.poisoned.lock().ok().and_then(|p| p.clone()) {
+            Some(msg) => Err(SandboxError::connect(self.inner.id(), msg)),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs `cmd` as a shell job whose pid is recorded, and on expiry kills only that
+    /// pid (its group lives on) — `KillOnlyExecPid`.
+    async fn run_killing_only_the_pid(
+        &self,
+        script: &str,
+        options: RunOptions,
+    ) -> Result<ExecResult> {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let Some(timeout) = options.timeout else {
+            return self
+                .inner
+                .run(Command::Shell(script.to_string()), options)
+                .await;
+        };
+        let pid_file = format!("/tmp/.sbx-broken-pid-{}", N.fetch_add(1, Ordering::SeqCst));
+        let wrapped = format!("echo $$ > {pid_file}; {script}");
+        let mut long = options.clone();
+        long.timeout = Some(Duration::from_secs(300));
+        let mut p = self.inner.stream(Command::Shell(wrapped), long)?;
+        p.start().await?;
+        let cap = options.output_cap.unwrap_or(64 << 20);
+        match tokio::time::timeout(timeout, collect_all(&mut p, cap)).await {
+            Ok(r) => r,
+            Err(_) => {
+                let pid = self
+                    .inner
+                    .run(
+                        ["cat".to_string(), pid_file].to_vec().into(),
+                        RunOptions::default(),
+                    )
+                    .await?
+                    .stdout_text();
+                let _ = self
+                    .inner
+                    .run(
+                        vec!["kill".to_string(), "-9".to_string(), pid.trim().to_string()].into(),
+                        RunOptions::default(),
+                    )
+                    .await;
+                abandon(p);
+                Err(SandboxError::execution_timeout(timeout))
+            }
+        }
+    }
+}
+
+/// Collects a started process's output into a result (the `run` shape).
+async fn collect_all(p: &mut Process, cap: usize) -> Result<ExecResult> {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    while let Some(item) = p.next().await {
+        let chunk = item?;
+        match chunk.stream {
+            sandbox_core::StreamKind::Stdout => out.extend_from_slice(&chunk.data),
+            sandbox_core::StreamKind::Stderr => err.extend_from_slice(&chunk.data),
+        }
+        if out.len() + err.len() > cap {
+            return Err(SandboxError::resource_limit("output", None));
+        }
+    }
+    Ok(ExecResult::new(p.returncode().unwrap_or(-1), out, err))
 }
 
 fn swallow(r: Result<ExecResult>) -> Result<ExecResult> {
     match r {
         Err(e) if e.code() == ErrorCode::ExecutionTimeout => Ok(ExecResult::new(0, "", "")),
         r => r,
+    }
+}
+
+/// Replaces the value of `field:` lines in a `/proc/<pid>/status` text.
+fn with_status_field(text: &str, field: &str, value: &str) -> String {
+    text.lines()
+        .map(|l| match l.split_once(':') {
+            Some((k, _)) if k.trim() == field => format!("{k}:\t{value}"),
+            _ => l.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n"
+}
+
+/// What a command reads, for the flaws that model kernel settings.
+fn reads(cmd: &Command, what: &str) -> bool {
+    match cmd {
+        Command::Argv(v) => v.iter().any(|a| a.contains(what)),
+        Command::Shell(s) => s.contains(what),
+    }
+}
+
+impl BrokenSandbox {
+    /// What the sandbox reports about itself under the kernel-setting flaws.
+    fn rewrite_evidence(&self, cmd: &Command, mut r: ExecResult) -> ExecResult {
+        match self.flaw {
+            Flaw::KeepCapabilities if reads(cmd, "/status") => {
+                // Root's full bounding and permitted sets (CAP_LAST_CAP 40).
+                let mut text = r.stdout_text();
+                for set in ["CapPrm", "CapEff", "CapBnd"] {
+                    text = with_status_field(&text, set, "000001ffffffffff");
+                }
+                r.stdout = Bytes::from(text);
+                r
+            }
+            Flaw::UnlimitedDefaults
+                if r.exit_code == 0
+                    && (reads(cmd, "memory.max")
+                        || reads(cmd, "pids.max")
+                        || reads(cmd, "memory.limit_in_bytes")) =>
+            {
+                r.stdout = Bytes::from_static(b"max\n");
+                r
+            }
+            _ => r,
+        }
     }
 }
 
@@ -206,12 +641,17 @@ impl Sandbox for BrokenSandbox {
         self.inner.backend()
     }
     fn capabilities(&self) -> Capability {
-        self.inner.capabilities()
+        adjust_caps(self.flaw, self.inner.capabilities())
     }
     fn isolation(&self) -> IsolationTier {
-        self.inner.isolation()
+        match (self.flaw, self.inner.isolation()) {
+            (Flaw::TierMismatch, IsolationTier::Gvisor) => IsolationTier::Container,
+            (Flaw::TierMismatch, _) => IsolationTier::Gvisor,
+            (_, tier) => tier,
+        }
     }
     async fn run(&self, cmd: Command, mut options: RunOptions) -> Result<ExecResult> {
+        self.poison()?;
         match self.flaw {
             Flaw::SwallowTimeouts => {
                 options.timeout = None;
@@ -221,24 +661,92 @@ impl Sandbox for BrokenSandbox {
                 let cap = options.output_cap.unwrap_or(64 << 20);
                 self.orphaning_stream(cmd, options)?.collect(cap).await
             }
+            Flaw::TimeoutKillsSandbox => {
+                let r = self.inner.run(cmd, options).await;
+                if matches!(&r, Err(e) if e.code() == ErrorCode::ExecutionTimeout) {
+                    self.inner.kill().await?;
+                }
+                r
+            }
+            Flaw::KillOnlyExecPid => match cmd {
+                Command::Shell(script) => self.run_killing_only_the_pid(&script, options).await,
+                cmd => self.inner.run(cmd, options).await,
+            },
+            Flaw::ArgvViaShell => {
+                let cmd = match cmd {
+                    Command::Argv(v) => Command::Shell(v.join(" ")),
+                    cmd => cmd,
+                };
+                self.inner.run(cmd, options).await
+            }
+            Flaw::MissingBinary126 => {
+                let mut r = self.inner.run(cmd, options).await?;
+                if r.exit_code == 127 {
+                    r.exit_code = 126;
+                    r.stdout = std::mem::take(&mut r.stderr);
+                }
+                Ok(r)
+            }
+            Flaw::TruncateSilently => {
+                let cap = options.output_cap.take();
+                let mut r = self.inner.run(cmd, options).await?;
+                if let Some(cap) = cap {
+                    r.stdout.truncate(cap);
+                    r.stderr.truncate(cap.saturating_sub(r.stdout.len()));
+                }
+                Ok(r)
+            }
+            Flaw::KeepCapabilities | Flaw::UnlimitedDefaults => {
+                let r = self.inner.run(cmd.clone(), options).await?;
+                Ok(self.rewrite_evidence(&cmd, r))
+            }
             _ => self.inner.run(cmd, options).await,
         }
     }
     async fn run_code(&self, code: &str, mut options: CodeOptions) -> Result<ExecResult> {
-        if self.flaw == Flaw::SwallowTimeouts {
-            options.timeout = None;
-            return swallow(self.inner.run_code(code, options).await);
+        self.poison()?;
+        match self.flaw {
+            Flaw::SwallowTimeouts => {
+                options.timeout = None;
+                swallow(self.inner.run_code(code, options).await)
+            }
+            Flaw::UntypedRichResults => {
+                let mut r = self.inner.run_code(code, options).await?;
+                let out = r.stdout.clone();
+                r.results.push(RichResult::new("", out));
+                Ok(r)
+            }
+            _ => self.inner.run_code(code, options).await,
         }
-        self.inner.run_code(code, options).await
     }
-    fn stream(&self, cmd: Command, options: RunOptions) -> Result<Process> {
-        if self.flaw == Flaw::OrphanProcesses {
-            return self.orphaning_stream(cmd, options);
+    fn stream(&self, cmd: Command, mut options: RunOptions) -> Result<Process> {
+        self.poison()?;
+        match self.flaw {
+            Flaw::OrphanProcesses => self.orphaning_stream(cmd, options),
+            Flaw::StreamEndsOnPause => {
+                let timeout = options.timeout.unwrap_or(Duration::from_secs(300));
+                let p = self.inner.stream(cmd, options)?;
+                Ok(rewrap(p, timeout, self.info(), true))
+            }
+            Flaw::IgnoreStreamTimeout => {
+                options.timeout = Some(Duration::from_secs(300));
+                self.inner.stream(cmd, options)
+            }
+            Flaw::EagerStream => {
+                // Starts a copy at once, whether or not the process is ever polled.
+                let inner = self.inner.clone();
+                let (c, o) = (cmd.clone(), options.clone());
+                tokio::spawn(async move {
+                    let _ = inner.run(c, o).await;
+                });
+                self.inner.stream(cmd, options)
+            }
+            _ => self.inner.stream(cmd, options),
         }
-        self.inner.stream(cmd, options)
     }
     fn files(&self) -> Result<&dyn FileSystem> {
-        self.inner.files()
+        self.inner.files()?;
+        Ok(self)
     }
     fn ingress_address(&self, port: u16) -> Result<std::net::SocketAddr> {
         if self.flaw == Flaw::PretendIngress && self.ingress.contains(&port) {
@@ -248,18 +756,63 @@ impl Sandbox for BrokenSandbox {
     }
     async fn kill(&self) -> Result<()> {
         match self.inner.kill().await {
-            Err(e) if self.flaw == Flaw::LeakKillError && e.code() == ErrorCode::Connect => {
-                Err(SandboxError::Engine {
-                    backend: self.inner.backend().to_string(),
-                    message: format!("raw engine error: {e}"),
-                    source: None,
-                })
+            Err(e) if self.flaw == Flaw::LeakKillError && e.code() == ErrorCode::Connect => Err(
+                SandboxError::engine(self.inner.backend(), format!("raw engine error: {e}")),
+            ),
+            Err(e) if self.flaw == Flaw::PoisonAfterFailedKill => {
+                if let Ok(mut p) = self.poisoned.lock() {
+                    *p = Some(format!("kill failed: {e}"));
+                }
+                Err(e)
             }
             r => r,
         }
     }
     fn native(&self) -> &dyn Any {
         self.inner.native()
+    }
+}
+
+#[async_trait]
+impl FileSystem for BrokenSandbox {
+    async fn read(&self, path: &str) -> Result<Bytes> {
+        match self.inner.files()?.read(path).await {
+            Err(e)
+                if self.flaw == Flaw::ReadDirReturnsData && e.code() == ErrorCode::IsADirectory =>
+            {
+                Ok(Bytes::new())
+            }
+            r => r,
+        }
+    }
+    async fn write(&self, path: &str, data: Bytes) -> Result<()> {
+        self.inner.files()?.write(path, data).await
+    }
+    async fn upload(&self, local: &Path, remote: &str) -> Result<()> {
+        self.inner.files()?.upload(local, remote).await
+    }
+    async fn download(&self, remote: &str, local: &Path) -> Result<()> {
+        self.inner.files()?.download(remote, local).await
+    }
+    async fn ls(&self, path: &str) -> Result<Vec<FileInfo>> {
+        self.inner.files()?.ls(path).await
+    }
+    async fn mkdir(&self, path: &str, parents: bool) -> Result<()> {
+        let parents = parents || self.flaw == Flaw::MkdirAlwaysParents;
+        self.inner.files()?.mkdir(path, parents).await
+    }
+    async fn remove(&self, path: &str) -> Result<()> {
+        self.inner.files()?.remove(path).await
+    }
+    async fn stat(&self, path: &str) -> Result<FileInfo> {
+        let info = self.inner.files()?.stat(path).await?;
+        if self.flaw == Flaw::StaleFileInfo {
+            let mut stale = info;
+            stale.mode = 0;
+            stale.modified = None;
+            return Ok(stale);
+        }
+        Ok(info)
     }
 }
 
@@ -334,5 +887,165 @@ impl Faults for BrokenFaults {
     }
     async fn heal(&self) {
         self.inner.heal().await
+    }
+}
+
+/// A model of the kernel's view of a sandbox (`/proc/<pid>/status`, `/proc/net/dev`,
+/// cgroup v2 files, `/proc/1/comm`), answered from the options the sandbox was created
+/// with, in front of an in-process backend. The real suite reports kernel-evidence
+/// trials "not applicable" on such a backend; the self-test puts this model in front of
+/// the fake so those trials have evidence to judge, and a flaw that changes the options
+/// (or the evidence) must make them fail. Not evidence of anything else.
+pub fn kernel_model(inner: Arc<dyn Backend>) -> Arc<dyn Backend> {
+    Arc::new(ModelBackend { inner })
+}
+
+#[derive(Debug)]
+struct ModelBackend {
+    inner: Arc<dyn Backend>,
+}
+
+/// What a hardened container of these options shows its processes.
+#[derive(Debug, Clone)]
+struct KernelView {
+    memory_bytes: u64,
+    pids: u64,
+    cpu_quota_us: u64,
+    egress: bool,
+}
+
+impl KernelView {
+    fn of(options: &CreateOptions) -> KernelView {
+        let r = &options.resources;
+        KernelView {
+            memory_bytes: r.memory_mb.unwrap_or(sandbox_core::DEFAULT_MEMORY_MB) << 20,
+            pids: r.pids.unwrap_or(sandbox_core::DEFAULT_PIDS),
+            cpu_quota_us: (r.cpu.unwrap_or(sandbox_core::DEFAULT_CPU) * 100_000.0) as u64,
+            egress: options.network.egress != Egress::Deny,
+        }
+    }
+
+    fn file(&self, path: &str) -> Option<String> {
+        const STATUS: &str = "Name:\tsh\nUid:\t1000\t1000\t1000\t1000\nCapInh:\t0000000000000000\n\
+             CapPrm:\t0000000000000000\nCapEff:\t0000000000000000\nCapBnd:\t0000000000000000\n\
+             CapAmb:\t0000000000000000\nNoNewPrivs:\t1\n";
+        let net = |ifs: &[&str]| {
+            let mut s = String::from(
+                "Inter-|   Receive                |  Transmit\n face |bytes    packets|bytes    packets\n",
+            );
+            for i in ifs {
+                s.push_str(&format!("{i:>6}: 0 0 0 0\n"));
+            }
+            s
+        };
+        Some(match path {
+            "/proc/1/status" | "/proc/self/status" => STATUS.to_string(),
+            "/proc/1/comm" => "docker-init\n".to_string(),
+            "/proc/net/dev" if self.egress => net(&["lo", "eth0"]),
+            "/proc/net/dev" => net(&["lo"]),
+            "/sys/fs/cgroup/memory.max" => format!("{}\n", self.memory_bytes),
+            "/sys/fs/cgroup/memory.swap.max" => "0\n".to_string(),
+            "/sys/fs/cgroup/pids.max" => format!("{}\n", self.pids),
+            "/sys/fs/cgroup/cpu.max" => format!("{} 100000\n", self.cpu_quota_us),
+            _ => return None,
+        })
+    }
+}
+
+#[async_trait]
+impl Backend for ModelBackend {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn capabilities(&self) -> Capability {
+        self.inner.capabilities()
+    }
+    fn isolation(&self) -> IsolationTier {
+        self.inner.isolation()
+    }
+    async fn create(&self, options: CreateOptions) -> Result<Box<dyn Sandbox>> {
+        let view = KernelView::of(&options);
+        let inner = self.inner.create(options).await?;
+        Ok(Box::new(ModelSandbox { inner, view }))
+    }
+    async fn connect(&self, id: &str) -> Result<Box<dyn Sandbox>> {
+        let inner = self.inner.connect(id).await?;
+        Ok(Box::new(ModelSandbox {
+            inner,
+            view: KernelView::of(&CreateOptions::default()),
+        }))
+    }
+    fn as_reapable(&self) -> Option<&dyn ReapableBackend> {
+        self.inner
+            .as_reapable()
+            .map(|_| self as &dyn ReapableBackend)
+    }
+}
+
+#[async_trait]
+impl ReapableBackend for ModelBackend {
+    async fn list_managed(&self, labels: &BTreeMap<String, String>) -> Result<Vec<ManagedSandbox>> {
+        match self.inner.as_reapable() {
+            Some(r) => r.list_managed(labels).await,
+            None => Err(SandboxError::unsupported(Capability::empty(), self.name())),
+        }
+    }
+    async fn kill_managed(&self, id: &str) -> Result<bool> {
+        match self.inner.as_reapable() {
+            Some(r) => r.kill_managed(id).await,
+            None => Err(SandboxError::unsupported(Capability::empty(), self.name())),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct ModelSandbox {
+    inner: Box<dyn Sandbox>,
+    view: KernelView,
+}
+
+#[async_trait]
+impl Sandbox for ModelSandbox {
+    fn id(&self) -> &str {
+        self.inner.id()
+    }
+    fn backend(&self) -> &str {
+        self.inner.backend()
+    }
+    fn capabilities(&self) -> Capability {
+        self.inner.capabilities()
+    }
+    fn isolation(&self) -> IsolationTier {
+        self.inner.isolation()
+    }
+    async fn run(&self, cmd: Command, options: RunOptions) -> Result<ExecResult> {
+        if let Command::Argv(argv) = &cmd {
+            if let [cat, path] = argv.as_slice() {
+                if cat == "cat" {
+                    if let Some(text) = self.view.file(path) {
+                        return Ok(ExecResult::new(0, text, ""));
+                    }
+                }
+            }
+        }
+        self.inner.run(cmd, options).await
+    }
+    async fn run_code(&self, code: &str, options: CodeOptions) -> Result<ExecResult> {
+        self.inner.run_code(code, options).await
+    }
+    fn stream(&self, cmd: Command, options: RunOptions) -> Result<Process> {
+        self.inner.stream(cmd, options)
+    }
+    fn files(&self) -> Result<&dyn FileSystem> {
+        self.inner.files()
+    }
+    fn ingress_address(&self, port: u16) -> Result<std::net::SocketAddr> {
+        self.inner.ingress_address(port)
+    }
+    async fn kill(&self) -> Result<()> {
+        self.inner.kill().await
+    }
+    fn native(&self) -> &dyn Any {
+        self.inner.native()
     }
 }

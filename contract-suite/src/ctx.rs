@@ -19,6 +19,22 @@ use sandbox_core::{
 
 use crate::probes::{CanarySpec, Faults, Probes};
 
+tokio::task_local! {
+    /// The template the running trial's sandboxes use instead of the base one.
+    static TEMPLATE: String;
+}
+
+thread_local! {
+    /// The template trials being built now run on (see [`Ctx::on_template`]).
+    static BUILDING_ON: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The short name of a template in trial names: `sandbox-rs/busybox:latest` → `busybox`.
+pub fn template_label(template: &str) -> String {
+    let name = template.rsplit('/').next().unwrap_or(template);
+    name.split(':').next().unwrap_or(name).to_string()
+}
+
 /// Metadata key every trial sandbox carries (`contract=<area>::<case>`).
 pub const CASE_LABEL: &str = "contract";
 
@@ -160,7 +176,20 @@ impl Ctx {
         F: FnOnce(Arc<Ctx>) -> Fut + Send + 'static,
         Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
     {
-        let name = format!("contract::{area}::{case}");
+        let template = BUILDING_ON.with(|b| b.borrow().clone());
+        let name = match &template {
+            Some(t) => format!("contract::{area}::{case}@{}", template_label(t)),
+            None => format!("contract::{area}::{case}"),
+        };
+        let f = move |ctx: Arc<Ctx>| {
+            let fut = f(ctx);
+            async move {
+                match template {
+                    Some(t) => TEMPLATE.scope(t, fut).await,
+                    None => fut.await,
+                }
+            }
+        };
         if let Some(u) = &self.unavailable {
             if u.fail {
                 let reason = u.reason.clone();
@@ -230,10 +259,24 @@ impl Ctx {
         }
     }
 
-    /// The options a trial starts from: the adapter's base options plus
-    /// `contract=<case>` metadata.
+    /// The options a trial starts from: the adapter's base options (on the template the
+    /// trial runs on, see [`Ctx::on_template`]) plus `contract=<case>` metadata.
     pub fn opts(&self, case: &str) -> CreateOptions {
-        self.probes.base_options().metadata(CASE_LABEL, case)
+        let base = self.probes.base_options();
+        let base = match TEMPLATE.try_with(Clone::clone) {
+            Ok(t) => base.template(t),
+            Err(_) => base,
+        };
+        base.metadata(CASE_LABEL, case)
+    }
+
+    /// Builds trials with `build` once more on `template`: each is named
+    /// `contract::<area>::<case>@<image name>` and creates its sandboxes from `template`.
+    pub fn on_template(&self, template: &str, build: impl FnOnce() -> Vec<Trial>) -> Vec<Trial> {
+        BUILDING_ON.with(|b| *b.borrow_mut() = Some(template.to_string()));
+        let trials = build();
+        BUILDING_ON.with(|b| *b.borrow_mut() = None);
+        trials
     }
 
     /// Creates a sandbox from `opts` (adding `contract=<case>`), wrapped in a guard that

@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use anyhow::{Context as _, bail, ensure};
 use bytes::Bytes;
@@ -45,6 +45,7 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
         ctx.trial(AREA, "mkdir_parents", &[f], mkdir_parents),
         ctx.trial(AREA, "remove_file_and_tree", &[f], remove_file_and_tree),
         ctx.trial(AREA, "stat_size_and_kind", &[f], stat_size_and_kind),
+        ctx.trial(AREA, "stat_mode_and_modified", &[f], stat_mode_and_modified),
         ctx.trial(
             AREA,
             "missing_read_is_path_not_found",
@@ -220,6 +221,37 @@ async fn remove_file_and_tree(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     sbx(f.remove("/work/rm").await, "remove tree")?;
     must_code(f.stat("/work/rm").await, ErrorCode::PathNotFound)?;
     must_code(f.stat("/work/rm/d/two.txt").await, ErrorCode::PathNotFound)?;
+    sb.kill().await
+}
+
+/// `stat` reports a recent modification time and the permission bits of a file just
+/// written (owner may read and write it; nothing beyond `0o7777` and the file type).
+async fn stat_mode_and_modified(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let sb = ctx.sandbox(&case("stat_mode_and_modified")).await?;
+    let f = fs(&sb)?;
+    sbx(f.write("/work/mode.txt", Bytes::from("x")).await, "write")?;
+    let info = sbx(f.stat("/work/mode.txt").await, "stat")?;
+    ensure!(
+        info.mode & 0o600 == 0o600,
+        "mode {:o} of a file just written lacks owner read/write",
+        info.mode
+    );
+    ensure!(
+        info.mode & !0o177_777 == 0,
+        "mode {:o} has bits beyond the file type and permissions",
+        info.mode
+    );
+    let modified = info
+        .modified
+        .context("stat of a file just written has no modification time")?;
+    let age = SystemTime::now()
+        .duration_since(modified)
+        .unwrap_or_else(|e| e.duration());
+    // The engine's clock is this machine's (or a VM's close to it).
+    ensure!(
+        age < Duration::from_secs(300),
+        "modification time {modified:?} is {age:?} away from now"
+    );
     sb.kill().await
 }
 

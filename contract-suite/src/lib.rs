@@ -111,6 +111,19 @@ impl Report {
 /// the factory on it, resolves the probes (starting the canary server) and builds every
 /// trial. Use [`Suite::run`] to run it; [`run`] does both with the process's arguments.
 pub fn build(factory: BackendFactory, probes: Arc<dyn Probes>) -> Suite {
+    build_with(factory, probes, true)
+}
+
+/// [`build`] without core's enforcement layer in front of the backend: the trials then
+/// judge the backend alone. Only for the broken-adapter self-test, which proves that each
+/// trial itself catches its flaw (the layer would mask some flaws — an undeclared
+/// capability, a refusal after provisioning — before the trial could see them).
+#[cfg(feature = "broken")]
+pub fn build_without_layer(factory: BackendFactory, probes: Arc<dyn Probes>) -> Suite {
+    build_with(factory, probes, false)
+}
+
+fn build_with(factory: BackendFactory, probes: Arc<dyn Probes>, layered: bool) -> Suite {
     capture::install();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -123,7 +136,8 @@ pub fn build(factory: BackendFactory, probes: Arc<dyn Probes>) -> Suite {
     let (backend, unavailable) = match made {
         // Core's enforcement layer, as the facade applies it: the suite proves adapters
         // as users reach them (a wrapped backend is kept as is).
-        Ok(b) => (sandbox_core::layer::enforce(b), None),
+        Ok(b) if layered => (sandbox_core::layer::enforce(b), None),
+        Ok(b) => (b, None),
         Err(e) => {
             // A missing engine is skipped locally and fails in CI; any other factory error
             // is a real failure everywhere.
@@ -185,6 +199,12 @@ fn all_trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
     t.extend(run_code::trials(ctx));
     t.extend(streaming::trials(ctx));
     t.extend(files::trials(ctx));
+    // The run and files areas once more on every other test image the adapter knows
+    // (busybox `ls`/`stat`/`sh` differ from Debian's).
+    for template in ctx.probes.extra_templates() {
+        t.extend(ctx.on_template(&template, || run::trials(ctx)));
+        t.extend(ctx.on_template(&template, || files::trials(ctx)));
+    }
     t.extend(policy::trials(ctx));
     t.extend(hardening::trials(ctx));
     t.extend(errors::trials(ctx));

@@ -28,6 +28,12 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
             &[],
             identity_caps_tier_reported,
         ),
+        ctx.trial(
+            AREA,
+            "sandbox_tier_equals_backend_tier",
+            &[],
+            sandbox_tier_equals_backend_tier,
+        ),
         ctx.trial(AREA, "create_run_kill_kill", &[run], create_run_kill_kill),
         ctx.trial(
             AREA,
@@ -97,6 +103,20 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
             lifetime_backstop_ends_sandbox,
         ),
     ]
+}
+
+/// A sandbox reports exactly its backend's isolation tier (a handle never claims more, or
+/// less, than the backend that made it).
+async fn sandbox_tier_equals_backend_tier(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let sb = ctx
+        .sandbox(&case("sandbox_tier_equals_backend_tier"))
+        .await?;
+    let (tier, backend) = (sb.isolation(), ctx.backend.isolation());
+    ensure!(
+        tier == backend,
+        "sandbox tier {tier} differs from its backend's tier {backend}"
+    );
+    sb.kill().await
 }
 
 fn case(name: &str) -> String {

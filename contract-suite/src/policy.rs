@@ -111,6 +111,12 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
         ),
         ctx.trial(
             AREA,
+            "label_key_with_control_chars_refused",
+            &[],
+            label_key_with_control_chars_refused,
+        ),
+        ctx.trial(
+            AREA,
             "reserved_metadata_key_refused",
             &[],
             reserved_metadata_key_refused,
@@ -626,6 +632,23 @@ async fn reserved_metadata_key_refused(ctx: Arc<Ctx>) -> anyhow::Result<()> {
             ErrorCode::Configuration,
         )
         .await?;
+    }
+    Ok(())
+}
+
+/// Metadata (label) keys with control characters are a `Configuration` error before
+/// provisioning.
+async fn label_key_with_control_chars_refused(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let c = case("label_key_with_control_chars_refused");
+    for key in ["bad\nkey", "bad\u{7}key", "tab\tkey", "nul\u{0}key"] {
+        refused_before_provisioning(
+            &ctx,
+            &c,
+            ctx.opts(&c).metadata(key, "v"),
+            ErrorCode::Configuration,
+        )
+        .await
+        .with_context(|| format!("metadata key {key:?}"))?;
     }
     Ok(())
 }

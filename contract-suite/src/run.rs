@@ -11,6 +11,7 @@ use sandbox_core::{Capability as C, ErrorCode, RunOptions};
 
 use crate::ctx::{
     Ctx, Need, assert_pid_gone, must_code, pid_alive, read_pid, run, run_ok, sbx, wait_for_file,
+    wait_for_pid,
 };
 
 const AREA: &str = "run";
@@ -39,6 +40,12 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
             "timeout_kills_only_that_process",
             &[r],
             timeout_kills_only_that_process,
+        ),
+        ctx.trial(
+            AREA,
+            "timeout_kills_process_tree",
+            &[r],
+            timeout_kills_process_tree,
         ),
         ctx.trial(AREA, "none_inherits_lifetime", &[r], none_inherits_lifetime),
         ctx.trial(AREA, "zero_timeout_refused", &[r], zero_timeout_refused),
@@ -69,6 +76,7 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
         ctx.trial(AREA, "large_output_intact", &[r], large_output_intact),
         ctx.trial(AREA, "workdir_is_work", &[r], workdir_is_work),
         ctx.trial(AREA, "workdir_option_applies", &[r], workdir_option_applies),
+        ctx.trial(AREA, "create_workdir_applies", &[r], create_workdir_applies),
     ]
 }
 
@@ -157,6 +165,22 @@ async fn string_via_shell(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let sb = ctx.sandbox(&case("string_via_shell")).await?;
     let out = run_ok(&*sb, "echo one && echo two; false || echo three").await?;
     ensure!(out == "one\ntwo\nthree\n", "shell string: {out:?}");
+    sb.kill().await
+}
+
+/// A timeout kills the whole process tree: a background child of the timed-out command
+/// (its output detached) is gone too, not just the exec's own pid.
+async fn timeout_kills_process_tree(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let sb = ctx.sandbox(&case("timeout_kills_process_tree")).await?;
+    let r = sb
+        .run(
+            "sleep 300 > /dev/null 2>&1 & echo $! > /work/child; sleep 300".into(),
+            RunOptions::default().timeout(Duration::from_secs(1)),
+        )
+        .await;
+    must_code(r, ErrorCode::ExecutionTimeout)?;
+    let child = wait_for_pid(&*sb, "/work/child", Duration::from_secs(5)).await?;
+    assert_pid_gone(&*sb, &child, "background child of a timed-out command").await?;
     sb.kill().await
 }
 
@@ -341,5 +365,16 @@ async fn workdir_option_applies(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     ensure!(r.stdout_text() == "/tmp\n", "pwd with workdir /tmp: {r:?}");
     let out = run_ok(&*sb, ["pwd"]).await?;
     ensure!(out == "/work\n", "default workdir changed: {out:?}");
+    sb.kill().await
+}
+
+/// `CreateOptions::workdir` is where every command of the sandbox starts.
+async fn create_workdir_applies(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let c = case("create_workdir_applies");
+    let sb = ctx.create(&c, ctx.opts(&c).workdir("/tmp")).await?;
+    let out = run_ok(&*sb, ["pwd"]).await?;
+    ensure!(out.trim() == "/tmp", "pwd with workdir /tmp: {out:?}");
+    let out = run_ok(&*sb, "pwd").await?;
+    ensure!(out.trim() == "/tmp", "shell pwd with workdir /tmp: {out:?}");
     sb.kill().await
 }
