@@ -17,8 +17,9 @@ use tokio::net::TcpListener;
 /// What the proof found.
 #[derive(Debug, Serialize)]
 pub struct EgressProof {
-    /// Interfaces listed in the sandbox's `/proc/net/dev`.
-    pub interfaces: Vec<String>,
+    /// Interfaces listed in the sandbox's `/proc/net/dev`; `null` on the fake, an
+    /// in-process model whose `/proc` is no kernel evidence (it has none).
+    pub interfaces: Option<Vec<String>>,
     /// The host address and port dialed (this machine's own listener).
     pub dialed: String,
     /// Exit code of the dial (`nc`).
@@ -38,8 +39,22 @@ pub async fn prove_denied(sb: &dyn Sandbox) -> sandbox::Result<EgressProof> {
             RunOptions::default().timeout(Duration::from_secs(10)),
         )
     };
-    let dev = run(vec!["cat", "/proc/net/dev"]).await?;
-    let interfaces = parse_interfaces(&dev.stdout_text());
+    let in_process = sb.backend() == "fake";
+    let interfaces = if in_process {
+        None
+    } else {
+        let dev = run(vec!["cat", "/proc/net/dev"]).await?;
+        // An unreadable file proves nothing: an empty list must not pass as "only lo".
+        Some(if dev.exit_code == 0 {
+            parse_interfaces(&dev.stdout_text())
+        } else {
+            Vec::new()
+        })
+    };
+    let only_loopback = match &interfaces {
+        None => true,
+        Some(list) => !list.is_empty() && list.iter().all(|i| i == "lo"),
+    };
 
     let host = host_address();
     let listener = TcpListener::bind((IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0))
@@ -66,7 +81,7 @@ pub async fn prove_denied(sb: &dyn Sandbox) -> sandbox::Result<EgressProof> {
         .to_string();
     let lower = dial_error.to_ascii_lowercase();
     let right_reason = lower.contains("unreachable") || lower.contains("bad address");
-    let denied = interfaces.iter().all(|i| i == "lo")
+    let denied = only_loopback
         && dial.exit_code != 0
         && dial.exit_code != 127
         && right_reason
