@@ -69,8 +69,10 @@ fn suite_passes(label: &str, caps: Capability) {
         quiet: true,
         ..Arguments::default()
     });
+    // Positive trials of the capabilities these fakes lack are ignored with the reason,
+    // as they must be; what is judged here is that nothing failed and nothing leaked.
     assert!(
-        !report.failed(),
+        !report.conclusion.has_failed() && report.leaked.is_empty(),
         "{label} fake ({caps}): {} trial(s) failed, leaked {:?}",
         report.conclusion.num_failed,
         report.leaked
