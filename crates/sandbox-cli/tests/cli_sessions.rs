@@ -363,3 +363,61 @@ fn completions_are_generated_for_bash() {
         assert!(script.contains(sub), "{sub}");
     }
 }
+
+#[test]
+fn require_isolation_is_refused_before_anything_is_created() {
+    let o = run(&[
+        "run",
+        "--json",
+        "--require-isolation",
+        "microvm",
+        "fake://",
+        "--",
+        "true",
+    ]);
+    assert_eq!(code(&o), 2);
+    assert_eq!(json(&o)["error"]["code"], "SBX_E1000");
+}
+
+/// `--runtime runsc` selects gVisor, which satisfies `--require-isolation gvisor`; runc
+/// does not. Skipped when Docker has no `runsc` runtime registered.
+#[test]
+fn docker_runtime_runsc_satisfies_require_isolation_gvisor() {
+    if !docker_available("docker_runtime_runsc_satisfies_require_isolation_gvisor") {
+        return;
+    }
+    let runtimes = Command::new("docker")
+        .args(["info", "--format", "{{json .Runtimes}}"])
+        .output()
+        .expect("docker info");
+    if !String::from_utf8_lossy(&runtimes.stdout).contains("runsc") {
+        eprintln!(
+            "SKIPPED docker_runtime_runsc_satisfies_require_isolation_gvisor: no runsc runtime registered in Docker"
+        );
+        return;
+    }
+    let busybox = "docker://sandbox-rs/busybox:latest";
+    let o = run(&[
+        "run",
+        "--json",
+        "--require-isolation",
+        "gvisor",
+        busybox,
+        "--",
+        "true",
+    ]);
+    assert_eq!(code(&o), 2, "runc is not gVisor: {}", stdout(&o));
+    let o = run(&[
+        "run",
+        "--json",
+        "--runtime",
+        "runsc",
+        "--require-isolation",
+        "gvisor",
+        busybox,
+        "--",
+        "true",
+    ]);
+    assert_eq!(code(&o), 0, "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(json(&o)["sandbox"]["tier"], "gvisor");
+}

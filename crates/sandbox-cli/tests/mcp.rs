@@ -285,3 +285,42 @@ async fn mcp_session_end_kills_its_sandboxes_on_docker() {
         "session end left the container"
     );
 }
+
+/// SIGTERM to the server (the host is shutting down) kills the session's sandboxes too.
+#[tokio::test]
+async fn mcp_sigterm_kills_its_sandboxes_on_docker() {
+    if !common::docker_available("mcp_sigterm_kills_its_sandboxes_on_docker") {
+        return;
+    }
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_sandbox"));
+    cmd.arg("mcp")
+        .env("NO_COLOR", "1")
+        .env_remove("SANDBOX_LOG");
+    let transport = TokioChildProcess::new(cmd).expect("spawn sandbox mcp");
+    let pid = transport.id().expect("pid");
+    let client = ().serve(transport).await.expect("initialize");
+    let (failed, created) = call(
+        &client,
+        "sandbox_create",
+        json!({"engine": "docker://sandbox-rs/busybox:latest", "timeout_s": 120}),
+    )
+    .await;
+    assert!(!failed, "{created}");
+    let id = created["sandbox_id"].as_str().expect("id").to_string();
+    assert_eq!(managed_containers("docker", &id), id);
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while !managed_containers("docker", &id).is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        managed_containers("docker", &id),
+        "",
+        "SIGTERM left the container"
+    );
+    drop(client);
+}
