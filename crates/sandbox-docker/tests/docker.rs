@@ -784,3 +784,43 @@ async fn wedged_engine_fails_calls_in_bounded_time() {
     assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
     let _ = std::fs::remove_file(sock);
 }
+
+/// 50 concurrent create + run + kill (run with `--ignored --nocapture`): every operation
+/// should succeed; the slowest kill is reported. Known to fail today on a 2-core host: a
+/// few force-removals take longer than the 5 s teardown grace under this load.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "load measurement (50 containers at once); fails while removals outlast the grace"]
+async fn fifty_concurrent_create_run_kill() {
+    let Some(b) = backend().await else { return };
+    let tasks: Vec<_> = (0..50)
+        .map(|_| {
+            let b = b.clone();
+            tokio::spawn(async move {
+                let s = b
+                    .create(opts(BUSYBOX, "load"))
+                    .await
+                    .map_err(|e| format!("create: {}", e.render()))?;
+                s.exec(["true"])
+                    .await
+                    .map_err(|e| format!("run: {}", e.render()))?;
+                let t = Instant::now();
+                let id = s.id().to_string();
+                s.kill()
+                    .await
+                    .map_err(|e| format!("kill of {id} after {:?}: {}", t.elapsed(), e.render()))?;
+                Ok::<Duration, String>(t.elapsed())
+            })
+        })
+        .collect();
+    let mut errors = Vec::new();
+    let mut slowest = Duration::ZERO;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(d) => slowest = slowest.max(d),
+            Err(e) => errors.push(e),
+        }
+    }
+    println!("slowest kill {slowest:?}; errors: {errors:#?}");
+    assert!(sandbox_core::teardown::wait_for_teardowns(Duration::from_secs(30)).await);
+    assert!(errors.is_empty(), "{errors:#?}");
+}
