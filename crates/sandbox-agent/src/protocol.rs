@@ -542,8 +542,8 @@ mod tests {
             h[..4].copy_from_slice(&len.to_be_bytes());
             h[4] = k;
             match parse_header(&h) {
-                Ok((_, _, body)) => prop_assert!(len >= 5 && len <= MAX_FRAME_LEN && body == (len - 5) as usize),
-                Err(_) => prop_assert!(len < 5 || len > MAX_FRAME_LEN || FrameKind::from_u8(k).is_none()),
+                Ok((_, _, body)) => prop_assert!((5..=MAX_FRAME_LEN).contains(&len) && body == (len - 5) as usize),
+                Err(_) => prop_assert!(!(5..=MAX_FRAME_LEN).contains(&len) || FrameKind::from_u8(k).is_none()),
             }
         }
 

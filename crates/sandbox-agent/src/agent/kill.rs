@@ -142,9 +142,10 @@ fn belongs(
     // another spawn's root (whose group id is then that same number).
     let b = if other_roots.contains(&pid) || others.iter().any(|o| st.pgrp == o.pid) {
         false
-    } else if (pid == target.pid && root_alive) || st.pgrp == target.pid {
-        true
-    } else if has_marker(pid, &target.marker) {
+    } else if (pid == target.pid && root_alive)
+        || st.pgrp == target.pid
+        || has_marker(pid, &target.marker)
+    {
         true
     } else if others.iter().any(|o| has_marker(pid, &o.marker)) {
         false

@@ -257,14 +257,15 @@ fn dispatch(
             }
             Err(e) => reply_error(out, id, ErrorKind::of(&e), e.to_string()),
         },
-        Request::WriteEnd => match writes.remove(&id) {
-            Some(up) => match up.finish() {
-                Ok(()) => send(out, id, Reply::Done),
-                Err(e) => reply_error(out, id, ErrorKind::of(&e), e.to_string()),
-            },
-            // Already failed (the error was sent) or never opened.
-            None => {}
-        },
+        // Without an open upload the write already failed (its error was sent).
+        Request::WriteEnd => {
+            if let Some(up) = writes.remove(&id) {
+                match up.finish() {
+                    Ok(()) => send(out, id, Reply::Done),
+                    Err(e) => reply_error(out, id, ErrorKind::of(&e), e.to_string()),
+                }
+            }
+        }
         Request::Stat { path } => send(out, id, files::stat(&path)),
         Request::List { path } => send(out, id, files::list(&path)),
         Request::Mkdir { path, parents } => send(out, id, files::mkdir(&path, parents)),
