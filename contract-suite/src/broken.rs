@@ -114,11 +114,17 @@ pub enum Flaw {
     IgnoreWorkdir,
     /// Metadata keys are not checked: a key with control characters reaches the engine.
     UncheckedLabelKeys,
+    /// No init as PID 1: the main process is a plain `sleep` (modelled on `/proc/1/comm`).
+    NoInit,
+    /// Swap is left on (modelled on `memory.swap.max` reading `max`).
+    SwapEnabled,
+    /// No CPU quota (modelled on `cpu.max` reading `max`).
+    NoCpuQuota,
 }
 
 impl Flaw {
     /// Every flaw.
-    pub const ALL: [Flaw; 35] = [
+    pub const ALL: [Flaw; 38] = [
         Flaw::SwallowTimeouts,
         Flaw::PretendNetworkPolicy,
         Flaw::LeakSecrets,
@@ -154,6 +160,9 @@ impl Flaw {
         Flaw::StaleFileInfo,
         Flaw::IgnoreWorkdir,
         Flaw::UncheckedLabelKeys,
+        Flaw::NoInit,
+        Flaw::SwapEnabled,
+        Flaw::NoCpuQuota,
     ];
 
     /// The trials that must fail on a backend with this flaw (each passes without it).
@@ -207,6 +216,9 @@ impl Flaw {
             Flaw::StaleFileInfo => &["contract::files::stat_mode_and_modified"],
             Flaw::IgnoreWorkdir => &["contract::run::create_workdir_applies"],
             Flaw::UncheckedLabelKeys => &["contract::policy::label_key_with_control_chars_refused"],
+            Flaw::NoInit => &["contract::hardening::pid1_is_an_init"],
+            Flaw::SwapEnabled => &["contract::hardening::swap_disabled_and_follows_memory"],
+            Flaw::NoCpuQuota => &["contract::hardening::cpu_quota_read_back"],
         }
     }
 }
@@ -627,6 +639,18 @@ impl BrokenSandbox {
                 r.stdout = Bytes::from_static(b"max\n");
                 r
             }
+            Flaw::NoInit if r.exit_code == 0 && reads(cmd, "/proc/1/comm") => {
+                r.stdout = Bytes::from_static(b"sleep\n");
+                r
+            }
+            Flaw::SwapEnabled if r.exit_code == 0 && reads(cmd, "memory.swap.max") => {
+                r.stdout = Bytes::from_static(b"max\n");
+                r
+            }
+            Flaw::NoCpuQuota if r.exit_code == 0 && reads(cmd, "cpu.max") => {
+                r.stdout = Bytes::from_static(b"max 100000\n");
+                r
+            }
             _ => r,
         }
     }
@@ -696,7 +720,11 @@ impl Sandbox for BrokenSandbox {
                 }
                 Ok(r)
             }
-            Flaw::KeepCapabilities | Flaw::UnlimitedDefaults => {
+            Flaw::KeepCapabilities
+            | Flaw::UnlimitedDefaults
+            | Flaw::NoInit
+            | Flaw::SwapEnabled
+            | Flaw::NoCpuQuota => {
                 let r = self.inner.run(cmd.clone(), options).await?;
                 Ok(self.rewrite_evidence(&cmd, r))
             }

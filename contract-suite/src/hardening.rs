@@ -5,10 +5,10 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, ensure};
 use libtest_mimic::Trial;
-use sandbox_core::{Capability as C, NetworkPolicy, Resources, Sandbox};
+use sandbox_core::{Capability as C, IsolationTier, NetworkPolicy, Resources, Sandbox};
 
 use crate::ctx::{Ctx, Need, Skip, run, run_ok, token};
-use crate::limits::{expect_memory_limit, expect_pids_limit};
+use crate::limits::{expect_memory_limit, expect_pids_limit, read_cgroup};
 
 const AREA: &str = "hardening";
 
@@ -24,6 +24,14 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
         ctx.trial(AREA, "cap_eff_zero_pid1", &[r, k], cap_eff_zero_pid1),
         ctx.trial(AREA, "cap_eff_zero_self", &[r, k], cap_eff_zero_self),
         ctx.trial(AREA, "limits_as_requested", &[r, k], limits_as_requested),
+        ctx.trial(AREA, "pid1_is_an_init", &[r, k], pid1_is_an_init),
+        ctx.trial(
+            AREA,
+            "swap_disabled_and_follows_memory",
+            &[r, k],
+            swap_disabled_and_follows_memory,
+        ),
+        ctx.trial(AREA, "cpu_quota_read_back", &[r, k], cpu_quota_read_back),
         ctx.trial(
             AREA,
             "interfaces_only_loopback_by_default",
@@ -221,6 +229,115 @@ async fn secrets_visible_to_process(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     ensure!(
         out.trim() == secret,
         "shell expansion shows a different value"
+    );
+    sb.kill().await
+}
+
+/// The init processes engines run as PID 1 (`docker run --init`, `podman run --init`,
+/// and the common standalone ones).
+const INITS: [&str; 5] = ["docker-init", "tini", "catatonit", "dumb-init", "init"];
+
+/// PID 1 is an init that reaps zombies and forwards signals (`/proc/1/comm` names one),
+/// never the user's shell or a `sleep`.
+async fn pid1_is_an_init(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let sb = ctx.sandbox(&case("pid1_is_an_init")).await?;
+    let comm = run_ok(&*sb, ["cat", "/proc/1/comm"]).await?;
+    let comm = comm.trim();
+    ensure!(
+        INITS.contains(&comm),
+        "PID 1 is {comm:?}, not an init ({INITS:?})"
+    );
+    sb.kill().await
+}
+
+/// Swap is disabled, also when the memory limit is raised above the default: with 1 GiB
+/// of memory the cgroup allows no swap (`memory.swap.max` 0, or v1 memory+swap = memory);
+/// under gVisor, which has no cgroup view, the engine holds memory+swap = memory.
+async fn swap_disabled_and_follows_memory(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let c = case("swap_disabled_and_follows_memory");
+    let mb = 1024;
+    let sb = ctx
+        .create(
+            &c,
+            ctx.opts(&c).resources(Resources::default().memory_mb(mb)),
+        )
+        .await?;
+    expect_memory_limit(&*sb, mb).await?;
+    let want = mb << 20;
+    if let Some(v) = read_cgroup(&*sb, &["/sys/fs/cgroup/memory.swap.max"]).await? {
+        ensure!(
+            v == "0",
+            "memory.swap.max is {v:?} with a {mb} MiB limit: swap is on"
+        );
+    } else if let Some(v) =
+        read_cgroup(&*sb, &["/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes"]).await?
+    {
+        ensure!(
+            v == want.to_string(),
+            "memory+swap is {v:?} with a {want}-byte memory limit: swap is on"
+        );
+    } else {
+        ensure!(
+            sb.isolation() == IsolationTier::Gvisor,
+            "no cgroup swap file inside the sandbox (tier {}): swap cannot be verified",
+            sb.isolation()
+        );
+        let e = ctx
+            .probes
+            .engine_limits(sb.id())
+            .await
+            .context("the engine_limits probe failed")?
+            .context("gVisor sandbox without a cgroup view and no engine_limits probe")?;
+        ensure!(
+            e.memory_bytes == want && e.memory_swap_bytes == want,
+            "engine memory {} / memory+swap {}, requested {want} for both (no swap)",
+            e.memory_bytes,
+            e.memory_swap_bytes
+        );
+    }
+    sb.kill().await
+}
+
+/// A CPU quota of half a core reads back as a quota/period of 0.5 (cgroup `cpu.max`, or
+/// v1 `cpu.cfs_quota_us`/`cpu.cfs_period_us`; under gVisor the engine's `NanoCpus`).
+async fn cpu_quota_read_back(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let c = case("cpu_quota_read_back");
+    let sb = ctx
+        .create(&c, ctx.opts(&c).resources(Resources::default().cpu(0.5)))
+        .await?;
+    let cores = if let Some(v) = read_cgroup(&*sb, &["/sys/fs/cgroup/cpu.max"]).await? {
+        let (quota, period) = v
+            .split_once(' ')
+            .with_context(|| format!("cpu.max {v:?}"))?;
+        ensure!(quota != "max", "cpu.max is {v:?}: no CPU quota");
+        let q: f64 = quota.parse().with_context(|| format!("cpu.max {v:?}"))?;
+        let p: f64 = period.parse().with_context(|| format!("cpu.max {v:?}"))?;
+        q / p
+    } else if let Some(q) = read_cgroup(&*sb, &["/sys/fs/cgroup/cpu/cpu.cfs_quota_us"]).await? {
+        let p = read_cgroup(&*sb, &["/sys/fs/cgroup/cpu/cpu.cfs_period_us"])
+            .await?
+            .context("cpu.cfs_quota_us without cpu.cfs_period_us")?;
+        let q: f64 = q.parse().with_context(|| format!("cfs_quota_us {q:?}"))?;
+        let p: f64 = p.parse().with_context(|| format!("cfs_period_us {p:?}"))?;
+        ensure!(q > 0.0, "cpu.cfs_quota_us is {q}: no CPU quota");
+        q / p
+    } else {
+        ensure!(
+            sb.isolation() == IsolationTier::Gvisor,
+            "no cgroup cpu file inside the sandbox (tier {}): the quota cannot be verified",
+            sb.isolation()
+        );
+        let e = ctx
+            .probes
+            .engine_limits(sb.id())
+            .await
+            .context("the engine_limits probe failed")?
+            .context("gVisor sandbox without a cgroup view and no engine_limits probe")?;
+        e.nano_cpus as f64 / 1e9
+    };
+    ensure!(
+        (cores - 0.5).abs() < 0.01,
+        "CPU quota reads back as {cores} cores, requested 0.5"
     );
     sb.kill().await
 }

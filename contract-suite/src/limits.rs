@@ -32,7 +32,10 @@ const PIDS_FILES: [&str; 2] = ["/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/pids/p
 
 /// The first of `paths` that exists inside the sandbox, read and trimmed; `None` when none
 /// exists. A file that exists but cannot be read fails.
-async fn read_cgroup(sb: &dyn Sandbox, paths: &[&str]) -> anyhow::Result<Option<String>> {
+pub(crate) async fn read_cgroup(
+    sb: &dyn Sandbox,
+    paths: &[&str],
+) -> anyhow::Result<Option<String>> {
     for p in paths {
         let r = run(sb, ["cat", p]).await?;
         if r.exit_code == 0 {

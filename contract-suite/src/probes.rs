@@ -103,6 +103,9 @@ pub struct EngineLimits {
     pub memory_swap_bytes: u64,
     /// Engine pids limit (Docker `HostConfig.PidsLimit`).
     pub pids: u64,
+    /// CPU quota in billionths of a core (Docker `HostConfig.NanoCpus`, or
+    /// `CpuQuota * 1e9 / CpuPeriod`).
+    pub nano_cpus: u64,
     /// What the adapter documents adding to the requested pids limit for this sandbox's
     /// runtime (e.g. sandbox-docker's `RUNSC_PIDS_HEADROOM`: gVisor's own host threads
     /// count against the engine limit). The trials require `pids == requested +

@@ -197,4 +197,7 @@ caught! {
     stale_file_info_is_caught => StaleFileInfo,
     ignored_workdir_is_caught => IgnoreWorkdir,
     unchecked_label_keys_are_caught => UncheckedLabelKeys,
+    missing_init_is_caught => NoInit,
+    enabled_swap_is_caught => SwapEnabled,
+    missing_cpu_quota_is_caught => NoCpuQuota,
 }

@@ -109,6 +109,15 @@ impl Probes for DockerProbes {
             memory_bytes: positive(hc.memory),
             memory_swap_bytes: positive(hc.memory_swap),
             pids: positive(hc.pids_limit),
+            nano_cpus: match (
+                positive(hc.nano_cpus),
+                positive(hc.cpu_quota),
+                positive(hc.cpu_period),
+            ) {
+                (n, _, _) if n > 0 => n,
+                (0, q, p) if q > 0 && p > 0 => q * 1_000_000_000 / p,
+                _ => 0,
+            },
             pids_headroom: runtime.pids_headroom(),
         }))
     }
