@@ -294,8 +294,10 @@ impl EnforcedBackend {
         }
     }
 
-    /// Refuses a sandbox whose tier differs from its backend's: a weaker sandbox behind a
-    /// stronger backend tier would silently defeat `require_isolation`.
+    /// Refuses a new sandbox whose tier differs from its backend's (and kills it, since no
+    /// caller will hold it): a weaker sandbox behind a stronger backend tier would silently
+    /// defeat `require_isolation`. (`connect` refuses a mismatch too, but never kills a
+    /// sandbox it did not create; the adapter's handle decides what its drop does.)
     async fn check_tier(&self, sb: Box<dyn Sandbox>) -> Result<Box<dyn Sandbox>> {
         let want = self.inner.isolation();
         let got = sb.isolation();
@@ -490,8 +492,14 @@ impl Backend for EnforcedBackend {
         let redactor = Redactor::default();
         async move {
             let connected = match self.inner.connect(id).await {
-                Ok(sb) => self.check_tier(sb).await,
-                Err(e) => Err(e),
+                Ok(sb) if sb.isolation() != tier => Err(SandboxError::connect(
+                    id,
+                    format!(
+                        "sandbox reports isolation tier `{}` but this backend declares `{tier}`; connect through a backend configured for its runtime",
+                        sb.isolation()
+                    ),
+                )),
+                other => other,
             };
             let sb = match connected {
                 Ok(sb) => sb,
@@ -921,4 +929,4 @@ fn local_size(path: &Path) -> Option<u64> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -444,6 +444,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn last_error_is_the_typed_error() {
+        let _serial = crate::layer::tests::SERIAL.lock().await;
         // The layer refuses a GPU the backend lacks, so every refill fails the same way.
         let backend = crate::layer::enforce(Arc::new(TestBackend {
             counts: Arc::default(),

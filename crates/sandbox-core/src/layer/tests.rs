@@ -6,6 +6,11 @@ use std::sync::atomic::AtomicUsize;
 use super::*;
 use crate::{ErrorCode, NetworkPolicy, Resources};
 
+/// Serialises the tests that hit the layer's span callsites: `tracing` caches a callsite's
+/// interest when it is first hit, and a test registering a callsite on another thread while
+/// the capturing test installs its dispatcher can cache "never" and hide spans from it.
+pub(crate) static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 const SECRET: &str = "s3cr3t-token-value";
 const ENV_VALUE: &str = "env-value-private";
 
@@ -193,6 +198,7 @@ fn unsupported_cap(e: SandboxError) -> Capability {
 
 #[tokio::test]
 async fn undeclared_capability_never_reaches_the_adapter() {
+    let _serial = SERIAL.lock().await;
     let (b, calls, _) = wrap(Tiny::new(basic()));
     let sb = b.create(CreateOptions::default()).await.unwrap();
     let e = sb.run_code("print(1)", CodeOptions::default()).await;
@@ -212,6 +218,7 @@ async fn undeclared_capability_never_reaches_the_adapter() {
 
 #[tokio::test]
 async fn stateful_code_and_transfers_need_their_flags() {
+    let _serial = SERIAL.lock().await;
     let caps = basic() | Capability::RUN_CODE | Capability::FILESYSTEM;
     let (b, calls, _) = wrap(Tiny::new(caps));
     let sb = b.create(CreateOptions::default()).await.unwrap();
@@ -229,6 +236,7 @@ async fn stateful_code_and_transfers_need_their_flags() {
 
 #[tokio::test]
 async fn create_refusals_happen_before_provisioning() {
+    let _serial = SERIAL.lock().await;
     let (b, calls, _) = wrap(Tiny::new(basic()));
     let refused = [
         CreateOptions::default().require_isolation(IsolationTier::Gvisor),
@@ -257,6 +265,7 @@ async fn create_refusals_happen_before_provisioning() {
 
 #[tokio::test(start_paused = true)]
 async fn none_timeout_resolves_to_the_remaining_lifetime() {
+    let _serial = SERIAL.lock().await;
     let (b, calls, _) = wrap(Tiny::new(basic() | Capability::RUN_CODE));
     let sb = b
         .create(CreateOptions::default().timeout(Duration::from_secs(100)))
@@ -288,6 +297,7 @@ async fn none_timeout_resolves_to_the_remaining_lifetime() {
 
 #[tokio::test]
 async fn connected_sandbox_timeout_is_still_bounded() {
+    let _serial = SERIAL.lock().await;
     let (b, calls, _) = wrap(Tiny::new(basic()));
     let sb = b.connect("tiny-1").await.unwrap();
     sb.run("true".into(), RunOptions::default()).await.unwrap();
@@ -303,6 +313,7 @@ async fn connected_sandbox_timeout_is_still_bounded() {
 
 #[tokio::test]
 async fn zero_timeout_and_bad_commands_are_refused_before_the_adapter() {
+    let _serial = SERIAL.lock().await;
     let (b, calls, _) = wrap(Tiny::new(basic() | Capability::RUN_CODE));
     let sb = b.create(CreateOptions::default()).await.unwrap();
     let zero = RunOptions::default().timeout(Duration::ZERO);
@@ -323,6 +334,7 @@ async fn zero_timeout_and_bad_commands_are_refused_before_the_adapter() {
 
 #[tokio::test]
 async fn double_kill_calls_the_adapter_once_and_later_calls_are_gone() {
+    let _serial = SERIAL.lock().await;
     let (b, calls, sink) = wrap(Tiny::new(basic() | Capability::FILESYSTEM));
     let sb = b.create(CreateOptions::default()).await.unwrap();
     sb.kill().await.unwrap();
@@ -348,6 +360,7 @@ async fn double_kill_calls_the_adapter_once_and_later_calls_are_gone() {
 
 #[tokio::test]
 async fn concurrent_kills_call_the_adapter_once() {
+    let _serial = SERIAL.lock().await;
     let (b, calls, _) = wrap(Tiny::new(basic()));
     let sb = b.create(CreateOptions::default()).await.unwrap();
     let (a, c) = tokio::join!(sb.kill(), sb.kill());
@@ -357,6 +370,7 @@ async fn concurrent_kills_call_the_adapter_once() {
 
 #[tokio::test]
 async fn strict_audit_failure_is_e1601_and_kills_the_new_sandbox() {
+    let _serial = SERIAL.lock().await;
     let tiny = Tiny::new(basic());
     let calls = tiny.calls.clone();
     let b = Layer::new()
@@ -376,6 +390,7 @@ async fn strict_audit_failure_is_e1601_and_kills_the_new_sandbox() {
 
 #[tokio::test]
 async fn lenient_audit_failure_keeps_the_result() {
+    let _serial = SERIAL.lock().await;
     let tiny = Tiny::new(basic());
     let b = Layer::new()
         .audit(Arc::new(BrokenSink))
@@ -392,18 +407,26 @@ async fn lenient_audit_failure_keeps_the_result() {
 
 #[tokio::test]
 async fn sandbox_tier_must_equal_backend_tier() {
+    let _serial = SERIAL.lock().await;
     let mut tiny = Tiny::new(basic());
     tiny.tier = IsolationTier::Gvisor;
     let (b, calls, _) = wrap(tiny);
     let e = b.create(CreateOptions::default()).await.unwrap_err();
     assert_eq!(e.code(), ErrorCode::Creation);
     assert_eq!(calls.log(), ["create", "kill"]);
+    let kills = calls.kills.load(Ordering::SeqCst);
     let e = b.connect("tiny-1").await.unwrap_err();
-    assert_eq!(e.code(), ErrorCode::Creation);
+    assert_eq!(e.code(), ErrorCode::Connect);
+    assert_eq!(
+        calls.kills.load(Ordering::SeqCst),
+        kills,
+        "connect never kills"
+    );
 }
 
 #[tokio::test]
 async fn wrapping_twice_is_detected_and_merges_sinks() {
+    let _serial = SERIAL.lock().await;
     let (b, _, first) = wrap(Tiny::new(basic()));
     assert!(Arc::ptr_eq(&b, &enforce(b.clone())));
     let second = Arc::new(MemorySink::new());
@@ -423,6 +446,7 @@ async fn wrapping_twice_is_detected_and_merges_sinks() {
 
 #[tokio::test]
 async fn one_record_per_operation_with_hashes_never_text() {
+    let _serial = SERIAL.lock().await;
     let caps = basic()
         | Capability::RUN_CODE
         | Capability::FILESYSTEM
@@ -496,6 +520,7 @@ async fn one_record_per_operation_with_hashes_never_text() {
 
 #[tokio::test]
 async fn recorded_code_is_redacted() {
+    let _serial = SERIAL.lock().await;
     let sink = Arc::new(MemorySink::new());
     let b = Layer::new()
         .audit(sink.clone())
@@ -514,6 +539,7 @@ async fn recorded_code_is_redacted() {
 
 #[tokio::test]
 async fn support_directory_fills_refusals() {
+    let _serial = SERIAL.lock().await;
     fn dir(c: Capability) -> Vec<String> {
         if c == Capability::STREAMING {
             vec!["docker".into()]
@@ -589,6 +615,7 @@ mod spans {
 
 #[test]
 fn every_operation_has_one_span_with_its_fields_and_no_secret() {
+    let _serial = SERIAL.blocking_lock();
     let capture = Arc::new(spans::Capture::default());
     let dispatch = tracing::Dispatch::from(capture.clone());
     tracing::dispatcher::with_default(&dispatch, || {
