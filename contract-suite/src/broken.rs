@@ -202,7 +202,10 @@ impl Flaw {
             Flaw::KillOnlyExecPid => &["contract::run::timeout_kills_process_tree"],
             Flaw::IgnoreStreamTimeout => &["contract::streaming::timeout_from_iteration"],
             Flaw::SilentlyDenyAllow => &["contract::policy::allow_adds_an_interface"],
-            Flaw::IgnoreLifetime => &["contract::lifecycle::lifetime_backstop_ends_sandbox"],
+            Flaw::IgnoreLifetime => &[
+                "contract::lifecycle::lifetime_backstop_ends_sandbox",
+                "contract::lifecycle::default_lifetime_is_applied",
+            ],
             Flaw::ArgvViaShell => &["contract::run::list_not_via_shell"],
             Flaw::MissingBinary126 => &["contract::run::missing_binary_argv_is_127"],
             Flaw::SecretsInEngineEnv => &["contract::hardening::secrets_not_in_engine_env"],
@@ -210,7 +213,10 @@ impl Flaw {
             Flaw::RefuseAfterProvisioning => &["contract::policy::gpu_refused_without_capability"],
             Flaw::TruncateSilently => &["contract::run::output_cap_exceeded_is_typed"],
             Flaw::EagerStream => &["contract::streaming::starts_on_first_poll"],
-            Flaw::NoOrphanWarning => &["contract::cancellation::grace_expiry_warns_orphan_with_id"],
+            Flaw::NoOrphanWarning => &[
+                "contract::cancellation::grace_expiry_warns_orphan_with_id",
+                "contract::cancellation::failing_teardown_only_warns",
+            ],
             Flaw::ReadDirReturnsData => &["contract::files::read_of_dir_is_typed_error"],
             Flaw::RawEngineErrors => &["contract::errors::no_raw_engine_error_escapes"],
             Flaw::StaleFileInfo => &["contract::files::stat_mode_and_modified"],
@@ -870,6 +876,9 @@ impl Probes for BrokenProbes {
     }
     fn in_process(&self) -> bool {
         self.inner.in_process()
+    }
+    fn egress_allow(&self) -> bool {
+        self.inner.egress_allow()
     }
     async fn canary(&self) -> anyhow::Result<Option<CanarySpec>> {
         self.inner.canary().await

@@ -34,6 +34,12 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
             &[],
             sandbox_tier_equals_backend_tier,
         ),
+        ctx.trial(
+            AREA,
+            "default_lifetime_is_applied",
+            &[Need::Reapable],
+            default_lifetime_is_applied,
+        ),
         ctx.trial(AREA, "create_run_kill_kill", &[run], create_run_kill_kill),
         ctx.trial(
             AREA,
@@ -115,6 +121,42 @@ async fn sandbox_tier_equals_backend_tier(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     ensure!(
         tier == backend,
         "sandbox tier {tier} differs from its backend's tier {backend}"
+    );
+    sb.kill().await
+}
+
+/// A sandbox created without a lifetime gets the default one
+/// (`CreateOptions::default().timeout`): its deadline label is that far from its creation.
+async fn default_lifetime_is_applied(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let c = case("default_lifetime_is_applied");
+    let default_lifetime = sandbox_core::CreateOptions::default().timeout;
+    let opts = ctx.opts(&c).timeout(default_lifetime);
+    ensure!(
+        opts == ctx.opts(&c),
+        "the base options set a lifetime of their own; this trial needs the default"
+    );
+    let before = std::time::SystemTime::now();
+    let sb = ctx.create(&c, opts).await?;
+    let listed = ctx.listed(&c).await?;
+    let m = listed
+        .iter()
+        .find(|m| m.id == sb.id())
+        .with_context(|| format!("{} is not listed", sb.id()))?;
+    let deadline: u64 = m
+        .labels
+        .get(LABEL_DEADLINE)
+        .with_context(|| format!("no {LABEL_DEADLINE} label: {:?}", m.labels))?
+        .parse()
+        .context("deadline label is not unix seconds")?;
+    let created = before
+        .duration_since(std::time::UNIX_EPOCH)
+        .context("clock before 1970")?
+        .as_secs();
+    let lifetime = deadline.saturating_sub(created);
+    let want = default_lifetime.as_secs();
+    ensure!(
+        lifetime.abs_diff(want) <= 30,
+        "deadline is {lifetime} s after creation, the default lifetime is {want} s"
     );
     sb.kill().await
 }

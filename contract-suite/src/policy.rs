@@ -14,7 +14,7 @@ use sandbox_core::{
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
-use crate::ctx::{Ctx, Need, Sbx, Skip, must_code, run, sbx, token};
+use crate::ctx::{CASE_LABEL, Canary, Ctx, Need, Sbx, Skip, must_code, run, sbx, token};
 use crate::limits::{PidsEvidence, expect_memory_limit, expect_pids_limit};
 
 const AREA: &str = "policy";
@@ -158,13 +158,57 @@ async fn interfaces(sb: &dyn Sandbox) -> anyhow::Result<Vec<String>> {
         .collect())
 }
 
-/// Creates a sandbox with egress `Allow`. A backend that declares `NETWORK_POLICY` gives
-/// sandboxes a network when asked: refusing `Allow` — with an error, or silently by
-/// denying — is a broken policy, so there is no "refused" branch here.
-async fn create_allow(ctx: &Ctx, c: &str, opts: CreateOptions) -> anyhow::Result<Sbx> {
-    ctx.create(c, opts)
+/// Creates a sandbox with egress `Allow`. Where the adapter says its sandboxes can get a
+/// network on this engine (`Probes::egress_allow`, the default) this must work: refusing
+/// `Allow` — with an error, or silently by denying — is a broken policy. Where the adapter
+/// documents that they cannot (Docker on a `runsc` registered with `--network=none`),
+/// `Allow` must be refused with `Configuration` before anything is provisioned, and
+/// `None` is returned; a create that succeeds there fails the trial too.
+async fn create_allow(ctx: &Ctx, c: &str, opts: CreateOptions) -> anyhow::Result<Option<Sbx>> {
+    if ctx.probes.egress_allow() {
+        let sb = ctx
+            .create(c, opts)
+            .await
+            .context("egress Allow must work where NETWORK_POLICY is declared")?;
+        return Ok(Some(sb));
+    }
+    refused_before_provisioning(
+        ctx,
+        c,
+        opts.metadata(CASE_LABEL, c),
+        ErrorCode::Configuration,
+    )
+    .await
+    .context("the adapter says egress Allow is unavailable on this engine")?;
+    Ok(None)
+}
+
+/// Connects to the canary server from this process (not from a sandbox) and requires
+/// its token: proves the server is alive when no sandbox can reach it.
+async fn canary_answers_the_host(canary: &Canary) -> anyhow::Result<()> {
+    let ip = if canary.spec.bind.ip().is_unspecified() {
+        canary
+            .spec
+            .dial_host
+            .parse()
+            .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST))
+    } else {
+        canary.spec.bind.ip()
+    };
+    let addr = SocketAddr::new(ip, canary.port);
+    let mut conn = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(addr))
         .await
-        .context("egress Allow must work where NETWORK_POLICY is declared")
+        .with_context(|| format!("connecting to the canary at {addr} timed out"))?
+        .with_context(|| format!("the canary server at {addr} is not reachable from the host"))?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut buf))
+        .await
+        .with_context(|| format!("the canary at {addr} sent no EOF within 5 s"))??;
+    ensure!(
+        String::from_utf8_lossy(&buf).contains(&canary.token),
+        "the canary at {addr} answered {buf:?}, not its token"
+    );
+    Ok(())
 }
 
 /// Egress deny really denies: an `Allow` sandbox fetches the canary token (the probe
@@ -172,17 +216,22 @@ async fn create_allow(ctx: &Ctx, c: &str, opts: CreateOptions) -> anyhow::Result
 async fn egress_deny_really_denies(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let c = case("egress_deny_really_denies");
     let canary = ctx.canary()?.clone();
-    let allow = create_allow(&ctx, &c, ctx.opts(&c).network(NetworkPolicy::allow())).await?;
-    let r = run(&*allow, canary.probe_command()).await?;
-    ensure!(
-        r.stdout_text().contains(&canary.token),
-        "an Allow sandbox could not reach the canary (the probe itself is broken): \
-         exit {} stdout {:?} stderr {:?}",
-        r.exit_code,
-        r.stdout_text(),
-        r.stderr_text()
-    );
-    allow.kill().await?;
+    match create_allow(&ctx, &c, ctx.opts(&c).network(NetworkPolicy::allow())).await? {
+        Some(allow) => {
+            let r = run(&*allow, canary.probe_command()).await?;
+            ensure!(
+                r.stdout_text().contains(&canary.token),
+                "an Allow sandbox could not reach the canary (the probe itself is broken): \
+                 exit {} stdout {:?} stderr {:?}",
+                r.exit_code,
+                r.stdout_text(),
+                r.stderr_text()
+            );
+            allow.kill().await?;
+        }
+        // Allow is (documentedly) refused here: the host proves the canary alive.
+        None => canary_answers_the_host(&canary).await?,
+    }
     let deny = ctx
         .create(&c, ctx.opts(&c).network(NetworkPolicy::deny()))
         .await?;
@@ -226,7 +275,10 @@ async fn deny_leaves_only_loopback(ctx: Arc<Ctx>) -> anyhow::Result<()> {
 async fn allow_adds_an_interface(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let c = case("allow_adds_an_interface");
     let canary = ctx.canary()?.clone();
-    let sb = create_allow(&ctx, &c, ctx.opts(&c).network(NetworkPolicy::allow())).await?;
+    let Some(sb) = create_allow(&ctx, &c, ctx.opts(&c).network(NetworkPolicy::allow())).await?
+    else {
+        return Ok(());
+    };
     let ifs = interfaces(&*sb).await?;
     ensure!(
         ifs.iter().any(|i| i != "lo"),
@@ -452,7 +504,10 @@ async fn ingress_published_or_refused(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     for (egress, policy) in policies {
         let opts = ctx.opts(&c).network(policy);
         let sb = if egress == "allow" {
-            create_allow(&ctx, &c, opts).await?
+            match create_allow(&ctx, &c, opts).await? {
+                Some(sb) => sb,
+                None => continue,
+            }
         } else {
             ctx.create(&c, opts).await?
         };

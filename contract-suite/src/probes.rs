@@ -35,6 +35,15 @@ pub trait Probes: Send + Sync {
         vec![]
     }
 
+    /// Whether sandboxes of this backend can be given egress `Allow` on this engine.
+    /// `false` only where the adapter documents why not (Docker on a `runsc` runtime the
+    /// engine registers with `--network=none`): `Allow` must then be refused with
+    /// `Configuration` before anything is provisioned, and the trials check that refusal
+    /// instead of the network. Default `true`.
+    fn egress_allow(&self) -> bool {
+        true
+    }
+
     /// Whether this backend runs sandboxes inside this process (the fake). Kernel
     /// evidence (capabilities, cgroups, `/proc/net/dev`) read from such a sandbox is not
     /// evidence of anything, so those trials report "not applicable: in-process backend",

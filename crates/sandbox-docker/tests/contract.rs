@@ -34,6 +34,9 @@ fn runtime() -> Runtime {
 struct DockerProbes {
     runtime: Runtime,
     backend: OnceLock<DockerBackend>,
+    /// Whether the engine registers the runtime under test with `--network=none` (set in
+    /// the factory from `GET /info`): egress `Allow` is then refused by the adapter.
+    network_none: OnceLock<bool>,
 }
 
 #[async_trait]
@@ -44,6 +47,12 @@ impl Probes for DockerProbes {
 
     fn template_without_python(&self) -> Option<String> {
         Some(BUSYBOX.to_string())
+    }
+
+    /// `false` on a runtime the engine registers with `--network=none` (how `cargo xtask
+    /// setup` registers `runsc`, SPEC §7): the adapter refuses egress `Allow` there.
+    fn egress_allow(&self) -> bool {
+        !self.network_none.get().copied().unwrap_or(false)
     }
 
     fn extra_templates(&self) -> Vec<String> {
@@ -343,6 +352,7 @@ fn main() -> ExitCode {
     let probes = Arc::new(DockerProbes {
         runtime,
         backend: OnceLock::new(),
+        network_none: OnceLock::new(),
     });
     let p = probes.clone();
     sandbox_contract::run(
@@ -350,6 +360,16 @@ fn main() -> ExitCode {
             Box::pin(async move {
                 let b = DockerBackend::connect(DockerConfig::from_env().runtime(runtime)).await?;
                 let _ = p.backend.set(b.clone());
+                // A failed /info is not "no --network=none": the trials then expect Allow
+                // to work and fail loudly if the adapter refuses it.
+                if let Ok(info) = b.client().info().await {
+                    let none = info
+                        .runtimes
+                        .and_then(|r| r.get(runtime.as_str()).cloned())
+                        .and_then(|r| r.runtime_args)
+                        .is_some_and(|args| args.iter().any(|a| a == "--network=none"));
+                    let _ = p.network_none.set(none);
+                }
                 Ok(Arc::new(b) as Arc<dyn Backend>)
             })
         }),
