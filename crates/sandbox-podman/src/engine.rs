@@ -10,6 +10,7 @@
 //! every exec by its timeout.
 
 use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::pin::Pin;
@@ -291,24 +292,65 @@ where
         .boxed()
 }
 
-/// A download body whose every chunk must arrive within `limit` while it is polled.
+/// A download body whose every chunk must arrive within `limit` of the consumer asking
+/// for it. One timer, re-armed when the consumer next waits (a chunk is a few KiB: a new
+/// timer per chunk would cost more than the copy, and time the consumer spends elsewhere
+/// is not the engine's).
 fn idle_bounded(body: hyper::Body, limit: Duration) -> ArchiveBody {
-    futures::stream::unfold(Some(body), move |body| async move {
-        let mut body = body?;
-        match tokio::time::timeout(limit, body.next()).await {
-            Ok(Some(Ok(b))) => Some((Ok(b), Some(body))),
-            Ok(Some(Err(e))) => Some((Err(std::io::Error::other(e)), None)),
-            Ok(None) => None,
-            Err(_) => Some((
-                Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("the engine sent nothing for {limit:?}"),
-                )),
-                None,
-            )),
-        }
+    Box::pin(IdleBounded {
+        body: Some(body),
+        idle: Box::pin(tokio::time::sleep(limit)),
+        limit,
+        rearm: true,
     })
-    .boxed()
+}
+
+struct IdleBounded {
+    body: Option<hyper::Body>,
+    idle: Pin<Box<tokio::time::Sleep>>,
+    limit: Duration,
+    /// A chunk was delivered since the timer was last armed.
+    rearm: bool,
+}
+
+impl Stream for IdleBounded {
+    type Item = std::io::Result<Bytes>;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        let Some(body) = this.body.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match Pin::new(body).poll_next(cx) {
+            Poll::Ready(Some(Ok(b))) => {
+                this.rearm = true;
+                Poll::Ready(Some(Ok(b)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                this.body = None;
+                Poll::Ready(Some(Err(std::io::Error::other(e))))
+            }
+            Poll::Ready(None) => {
+                this.body = None;
+                Poll::Ready(None)
+            }
+            Poll::Pending => {
+                if std::mem::take(&mut this.rearm) {
+                    let next = tokio::time::Instant::now() + this.limit;
+                    this.idle.as_mut().reset(next);
+                }
+                match this.idle.as_mut().poll(cx) {
+                    Poll::Ready(()) => {
+                        this.body = None;
+                        Poll::Ready(Some(Err(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!("the engine sent nothing for {:?}", this.limit),
+                        ))))
+                    }
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
 }
 
 /// Upload progress: when hyper last polled the body, and whether it then waited on our
@@ -725,6 +767,22 @@ mod tests {
         assert_eq!(items.len(), 2);
         assert!(items[0].is_ok());
         assert_eq!(items[1].as_ref().unwrap_err().kind, EngineErrorKind::Other);
+    }
+
+    /// Time the consumer spends between chunks is not the engine's.
+    #[tokio::test]
+    async fn a_slow_consumer_is_not_a_stalled_download() {
+        let (mut tx, body) = hyper::Body::channel();
+        let mut s = idle_bounded(body, Duration::from_millis(100));
+        tx.send_data(Bytes::from_static(b"one")).await.unwrap();
+        assert_eq!(&s.next().await.unwrap().unwrap()[..], b"one");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(40)).await;
+            tx.send_data(Bytes::from_static(b"two")).await.unwrap();
+        });
+        assert_eq!(&s.next().await.unwrap().unwrap()[..], b"two");
+        assert!(s.next().await.is_none());
     }
 
     #[tokio::test]
