@@ -805,9 +805,15 @@ async fn fifty_concurrent_create_run_kill() {
                     .map_err(|e| format!("run: {}", e.render()))?;
                 let t = Instant::now();
                 let id = s.id().to_string();
-                s.kill()
-                    .await
-                    .map_err(|e| format!("kill of {id} after {:?}: {}", t.elapsed(), e.render()))?;
+                s.kill().await.map_err(|e| {
+                    let mut chain = e.render();
+                    let mut src = std::error::Error::source(&e);
+                    while let Some(inner) = src {
+                        chain.push_str(&format!(" <- {inner}"));
+                        src = inner.source();
+                    }
+                    format!("kill of {id} after {:?}: {chain}", t.elapsed())
+                })?;
                 Ok::<Duration, String>(t.elapsed())
             })
         })
