@@ -233,9 +233,17 @@ async fn secrets_visible_to_process(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     sb.kill().await
 }
 
-/// The init processes engines run as PID 1 (`docker run --init`, `podman run --init`,
-/// and the common standalone ones).
-const INITS: [&str; 5] = ["docker-init", "tini", "catatonit", "dumb-init", "init"];
+/// The init processes engines run as PID 1 (`docker run --init` → `docker-init`,
+/// `podman run --init` → catatonit mounted as `podman-init`, and the common standalone
+/// ones).
+const INITS: [&str; 6] = [
+    "docker-init",
+    "podman-init",
+    "tini",
+    "catatonit",
+    "dumb-init",
+    "init",
+];
 
 /// PID 1 is an init that reaps zombies and forwards signals (`/proc/1/comm` names one),
 /// never the user's shell or a `sleep`.
