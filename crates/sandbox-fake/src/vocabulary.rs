@@ -243,6 +243,12 @@ pub const SNIPPETS: &[SnippetSpec] = &[
     },
 ];
 
+/// Commands the contract suite runs only in trials that never run on the fake (kernel
+/// evidence, which is "not applicable: in-process backend", and ingress, which the fake
+/// does not declare). They are deliberately outside the vocabulary; a meta-test can allow
+/// them in exactly those trials.
+pub const ENGINE_ONLY: &[&str] = &["python3 -c CODE", "nc -l -p PORT", "while … do … done"];
+
 /// Whether `name` (or `/bin/name`, `/usr/bin/name`) is a command of the vocabulary.
 pub fn is_command(name: &str) -> bool {
     lookup(name).is_some()
