@@ -415,9 +415,23 @@ impl ContainerEngine for PodmanEngine {
     async fn create(&self, spec: &ContainerSpec) -> EngineResult<String> {
         let body =
             crate::policy::create_body(spec, &self.options).map_err(|e| refused("create", e))?;
-        let id = self
-            .rest_call("container create", self.rest.create_container(&body))
-            .await?;
+        // The create runs in a task of its own: if the caller drops `create` while the
+        // engine is still creating (a cancelled create, a create timeout), the task removes
+        // the container once its id arrives, however long the engine took. A removal by
+        // name from outside can miss a container the engine registers only later.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let engine = self.clone();
+        tokio::spawn(async move {
+            let r = engine
+                .rest_call("container create", engine.rest.create_container(&body))
+                .await;
+            if let Err(Ok(id)) = tx.send(r) {
+                let _ = engine.remove(&id).await;
+            }
+        });
+        let id = rx.await.map_err(|_| {
+            EngineError::new(EngineErrorKind::Other, "the container create task ended")
+        })??;
         if let Err(e) = self.provision(&id, &spec.image).await {
             // Nothing of a half-provisioned container is left; the caller's error wins.
             self.pending().remove(&id);
