@@ -109,6 +109,10 @@ pub struct CreateArgs {
     /// Sandbox settings.
     #[command(flatten)]
     pub sandbox: SandboxArgs,
+    /// Metadata label on the sandbox (repeatable), shown by `ls` and usable with
+    /// `reap --label`.
+    #[arg(long = "label", value_name = "K=V", value_parser = parse_key_value)]
+    pub labels: Vec<(String, String)>,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,

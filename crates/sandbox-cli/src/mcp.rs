@@ -186,6 +186,7 @@ pub type Registry = Arc<Mutex<HashMap<String, Arc<dyn Sandbox>>>>;
 #[derive(Clone)]
 pub struct SandboxServer {
     sandboxes: Registry,
+    creating: Arc<std::sync::atomic::AtomicUsize>,
     tool_router: ToolRouter<Self>,
 }
 
@@ -263,6 +264,16 @@ fn create_options(p: &CreateParams) -> sandbox::Result<CreateOptions> {
         None => DEFAULT_LIFETIME,
         Some(s) => secs(s as f64)?,
     };
+    // A DSN's `?timeout=` would override the lifetime: hold it to the same bound.
+    if p.engine.contains("://") {
+        let dsn = sandbox::Dsn::parse(&p.engine)?;
+        if dsn.timeout.is_some_and(|t| t > MAX_LIFETIME) {
+            return Err(SandboxError::config(
+                format!("the DSN's timeout exceeds {} s", MAX_LIFETIME.as_secs()),
+                "pass timeout_s instead (at most 3600)",
+            ));
+        }
+    }
     let mut o = CreateOptions::default()
         .resources(resources)
         .network(network)
@@ -290,6 +301,7 @@ impl SandboxServer {
     pub fn new() -> Self {
         SandboxServer {
             sandboxes: Arc::new(Mutex::new(HashMap::new())),
+            creating: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             tool_router: Self::tool_router(),
         }
     }
@@ -297,6 +309,13 @@ impl SandboxServer {
     /// The session's sandboxes, for teardown when the session ends.
     pub fn registry(&self) -> Registry {
         self.sandboxes.clone()
+    }
+
+    fn live(&self) -> usize {
+        self.sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
     }
 
     fn get(&self, id: &str) -> sandbox::Result<Arc<dyn Sandbox>> {
@@ -317,16 +336,9 @@ impl SandboxServer {
     }
 
     async fn create(&self, p: CreateParams) -> sandbox::Result<Value> {
-        {
-            let map = self.sandboxes.lock().unwrap_or_else(|e| e.into_inner());
-            if map.len() >= MAX_SANDBOXES {
-                return Err(SandboxError::config(
-                    format!("this MCP session already has {MAX_SANDBOXES} live sandboxes"),
-                    "kill one with sandbox_kill first",
-                ));
-            }
-        }
         let options = create_options(&p)?;
+        // Counted before creating, so concurrent calls cannot overshoot the limit.
+        let _slot = Slot::take(&self.creating, self.live(), MAX_SANDBOXES)?;
         let sb: Arc<dyn Sandbox> =
             Arc::from(sandbox::create(engine_target(&p.engine).as_str(), options).await?);
         let id = sb.id().to_string();
@@ -514,6 +526,34 @@ impl ServerHandler for SandboxServer {
     }
 }
 
+/// A sandbox being created, counted against the session's limit until dropped.
+struct Slot(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Slot {
+    fn take(
+        creating: &Arc<std::sync::atomic::AtomicUsize>,
+        live: usize,
+        max: usize,
+    ) -> sandbox::Result<Slot> {
+        use std::sync::atomic::Ordering;
+        let before = creating.fetch_add(1, Ordering::SeqCst);
+        let slot = Slot(creating.clone());
+        if live + before >= max {
+            return Err(SandboxError::config(
+                format!("this MCP session already has {max} live sandboxes"),
+                "kill one with sandbox_kill first",
+            ));
+        }
+        Ok(slot)
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// Streams the command and keeps the first [`RESULT_OUTPUT_CAP`] bytes of each stream
 /// (bounded memory however much it prints); falls back to a buffered `run` on backends
 /// without `STREAMING`.
@@ -654,6 +694,27 @@ mod tests {
             serde_json::from_value(json!({"sandbox_id": "x", "command": ["echo", "hi"]}))
                 .expect("l");
         assert!(matches!(p.command, CommandParam::Argv(_)));
+    }
+
+    #[test]
+    fn a_dsn_timeout_cannot_lift_the_lifetime_bound() {
+        let p: CreateParams =
+            serde_json::from_value(json!({"engine": "fake://?timeout=86400"})).expect("p");
+        assert_eq!(
+            create_options(&p).expect_err("too long").code(),
+            ErrorCode::Configuration
+        );
+    }
+
+    #[test]
+    fn concurrent_creates_cannot_overshoot_the_limit() {
+        let creating = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let a = Slot::take(&creating, 1, 3).expect("2nd");
+        let b = Slot::take(&creating, 1, 3).expect("3rd");
+        assert!(Slot::take(&creating, 1, 3).is_err(), "4th refused");
+        drop(a);
+        let _c = Slot::take(&creating, 1, 3).expect("a slot was freed");
+        drop(b);
     }
 
     #[test]

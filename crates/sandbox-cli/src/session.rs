@@ -113,13 +113,17 @@ fn holder_error(message: String) -> SandboxError {
 }
 
 fn create_base(args: &CreateArgs) -> CreateOptions {
-    CreateOptions::default()
-        .timeout(
-            args.timeout
-                .unwrap_or(crate::target::DEFAULT_SESSION_LIFETIME),
-        )
-        .metadata("tool", "sandbox-cli")
-        .metadata("command", "create")
+    let mut o = CreateOptions::default();
+    for (k, v) in &args.labels {
+        o = o.metadata(k.clone(), v.clone());
+    }
+    // Last, so a user label cannot pass for the CLI's own.
+    o.timeout(
+        args.timeout
+            .unwrap_or(crate::target::DEFAULT_SESSION_LIFETIME),
+    )
+    .metadata("tool", "sandbox-cli")
+    .metadata("command", "create")
 }
 
 /// The holder: creates the sandbox, reports, waits for the ack, then keeps the sandbox
@@ -323,6 +327,11 @@ async fn connect(found: &Found) -> sandbox::Result<Borrowed> {
 
 /// `sandbox exec ID -- CMD…`.
 pub async fn exec(args: ExecArgs, out: Out) -> sandbox::Result<u8> {
+    // Secrets and stdin first: a usage error must not wait for engines.
+    let mut secrets = Vec::new();
+    for name in &args.secrets {
+        secrets.push((name.clone(), crate::target::secret_from_env(name)?));
+    }
     let input = if crate::stdin::wanted(args.interactive) {
         crate::stdin::read_all().await?
     } else {
@@ -342,8 +351,8 @@ pub async fn exec(args: ExecArgs, out: Out) -> sandbox::Result<u8> {
     }
     // A reattached handle holds no secrets (they are never stored engine-side), so they
     // go to this one process only.
-    for name in &args.secrets {
-        options = options.env(name.clone(), crate::target::secret_from_env(name)?);
+    for (name, value) in secrets {
+        options = options.env(name, value);
     }
     let (cmd, staged) = crate::stdin::stage(sb, &args.cmd, input).await?;
     let result = execute(sb, cmd, options, out, args.raw).await;

@@ -15,18 +15,22 @@ use sandbox::podman::PodmanRuntime as EngineRuntime;
 
 /// The target and the options of a new sandbox. The DSN's template and `?timeout=` are
 /// applied on top of `options` here, so they win over the defaults as with `sandbox::create`.
+/// A malformed DSN is refused here, before any engine or holder is involved.
 pub fn resolve(
     dsn: &str,
     args: &SandboxArgs,
     options: CreateOptions,
 ) -> sandbox::Result<(Target, CreateOptions)> {
     let options = apply_sandbox_args(args, options)?;
-    let Some(runtime) = args.runtime else {
-        return Ok((Target::from(dsn), options));
-    };
+    // Applied here, not left to `sandbox::create`: the `create` holder calls
+    // `Backend::create` itself, which knows nothing of DSNs.
     let parsed = Dsn::parse(dsn)?;
     let options = parsed.apply(options);
-    Ok((runtime_target(&parsed.scheme, runtime)?, options))
+    let target = match args.runtime {
+        None => Target::from(parsed),
+        Some(runtime) => runtime_target(&parsed.scheme, runtime)?,
+    };
+    Ok((target, options))
 }
 
 fn apply_sandbox_args(args: &SandboxArgs, base: CreateOptions) -> sandbox::Result<CreateOptions> {

@@ -79,6 +79,13 @@ fn round_trip(engine: &str) {
         id,
         "the sandbox outlives `sandbox create`"
     );
+    // The DSN's template is the image (not the engine's default one).
+    let image = Command::new(engine)
+        .args(["inspect", "--format", "{{.Config.Image}}", &id])
+        .output()
+        .expect("inspect");
+    let image = String::from_utf8_lossy(&image.stdout).trim().to_string();
+    assert!(image.ends_with("sandbox-rs/busybox:latest"), "{image}");
 
     // Another sandbox-rs process (this one starts a backend, whose startup sweep removes
     // sandboxes of dead owners) must not sweep it: its owner, the holder, is alive.
@@ -420,4 +427,54 @@ fn docker_runtime_runsc_satisfies_require_isolation_gvisor() {
     ]);
     assert_eq!(code(&o), 0, "{}{}", stdout(&o), stderr(&o));
     assert_eq!(json(&o)["sandbox"]["tier"], "gvisor");
+}
+
+/// Ctrl-C while `create` waits leaves nothing behind: the holder sees `create` go away
+/// before the hand-over and kills what it made.
+#[test]
+fn docker_create_interrupted_leaves_no_container() {
+    if !docker_available("docker_create_interrupted_leaves_no_container") {
+        return;
+    }
+    let tag = format!("interrupted-{}", std::process::id());
+    let label = format!("cli-test={tag}");
+    let mut child = sandbox(&[
+        "create",
+        "--label",
+        &label,
+        "docker://sandbox-rs/busybox:latest",
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("spawn");
+    // Mid-create: the holder is starting or creating.
+    std::thread::sleep(Duration::from_millis(150));
+    assert!(
+        Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .expect("kill")
+            .success()
+    );
+    let status = child.wait().expect("wait");
+    let labelled = || {
+        let o = Command::new("docker")
+            .args([
+                "ps",
+                "-a",
+                "-q",
+                "--filter",
+                &format!("label=io.sandbox-rs.meta.cli-test={tag}"),
+            ])
+            .output()
+            .expect("docker");
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !labelled().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert_eq!(status.code(), Some(130), "interrupted");
+    assert_eq!(labelled(), "", "the interrupted create left a container");
 }
