@@ -639,6 +639,19 @@ impl std::fmt::Debug for FileReader {
     }
 }
 
+impl Drop for FileReader {
+    fn drop(&mut self) {
+        if !self.done {
+            // Cancels the agent's read (its `kill` applies to reads too).
+            let _ = self
+                .req
+                .shared
+                .out
+                .try_send(Frame::control(self.req.id, &Request::Kill));
+        }
+    }
+}
+
 impl FileReader {
     /// The next chunk, `Ok(None)` at the end.
     pub async fn next_chunk(&mut self) -> Result<Option<Bytes>> {

@@ -254,7 +254,8 @@ pub enum Request {
         signal: i32,
     },
     /// Kill everything the spawn under this id started, including processes that left its
-    /// process group or session; answered by [`Reply::Killed`].
+    /// process group or session; answered by [`Reply::Killed`]. Under the id of a file
+    /// read, cancels the read.
     Kill,
     /// Stream a file's content as [`FrameKind::FileData`] frames, then [`Reply::Done`].
     ReadFile {

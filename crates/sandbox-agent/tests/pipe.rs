@@ -125,6 +125,39 @@ async fn large_output_arrives_whole_and_in_order() {
 }
 
 #[tokio::test]
+async fn a_slow_consumer_loses_no_output_after_the_exit() {
+    let a = agent(60).await;
+    // More than one window, less than window + pipe + one chunk: the process can exit while
+    // the agent still waits for credit to forward the rest.
+    let p = a
+        .client
+        .spawn(spec(&["head", "-c", "1150000", "/dev/zero"]))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let out = p.output(4 << 20).await.unwrap();
+    assert_eq!(out.status.exit_code(), 0);
+    assert_eq!(out.stdout.len(), 1_150_000);
+}
+
+#[tokio::test]
+async fn a_dropped_file_read_is_cancelled_and_the_agent_stays_usable() {
+    let a = agent(60).await;
+    let dir = tempfile_dir();
+    let path = format!("{}/big", dir.display());
+    std::fs::write(&path, vec![7u8; 5 << 20]).unwrap();
+    let mut r = a.client.read_file_stream(&path).await.unwrap();
+    assert!(r.next_chunk().await.unwrap().is_some());
+    drop(r);
+    a.client.ping().await.unwrap();
+    assert_eq!(
+        a.client.read_file(&path, 8 << 20).await.unwrap().len(),
+        5 << 20
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
 async fn output_over_the_cap_is_a_typed_error() {
     let a = agent(60).await;
     let p = a.client.spawn(spec(&["sh", "-c", "yes"])).await.unwrap();
@@ -176,7 +209,7 @@ async fn kill_reaches_setsid_and_double_forked_descendants() {
     loop {
         match p.next_event().await.unwrap() {
             Some(ProcessEvent::Exit(st)) => {
-                assert_eq!(st.signal, Some(9));
+                assert_eq!(st.signal, Some(9), "{st:?}");
                 break;
             }
             Some(_) => {}

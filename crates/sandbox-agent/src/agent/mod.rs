@@ -286,6 +286,8 @@ fn reply_error(out: &SyncSender<Frame>, id: u32, kind: ErrorKind, message: Strin
 pub(crate) struct Credits {
     state: Mutex<(u64, bool)>,
     cv: std::sync::Condvar,
+    /// Producers blocked for credit: the host is behind, the process is not idle.
+    waiting: std::sync::atomic::AtomicUsize,
 }
 
 impl Credits {
@@ -293,6 +295,7 @@ impl Credits {
         Arc::new(Credits {
             state: Mutex::new((u64::from(protocol::WINDOW), false)),
             cv: std::sync::Condvar::new(),
+            waiting: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -308,8 +311,18 @@ impl Credits {
                 s.0 -= n;
                 return Some(n as usize);
             }
-            s = self.cv.wait(s).ok()?;
+            self.waiting
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let woke = self.cv.wait(s);
+            self.waiting
+                .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            s = woke.ok()?;
         }
+    }
+
+    /// Whether a producer waits for the peer to take data.
+    pub(crate) fn has_waiters(&self) -> bool {
+        self.waiting.load(std::sync::atomic::Ordering::SeqCst) > 0
     }
 
     pub(crate) fn give(&self, n: u32) {

@@ -229,6 +229,9 @@ impl Processes {
             let ev = if status.is_some() {
                 match events.recv_timeout(DRAIN_GAP) {
                     Ok(ev) => ev,
+                    // Quiet because the host has not taken what was sent yet: the output
+                    // is real, keep forwarding it.
+                    Err(mpsc::RecvTimeoutError::Timeout) if credits.has_waiters() => continue,
                     Err(_) => break,
                 }
             } else {
@@ -347,6 +350,16 @@ impl Processes {
     /// Kills everything the spawn `id` started; returns how many processes got SIGKILL.
     pub(crate) fn kill(&self, id: u32) -> u32 {
         let mut total = 0;
+        {
+            // A kill of a file read cancels it: its thread stops at the next chunk.
+            let mut t = self.lock();
+            if !t.by_id.contains_key(&id)
+                && let Some(c) = t.credits.remove(&id)
+            {
+                c.close();
+                return 0;
+            }
+        }
         // A process can fork between a scan and the kill: repeat until a scan finds none.
         for _ in 0..50 {
             let t = self.lock();
@@ -354,7 +367,10 @@ impl Processes {
                 return total;
             };
             let others: Vec<&Entry> = t.by_id.values().filter(|e| e.pid != target.pid).collect();
-            let victims = kill::victims(target, &others);
+            let mut victims = kill::victims(target, &others);
+            // The root first: otherwise a shell may see its child die and exit 137 on its
+            // own before its SIGKILL lands, and the exit would not say "killed".
+            victims.sort_by_key(|p| *p != target.pid);
             if victims.is_empty() {
                 return total;
             }
@@ -402,35 +418,28 @@ fn start_reader(
             let mut buf = vec![0u8; DATA_CHUNK];
             let mut forwarding = true;
             loop {
-                // Credit first, then read no more than it: unread output stays in the pipe and
-                // the writing process blocks — the host's memory stays bounded.
-                let want = if forwarding {
-                    match credits.take(DATA_CHUNK) {
-                        Some(n) => n,
-                        None => {
-                            forwarding = false;
-                            DATA_CHUNK
-                        }
-                    }
-                } else {
-                    DATA_CHUNK
-                };
-                let n = match src.read(&mut buf[..want]) {
+                // Read, then wait for credit to send: at most one chunk is held here, the
+                // rest stays in the pipe and the writing process blocks — the host's memory
+                // stays bounded. (Taking credit *before* the read would let an idle stderr
+                // reader sit on a chunk of the window shared with stdout.)
+                let n = match src.read(&mut buf) {
                     Ok(0) | Err(_) => break,
                     Ok(n) => n,
                 };
-                if forwarding {
-                    credits.give((want - n) as u32);
-                    if out
-                        .send(Frame {
-                            kind,
-                            id,
-                            body: buf[..n].to_vec(),
-                        })
-                        .is_err()
-                    {
+                let mut sent = 0;
+                while forwarding && sent < n {
+                    let Some(k) = credits.take(n - sent) else {
+                        forwarding = false; // exit reported: drain and discard
+                        break;
+                    };
+                    let body = buf[sent..sent + k].to_vec();
+                    if out.send(Frame { kind, id, body }).is_err() {
+                        forwarding = false;
                         break;
                     }
+                    sent += k;
+                }
+                if forwarding {
                     let _ = events.send(Event::Progress);
                 }
             }
