@@ -200,7 +200,13 @@ pub struct KillArgs {
 
 /// `sandbox mcp`.
 #[derive(Debug, Args)]
-pub struct McpArgs {}
+pub struct McpArgs {
+    /// Let tool calls open egress (`network: allow` or an `allow_hosts` list). Off by
+    /// default: the model's instructions can come from untrusted content, and egress is how
+    /// data leaves.
+    #[arg(long)]
+    pub allow_egress: bool,
+}
 
 /// `sandbox completions`.
 #[derive(Debug, Args)]

@@ -71,8 +71,8 @@ fn main() -> ExitCode {
         match cli.command {
             // These own their signal handling: they must tear down sandboxes that live in
             // tasks or other processes, which dropping their future would not reach.
-            Cmd::Mcp(_) => {
-                let code = match mcp::serve().await {
+            Cmd::Mcp(args) => {
+                let code = match mcp::serve(mcp::Policy::from(&args)).await {
                     Ok(code) => code,
                     Err(e) => {
                         out.error(&e);
@@ -149,7 +149,7 @@ async fn dispatch(cmd: Cmd, out: Out) -> sandbox::Result<u8> {
         Cmd::Ls(args) => session::ls(args, out).await,
         Cmd::Kill(args) => session::kill(args, out).await,
         // Handled before dispatch.
-        Cmd::Mcp(_) => mcp::serve().await,
+        Cmd::Mcp(args) => mcp::serve(mcp::Policy::from(&args)).await,
         Cmd::Completions(_) => Ok(EXIT_OK),
     }
 }

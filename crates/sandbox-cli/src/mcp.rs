@@ -41,6 +41,25 @@ const MAX_LIFETIME: Duration = Duration::from_secs(3600);
 const MAX_SANDBOXES: usize = 16;
 /// Most entries `sandbox_list_files` returns.
 const LIST_CAP: usize = 1000;
+/// Largest memory limit a tool call may ask for, in MiB.
+const MAX_MEMORY_MB: u64 = 4096;
+/// Largest CPU quota a tool call may ask for, in cores.
+const MAX_CPUS: f64 = 4.0;
+
+/// What the operator who started the server allows tool calls to ask for.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Policy {
+    /// `--allow-egress`: network `allow` and allowlists are permitted.
+    pub allow_egress: bool,
+}
+
+impl From<&crate::cli::McpArgs> for Policy {
+    fn from(a: &crate::cli::McpArgs) -> Self {
+        Policy {
+            allow_egress: a.allow_egress,
+        }
+    }
+}
 
 /// Egress policy of `sandbox_create`.
 #[derive(Debug, Clone, Copy, Deserialize, JsonSchema, PartialEq, Eq)]
@@ -185,15 +204,10 @@ pub type Registry = Arc<Mutex<HashMap<String, Arc<dyn Sandbox>>>>;
 /// The MCP server: tools over the sandboxes of its session.
 #[derive(Clone)]
 pub struct SandboxServer {
+    policy: Policy,
     sandboxes: Registry,
     creating: Arc<std::sync::atomic::AtomicUsize>,
     tool_router: ToolRouter<Self>,
-}
-
-impl Default for SandboxServer {
-    fn default() -> Self {
-        Self::new()
-    }
 }
 
 /// A successful tool result: the JSON object as text (what hosts show the model) and as
@@ -239,13 +253,32 @@ fn exec_json(exit_code: i64, out: Bounded) -> Value {
     })
 }
 
-fn create_options(p: &CreateParams) -> sandbox::Result<CreateOptions> {
+fn create_options(p: &CreateParams, policy: Policy) -> sandbox::Result<CreateOptions> {
     let mut resources = Resources::default();
     if let Some(m) = p.memory_mb {
+        if m > MAX_MEMORY_MB {
+            return Err(SandboxError::resource_limit(
+                format!("memory_mb ({MAX_MEMORY_MB} MiB through MCP)"),
+                Some(format!("ask for at most {MAX_MEMORY_MB}")),
+            ));
+        }
         resources = resources.memory_mb(m);
     }
     if let Some(c) = p.cpus {
+        if c > MAX_CPUS {
+            return Err(SandboxError::resource_limit(
+                format!("cpus ({MAX_CPUS} cores through MCP)"),
+                Some(format!("ask for at most {MAX_CPUS}")),
+            ));
+        }
         resources = resources.cpu(c);
+    }
+    let wants_egress = p.network == Some(NetworkParam::Allow)
+        || p.allow_hosts.as_ref().is_some_and(|h| !h.is_empty());
+    if wants_egress && !policy.allow_egress {
+        return Err(SandboxError::network_policy_violation(
+            "this MCP server does not allow egress (network `allow` or `allow_hosts`); sandboxes have no network",
+        ));
     }
     let network = match (&p.allow_hosts, p.network) {
         (Some(hosts), None | Some(NetworkParam::Deny)) if !hosts.is_empty() => {
@@ -298,8 +331,9 @@ fn engine_target(engine: &str) -> String {
 #[tool_router]
 impl SandboxServer {
     /// A server with no sandboxes yet.
-    pub fn new() -> Self {
+    pub fn new(policy: Policy) -> Self {
         SandboxServer {
+            policy,
             sandboxes: Arc::new(Mutex::new(HashMap::new())),
             creating: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             tool_router: Self::tool_router(),
@@ -336,7 +370,7 @@ impl SandboxServer {
     }
 
     async fn create(&self, p: CreateParams) -> sandbox::Result<Value> {
-        let options = create_options(&p)?;
+        let options = create_options(&p, self.policy)?;
         // Counted before creating, so concurrent calls cannot overshoot the limit.
         let _slot = Slot::take(&self.creating, self.live(), MAX_SANDBOXES)?;
         let sb: Arc<dyn Sandbox> =
@@ -610,8 +644,8 @@ pub async fn kill_all(registry: &Registry) -> usize {
 
 /// Serves MCP on stdin/stdout until the client goes away or a termination signal arrives,
 /// then tears every sandbox of the session down.
-pub async fn serve() -> sandbox::Result<u8> {
-    let server = SandboxServer::new();
+pub async fn serve(policy: Policy) -> sandbox::Result<u8> {
+    let server = SandboxServer::new(policy);
     let registry = server.registry();
     let service =
         server
@@ -669,8 +703,35 @@ mod tests {
             "engine": "fake", "network": "allow", "allow_hosts": ["example.com"]
         }))
         .expect("params");
-        let e = create_options(&p).expect_err("contradiction");
+        let consent = Policy { allow_egress: true };
+        let e = create_options(&p, consent).expect_err("contradiction");
         assert_eq!(e.code(), ErrorCode::Configuration);
+    }
+
+    #[test]
+    fn egress_needs_the_operators_consent() {
+        for args in [
+            json!({"engine": "fake", "network": "allow"}),
+            json!({"engine": "fake", "allow_hosts": ["example.com"]}),
+        ] {
+            let p: CreateParams = serde_json::from_value(args).expect("params");
+            let e = create_options(&p, Policy::default()).expect_err("no consent");
+            assert_eq!(e.code(), ErrorCode::NetworkPolicyViolation);
+            let o = create_options(&p, Policy { allow_egress: true }).expect("consent");
+            assert_ne!(o.network, NetworkPolicy::deny());
+        }
+    }
+
+    #[test]
+    fn resource_asks_are_bounded() {
+        for args in [
+            json!({"engine": "fake", "memory_mb": 1_000_000}),
+            json!({"engine": "fake", "cpus": 64.0}),
+        ] {
+            let p: CreateParams = serde_json::from_value(args).expect("params");
+            let e = create_options(&p, Policy::default()).expect_err("too much");
+            assert_eq!(e.code(), ErrorCode::ResourceLimitExceeded);
+        }
     }
 
     #[test]
@@ -678,11 +739,16 @@ mod tests {
         let p: CreateParams =
             serde_json::from_value(json!({"engine": "fake", "timeout_s": 86400})).expect("p");
         assert_eq!(
-            create_options(&p).expect_err("too long").code(),
+            create_options(&p, Policy::default())
+                .expect_err("too long")
+                .code(),
             ErrorCode::Configuration
         );
         let p: CreateParams = serde_json::from_value(json!({"engine": "fake"})).expect("p");
-        assert_eq!(create_options(&p).expect("ok").timeout, DEFAULT_LIFETIME);
+        assert_eq!(
+            create_options(&p, Policy::default()).expect("ok").timeout,
+            DEFAULT_LIFETIME
+        );
     }
 
     #[test]
@@ -701,7 +767,9 @@ mod tests {
         let p: CreateParams =
             serde_json::from_value(json!({"engine": "fake://?timeout=86400"})).expect("p");
         assert_eq!(
-            create_options(&p).expect_err("too long").code(),
+            create_options(&p, Policy::default())
+                .expect_err("too long")
+                .code(),
             ErrorCode::Configuration
         );
     }
