@@ -154,8 +154,12 @@ pub(crate) async fn seq(p: Proc, a: Vec<String>) -> Result<i64> {
         out.push_str(&i.to_string());
         out.push('\n');
         // Large ranges go out as they are produced, so memory stays bounded.
-        if out.len() >= 64 * 1024 && !p.out(std::mem::take(&mut out)).await {
-            return Ok(BROKEN_PIPE_EXIT);
+        if out.len() >= 64 * 1024 {
+            if !p.out(std::mem::take(&mut out)).await {
+                return Ok(BROKEN_PIPE_EXIT);
+            }
+            // Output to /dev/null never waits: yield so a huge range cannot hog the runtime.
+            tokio::task::yield_now().await;
         }
         let Some(next) = i.checked_add(1) else { break };
         i = next;
@@ -236,6 +240,7 @@ pub(crate) async fn dd(p: Proc, a: Vec<String>) -> Result<i64> {
             return Ok(BROKEN_PIPE_EXIT);
         }
         left -= n;
+        tokio::task::yield_now().await;
     }
     p.err(format!("{count}+0 records in\n{count}+0 records out\n"))
         .await;

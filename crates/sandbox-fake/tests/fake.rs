@@ -990,3 +990,22 @@ fn matchers() {
     assert!(CodeMatch::from("print(1)").matches("  print(1)\n"));
     assert!(CodeMatch::contains("import").matches("import os"));
 }
+
+/// A command that produces endless output into /dev/null (which never applies
+/// backpressure) still yields, so its timeout fires and kills it.
+#[tokio::test]
+async fn endless_output_to_dev_null_still_times_out() {
+    let b = FakeBackend::new();
+    let sb = sandbox(&b).await;
+    let started = std::time::Instant::now();
+    let e = sb
+        .run(
+            "seq 1 999999999999 > /dev/null".into(),
+            RunOptions::default().timeout(Duration::from_millis(200)),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::ExecutionTimeout);
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(handle(&*sb).running_processes().is_empty());
+}
