@@ -274,16 +274,12 @@ mod tests {
     #[test]
     fn compiled_in_schemes_cannot_be_replaced_and_bad_schemes_are_refused() {
         for bad in ["", "Bad", "a b", "x://y"] {
-            let r = register(bad, || async {
-                Err(SandboxError::gone("x"))
-            });
+            let r = register(bad, || async { Err(SandboxError::gone("x")) });
             assert_eq!(r.unwrap_err().code(), ErrorCode::Configuration, "{bad:?}");
         }
         for (name, _, compiled) in FIRST_PARTY {
             if *compiled {
-                let r = register(name, || async {
-                    Err(SandboxError::gone("x"))
-                });
+                let r = register(name, || async { Err(SandboxError::gone("x")) });
                 assert_eq!(r.unwrap_err().code(), ErrorCode::Configuration);
             }
         }
