@@ -222,6 +222,31 @@ async fn mcp_bad_arguments_are_tool_errors_with_codes() {
     client.cancel().await.expect("close");
 }
 
+/// Egress is the operator's call: refused by default, granted by `--allow-egress`.
+#[tokio::test]
+async fn mcp_egress_needs_allow_egress() {
+    let client = start().await;
+    let (failed, r) = call(
+        &client,
+        "sandbox_create",
+        json!({"engine": "fake", "network": "allow"}),
+    )
+    .await;
+    assert!(failed, "{r}");
+    assert_eq!(r["error"]["code"], "SBX_E1401", "{r}");
+    client.cancel().await.expect("close");
+
+    let client = start_with(&["--allow-egress"]).await;
+    let (failed, r) = call(
+        &client,
+        "sandbox_create",
+        json!({"engine": "fake", "network": "allow"}),
+    )
+    .await;
+    assert!(!failed, "{r}");
+    client.cancel().await.expect("close");
+}
+
 fn managed_containers(engine: &str, id: &str) -> String {
     let o = std::process::Command::new(engine)
         .args([
