@@ -25,8 +25,13 @@ const TOOLS: &[&str] = &[
 type Client = RunningService<RoleClient, ()>;
 
 async fn start() -> Client {
+    start_with(&[]).await
+}
+
+async fn start_with(flags: &[&str]) -> Client {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_sandbox"));
     cmd.arg("mcp")
+        .args(flags)
         .env("NO_COLOR", "1")
         .env_remove("SANDBOX_LOG");
     let transport = TokioChildProcess::new(cmd).expect("spawn sandbox mcp");
