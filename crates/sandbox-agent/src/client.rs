@@ -507,7 +507,22 @@ impl RemoteProcess {
                     return Ok(Some(ProcessEvent::Exit(st)));
                 }
                 Incoming::Reply(Reply::Spawned { .. } | Reply::Killed { .. }) => {}
-                Incoming::Reply(other) => return Err(reply_error(other, "")),
+                Incoming::Reply(Reply::Error {
+                    kind: ErrorKind::Limit,
+                    message,
+                }) => {
+                    return Err(SandboxError::resource_limit(
+                        format!("agent: {message}"),
+                        None,
+                    ));
+                }
+                Incoming::Reply(Reply::Error { message, .. }) => {
+                    return Err(SandboxError::engine(
+                        BACKEND,
+                        format!("spawn refused: {message}"),
+                    ));
+                }
+                Incoming::Reply(other) => return Err(unexpected(&other)),
             }
         }
     }
