@@ -426,7 +426,21 @@ impl Op {
 }
 
 fn command_digest(cmd: &Command) -> String {
-    crate::sha256::hex(cmd.to_argv().join("\0").as_bytes())
+    sha256_hex(cmd.to_argv().join("\0").as_bytes())
+}
+
+/// The SHA-256 of `data` as 64 lower-case hex digits: names code and commands in spans and
+/// audit records without storing them.
+fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest as _;
+    use std::fmt::Write as _;
+    sha2::Sha256::digest(data)
+        .iter()
+        .fold(String::with_capacity(64), |mut s, b| {
+            // Writing to a String cannot fail.
+            let _ = write!(s, "{b:02x}");
+            s
+        })
 }
 
 fn output_bytes(r: &ExecResult) -> u64 {
@@ -686,7 +700,7 @@ impl Sandbox for EnforcedSandbox {
         let s = &self.shared;
         let span = op_span!("sandbox.run_code", s.backend, s.tier);
         let mut op = s.op(span.clone(), "sandbox.run_code");
-        let digest = crate::sha256::hex(code.as_bytes());
+        let digest = sha256_hex(code.as_bytes());
         op.span.record("code_sha256", digest.as_str());
         op.record.code_sha256 = Some(digest);
         if s.layer.record_code {

@@ -23,7 +23,6 @@ mod resources;
 mod result;
 mod sandbox;
 mod secret;
-mod sha256;
 pub mod tar_stream;
 pub mod teardown;
 

@@ -509,7 +509,7 @@ async fn one_record_per_operation_with_hashes_never_text() {
     let run_code = &records[1];
     assert_eq!(
         run_code.code_sha256.as_deref(),
-        Some(crate::sha256::hex(code.as_bytes()).as_str())
+        Some(sha256_hex(code.as_bytes()).as_str())
     );
     assert_eq!(run_code.code, None, "code text only when opted in");
     assert_eq!((records[2].exit_code, records[2].bytes), (Some(3), Some(6)));
@@ -675,4 +675,38 @@ fn every_operation_has_one_span_with_its_fields_and_no_secret() {
     let events = capture.events.lock().unwrap().clone();
     assert_eq!(events.len(), 5, "one warning per failed record: {events:?}");
     assert!(!format!("{events:?}").contains(SECRET));
+}
+
+/// The digest in spans and audit records is SHA-256 as 64 lower-case hex digits (NIST vectors).
+#[test]
+fn sha256_hex_matches_nist_vectors() {
+    assert_eq!(
+        sha256_hex(b""),
+        "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+    );
+    assert_eq!(
+        sha256_hex(b"abc"),
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    );
+    assert_eq!(
+        sha256_hex(b"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+        "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"
+    );
+    assert_eq!(
+        sha256_hex(&vec![b'a'; 1_000_000]),
+        "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0"
+    );
+    // 55, 56 and 64 bytes straddle the one-or-two padding block edge.
+    assert_eq!(
+        sha256_hex(&[b'a'; 55]),
+        "9f4390f8d30c2dd92ec9f095b65e2b9ae9b0a925a5258e241c9f1e910f734318"
+    );
+    assert_eq!(
+        sha256_hex(&[b'a'; 56]),
+        "b35439a4ac6f0948b6d6f9e3c6af0f5f590ce20f1bde7090ef7970686ec6738a"
+    );
+    assert_eq!(
+        sha256_hex(&[b'a'; 64]),
+        "ffe054fe7ae0cb6dc65c3af9b61d5209f439851db43d0ba5997337df154668eb"
+    );
 }
