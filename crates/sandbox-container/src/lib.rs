@@ -4,6 +4,7 @@
 
 mod archive;
 mod backend;
+pub mod discovery;
 pub mod engine;
 mod error;
 mod exec;
