@@ -36,6 +36,9 @@ pub struct EngineReport {
     pub version: Option<String>,
     /// API endpoint tried (socket path or URL, credentials stripped).
     pub endpoint: String,
+    /// Why this endpoint was chosen (`DOCKER_HOST`, "docker context `x`", "rootless
+    /// socket", "default", "configured"), when the backend discovered it.
+    pub endpoint_reason: Option<String>,
     /// OCI runtimes the engine offers (e.g. `runc`, `runsc`).
     pub runtimes: Vec<String>,
     /// Images sandbox-rs uses and whether each is present.
@@ -54,6 +57,7 @@ impl EngineReport {
             reachable: false,
             version: None,
             endpoint: endpoint.into(),
+            endpoint_reason: None,
             runtimes: vec![],
             images: vec![],
             tier: IsolationTier::Unknown,
