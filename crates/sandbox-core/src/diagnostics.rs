@@ -38,6 +38,7 @@ pub struct EngineReport {
     pub endpoint: String,
     /// Why this endpoint was chosen (`DOCKER_HOST`, "docker context `x`", "rootless
     /// socket", "default", "configured"), when the backend discovered it.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub endpoint_reason: Option<String>,
     /// OCI runtimes the engine offers (e.g. `runc`, `runsc`).
     pub runtimes: Vec<String>,
