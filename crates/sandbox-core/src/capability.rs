@@ -8,7 +8,10 @@ bitflags! {
     /// A declared flag has passing contract trials; invoking an undeclared one returns
     /// [`SandboxError::CapabilityNotSupported`](crate::SandboxError::CapabilityNotSupported),
     /// never a no-op or an emulation. Capabilities are per sandbox instance.
+    ///
+    /// With the `serde` feature it serialises as its flag names, e.g. `"RUN_COMMAND | RUN_CODE"`.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
     pub struct Capability: u32 {
         /// `Sandbox::run` of commands.
         const RUN_COMMAND = 1 << 0;

@@ -10,6 +10,7 @@ use crate::{Result, SandboxError};
 
 /// Metadata of one sandbox path.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[non_exhaustive]
 pub struct FileInfo {
     /// File name (last path component).

@@ -23,6 +23,8 @@ mod resources;
 mod result;
 mod sandbox;
 mod secret;
+#[cfg(feature = "serde")]
+mod serialization;
 pub mod tar_stream;
 pub mod teardown;
 

@@ -8,6 +8,11 @@ use crate::{Result, SandboxError};
 
 /// What outbound traffic a sandbox may send.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
 #[non_exhaustive]
 pub enum Egress {
     /// No network at all (only loopback). The default.
@@ -219,6 +224,11 @@ fn parse_target(entry: &str) -> std::result::Result<EgressTarget, String> {
 
 /// Network policy of a sandbox. Default: deny all egress, no ingress.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(default)
+)]
 #[non_exhaustive]
 pub struct NetworkPolicy {
     /// Outbound policy.

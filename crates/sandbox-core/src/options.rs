@@ -22,6 +22,11 @@ pub const DEFAULT_OUTPUT_CAP: usize = 64 * 1024 * 1024;
 ///
 /// `Debug` shows env and secret *keys* only, never their values.
 #[derive(Clone, PartialEq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(default)
+)]
 #[non_exhaustive]
 pub struct CreateOptions {
     /// Template (image) name; `None` uses the backend's default.
@@ -33,7 +38,9 @@ pub struct CreateOptions {
     /// Environment for every command.
     pub env: BTreeMap<String, String>,
     /// Secrets exposed to commands as environment variables, never stored in engine
-    /// configuration or printed.
+    /// configuration or printed. Serialised as name → `"***"`; never deserialised (a
+    /// secret does not travel through JSON), so it is empty after a round trip.
+    #[cfg_attr(feature = "serde", serde(skip_deserializing))]
     pub secrets: BTreeMap<String, Secret>,
     /// Sandbox lifetime, enforced provider-side. Positive, at most [`MAX_SANDBOX_TIMEOUT`].
     pub timeout: Duration,
@@ -211,6 +218,11 @@ fn validate_workdir(w: &str) -> Result<()> {
 
 /// A command: an argv list (never through a shell) or a string run with `sh -c`.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
 pub enum Command {
     /// Executed directly, no shell.
     Argv(Vec<String>),
@@ -279,6 +291,11 @@ impl<const N: usize> From<[&str; N]> for Command {
 /// Options for [`Sandbox::run`](crate::Sandbox::run) and
 /// [`Sandbox::stream`](crate::Sandbox::stream).
 #[derive(Clone, Default, PartialEq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(default)
+)]
 #[non_exhaustive]
 pub struct RunOptions {
     /// Timeout; `None` inherits the sandbox lifetime (never unbounded).
@@ -361,6 +378,11 @@ pub fn resolve_timeout(t: Option<Duration>, remaining_lifetime: Duration) -> Res
 
 /// Language for [`Sandbox::run_code`](crate::Sandbox::run_code).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "lowercase")
+)]
 #[non_exhaustive]
 pub enum Language {
     /// Python 3 (`python3`).
@@ -379,6 +401,11 @@ impl Language {
 
 /// Options for [`Sandbox::run_code`](crate::Sandbox::run_code).
 #[derive(Debug, Clone, Default, PartialEq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(default)
+)]
 #[non_exhaustive]
 pub struct CodeOptions {
     /// Language (default Python).

@@ -13,6 +13,11 @@ pub const DEFAULT_PIDS: u64 = 512;
 /// ([`DEFAULT_CPU`], [`DEFAULT_MEMORY_MB`], [`DEFAULT_PIDS`]); a caller can raise a cap but
 /// never unset it. Zero or negative values are a configuration error.
 #[derive(Debug, Clone, Default, PartialEq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(default)
+)]
 #[non_exhaustive]
 pub struct Resources {
     /// CPU quota in cores (e.g. `0.5`).

@@ -17,10 +17,12 @@ pub enum StreamKind {
 
 /// One piece of streamed output.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct OutputChunk {
     /// Which stream.
     pub stream: StreamKind,
     /// The bytes, exactly as produced.
+    #[cfg_attr(feature = "serde", serde(with = "crate::serialization::bytes_text"))]
     pub data: Bytes,
 }
 
@@ -43,11 +45,13 @@ impl OutputChunk {
 
 /// A typed rich result of `run_code` (e.g. an image), identified by MIME type.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[non_exhaustive]
 pub struct RichResult {
     /// MIME type, e.g. `text/plain`, `image/png`.
     pub mime: String,
     /// The payload.
+    #[cfg_attr(feature = "serde", serde(with = "crate::serialization::bytes_text"))]
     pub data: Bytes,
 }
 
@@ -63,13 +67,20 @@ impl RichResult {
 
 /// The outcome of `run`, `run_code` or `Process::wait`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(default)
+)]
 #[non_exhaustive]
 pub struct ExecResult {
     /// Exit code of the process.
     pub exit_code: i64,
     /// Captured stdout (empty when `streamed`).
+    #[cfg_attr(feature = "serde", serde(with = "crate::serialization::bytes_text"))]
     pub stdout: Bytes,
     /// Captured stderr (empty when `streamed`).
+    #[cfg_attr(feature = "serde", serde(with = "crate::serialization::bytes_text"))]
     pub stderr: Bytes,
     /// True when the output was delivered through a stream instead.
     pub streamed: bool,
