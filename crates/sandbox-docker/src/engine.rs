@@ -62,8 +62,9 @@ impl DockerEngine {
             hint: start_hint(&endpoint),
             source: Some(Box::new(e)),
         };
+        // Insecure or unsupported endpoints are refused here, before any connection.
+        let client = config.client()?;
         let connect = async {
-            let client = Docker::connect_with_host(&raw_endpoint).map_err(during("connect"))?;
             let client = client
                 .negotiate_version()
                 .await
