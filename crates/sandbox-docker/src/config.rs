@@ -1,11 +1,23 @@
 //! Typed configuration of the Docker backend.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use bollard::Docker;
+use sandbox_container::discovery::{
+    DiscoveredEndpoint, DiscoveryError, EndpointSource, EnvSnapshot, discover_docker, refuse_ssh,
+};
 use sandbox_container::{ContainerConfig, Runtime};
+use sandbox_core::{Result, SandboxError};
 
 /// Environment variable naming the engine endpoint (`unix://…`, `tcp://…`, `https://…`).
 pub const DOCKER_HOST_ENV: &str = "DOCKER_HOST";
+/// Environment variable that, when set to a non-empty value other than `0`, requires TLS
+/// with client certificates for `tcp://` endpoints (as the Docker CLI reads it).
+pub const DOCKER_TLS_VERIFY_ENV: &str = "DOCKER_TLS_VERIFY";
+/// Environment variable naming the directory of `ca.pem`, `cert.pem` and `key.pem`
+/// (default `~/.docker`, as for the Docker CLI).
+pub const DOCKER_CERT_PATH_ENV: &str = "DOCKER_CERT_PATH";
 /// Endpoint used when `DOCKER_HOST` is unset.
 pub const DEFAULT_DOCKER_HOST: &str = "unix:///var/run/docker.sock";
 /// Template used when `CreateOptions::template` is `None`.
@@ -26,8 +38,20 @@ pub const TEST_IMAGES: [&str; 2] = ["sandbox-rs/python:3.11", "sandbox-rs/busybo
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DockerConfig {
-    /// Engine endpoint; `None` means `DOCKER_HOST`, else [`DEFAULT_DOCKER_HOST`].
+    /// Engine endpoint; `None` means discovered from the environment at connect time
+    /// (`DOCKER_HOST`, the current Docker context, the rootless socket, then
+    /// [`DEFAULT_DOCKER_HOST`]).
     pub host: Option<String>,
+    /// Why `host` is what it is ([`EndpointSource::Configured`] for [`DockerConfig::host`]).
+    pub endpoint_source: EndpointSource,
+    /// Require TLS with client certificates on `tcp://`/`http://` endpoints
+    /// (`DOCKER_TLS_VERIFY`). `https://` always requires TLS.
+    pub tls_verify: bool,
+    /// Directory of `ca.pem`, `cert.pem`, `key.pem` (`DOCKER_CERT_PATH`; `None`: `~/.docker`).
+    pub cert_path: Option<PathBuf>,
+    /// Accept `tcp://`/`http://` without TLS (default `false`): exec bodies carry the
+    /// caller's environment, secrets included, so plain TCP must be an explicit choice.
+    pub allow_plain_tcp: bool,
     /// OCI runtime of every sandbox.
     pub runtime: Runtime,
     /// Image used when `CreateOptions::template` is `None`.
@@ -42,36 +66,96 @@ pub struct DockerConfig {
     pub create_timeout: Duration,
     /// Largest file `files().read` returns (default 64 MiB; `ResourceLimitExceeded` past it).
     pub read_cap: u64,
+    /// A selected Docker context that did not resolve: reported at connect, never silently
+    /// replaced by another engine.
+    discovery_error: Option<DiscoveryError>,
+    /// `HOME` at discovery time, for the default certificate directory.
+    home: Option<PathBuf>,
 }
 
 impl Default for DockerConfig {
     fn default() -> Self {
         DockerConfig {
             host: None,
+            endpoint_source: EndpointSource::Default,
+            tls_verify: false,
+            cert_path: None,
+            allow_plain_tcp: false,
             runtime: Runtime::Runc,
             default_template: DEFAULT_TEMPLATE.to_string(),
             startup_sweep: true,
             call_timeout: sandbox_container::DEFAULT_CALL_TIMEOUT,
             create_timeout: sandbox_container::DEFAULT_CREATE_TIMEOUT,
             read_cap: sandbox_container::DEFAULT_READ_CAP,
+            discovery_error: None,
+            home: None,
         }
     }
 }
 
 impl DockerConfig {
-    /// The default configuration with the endpoint taken from `DOCKER_HOST` now.
+    /// The default configuration with the endpoint discovered from the environment now
+    /// (see [`DockerConfig::from_env_snapshot`]).
     pub fn from_env() -> Self {
-        DockerConfig {
-            host: std::env::var(DOCKER_HOST_ENV)
-                .ok()
-                .filter(|h| !h.trim().is_empty()),
-            ..DockerConfig::default()
+        DockerConfig::from_env_snapshot(&EnvSnapshot::capture())
+    }
+
+    /// The default configuration with the endpoint discovered from `env`, in the Docker
+    /// CLI's order: `DOCKER_HOST`; the current context (`DOCKER_CONTEXT`, else
+    /// `currentContext` of `~/.docker/config.json`); `$XDG_RUNTIME_DIR/docker.sock` if it
+    /// exists; [`DEFAULT_DOCKER_HOST`]. TLS settings come from `DOCKER_TLS_VERIFY` and
+    /// `DOCKER_CERT_PATH`. A selected context that does not resolve fails at connect.
+    pub fn from_env_snapshot(env: &EnvSnapshot) -> Self {
+        DockerConfig::default().discover(env)
+    }
+
+    /// Fills the endpoint (when not configured) and TLS settings from `env`.
+    fn discover(mut self, env: &EnvSnapshot) -> Self {
+        if self.host.is_none() {
+            match discover_docker(env) {
+                Ok(DiscoveredEndpoint {
+                    endpoint, source, ..
+                }) => {
+                    self.host = Some(endpoint);
+                    self.endpoint_source = source;
+                }
+                Err(e) => self.discovery_error = Some(e),
+            }
         }
+        if !self.tls_verify {
+            // The Docker CLI treats any non-empty value as "on", `0` included; we read `0`
+            // as off too, since refusing to connect is the safe side of that ambiguity.
+            self.tls_verify = env.get(DOCKER_TLS_VERIFY_ENV).is_some_and(|v| v != "0");
+        }
+        if self.cert_path.is_none() {
+            self.cert_path = env.get(DOCKER_CERT_PATH_ENV).map(PathBuf::from);
+        }
+        if self.home.is_none() {
+            self.home = env.get("HOME").map(PathBuf::from);
+        }
+        self
     }
 
     /// Sets the engine endpoint (`unix:///path`, `tcp://host:2376`, `https://…`).
     pub fn host(mut self, host: impl Into<String>) -> Self {
         self.host = Some(host.into());
+        self.endpoint_source = EndpointSource::Configured;
+        self.discovery_error = None;
+        self
+    }
+
+    /// Requires TLS with the client certificates in `dir` (`ca.pem`, `cert.pem`,
+    /// `key.pem`), as `DOCKER_TLS_VERIFY=1 DOCKER_CERT_PATH=dir` do. Needs the `tls` feature.
+    pub fn tls(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.tls_verify = true;
+        self.cert_path = Some(dir.into());
+        self
+    }
+
+    /// Accepts `tcp://` without TLS (default `false`). Only for a loopback or otherwise
+    /// trusted network: exec bodies carry secrets in the clear.
+    pub fn allow_plain_tcp(mut self, on: bool) -> Self {
+        self.allow_plain_tcp = on;
         self
     }
 
@@ -125,18 +209,186 @@ impl DockerConfig {
         self.runtime
     }
 
-    /// The endpoint in effect: the configured host, else `DOCKER_HOST`, else the default
-    /// socket.
+    /// The endpoint in effect: the configured or discovered host, else discovered from the
+    /// environment now.
     pub fn endpoint(&self) -> String {
-        self.host
-            .clone()
-            .or_else(|| {
-                std::env::var(DOCKER_HOST_ENV)
-                    .ok()
-                    .filter(|h| !h.trim().is_empty())
-            })
+        self.resolved()
+            .host
             .unwrap_or_else(|| DEFAULT_DOCKER_HOST.to_string())
     }
+
+    /// Why [`DockerConfig::endpoint`] is what it is.
+    pub fn endpoint_source(&self) -> EndpointSource {
+        self.resolved().endpoint_source
+    }
+
+    /// This configuration with the endpoint discovered when it was left unset: what
+    /// `connect` uses.
+    pub(crate) fn resolved(&self) -> DockerConfig {
+        if self.host.is_some() || self.discovery_error.is_some() {
+            return self.clone();
+        }
+        self.clone().discover(&EnvSnapshot::capture())
+    }
+
+    /// How to reach the engine, refused before any connection when it would be insecure
+    /// or unsupported.
+    pub(crate) fn transport(&self) -> Result<Transport> {
+        if let Some(e) = &self.discovery_error {
+            return Err(e.to_error());
+        }
+        let endpoint = self.endpoint();
+        refuse_ssh(&endpoint, "/var/run/docker.sock", DOCKER_HOST_ENV)?;
+        let lower = endpoint.to_ascii_lowercase();
+        let shown = redact_endpoint(&endpoint);
+        if lower.starts_with("https://")
+            || (self.tls_verify && (lower.starts_with("tcp://") || lower.starts_with("http://")))
+        {
+            if !cfg!(feature = "tls") {
+                return Err(SandboxError::config(
+                    format!(
+                        "{shown} needs TLS, but sandbox-docker was built without its `tls` feature"
+                    ),
+                    "enable it: sandbox-docker = { version = \"…\", features = [\"tls\"] } (the `sandbox` CLI has it); never fall back to plain HTTP",
+                ));
+            }
+            return self.tls_transport(&endpoint);
+        }
+        if lower.starts_with("tcp://") || lower.starts_with("http://") {
+            if !self.allow_plain_tcp {
+                return Err(SandboxError::config(
+                    format!(
+                        "{shown} is plain TCP without TLS: exec bodies (secrets included) would cross the network in the clear"
+                    ),
+                    "set DOCKER_TLS_VERIFY=1 and DOCKER_CERT_PATH (ca.pem, cert.pem, key.pem) with the `tls` feature, or DockerConfig::allow_plain_tcp(true) for a trusted loopback",
+                ));
+            }
+            return Ok(Transport::PlainTcp(endpoint));
+        }
+        Ok(Transport::Local(endpoint))
+    }
+
+    fn tls_transport(&self, endpoint: &str) -> Result<Transport> {
+        let dir = match (&self.cert_path, &self.home) {
+            (Some(d), _) => d.clone(),
+            (None, Some(h)) => h.join(".docker"),
+            (None, None) => {
+                return Err(SandboxError::config(
+                    "TLS is required but neither DOCKER_CERT_PATH nor HOME is set",
+                    "set DOCKER_CERT_PATH to the directory holding ca.pem, cert.pem and key.pem",
+                ));
+            }
+        };
+        let file = |name: &str| -> Result<PathBuf> {
+            let p = dir.join(name);
+            if p.is_file() {
+                Ok(p)
+            } else {
+                Err(SandboxError::config(
+                    format!("TLS client file {} is missing", p.display()),
+                    format!(
+                        "put ca.pem, cert.pem and key.pem in {} or point DOCKER_CERT_PATH at the directory holding them",
+                        dir.display()
+                    ),
+                ))
+            }
+        };
+        Ok(Transport::Tls {
+            endpoint: endpoint.to_string(),
+            ca: file("ca.pem")?,
+            cert: file("cert.pem")?,
+            key: file("key.pem")?,
+        })
+    }
+
+    /// A bollard client for [`DockerConfig::transport`] (no connection is made yet).
+    pub(crate) fn client(&self) -> Result<Docker> {
+        let transport = self.transport()?;
+        transport.client().map_err(|e| {
+            SandboxError::config(
+                format!(
+                    "invalid Docker endpoint {}: {e}",
+                    redact_endpoint(transport.endpoint())
+                ),
+                "use unix:///path/docker.sock, tcp://host:2376 (with TLS) or https://host:2376",
+            )
+        })
+    }
+}
+
+/// How the engine is reached, decided before connecting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Transport {
+    /// A local socket (`unix://`, or a scheme bollard resolves itself).
+    Local(String),
+    /// `tcp://` without TLS, explicitly allowed.
+    PlainTcp(String),
+    /// TLS with client certificates.
+    Tls {
+        endpoint: String,
+        ca: PathBuf,
+        cert: PathBuf,
+        key: PathBuf,
+    },
+}
+
+/// Seconds bollard waits for one request (its own default).
+const BOLLARD_TIMEOUT_SECS: u64 = 120;
+
+impl Transport {
+    fn endpoint(&self) -> &str {
+        match self {
+            Transport::Local(e) | Transport::PlainTcp(e) | Transport::Tls { endpoint: e, .. } => e,
+        }
+    }
+
+    fn client(&self) -> std::result::Result<Docker, bollard::errors::Error> {
+        match self {
+            // `connect_with_host` would switch `tcp://` to TLS on its own reading of the
+            // environment; local sockets are all it is given.
+            Transport::Local(e) => Docker::connect_with_host(e),
+            Transport::PlainTcp(e) => {
+                Docker::connect_with_http(e, BOLLARD_TIMEOUT_SECS, bollard::API_DEFAULT_VERSION)
+            }
+            Transport::Tls {
+                endpoint,
+                ca,
+                cert,
+                key,
+            } => tls_client(endpoint, ca, cert, key),
+        }
+    }
+}
+
+#[cfg(feature = "tls")]
+fn tls_client(
+    endpoint: &str,
+    ca: &Path,
+    cert: &Path,
+    key: &Path,
+) -> std::result::Result<Docker, bollard::errors::Error> {
+    Docker::connect_with_ssl(
+        endpoint,
+        key,
+        cert,
+        ca,
+        BOLLARD_TIMEOUT_SECS,
+        bollard::API_DEFAULT_VERSION,
+    )
+}
+
+#[cfg(not(feature = "tls"))]
+fn tls_client(
+    endpoint: &str,
+    _ca: &Path,
+    _cert: &Path,
+    _key: &Path,
+) -> std::result::Result<Docker, bollard::errors::Error> {
+    // `transport()` refuses TLS endpoints without the feature; this keeps that true even
+    // if a `Transport::Tls` were built another way.
+    Err(bollard::errors::Error::UnsupportedURISchemeError {
+        uri: endpoint.to_string(),
+    })
 }
 
 /// The endpoint with any `user:password@` credentials removed, for reports and errors.

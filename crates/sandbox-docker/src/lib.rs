@@ -17,9 +17,11 @@ use sandbox_core::{
 };
 
 pub use config::{
-    DEFAULT_DOCKER_HOST, DEFAULT_TEMPLATE, DOCKER_HOST_ENV, DockerConfig, TEST_IMAGES,
+    DEFAULT_DOCKER_HOST, DEFAULT_TEMPLATE, DOCKER_CERT_PATH_ENV, DOCKER_HOST_ENV,
+    DOCKER_TLS_VERIFY_ENV, DockerConfig, TEST_IMAGES,
 };
 pub use engine::DockerEngine;
+pub use sandbox_container::discovery::{EndpointSource, EnvSnapshot};
 pub use sandbox_container::{RUNSC_PIDS_HEADROOM, Runtime};
 
 /// A Docker sandbox: the shared container sandbox on [`DockerEngine`].
@@ -39,12 +41,17 @@ pub struct DockerBackend {
 }
 
 impl DockerBackend {
-    /// Connects to the engine (`config.host`, else `DOCKER_HOST`, else the default socket),
-    /// negotiates the API version, pings it, checks the runtime is registered, and sweeps
-    /// this host's leftovers (owner proven gone, or long past their deadline).
+    /// Connects to the engine (`config.host`, else discovered: `DOCKER_HOST`, the current
+    /// Docker context, the rootless socket, the default socket), negotiates the API version,
+    /// pings it, checks the runtime is registered, and sweeps this host's leftovers (owner
+    /// proven gone, or long past their deadline).
     ///
+    /// Refused with `Configuration` before connecting: `ssh://` endpoints, TLS endpoints
+    /// without the `tls` feature or with missing certificate files, plain `tcp://` unless
+    /// [`DockerConfig::allow_plain_tcp`], and a selected context that does not resolve.
     /// An engine that does not answer is `EngineUnavailable` with the start command as hint.
     pub async fn connect(config: DockerConfig) -> Result<DockerBackend> {
+        let config = config.resolved();
         let container = config.container_config();
         let engine = DockerEngine::connect(config).await?;
         Ok(DockerBackend {
@@ -105,7 +112,9 @@ impl Backend for DockerBackend {
     }
 
     async fn diagnose(&self) -> EngineReport {
-        self.inner.diagnose().await
+        let mut report = self.inner.diagnose().await;
+        report.endpoint_reason = Some(self.config().endpoint_source.to_string());
+        report
     }
 }
 
