@@ -36,6 +36,15 @@ pub struct CreateOptions {
     /// Network policy (default deny).
     pub network: NetworkPolicy,
     /// Environment for every command.
+    /// Serialised as `env_keys` (names only, like `Debug`: env values are redacted from
+    /// audit records too, since they may carry credentials); deserialised from `env`.
+    #[cfg_attr(
+        feature = "serde",
+        serde(
+            rename(serialize = "env_keys", deserialize = "env"),
+            serialize_with = "crate::serialization::keys_only"
+        )
+    )]
     pub env: BTreeMap<String, String>,
     /// Secrets exposed to commands as environment variables, never stored in engine
     /// configuration or printed. Serialised as name → `"***"`; never deserialised (a
@@ -301,6 +310,15 @@ pub struct RunOptions {
     /// Timeout; `None` inherits the sandbox lifetime (never unbounded).
     pub timeout: Option<Duration>,
     /// Extra environment for this command.
+    /// Serialised as `env_keys` (names only, like `Debug`: env values are redacted from
+    /// audit records too, since they may carry credentials); deserialised from `env`.
+    #[cfg_attr(
+        feature = "serde",
+        serde(
+            rename(serialize = "env_keys", deserialize = "env"),
+            serialize_with = "crate::serialization::keys_only"
+        )
+    )]
     pub env: BTreeMap<String, String>,
     /// Working directory (default: the sandbox workdir).
     pub workdir: Option<String>,

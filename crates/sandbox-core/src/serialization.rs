@@ -6,6 +6,10 @@
 //!   forms deserialise.
 //! - A [`Secret`] serialises as `"***"`: its value never reaches a log or a wire. It has
 //!   no `Deserialize`, so `CreateOptions::secrets` is skipped when deserialising.
+//! - Env maps of `CreateOptions` and `RunOptions` serialise as `env_keys` (names only),
+//!   as their `Debug` does and as audit records redact them: an env value may be a
+//!   credential. They deserialise from `env`, so a serialised options value is a log
+//!   record, not a replayable configuration.
 //! - A [`SandboxError`] serialises as `{code, message, hint, url}`, the same four things
 //!   its rendering shows; it is not deserialisable (sources and typed fields are lost).
 //! - `Duration`s use serde's `{secs, nanos}` and `SystemTime`s serde's
@@ -37,6 +41,14 @@ impl Serialize for SandboxError {
         s.serialize_field("url", &self.url())?;
         s.end()
     }
+}
+
+/// `serialize_with` for maps whose values must not leave the process: the keys only.
+pub(crate) fn keys_only<S: Serializer>(
+    map: &std::collections::BTreeMap<String, String>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_seq(map.keys())
 }
 
 /// `#[serde(with = …)]` for `Bytes`: UTF-8 text as a string, anything else as base64.

@@ -82,12 +82,31 @@ fn secret_value_never_appears_in_json() {
     // A round trip keeps everything but the secret, which never travels through JSON.
     let back: CreateOptions = serde_json::from_str(&text).unwrap();
     assert!(back.secrets.is_empty());
-    assert_eq!(back.env, opts.env);
     // Even a JSON that carries a secret value does not smuggle it in.
     let mut injected = v.clone();
     injected["secrets"] = json!({ "API_TOKEN": value });
     let back: CreateOptions = serde_json::from_value(injected).unwrap();
     assert!(back.secrets.is_empty());
+}
+
+#[test]
+fn env_values_never_appear_in_json_but_deserialise() {
+    let value = "env-value-private";
+    let create = CreateOptions::new("img").env("DB_URL", value);
+    let run = RunOptions::default().env("DB_URL", value);
+    for v in [
+        serde_json::to_value(&create).unwrap(),
+        serde_json::to_value(&run).unwrap(),
+    ] {
+        assert!(!v.to_string().contains(value), "{v}");
+        assert_eq!(v["env_keys"], json!(["DB_URL"]));
+        assert!(v.get("env").is_none());
+    }
+    let back: CreateOptions =
+        serde_json::from_value(json!({ "template": "img", "env": { "DB_URL": value } })).unwrap();
+    assert_eq!(back, create);
+    let back: RunOptions = serde_json::from_value(json!({ "env": { "DB_URL": value } })).unwrap();
+    assert_eq!(back, run);
 }
 
 #[test]
@@ -102,7 +121,6 @@ fn options_round_trip() {
     assert_eq!(round_trip(&create), create);
     let run = RunOptions::default()
         .timeout(Duration::from_millis(1500))
-        .env("A", "b")
         .workdir("/tmp")
         .output_cap(1024);
     assert_eq!(round_trip(&run), run);
