@@ -32,7 +32,13 @@ fn third_party_engine_example_builds_from_the_public_api() {
     assert!(manifest.is_file(), "{} is missing", manifest.display());
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let out = Command::new(cargo)
-        .args(["build", "--offline", "--locked", "--all-targets", "--manifest-path"])
+        .args([
+            "build",
+            "--offline",
+            "--locked",
+            "--all-targets",
+            "--manifest-path",
+        ])
         .arg(&manifest)
         // No RUSTFLAGS here: they are part of every artifact's fingerprint, and a
         // different value would rebuild the whole dependency tree.
