@@ -5,7 +5,7 @@
 //! adapters do not repeat what must behave the same everywhere:
 //!
 //! - **create**: options validated, `require_isolation` checked and the capabilities the
-//!   requested policy needs checked ([`policy::check_create`](crate::policy::check_create))
+//!   requested policy needs checked ([`policy::check_create`])
 //!   *before* the adapter is called; the new sandbox's tier must equal its backend's tier
 //!   (else it is killed and `Creation` is returned).
 //! - **run / run_code / stream / files**: undeclared capabilities are refused with
