@@ -65,8 +65,10 @@ impl std::fmt::Debug for PodmanEngine {
 
 impl PodmanEngine {
     /// An engine for `config` (no engine call is made; see [`ContainerEngine::ping`]).
-    /// Refuses an endpoint that is neither `unix://` nor `tcp://`.
+    /// Refuses an endpoint that is neither `unix://` nor `tcp://`, `ssh://`, and `tcp://`
+    /// unless [`PodmanConfig::allow_plain_tcp`].
     pub fn new(config: &PodmanConfig) -> sandbox_core::Result<PodmanEngine> {
+        config.check_endpoint()?;
         let rest = Rest::new(&config.endpoint)?;
         let client = Podman::new(&config.endpoint).map_err(|e| {
             SandboxError::config(
