@@ -158,7 +158,9 @@ impl Backend for PodmanBackend {
     }
 
     async fn diagnose(&self) -> EngineReport {
-        self.inner.diagnose().await
+        let mut report = self.inner.diagnose().await;
+        report.endpoint_reason = Some(self.config.endpoint_source.to_string());
+        report
     }
 }
 
