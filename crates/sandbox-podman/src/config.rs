@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use sandbox_container::discovery::{EndpointSource, EnvSnapshot, discover_podman, refuse_ssh};
 use sandbox_core::{BoxError, IsolationTier, Result, SandboxError};
 
 /// Default libpod endpoint (rootful service).
@@ -139,6 +140,8 @@ pub const ANNOTATION_ALLOWLIST: [&str; 2] = ["krun.cpus", "krun.ram_mib"];
 #[derive(Clone)]
 pub struct PodmanConfig {
     pub(crate) endpoint: String,
+    pub(crate) endpoint_source: EndpointSource,
+    pub(crate) allow_plain_tcp: bool,
     pub(crate) default_template: String,
     pub(crate) options: PodmanOptions,
     pub(crate) startup_sweep: bool,
@@ -156,6 +159,8 @@ impl Default for PodmanConfig {
     fn default() -> Self {
         PodmanConfig {
             endpoint: DEFAULT_ENDPOINT.to_string(),
+            endpoint_source: EndpointSource::Default,
+            allow_plain_tcp: false,
             default_template: DEFAULT_TEMPLATE.to_string(),
             options: PodmanOptions::default(),
             startup_sweep: true,
@@ -168,6 +173,8 @@ impl fmt::Debug for PodmanConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PodmanConfig")
             .field("endpoint", &self.endpoint)
+            .field("endpoint_source", &self.endpoint_source)
+            .field("allow_plain_tcp", &self.allow_plain_tcp)
             .field("default_template", &self.default_template)
             .field("options", &self.options)
             .field("startup_sweep", &self.startup_sweep)
@@ -177,22 +184,60 @@ impl fmt::Debug for PodmanConfig {
 }
 
 impl PodmanConfig {
-    /// Like [`Default`], but the endpoint comes from `CONTAINER_HOST` when it is set and
-    /// non-empty.
+    /// Like [`Default`], but the endpoint is discovered from the environment now (see
+    /// [`PodmanConfig::from_env_snapshot`]).
     pub fn from_env() -> Self {
-        let mut c = PodmanConfig::default();
-        if let Ok(h) = std::env::var(CONTAINER_HOST_ENV) {
-            if !h.trim().is_empty() {
-                c.endpoint = h.trim().to_string();
-            }
+        PodmanConfig::from_env_snapshot(&EnvSnapshot::capture())
+    }
+
+    /// Like [`Default`], but the endpoint is discovered from `env` in Podman's order:
+    /// `CONTAINER_HOST`; `$XDG_RUNTIME_DIR/podman/podman.sock` if it exists and the process
+    /// is not root; [`DEFAULT_ENDPOINT`].
+    pub fn from_env_snapshot(env: &EnvSnapshot) -> Self {
+        let found = discover_podman(env);
+        PodmanConfig {
+            endpoint: found.endpoint,
+            endpoint_source: found.source,
+            ..PodmanConfig::default()
         }
-        c
     }
 
     /// Sets the endpoint (`unix:///path` or `tcp://host:port`).
     pub fn endpoint(mut self, endpoint: impl Into<String>) -> Self {
         self.endpoint = endpoint.into();
+        self.endpoint_source = EndpointSource::Configured;
         self
+    }
+
+    /// Accepts `tcp://` (always plain HTTP for Podman) — default `false`: exec bodies carry
+    /// the caller's environment, secrets included, in the clear. Only for loopback or an
+    /// otherwise trusted network.
+    pub fn allow_plain_tcp(mut self, on: bool) -> Self {
+        self.allow_plain_tcp = on;
+        self
+    }
+
+    /// Why [`PodmanConfig::endpoint_str`] is what it is.
+    pub fn endpoint_source(&self) -> &EndpointSource {
+        &self.endpoint_source
+    }
+
+    /// Refuses, before any connection, endpoints that are unsupported (`ssh://`) or would
+    /// send secrets in the clear (`tcp://` unless [`PodmanConfig::allow_plain_tcp`]).
+    pub(crate) fn check_endpoint(&self) -> Result<()> {
+        refuse_ssh(
+            &self.endpoint,
+            "/run/podman/podman.sock",
+            CONTAINER_HOST_ENV,
+        )?;
+        let lower = self.endpoint.trim().to_ascii_lowercase();
+        if (lower.starts_with("tcp://") || lower.starts_with("http://")) && !self.allow_plain_tcp {
+            return Err(SandboxError::config(
+                "tcp:// Podman endpoints are plain HTTP: exec bodies (secrets included) would cross the network in the clear",
+                "forward the socket over SSH (`ssh -nNT -L /tmp/podman.sock:/run/podman/podman.sock user@host`, then CONTAINER_HOST=unix:///tmp/podman.sock), or PodmanConfig::allow_plain_tcp(true) for a trusted loopback",
+            ));
+        }
+        Ok(())
     }
 
     /// Sets the template used when `CreateOptions::template` is `None`.

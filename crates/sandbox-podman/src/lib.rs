@@ -18,3 +18,4 @@ pub use config::{
     PodmanRuntime, REFUSED_HOST_PATHS, Sharing,
 };
 pub use engine::PodmanEngine;
+pub use sandbox_container::discovery::{EndpointSource, EnvSnapshot};
