@@ -15,6 +15,9 @@ mod kill;
 pub mod runtime;
 mod sandbox;
 mod sweep;
+// Test support for the adapters' tests (the shared fault proxy); not part of the API.
+#[doc(hidden)]
+pub mod testing;
 pub mod time;
 
 pub use backend::{

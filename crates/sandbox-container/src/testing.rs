@@ -1,0 +1,310 @@
+//! Test support shared by the engine adapters' tests. **Not part of the API**: hidden from
+//! the docs and free to change in any release.
+//!
+//! [`FaultProxy`] is the one fault-injecting proxy the Docker and Podman contract suites
+//! put in front of their engine socket (issue 9 item 7: one proxy instead of one per
+//! adapter), so the suite's teardown trials can make container removals hang or fail
+//! while the adapter's own HTTP client and error mapping stay in the path.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::task::JoinHandle;
+
+/// What the proxy does with a container removal (`DELETE …/containers/<id>…`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Relayed to the engine.
+    Pass,
+    /// Held until the mode changes (then handled as the new mode says): a wedged engine.
+    Hang,
+    /// Answered with HTTP 500 and a JSON body both engines' clients parse.
+    Fail,
+}
+
+impl Fault {
+    fn from_u8(v: u8) -> Fault {
+        match v {
+            1 => Fault::Hang,
+            2 => Fault::Fail,
+            _ => Fault::Pass,
+        }
+    }
+
+    fn as_u8(self) -> u8 {
+        match self {
+            Fault::Pass => 0,
+            Fault::Hang => 1,
+            Fault::Fail => 2,
+        }
+    }
+}
+
+/// The 500 body: `message` is what Docker's client reads, `cause`/`response` what
+/// Podman's libpod errors carry.
+const FAIL_BODY: &[u8] =
+    br#"{"cause":"injected fault","message":"injected fault: removal failed","response":500}"#;
+
+/// A unix-socket HTTP/1.1 proxy to an engine socket that intercepts container removals.
+/// Everything else passes through, request by request on keep-alive connections,
+/// including chunked bodies and upgraded (exec attach) connections. Stops accepting and
+/// removes its socket when dropped.
+#[derive(Debug)]
+pub struct FaultProxy {
+    path: PathBuf,
+    mode: Arc<AtomicU8>,
+    accept: JoinHandle<()>,
+}
+
+impl FaultProxy {
+    /// Listens on a fresh socket in the temp dir and relays to `upstream` (a socket path,
+    /// without `unix://`). Must be called inside a tokio runtime.
+    pub async fn start(upstream: impl Into<PathBuf>) -> std::io::Result<FaultProxy> {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let upstream: PathBuf = upstream.into();
+        let path = std::env::temp_dir().join(format!(
+            "sbx-fault-proxy-{}-{}.sock",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path)?;
+        let mode = Arc::new(AtomicU8::new(Fault::Pass.as_u8()));
+        let m = mode.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                let (m, upstream) = (m.clone(), upstream.clone());
+                tokio::spawn(async move {
+                    let _ = relay(conn, &upstream, m).await;
+                });
+            }
+        });
+        Ok(FaultProxy { path, mode, accept })
+    }
+
+    /// The proxy's socket path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The proxy's endpoint, `unix://<path>`.
+    pub fn endpoint(&self) -> String {
+        format!("unix://{}", self.path.display())
+    }
+
+    /// What removals do from now on (a held removal follows the change).
+    pub fn set(&self, fault: Fault) {
+        self.mode.store(fault.as_u8(), Ordering::SeqCst);
+    }
+
+    /// The current mode.
+    pub fn fault(&self) -> Fault {
+        Fault::from_u8(self.mode.load(Ordering::SeqCst))
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+async fn relay(client: UnixStream, upstream: &Path, mode: Arc<AtomicU8>) -> std::io::Result<()> {
+    let upstream = UnixStream::connect(upstream).await?;
+    let (cr, cw) = client.into_split();
+    let (mut ur, mut uw) = upstream.into_split();
+    let cw = Arc::new(tokio::sync::Mutex::new(cw));
+    let down_cw = cw.clone();
+    let down = tokio::spawn(async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match ur.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if down_cw.lock().await.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+        let _ = down_cw.lock().await.shutdown().await;
+    });
+    let mut reader = BufReader::new(cr);
+    loop {
+        let mut head = Vec::new();
+        loop {
+            let n = reader.read_until(b'\n', &mut head).await?;
+            if n == 0 {
+                let _ = uw.shutdown().await;
+                return Ok(());
+            }
+            if head.ends_with(b"\r\n\r\n") {
+                break;
+            }
+            if head.len() > 1 << 20 {
+                return Err(std::io::Error::other("request head over 1 MiB"));
+            }
+        }
+        let text = String::from_utf8_lossy(&head).to_string();
+        let mut lines = text.split("\r\n");
+        let first = lines.next().unwrap_or_default().to_string();
+        let mut content_length = None;
+        let mut chunked = false;
+        let mut upgrade = false;
+        for l in lines {
+            let Some((k, v)) = l.split_once(':') else {
+                continue;
+            };
+            let (k, v) = (k.trim().to_ascii_lowercase(), v.trim().to_ascii_lowercase());
+            match k.as_str() {
+                "content-length" => content_length = v.parse::<u64>().ok(),
+                "transfer-encoding" => chunked = v.contains("chunked"),
+                "upgrade" => upgrade = true,
+                _ => {}
+            }
+        }
+        if first.starts_with("DELETE ") && first.contains("/containers/") {
+            while Fault::from_u8(mode.load(Ordering::SeqCst)) == Fault::Hang {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            if Fault::from_u8(mode.load(Ordering::SeqCst)) == Fault::Fail {
+                let resp = format!(
+                    "HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    FAIL_BODY.len()
+                );
+                down.abort();
+                let mut w = cw.lock().await;
+                w.write_all(resp.as_bytes()).await?;
+                w.write_all(FAIL_BODY).await?;
+                w.shutdown().await?;
+                return Ok(());
+            }
+        }
+        uw.write_all(&head).await?;
+        if upgrade {
+            tokio::io::copy(&mut reader, &mut uw).await?;
+            let _ = uw.shutdown().await;
+            return Ok(());
+        }
+        if let Some(n) = content_length {
+            let mut body = (&mut reader).take(n);
+            tokio::io::copy(&mut body, &mut uw).await?;
+        } else if chunked {
+            loop {
+                let mut line = Vec::new();
+                reader.read_until(b'\n', &mut line).await?;
+                uw.write_all(&line).await?;
+                let size_text = String::from_utf8_lossy(&line);
+                let size_hex = size_text.trim().split(';').next().unwrap_or("0");
+                let size = u64::from_str_radix(size_hex, 16).unwrap_or(0);
+                if size == 0 {
+                    // Trailers, then the final empty line.
+                    loop {
+                        let mut t = Vec::new();
+                        if reader.read_until(b'\n', &mut t).await? == 0 {
+                            return Ok(());
+                        }
+                        uw.write_all(&t).await?;
+                        if t == b"\r\n" {
+                            break;
+                        }
+                    }
+                    break;
+                }
+                let mut chunk = (&mut reader).take(size + 2);
+                tokio::io::copy(&mut chunk, &mut uw).await?;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fake engine answering every request with 200 `ok` (keep-alive), so the proxy's
+    /// interception is observable without an engine.
+    async fn fake_engine(path: &Path) -> JoinHandle<()> {
+        let listener = UnixListener::bind(path).unwrap();
+        tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut r = BufReader::new(conn);
+                    loop {
+                        let mut head = Vec::new();
+                        loop {
+                            match r.read_until(b'\n', &mut head).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(_) if head.ends_with(b"\r\n\r\n") => break,
+                                Ok(_) => {}
+                            }
+                        }
+                        let resp = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+                        if r.get_mut().write_all(resp).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        })
+    }
+
+    async fn request(proxy: &FaultProxy, line: &str) -> String {
+        let mut c = UnixStream::connect(proxy.path()).await.unwrap();
+        c.write_all(format!("{line}\r\nHost: x\r\nContent-Length: 0\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = c.read(&mut buf).await.unwrap();
+        String::from_utf8_lossy(&buf[..n]).to_string()
+    }
+
+    #[tokio::test]
+    async fn removals_pass_fail_and_hang_until_healed() {
+        let upstream =
+            std::env::temp_dir().join(format!("sbx-fault-proxy-test-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&upstream);
+        let engine = fake_engine(&upstream).await;
+        let proxy = FaultProxy::start(&upstream).await.unwrap();
+        let delete = "DELETE /v1.41/containers/abc?force=true HTTP/1.1";
+
+        assert!(request(&proxy, delete).await.starts_with("HTTP/1.1 200"));
+
+        proxy.set(Fault::Fail);
+        let r = request(&proxy, delete).await;
+        assert!(
+            r.starts_with("HTTP/1.1 500") && r.contains("injected fault"),
+            "{r}"
+        );
+        // Only removals are touched.
+        assert!(
+            request(&proxy, "GET /v1.41/containers/abc/json HTTP/1.1")
+                .await
+                .starts_with("HTTP/1.1 200")
+        );
+
+        proxy.set(Fault::Hang);
+        let held = tokio::time::timeout(Duration::from_millis(300), request(&proxy, delete)).await;
+        assert!(held.is_err(), "a removal answered while hanging");
+        let p = Arc::new(proxy);
+        let p2 = p.clone();
+        let pending = tokio::spawn(async move { request(&p2, delete).await });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        p.set(Fault::Pass);
+        let r = tokio::time::timeout(Duration::from_secs(5), pending)
+            .await
+            .expect("a held removal resumes when healed")
+            .unwrap();
+        assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+
+        let path = p.path().to_path_buf();
+        drop(p);
+        assert!(!path.exists(), "the proxy socket is removed on drop");
+        engine.abort();
+        let _ = std::fs::remove_file(&upstream);
+    }
+}
