@@ -174,9 +174,17 @@ where
 }
 
 /// The layer's spans of one sandbox, in the order they closed.
-fn spans_of(id: &str) -> Vec<CapturedSpan> {
+/// How many spans have closed so far: spans of an earlier run in the same process (the fake
+/// numbers its sandboxes per backend, so ids repeat across backends) come before it.
+fn span_mark() -> usize {
+    SPANS.lock().map(|s| s.len()).unwrap_or(0)
+}
+
+/// Spans of sandbox `id` that closed after `mark`.
+fn spans_of(id: &str, mark: usize) -> Vec<CapturedSpan> {
     spans()
         .into_iter()
+        .skip(mark)
         .filter(|s| s.name.starts_with("sandbox.") && s.target == sandbox_core::layer::TARGET)
         .filter(|s| s.fields.get("sandbox_id").is_some_and(|v| v == id))
         .collect()
@@ -266,6 +274,7 @@ async fn every_operation_has_one_span_and_one_audit_record(ctx: Arc<Ctx>) -> any
         "the suite's backend is not wrapped in the enforcement layer"
     );
     let sink = Arc::new(MemorySink::new());
+    let mark = span_mark();
     let backend = Layer::new().audit(sink.clone()).wrap(ctx.backend.clone());
     ensure!(
         backend
@@ -304,7 +313,7 @@ async fn every_operation_has_one_span_and_one_audit_record(ctx: Arc<Ctx>) -> any
         "kill records (noop flags) {noops:?}: the second kill on a handle must not reach the adapter"
     );
 
-    let spans = spans_of(&id);
+    let spans = spans_of(&id, mark);
     let names: Vec<&str> = spans.iter().map(|s| s.name).collect();
     ensure!(
         names == expected,

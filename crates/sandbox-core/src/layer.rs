@@ -633,10 +633,12 @@ impl Shared {
     }
 
     fn code_options(&self, mut options: CodeOptions) -> Result<CodeOptions> {
-        self.require(Capability::RUN_CODE)?;
+        // The most specific missing capability is named: a context needs STATEFUL_CODE
+        // (which implies code), so that refusal names it even when RUN_CODE is missing too.
         if options.context_id.is_some() {
             self.require(Capability::STATEFUL_CODE)?;
         }
+        self.require(Capability::RUN_CODE)?;
         let timeout = options.validate(self.remaining())?;
         options.timeout = Some(timeout);
         Ok(options)
