@@ -115,12 +115,14 @@ impl ScriptedModel {
     }
 }
 
-/// The integers the second observation (`cat numbers.txt`) printed.
+/// The integers the model saw when it read `numbers.txt`.
 fn numbers_seen(transcript: &[Observation]) -> Vec<i64> {
-    let Some(obs) = transcript.get(1) else {
+    let Some(obs) = transcript.iter().find(
+        |o| matches!(&o.call, ToolCall::RunCommand { command } if command == "cat numbers.txt"),
+    ) else {
         return Vec::new();
     };
-    // The tool result is "exit_code: …\nstdout: …": take the stdout part up to stderr.
+    // The tool result is "exit_code: …\nstdout: …\nstderr: …": take the stdout part.
     let stdout = obs
         .result
         .split_once("stdout: ")
