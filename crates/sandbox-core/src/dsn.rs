@@ -52,7 +52,7 @@ impl Dsn {
 
     /// Parses a DSN. Never panics; every malformed input is a `Configuration` error.
     ///
-    /// Errors quote the DSN only after [`redact`] removed userinfo and every parameter
+    /// Errors quote the DSN only after redacting userinfo and every parameter
     /// value but `timeout`'s, and the credential refusals run before any other check, so
     /// no error (message, `Debug`, hint) can carry a password, whatever else is wrong.
     pub fn parse(input: &str) -> Result<Dsn> {
