@@ -1,23 +1,21 @@
 //! The sandbox-rs contract suite against the real Docker engine.
 //!
 //! `SBX_DOCKER_RUNTIME=runsc` runs the same suite under gVisor. Fault trials go through
-//! a unix-socket proxy in front of the engine socket that can make container removals
-//! hang or fail with HTTP 500. The egress canary binds on the docker0 bridge gateway of
+//! the adapters' shared unix-socket proxy (`sandbox_container::testing::FaultProxy`) in
+//! front of the engine socket, which can make container removals hang or fail with HTTP
+//! 500. The egress canary binds on the docker0 bridge gateway of
 //! this host; nothing leaves the machine.
 
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
 use std::net::{Ipv4Addr, SocketAddr};
 
+use sandbox_container::testing::{Fault, FaultProxy};
 use sandbox_contract::anyhow::{self, Context as _};
 use sandbox_contract::{CanarySpec, EngineLimits, Faults, Probes};
 use sandbox_core::{Backend, CreateOptions, async_trait};
 use sandbox_docker::{DockerBackend, DockerConfig, Runtime};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{UnixListener, UnixStream};
 
 const PY: &str = "sandbox-rs/python:3.11";
 const BUSYBOX: &str = "sandbox-rs/busybox:latest";
@@ -132,10 +130,12 @@ impl Probes for DockerProbes {
     }
 
     async fn faults(&self) -> anyhow::Result<Option<Arc<dyn Faults>>> {
-        let proxy = FaultProxy::start().await.context("start the fault proxy")?;
+        let proxy = FaultProxy::start(engine_socket())
+            .await
+            .context("start the fault proxy")?;
         let backend = DockerBackend::connect(
             DockerConfig::default()
-                .host(format!("unix://{}", proxy.path.display()))
+                .host(proxy.endpoint())
                 .runtime(self.runtime)
                 .startup_sweep(false),
         )
@@ -143,7 +143,7 @@ impl Probes for DockerProbes {
         .map_err(|e| anyhow::anyhow!("connect through the fault proxy: {}", e.render()))?;
         Ok(Some(Arc::new(DockerFaults {
             backend: Arc::new(backend),
-            mode: proxy.mode,
+            proxy,
         })))
     }
 }
@@ -180,13 +180,9 @@ fn bridge_gateway<'a>(
     })
 }
 
-const PASS: u8 = 0;
-const HANG: u8 = 1;
-const FAIL: u8 = 2;
-
 struct DockerFaults {
     backend: Arc<dyn Backend>,
-    mode: Arc<AtomicU8>,
+    proxy: FaultProxy,
 }
 
 #[async_trait]
@@ -195,156 +191,22 @@ impl Faults for DockerFaults {
         self.backend.clone()
     }
     async fn hang_kills(&self) {
-        self.mode.store(HANG, Ordering::SeqCst);
+        self.proxy.set(Fault::Hang);
     }
     async fn fail_kills(&self) {
-        self.mode.store(FAIL, Ordering::SeqCst);
+        self.proxy.set(Fault::Fail);
     }
     async fn heal(&self) {
-        self.mode.store(PASS, Ordering::SeqCst);
+        self.proxy.set(Fault::Pass);
     }
 }
 
-/// A unix-socket HTTP/1.1 proxy to the engine socket that can intercept container
-/// removals (`DELETE /…/containers/<id>`). Everything else passes through, including
-/// chunked bodies and upgraded (exec attach) connections.
-struct FaultProxy {
-    path: std::path::PathBuf,
-    mode: Arc<AtomicU8>,
-}
-
+/// The engine socket the fault proxy relays to.
 fn engine_socket() -> String {
     std::env::var("DOCKER_HOST")
         .ok()
         .and_then(|h| h.strip_prefix("unix://").map(str::to_string))
         .unwrap_or_else(|| "/var/run/docker.sock".to_string())
-}
-
-impl FaultProxy {
-    async fn start() -> std::io::Result<FaultProxy> {
-        let path =
-            std::env::temp_dir().join(format!("sbx-docker-faults-{}.sock", std::process::id()));
-        let _ = std::fs::remove_file(&path);
-        let listener = UnixListener::bind(&path)?;
-        let mode = Arc::new(AtomicU8::new(PASS));
-        let m = mode.clone();
-        tokio::spawn(async move {
-            while let Ok((conn, _)) = listener.accept().await {
-                let m = m.clone();
-                tokio::spawn(async move {
-                    let _ = proxy_connection(conn, m).await;
-                });
-            }
-        });
-        Ok(FaultProxy { path, mode })
-    }
-}
-
-async fn proxy_connection(client: UnixStream, mode: Arc<AtomicU8>) -> std::io::Result<()> {
-    let upstream = UnixStream::connect(engine_socket()).await?;
-    let (cr, cw) = client.into_split();
-    let (mut ur, mut uw) = upstream.into_split();
-    let cw = Arc::new(tokio::sync::Mutex::new(cw));
-    let down_cw = cw.clone();
-    let down = tokio::spawn(async move {
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = match ur.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            };
-            if down_cw.lock().await.write_all(&buf[..n]).await.is_err() {
-                break;
-            }
-        }
-        let _ = down_cw.lock().await.shutdown().await;
-    });
-    let mut reader = BufReader::new(cr);
-    loop {
-        let mut head = Vec::new();
-        loop {
-            let n = reader.read_until(b'\n', &mut head).await?;
-            if n == 0 {
-                let _ = uw.shutdown().await;
-                return Ok(());
-            }
-            if head.ends_with(b"\r\n\r\n") {
-                break;
-            }
-        }
-        let text = String::from_utf8_lossy(&head).to_string();
-        let mut lines = text.split("\r\n");
-        let first = lines.next().unwrap_or_default().to_string();
-        let mut content_length = None;
-        let mut chunked = false;
-        let mut upgrade = false;
-        for l in lines {
-            let Some((k, v)) = l.split_once(':') else {
-                continue;
-            };
-            let (k, v) = (k.trim().to_ascii_lowercase(), v.trim().to_ascii_lowercase());
-            match k.as_str() {
-                "content-length" => content_length = v.parse::<u64>().ok(),
-                "transfer-encoding" => chunked = v.contains("chunked"),
-                "upgrade" => upgrade = true,
-                _ => {}
-            }
-        }
-        let is_removal = first.starts_with("DELETE ") && first.contains("/containers/");
-        if is_removal {
-            while mode.load(Ordering::SeqCst) == HANG {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            if mode.load(Ordering::SeqCst) == FAIL {
-                let body = br#"{"message":"injected fault: removal failed"}"#;
-                let resp = format!(
-                    "HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                    body.len()
-                );
-                down.abort();
-                let mut w = cw.lock().await;
-                w.write_all(resp.as_bytes()).await?;
-                w.write_all(body).await?;
-                w.shutdown().await?;
-                return Ok(());
-            }
-        }
-        uw.write_all(&head).await?;
-        if upgrade {
-            tokio::io::copy(&mut reader, &mut uw).await?;
-            let _ = uw.shutdown().await;
-            return Ok(());
-        }
-        if let Some(n) = content_length {
-            let mut body = (&mut reader).take(n);
-            tokio::io::copy(&mut body, &mut uw).await?;
-        } else if chunked {
-            loop {
-                let mut line = Vec::new();
-                reader.read_until(b'\n', &mut line).await?;
-                uw.write_all(&line).await?;
-                let size_text = String::from_utf8_lossy(&line);
-                let size_hex = size_text.trim().split(';').next().unwrap_or("0");
-                let size = u64::from_str_radix(size_hex, 16).unwrap_or(0);
-                if size == 0 {
-                    // Trailers, then the final empty line.
-                    loop {
-                        let mut t = Vec::new();
-                        if reader.read_until(b'\n', &mut t).await? == 0 {
-                            return Ok(());
-                        }
-                        uw.write_all(&t).await?;
-                        if t == b"\r\n" {
-                            break;
-                        }
-                    }
-                    break;
-                }
-                let mut chunk = (&mut reader).take(size + 2);
-                tokio::io::copy(&mut chunk, &mut uw).await?;
-            }
-        }
-    }
 }
 
 fn main() -> ExitCode {
