@@ -37,6 +37,9 @@ struct Engine {
     reachable: bool,
     version: Option<String>,
     endpoint: String,
+    /// Why this endpoint (`DOCKER_HOST`, "docker context `x`", "rootless socket", "default").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    endpoint_reason: Option<String>,
     runtimes: Vec<String>,
     images: Vec<Image>,
     tier: String,
@@ -151,6 +154,7 @@ fn to_engine(r: EngineReport, default: bool) -> Engine {
         reachable: r.reachable,
         version: r.version,
         endpoint: redact_endpoint(&r.endpoint),
+        endpoint_reason: r.endpoint_reason,
         runtimes: r.runtimes,
         images: r
             .images
@@ -183,7 +187,10 @@ fn print_human(report: &DoctorReport, out: &Out) {
         };
         let default = if e.default { " (default)" } else { "" };
         out.line(format!("{}{default}: {state}", out.bold(&e.backend)));
-        out.line(format!("  endpoint: {}", esc(&e.endpoint)));
+        match &e.endpoint_reason {
+            Some(why) => out.line(format!("  endpoint: {} ({})", esc(&e.endpoint), esc(why))),
+            None => out.line(format!("  endpoint: {}", esc(&e.endpoint))),
+        }
         if let Some(v) = &e.version {
             out.line(format!("  version:  {}", esc(v)));
         }

@@ -57,6 +57,7 @@ pub fn redact(v: &mut Value) {
         "dialed",
         "version",
         "endpoint",
+        "endpoint_reason",
     ];
     match v {
         Value::Object(map) => {
