@@ -56,15 +56,15 @@ impl DockerEngine {
     pub async fn connect(config: DockerConfig) -> sandbox_core::Result<DockerEngine> {
         let raw_endpoint = config.endpoint();
         let endpoint = redact_endpoint(&raw_endpoint);
-        let unavailable = |e: EngineError| SandboxError::EngineUnavailable {
-            backend: BACKEND.into(),
-            endpoint: endpoint.clone(),
-            hint: start_hint(&endpoint),
-            source: Some(Box::new(e)),
+        let unavailable = |e: EngineError| {
+            SandboxError::engine_unavailable(BACKEND, endpoint.clone(), start_hint(&endpoint))
+                .with_source(e)
         };
         // Insecure or unsupported endpoints are refused here, before any connection.
-        let client = config.client()?;
+        let transport = config.transport()?;
         let connect = async {
+            // A missing socket fails here: the engine is unavailable, not misconfigured.
+            let client = transport.client().map_err(during("connect"))?;
             let client = client
                 .negotiate_version()
                 .await
@@ -109,11 +109,13 @@ impl DockerEngine {
             .await
             .map_err(|_| EngineError::new(EngineErrorKind::Timeout, "info timed out"))
             .and_then(|r| r.map_err(during("info")))
-            .map_err(|e| SandboxError::EngineUnavailable {
-                backend: BACKEND.into(),
-                endpoint: self.endpoint.clone(),
-                hint: start_hint(&self.endpoint),
-                source: Some(Box::new(e)),
+            .map_err(|e| {
+                SandboxError::engine_unavailable(
+                    BACKEND,
+                    self.endpoint.clone(),
+                    start_hint(&self.endpoint),
+                )
+                .with_source(e)
             })?;
         let name = self.config.runtime.as_str();
         match info.runtimes.unwrap_or_default().get(name) {
