@@ -300,20 +300,6 @@ impl DockerConfig {
             key: file("key.pem")?,
         })
     }
-
-    /// A bollard client for [`DockerConfig::transport`] (no connection is made yet).
-    pub(crate) fn client(&self) -> Result<Docker> {
-        let transport = self.transport()?;
-        transport.client().map_err(|e| {
-            SandboxError::config(
-                format!(
-                    "invalid Docker endpoint {}: {e}",
-                    redact_endpoint(transport.endpoint())
-                ),
-                "use unix:///path/docker.sock, tcp://host:2376 (with TLS) or https://host:2376",
-            )
-        })
-    }
 }
 
 /// How the engine is reached, decided before connecting.
@@ -336,13 +322,8 @@ pub(crate) enum Transport {
 const BOLLARD_TIMEOUT_SECS: u64 = 120;
 
 impl Transport {
-    fn endpoint(&self) -> &str {
-        match self {
-            Transport::Local(e) | Transport::PlainTcp(e) | Transport::Tls { endpoint: e, .. } => e,
-        }
-    }
-
-    fn client(&self) -> std::result::Result<Docker, bollard::errors::Error> {
+    /// A bollard client (no connection is made yet; a missing socket fails here).
+    pub(crate) fn client(&self) -> std::result::Result<Docker, bollard::errors::Error> {
         match self {
             // `connect_with_host` would switch `tcp://` to TLS on its own reading of the
             // environment; local sockets are all it is given.
