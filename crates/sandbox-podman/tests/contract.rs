@@ -3,26 +3,20 @@
 //! Probes: base template `sandbox-rs/python:3.11`, `sandbox-rs/busybox:latest` without
 //! python3, a canary on the host (bound on all interfaces, dialled through the `podman`
 //! network's gateway IP — never an outside address), `Config.Env` from container inspect,
-//! and faults through a unix-socket proxy in front of the Podman socket whose kill
-//! requests (`DELETE …/containers/…`) can be made to hang or fail.
+//! and faults through the adapters' shared unix-socket proxy in front of the Podman socket
+//! whose kill requests (`DELETE …/containers/…`) can be made to hang or fail.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
 
+use sandbox_container::testing::{self, Fault};
 use sandbox_contract::anyhow::{self, Context as _};
 use sandbox_contract::{CanarySpec, Faults, Probes};
 use sandbox_core::{Backend, CreateOptions, async_trait};
 use sandbox_podman::{PodmanBackend, PodmanConfig};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::OnceCell;
-
-const PASS: u8 = 0;
-const HANG: u8 = 1;
-const FAIL: u8 = 2;
 
 struct PodmanProbes {
     backend: OnceCell<PodmanBackend>,
@@ -120,11 +114,11 @@ impl Probes for PodmanProbes {
     }
 }
 
-/// A unix-socket proxy in front of the Podman socket, and a backend pointed at it.
+/// The adapters' shared fault proxy (`sandbox_container::testing::FaultProxy`) in front of
+/// the Podman socket, and a backend pointed at it.
 struct FaultProxy {
-    mode: Arc<AtomicU8>,
+    proxy: testing::FaultProxy,
     backend: Arc<dyn Backend>,
-    _dir: tempfile::TempDir,
 }
 
 impl FaultProxy {
@@ -134,72 +128,20 @@ impl FaultProxy {
             .strip_prefix("unix://")
             .map(PathBuf::from)
             .context("the Podman endpoint is not a unix socket; the fault proxy needs one")?;
-        let dir = tempfile::tempdir().context("temp dir for the fault proxy")?;
-        let path = dir.path().join("podman-proxy.sock");
-        let listener = UnixListener::bind(&path).context("bind the fault proxy socket")?;
-        let mode = Arc::new(AtomicU8::new(PASS));
-        let m = mode.clone();
-        tokio::spawn(async move {
-            while let Ok((conn, _)) = listener.accept().await {
-                tokio::spawn(serve(conn, upstream.clone(), m.clone()));
-            }
-        });
+        let proxy = testing::FaultProxy::start(upstream)
+            .await
+            .context("start the fault proxy")?;
         let backend = PodmanBackend::connect(
             PodmanConfig::from_env()
-                .endpoint(format!("unix://{}", path.display()))
+                .endpoint(proxy.endpoint())
                 .startup_sweep(false),
         )
         .await
         .map_err(|e| anyhow::anyhow!("connect through the fault proxy: {}", e.render()))?;
         Ok(FaultProxy {
-            mode,
+            proxy,
             backend: Arc::new(backend),
-            _dir: dir,
         })
-    }
-}
-
-/// Reads the request head, applies the fault mode to container removals, else relays.
-async fn serve(mut conn: UnixStream, upstream: PathBuf, mode: Arc<AtomicU8>) {
-    let mut head = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        match conn.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => head.extend_from_slice(&buf[..n]),
-        }
-        if head.len() > 1 << 20 {
-            return;
-        }
-    }
-    let line = String::from_utf8_lossy(&head[..head.iter().position(|b| *b == b'\r').unwrap_or(0)])
-        .to_string();
-    let is_kill = line.starts_with("DELETE ") && line.contains("/containers/");
-    match mode.load(Ordering::SeqCst) {
-        HANG if is_kill => {
-            // Never answer; the client's bounded teardown gives up.
-            let _ = conn.read(&mut buf).await;
-            std::future::pending::<()>().await;
-        }
-        FAIL if is_kill => {
-            let body = br#"{"cause":"injected fault","message":"injected fault","response":500}"#;
-            let resp = format!(
-                "HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                body.len()
-            );
-            let _ = conn.write_all(resp.as_bytes()).await;
-            let _ = conn.write_all(body).await;
-            let _ = conn.shutdown().await;
-        }
-        _ => {
-            let Ok(mut up) = UnixStream::connect(&upstream).await else {
-                return;
-            };
-            if up.write_all(&head).await.is_err() {
-                return;
-            }
-            let _ = tokio::io::copy_bidirectional(&mut conn, &mut up).await;
-        }
     }
 }
 
@@ -209,13 +151,13 @@ impl Faults for FaultProxy {
         self.backend.clone()
     }
     async fn hang_kills(&self) {
-        self.mode.store(HANG, Ordering::SeqCst);
+        self.proxy.set(Fault::Hang);
     }
     async fn fail_kills(&self) {
-        self.mode.store(FAIL, Ordering::SeqCst);
+        self.proxy.set(Fault::Fail);
     }
     async fn heal(&self) {
-        self.mode.store(PASS, Ordering::SeqCst);
+        self.proxy.set(Fault::Pass);
     }
 }
 
