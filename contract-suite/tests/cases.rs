@@ -28,12 +28,7 @@ const AREAS: &[&str] = &[
 fn trial_names() -> Vec<String> {
     let factory: BackendFactory = Box::new(|| {
         Box::pin(async {
-            Err(SandboxError::EngineUnavailable {
-                backend: "none".into(),
-                endpoint: "nowhere".into(),
-                hint: "none".into(),
-                source: None,
-            })
+            Err(SandboxError::engine_unavailable("none", "nowhere", "none"))
         })
     });
     sandbox_contract::build(factory, Arc::new(NoProbes))
@@ -154,12 +149,7 @@ fn missing_engine_ignores_every_trial_with_the_reason() {
     }
     let factory: BackendFactory = Box::new(|| {
         Box::pin(async {
-            Err(SandboxError::EngineUnavailable {
-                backend: "none".into(),
-                endpoint: "nowhere".into(),
-                hint: "start it".into(),
-                source: None,
-            })
+            Err(SandboxError::engine_unavailable("none", "nowhere", "start it"))
         })
     });
     let suite = sandbox_contract::build(factory, Arc::new(NoProbes));

@@ -90,13 +90,13 @@ pub fn selected_engines(requested: &[String]) -> sandbox::Result<Vec<String>> {
     }
     for r in requested {
         if !all.contains(r) {
-            return Err(SandboxError::BackendNotFound {
-                scheme: r.clone(),
-                available: all,
-                feature: ["docker", "podman", "fake"]
+            return Err(SandboxError::backend_not_found(
+                r.clone(),
+                all,
+                ["docker", "podman", "fake"]
                     .contains(&r.as_str())
                     .then(|| r.clone()),
-            });
+            ));
         }
     }
     Ok(requested.to_vec())
@@ -111,12 +111,11 @@ async fn diagnose(scheme: &str) -> EngineReport {
         Ok(Ok(b)) => b,
         Ok(Err(e)) => return unreachable(scheme, &e),
         Err(_) => {
-            let e = SandboxError::EngineUnavailable {
-                backend: scheme.to_string(),
-                endpoint: "unknown".into(),
-                hint: format!("check that the {scheme} engine is running and responsive"),
-                source: None,
-            };
+            let e = SandboxError::engine_unavailable(
+                scheme.to_string(),
+                "unknown",
+                format!("check that the {scheme} engine is running and responsive"),
+            );
             return unreachable(scheme, &e);
         }
     };

@@ -59,10 +59,9 @@ pub async fn prove_denied(sb: &dyn Sandbox) -> sandbox::Result<EgressProof> {
     let host = host_address();
     let listener = TcpListener::bind((IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0))
         .await
-        .map_err(|e| SandboxError::Engine {
-            backend: "cli".into(),
-            message: format!("cannot open the host listener: {e}"),
-            source: Some(Box::new(e)),
+        .map_err(|e| {
+            SandboxError::engine("cli", format!("cannot open the host listener: {e}"))
+                .with_source(e)
         })?;
     let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
     let dialed = format!("{host}:{port}");

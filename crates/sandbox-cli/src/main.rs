@@ -59,11 +59,10 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            out.error(&SandboxError::Engine {
-                backend: "cli".into(),
-                message: format!("cannot start the async runtime: {e}"),
-                source: None,
-            });
+            out.error(&SandboxError::engine(
+                "cli",
+                format!("cannot start the async runtime: {e}"),
+            ));
             return ExitCode::from(EXIT_FAILURE);
         }
     };

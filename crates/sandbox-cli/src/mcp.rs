@@ -647,15 +647,10 @@ pub async fn kill_all(registry: &Registry) -> usize {
 pub async fn serve(policy: Policy) -> sandbox::Result<u8> {
     let server = SandboxServer::new(policy);
     let registry = server.registry();
-    let service =
-        server
-            .serve(rmcp::transport::stdio())
-            .await
-            .map_err(|e| SandboxError::Engine {
-                backend: "mcp".into(),
-                message: format!("MCP initialisation failed: {e}"),
-                source: None,
-            })?;
+    let service = server
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|e| SandboxError::engine("mcp", format!("MCP initialisation failed: {e}")))?;
     let cancel = service.cancellation_token();
     let waiting = tokio::spawn(service.waiting());
     let signal = crate::signals::terminated();

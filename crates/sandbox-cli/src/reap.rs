@@ -300,12 +300,11 @@ fn kill_timeout(backend: &str, budget_ran_out: bool, limits: Limits) -> SandboxE
             limits.kill.as_secs_f64()
         )
     };
-    SandboxError::EngineUnavailable {
-        backend: backend.to_string(),
-        endpoint: "unknown".into(),
-        hint: format!("{why}; check the {backend} engine and run `sandbox reap --kill` again"),
-        source: None,
-    }
+    SandboxError::engine_unavailable(
+        backend.to_string(),
+        "unknown",
+        format!("{why}; check the {backend} engine and run `sandbox reap --kill` again"),
+    )
 }
 
 async fn list(
@@ -332,12 +331,11 @@ async fn list(
 }
 
 fn timeout_error(scheme: &str) -> SandboxError {
-    SandboxError::EngineUnavailable {
-        backend: scheme.to_string(),
-        endpoint: "unknown".into(),
-        hint: format!("check that the {scheme} engine is running and responsive"),
-        source: None,
-    }
+    SandboxError::engine_unavailable(
+        scheme.to_string(),
+        "unknown",
+        format!("check that the {scheme} engine is running and responsive"),
+    )
 }
 
 /// Which sandboxes the `--id` values name.

@@ -105,11 +105,7 @@ pub async fn create(args: CreateArgs, out: Out) -> sandbox::Result<u8> {
 }
 
 fn holder_error(message: String) -> SandboxError {
-    SandboxError::Engine {
-        backend: "cli".into(),
-        message,
-        source: None,
-    }
+    SandboxError::engine("cli", message)
 }
 
 fn create_base(args: &CreateArgs) -> CreateOptions {

@@ -13,12 +13,12 @@ use crate::engine::{ContainerEngine, EngineError, EngineErrorKind};
 
 /// The engine did not answer (or did not answer in time).
 pub(crate) fn unavailable<E: ContainerEngine + ?Sized>(engine: &E, e: EngineError) -> SandboxError {
-    SandboxError::EngineUnavailable {
-        backend: engine.backend().into(),
-        endpoint: engine.endpoint().to_string(),
-        hint: engine.unavailable_hint(),
-        source: Some(Box::new(e)),
-    }
+    SandboxError::engine_unavailable(
+        engine.backend(),
+        engine.endpoint(),
+        engine.unavailable_hint(),
+    )
+    .with_source(e)
 }
 
 fn is_unreachable(e: &EngineError) -> bool {
@@ -37,29 +37,17 @@ pub(crate) fn engine<E: ContainerEngine + ?Sized>(
     if is_unreachable(&e) {
         return unavailable(engine, e);
     }
-    SandboxError::Engine {
-        backend: engine.backend().into(),
-        message: format!("{op} failed"),
-        source: Some(Box::new(e)),
-    }
+    SandboxError::engine(engine.backend(), format!("{op} failed")).with_source(e)
 }
 
 /// A failure of this crate's own machinery (no engine error behind it).
 pub(crate) fn internal(backend: &str, message: impl Into<String>) -> SandboxError {
-    SandboxError::Engine {
-        backend: backend.into(),
-        message: message.into(),
-        source: None,
-    }
+    SandboxError::engine(backend, message)
 }
 
 /// A local I/O failure during `op` on `backend`.
 pub(crate) fn io(backend: &str, op: &str, e: std::io::Error) -> SandboxError {
-    SandboxError::Engine {
-        backend: backend.into(),
-        message: format!("{op} failed"),
-        source: Some(Box::new(e)),
-    }
+    SandboxError::engine(backend, format!("{op} failed")).with_source(e)
 }
 
 /// An engine error on a live sandbox: a missing container, or one that refuses the call
@@ -98,29 +86,20 @@ pub(crate) fn on_create<E: ContainerEngine + ?Sized>(
         ),
         _ => format!("{op} failed: {}", bounded_text(&e.message)),
     };
-    SandboxError::Creation {
-        backend: eng.backend().into(),
-        message,
-        source: Some(Box::new(e)),
-    }
+    SandboxError::creation(eng.backend(), message).with_source(e)
 }
 
 /// What the engine refused before anything was provisioned.
 pub(crate) fn refused_spec(e: EngineError) -> SandboxError {
-    SandboxError::Configuration {
-        message: bounded_text(&e.message),
-        hint: Some(
-            "change the option the message names, or the engine configuration it depends on".into(),
-        ),
-    }
+    SandboxError::config(
+        bounded_text(&e.message),
+        "change the option the message names, or the engine configuration it depends on",
+    )
 }
 
 /// `create` did not finish within its bound.
 pub(crate) fn create_timeout(backend: &str, after: Duration) -> SandboxError {
-    SandboxError::CreateTimeout {
-        backend: backend.into(),
-        after,
-    }
+    SandboxError::create_timeout(backend, after)
 }
 
 /// `connect` found no live sandbox under `id`.
@@ -129,10 +108,10 @@ pub(crate) fn connect(
     message: impl Into<String>,
     source: Option<EngineError>,
 ) -> SandboxError {
-    SandboxError::Connect {
-        id: id.to_string(),
-        message: message.into(),
-        source: source.map(|e| Box::new(e) as sandbox_core::BoxError),
+    let err = SandboxError::connect(id, message);
+    match source {
+        Some(e) => err.with_source(e),
+        None => err,
     }
 }
 
@@ -152,32 +131,26 @@ pub(crate) fn file(
     message: impl Into<String>,
     source: Option<sandbox_core::BoxError>,
 ) -> SandboxError {
-    SandboxError::FileSystem {
-        path: path.to_string(),
-        message: message.into(),
-        source,
+    let err = SandboxError::file_system(path, message);
+    match source {
+        Some(e) => err.with_source(e),
+        None => err,
     }
 }
 
 /// A named limit was reached; `hint` says how to raise it or what to use instead.
 pub(crate) fn limit(limit: impl Into<String>, hint: impl Into<String>) -> SandboxError {
-    SandboxError::ResourceLimitExceeded {
-        limit: limit.into(),
-        hint: Some(hint.into()),
-    }
+    SandboxError::resource_limit(limit, Some(hint.into()))
 }
 
 /// A timeout of user work.
 pub(crate) fn execution_timeout(after: Duration) -> SandboxError {
-    SandboxError::ExecutionTimeout { after }
+    SandboxError::execution_timeout(after)
 }
 
 /// The template lacks the interpreter.
 pub(crate) fn interpreter_missing(interpreter: &str, template: &str) -> SandboxError {
-    SandboxError::InterpreterMissing {
-        interpreter: interpreter.to_string(),
-        template: template.to_string(),
-    }
+    SandboxError::interpreter_missing(interpreter, template)
 }
 
 /// Engine or sandbox text quoted in a message, cut to a bounded, single-line form (a

@@ -46,10 +46,10 @@ impl Ingress {
 }
 
 fn creation(backend: &str, message: String, source: Option<std::io::Error>) -> SandboxError {
-    SandboxError::Creation {
-        backend: backend.into(),
-        message,
-        source: source.map(|e| Box::new(e) as sandbox_core::BoxError),
+    let err = SandboxError::creation(backend, message);
+    match source {
+        Some(e) => err.with_source(e),
+        None => err,
     }
 }
 

@@ -20,6 +20,7 @@ pub type Result<T, E = SandboxError> = std::result::Result<T, E>;
 pub enum SandboxError {
     /// An option or setting is invalid; raised before anything is provisioned.
     #[error("invalid configuration: {message}")]
+    #[non_exhaustive]
     Configuration {
         /// What is wrong.
         message: String,
@@ -28,6 +29,7 @@ pub enum SandboxError {
     },
     /// The DSN scheme names no compiled-in or registered backend.
     #[error("no backend for scheme `{scheme}` (available: {})", available.join(", "))]
+    #[non_exhaustive]
     BackendNotFound {
         /// The scheme asked for.
         scheme: String,
@@ -38,6 +40,7 @@ pub enum SandboxError {
     },
     /// The engine behind a compiled-in backend is not installed.
     #[error("backend `{backend}` is not installed on this host")]
+    #[non_exhaustive]
     BackendNotInstalled {
         /// Backend name.
         backend: String,
@@ -46,6 +49,7 @@ pub enum SandboxError {
     },
     /// The engine's API did not answer.
     #[error("engine `{backend}` unavailable at {endpoint}")]
+    #[non_exhaustive]
     EngineUnavailable {
         /// Backend name.
         backend: String,
@@ -62,6 +66,7 @@ pub enum SandboxError {
         "capability {capability} is not supported by backend `{backend}`{}",
         supported_by_text(supported_by)
     )]
+    #[non_exhaustive]
     CapabilityNotSupported {
         /// The missing capability.
         capability: Capability,
@@ -72,6 +77,7 @@ pub enum SandboxError {
     },
     /// The engine failed to create or start the sandbox.
     #[error("creating a sandbox on `{backend}` failed: {message}")]
+    #[non_exhaustive]
     Creation {
         /// Backend name.
         backend: String,
@@ -83,6 +89,7 @@ pub enum SandboxError {
     },
     /// `connect` found no live sandbox, or a kill could not reach the engine.
     #[error("sandbox `{id}`: {message}")]
+    #[non_exhaustive]
     Connect {
         /// Sandbox id.
         id: String,
@@ -94,6 +101,7 @@ pub enum SandboxError {
     },
     /// The sandbox did not become usable in time.
     #[error("creating a sandbox on `{backend}` timed out after {after:?}")]
+    #[non_exhaustive]
     CreateTimeout {
         /// Backend name.
         backend: String,
@@ -102,6 +110,7 @@ pub enum SandboxError {
     },
     /// The sandbox no longer exists.
     #[error("sandbox `{id}` is gone (killed or past its lifetime)")]
+    #[non_exhaustive]
     SandboxGone {
         /// Sandbox id.
         id: String,
@@ -111,6 +120,7 @@ pub enum SandboxError {
     },
     /// A command exited non-zero (from `raise_for_status`).
     #[error("command exited with status {exit_code}")]
+    #[non_exhaustive]
     Execution {
         /// The exit code.
         exit_code: i64,
@@ -119,12 +129,14 @@ pub enum SandboxError {
     },
     /// A command ran past its timeout; its process tree was killed.
     #[error("execution timed out after {after:?}")]
+    #[non_exhaustive]
     ExecutionTimeout {
         /// The timeout.
         after: Duration,
     },
     /// `run_code` needs an interpreter the template lacks.
     #[error("interpreter `{interpreter}` not found in template `{template}`")]
+    #[non_exhaustive]
     InterpreterMissing {
         /// Interpreter looked for.
         interpreter: String,
@@ -133,12 +145,14 @@ pub enum SandboxError {
     },
     /// Network access outside the policy.
     #[error("network policy violation: {message}")]
+    #[non_exhaustive]
     NetworkPolicyViolation {
         /// What was refused.
         message: String,
     },
     /// A named limit was reached.
     #[error("resource limit exceeded: {limit}")]
+    #[non_exhaustive]
     ResourceLimitExceeded {
         /// The limit, e.g. `"stdout buffer (64 MiB)"`.
         limit: String,
@@ -147,12 +161,14 @@ pub enum SandboxError {
     },
     /// A credential is missing or rejected.
     #[error("authentication failed; set {env_var}")]
+    #[non_exhaustive]
     Auth {
         /// The environment variable that carries the credential.
         env_var: String,
     },
     /// Rate limited by the provider.
     #[error("rate limited by `{backend}`")]
+    #[non_exhaustive]
     RateLimit {
         /// Backend name.
         backend: String,
@@ -161,6 +177,7 @@ pub enum SandboxError {
     },
     /// The audit sink failed.
     #[error("audit sink failed: {message}")]
+    #[non_exhaustive]
     AuditSink {
         /// What failed.
         message: String,
@@ -170,6 +187,7 @@ pub enum SandboxError {
     },
     /// A sandbox file operation failed.
     #[error("file operation on `{path}` failed: {message}")]
+    #[non_exhaustive]
     FileSystem {
         /// Sandbox path.
         path: String,
@@ -181,6 +199,7 @@ pub enum SandboxError {
     },
     /// The sandbox path does not exist.
     #[error("path not found: `{path}`")]
+    #[non_exhaustive]
     PathNotFound {
         /// Sandbox path.
         path: String,
@@ -190,6 +209,7 @@ pub enum SandboxError {
     },
     /// A file operation was given a directory.
     #[error("`{path}` is a directory")]
+    #[non_exhaustive]
     IsADirectory {
         /// Sandbox path.
         path: String,
@@ -199,12 +219,14 @@ pub enum SandboxError {
     },
     /// A downloaded archive tried to write outside its target.
     #[error("unsafe archive entry `{entry}` refused")]
+    #[non_exhaustive]
     UnsafeArchiveEntry {
         /// The entry name.
         entry: String,
     },
     /// Any other engine error; the source is kept.
     #[error("engine `{backend}` error: {message}")]
+    #[non_exhaustive]
     Engine {
         /// Backend name.
         backend: String,

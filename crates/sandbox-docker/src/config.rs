@@ -409,7 +409,7 @@ mod tests {
     fn config_text(e: &SandboxError) -> String {
         assert_eq!(e.code(), ErrorCode::Configuration, "{e:?}");
         match e {
-            SandboxError::Configuration { message, hint } => {
+            SandboxError::Configuration { message, hint, .. } => {
                 format!("{message} {}", hint.clone().unwrap_or_default())
             }
             _ => String::new(),

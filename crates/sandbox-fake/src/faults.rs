@@ -84,11 +84,7 @@ impl FaultInjector {
             return Err(SandboxError::auth(env_var));
         }
         if s.provider_failure {
-            return Err(SandboxError::Creation {
-                backend: backend.to_string(),
-                message: "injected provider failure".into(),
-                source: None,
-            });
+            return Err(SandboxError::creation(backend, "injected provider failure"));
         }
         Ok(s.create_delay)
     }
@@ -100,11 +96,7 @@ impl FaultInjector {
             futures::future::pending::<()>().await;
         }
         if s.kill_failure {
-            return Err(SandboxError::Engine {
-                backend: backend.to_string(),
-                message: "injected kill failure".into(),
-                source: None,
-            });
+            return Err(SandboxError::engine(backend, "injected kill failure"));
         }
         Ok(())
     }

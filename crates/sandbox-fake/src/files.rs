@@ -26,11 +26,11 @@ pub(crate) fn fs_error(path: &str, e: FsError) -> SandboxError {
 }
 
 fn host_error(path: &Path, e: std::io::Error) -> SandboxError {
-    SandboxError::FileSystem {
-        path: path.display().to_string(),
-        message: format!("host file operation failed: {}", e.kind()),
-        source: Some(Box::new(e)),
-    }
+    SandboxError::file_system(
+        path.display().to_string(),
+        format!("host file operation failed: {}", e.kind()),
+    )
+    .with_source(e)
 }
 
 fn info(path: &str, node: &Node) -> FileInfo {
@@ -104,11 +104,10 @@ async fn upload_dir(sb: &SandboxInner, local: &Path, dest: &str) -> Result<()> {
             let host_path = entry.path();
             let name = entry.file_name();
             let Some(name) = name.to_str() else {
-                return Err(SandboxError::FileSystem {
-                    path: host_path.display().to_string(),
-                    message: "file name is not UTF-8".into(),
-                    source: None,
-                });
+                return Err(SandboxError::file_system(
+                    host_path.display().to_string(),
+                    "file name is not UTF-8",
+                ));
             };
             let target = memfs::join(&sandbox_dir, name);
             let kind = entry
@@ -137,9 +136,7 @@ fn safe_relative(entry: &str) -> Result<PathBuf> {
     if ok {
         Ok(p.to_path_buf())
     } else {
-        Err(SandboxError::UnsafeArchiveEntry {
-            entry: entry.to_string(),
-        })
+        Err(SandboxError::unsafe_archive_entry(entry.to_string()))
     }
 }
 
@@ -164,9 +161,7 @@ async fn no_symlink_below(root: &Path, rel: &Path, entry: &str) -> Result<()> {
         cur.push(c);
         match tokio::fs::symlink_metadata(&cur).await {
             Ok(m) if m.file_type().is_symlink() => {
-                return Err(SandboxError::UnsafeArchiveEntry {
-                    entry: entry.to_string(),
-                });
+                return Err(SandboxError::unsafe_archive_entry(entry.to_string()));
             }
             _ => {}
         }
@@ -259,9 +254,9 @@ impl FileSystem for FakeSandbox {
                 };
                 if let Ok(m) = tokio::fs::symlink_metadata(&target).await {
                     if m.file_type().is_symlink() {
-                        return Err(SandboxError::UnsafeArchiveEntry {
-                            entry: memfs::base_name(&src).to_string(),
-                        });
+                        return Err(SandboxError::unsafe_archive_entry(
+                            memfs::base_name(&src).to_string(),
+                        ));
                     }
                 }
                 download_file(sb, &src, &target).await
@@ -269,9 +264,9 @@ impl FileSystem for FakeSandbox {
             Some(true) => {
                 if let Ok(m) = tokio::fs::symlink_metadata(local).await {
                     if m.file_type().is_symlink() {
-                        return Err(SandboxError::UnsafeArchiveEntry {
-                            entry: local.display().to_string(),
-                        });
+                        return Err(SandboxError::unsafe_archive_entry(
+                            local.display().to_string(),
+                        ));
                     }
                 }
                 let src = sb.fs().follow(&src).map_err(|e| fs_error(&src, e))?;

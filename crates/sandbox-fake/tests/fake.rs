@@ -793,10 +793,7 @@ async fn scripted_responses_take_precedence() {
     b.on_run(["hang"], Response::hang());
     b.on_run(
         ["boom"],
-        Response::error(|| sandbox_core::SandboxError::RateLimit {
-            backend: "fake".into(),
-            retry_after: None,
-        }),
+        Response::error(|| sandbox_core::SandboxError::rate_limit("fake", None)),
     );
     b.on_run_code(CodeMatch::contains("import torch"), Response::ok("2.1.0\n"));
     let sb = sandbox(&b).await;

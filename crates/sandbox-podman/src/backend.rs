@@ -71,10 +71,10 @@ impl PodmanBackend {
                 && local_socket_missing
                 && !podman_installed()
             {
-                return Err(SandboxError::BackendNotInstalled {
-                    backend: BACKEND.into(),
-                    hint: "sudo apt-get install -y podman && sudo cargo xtask setup podman".into(),
-                });
+                return Err(SandboxError::backend_not_installed(
+                    BACKEND,
+                    "sudo apt-get install -y podman && sudo cargo xtask setup podman",
+                ));
             }
             return Err(e);
         }

@@ -142,18 +142,9 @@ pub(crate) fn engine_panicked(what: &str) -> EngineError {
 pub(crate) fn to_sandbox_error(endpoint: &str, what: &str, e: EngineError) -> SandboxError {
     match e.kind {
         EngineErrorKind::Unavailable | EngineErrorKind::Timeout => {
-            SandboxError::EngineUnavailable {
-                backend: BACKEND.into(),
-                endpoint: endpoint.to_string(),
-                hint: START_HINT.into(),
-                source: Some(Box::new(e)),
-            }
+            SandboxError::engine_unavailable(BACKEND, endpoint, START_HINT).with_source(e)
         }
-        _ => SandboxError::Engine {
-            backend: BACKEND.into(),
-            message: format!("{what} failed"),
-            source: Some(Box::new(e)),
-        },
+        _ => SandboxError::engine(BACKEND, format!("{what} failed")).with_source(e),
     }
 }
 

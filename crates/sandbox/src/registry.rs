@@ -157,11 +157,7 @@ fn not_found(scheme: &str) -> SandboxError {
         .iter()
         .find(|(name, _, compiled)| !compiled && *name == scheme)
         .map(|(_, feature, _)| feature.to_string());
-    SandboxError::BackendNotFound {
-        scheme: scheme.to_string(),
-        available: schemes(),
-        feature,
-    }
+    SandboxError::backend_not_found(scheme, schemes(), feature)
 }
 
 async fn backend_for_config(config: BackendConfig) -> Result<Arc<dyn Backend>> {
@@ -291,12 +287,11 @@ mod tests {
         static CALLS: AtomicUsize = AtomicUsize::new(0);
         register("flaky-test", || async {
             CALLS.fetch_add(1, Ordering::SeqCst);
-            Err(SandboxError::EngineUnavailable {
-                backend: "flaky-test".into(),
-                endpoint: "nowhere".into(),
-                hint: "start it".into(),
-                source: None,
-            })
+            Err(SandboxError::engine_unavailable(
+                "flaky-test",
+                "nowhere",
+                "start it",
+            ))
         })
         .unwrap();
         for _ in 0..2 {

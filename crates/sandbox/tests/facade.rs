@@ -29,18 +29,10 @@ impl Backend for Recording {
     async fn create(&self, options: CreateOptions) -> Result<Box<dyn sandbox::Sandbox>> {
         self.creates.fetch_add(1, Ordering::SeqCst);
         *self.last_template.lock().unwrap() = options.template.clone();
-        Err(SandboxError::Creation {
-            backend: "recording".into(),
-            message: "recorded".into(),
-            source: None,
-        })
+        Err(SandboxError::creation("recording", "recorded"))
     }
     async fn connect(&self, id: &str) -> Result<Box<dyn sandbox::Sandbox>> {
-        Err(SandboxError::Connect {
-            id: id.into(),
-            message: "unknown".into(),
-            source: None,
-        })
+        Err(SandboxError::connect(id, "unknown"))
     }
 }
 
