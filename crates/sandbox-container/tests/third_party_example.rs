@@ -47,7 +47,9 @@ fn third_party_engine_example_builds_from_the_public_api() {
         .expect("run cargo");
     assert!(
         out.status.success(),
-        "building {} failed:\n{}",
+        "building {} failed (after a workspace dependency change, refresh its lockfile: \
+         `cargo update --offline --workspace --manifest-path {}`):\n{}",
+        manifest.display(),
         manifest.display(),
         String::from_utf8_lossy(&out.stderr)
     );
