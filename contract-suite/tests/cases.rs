@@ -27,9 +27,7 @@ const AREAS: &[&str] = &[
 /// positive and negative alike).
 fn trial_names() -> Vec<String> {
     let factory: BackendFactory = Box::new(|| {
-        Box::pin(async {
-            Err(SandboxError::engine_unavailable("none", "nowhere", "none"))
-        })
+        Box::pin(async { Err(SandboxError::engine_unavailable("none", "nowhere", "none")) })
     });
     sandbox_contract::build(factory, Arc::new(NoProbes))
         .trial_names()
@@ -149,7 +147,9 @@ fn missing_engine_ignores_every_trial_with_the_reason() {
     }
     let factory: BackendFactory = Box::new(|| {
         Box::pin(async {
-            Err(SandboxError::engine_unavailable("none", "nowhere", "start it"))
+            Err(SandboxError::engine_unavailable(
+                "none", "nowhere", "start it",
+            ))
         })
     });
     let suite = sandbox_contract::build(factory, Arc::new(NoProbes));
