@@ -9,6 +9,7 @@ pub mod engine;
 mod error;
 mod exec;
 mod files;
+mod forward;
 mod ingress;
 mod interpreter;
 mod kill;
@@ -36,3 +37,12 @@ pub use kill::KILL_SCRIPT;
 pub use runtime::{LABEL_RUNTIME, RUNSC_PIDS_HEADROOM, Runtime};
 pub use sandbox::{ContainerNative, ContainerSandbox};
 pub use time::parse_rfc3339;
+
+// What `forward_backend!` expands to, reachable from the adapters' crates.
+#[doc(hidden)]
+pub mod __private {
+    pub use sandbox_core::{
+        Backend, Capability, CreateOptions, EngineReport, IsolationTier, ManagedSandbox,
+        ReapableBackend, Result, Sandbox, async_trait,
+    };
+}

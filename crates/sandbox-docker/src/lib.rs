@@ -7,14 +7,10 @@ mod engine;
 mod error;
 mod policy;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use sandbox_container::{ContainerBackend, ContainerNative, ContainerSandbox};
-use sandbox_core::{
-    Backend, Capability, CreateOptions, EngineReport, IsolationTier, ManagedSandbox,
-    ReapableBackend, Result, Sandbox, async_trait,
-};
+use sandbox_core::Result;
 
 pub use config::{
     DEFAULT_DOCKER_HOST, DEFAULT_TEMPLATE, DOCKER_CERT_PATH_ENV, DOCKER_HOST_ENV,
@@ -85,48 +81,6 @@ impl DockerBackend {
     }
 }
 
-#[async_trait]
-impl Backend for DockerBackend {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn capabilities(&self) -> Capability {
-        self.inner.capabilities()
-    }
-
-    fn isolation(&self) -> IsolationTier {
-        self.inner.isolation()
-    }
-
-    async fn create(&self, options: CreateOptions) -> Result<Box<dyn Sandbox>> {
-        self.inner.create(options).await
-    }
-
-    async fn connect(&self, id: &str) -> Result<Box<dyn Sandbox>> {
-        self.inner.connect(id).await
-    }
-
-    fn as_reapable(&self) -> Option<&dyn ReapableBackend> {
-        Some(self)
-    }
-
-    async fn diagnose(&self) -> EngineReport {
-        let mut report = self.inner.diagnose().await;
-        report.endpoint_reason = Some(self.config().endpoint_source.to_string());
-        report
-    }
-}
-
-#[async_trait]
-impl ReapableBackend for DockerBackend {
-    async fn list_managed(&self, labels: &BTreeMap<String, String>) -> Result<Vec<ManagedSandbox>> {
-        self.inner.list_managed(labels).await
-    }
-
-    /// Kills and removes one managed sandbox; an id that is not a sandbox-rs container is
-    /// refused with `Configuration`.
-    async fn kill_managed(&self, id: &str) -> Result<bool> {
-        self.inner.kill_managed(id).await
-    }
-}
+sandbox_container::forward_backend!(DockerBackend, inner, |this| {
+    this.config().endpoint_source.to_string()
+});

@@ -2,7 +2,6 @@
 //! what only Podman has: per-sandbox [`PodmanOptions`] (typed mounts with sealed copy-in,
 //! vetted runtime, capabilities and annotations, lifecycle hooks, CDI devices).
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -10,10 +9,7 @@ use podman_api::Podman;
 use sandbox_container::{
     ContainerBackend, ContainerConfig, ContainerEngine, ContainerNative, ContainerSandbox,
 };
-use sandbox_core::{
-    Backend, Capability, CreateOptions, EngineReport, IsolationTier, ManagedSandbox,
-    ReapableBackend, Result, Sandbox, SandboxError,
-};
+use sandbox_core::{CreateOptions, Result, SandboxError};
 
 use crate::config::{PodmanConfig, PodmanOptions};
 use crate::engine::PodmanEngine;
@@ -131,46 +127,6 @@ impl PodmanBackend {
     }
 }
 
-#[sandbox_core::async_trait]
-impl Backend for PodmanBackend {
-    fn name(&self) -> &str {
-        BACKEND
-    }
-
-    fn capabilities(&self) -> Capability {
-        self.inner.capabilities()
-    }
-
-    fn isolation(&self) -> IsolationTier {
-        self.inner.isolation()
-    }
-
-    async fn create(&self, options: CreateOptions) -> Result<Box<dyn Sandbox>> {
-        self.inner.create(options).await
-    }
-
-    async fn connect(&self, id: &str) -> Result<Box<dyn Sandbox>> {
-        self.inner.connect(id).await
-    }
-
-    fn as_reapable(&self) -> Option<&dyn ReapableBackend> {
-        Some(self)
-    }
-
-    async fn diagnose(&self) -> EngineReport {
-        let mut report = self.inner.diagnose().await;
-        report.endpoint_reason = Some(self.config.endpoint_source.to_string());
-        report
-    }
-}
-
-#[sandbox_core::async_trait]
-impl ReapableBackend for PodmanBackend {
-    async fn list_managed(&self, labels: &BTreeMap<String, String>) -> Result<Vec<ManagedSandbox>> {
-        self.inner.list_managed(labels).await
-    }
-
-    async fn kill_managed(&self, id: &str) -> Result<bool> {
-        self.inner.kill_managed(id).await
-    }
-}
+sandbox_container::forward_backend!(PodmanBackend, inner, |this| {
+    this.config.endpoint_source.to_string()
+});
