@@ -86,6 +86,7 @@ pub(crate) fn parse_pid_line(line: &[u8]) -> Option<u32> {
 }
 
 /// What to exec.
+#[derive(Clone)]
 pub(crate) struct ExecPlan {
     pub argv: Vec<String>,
     pub env: Vec<(String, String)>,
@@ -304,6 +305,29 @@ pub(crate) async fn exit_code<E: ContainerEngine>(sh: &Shared<E>, exec_id: &str)
 /// Runs a helper to completion, bounded in time ([`HELPER_TIMEOUT`]) and output
 /// ([`HELPER_OUTPUT_CAP`]); past either bound it is killed and refused.
 pub(crate) async fn helper<E: ContainerEngine>(
+    sh: &Arc<Shared<E>>,
+    plan: ExecPlan,
+) -> Result<ExecResult> {
+    let r = helper_once(sh, plan.clone()).await?;
+    // Exit 126 with nothing on stderr means the engine could not exec the helper at all
+    // (its own text goes to stdout; seen on runsc under load: "OCI runtime exec failed").
+    // The helper scripts never exit 126 themselves and had not started, so one retry is
+    // safe; a second failure is reported as it is.
+    if r.exit_code == 126 && r.stderr.is_empty() {
+        tracing::debug!(
+            sandbox_id = %sh.id,
+            "internal exec refused by the engine (exit 126); retrying once"
+        );
+        tokio::time::sleep(HELPER_RETRY_DELAY).await;
+        return helper_once(sh, plan).await;
+    }
+    Ok(r)
+}
+
+/// Pause before the one retry of a helper the engine could not exec.
+const HELPER_RETRY_DELAY: Duration = Duration::from_millis(100);
+
+async fn helper_once<E: ContainerEngine>(
     sh: &Arc<Shared<E>>,
     plan: ExecPlan,
 ) -> Result<ExecResult> {
