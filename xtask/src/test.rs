@@ -20,7 +20,8 @@ pub fn run(passthrough: &[String]) -> Result<()> {
 
     let start = Instant::now();
     let mut workspace = process::cargo();
-    workspace.args(["test", "--workspace"]);
+    // --no-fail-fast: one failing test binary must not hide the results of the others.
+    workspace.args(["test", "--workspace", "--no-fail-fast"]);
     if !passthrough.is_empty() {
         workspace.arg("--").args(passthrough);
     }

@@ -220,7 +220,9 @@ async fn kill_reaches_setsid_and_double_forked_descendants() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     let alive: Vec<u32> = pids.iter().copied().filter(|p| pid_alive(*p)).collect();
     assert!(alive.is_empty(), "survivors: {alive:?}");
-    assert!(took < Duration::from_millis(500), "kill took {took:?}");
+    // Milliseconds on an idle machine (docs/agent.md); CI's 2 cores run other test
+    // binaries at the same time (980 ms seen there), so the bound only rules out a hang.
+    assert!(took < Duration::from_secs(5), "kill took {took:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
