@@ -1,5 +1,11 @@
-//! `cargo xtask contract <fake|docker|podman>`: one adapter's conformance suite, i.e.
-//! `$CARGO test -p sandbox-<backend> --test contract`.
+//! `cargo xtask contract <fake|docker|podman>`: one adapter's conformance suite, i.e. the
+//! `contract` test binary of `sandbox-<backend>`.
+//!
+//! The binaries are built with `cargo test --workspace --test contract --no-run`, not
+//! `-p sandbox-<backend>`: with `-p`, cargo unifies dependency features over that one
+//! package, so every dependency (tokio, hyper, …) is compiled a second time next to the
+//! `cargo test --workspace` build. That doubled the target directory and ran a CI machine
+//! out of disk; built for the whole workspace, the suites reuse every artifact.
 //!
 //! An engine that does not answer is a skip with the reason printed locally, and a loud
 //! failure when `CI=true` or `SBX_CONTRACT_REQUIRED=1` (SPEC §10): CI must never go green
@@ -15,9 +21,11 @@
 //! the reason locally and a failure in CI (`cargo xtask setup` registers it). Both runs
 //! happen even when the first fails; each prints its duration.
 
-use std::path::Path;
-use std::process::Command;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::str::FromStr;
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use anyhow::{Context as _, Result, bail};
@@ -50,8 +58,9 @@ impl Backend {
         }
     }
 
-    fn package(self) -> String {
-        format!("sandbox-{}", self.name())
+    /// The package's directory, relative to the workspace root.
+    fn package_dir(self) -> PathBuf {
+        Path::new("crates").join(format!("sandbox-{}", self.name()))
     }
 
     /// Why the backend's engine cannot be used right now, if it cannot.
@@ -167,7 +176,83 @@ pub fn run(backend: Backend, options: Options, passthrough: &[String]) -> Result
     Ok(())
 }
 
-/// One `cargo test -p sandbox-<backend> --test contract` run, with `SBX_DOCKER_RUNTIME`
+/// The workspace root (xtask lives one level below it).
+fn workspace_root() -> Result<PathBuf> {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .context("xtask's manifest directory has no parent")
+}
+
+/// Builds every package's `contract` test binary once per xtask process (see the module
+/// docs for why `--workspace`) and returns the one of `backend`.
+fn contract_binary(backend: Backend) -> Result<PathBuf> {
+    static BUILT: OnceLock<std::result::Result<BTreeMap<PathBuf, PathBuf>, String>> =
+        OnceLock::new();
+    let built = BUILT
+        .get_or_init(|| build_contract_binaries().map_err(|e| format!("{e:#}")))
+        .as_ref()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let manifest = workspace_root()?
+        .join(backend.package_dir())
+        .join("Cargo.toml");
+    built.get(&manifest).cloned().with_context(|| {
+        format!(
+            "cargo built no `contract` test binary for {} (looked for {})",
+            backend.name(),
+            manifest.display()
+        )
+    })
+}
+
+/// `cargo test --workspace --test contract --no-run`: manifest path → test executable.
+fn build_contract_binaries() -> Result<BTreeMap<PathBuf, PathBuf>> {
+    let mut cmd = process::cargo();
+    cmd.current_dir(workspace_root()?).args([
+        "test",
+        "--workspace",
+        "--test",
+        "contract",
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+    ]);
+    println!("contract: building the suites: {}", process::describe(&cmd));
+    // Diagnostics are rendered to stderr (inherited); stdout carries one JSON message per
+    // line.
+    let output = cmd
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("could not start `{}`", process::describe(&cmd)))?;
+    if !output.status.success() {
+        bail!("`{}` failed ({})", process::describe(&cmd), output.status);
+    }
+    let stdout = String::from_utf8(output.stdout).context("cargo's JSON output is not UTF-8")?;
+    let binaries = contract_executables(&stdout);
+    if binaries.is_empty() {
+        bail!(
+            "`{}` reported no contract test binary",
+            process::describe(&cmd)
+        );
+    }
+    Ok(binaries)
+}
+
+/// The `contract` test executables in cargo's JSON messages, keyed by manifest path.
+fn contract_executables(json_lines: &str) -> BTreeMap<PathBuf, PathBuf> {
+    json_lines
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "contract")
+        .filter_map(|m| {
+            let manifest = m["manifest_path"].as_str()?;
+            let exe = m["executable"].as_str()?;
+            Some((PathBuf::from(manifest), PathBuf::from(exe)))
+        })
+        .collect()
+}
+
+/// One run of `sandbox-<backend>`'s `contract` test binary, with `SBX_DOCKER_RUNTIME`
 /// set when `runtime` is given; prints the outcome and duration.
 fn run_once(
     backend: Backend,
@@ -179,8 +264,13 @@ fn run_once(
         Some(r) => format!("{} ({r})", backend.name()),
         None => backend.name().to_string(),
     };
-    let mut cmd = process::cargo();
-    cmd.args(["test", "-p", &backend.package(), "--test", "contract"]);
+    let binary = contract_binary(backend)?;
+    let package_dir = workspace_root()?.join(backend.package_dir());
+    let mut cmd = Command::new(&binary);
+    // What `cargo test` gives a test binary: the package directory as working directory
+    // and as CARGO_MANIFEST_DIR.
+    cmd.current_dir(&package_dir)
+        .env("CARGO_MANIFEST_DIR", &package_dir);
     if let Some(r) = runtime {
         cmd.env("SBX_DOCKER_RUNTIME", r);
     }
@@ -215,54 +305,36 @@ fn run_once(
 /// `Runtimes`, over the unix socket; `docker info` for other endpoints).
 fn docker_has_runtime(name: &str) -> Result<bool> {
     let host = daemons::docker_host();
-    let runtimes = match host.strip_prefix("unix://") {
+    let runtimes: serde_json::Value = match host.strip_prefix("unix://") {
         Some(socket) => {
             let (status, body) = daemons::http_get_unix(Path::new(socket), "/info")
                 .with_context(|| format!("GET /info on {host}"))?;
             if status != 200 {
                 bail!("GET /info on {host}: HTTP {status}");
             }
-            json_object(&body, "Runtimes")
+            let info: serde_json::Value = serde_json::from_str(&body)
+                .with_context(|| format!("GET /info on {host}: not JSON"))?;
+            info.get("Runtimes")
+                .cloned()
                 .with_context(|| format!("GET /info on {host} has no Runtimes object"))?
-                .to_string()
         }
-        None => process::stdout_of(Command::new("docker").args([
+        None => serde_json::from_str(&process::stdout_of(Command::new("docker").args([
             "info",
             "--format",
             "{{json .Runtimes}}",
-        ]))?,
+        ]))?)
+        .context("`docker info --format {{json .Runtimes}}`: not JSON")?,
     };
-    Ok(runtimes.contains(&format!("\"{name}\":")))
+    registers_runtime(&runtimes, name)
 }
 
-/// The text of the JSON object value of the first `"key":` in `json` (braces balanced,
-/// strings skipped). Enough for `/info`'s `Runtimes` without a JSON dependency.
-fn json_object<'a>(json: &'a str, key: &str) -> Option<&'a str> {
-    let at = json.find(&format!("\"{key}\":"))?;
-    let rest = &json[at + key.len() + 3..];
-    let open = rest.find(|c: char| !c.is_whitespace())?;
-    if !rest[open..].starts_with('{') {
-        return None;
-    }
-    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
-    for (i, c) in rest[open..].char_indices() {
-        match (in_string, escaped, c) {
-            (true, true, _) => escaped = false,
-            (true, false, '\\') => escaped = true,
-            (true, false, '"') => in_string = false,
-            (true, false, _) => {}
-            (false, _, '"') => in_string = true,
-            (false, _, '{') => depth += 1,
-            (false, _, '}') => {
-                depth -= 1;
-                if depth == 0 {
-                    return Some(&rest[open..open + i + 1]);
-                }
-            }
-            _ => {}
-        }
-    }
-    None
+/// Whether a `Runtimes` object names `name`; anything but an object is an error (a check
+/// that cannot answer fails).
+fn registers_runtime(runtimes: &serde_json::Value, name: &str) -> Result<bool> {
+    let map = runtimes
+        .as_object()
+        .with_context(|| format!("the engine's Runtimes is not an object: {runtimes}"))?;
+    Ok(map.contains_key(name))
 }
 
 #[cfg(test)]
@@ -270,13 +342,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn runtimes_object_is_found_with_nested_braces_and_strings() {
-        let info = r#"{"Name":"x","Runtimes":{"runc":{"path":"runc"},"runsc":{"path":"/usr/bin/runsc","runtimeArgs":["--network=none","}"]}},"Swarm":{}}"#;
-        let r = json_object(info, "Runtimes").unwrap();
-        assert!(r.starts_with("{\"runc\"") && r.ends_with("]}}"));
-        assert!(r.contains("\"runsc\":"));
-        assert!(json_object(r#"{"Runtimes": 3}"#, "Runtimes").is_none());
-        assert!(json_object("{}", "Runtimes").is_none());
+    fn runtimes_are_read_from_the_object_keys() {
+        let info: serde_json::Value = serde_json::from_str(
+            r#"{"runc":{"path":"runc"},"runsc-debug":{"path":"/usr/bin/runsc","runtimeArgs":["runsc"]}}"#,
+        )
+        .unwrap();
+        assert!(registers_runtime(&info, "runc").unwrap());
+        assert!(!registers_runtime(&info, "runsc").unwrap());
+        assert!(registers_runtime(&serde_json::json!(3), "runc").is_err());
+    }
+
+    #[test]
+    fn contract_executables_are_keyed_by_manifest() {
+        let lines = concat!(
+            r#"{"reason":"compiler-artifact","manifest_path":"/w/crates/sandbox-fake/Cargo.toml","target":{"name":"contract"},"executable":"/w/target/debug/deps/contract-1"}"#,
+            "\n",
+            r#"{"reason":"compiler-artifact","manifest_path":"/w/crates/sandbox-fake/Cargo.toml","target":{"name":"sandbox_fake"},"executable":null}"#,
+            "\n",
+            r#"{"reason":"build-finished","success":true}"#,
+            "\nnot json\n",
+        );
+        let map = contract_executables(lines);
+        assert_eq!(map.len(), 1);
+        assert_eq!(
+            map[Path::new("/w/crates/sandbox-fake/Cargo.toml")],
+            Path::new("/w/target/debug/deps/contract-1")
+        );
     }
 
     #[test]
