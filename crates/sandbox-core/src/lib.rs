@@ -38,7 +38,7 @@ pub use files::{FileInfo, FileSystem, resolve_path};
 pub use isolation::IsolationTier;
 pub use managed::{ManagedSandbox, SandboxState};
 pub use network::{Egress, EgressRule, EgressTarget, NetworkPolicy};
-pub use options::{CodeOptions, Command, CreateOptions, Language, RunOptions};
+pub use options::{CodeOptions, Command, CreateOptions, Language, PullPolicy, RunOptions};
 pub use pool::{Pool, PoolConfig, PoolStats};
 pub use process::{KILLED_EXIT_CODE, Process, StartFuture, StartedExec};
 pub use resources::{DEFAULT_CPU, DEFAULT_MEMORY_MB, DEFAULT_PIDS, EffectiveResources, Resources};

@@ -59,6 +59,54 @@ pub struct CreateOptions {
     pub require_isolation: Option<IsolationTier>,
     /// Working directory (default [`DEFAULT_WORKDIR`]).
     pub workdir: Option<String>,
+    /// When the template image is pulled from its registry (default
+    /// [`PullPolicy::Missing`]). Backends without images ignore it.
+    pub pull: PullPolicy,
+}
+
+/// When a backend pulls the template image from its registry before creating a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
+#[non_exhaustive]
+pub enum PullPolicy {
+    /// Pull only when the engine does not have the image (what `docker run` does).
+    #[default]
+    Missing,
+    /// Pull every time, so a moved tag is followed; concurrent creates still pull once.
+    Always,
+    /// Never pull: a missing image is an error (offline or pinned deployments).
+    Never,
+}
+
+impl PullPolicy {
+    /// The policy's name (`missing`, `always`, `never`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PullPolicy::Missing => "missing",
+            PullPolicy::Always => "always",
+            PullPolicy::Never => "never",
+        }
+    }
+
+    /// Parses a policy name (`missing`, `always`, `never`).
+    pub fn parse(s: &str) -> Option<PullPolicy> {
+        match s {
+            "missing" => Some(PullPolicy::Missing),
+            "always" => Some(PullPolicy::Always),
+            "never" => Some(PullPolicy::Never),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for PullPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl Default for CreateOptions {
@@ -73,6 +121,7 @@ impl Default for CreateOptions {
             metadata: BTreeMap::new(),
             require_isolation: None,
             workdir: None,
+            pull: PullPolicy::Missing,
         }
     }
 }
@@ -89,6 +138,7 @@ impl fmt::Debug for CreateOptions {
             .field("metadata", &self.metadata)
             .field("require_isolation", &self.require_isolation)
             .field("workdir", &self.workdir)
+            .field("pull", &self.pull)
             .finish()
     }
 }
@@ -141,6 +191,11 @@ impl CreateOptions {
     /// Sets the working directory.
     pub fn workdir(mut self, w: impl Into<String>) -> Self {
         self.workdir = Some(w.into());
+        self
+    }
+    /// Sets when the template image is pulled.
+    pub fn pull(mut self, policy: PullPolicy) -> Self {
+        self.pull = policy;
         self
     }
 
