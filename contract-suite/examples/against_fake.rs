@@ -1,5 +1,5 @@
 //! Runs the whole suite against the fake backend with the suite's own probes:
-//! `cargo run -p sandbox-contract --example against_fake -- [libtest filters]`.
+//! `cargo run -p sandbox-rs-contract --example against_fake -- [libtest filters]`.
 //! (The fake's own `tests/contract.rs` is the normative run; this one exercises the suite.)
 
 use std::process::ExitCode;

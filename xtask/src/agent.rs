@@ -30,7 +30,7 @@ pub fn run() -> Result<()> {
             "--release",
             "--locked",
             "-p",
-            "sandbox-agent",
+            "sandbox-rs-agent",
             "--bin",
             "sandbox-agent",
         ])

@@ -37,7 +37,7 @@ const CARGO_CHECKS: &[(&str, &[&str])] = &[
         &[
             "test",
             "-p",
-            "sandbox",
+            "sandbox-rs",
             "--no-default-features",
             "--features",
             "fake",
@@ -45,7 +45,7 @@ const CARGO_CHECKS: &[(&str, &[&str])] = &[
     ),
     (
         "docker without tls",
-        &["check", "-p", "sandbox-docker", "--all-targets"],
+        &["check", "-p", "sandbox-rs-docker", "--all-targets"],
     ),
 ];
 
@@ -143,13 +143,13 @@ struct Budget {
 const BUDGETS: &[Budget] = &[
     Budget {
         why: "sandbox-core must not choose a runtime for adapter authors (tests included)",
-        tree: &["-e", "features", "-p", "sandbox-core"],
+        tree: &["-e", "features", "-p", "sandbox-rs-core"],
         forbidden: &[r#"tokio feature "rt-multi-thread""#],
         required: &[],
     },
     Budget {
         why: "sandbox-core needs only tokio's rt, sync and time",
-        tree: &["-e", "normal,features", "-p", "sandbox-core"],
+        tree: &["-e", "normal,features", "-p", "sandbox-rs-core"],
         forbidden: &[
             r#"tokio feature "rt-multi-thread""#,
             r#"tokio feature "macros""#,
@@ -159,15 +159,15 @@ const BUDGETS: &[Budget] = &[
     },
     Budget {
         why: "a production build of the facade carries the engines, not the fake or a TLS stack",
-        tree: &["-e", "normal", "-p", "sandbox"],
-        forbidden: &["sandbox-fake", "rustls", "ring"],
-        required: &["sandbox-docker", "sandbox-podman"],
+        tree: &["-e", "normal", "-p", "sandbox-rs"],
+        forbidden: &["sandbox-rs-fake", "rustls", "ring"],
+        required: &["sandbox-rs-docker", "sandbox-rs-podman"],
     },
     Budget {
         why: "the CLI ships every first-party engine, the fake and TLS",
-        tree: &["-e", "normal", "-p", "sandbox-cli"],
+        tree: &["-e", "normal", "-p", "sandbox-rs-cli"],
         forbidden: &[],
-        required: &["sandbox-docker", "sandbox-podman", "sandbox-fake", "rustls"],
+        required: &["sandbox-rs-docker", "sandbox-rs-podman", "sandbox-rs-fake", "rustls"],
     },
 ];
 
@@ -224,7 +224,7 @@ fn tree_nodes(tree: &str) -> BTreeSet<&str> {
 mod tests {
     use super::*;
 
-    const CORE_TREE_WITH_MULTI_THREAD: &str = r#"sandbox-core v0.1.0 (/w/crates/sandbox-core)
+    const CORE_TREE_WITH_MULTI_THREAD: &str = r#"sandbox-rs-core v0.1.0 (/w/crates/sandbox-core)
 tokio feature "default"
 tokio v1.54.1
 tokio feature "rt"
@@ -247,15 +247,15 @@ tokio feature "rt" (*)
 
     #[test]
     fn missing_and_forbidden_packages_are_both_reported() {
-        let facade = "sandbox v0.1.0 (/w)\nsandbox-docker v0.1.0 (/w)\nsandbox-fake v0.1.0 (/w)\nrustls v0.23.1\n";
+        let facade = "sandbox-rs v0.1.0 (/w)\nsandbox-rs-docker v0.1.0 (/w)\nsandbox-rs-fake v0.1.0 (/w)\nrustls v0.23.1\n";
         let violations = budget_violations(&BUDGETS[2], facade);
         assert_eq!(violations.len(), 3, "{violations:?}");
-        assert!(violations.iter().any(|v| v.contains("has sandbox-fake")));
+        assert!(violations.iter().any(|v| v.contains("has sandbox-rs-fake")));
         assert!(violations.iter().any(|v| v.contains("has rustls")));
         assert!(
             violations
                 .iter()
-                .any(|v| v.contains("lacks sandbox-podman"))
+                .any(|v| v.contains("lacks sandbox-rs-podman"))
         );
     }
 

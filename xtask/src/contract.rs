@@ -2,7 +2,7 @@
 //! `contract` test binary of `sandbox-<backend>`.
 //!
 //! The binaries are built with `cargo test --workspace --test contract --no-run`, not
-//! `-p sandbox-<backend>`: with `-p`, cargo unifies dependency features over that one
+//! `-p sandbox-rs-<backend>`: with `-p`, cargo unifies dependency features over that one
 //! package, so every dependency (tokio, hyper, …) is compiled a second time next to the
 //! `cargo test --workspace` build. That doubled the target directory and ran a CI machine
 //! out of disk; built for the whole workspace, the suites reuse every artifact.

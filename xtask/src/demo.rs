@@ -9,6 +9,6 @@ use crate::process;
 /// Runs `setup`, then `sandbox demo` from the workspace's CLI.
 pub fn run() -> Result<()> {
     crate::setup::run(&crate::setup::Options::default())?;
-    println!("demo: cargo run -p sandbox-cli -- demo");
-    process::run(process::cargo().args(["run", "--quiet", "-p", "sandbox-cli", "--", "demo"]))
+    println!("demo: cargo run -p sandbox-rs-cli -- demo");
+    process::run(process::cargo().args(["run", "--quiet", "-p", "sandbox-rs-cli", "--", "demo"]))
 }

@@ -48,7 +48,7 @@ fn static_agent() -> PathBuf {
             "build",
             "--release",
             "-p",
-            "sandbox-agent",
+            "sandbox-rs-agent",
             "--bin",
             "sandbox-agent",
         ])

@@ -57,6 +57,7 @@ const FAIL_BODY: &[u8] =
 pub struct FaultProxy {
     path: PathBuf,
     mode: Arc<AtomicU8>,
+    create: Arc<AtomicU8>,
     accept: JoinHandle<()>,
 }
 
@@ -74,16 +75,22 @@ impl FaultProxy {
         let _ = std::fs::remove_file(&path);
         let listener = UnixListener::bind(&path)?;
         let mode = Arc::new(AtomicU8::new(Fault::Pass.as_u8()));
-        let m = mode.clone();
+        let create = Arc::new(AtomicU8::new(Fault::Pass.as_u8()));
+        let (m, c) = (mode.clone(), create.clone());
         let accept = tokio::spawn(async move {
             while let Ok((conn, _)) = listener.accept().await {
-                let (m, upstream) = (m.clone(), upstream.clone());
+                let (m, c, upstream) = (m.clone(), c.clone(), upstream.clone());
                 tokio::spawn(async move {
-                    let _ = relay(conn, &upstream, m).await;
+                    let _ = relay(conn, &upstream, m, c).await;
                 });
             }
         });
-        Ok(FaultProxy { path, mode, accept })
+        Ok(FaultProxy {
+            path,
+            mode,
+            create,
+            accept,
+        })
     }
 
     /// The proxy's socket path.
@@ -101,6 +108,13 @@ impl FaultProxy {
         self.mode.store(fault.as_u8(), Ordering::SeqCst);
     }
 
+    /// What container creations (`POST …/containers/create`) do from now on. A held
+    /// create is never relayed late (its client has given up by then): once the mode
+    /// changes it is answered as a failure.
+    pub fn set_create(&self, fault: Fault) {
+        self.create.store(fault.as_u8(), Ordering::SeqCst);
+    }
+
     /// The current mode.
     pub fn fault(&self) -> Fault {
         Fault::from_u8(self.mode.load(Ordering::SeqCst))
@@ -114,7 +128,12 @@ impl Drop for FaultProxy {
     }
 }
 
-async fn relay(client: UnixStream, upstream: &Path, mode: Arc<AtomicU8>) -> std::io::Result<()> {
+async fn relay(
+    client: UnixStream,
+    upstream: &Path,
+    mode: Arc<AtomicU8>,
+    create: Arc<AtomicU8>,
+) -> std::io::Result<()> {
     let upstream = UnixStream::connect(upstream).await?;
     let (cr, cw) = client.into_split();
     let (mut ur, mut uw) = upstream.into_split();
@@ -167,21 +186,23 @@ async fn relay(client: UnixStream, upstream: &Path, mode: Arc<AtomicU8>) -> std:
                 _ => {}
             }
         }
+        if first.starts_with("POST ") && first.contains("/containers/create") {
+            let held = Fault::from_u8(create.load(Ordering::SeqCst)) == Fault::Hang;
+            while Fault::from_u8(create.load(Ordering::SeqCst)) == Fault::Hang {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            if held || Fault::from_u8(create.load(Ordering::SeqCst)) == Fault::Fail {
+                down.abort();
+                return fail(&cw).await;
+            }
+        }
         if first.starts_with("DELETE ") && first.contains("/containers/") {
             while Fault::from_u8(mode.load(Ordering::SeqCst)) == Fault::Hang {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             if Fault::from_u8(mode.load(Ordering::SeqCst)) == Fault::Fail {
-                let resp = format!(
-                    "HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                    FAIL_BODY.len()
-                );
                 down.abort();
-                let mut w = cw.lock().await;
-                w.write_all(resp.as_bytes()).await?;
-                w.write_all(FAIL_BODY).await?;
-                w.shutdown().await?;
-                return Ok(());
+                return fail(&cw).await;
             }
         }
         uw.write_all(&head).await?;
@@ -220,6 +241,18 @@ async fn relay(client: UnixStream, upstream: &Path, mode: Arc<AtomicU8>) -> std:
             }
         }
     }
+}
+
+/// Answers the request with HTTP 500 and [`FAIL_BODY`], then closes the connection.
+async fn fail(cw: &tokio::sync::Mutex<tokio::net::unix::OwnedWriteHalf>) -> std::io::Result<()> {
+    let resp = format!(
+        "HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        FAIL_BODY.len()
+    );
+    let mut w = cw.lock().await;
+    w.write_all(resp.as_bytes()).await?;
+    w.write_all(FAIL_BODY).await?;
+    w.shutdown().await
 }
 
 #[cfg(test)]
@@ -300,6 +333,24 @@ mod tests {
             .expect("a held removal resumes when healed")
             .unwrap();
         assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+
+        // Creations fail, or are held and then failed (never relayed late).
+        let create = "POST /v1.41/containers/create?name=x HTTP/1.1";
+        p.set_create(Fault::Fail);
+        assert!(request(&p, create).await.starts_with("HTTP/1.1 500"));
+        assert!(request(&p, delete).await.starts_with("HTTP/1.1 200"));
+        p.set_create(Fault::Hang);
+        let p3 = p.clone();
+        let held = tokio::spawn(async move { request(&p3, create).await });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!held.is_finished(), "a held create answered");
+        p.set_create(Fault::Pass);
+        let r = tokio::time::timeout(Duration::from_secs(5), held)
+            .await
+            .expect("a held create is answered once healed")
+            .unwrap();
+        assert!(r.starts_with("HTTP/1.1 500"), "{r}");
+        assert!(request(&p, create).await.starts_with("HTTP/1.1 200"));
 
         let path = p.path().to_path_buf();
         drop(p);

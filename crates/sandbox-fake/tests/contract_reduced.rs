@@ -4,7 +4,7 @@
 //! trials of the undeclared capabilities are (correctly) ignored here with the reason.
 //!
 //! A normal test (unlike `contract.rs`, which `cargo xtask contract fake` runs), so every
-//! `cargo test -p sandbox-fake` proves the refusals.
+//! `cargo test -p sandbox-rs-fake` proves the refusals.
 
 use std::sync::Arc;
 

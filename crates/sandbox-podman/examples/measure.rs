@@ -1,7 +1,7 @@
 //! Medians over 30 runs (create, `run(["true"])`, `run_code("print(1)")`, 1 MiB
 //! write+read) and the conmon processes left on the host after 200 execs.
 //!
-//! `cargo run -p sandbox-podman --example measure`
+//! `cargo run -p sandbox-rs-podman --example measure`
 #![allow(clippy::print_stdout)]
 
 use std::time::{Duration, Instant};

@@ -6,9 +6,9 @@
 //! next turn can use it. Swap `ScriptedModel` for a real LLM client and nothing else changes.
 //!
 //! ```text
-//! cargo run -p sandbox --example agent_loop --features fake
-//! cargo run -p sandbox --example agent_loop --features fake -- docker://sandbox-rs/python:3.11
-//! SBX_EXAMPLE_DSN=docker://sandbox-rs/python:3.11 cargo run -p sandbox --example agent_loop
+//! cargo run -p sandbox-rs --example agent_loop --features fake
+//! cargo run -p sandbox-rs --example agent_loop --features fake -- docker://sandbox-rs/python:3.11
+//! SBX_EXAMPLE_DSN=docker://sandbox-rs/python:3.11 cargo run -p sandbox-rs --example agent_loop
 //! ```
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 

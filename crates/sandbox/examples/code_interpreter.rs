@@ -2,8 +2,8 @@
 //! the next) and files moved between a host directory and the sandbox, both ways.
 //!
 //! ```text
-//! cargo run -p sandbox --example code_interpreter --features fake
-//! cargo run -p sandbox --example code_interpreter --features fake -- docker://sandbox-rs/python:3.11
+//! cargo run -p sandbox-rs --example code_interpreter --features fake
+//! cargo run -p sandbox-rs --example code_interpreter --features fake -- docker://sandbox-rs/python:3.11
 //! ```
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 

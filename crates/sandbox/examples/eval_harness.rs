@@ -3,8 +3,8 @@
 //! table with pass/fail, exit code and duration.
 //!
 //! ```text
-//! cargo run -p sandbox --example eval_harness --features fake
-//! cargo run -p sandbox --example eval_harness --features fake -- docker://sandbox-rs/python:3.11
+//! cargo run -p sandbox-rs --example eval_harness --features fake
+//! cargo run -p sandbox-rs --example eval_harness --features fake -- docker://sandbox-rs/python:3.11
 //! ```
 //!
 //! Wrong answers, crashes and timeouts are results, not harness failures; the program fails

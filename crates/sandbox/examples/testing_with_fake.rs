@@ -5,7 +5,7 @@
 //! `[dev-dependencies]`.
 //!
 //! ```text
-//! cargo run -p sandbox --example testing_with_fake --features fake
+//! cargo run -p sandbox-rs --example testing_with_fake --features fake
 //! ```
 //!
 //! Each scenario uses its own `FakeBackend` (not the process-wide `fake://`), so scripts,

@@ -31,7 +31,7 @@ fn run_example(name: &str, dsn: Option<&str>) -> Output {
         "run",
         "-q",
         "-p",
-        "sandbox",
+        "sandbox-rs",
         "--no-default-features",
         "--features",
     ])
