@@ -99,6 +99,25 @@ pub enum SandboxError {
         #[source]
         source: Option<BoxError>,
     },
+    /// The template image is not on the engine and could not be pulled (no such image in
+    /// the registry, registry unreachable, or pull policy `never`).
+    #[error("image `{image}` is unavailable on `{backend}` (registry {registry}): {message}")]
+    #[non_exhaustive]
+    ImageUnavailable {
+        /// Backend name.
+        backend: String,
+        /// The image reference as given.
+        image: String,
+        /// The registry it is pulled from (`docker.io` for short names).
+        registry: String,
+        /// What failed.
+        message: String,
+        /// The exact fix.
+        hint: String,
+        /// Underlying error.
+        #[source]
+        source: Option<BoxError>,
+    },
     /// The sandbox did not become usable in time.
     #[error("creating a sandbox on `{backend}` timed out after {after:?}")]
     #[non_exhaustive]
@@ -160,11 +179,16 @@ pub enum SandboxError {
         hint: Option<String>,
     },
     /// A credential is missing or rejected.
-    #[error("authentication failed; set {env_var}")]
+    #[error("authentication failed{}; set {env_var}", detail_text(detail))]
     #[non_exhaustive]
     Auth {
-        /// The environment variable that carries the credential.
+        /// The environment variable that carries the credential (or names where it is
+        /// read from, e.g. `DOCKER_CONFIG`).
         env_var: String,
+        /// Who refused what (e.g. the registry and image), never the credential.
+        detail: Option<String>,
+        /// The exact fix, when more specific than setting `env_var`.
+        hint: Option<String>,
     },
     /// Rate limited by the provider.
     #[error("rate limited by `{backend}`")]
@@ -238,6 +262,10 @@ pub enum SandboxError {
     },
 }
 
+fn detail_text(d: &Option<String>) -> String {
+    d.as_deref().map(|d| format!(": {d}")).unwrap_or_default()
+}
+
 fn supported_by_text(v: &[String]) -> String {
     if v.is_empty() {
         String::new()
@@ -258,6 +286,7 @@ impl SandboxError {
             CapabilityNotSupported { .. } => ErrorCode::CapabilityNotSupported,
             Creation { .. } => ErrorCode::Creation,
             Connect { .. } => ErrorCode::Connect,
+            ImageUnavailable { .. } => ErrorCode::ImageUnavailable,
             CreateTimeout { .. } => ErrorCode::CreateTimeout,
             SandboxGone { .. } => ErrorCode::SandboxGone,
             Execution { .. } => ErrorCode::Execution,
@@ -287,7 +316,10 @@ impl SandboxError {
                 "enable the `{f}` cargo feature of the `sandbox` crate, or use one of: {}",
                 self.available_schemes().join(", ")
             ),
-            BackendNotInstalled { hint, .. } | EngineUnavailable { hint, .. } => hint.clone(),
+            BackendNotInstalled { hint, .. }
+            | EngineUnavailable { hint, .. }
+            | ImageUnavailable { hint, .. }
+            | Auth { hint: Some(hint), .. } => hint.clone(),
             CapabilityNotSupported {
                 capability,
                 supported_by,
@@ -300,7 +332,7 @@ impl SandboxError {
                 "list managed sandboxes with `sandbox reap`; remove this one with `sandbox reap --kill --id {id}`"
             ),
             ResourceLimitExceeded { hint: Some(h), .. } => h.clone(),
-            Auth { env_var } => format!("export {env_var}=<credential>"),
+            Auth { env_var, .. } => format!("export {env_var}=<credential>"),
             _ => self.code().doc().fix.to_string(),
         }
     }
@@ -478,6 +510,41 @@ impl SandboxError {
     pub fn auth(env_var: impl Into<String>) -> Self {
         SandboxError::Auth {
             env_var: env_var.into(),
+            detail: None,
+            hint: None,
+        }
+    }
+
+    /// A [`SandboxError::Auth`] saying who refused what (`detail`, never the credential)
+    /// and the exact fix.
+    pub fn auth_refused(
+        env_var: impl Into<String>,
+        detail: impl Into<String>,
+        hint: impl Into<String>,
+    ) -> Self {
+        SandboxError::Auth {
+            env_var: env_var.into(),
+            detail: Some(detail.into()),
+            hint: Some(hint.into()),
+        }
+    }
+
+    /// A [`SandboxError::ImageUnavailable`]: `image` from `registry` could not be had, for
+    /// the reason `message`; `hint` is the exact fix.
+    pub fn image_unavailable(
+        backend: impl Into<String>,
+        image: impl Into<String>,
+        registry: impl Into<String>,
+        message: impl Into<String>,
+        hint: impl Into<String>,
+    ) -> Self {
+        SandboxError::ImageUnavailable {
+            backend: backend.into(),
+            image: image.into(),
+            registry: registry.into(),
+            message: message.into(),
+            hint: hint.into(),
+            source: None,
         }
     }
 
@@ -539,7 +606,7 @@ impl SandboxError {
     }
 
     /// Keeps `source` as the underlying error, on every variant that carries one
-    /// (`EngineUnavailable`, `Creation`, `Connect`, `SandboxGone`, `AuditSink`,
+    /// (`EngineUnavailable`, `Creation`, `ImageUnavailable`, `Connect`, `SandboxGone`, `AuditSink`,
     /// `FileSystem`, `PathNotFound`, `IsADirectory`, `Engine`); other variants are
     /// returned unchanged.
     pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
@@ -547,6 +614,7 @@ impl SandboxError {
         match &mut self {
             EngineUnavailable { source: s, .. }
             | Creation { source: s, .. }
+            | ImageUnavailable { source: s, .. }
             | Connect { source: s, .. }
             | SandboxGone { source: s, .. }
             | AuditSink { source: s, .. }
@@ -603,6 +671,18 @@ mod tests {
                 message: "kill failed".into(),
                 source: None,
             },
+            SandboxError::image_unavailable(
+                "docker",
+                "127.0.0.1:5000/nope:1",
+                "127.0.0.1:5000",
+                "the registry has no such image",
+                "check the name and tag",
+            ),
+            SandboxError::auth_refused(
+                "DOCKER_CONFIG",
+                "registry 127.0.0.1:5000 refused the credentials for `x`",
+                "docker login 127.0.0.1:5000",
+            ),
         ]
     }
 

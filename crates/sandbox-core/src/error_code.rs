@@ -98,6 +98,11 @@ catalog! {
         meaning: "The sandbox no longer exists: it was killed, or its lifetime (`CreateOptions::timeout`) ended.",
         fix: "Create a new sandbox; raise `timeout` if the lifetime was too short.",
     },
+    ImageUnavailable = "SBX_E1205" {
+        title: "Image unavailable",
+        meaning: "The template image is not on the engine and could not be pulled: the registry has no such image or tag, the registry could not be reached, or the pull policy is `never`. The message names the image and the registry.",
+        fix: "Check the image name and tag, build it from `images/` (see docs/images.md), pull it with the engine's CLI, or allow pulls (`PullPolicy::Missing`).",
+    },
     Execution = "SBX_E1301" {
         title: "Command failed",
         meaning: "`ExecResult::raise_for_status` found a non-zero exit code.",
