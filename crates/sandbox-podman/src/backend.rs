@@ -49,6 +49,7 @@ fn layer_config(config: &PodmanConfig) -> ContainerConfig {
     ContainerConfig::new(config.default_template.clone())
         .startup_sweep(config.startup_sweep)
         .call_timeout(config.call_timeout)
+        .create_timeout(config.create_timeout)
 }
 
 impl PodmanBackend {

@@ -146,6 +146,7 @@ pub struct PodmanConfig {
     pub(crate) options: PodmanOptions,
     pub(crate) startup_sweep: bool,
     pub(crate) call_timeout: Duration,
+    pub(crate) create_timeout: Duration,
 }
 
 /// How long one engine call may take before it fails with a timeout (a wedged engine must
@@ -165,6 +166,7 @@ impl Default for PodmanConfig {
             options: PodmanOptions::default(),
             startup_sweep: true,
             call_timeout: DEFAULT_CALL_TIMEOUT,
+            create_timeout: sandbox_container::DEFAULT_CREATE_TIMEOUT,
         }
     }
 }
@@ -179,6 +181,7 @@ impl fmt::Debug for PodmanConfig {
             .field("options", &self.options)
             .field("startup_sweep", &self.startup_sweep)
             .field("call_timeout", &self.call_timeout)
+            .field("create_timeout", &self.create_timeout)
             .finish()
     }
 }
@@ -264,6 +267,14 @@ impl PodmanConfig {
     /// body may stall this long between chunks. Zero is raised to one millisecond.
     pub fn call_timeout(mut self, limit: Duration) -> Self {
         self.call_timeout = limit.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Bound of a whole `create` (default
+    /// [`DEFAULT_CREATE_TIMEOUT`](sandbox_container::DEFAULT_CREATE_TIMEOUT);
+    /// `CreateTimeout`, SBX_E1203, past it; at least 1 s).
+    pub fn create_timeout(mut self, limit: Duration) -> Self {
+        self.create_timeout = limit;
         self
     }
 
