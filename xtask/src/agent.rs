@@ -1,9 +1,17 @@
-//! `cargo xtask agent`: builds the static in-sandbox agent (`sandbox-agent`) for
+//! `cargo xtask agent [--check]`: builds the static in-sandbox agent (`sandbox-agent`) for
 //! x86_64 Linux, checks that it really is static (no ELF interpreter, so it runs in any
-//! image, busybox and distroless included) and reports where it is and its size.
+//! image, busybox and distroless included), and copies it to
+//! `crates/sandbox-agent/prebuilt/x86_64/sandbox-agent`, the bytes the library embeds.
+//! `--check` rebuilds and fails when the committed binary differs from its source.
 //!
 //! It builds into its own target directory: the static-CRT flag changes every crate's
 //! fingerprint, and sharing `target/` would rebuild the workspace's host artifacts.
+//!
+//! The build is reproducible so that the check can compare bytes: paths are remapped
+//! (the checkout and the cargo home would otherwise be embedded in panic locations),
+//! one codegen unit, fat LTO, stripped, `--locked`; nothing embeds a time. The toolchain
+//! is part of the input: a different rustc produces different bytes, and the check says
+//! which rustc it used.
 
 use std::path::{Path, PathBuf};
 
@@ -21,10 +29,71 @@ pub fn artifact(root: &Path) -> PathBuf {
         .join("release/sandbox-agent")
 }
 
-pub fn run() -> Result<()> {
+/// The committed binary, relative to the workspace root.
+pub const PREBUILT: &str = "crates/sandbox-agent/prebuilt/x86_64/sandbox-agent";
+
+/// Builds the agent; with `check`, compares it with the committed binary instead of
+/// replacing it.
+pub fn run(check: bool) -> Result<()> {
     let root = workspace_root();
+    let bytes = build(&root)?;
+    let prebuilt = root.join(PREBUILT);
+    if check {
+        let committed =
+            std::fs::read(&prebuilt).with_context(|| format!("reading {}", prebuilt.display()))?;
+        if committed != bytes {
+            bail!(
+                "{} ({} bytes) differs from a fresh build of its source ({} bytes, {}): \
+                 run `cargo xtask agent` and commit the result",
+                prebuilt.display(),
+                committed.len(),
+                bytes.len(),
+                rustc_version()
+            );
+        }
+        println!(
+            "sandbox-agent: {} matches its source ({} bytes, {})",
+            prebuilt.display(),
+            bytes.len(),
+            rustc_version()
+        );
+        return Ok(());
+    }
+    if let Some(dir) = prebuilt.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(&prebuilt, &bytes).with_context(|| format!("writing {}", prebuilt.display()))?;
+    println!("sandbox-agent: copied to {}", prebuilt.display());
+    Ok(())
+}
+
+fn rustc_version() -> String {
+    process::stdout_of(std::process::Command::new("rustc").arg("--version"))
+        .unwrap_or_else(|_| "rustc version unknown".into())
+}
+
+/// `$CARGO_HOME`, else `~/.cargo`: where registry sources live (remapped away).
+fn cargo_home() -> Option<PathBuf> {
+    std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+}
+
+/// The reproducible rustflags: static CRT, and every host-specific path remapped.
+fn rustflags(root: &Path) -> String {
+    let mut flags = vec![
+        "-C target-feature=+crt-static".to_string(),
+        format!("--remap-path-prefix={}=/sandbox-rs", root.display()),
+    ];
+    if let Some(home) = cargo_home() {
+        flags.push(format!("--remap-path-prefix={}=/cargo", home.display()));
+    }
+    flags.join(" ")
+}
+
+fn build(root: &Path) -> Result<Vec<u8>> {
     let mut cmd = process::cargo();
-    cmd.current_dir(&root)
+    cmd.current_dir(root)
         .args([
             "build",
             "--release",
@@ -45,9 +114,12 @@ pub fn run() -> Result<()> {
         .args(["--config", "profile.release.lto=true"])
         .args(["--config", "profile.release.codegen-units=1"])
         .args(["--config", "profile.release.opt-level=\"s\""])
-        .env("RUSTFLAGS", "-C target-feature=+crt-static");
+        .args(["--config", "profile.release.debug=false"])
+        .args(["--config", "profile.release.incremental=false"])
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .env("RUSTFLAGS", rustflags(root));
     process::run(&mut cmd)?;
-    let bin = artifact(&root);
+    let bin = artifact(root);
     let bytes = std::fs::read(&bin).with_context(|| format!("reading {}", bin.display()))?;
     if has_interpreter(&bytes)? {
         bail!(
@@ -61,7 +133,7 @@ pub fn run() -> Result<()> {
         bytes.len(),
         bytes.len() as f64 / (1024.0 * 1024.0)
     );
-    Ok(())
+    Ok(bytes)
 }
 
 fn workspace_root() -> PathBuf {

@@ -47,6 +47,8 @@ const CARGO_CHECKS: &[(&str, &[&str])] = &[
         "docker without tls",
         &["check", "-p", "sandbox-rs-docker", "--all-targets"],
     ),
+    // The agent binary the library embeds, rebuilt and compared byte for byte.
+    ("agent --check", &["xtask", "agent", "--check"]),
 ];
 
 /// fmt, clippy, the feature configurations, the full test command, the docs drift check,

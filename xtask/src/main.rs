@@ -47,8 +47,9 @@ commands:
   docs [--check]             regenerate docs/errors/ (--check: fail on drift)
   ci                         everything CI checks: fmt, clippy, test, docs --check
   demo                       the end-to-end demo
-  agent                      build the static in-sandbox agent into target/agent/ and
-                             report its size (see docs/agent.md)
+  agent [--check]            build the static in-sandbox agent and copy it to
+                             crates/sandbox-agent/prebuilt/ (--check: fail when the
+                             committed binary differs from its source; docs/agent.md)
   bench [-- <args>...]       benchmarks: sandbox-rs vs raw engine crates vs engine CLIs on
                              docker, podman and fake; regenerates docs/benchmarks.md
                              (args go to sandbox-bench, e.g. `-- --runs 10 --backend docker`)
@@ -69,7 +70,7 @@ enum Command {
     Docs { check: bool },
     Ci,
     Demo,
-    Agent,
+    Agent { check: bool },
     Bench(Vec<String>),
     Teardown,
     Help,
@@ -97,7 +98,7 @@ fn dispatch(command: Command) -> Result<()> {
         Command::Docs { check } => docs::run(check),
         Command::Ci => ci::run(),
         Command::Demo => demo::run(),
-        Command::Agent => agent::run(),
+        Command::Agent { check } => agent::run(check),
         Command::Bench(passthrough) => bench::run(&passthrough),
         Command::Teardown => teardown::run(),
         Command::Help => {
@@ -141,7 +142,8 @@ fn parse(args: &[String]) -> Result<Command> {
         ("docs", ["--check"]) => Command::Docs { check: true },
         ("ci", []) => Command::Ci,
         ("demo", []) => Command::Demo,
-        ("agent", []) => Command::Agent,
+        ("agent", []) => Command::Agent { check: false },
+        ("agent", ["--check"]) => Command::Agent { check: true },
         ("bench", []) => Command::Bench(passthrough),
         ("teardown", []) => Command::Teardown,
         (name, []) => bail!("unknown command {name:?}\n\n{USAGE}"),
