@@ -66,6 +66,9 @@ pub struct ContainerConfig {
     pub max_contexts: usize,
     /// Most ingress connections forwarded at once per sandbox.
     pub max_ingress_connections: usize,
+    /// Receives the progress of the image pulls `create` waits for (they are also
+    /// `tracing` events, target [`PULL_TARGET`](crate::image::PULL_TARGET)).
+    pub pull_progress: Option<crate::image::PullProgressHook>,
 }
 
 impl ContainerConfig {
@@ -79,7 +82,14 @@ impl ContainerConfig {
             read_cap: DEFAULT_READ_CAP,
             max_contexts: DEFAULT_MAX_CONTEXTS,
             max_ingress_connections: DEFAULT_MAX_INGRESS_CONNECTIONS,
+            pull_progress: None,
         }
+    }
+
+    /// Sends the progress of every image pull `create` waits for to `hook`.
+    pub fn on_pull_progress(mut self, hook: crate::image::PullProgressHook) -> Self {
+        self.pull_progress = Some(hook);
+        self
     }
 
     /// Enables or disables the startup sweep.
@@ -245,6 +255,15 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         refuse_duplicate_ports(&options.network.ingress_ports)?;
         let spec = self.spec(&options, resources);
         self.engine.check_spec(&spec).map_err(error::refused_spec)?;
+        // Before the create bound: a first pull may take minutes (it has its own bound).
+        crate::image::ensure(
+            &self.engine,
+            &spec.image,
+            options.pull,
+            self.config.pull_progress.as_ref(),
+            self.config.call_timeout,
+        )
+        .await?;
         let limit = self.config.create_timeout;
         match tokio::time::timeout(limit, self.provision(spec, &options, tier)).await {
             Ok(r) => r,

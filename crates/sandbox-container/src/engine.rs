@@ -39,6 +39,8 @@ pub enum EngineErrorKind {
     Timeout,
     /// The engine refused the request as invalid (bad create body, unknown runtime…).
     InvalidRequest,
+    /// A registry refused the pull's credentials, or demanded some and got none.
+    Unauthorized,
     /// Anything else; the message and source say what.
     Other,
 }
@@ -377,6 +379,35 @@ pub trait ContainerEngine: Send + Sync + fmt::Debug + 'static {
     /// Metadata of `path` in the container without an exec (`NotFound` when missing; a
     /// missing container is `NotFound` too, the container layer tells them apart).
     async fn stat_path(&self, id: &str, path: &str) -> EngineResult<PathStat>;
+
+    /// Where this engine's own CLI reads registry credentials from; the container layer
+    /// looks the image's registry up there and hands the result to [`Self::pull`].
+    fn credential_store(&self) -> crate::image::CredentialStore {
+        crate::image::CredentialStore::Docker
+    }
+    /// Whether the engine holds `image`. The default says yes: an engine that cannot pull
+    /// keeps failing `create` with "image not found", as before pulls existed.
+    async fn image_exists(&self, image: &str) -> EngineResult<bool> {
+        let _ = image;
+        Ok(true)
+    }
+    /// Pulls `image` from its registry with `auth` (when credentials were found for the
+    /// registry), reporting each engine progress message through `progress`. A registry
+    /// that refuses or demands credentials is [`EngineErrorKind::Unauthorized`]; an image
+    /// or tag the registry does not have is [`EngineErrorKind::NotFound`]. Single-flight
+    /// and the pull policy are the container layer's: this is one engine request.
+    async fn pull(
+        &self,
+        image: &str,
+        auth: Option<&crate::image::RegistryAuth>,
+        progress: &(dyn Fn(crate::image::PullProgress) + Send + Sync),
+    ) -> EngineResult<()> {
+        let _ = (auth, progress);
+        Err(EngineError::new(
+            EngineErrorKind::InvalidRequest,
+            format!("the {} engine adapter cannot pull `{image}`", self.backend()),
+        ))
+    }
 
     /// Health check.
     async fn ping(&self) -> EngineResult<()>;

@@ -5,11 +5,13 @@
 mod archive;
 mod backend;
 pub mod discovery;
+pub mod egress;
 pub mod engine;
 mod error;
 mod exec;
 mod files;
 mod forward;
+pub mod image;
 mod ingress;
 mod interpreter;
 mod kill;
@@ -31,6 +33,7 @@ pub use engine::{
     EngineResult, ExecInput, ExecRequest, ExecState, ExecStream, NetworkMode, PathStat,
 };
 pub use exec::EXEC_TOKEN_ENV;
+pub use image::{CredentialStore, ImageRef, PullProgress, PullProgressHook, RegistryAuth};
 pub use files::{LS_SCRIPT, MKDIR_SCRIPT, REMOVE_SCRIPT};
 pub use interpreter::DRIVER;
 pub use kill::KILL_SCRIPT;
