@@ -574,6 +574,44 @@ impl RemoteProcess {
     pub async fn kill(&self) -> Result<()> {
         self.req.send_control(&Request::Kill).await
     }
+
+    /// A handle that kills this process from elsewhere (a timeout, a teardown) while
+    /// another task reads its events.
+    pub fn kill_handle(&self) -> KillHandle {
+        KillHandle {
+            shared: self.req.shared.clone(),
+            id: self.req.id,
+        }
+    }
+}
+
+/// Kills one process from anywhere; see [`RemoteProcess::kill_handle`].
+#[derive(Clone)]
+pub struct KillHandle {
+    shared: Arc<Shared>,
+    id: u32,
+}
+
+impl std::fmt::Debug for KillHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KillHandle").field("id", &self.id).finish()
+    }
+}
+
+impl KillHandle {
+    /// Sends the kill. The agent handles frames in order, so anything sent after this
+    /// returns (a next spawn) runs after the kill; `SandboxGone` when the agent is gone.
+    pub async fn kill(&self) -> Result<()> {
+        let gone = || SandboxError::gone(self.shared.sandbox.clone());
+        if *self.shared.gone.borrow() {
+            return Err(gone());
+        }
+        self.shared
+            .out
+            .send(Frame::control(self.id, &Request::Kill))
+            .await
+            .map_err(|_| gone())
+    }
 }
 
 /// Feeds one process's stdin.

@@ -436,3 +436,50 @@ fn tempfile_dir() -> std::path::PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     d
 }
+
+/// A kill handle ends a process while another task is blocked reading its events.
+#[tokio::test]
+async fn kill_handle_ends_a_process_read_elsewhere() {
+    let a = agent(60).await;
+    let mut p = a.client.spawn(spec(&["sleep", "30"])).await.unwrap();
+    let k = p.kill_handle();
+    let reader = tokio::spawn(async move {
+        loop {
+            match p.next_event().await {
+                Ok(Some(ProcessEvent::Exit(st))) => return st,
+                Ok(Some(_)) => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let t = Instant::now();
+    k.kill().await.unwrap();
+    let st = tokio::time::timeout(Duration::from_secs(5), reader)
+        .await
+        .expect("the exit arrives")
+        .unwrap();
+    assert_eq!(st.signal, Some(9), "{st:?}");
+    assert!(t.elapsed() < Duration::from_secs(5));
+    drop(a.child);
+}
+
+/// The bytes the library embeds are the static agent for x86_64 (an ELF executable
+/// without an interpreter), so a container needs nothing else to run it.
+#[test]
+fn the_embedded_agent_is_a_static_x86_64_elf() {
+    let Some(bin) = sandbox_agent::prebuilt() else {
+        return;
+    };
+    assert_eq!(&bin[..4], b"\x7fELF");
+    assert_eq!(bin[4], 2, "64-bit");
+    assert_eq!(u16::from_le_bytes([bin[18], bin[19]]), 62, "EM_X86_64");
+    let phoff = u64::from_le_bytes(bin[0x20..0x28].try_into().unwrap()) as usize;
+    let phentsize = u16::from_le_bytes([bin[0x36], bin[0x37]]) as usize;
+    let phnum = u16::from_le_bytes([bin[0x38], bin[0x39]]) as usize;
+    let interp = (0..phnum).any(|i| {
+        let off = phoff + i * phentsize;
+        u32::from_le_bytes(bin[off..off + 4].try_into().unwrap()) == 3
+    });
+    assert!(!interp, "the embedded agent has an ELF interpreter");
+}
