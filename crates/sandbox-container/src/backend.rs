@@ -245,6 +245,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             resources,
             network,
             lifetime,
+            attach_stdin: false,
         }
     }
 

@@ -142,6 +142,12 @@ pub struct ContainerSpec {
     pub network: NetworkMode,
     /// The sandbox lifetime (the deadline is `now + lifetime`).
     pub lifetime: Duration,
+    /// The main process is the in-sandbox agent, whose channel is its stdin and stdout
+    /// ([`ContainerEngine::attach`]): keep its stdin open across attaches (`OpenStdin` on,
+    /// `StdinOnce` off, no TTY), and do not log its output — it is the channel, not a log,
+    /// and a log driver would copy every byte of every command's output to the engine's
+    /// disk.
+    pub attach_stdin: bool,
 }
 
 impl ContainerSpec {
@@ -166,6 +172,7 @@ impl ContainerSpec {
             resources,
             network: NetworkMode::None,
             lifetime,
+            attach_stdin: false,
         }
     }
 }
@@ -213,6 +220,14 @@ impl fmt::Debug for ExecRequest {
 
 /// Stdin of a started exec.
 pub type ExecInput = Pin<Box<dyn tokio::io::AsyncWrite + Send>>;
+
+/// The attached stdio of a container's main process (the in-sandbox agent's channel).
+pub struct AttachStream {
+    /// The main process's stdout and stderr, demultiplexed, in order per stream.
+    pub output: BoxStream<'static, EngineResult<OutputChunk>>,
+    /// The main process's stdin.
+    pub input: ExecInput,
+}
 
 /// A started exec: its engine id, demultiplexed output and (when requested) stdin.
 pub struct ExecStream {
@@ -369,6 +384,17 @@ pub trait ContainerEngine: Send + Sync + fmt::Debug + 'static {
 
     /// Creates and starts an exec with attached output (and stdin when asked).
     async fn exec(&self, id: &str, request: ExecRequest) -> EngineResult<ExecStream>;
+    /// Attaches to the stdin, stdout and stderr of the main process of a running
+    /// container created with [`ContainerSpec::attach_stdin`]: live streams only, no
+    /// past output. Default: not supported, and the container layer keeps to the exec
+    /// path.
+    async fn attach(&self, id: &str) -> EngineResult<AttachStream> {
+        let _ = id;
+        Err(EngineError::new(
+            EngineErrorKind::InvalidRequest,
+            format!("the {} engine cannot attach to a container", self.backend()),
+        ))
+    }
     /// The state of an exec.
     async fn exec_state(&self, exec_id: &str) -> EngineResult<ExecState>;
 

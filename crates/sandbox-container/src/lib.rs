@@ -29,7 +29,7 @@ pub use backend::{
     NAME_PREFIX, SWEEP_PAST_DEADLINE,
 };
 pub use engine::{
-    ArchiveBody, ContainerEngine, ContainerInfo, ContainerSpec, EngineError, EngineErrorKind,
+    ArchiveBody, AttachStream, ContainerEngine, ContainerInfo, ContainerSpec, EngineError, EngineErrorKind,
     EngineResult, ExecInput, ExecRequest, ExecState, ExecStream, NetworkMode, PathStat,
 };
 pub use exec::EXEC_TOKEN_ENV;
