@@ -10,7 +10,7 @@ use sandbox_core::labels::{
 };
 use sandbox_core::teardown::{Killer, OrphanInfo, TeardownGuard};
 use sandbox_core::{
-    Backend, Capability, CreateOptions, Egress, EngineReport, IsolationTier, ManagedSandbox,
+    Backend, Capability, CreateOptions, EngineReport, IsolationTier, ManagedSandbox,
     ReapableBackend, Result, Sandbox, SandboxError, async_trait,
 };
 
@@ -174,7 +174,13 @@ impl<E: ContainerEngine> ContainerBackend<E> {
     fn caps(&self) -> Capability {
         // GPU is the engine's alone (devices in its create body, e.g. Podman's CDI names):
         // passed through when the engine declares it.
-        (LAYER_CAPABILITIES | Capability::GPU) & self.engine.capabilities()
+        let mut caps = (LAYER_CAPABILITIES | Capability::GPU | Capability::EGRESS_ALLOWLIST)
+            & self.engine.capabilities();
+        // Declared only where the rules can really be loaded (see egress/mod.rs).
+        if !crate::egress::allowlist_available(&*self.engine) {
+            caps.remove(Capability::EGRESS_ALLOWLIST);
+        }
+        caps
     }
 
     async fn call<T>(
@@ -212,6 +218,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         &self,
         options: &CreateOptions,
         resources: sandbox_core::EffectiveResources,
+        egress_net: Option<&crate::engine::NetworkInfo>,
     ) -> ContainerSpec {
         let image = options
             .template
@@ -219,13 +226,8 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             .unwrap_or_else(|| self.config.default_template.clone());
         let lifetime = options.timeout;
         let deadline = sandbox_core::labels::unix_now() + lifetime_secs(lifetime);
-        let network = match options.network.egress {
-            Egress::Deny => NetworkMode::None,
-            // AllowList is refused by check_create (EGRESS_ALLOWLIST is not declared).
-            _ => NetworkMode::Bridge {
-                publish: options.network.ingress_ports.clone(),
-            },
-        };
+        // Allow and AllowList run on the library's network (egress/mod.rs).
+        let network = crate::egress::network_mode(&options.network, egress_net);
         ContainerSpec {
             name: container_name(),
             image,
@@ -254,7 +256,14 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         let tier = self.engine.tier();
         let resources = sandbox_core::policy::check_create(backend, self.caps(), tier, &options)?;
         refuse_duplicate_ports(&options.network.ingress_ports)?;
-        let spec = self.spec(&options, resources);
+        // The library network is ensured before the spec is checked, so a refusal still
+        // provisions no container (a network is not a sandbox; the sweep removes it).
+        let egress_net = if crate::egress::needs_network(&options.network) {
+            Some(crate::egress::ensure_network(&*self.engine).await?)
+        } else {
+            None
+        };
+        let spec = self.spec(&options, resources, egress_net.as_ref());
         self.engine.check_spec(&spec).map_err(error::refused_spec)?;
         // Before the create bound: a first pull may take minutes (it has its own bound).
         crate::image::ensure(
@@ -266,7 +275,8 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         )
         .await?;
         let limit = self.config.create_timeout;
-        match tokio::time::timeout(limit, self.provision(spec, &options, tier)).await {
+        let provision = self.provision(spec, &options, tier, egress_net.as_ref());
+        match tokio::time::timeout(limit, provision).await {
             Ok(r) => r,
             // Dropping `provision` dropped its armed guard: the container is removed in
             // the background.
@@ -279,6 +289,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         spec: ContainerSpec,
         options: &CreateOptions,
         tier: IsolationTier,
+        egress_net: Option<&crate::engine::NetworkInfo>,
     ) -> Result<ContainerSandbox<E>> {
         let eng = &*self.engine;
         let backend = eng.backend();
@@ -318,6 +329,13 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             let err = create_err("start container", e);
             let _ = guard.kill_now().await;
             return Err(err);
+        }
+        // Egress rules before anything of the user's runs; a failure removes the container.
+        if let Some(net) = egress_net
+            && let Err(e) = crate::egress::apply(eng, &id, &options.network, net).await
+        {
+            let _ = guard.kill_now().await;
+            return Err(e);
         }
         let shared = Arc::new(Shared {
             engine: self.engine.clone(),

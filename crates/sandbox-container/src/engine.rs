@@ -109,6 +109,100 @@ pub enum NetworkMode {
         /// Container ports to publish on 127.0.0.1.
         publish: Vec<u16>,
     },
+    /// The library's own network (created with [`ContainerEngine::ensure_network`]:
+    /// labelled, inter-container traffic off), with `dns` as the container's name servers
+    /// and `publish` ports published on the host's loopback. Used for egress `Allow` and
+    /// `AllowList`; the egress rules are loaded into the container's namespace after start.
+    Isolated {
+        /// The network's name.
+        network: String,
+        /// Container ports to publish on 127.0.0.1.
+        publish: Vec<u16>,
+        /// Name servers written into the container's resolver configuration.
+        dns: Vec<std::net::IpAddr>,
+    },
+}
+
+impl NetworkMode {
+    /// The ports to publish on the host's loopback (none without a network).
+    pub fn published(&self) -> &[u16] {
+        match self {
+            NetworkMode::None => &[],
+            NetworkMode::Bridge { publish } | NetworkMode::Isolated { publish, .. } => publish,
+        }
+    }
+}
+
+/// A network the container layer asks the engine for (see [`ContainerEngine::ensure_network`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NetworkSpec {
+    /// The network's name.
+    pub name: String,
+    /// Labels, including `io.sandbox-rs.managed=true` and the backend.
+    pub labels: BTreeMap<String, String>,
+}
+
+impl NetworkSpec {
+    /// A spec named `name` with `labels`.
+    pub fn new(name: impl Into<String>, labels: BTreeMap<String, String>) -> Self {
+        NetworkSpec {
+            name: name.into(),
+            labels,
+        }
+    }
+}
+
+/// One subnet of a network: its address range and the host's address on it (the gateway).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Subnet {
+    /// The network address.
+    pub addr: std::net::IpAddr,
+    /// Prefix length.
+    pub prefix: u8,
+    /// The gateway (the host's address on the bridge), when the engine reports one.
+    pub gateway: Option<std::net::IpAddr>,
+}
+
+impl Subnet {
+    /// A subnet; `None` when `cidr` is not `addr/prefix`.
+    pub fn parse(cidr: &str, gateway: Option<&str>) -> Option<Subnet> {
+        let (a, p) = cidr.split_once('/')?;
+        let addr: std::net::IpAddr = a.parse().ok()?;
+        let prefix: u8 = p.parse().ok()?;
+        if prefix > if addr.is_ipv4() { 32 } else { 128 } {
+            return None;
+        }
+        Some(Subnet {
+            addr,
+            prefix,
+            gateway: gateway.and_then(|g| g.split('/').next()?.parse().ok()),
+        })
+    }
+}
+
+/// What the engine reports about one network.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NetworkInfo {
+    /// The network's name.
+    pub name: String,
+    /// Its subnets (IPv4 and IPv6).
+    pub subnets: Vec<Subnet>,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+impl NetworkInfo {
+    /// A record.
+    pub fn new(name: impl Into<String>, subnets: Vec<Subnet>, labels: BTreeMap<String, String>) -> Self {
+        NetworkInfo {
+            name: name.into(),
+            subnets,
+            labels,
+        }
+    }
 }
 
 /// Everything the container layer asks the engine to create. The adapter translates it into
@@ -278,6 +372,11 @@ pub struct ContainerInfo {
     pub workdir: Option<String>,
     /// Published container port → host address.
     pub published: BTreeMap<u16, SocketAddr>,
+    /// The host pid of the container's first process (`State.Pid`), while it runs: its
+    /// network namespace is the sandbox's.
+    pub pid: Option<u32>,
+    /// The container's addresses on its networks.
+    pub addresses: Vec<std::net::IpAddr>,
 }
 
 impl ContainerInfo {
@@ -297,6 +396,8 @@ impl ContainerInfo {
             image: String::new(),
             workdir: None,
             published: BTreeMap::new(),
+            pid: None,
+            addresses: Vec::new(),
         }
     }
 
@@ -405,6 +506,38 @@ pub trait ContainerEngine: Send + Sync + fmt::Debug + 'static {
     /// Metadata of `path` in the container without an exec (`NotFound` when missing; a
     /// missing container is `NotFound` too, the container layer tells them apart).
     async fn stat_path(&self, id: &str, path: &str) -> EngineResult<PathStat>;
+
+    /// Whether the engine runs on this machine (a local unix socket), so the container
+    /// layer can enter a container's network namespace through `/proc/<pid>/ns/net` to load
+    /// egress rules. Default `false`: egress `AllowList` is then not declared.
+    fn is_local(&self) -> bool {
+        false
+    }
+    /// Whether egress rules loaded into a container's network namespace govern its
+    /// traffic (false for a user-space network stack such as gVisor's netstack, whose
+    /// packets bypass the namespace's netfilter hooks). Default `true`.
+    fn netfilter_applies(&self) -> bool {
+        true
+    }
+    /// Creates the network `spec` describes unless it exists (bridge, inter-container
+    /// traffic off, labelled), and reports it. Default: not supported.
+    async fn ensure_network(&self, spec: &NetworkSpec) -> EngineResult<NetworkInfo> {
+        Err(EngineError::new(
+            EngineErrorKind::InvalidRequest,
+            format!("this engine cannot create the network {}", spec.name),
+        ))
+    }
+    /// Every network the engine has (their subnets are other sandboxes' and the host's
+    /// bridge addresses, blocked from egress). Default: none known.
+    async fn networks(&self) -> EngineResult<Vec<NetworkInfo>> {
+        Ok(Vec::new())
+    }
+    /// Removes a network; `Ok(false)` when it did not exist; `Conflict` while containers
+    /// use it. Default: nothing to remove.
+    async fn remove_network(&self, name: &str) -> EngineResult<bool> {
+        let _ = name;
+        Ok(false)
+    }
 
     /// Where this engine's own CLI reads registry credentials from; the container layer
     /// looks the image's registry up there and hands the result to [`Self::pull`].

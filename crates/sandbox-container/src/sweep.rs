@@ -51,6 +51,7 @@ pub(crate) async fn sweep<E: ContainerEngine>(b: &ContainerBackend<E>) -> usize 
     let backend = b.engine().backend();
     let now = sandbox_core::labels::unix_now();
     let mut removed = 0;
+    let listed = list.len();
     for c in list {
         let Some(reason) = verdict(&c, backend, now) else {
             continue;
@@ -62,6 +63,11 @@ pub(crate) async fn sweep<E: ContainerEngine>(b: &ContainerBackend<E>) -> usize 
             }
             Err(e) => tracing::warn!(sandbox_id = %c.id, error = %e, "startup sweep failed"),
         }
+    }
+    // The egress network goes once no managed container is left (the engine refuses
+    // while any container uses it, so a concurrent create elsewhere keeps it).
+    if removed == listed && crate::egress::remove_network_if_unused(&**b.engine()).await {
+        tracing::info!("startup sweep removed the egress network");
     }
     removed
 }

@@ -234,7 +234,36 @@ impl ContainerEngine for DockerEngine {
     }
 
     fn capabilities(&self) -> Capability {
-        LAYER_CAPABILITIES
+        // The container layer declares the allowlist only where it can load the rules.
+        if self.runtime_forces_no_network {
+            LAYER_CAPABILITIES
+        } else {
+            LAYER_CAPABILITIES | Capability::EGRESS_ALLOWLIST
+        }
+    }
+
+    fn is_local(&self) -> bool {
+        self.config.endpoint().starts_with("unix://")
+    }
+
+    fn netfilter_applies(&self) -> bool {
+        // gVisor's netstack sends through a packet socket, past the namespace's hooks.
+        self.config.runtime != Runtime::Runsc
+    }
+
+    async fn ensure_network(
+        &self,
+        spec: &sandbox_container::engine::NetworkSpec,
+    ) -> EngineResult<sandbox_container::engine::NetworkInfo> {
+        policy::ensure_network(&self.client, spec).await
+    }
+
+    async fn networks(&self) -> EngineResult<Vec<sandbox_container::engine::NetworkInfo>> {
+        policy::networks(&self.client).await
+    }
+
+    async fn remove_network(&self, name: &str) -> EngineResult<bool> {
+        policy::remove_network(&self.client, name).await
     }
 
     fn endpoint(&self) -> &str {
@@ -282,6 +311,11 @@ impl ContainerEngine for DockerEngine {
         let config = c.config.unwrap_or_default();
         let labels: BTreeMap<String, String> =
             config.labels.unwrap_or_default().into_iter().collect();
+        let pid = c
+            .state
+            .as_ref()
+            .and_then(|s| s.pid)
+            .and_then(|p| u32::try_from(p).ok());
         let state = state_of(c.state.and_then(|s| s.status));
         let name = c
             .name
@@ -293,6 +327,8 @@ impl ContainerEngine for DockerEngine {
         info.created_at = c.created.as_deref().and_then(parse_rfc3339);
         info.image = config.image.unwrap_or_default();
         info.workdir = config.working_dir.filter(|w| !w.is_empty());
+        info.pid = pid.filter(|p| *p > 0);
+        info.addresses = policy::container_addresses(c.network_settings.as_ref());
         info.published = published_ports(c.network_settings.and_then(|n| n.ports));
         Ok(info)
     }

@@ -6,13 +6,24 @@
 //! Docker's init as PID 1, network `none` unless the spec asks for a network, ports
 //! published on loopback only, and `auto_remove`, so the container is deleted when its
 //! main process (the lifetime backstop) ends.
+//!
+//! Egress `Allow`/`AllowList` sandboxes run on the library's network (a bridge with
+//! `com.docker.network.bridge.enable_icc=false`: no traffic between its containers), with
+//! the network's gateway as their DNS server; the container layer loads the egress rules.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
 
-use bollard::models::{ContainerCreateBody, HostConfig, PortBinding};
-use sandbox_container::{
-    ContainerSpec, EngineError, EngineErrorKind, LABEL_RUNTIME, NetworkMode, Runtime,
+use bollard::Docker;
+use bollard::models::{
+    ContainerCreateBody, HostConfig, Ipam, NetworkCreateRequest, NetworkSettings, PortBinding,
 };
+use sandbox_container::engine::{NetworkInfo, NetworkSpec, Subnet};
+use sandbox_container::{
+    ContainerSpec, EngineError, EngineErrorKind, EngineResult, LABEL_RUNTIME, NetworkMode, Runtime,
+};
+
+use crate::error::during;
 
 /// Refuses what Docker cannot enforce for `spec`, before anything is provisioned.
 pub(crate) fn refuse_unenforceable(
@@ -25,6 +36,18 @@ pub(crate) fn refuse_unenforceable(
             EngineErrorKind::InvalidRequest,
             "resources.disk_mb cannot be enforced by the Docker backend (overlay2 has no \
              per-container quota without xfs project quotas); leave it unset for Docker",
+        ));
+    }
+    if !matches!(
+        spec.network,
+        NetworkMode::None | NetworkMode::Bridge { .. } | NetworkMode::Isolated { .. }
+    ) {
+        return Err(EngineError::new(
+            EngineErrorKind::InvalidRequest,
+            format!(
+                "network mode {:?} is not supported by the Docker adapter",
+                spec.network
+            ),
         ));
     }
     if runtime_forces_no_network && spec.network != NetworkMode::None {
@@ -45,10 +68,7 @@ pub(crate) fn refuse_unenforceable(
 pub(crate) fn create_body(spec: &ContainerSpec, runtime: Runtime) -> ContainerCreateBody {
     let mut labels: HashMap<String, String> = spec.labels.clone().into_iter().collect();
     labels.insert(LABEL_RUNTIME.into(), runtime.as_str().into());
-    let publish: &[u16] = match &spec.network {
-        NetworkMode::Bridge { publish } => publish,
-        _ => &[],
-    };
+    let publish: &[u16] = spec.network.published();
     let exposed: Vec<String> = publish.iter().map(|p| format!("{p}/tcp")).collect();
     ContainerCreateBody {
         image: Some(spec.image.clone()),
@@ -73,9 +93,15 @@ fn host_config(spec: &ContainerSpec, runtime: Runtime, publish: &[u16]) -> HostC
     let memory = i64::try_from(r.memory_mb)
         .unwrap_or(i64::MAX)
         .saturating_mul(1024 * 1024);
-    let network_mode = match spec.network {
-        NetworkMode::None => "none",
-        _ => "bridge",
+    // Every mode is named: a new one must be handled here, never fall back to a bridge.
+    let (network_mode, dns) = match &spec.network {
+        NetworkMode::None => ("none".to_string(), None),
+        NetworkMode::Bridge { .. } => ("bridge".to_string(), None),
+        NetworkMode::Isolated { network, dns, .. } => (
+            network.clone(),
+            Some(dns.iter().map(IpAddr::to_string).collect::<Vec<_>>()),
+        ),
+        other => unreachable_mode(other),
     };
     let port_bindings = (!publish.is_empty()).then(|| {
         publish
@@ -94,7 +120,8 @@ fn host_config(spec: &ContainerSpec, runtime: Runtime, publish: &[u16]) -> HostC
             .collect()
     });
     HostConfig {
-        network_mode: Some(network_mode.into()),
+        network_mode: Some(network_mode),
+        dns,
         port_bindings,
         cap_drop: Some(vec!["ALL".into()]),
         cap_add: Some(vec![]),
@@ -110,6 +137,168 @@ fn host_config(spec: &ContainerSpec, runtime: Runtime, publish: &[u16]) -> HostC
         publish_all_ports: Some(false),
         ..Default::default()
     }
+}
+
+/// A mode this adapter does not know is refused by `refuse_unenforceable` before the body
+/// is built; should one get here anyway, it gets no network rather than a wrong one.
+fn unreachable_mode(mode: &NetworkMode) -> (String, Option<Vec<String>>) {
+    tracing::error!(?mode, "network mode without a Docker mapping; using none");
+    ("none".to_string(), None)
+}
+
+/// The egress network's create request: a bridge without inter-container traffic.
+pub(crate) fn network_request(spec: &NetworkSpec) -> NetworkCreateRequest {
+    let mut options = HashMap::new();
+    options.insert(
+        "com.docker.network.bridge.enable_icc".to_string(),
+        "false".to_string(),
+    );
+    NetworkCreateRequest {
+        name: spec.name.clone(),
+        driver: Some("bridge".into()),
+        internal: Some(false),
+        attachable: Some(false),
+        options: Some(options),
+        labels: Some(spec.labels.clone().into_iter().collect()),
+        ..Default::default()
+    }
+}
+
+fn subnets(ipam: Option<&Ipam>) -> Vec<Subnet> {
+    ipam.and_then(|i| i.config.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|c| {
+            let mut s = Subnet::parse(c.subnet.as_deref()?, c.gateway.as_deref())?;
+            // A fresh dockerd's IPAM config can lack the gateway: it is then the subnet's
+            // first host address, which is what dockerd gives the bridge.
+            if s.gateway.is_none()
+                && let IpAddr::V4(a) = s.addr
+            {
+                s.gateway = Some(IpAddr::V4((u32::from(a) + 1).into()));
+            }
+            Some(s)
+        })
+        .collect()
+}
+
+/// Creates the egress network unless it exists; refuses one of that name the library did
+/// not create with inter-container traffic off (it could join sandboxes to a foreign
+/// network).
+pub(crate) async fn ensure_network(
+    client: &Docker,
+    spec: &NetworkSpec,
+) -> EngineResult<NetworkInfo> {
+    for _ in 0..2 {
+        match client.inspect_network(&spec.name, None).await {
+            Ok(n) => {
+                let labels: BTreeMap<String, String> =
+                    n.labels.clone().unwrap_or_default().into_iter().collect();
+                let icc_off = n
+                    .options
+                    .as_ref()
+                    .and_then(|o| o.get("com.docker.network.bridge.enable_icc"))
+                    .is_some_and(|v| v == "false");
+                let ours = spec.labels.iter().all(|(k, v)| labels.get(k) == Some(v));
+                if !ours || !icc_off {
+                    return Err(EngineError::new(
+                        EngineErrorKind::Conflict,
+                        format!(
+                            "a network named {} exists that sandbox-rs did not create                              (inter-container traffic on, or labels missing); remove it with                              `docker network rm {}`",
+                            spec.name, spec.name
+                        ),
+                    ));
+                }
+                let info = NetworkInfo::new(spec.name.clone(), subnets(n.ipam.as_ref()), labels);
+                return Ok(info);
+            }
+            Err(e) => {
+                let e = during("inspect network")(e);
+                if e.kind != EngineErrorKind::NotFound {
+                    return Err(e);
+                }
+            }
+        }
+        match client.create_network(network_request(spec)).await {
+            Ok(_) => {}
+            // Created meanwhile by another process: inspect again.
+            Err(e) => {
+                let e = during("create network")(e);
+                if e.kind != EngineErrorKind::Conflict {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    Err(EngineError::new(
+        EngineErrorKind::Other,
+        format!(
+            "the network {} vanished while it was being created",
+            spec.name
+        ),
+    ))
+}
+
+/// Every network's subnets (the host's bridge addresses and other containers).
+pub(crate) async fn networks(client: &Docker) -> EngineResult<Vec<NetworkInfo>> {
+    let list = client
+        .list_networks(None)
+        .await
+        .map_err(during("list networks"))?;
+    Ok(list
+        .into_iter()
+        .map(|n| {
+            NetworkInfo::new(
+                n.name.clone().unwrap_or_default(),
+                subnets(n.ipam.as_ref()),
+                n.labels.unwrap_or_default().into_iter().collect(),
+            )
+        })
+        .collect())
+}
+
+/// Removes a network: `Ok(false)` when missing, `Conflict` while in use (Docker answers
+/// 403 "has active endpoints").
+pub(crate) async fn remove_network(client: &Docker, name: &str) -> EngineResult<bool> {
+    match client.remove_network(name).await {
+        Ok(()) => Ok(true),
+        Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 403, ..
+        }) => Err(EngineError::new(
+            EngineErrorKind::Conflict,
+            format!("network {name} is in use"),
+        )),
+        Err(e) => {
+            let e = during("remove network")(e);
+            if e.kind == EngineErrorKind::NotFound {
+                Ok(false)
+            } else {
+                Err(e)
+            }
+        }
+    }
+}
+
+/// The container's addresses on all its networks.
+pub(crate) fn container_addresses(settings: Option<&NetworkSettings>) -> Vec<IpAddr> {
+    let mut out = Vec::new();
+    for ep in settings
+        .and_then(|s| s.networks.as_ref())
+        .into_iter()
+        .flat_map(|n| n.values())
+    {
+        for a in [&ep.ip_address, &ep.global_ipv6_address]
+            .into_iter()
+            .flatten()
+        {
+            if let Ok(ip) = a.parse::<IpAddr>()
+                && !out.contains(&ip)
+            {
+                out.push(ip);
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -184,6 +373,34 @@ mod tests {
             "an ephemeral host port"
         );
         assert_eq!(b.exposed_ports, Some(vec!["8080/tcp".to_string()]));
+    }
+
+    #[test]
+    fn isolated_runs_on_the_named_network_with_its_dns() {
+        let mut s = spec(Resources::default());
+        s.network = NetworkMode::Isolated {
+            network: "sbx-egress".into(),
+            publish: vec![8080],
+            dns: vec!["172.30.0.1".parse().unwrap()],
+        };
+        let h = create_body(&s, Runtime::Runc).host_config.unwrap();
+        assert_eq!(h.network_mode.as_deref(), Some("sbx-egress"));
+        assert_eq!(h.dns, Some(vec!["172.30.0.1".to_string()]));
+        assert!(h.port_bindings.unwrap().contains_key("8080/tcp"));
+        assert_eq!(
+            h.cap_drop,
+            Some(vec!["ALL".to_string()]),
+            "NET_ADMIN stays dropped"
+        );
+        let mut labels = BTreeMap::new();
+        labels.insert("io.sandbox-rs.managed".to_string(), "true".to_string());
+        let r = network_request(&NetworkSpec::new("sbx-egress", labels));
+        assert_eq!(
+            r.options.unwrap()["com.docker.network.bridge.enable_icc"],
+            "false",
+            "no traffic between sandboxes"
+        );
+        assert_eq!(r.labels.unwrap()["io.sandbox-rs.managed"], "true");
     }
 
     #[test]

@@ -1,0 +1,410 @@
+//! Egress `AllowList` and `Allow` on container engines, written once for every engine.
+//!
+//! A sandbox with egress `Allow` or `AllowList` runs on the library's own network
+//! ([`NETWORK_NAME`], created by the engine with inter-container traffic off and
+//! labelled). On a local engine, after the container starts and before `create` returns
+//! (nothing of the user's has run yet), the library enters the container's network
+//! namespace from the host (`nsenter --net=/proc/<pid>/ns/net nft -f -`) and loads one
+//! `inet` table (see `nft.rs`): output policy drop; loopback and established traffic
+//! accepted; DNS redirected to the library's resolver (see `resolver.rs`); listed CIDRs
+//! accepted; link-local, cloud metadata and every engine network (the host's bridge
+//! addresses and other sandboxes) rejected; addresses the resolver returned for listed
+//! names accepted; everything else rejected (a fast failure, not a timeout). Under
+//! `Allow` the last step accepts instead. The table is read back and checked; any failure
+//! fails `create` and removes the container. The workload never holds `NET_ADMIN` or
+//! `NET_RAW`, so it cannot change the rules.
+//!
+//! docs/network.md describes the mechanism, its limits and how to verify it.
+
+mod dns;
+mod nft;
+mod resolver;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::{Arc, OnceLock};
+
+use futures::future::BoxFuture;
+use sandbox_core::labels::{LABEL_BACKEND, LABEL_MANAGED};
+use sandbox_core::{Egress, EgressRule, EgressTarget, NetworkPolicy, Result, SandboxError};
+
+use crate::engine::{ContainerEngine, EngineErrorKind, NetworkInfo, NetworkMode, NetworkSpec};
+
+/// Name of the network egress `Allow` and `AllowList` sandboxes run on (one per engine,
+/// shared by every process using the library; inter-container traffic is off on it).
+pub const NETWORK_NAME: &str = "sbx-egress";
+
+/// Label marking a network the library created (value: `egress`).
+pub const LABEL_NETWORK: &str = "io.sandbox-rs.network";
+
+/// Name of the nftables table loaded into each sandbox's network namespace.
+pub const TABLE: &str = nft::TABLE;
+
+/// How the egress resolver turns a name into addresses. The default is the host's
+/// resolver (getaddrinfo: `/etc/hosts` first, then the host's configured DNS), so a name
+/// the user's machine knows is a name an allowlist can grant.
+pub trait Lookup: Send + Sync + 'static {
+    /// The addresses of `name` (lower-case, no trailing dot). An error of kind
+    /// `NotFound` is answered NXDOMAIN.
+    fn lookup<'a>(&'a self, name: &'a str) -> BoxFuture<'a, std::io::Result<Vec<IpAddr>>>;
+}
+
+/// The host's resolver (getaddrinfo through `tokio::net::lookup_host`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HostLookup;
+
+impl Lookup for HostLookup {
+    fn lookup<'a>(&'a self, name: &'a str) -> BoxFuture<'a, std::io::Result<Vec<IpAddr>>> {
+        Box::pin(async move {
+            let mut out: Vec<IpAddr> = Vec::new();
+            for a in tokio::net::lookup_host((name, 0)).await? {
+                if !out.contains(&a.ip()) {
+                    out.push(a.ip());
+                }
+            }
+            Ok(out)
+        })
+    }
+}
+
+/// Replaces, for this whole process, how the egress resolver resolves allowed names
+/// (tests teach it names no public DNS knows; an embedder can resolve through its own
+/// directory). Fails only when the resolver cannot start.
+pub fn set_lookup(lookup: Arc<dyn Lookup>) -> Result<()> {
+    let r = resolver::resolver()
+        .map_err(|e| SandboxError::config(e, "check that threads can be started"))?;
+    r.set_lookup(lookup);
+    Ok(())
+}
+
+/// An IP network (`10.0.0.0/8`, `fd00::/8`; a bare address is a /32 or /128).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Cidr {
+    /// The address as given.
+    pub addr: IpAddr,
+    /// Prefix length.
+    pub prefix: u8,
+}
+
+impl Cidr {
+    /// A network; the prefix is clamped to the address family's width.
+    pub fn new(addr: IpAddr, prefix: u8) -> Self {
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        Cidr {
+            addr,
+            prefix: prefix.min(max),
+        }
+    }
+
+    /// The network with host bits cleared (what nft sets accept).
+    pub fn network(self) -> Cidr {
+        let addr = match self.addr {
+            IpAddr::V4(a) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                IpAddr::V4(Ipv4Addr::from(u32::from(a) & mask))
+            }
+            IpAddr::V6(a) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                IpAddr::V6(Ipv6Addr::from(u128::from(a) & mask))
+            }
+        };
+        Cidr { addr, ..self }
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.network();
+        write!(f, "{}/{}", n.addr, n.prefix)
+    }
+}
+
+impl FromStr for Cidr {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let (a, p) = match s.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s, None),
+        };
+        let addr: IpAddr = a.parse().map_err(|_| format!("`{a}` is not an address"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match p {
+            Some(p) => p
+                .parse::<u8>()
+                .ok()
+                .filter(|p| *p <= max)
+                .ok_or_else(|| format!("`/{p}` is not a prefix"))?,
+            None => max,
+        };
+        Ok(Cidr { addr, prefix })
+    }
+}
+
+/// Always blocked, whatever the engine: IPv4 and IPv6 link-local (169.254.169.254, the
+/// cloud metadata service, is inside the first) and AWS's IPv6 metadata address.
+pub fn always_blocked() -> Vec<Cidr> {
+    vec![
+        Cidr::new(IpAddr::V4(Ipv4Addr::new(169, 254, 0, 0)), 16),
+        Cidr::new(IpAddr::V6(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0)), 10),
+        Cidr::new(
+            IpAddr::V6(Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)),
+            128,
+        ),
+    ]
+}
+
+pub(crate) mod host {
+    //! The host tools the rules are loaded with.
+
+    use super::*;
+
+    fn find(name: &str) -> Option<PathBuf> {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        std::env::split_paths(&path)
+            .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    }
+
+    fn tools() -> &'static std::result::Result<(PathBuf, PathBuf), String> {
+        static T: OnceLock<std::result::Result<(PathBuf, PathBuf), String>> = OnceLock::new();
+        T.get_or_init(|| {
+            let nft = find("nft").ok_or("`nft` is not installed on this host")?;
+            let nsenter = find("nsenter").ok_or("`nsenter` is not installed on this host")?;
+            Ok((nft, nsenter))
+        })
+    }
+
+    pub(crate) fn nft_path() -> &'static Path {
+        match tools() {
+            Ok((n, _)) => n,
+            Err(_) => Path::new("nft"),
+        }
+    }
+
+    pub(crate) fn nsenter_path() -> &'static Path {
+        match tools() {
+            Ok((_, n)) => n,
+            Err(_) => Path::new("nsenter"),
+        }
+    }
+
+    /// Whether this process can load rules into other network namespaces: the tools are
+    /// installed and `nft list tables` works here (it needs the privileges that entering
+    /// a namespace needs, and the kernel's nf_tables). Checked once per process.
+    pub(crate) fn support() -> &'static std::result::Result<(), String> {
+        static S: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+        S.get_or_init(|| {
+            tools().as_ref().map_err(Clone::clone)?;
+            let out = std::process::Command::new(nft_path())
+                .args(["list", "tables"])
+                .stdin(std::process::Stdio::null())
+                .output()
+                .map_err(|e| format!("cannot run nft: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "nft cannot talk to the kernel's nf_tables (needs root and the nf_tables module): {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Whether egress allowlists can be enforced from this process, and if not, why and the
+/// fix (for `sandbox doctor`).
+pub fn host_support() -> std::result::Result<(), (String, String)> {
+    host::support().clone().map_err(|why| {
+        (
+            why,
+            "install nftables and util-linux (`sudo apt-get install -y nftables util-linux`) \
+             and run as root, with the engine on this machine"
+                .to_string(),
+        )
+    })
+}
+
+/// Whether sandboxes of `engine` can have an egress allowlist (declares
+/// `EGRESS_ALLOWLIST`): a local engine whose containers' traffic goes through their
+/// namespace's netfilter hooks, on a host with nft.
+pub(crate) fn allowlist_available<E: ContainerEngine + ?Sized>(engine: &E) -> bool {
+    engine.is_local() && engine.netfilter_applies() && host::support().is_ok()
+}
+
+/// The library network's spec for `backend`.
+pub(crate) fn network_spec(backend: &str) -> NetworkSpec {
+    let mut labels = BTreeMap::new();
+    labels.insert(LABEL_MANAGED.to_string(), "true".to_string());
+    labels.insert(LABEL_BACKEND.to_string(), backend.to_string());
+    labels.insert(LABEL_NETWORK.to_string(), "egress".to_string());
+    NetworkSpec::new(NETWORK_NAME, labels)
+}
+
+/// Whether `policy` needs the library network.
+pub(crate) fn needs_network(policy: &NetworkPolicy) -> bool {
+    !matches!(policy.egress, Egress::Deny)
+}
+
+/// The host's address on the network (where the resolver listens): the first IPv4
+/// gateway, else the first gateway.
+fn gateway(net: &NetworkInfo) -> Option<IpAddr> {
+    let gws: Vec<IpAddr> = net.subnets.iter().filter_map(|s| s.gateway).collect();
+    gws.iter().find(|g| g.is_ipv4()).or(gws.first()).copied()
+}
+
+/// The network mode for `policy` on the library network `net`.
+pub(crate) fn network_mode(policy: &NetworkPolicy, net: Option<&NetworkInfo>) -> NetworkMode {
+    match (&policy.egress, net) {
+        (Egress::Deny, _) | (_, None) => NetworkMode::None,
+        (_, Some(net)) => NetworkMode::Isolated {
+            network: net.name.clone(),
+            publish: policy.ingress_ports.clone(),
+            dns: gateway(net).into_iter().collect(),
+        },
+    }
+}
+
+/// Creates the library network unless it exists.
+pub(crate) async fn ensure_network<E: ContainerEngine + ?Sized>(engine: &E) -> Result<NetworkInfo> {
+    engine
+        .ensure_network(&network_spec(engine.backend()))
+        .await
+        .map_err(|e| crate::error::engine(engine, &format!("create the network {NETWORK_NAME}"), e))
+}
+
+fn creation(backend: &str, why: String) -> SandboxError {
+    SandboxError::creation(backend, format!("egress rules could not be applied: {why}"))
+}
+
+/// Listed CIDRs of an allowlist.
+fn listed_networks(rules: &[EgressRule]) -> Vec<Cidr> {
+    rules
+        .iter()
+        .filter_map(|r| match r.target() {
+            EgressTarget::Network { addr, prefix } => Some(Cidr::new(*addr, *prefix)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Loads the egress rules of `policy` into the running container `id`, registers it with
+/// the resolver, and checks the rules read back. Called after start, before `create`
+/// returns; an error fails `create` (the caller removes the container).
+pub(crate) async fn apply<E: ContainerEngine + ?Sized>(
+    engine: &E,
+    id: &str,
+    policy: &NetworkPolicy,
+    net: &NetworkInfo,
+) -> Result<()> {
+    let backend = engine.backend();
+    let (allow_all, rules) = match &policy.egress {
+        Egress::Deny => return Ok(()),
+        Egress::Allow => (true, None),
+        _ => (false, Some(policy.egress.rules()?)),
+    };
+    if !engine.is_local() || !engine.netfilter_applies() || host::support().is_err() {
+        if allow_all {
+            // Documented limit (docs/network.md): without the rules, Allow still runs on
+            // the library network with inter-container traffic off.
+            warn_once(engine);
+            return Ok(());
+        }
+        return Err(creation(
+            backend,
+            "this engine's sandboxes cannot get nftables rules from this host".into(),
+        ));
+    }
+    let info = engine
+        .inspect(id)
+        .await
+        .map_err(|e| crate::error::engine(engine, "inspect container", e))?;
+    let pid = info.pid.filter(|p| *p > 0).ok_or_else(|| {
+        creation(
+            backend,
+            "the engine reports no pid for the container".into(),
+        )
+    })?;
+    if info.addresses.is_empty() {
+        return Err(creation(
+            backend,
+            "the engine reports no address for the container".into(),
+        ));
+    }
+    let networks = engine
+        .networks()
+        .await
+        .map_err(|e| crate::error::engine(engine, "list networks", e))?;
+    let mut block = always_blocked();
+    for n in networks.iter().chain(std::iter::once(net)) {
+        for s in &n.subnets {
+            block.push(Cidr::new(s.addr, s.prefix));
+            if let Some(g) = s.gateway {
+                block.push(Cidr::new(g, if g.is_ipv4() { 32 } else { 128 }));
+            }
+        }
+    }
+    let gw = gateway(net)
+        .ok_or_else(|| creation(backend, format!("the network {} has no gateway", net.name)))?;
+    let resolver = resolver::resolver().map_err(|e| creation(backend, e))?;
+    let dns = resolver
+        .listen(gw)
+        .await
+        .map_err(|e| creation(backend, e))?;
+    let ruleset = nft::Ruleset {
+        allow_all,
+        allow: rules.as_deref().map(listed_networks).unwrap_or_default(),
+        block,
+        resolver: Some(dns),
+    };
+    nft::load(pid, &ruleset)
+        .await
+        .map_err(|e| creation(backend, e))?;
+    resolver
+        .register(&info.addresses, pid, rules)
+        .map_err(|e| creation(backend, e))?;
+    tracing::debug!(sandbox_id = %id, pid, %dns, allow_all, "egress rules applied");
+    Ok(())
+}
+
+fn warn_once<E: ContainerEngine + ?Sized>(engine: &E) {
+    static WARNED: OnceLock<()> = OnceLock::new();
+    WARNED.get_or_init(|| {
+        tracing::warn!(
+            backend = engine.backend(),
+            endpoint = engine.endpoint(),
+            "egress Allow without the always-blocked set (link-local, metadata, bridge \
+             addresses): the engine is not local or nft is missing; see docs/network.md"
+        );
+    });
+}
+
+/// Removes the library network when no container uses it (the engine refuses while one
+/// does; that refusal is expected and ignored). Returns whether it was removed.
+pub(crate) async fn remove_network_if_unused<E: ContainerEngine + ?Sized>(engine: &E) -> bool {
+    match engine.remove_network(NETWORK_NAME).await {
+        Ok(removed) => removed,
+        Err(e)
+            if matches!(
+                e.kind,
+                EngineErrorKind::Conflict | EngineErrorKind::NotFound
+            ) =>
+        {
+            false
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "egress network not removed");
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,288 @@
+//! The nftables ruleset loaded into a sandbox's network namespace, and the commands that
+//! load it, read it back and add resolved addresses, all run from the host through
+//! `nsenter --net=/proc/<pid>/ns/net nft …`, so the workload (which has no `NET_ADMIN`)
+//! never holds the means to change them.
+
+use std::fmt::Write as _;
+use std::net::IpAddr;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+
+use super::Cidr;
+
+/// The table every rule lives in (`inet`: one table for IPv4 and IPv6).
+pub(crate) const TABLE: &str = "sbx_egress";
+
+/// Longest one `nsenter … nft` call may take (measured: ~5 ms; a wedged one must not
+/// hang `create` or a DNS answer).
+const NFT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the ruleset of one sandbox says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Ruleset {
+    /// `true` for egress `Allow` (everything not blocked is accepted), `false` for an
+    /// allowlist (only `allow` and resolved addresses).
+    pub allow_all: bool,
+    /// Networks listed by CIDR: accepted even when inside `block`.
+    pub allow: Vec<Cidr>,
+    /// Always blocked unless listed in `allow`: link-local, metadata, the engine's
+    /// networks (other sandboxes and the host's bridge addresses).
+    pub block: Vec<Cidr>,
+    /// Where DNS (port 53, UDP and TCP) is redirected: the library's resolver.
+    pub resolver: Option<std::net::SocketAddr>,
+}
+
+fn elements(cidrs: &[Cidr], v4: bool) -> Vec<String> {
+    cidrs
+        .iter()
+        .filter(|c| c.addr.is_ipv4() == v4)
+        .map(|c| c.to_string())
+        .collect()
+}
+
+fn interval_set(out: &mut String, name: &str, ty: &str, elems: &[String]) {
+    let _ = writeln!(out, "  set {name} {{");
+    let _ = writeln!(out, "    type {ty}; flags interval; auto-merge;");
+    if !elems.is_empty() {
+        let _ = writeln!(out, "    elements = {{ {} }}", elems.join(", "));
+    }
+    let _ = writeln!(out, "  }}");
+}
+
+impl Ruleset {
+    /// The `nft -f` text. The table is deleted and recreated in the same transaction, so
+    /// loading is atomic: the namespace never runs with half a ruleset.
+    pub(crate) fn text(&self) -> String {
+        let mut t = String::new();
+        // `add` then `delete` makes the delete succeed whether or not the table existed.
+        let _ = writeln!(t, "add table inet {TABLE}");
+        let _ = writeln!(t, "delete table inet {TABLE}");
+        let _ = writeln!(t, "table inet {TABLE} {{");
+        interval_set(&mut t, "allow4", "ipv4_addr", &elements(&self.allow, true));
+        interval_set(&mut t, "allow6", "ipv6_addr", &elements(&self.allow, false));
+        interval_set(&mut t, "block4", "ipv4_addr", &elements(&self.block, true));
+        interval_set(&mut t, "block6", "ipv6_addr", &elements(&self.block, false));
+        let _ = writeln!(t, "  set dyn4 {{ type ipv4_addr; }}");
+        let _ = writeln!(t, "  set dyn6 {{ type ipv6_addr; }}");
+        // DNS to anywhere goes to the resolver. Loopback is left alone: an engine's own
+        // in-namespace DNS (Docker's 127.0.0.11) forwards to the configured server, which
+        // is the resolver, from this namespace, so it is redirected on its way out.
+        let _ = writeln!(t, "  chain dns {{");
+        let _ = writeln!(t, "    type nat hook output priority -150; policy accept;");
+        let _ = writeln!(t, "    oifname \"lo\" return");
+        if let Some(r) = self.resolver {
+            let (fam, to) = match r.ip() {
+                IpAddr::V4(ip) => ("ipv4", format!("ip to {ip}:{}", r.port())),
+                IpAddr::V6(ip) => ("ipv6", format!("ip6 to [{ip}]:{}", r.port())),
+            };
+            let _ = writeln!(t, "    meta nfproto {fam} udp dport 53 dnat {to}");
+            let _ = writeln!(t, "    meta nfproto {fam} tcp dport 53 dnat {to}");
+        }
+        let _ = writeln!(t, "  }}");
+        let _ = writeln!(t, "  chain out {{");
+        let _ = writeln!(t, "    type filter hook output priority 0; policy drop;");
+        let _ = writeln!(t, "    oifname \"lo\" accept");
+        let _ = writeln!(t, "    ct state established,related accept");
+        if let Some(r) = self.resolver {
+            let (m, ip) = match r.ip() {
+                IpAddr::V4(ip) => ("ip", ip.to_string()),
+                IpAddr::V6(ip) => ("ip6", ip.to_string()),
+            };
+            let _ = writeln!(t, "    {m} daddr {ip} udp dport {} accept", r.port());
+            let _ = writeln!(t, "    {m} daddr {ip} tcp dport {} accept", r.port());
+        }
+        let _ = writeln!(t, "    ip daddr @allow4 accept");
+        let _ = writeln!(t, "    ip6 daddr @allow6 accept");
+        let _ = writeln!(t, "    ip daddr @block4 jump refuse");
+        let _ = writeln!(t, "    ip6 daddr @block6 jump refuse");
+        let _ = writeln!(t, "    ip daddr @dyn4 accept");
+        let _ = writeln!(t, "    ip6 daddr @dyn6 accept");
+        if self.allow_all {
+            let _ = writeln!(t, "    accept");
+        }
+        let _ = writeln!(t, "    jump refuse");
+        let _ = writeln!(t, "  }}");
+        // Rejected, not dropped: a blocked connect fails at once instead of timing out.
+        let _ = writeln!(t, "  chain refuse {{");
+        let _ = writeln!(t, "    meta l4proto tcp reject with tcp reset");
+        let _ = writeln!(t, "    reject with icmpx type admin-prohibited");
+        let _ = writeln!(t, "  }}");
+        let _ = writeln!(t, "}}");
+        t
+    }
+
+    /// Lines `nft list table` must show for this ruleset to be the one in force (nft
+    /// prints its own normalised form, so the check is on the decisive statements).
+    pub(crate) fn expected_listing(&self) -> Vec<String> {
+        let mut v = vec![
+            format!("table inet {TABLE}"),
+            "type filter hook output priority filter; policy drop;".to_string(),
+            "ip daddr @allow4 accept".to_string(),
+            "ip daddr @block4 jump refuse".to_string(),
+            "ip6 daddr @block6 jump refuse".to_string(),
+            "ip daddr @dyn4 accept".to_string(),
+            "meta l4proto tcp reject with tcp reset".to_string(),
+        ];
+        if let Some(r) = self.resolver {
+            v.push(format!("udp dport 53 dnat ip to {r}"));
+            v.push(format!("tcp dport 53 dnat ip to {r}"));
+        }
+        v
+    }
+}
+
+/// The command entering the network namespace of host pid `pid`.
+fn nsenter(pid: u32) -> tokio::process::Command {
+    let mut c = tokio::process::Command::new(super::host::nsenter_path());
+    c.arg(format!("--net=/proc/{pid}/ns/net"))
+        .arg("--")
+        .arg(super::host::nft_path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    c
+}
+
+/// Runs `nft ARGS` in the namespace of `pid` with `input` on stdin; its stdout, or its
+/// stderr as the error.
+pub(crate) async fn nft(pid: u32, args: &[&str], input: &str) -> Result<String, String> {
+    let run = async {
+        let mut cmd = nsenter(pid);
+        cmd.args(args);
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot run nsenter/nft: {e}"))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin
+                .write_all(input.as_bytes())
+                .await
+                .map_err(|e| format!("writing the ruleset to nft: {e}"))?;
+        }
+        let out = child
+            .wait_with_output()
+            .await
+            .map_err(|e| format!("waiting for nft: {e}"))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            let err = String::from_utf8_lossy(&out.stderr);
+            Err(format!(
+                "nft {} failed ({}): {}",
+                args.join(" "),
+                out.status,
+                err.chars().take(2000).collect::<String>().trim()
+            ))
+        }
+    };
+    match tokio::time::timeout(NFT_TIMEOUT, run).await {
+        Ok(r) => r,
+        Err(_) => Err(format!(
+            "nft {} did not finish within {NFT_TIMEOUT:?}",
+            args.join(" ")
+        )),
+    }
+}
+
+/// Loads `rules` into the namespace of `pid`, then reads the table back and checks it.
+pub(crate) async fn load(pid: u32, rules: &Ruleset) -> Result<(), String> {
+    nft(pid, &["-f", "-"], &rules.text()).await?;
+    let listing = nft(pid, &["list", "table", "inet", TABLE], "").await?;
+    verify(&listing, rules)
+}
+
+/// Checks a `nft list table` listing against what was loaded.
+pub(crate) fn verify(listing: &str, rules: &Ruleset) -> Result<(), String> {
+    let lines: Vec<&str> = listing.lines().map(str::trim).collect();
+    for want in rules.expected_listing() {
+        if !lines.iter().any(|l| l.contains(want.as_str())) {
+            return Err(format!(
+                "the egress rules read back without `{want}`: the ruleset in force is not the one loaded"
+            ));
+        }
+    }
+    let accepts_all = lines.iter().any(|l| *l == "accept");
+    if accepts_all != rules.allow_all {
+        return Err("the egress rules read back with the wrong default".into());
+    }
+    Ok(())
+}
+
+/// Adds resolved addresses to the namespace's allowed set.
+pub(crate) async fn allow_addresses(pid: u32, addrs: &[IpAddr]) -> Result<(), String> {
+    let v4: Vec<String> = addrs
+        .iter()
+        .filter(|a| a.is_ipv4())
+        .map(|a| a.to_string())
+        .collect();
+    let v6: Vec<String> = addrs
+        .iter()
+        .filter(|a| a.is_ipv6())
+        .map(|a| a.to_string())
+        .collect();
+    let mut script = String::new();
+    if !v4.is_empty() {
+        let _ = writeln!(
+            script,
+            "add element inet {TABLE} dyn4 {{ {} }}",
+            v4.join(", ")
+        );
+    }
+    if !v6.is_empty() {
+        let _ = writeln!(
+            script,
+            "add element inet {TABLE} dyn6 {{ {} }}",
+            v6.join(", ")
+        );
+    }
+    if script.is_empty() {
+        return Ok(());
+    }
+    nft(pid, &["-f", "-"], &script).await.map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cidr(s: &str) -> Cidr {
+        s.parse().unwrap()
+    }
+
+    fn sample(allow_all: bool) -> Ruleset {
+        Ruleset {
+            allow_all,
+            allow: vec![cidr("10.9.0.0/16"), cidr("fd00::/8")],
+            block: vec![cidr("169.254.0.0/16"), cidr("fe80::/10")],
+            resolver: Some("172.30.0.1:40000".parse().unwrap()),
+        }
+    }
+
+    #[test]
+    fn the_ruleset_defaults_to_drop_and_rejects_the_rest() {
+        let t = sample(false).text();
+        assert!(t.contains("policy drop;"));
+        assert!(t.contains("elements = { 10.9.0.0/16 }"));
+        assert!(t.contains("elements = { fd00::/8 }"));
+        assert!(t.contains("udp dport 53 dnat ip to 172.30.0.1:40000"));
+        assert!(t.contains("ip daddr 172.30.0.1 tcp dport 40000 accept"));
+        // Allowed CIDRs come before the block list (listing one overrides it); resolved
+        // addresses after it (a name cannot unblock the host or metadata).
+        let (a, b, d) = (
+            t.find("@allow4 accept").unwrap(),
+            t.find("@block4 jump refuse").unwrap(),
+            t.find("@dyn4 accept").unwrap(),
+        );
+        assert!(a < b && b < d);
+        assert!(!t.lines().any(|l| l.trim() == "accept"));
+        assert!(sample(true).text().lines().any(|l| l.trim() == "accept"));
+    }
+
+    #[test]
+    fn verify_catches_a_different_ruleset() {
+        let r = sample(false);
+        assert!(verify("table inet other {}", &r).is_err());
+    }
+}

@@ -1,0 +1,305 @@
+//! The library's DNS resolver for sandboxes with egress `AllowList` or `Allow`.
+//!
+//! One per process, on its own thread and runtime (so it outlives any caller's runtime
+//! and a busy caller cannot stall DNS), listening on the host's address on each egress
+//! network (the bridge gateway), UDP and TCP on the same ephemeral port; the sandbox's
+//! ruleset redirects port 53 there. A query is attributed to a sandbox by its source
+//! address (the sandbox has no `NET_ADMIN`, so it cannot take another's address).
+//!
+//! For an allowlist sandbox a name off its list is answered NXDOMAIN; a listed name is
+//! resolved the way the host resolves it ([`Lookup`], getaddrinfo by default: `/etc/hosts`
+//! first, then the host's DNS), the answer's addresses are added to the sandbox's allowed
+//! set in its namespace, and only then is the answer sent: a connect that follows the
+//! answer never races the rule.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::os::unix::fs::MetadataExt as _;
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::Duration;
+
+use sandbox_core::EgressRule;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::sync::Semaphore;
+
+use super::dns::{self, Rcode};
+use super::{HostLookup, Lookup, nft};
+
+/// TTL of the answers (short: the host's answer may change; the pinned address stays
+/// allowed for the sandbox's life either way).
+const ANSWER_TTL: u32 = 30;
+/// Bound of one host lookup.
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Queries answered at once (UDP and TCP together).
+const MAX_IN_FLIGHT: usize = 256;
+/// A TCP client idle this long is dropped.
+const TCP_IDLE: Duration = Duration::from_secs(10);
+
+/// Whose queries a source address carries.
+#[derive(Debug)]
+struct Client {
+    /// `None`: every name resolves (egress `Allow`); `Some`: only names these match.
+    rules: Option<Vec<EgressRule>>,
+    /// The host pid whose network namespace is the sandbox's.
+    pid: u32,
+    /// The namespace's inode when registered: a reused pid or address never inherits.
+    ns_inode: u64,
+}
+
+pub(crate) struct Resolver {
+    handle: tokio::runtime::Handle,
+    clients: Mutex<HashMap<IpAddr, Arc<Client>>>,
+    /// Gateway address → (port, serving task).
+    listeners: tokio::sync::Mutex<HashMap<IpAddr, (u16, tokio::task::JoinHandle<()>)>>,
+    lookup: RwLock<Arc<dyn Lookup>>,
+    slots: Arc<Semaphore>,
+}
+
+/// The process's resolver (started on first use).
+pub(crate) fn resolver() -> Result<&'static Resolver, String> {
+    static R: OnceLock<Result<Resolver, String>> = OnceLock::new();
+    R.get_or_init(start).as_ref().map_err(Clone::clone)
+}
+
+fn start() -> Result<Resolver, String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("sbx-egress-dns".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = tx.send(Err(format!("cannot start the egress resolver: {e}")));
+                    return;
+                }
+            };
+            let _ = tx.send(Ok(rt.handle().clone()));
+            rt.block_on(std::future::pending::<()>());
+        })
+        .map_err(|e| format!("cannot start the egress resolver thread: {e}"))?;
+    let handle = rx
+        .recv()
+        .map_err(|_| "the egress resolver thread ended at start".to_string())??;
+    Ok(Resolver {
+        handle,
+        clients: Mutex::new(HashMap::new()),
+        listeners: tokio::sync::Mutex::new(HashMap::new()),
+        lookup: RwLock::new(Arc::new(HostLookup)),
+        slots: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+    })
+}
+
+fn ns_inode(pid: u32) -> Option<u64> {
+    std::fs::metadata(format!("/proc/{pid}/ns/net"))
+        .ok()
+        .map(|m| m.ino())
+}
+
+impl Resolver {
+    /// Replaces how names are resolved (process-wide).
+    pub(crate) fn set_lookup(&self, lookup: Arc<dyn Lookup>) {
+        if let Ok(mut l) = self.lookup.write() {
+            *l = lookup;
+        }
+    }
+
+    fn current_lookup(&self) -> Arc<dyn Lookup> {
+        match self.lookup.read() {
+            Ok(l) => l.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    /// The resolver's address on `gateway` (listening there from now on).
+    pub(crate) async fn listen(&'static self, gateway: IpAddr) -> Result<SocketAddr, String> {
+        let mut listeners = self.listeners.lock().await;
+        if let Some((port, task)) = listeners.get(&gateway)
+            && !task.is_finished()
+        {
+            return Ok(SocketAddr::new(gateway, *port));
+        }
+        let (udp, tcp) = self
+            .handle
+            .spawn(bind_pair(gateway))
+            .await
+            .map_err(|e| format!("the egress resolver failed to bind: {e}"))??;
+        let port = udp
+            .local_addr()
+            .map_err(|e| format!("resolver address: {e}"))?
+            .port();
+        let task = self.handle.spawn(async move {
+            tokio::join!(self.serve_udp(udp), self.serve_tcp(tcp));
+        });
+        listeners.insert(gateway, (port, task));
+        tracing::debug!(%gateway, port, "egress resolver listening");
+        Ok(SocketAddr::new(gateway, port))
+    }
+
+    /// Attributes queries from `addrs` to the sandbox in `pid`'s network namespace.
+    pub(crate) fn register(
+        &self,
+        addrs: &[IpAddr],
+        pid: u32,
+        rules: Option<Vec<EgressRule>>,
+    ) -> Result<(), String> {
+        let inode = ns_inode(pid).ok_or_else(|| {
+            format!("the sandbox's network namespace (/proc/{pid}/ns/net) is gone")
+        })?;
+        let client = Arc::new(Client {
+            rules,
+            pid,
+            ns_inode: inode,
+        });
+        let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        // Entries of sandboxes that are gone are dropped here, so the map stays as large
+        // as the number of live sandboxes.
+        clients.retain(|_, c| ns_inode(c.pid) == Some(c.ns_inode));
+        for a in addrs {
+            clients.insert(*a, client.clone());
+        }
+        Ok(())
+    }
+
+    fn client(&self, src: IpAddr) -> Option<Arc<Client>> {
+        let clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        clients.get(&src).cloned()
+    }
+
+    async fn serve_udp(&'static self, sock: UdpSocket) {
+        let sock = Arc::new(sock);
+        let mut buf = vec![0u8; 4096];
+        loop {
+            let (n, src) = match sock.recv_from(&mut buf).await {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::debug!(error = %e, "egress resolver: udp receive failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            };
+            let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+                continue;
+            };
+            let msg = buf[..n].to_vec();
+            let sock = sock.clone();
+            tokio::spawn(async move {
+                let _permit = permit;
+                if let Some(reply) = self.answer(&msg, src.ip(), 512).await {
+                    let _ = sock.send_to(&reply, src).await;
+                }
+            });
+        }
+    }
+
+    async fn serve_tcp(&'static self, listener: TcpListener) {
+        loop {
+            let Ok((conn, src)) = listener.accept().await else {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            };
+            let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let _permit = permit;
+                let _ = self.serve_tcp_conn(conn, src.ip()).await;
+            });
+        }
+    }
+
+    async fn serve_tcp_conn(
+        &'static self,
+        mut conn: TcpStream,
+        src: IpAddr,
+    ) -> std::io::Result<()> {
+        loop {
+            let mut len = [0u8; 2];
+            match tokio::time::timeout(TCP_IDLE, conn.read_exact(&mut len)).await {
+                Ok(Ok(_)) => {}
+                _ => return Ok(()),
+            }
+            let mut msg = vec![0u8; u16::from_be_bytes(len) as usize];
+            tokio::time::timeout(TCP_IDLE, conn.read_exact(&mut msg))
+                .await
+                .map_err(|_| std::io::ErrorKind::TimedOut)??;
+            if let Some(reply) = self.answer(&msg, src, u16::MAX as usize).await {
+                let mut out = Vec::with_capacity(reply.len() + 2);
+                out.extend_from_slice(&(reply.len() as u16).to_be_bytes());
+                out.extend_from_slice(&reply);
+                conn.write_all(&out).await?;
+            }
+        }
+    }
+
+    /// The answer to one message from `src`; `None` drops it (not even a header).
+    pub(crate) async fn answer(&self, msg: &[u8], src: IpAddr, max_len: usize) -> Option<Vec<u8>> {
+        let Some(q) = dns::parse_query(msg) else {
+            return dns::header_id(msg).map(dns::format_error);
+        };
+        let Some(client) = self.client(src) else {
+            return Some(dns::reply(&q, Rcode::Refused));
+        };
+        if ns_inode(client.pid) != Some(client.ns_inode) {
+            return Some(dns::reply(&q, Rcode::Refused));
+        }
+        let listed = match &client.rules {
+            None => true,
+            Some(rules) => rules.iter().any(|r| r.matches_host(&q.name)),
+        };
+        if !listed {
+            tracing::debug!(name = %q.name, %src, "egress resolver refused an unlisted name");
+            return Some(dns::reply(&q, Rcode::NxDomain));
+        }
+        if !q.wants_addresses() {
+            // Only addresses are granted; other record types could carry data out.
+            return Some(dns::reply(&q, Rcode::NotImp));
+        }
+        let lookup = self.current_lookup();
+        let addrs = match tokio::time::timeout(LOOKUP_TIMEOUT, lookup.lookup(&q.name)).await {
+            Ok(Ok(a)) => a,
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Some(dns::reply(&q, Rcode::NxDomain));
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(name = %q.name, error = %e, "egress resolver lookup failed");
+                return Some(dns::reply(&q, Rcode::NxDomain));
+            }
+            Err(_) => return Some(dns::reply(&q, Rcode::ServFail)),
+        };
+        let wanted: Vec<IpAddr> = addrs
+            .into_iter()
+            .filter(|a| (q.qtype == dns::TYPE_A) == a.is_ipv4())
+            .collect();
+        if client.rules.is_some()
+            && !wanted.is_empty()
+            && let Err(e) = nft::allow_addresses(client.pid, &wanted).await
+        {
+            // Not pinned means not answered: the connect would be rejected anyway.
+            tracing::warn!(name = %q.name, error = %e, "egress resolver could not pin an answer");
+            return Some(dns::reply(&q, Rcode::ServFail));
+        }
+        Some(dns::answer(&q, &wanted, ANSWER_TTL, max_len))
+    }
+}
+
+/// A UDP socket and a TCP listener on the same port of `ip`.
+async fn bind_pair(ip: IpAddr) -> Result<(UdpSocket, TcpListener), String> {
+    let mut last = String::new();
+    for _ in 0..16 {
+        let udp = UdpSocket::bind(SocketAddr::new(ip, 0))
+            .await
+            .map_err(|e| format!("the egress resolver cannot listen on {ip}: {e}"))?;
+        let port = udp.local_addr().map_err(|e| e.to_string())?.port();
+        match TcpListener::bind(SocketAddr::new(ip, port)).await {
+            Ok(tcp) => return Ok((udp, tcp)),
+            Err(e) => last = e.to_string(),
+        }
+    }
+    Err(format!(
+        "the egress resolver found no port free for both UDP and TCP on {ip}: {last}"
+    ))
+}

@@ -1,0 +1,233 @@
+use std::process::Stdio;
+use std::time::Duration;
+
+use super::*;
+
+#[test]
+fn cidrs_parse_and_normalise() {
+    let c: Cidr = "10.1.2.3/8".parse().unwrap();
+    assert_eq!(c.to_string(), "10.0.0.0/8");
+    assert_eq!(
+        "fd00::1".parse::<Cidr>().unwrap().to_string(),
+        "fd00::1/128"
+    );
+    assert!("10.0.0.0/33".parse::<Cidr>().is_err());
+    assert!("host".parse::<Cidr>().is_err());
+    assert!(
+        always_blocked()
+            .iter()
+            .any(|c| c.to_string() == "169.254.0.0/16")
+    );
+}
+
+#[test]
+fn the_mode_follows_the_policy() {
+    let net = NetworkInfo::new(
+        NETWORK_NAME,
+        vec![crate::engine::Subnet::parse("172.30.0.0/16", Some("172.30.0.1")).unwrap()],
+        BTreeMap::new(),
+    );
+    assert_eq!(
+        network_mode(&NetworkPolicy::deny(), Some(&net)),
+        NetworkMode::None
+    );
+    let m = network_mode(
+        &NetworkPolicy::allow_list(["a.org"]).ingress_port(80),
+        Some(&net),
+    );
+    assert_eq!(
+        m,
+        NetworkMode::Isolated {
+            network: NETWORK_NAME.into(),
+            publish: vec![80],
+            dns: vec!["172.30.0.1".parse().unwrap()],
+        }
+    );
+    assert!(needs_network(&NetworkPolicy::allow()));
+    assert!(!needs_network(&NetworkPolicy::deny()));
+}
+
+/// A process in a network namespace of its own (`unshare --net`), the stand-in for a
+/// container's first process; killed on drop.
+struct Netns(tokio::process::Child);
+
+impl Netns {
+    async fn new() -> Option<Netns> {
+        if host::support().is_err() {
+            return None;
+        }
+        let child = tokio::process::Command::new("unshare")
+            .args(["--net", "sleep", "60"])
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .ok()?;
+        // unshare execs sleep in the new namespace; wait until the switch is visible.
+        let pid = child.id()?;
+        let own = std::fs::read_link("/proc/self/ns/net").ok()?;
+        for _ in 0..100 {
+            if std::fs::read_link(format!("/proc/{pid}/ns/net")).ok()? != own {
+                return Some(Netns(child));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        None
+    }
+    fn pid(&self) -> u32 {
+        self.0.id().unwrap_or(0)
+    }
+}
+
+fn sample_rules() -> nft::Ruleset {
+    nft::Ruleset {
+        allow_all: false,
+        allow: vec!["10.9.0.0/16".parse().unwrap(), "fd00::/8".parse().unwrap()],
+        block: always_blocked()
+            .into_iter()
+            .chain([
+                "10.9.3.0/24".parse().unwrap(),
+                "172.17.0.0/16".parse().unwrap(),
+            ])
+            .collect(),
+        resolver: Some("172.30.0.1:40000".parse().unwrap()),
+    }
+}
+
+/// Needs root and nft (the same as the feature): without them the test fails, naming why,
+/// unless SBX_EGRESS_TESTS=skip says this host cannot run it.
+fn require_host() -> bool {
+    if std::env::var("SBX_EGRESS_TESTS").as_deref() == Ok("skip") {
+        return false;
+    }
+    if let Err(e) = host::support() {
+        panic!(
+            "egress tests need root and nft ({e}); set SBX_EGRESS_TESTS=skip on a host without them"
+        );
+    }
+    true
+}
+
+#[tokio::test]
+async fn rules_load_into_a_namespace_and_read_back() {
+    if !require_host() {
+        return;
+    }
+    let ns = Netns::new().await.expect("unshare --net");
+    let rules = sample_rules();
+    nft::load(ns.pid(), &rules).await.unwrap();
+    // Loading again replaces the table atomically (no duplicate table, no error).
+    nft::load(ns.pid(), &rules).await.unwrap();
+    nft::allow_addresses(
+        ns.pid(),
+        &["192.0.2.7".parse().unwrap(), "2001:db8::7".parse().unwrap()],
+    )
+    .await
+    .unwrap();
+    let listing = nft::nft(ns.pid(), &["list", "table", "inet", TABLE], "")
+        .await
+        .unwrap();
+    assert!(listing.contains("192.0.2.7"), "{listing}");
+    assert!(listing.contains("2001:db8::7"), "{listing}");
+    // The host's own ruleset is untouched.
+    let host = tokio::process::Command::new(host::nft_path())
+        .args(["list", "tables"])
+        .output()
+        .await
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&host.stdout).contains(TABLE));
+}
+
+#[tokio::test]
+async fn a_failing_load_is_an_error() {
+    if !require_host() {
+        return;
+    }
+    // A pid with no namespace to enter.
+    let e = nft::load(u32::MAX - 1, &sample_rules()).await.unwrap_err();
+    assert!(!e.is_empty());
+}
+
+struct Names(Vec<(&'static str, IpAddr)>);
+
+impl Lookup for Names {
+    fn lookup<'a>(&'a self, name: &'a str) -> BoxFuture<'a, std::io::Result<Vec<IpAddr>>> {
+        Box::pin(async move {
+            let found: Vec<IpAddr> = self
+                .0
+                .iter()
+                .filter(|(n, _)| *n == name)
+                .map(|(_, a)| *a)
+                .collect();
+            if found.is_empty() {
+                Err(std::io::ErrorKind::NotFound.into())
+            } else {
+                Ok(found)
+            }
+        })
+    }
+}
+
+#[tokio::test]
+async fn the_resolver_pins_listed_names_and_refuses_the_rest() {
+    if !require_host() {
+        return;
+    }
+    let ns = Netns::new().await.expect("unshare --net");
+    nft::load(ns.pid(), &sample_rules()).await.unwrap();
+    let r = resolver::resolver().unwrap();
+    r.set_lookup(Arc::new(Names(vec![
+        ("api.sbx.test", "198.18.7.1".parse().unwrap()),
+        ("x.wild.sbx.test", "198.18.7.2".parse().unwrap()),
+        ("other.sbx.test", "198.18.7.3".parse().unwrap()),
+    ])));
+    // A source address no other test uses.
+    let src: IpAddr = "203.0.113.77".parse().unwrap();
+    let rules = vec![
+        EgressRule::parse("api.sbx.test").unwrap(),
+        EgressRule::parse("*.wild.sbx.test").unwrap(),
+    ];
+    r.register(&[src], ns.pid(), Some(rules)).unwrap();
+    let ask = |name: &str| dns::build_query(1, name, dns::TYPE_A);
+    let a = r.answer(&ask("api.sbx.test"), src, 512).await.unwrap();
+    assert_eq!(
+        dns::answer_addrs(&a),
+        vec!["198.18.7.1".parse::<IpAddr>().unwrap()]
+    );
+    let a = r.answer(&ask("X.Wild.sbx.test."), src, 512).await.unwrap();
+    assert_eq!(dns::answer_addrs(&a).len(), 1);
+    let listing = nft::nft(ns.pid(), &["list", "set", "inet", TABLE, "dyn4"], "")
+        .await
+        .unwrap();
+    assert!(
+        listing.contains("198.18.7.1") && listing.contains("198.18.7.2"),
+        "answers pinned before the reply: {listing}"
+    );
+    let no = r.answer(&ask("other.sbx.test"), src, 512).await.unwrap();
+    assert_eq!(dns::rcode_of(&no), Some(3), "unlisted name: NXDOMAIN");
+    let listing = nft::nft(ns.pid(), &["list", "set", "inet", TABLE, "dyn4"], "")
+        .await
+        .unwrap();
+    assert!(
+        !listing.contains("198.18.7.3"),
+        "an unlisted answer is not pinned"
+    );
+    let stranger = r
+        .answer(&ask("api.sbx.test"), "203.0.113.78".parse().unwrap(), 512)
+        .await
+        .unwrap();
+    assert_eq!(dns::rcode_of(&stranger), Some(5), "unknown source: REFUSED");
+    assert_eq!(
+        dns::rcode_of(&r.answer(&[0, 7, 1], src, 512).await.unwrap()),
+        Some(1),
+        "garbage: FORMERR"
+    );
+    drop(ns);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let gone = r.answer(&ask("api.sbx.test"), src, 512).await.unwrap();
+    assert_eq!(
+        dns::rcode_of(&gone),
+        Some(5),
+        "a sandbox that is gone resolves nothing"
+    );
+    r.set_lookup(Arc::new(HostLookup));
+}
