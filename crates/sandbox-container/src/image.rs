@@ -153,7 +153,10 @@ impl fmt::Debug for RegistryAuth {
             .field("server_address", &self.server_address)
             .field("username", &self.username)
             .field("password", &"***")
-            .field("identity_token", &self.identity_token.as_ref().map(|_| "***"))
+            .field(
+                "identity_token",
+                &self.identity_token.as_ref().map(|_| "***"),
+            )
             .finish()
     }
 }
@@ -194,7 +197,9 @@ impl CredentialStore {
         let home = env("HOME").filter(|h| !h.is_empty());
         let docker = match env("DOCKER_CONFIG").filter(|d| !d.is_empty()) {
             Some(dir) => Some(Path::new(&dir).join("config.json")),
-            None => home.as_ref().map(|h| Path::new(h).join(".docker/config.json")),
+            None => home
+                .as_ref()
+                .map(|h| Path::new(h).join(".docker/config.json")),
         };
         match self {
             CredentialStore::Docker => docker.into_iter().collect(),
@@ -370,7 +375,10 @@ const HELPER_TIMEOUT: Duration = Duration::from_secs(10);
 fn run_helper(helper: &str, server: &str) -> Result<Option<RegistryAuth>> {
     use std::io::{Read, Write};
     use std::process::{Command, Stdio};
-    if helper.is_empty() || !helper.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    if helper.is_empty()
+        || !helper
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
     {
         return Err(SandboxError::config(
             format!("credential helper name {helper:?} is not a plain name"),
@@ -417,8 +425,8 @@ fn run_helper(helper: &str, server: &str) -> Result<Option<RegistryAuth>> {
         // Helpers exit non-zero with "credentials not found" for an unknown server.
         return Ok(None);
     }
-    let v: serde_json::Value = serde_json::from_str(&out)
-        .map_err(|_| not_run("its answer is not JSON".to_string()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&out).map_err(|_| not_run("its answer is not JSON".to_string()))?;
     let user = v.get("Username").and_then(|u| u.as_str()).unwrap_or("");
     let secret = v.get("Secret").and_then(|s| s.as_str()).unwrap_or("");
     if secret.is_empty() {
@@ -552,6 +560,35 @@ impl PartialEq for PullProgressHook {
 
 impl Eq for PullProgressHook {}
 
+/// What a failed pull's message, as Docker and Podman word a registry's answer, means:
+/// [`EngineErrorKind::Unauthorized`] for a refused or missing credential,
+/// [`EngineErrorKind::NotFound`] for an image or tag the registry does not have, `None`
+/// for anything else. Both engines report these as text only (a stream error, or a 500
+/// with the registry's message), so the adapters share this one reading of it.
+pub fn pull_failure_kind(message: &str) -> Option<EngineErrorKind> {
+    let m = message.to_ascii_lowercase();
+    let any = |needles: &[&str]| needles.iter().any(|n| m.contains(n));
+    if any(&[
+        "unauthorized",
+        "authentication required",
+        "no basic auth credentials",
+        "incorrect username or password",
+        "invalid username/password",
+        "denied: ",
+    ]) {
+        Some(EngineErrorKind::Unauthorized)
+    } else if any(&[
+        "manifest unknown",
+        "not found",
+        "repository does not exist",
+        "name unknown",
+    ]) {
+        Some(EngineErrorKind::NotFound)
+    } else {
+        None
+    }
+}
+
 /// An engine error shared by every create waiting on one pull.
 #[derive(Debug, Clone)]
 struct SharedError(Arc<EngineError>);
@@ -616,9 +653,10 @@ pub(crate) async fn ensure<E: ContainerEngine>(
         )
     })?;
     if policy != PullPolicy::Always {
-        let exists = crate::sandbox::bounded(call_timeout, "image exists", engine.image_exists(image))
-            .await
-            .map_err(|e| crate::error::engine(&**engine, "check the image", e))?;
+        let exists =
+            crate::sandbox::bounded(call_timeout, "image exists", engine.image_exists(image))
+                .await
+                .map_err(|e| crate::error::engine(&**engine, "check the image", e))?;
         if exists {
             return Ok(());
         }
@@ -662,7 +700,13 @@ pub(crate) async fn ensure<E: ContainerEngine>(
         Outcome::Failed {
             error,
             had_credentials,
-        } => Err(pull_error(&**engine, image, &parsed, error, had_credentials)),
+        } => Err(pull_error(
+            &**engine,
+            image,
+            &parsed,
+            error,
+            had_credentials,
+        )),
     }
 }
 
@@ -691,7 +735,12 @@ async fn join_pull<E: ContainerEngine>(
             None => {
                 let hooks = Arc::new(Mutex::new(hook.cloned().into_iter().collect::<Vec<_>>()));
                 let id = FLIGHT_IDS.fetch_add(1, Ordering::Relaxed);
-                let pull = start_pull(engine.clone(), image.to_string(), parsed.clone(), hooks.clone());
+                let pull = start_pull(
+                    engine.clone(),
+                    image.to_string(),
+                    parsed.clone(),
+                    hooks.clone(),
+                );
                 flights.insert(
                     key.clone(),
                     InFlight {
@@ -823,7 +872,9 @@ fn pull_error<E: ContainerEngine + ?Sized>(
             let detail = if had_credentials {
                 format!("registry {registry} refused the credentials for `{image}`")
             } else {
-                format!("registry {registry} demands credentials for `{image}` and none are configured")
+                format!(
+                    "registry {registry} demands credentials for `{image}` and none are configured"
+                )
             };
             SandboxError::auth_refused(
                 store.env_var(),
@@ -881,7 +932,11 @@ mod tests {
     fn short_names_resolve_to_docker_hub_library() {
         let i = r("python:3.12-slim");
         assert_eq!(
-            (i.registry.as_str(), i.repository.as_str(), i.reference.as_str()),
+            (
+                i.registry.as_str(),
+                i.repository.as_str(),
+                i.reference.as_str()
+            ),
             ("docker.io", "library/python", ":3.12-slim")
         );
         assert_eq!(r("team/app").reference, ":latest");
@@ -897,7 +952,10 @@ mod tests {
         assert_eq!(i.reference, ":1");
         assert!(i.registry_is_loopback());
         let d = r("localhost:5000/a@sha256:abcd");
-        assert_eq!((d.registry.as_str(), d.reference.as_str()), ("localhost:5000", "@sha256:abcd"));
+        assert_eq!(
+            (d.registry.as_str(), d.reference.as_str()),
+            ("localhost:5000", "@sha256:abcd")
+        );
         assert!(d.registry_is_loopback());
         let p = r("localhost:5000/a");
         assert_eq!(p.reference, ":latest");
@@ -973,7 +1031,11 @@ mod tests {
             "auth.json",
             r#"{"auths":{"127.0.0.1:5000":{"auth":"YTpi"},"127.0.0.1:5000/team":{"auth":"Yzpk"}}}"#,
         );
-        let docker = write(&dir, "docker/config.json", r#"{"auths":{"127.0.0.1:5000":{"auth":"eDp5"}}}"#);
+        let docker = write(
+            &dir,
+            "docker/config.json",
+            r#"{"auths":{"127.0.0.1:5000":{"auth":"eDp5"}}}"#,
+        );
         let f = file.to_string_lossy().to_string();
         let dd = docker.parent().unwrap().to_string_lossy().to_string();
         let env = move |k: &str| match k {
@@ -997,7 +1059,11 @@ mod tests {
     #[test]
     fn a_broken_credential_file_is_a_configuration_error_without_its_content() {
         let dir = tempdir("broken");
-        write(&dir, "config.json", r#"{"auths":{"r:1":{"auth":"not base64 hunter2!"}}}"#);
+        write(
+            &dir,
+            "config.json",
+            r#"{"auths":{"r:1":{"auth":"not base64 hunter2!"}}}"#,
+        );
         let d = dir.to_string_lossy().to_string();
         let env = move |k: &str| (k == "DOCKER_CONFIG").then(|| d.clone());
         let e = CredentialStore::Docker

@@ -5,18 +5,20 @@ use std::net::SocketAddr;
 use std::time::{Duration, SystemTime};
 
 use bollard::Docker;
+use bollard::auth::DockerCredentials;
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::models::{ContainerStateStatusEnum, ContainerSummaryStateEnum, PortMap};
 use bollard::query_parameters::{
-    ContainerArchiveInfoOptions, CreateContainerOptions, DownloadFromContainerOptions,
-    ListContainersOptions, RemoveContainerOptions, UploadToContainerOptions,
+    ContainerArchiveInfoOptions, CreateContainerOptions, CreateImageOptions,
+    DownloadFromContainerOptions, ListContainersOptions, RemoveContainerOptions,
+    UploadToContainerOptions,
 };
 use futures::{StreamExt, TryStreamExt};
 use sandbox_container::{
     ArchiveBody, ContainerEngine, ContainerInfo, ContainerSpec, EngineError, EngineErrorKind,
-    EngineResult, ExecRequest, ExecState, ExecStream, LAYER_CAPABILITIES, PathStat, Runtime,
-    parse_rfc3339,
+    EngineResult, ExecRequest, ExecState, ExecStream, ImageRef, LAYER_CAPABILITIES, PathStat,
+    PullProgress, RegistryAuth, Runtime, parse_rfc3339,
 };
 use sandbox_core::{
     Capability, EngineReport, IsolationTier, OutputChunk, Problem, SandboxError, SandboxState,
@@ -24,7 +26,7 @@ use sandbox_core::{
 };
 
 use crate::config::{DockerConfig, TEST_IMAGES, redact_endpoint};
-use crate::error::{BACKEND, during, engine_error, start_hint};
+use crate::error::{BACKEND, during, engine_error, pull_error, start_hint};
 use crate::policy;
 
 /// The Docker engine behind a [`DockerBackend`](crate::DockerBackend).
@@ -43,6 +45,30 @@ impl std::fmt::Debug for DockerEngine {
             .field("endpoint", &self.endpoint)
             .field("runtime", &self.config.runtime)
             .finish_non_exhaustive()
+    }
+}
+
+/// Longest a pull may go without a progress message (the daemon reports download
+/// progress about every 0.5 s while bytes flow).
+const PULL_IDLE: Duration = Duration::from_secs(120);
+
+/// The reference to pull: with an explicit `:latest` when none is given, since a bare
+/// name makes the daemon pull every tag of the repository.
+fn pull_reference(image: &str) -> String {
+    match ImageRef::parse(image) {
+        Some(r) if !image.ends_with(&r.reference) => format!("{image}{}", r.reference),
+        _ => image.to_string(),
+    }
+}
+
+/// Credentials as the daemon's `X-Registry-Auth` header carries them.
+fn docker_credentials(auth: &RegistryAuth) -> DockerCredentials {
+    DockerCredentials {
+        username: Some(auth.username.clone()).filter(|u| !u.is_empty()),
+        password: Some(auth.password.expose().to_string()).filter(|p| !p.is_empty()),
+        serveraddress: Some(auth.server_address.clone()),
+        identitytoken: auth.identity_token.as_ref().map(|t| t.expose().to_string()),
+        ..Default::default()
     }
 }
 
@@ -507,6 +533,58 @@ impl ContainerEngine for DockerEngine {
         Ok(stat)
     }
 
+    async fn image_exists(&self, image: &str) -> EngineResult<bool> {
+        match self.client.inspect_image(image).await {
+            Ok(_) => Ok(true),
+            Err(e) => {
+                let e = engine_error("inspect image", e);
+                if e.kind == EngineErrorKind::NotFound {
+                    Ok(false)
+                } else {
+                    Err(e)
+                }
+            }
+        }
+    }
+
+    async fn pull(
+        &self,
+        image: &str,
+        auth: Option<&RegistryAuth>,
+        progress: &(dyn Fn(PullProgress) + Send + Sync),
+    ) -> EngineResult<()> {
+        let opts = CreateImageOptions {
+            from_image: Some(pull_reference(image)),
+            ..Default::default()
+        };
+        let mut stream = self
+            .client
+            .create_image(Some(opts), None, auth.map(docker_credentials));
+        loop {
+            let next = tokio::time::timeout(PULL_IDLE, stream.next())
+                .await
+                .map_err(|_| {
+                    EngineError::new(
+                        EngineErrorKind::Other,
+                        format!("pull image: no progress for {PULL_IDLE:?}"),
+                    )
+                })?;
+            match next {
+                None => return Ok(()),
+                Some(Err(e)) => return Err(pull_error(e)),
+                Some(Ok(info)) => {
+                    let mut p = PullProgress::new(image, info.status.unwrap_or_default());
+                    p.layer = info.id;
+                    if let Some(d) = info.progress_detail {
+                        p.current = d.current.and_then(|c| u64::try_from(c).ok());
+                        p.total = d.total.and_then(|t| u64::try_from(t).ok());
+                    }
+                    progress(p);
+                }
+            }
+        }
+    }
+
     async fn ping(&self) -> EngineResult<()> {
         self.client.ping().await.map(|_| ()).map_err(during("ping"))
     }
@@ -571,6 +649,24 @@ impl ContainerEngine for DockerEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bare_names_pull_latest_only() {
+        assert_eq!(
+            pull_reference("127.0.0.1:5000/a/b"),
+            "127.0.0.1:5000/a/b:latest"
+        );
+        assert_eq!(pull_reference("python:3.12"), "python:3.12");
+        assert_eq!(pull_reference("r:1/a@sha256:00"), "r:1/a@sha256:00");
+    }
+
+    #[test]
+    fn credentials_reach_the_header_but_not_debug() {
+        let a = RegistryAuth::new("127.0.0.1:5000", "user", "hunter2");
+        let c = docker_credentials(&a);
+        assert_eq!(c.password.as_deref(), Some("hunter2"));
+        assert!(!format!("{a:?}").contains("hunter2"));
+    }
 
     #[test]
     fn go_modes() {

@@ -42,6 +42,20 @@ pub(crate) fn engine_error(op: &str, e: bollard::errors::Error) -> EngineError {
     EngineError::new(kind, message).with_source(e)
 }
 
+/// A failed pull: the registry's refusals and missing images are told apart by the
+/// daemon's text (it reports both as a stream error or a 404/500 with a message), so the
+/// container layer can name the fix.
+pub(crate) fn pull_error(e: bollard::errors::Error) -> EngineError {
+    let mut err = engine_error("pull image", e);
+    if !matches!(
+        err.kind,
+        EngineErrorKind::Unavailable | EngineErrorKind::Timeout
+    ) {
+        err.kind = sandbox_container::image::pull_failure_kind(&err.message).unwrap_or(err.kind);
+    }
+    err
+}
+
 /// A closure for `map_err` naming `op`.
 pub(crate) fn during(op: &'static str) -> impl Fn(bollard::errors::Error) -> EngineError {
     move |e| engine_error(op, e)
@@ -98,6 +112,34 @@ mod tests {
         let e = engine_error("x", server(500, "boom"));
         assert_eq!(e.kind, EngineErrorKind::Other);
         assert!(std::error::Error::source(&e).is_some(), "source kept");
+    }
+
+    #[test]
+    fn pull_refusals_and_missing_images_are_told_apart() {
+        let stream = |m: &str| bollard::errors::Error::DockerStreamError { error: m.into() };
+        assert_eq!(
+            pull_error(stream(
+                "Head \"http://127.0.0.1:5000/v2/x/manifests/1\": no basic auth credentials"
+            ))
+            .kind,
+            EngineErrorKind::Unauthorized
+        );
+        assert_eq!(
+            pull_error(server(500, "unauthorized: authentication required")).kind,
+            EngineErrorKind::Unauthorized
+        );
+        assert_eq!(
+            pull_error(server(
+                404,
+                "manifest for 127.0.0.1:5000/x:9 not found: manifest unknown"
+            ))
+            .kind,
+            EngineErrorKind::NotFound
+        );
+        assert_eq!(
+            pull_error(stream("write /var/lib/docker/tmp: no space left on device")).kind,
+            EngineErrorKind::Other
+        );
     }
 
     #[test]

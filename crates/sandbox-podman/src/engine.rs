@@ -26,17 +26,21 @@ use podman_api::Podman;
 use podman_api::conn::TtyChunk;
 use podman_api::opts::{
     ContainerDeleteOpts, ContainerListFilter, ContainerListOpts, ExecCreateOpts, ExecStartOpts,
+    PullOpts,
 };
 use sandbox_container::{
-    ArchiveBody, ContainerEngine, ContainerInfo, ContainerSpec, EngineError, EngineErrorKind,
-    EngineResult, ExecInput, ExecRequest, ExecState, ExecStream, PathStat,
+    ArchiveBody, ContainerEngine, ContainerInfo, ContainerSpec, CredentialStore, EngineError,
+    EngineErrorKind, EngineResult, ExecInput, ExecRequest, ExecState, ExecStream, ImageRef,
+    PathStat, PullProgress, RegistryAuth,
 };
 use sandbox_core::{
     Capability, EngineReport, IsolationTier, OutputChunk, Problem, SandboxError, SandboxState,
 };
 
 use crate::config::{HookEvent, HookFn, MountMode, PodmanConfig, PodmanOptions};
-use crate::error::{BACKEND, START_HINT, call, engine_panicked, from_api, from_rest, refused};
+use crate::error::{
+    BACKEND, START_HINT, call, engine_panicked, from_api, from_rest, pull_failed, refused,
+};
 use crate::rest::Rest;
 
 /// The Podman engine: one shared podman-api client plus the REST bypass, and the Podman
@@ -224,6 +228,33 @@ async fn run_hook(name: &str, hook: &Option<HookFn>, event: &HookEvent) -> Engin
 
 fn bounded(s: &str) -> String {
     s.chars().take(256).collect()
+}
+
+/// Longest a pull may go without a message. Podman reports per blob, not per byte, so a
+/// large layer on a slow link is silent for a while.
+const PULL_IDLE: Duration = Duration::from_secs(300);
+
+/// The pull request: credentials as the `X-Registry-Auth` header, and TLS verification
+/// off only for a registry on this machine (what Docker allows for 127.0.0.0/8 without
+/// configuration; Podman otherwise needs a registries.conf `insecure` entry).
+fn pull_opts(image: &str, auth: Option<&RegistryAuth>) -> PullOpts {
+    let mut b = PullOpts::builder().reference(image).quiet(false);
+    if ImageRef::parse(image).is_some_and(|r| r.registry_is_loopback()) {
+        b = b.tls_verify(false);
+    }
+    if let Some(a) = auth {
+        let header = match &a.identity_token {
+            Some(t) => podman_api::opts::RegistryAuth::token(t.expose()),
+            None => podman_api::opts::RegistryAuth::builder()
+                .username(a.username.clone())
+                .password(a.password.expose())
+                .server_address(a.server_address.clone())
+                .build(),
+        };
+        b.auth(header);
+    }
+    // Never `Debug`-printed: podman-api's options show the password.
+    b.build()
 }
 
 fn state_of(s: Option<&str>) -> SandboxState {
@@ -671,6 +702,79 @@ impl ContainerEngine for PodmanEngine {
         out.modified = st.modified();
         out.link_target = Some(st.link_target).filter(|t| !t.is_empty());
         Ok(out)
+    }
+
+    fn credential_store(&self) -> CredentialStore {
+        CredentialStore::Containers
+    }
+
+    async fn image_exists(&self, image: &str) -> EngineResult<bool> {
+        let img = self.client.images().get(image);
+        self.api("image exists", img.exists()).await
+    }
+
+    async fn pull(
+        &self,
+        image: &str,
+        auth: Option<&RegistryAuth>,
+        progress: &(dyn Fn(PullProgress) + Send + Sync),
+    ) -> EngineResult<()> {
+        let opts = pull_opts(image, auth);
+        let images = self.client.images();
+        // A panic in podman-api's decoding becomes an error item (it borrows `images`,
+        // so not through `unwind_safe`, which needs an owned stream).
+        let mut stream = futures::stream::StreamExt::catch_unwind(std::panic::AssertUnwindSafe(
+            images.pull(&opts),
+        ))
+        .map(|item| match item {
+            Ok(r) => r.map_err(|e| from_api("image pull", e)),
+            Err(_) => Err(engine_panicked("image pull")),
+        });
+        let mut pulled = false;
+        loop {
+            let next = tokio::time::timeout(PULL_IDLE, stream.next())
+                .await
+                .map_err(|_| {
+                    EngineError::new(
+                        EngineErrorKind::Other,
+                        format!("image pull: no progress for {PULL_IDLE:?}"),
+                    )
+                })?;
+            let report = match next {
+                None => break,
+                Some(Err(e)) => return Err(pull_failed(e)),
+                Some(Ok(r)) => r,
+            };
+            if let Some(err) = report.error.filter(|e| !e.is_empty()) {
+                return Err(pull_failed(EngineError::new(
+                    EngineErrorKind::Other,
+                    bounded(&format!("image pull: {err}")),
+                )));
+            }
+            if let Some(line) = report
+                .stream
+                .as_deref()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+            {
+                let mut p = PullProgress::new(image, line);
+                // "Copying blob sha256:…" names the blob.
+                p.layer = line
+                    .split_whitespace()
+                    .find(|w| w.starts_with("sha256:"))
+                    .map(str::to_string);
+                progress(p);
+            }
+            pulled |= report.images.is_some_and(|i| !i.is_empty()) || report.id.is_some();
+        }
+        if pulled {
+            Ok(())
+        } else {
+            Err(EngineError::new(
+                EngineErrorKind::Other,
+                "image pull: the engine ended the pull without an image",
+            ))
+        }
     }
 
     async fn ping(&self) -> EngineResult<()> {
