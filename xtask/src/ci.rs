@@ -49,6 +49,9 @@ const CARGO_CHECKS: &[(&str, &[&str])] = &[
     ),
     // The agent binary the library embeds, rebuilt and compared byte for byte.
     ("agent --check", &["xtask", "agent", "--check"]),
+    // Would `cargo publish` work (names, metadata, versions, packaged files)? Offline,
+    // seconds.
+    ("publish-check", &["xtask", "publish-check"]),
 ];
 
 /// fmt, clippy, the feature configurations, the full test command, the docs drift check,
@@ -169,7 +172,12 @@ const BUDGETS: &[Budget] = &[
         why: "the CLI ships every first-party engine, the fake and TLS",
         tree: &["-e", "normal", "-p", "sandbox-rs-cli"],
         forbidden: &[],
-        required: &["sandbox-rs-docker", "sandbox-rs-podman", "sandbox-rs-fake", "rustls"],
+        required: &[
+            "sandbox-rs-docker",
+            "sandbox-rs-podman",
+            "sandbox-rs-fake",
+            "rustls",
+        ],
     },
 ];
 

@@ -19,6 +19,7 @@ mod images;
 mod mirror;
 mod packages;
 mod process;
+mod publish;
 mod report;
 mod scratch;
 mod setup;
@@ -53,6 +54,8 @@ commands:
   bench [-- <args>...]       benchmarks: sandbox-rs vs raw engine crates vs engine CLIs on
                              docker, podman and fake; regenerates docs/benchmarks.md
                              (args go to sandbox-bench, e.g. `-- --runs 10 --backend docker`)
+  publish-check [--verify]   would `cargo publish` work: names, metadata, versions,
+                             packaged files (--verify: also build each packaged crate)
   teardown                   stop the daemons `setup` started (pids in /run/sandbox-rs/)
 
 environment:
@@ -72,6 +75,7 @@ enum Command {
     Demo,
     Agent { check: bool },
     Bench(Vec<String>),
+    PublishCheck { verify: bool },
     Teardown,
     Help,
 }
@@ -100,6 +104,7 @@ fn dispatch(command: Command) -> Result<()> {
         Command::Demo => demo::run(),
         Command::Agent { check } => agent::run(check),
         Command::Bench(passthrough) => bench::run(&passthrough),
+        Command::PublishCheck { verify } => publish::run(verify),
         Command::Teardown => teardown::run(),
         Command::Help => {
             print!("{USAGE}");
@@ -145,6 +150,8 @@ fn parse(args: &[String]) -> Result<Command> {
         ("agent", []) => Command::Agent { check: false },
         ("agent", ["--check"]) => Command::Agent { check: true },
         ("bench", []) => Command::Bench(passthrough),
+        ("publish-check", []) => Command::PublishCheck { verify: false },
+        ("publish-check", ["--verify"]) => Command::PublishCheck { verify: true },
         ("teardown", []) => Command::Teardown,
         (name, []) => bail!("unknown command {name:?}\n\n{USAGE}"),
         (name, flags) => bail!("{name}: unexpected arguments {flags:?}\n\n{USAGE}"),
