@@ -6,6 +6,8 @@
 //! adapter), so the suite's teardown trials can make container removals hang or fail
 //! while the adapter's own HTTP client and error mapping stay in the path.
 
+pub mod registry;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
