@@ -69,6 +69,11 @@ pub struct ContainerConfig {
     /// Receives the progress of the image pulls `create` waits for (they are also
     /// `tracing` events, target [`PULL_TARGET`](crate::image::PULL_TARGET)).
     pub pull_progress: Option<crate::image::PullProgressHook>,
+    /// Whether sandboxes run the in-sandbox agent as PID 1 and send `run`/`stream`
+    /// through it (default `true`). Off, or where the engine cannot attach, no agent is
+    /// shipped for this architecture, or the agent does not answer, the engine's exec
+    /// path is used ([`ContainerSandbox::exec_path`] says which).
+    pub agent: bool,
 }
 
 impl ContainerConfig {
@@ -83,7 +88,14 @@ impl ContainerConfig {
             max_contexts: DEFAULT_MAX_CONTEXTS,
             max_ingress_connections: DEFAULT_MAX_INGRESS_CONNECTIONS,
             pull_progress: None,
+            agent: true,
         }
+    }
+
+    /// Uses the in-sandbox agent (default) or forces the engine's exec path.
+    pub fn agent(mut self, on: bool) -> Self {
+        self.agent = on;
+        self
     }
 
     /// Sends the progress of every image pull `create` waits for to `hook`.
@@ -219,6 +231,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         options: &CreateOptions,
         resources: sandbox_core::EffectiveResources,
         egress_net: Option<&crate::engine::NetworkInfo>,
+        agent: bool,
     ) -> ContainerSpec {
         let image = options
             .template
@@ -228,13 +241,21 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         let deadline = sandbox_core::labels::unix_now() + lifetime_secs(lifetime);
         // Allow and AllowList run on the library's network (egress/mod.rs).
         let network = crate::egress::network_mode(&options.network, egress_net);
+        // The main process is the lifetime backstop: it ends at the deadline, which ends
+        // the container. The agent cannot be stopped from inside; `sleep` can (kill -STOP),
+        // so on the exec path the sweep past the deadline is the last resort.
+        let command = if agent {
+            crate::agent::command(deadline)
+        } else {
+            vec!["sleep".into(), format!("{:.3}", lifetime.as_secs_f64())]
+        };
         ContainerSpec {
             name: container_name(),
             image,
-            // The main process is the lifetime backstop: it ends at the deadline, which
-            // ends the container.
-            command: vec!["sleep".into(), format!("{:.3}", lifetime.as_secs_f64())],
-            init: true,
+            command,
+            // The agent reaps zombies itself and must be PID 1 (an init in front of it
+            // would hold signals the agent relies on the kernel to drop).
+            init: !agent,
             // Secrets are deliberately absent: they are injected per exec, never stored in
             // the container configuration.
             env: options
@@ -247,8 +268,14 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             resources,
             network,
             lifetime,
-            attach_stdin: false,
+            attach_stdin: agent,
         }
+    }
+
+    /// Whether new sandboxes start with the agent: configured, the engine can attach, and
+    /// a binary ships for this architecture.
+    fn wants_agent(&self) -> bool {
+        self.config.agent && self.engine.supports_attach() && crate::agent::binary().is_some()
     }
 
     async fn create_sandbox(&self, options: CreateOptions) -> Result<ContainerSandbox<E>> {
@@ -263,7 +290,8 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         } else {
             None
         };
-        let spec = self.spec(&options, resources, egress_net.as_ref());
+        let agent = self.wants_agent();
+        let spec = self.spec(&options, resources, egress_net.as_ref(), agent);
         self.engine.check_spec(&spec).map_err(error::refused_spec)?;
         // Before the create bound: a first pull may take minutes (it has its own bound).
         crate::image::ensure(
@@ -275,7 +303,31 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         )
         .await?;
         let limit = self.config.create_timeout;
-        let provision = self.provision(spec, &options, tier, egress_net.as_ref());
+        let provision = async {
+            match self
+                .provision(spec, &options, tier, egress_net.as_ref())
+                .await?
+            {
+                Provisioned::Ready(s) => Ok(*s),
+                Provisioned::AgentFailed(reason) => {
+                    // That container is already removed: a new one on the exec path.
+                    tracing::warn!(
+                        backend,
+                        reason = %reason,
+                        exec_path = "engine",
+                        "the in-sandbox agent did not start; falling back to the engine's exec path"
+                    );
+                    let spec = self.spec(&options, resources, egress_net.as_ref(), false);
+                    match self
+                        .provision(spec, &options, tier, egress_net.as_ref())
+                        .await?
+                    {
+                        Provisioned::Ready(s) => Ok(*s),
+                        Provisioned::AgentFailed(reason) => Err(error::internal(backend, reason)),
+                    }
+                }
+            }
+        };
         match tokio::time::timeout(limit, provision).await {
             Ok(r) => r,
             // Dropping `provision` dropped its armed guard: the container is removed in
@@ -290,7 +342,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         options: &CreateOptions,
         tier: IsolationTier,
         egress_net: Option<&crate::engine::NetworkInfo>,
-    ) -> Result<ContainerSandbox<E>> {
+    ) -> Result<Provisioned<E>> {
         let eng = &*self.engine;
         let backend = eng.backend();
         let limit = self.config.create_timeout;
@@ -325,6 +377,21 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             info,
             container_killer(self.engine.clone(), self.config.call_timeout, id.clone()),
         );
+        // The agent goes in before start: it is the container's main process.
+        if spec.attach_stdin {
+            let put = match crate::agent::binary().map(crate::agent::archive) {
+                Some(Ok(tar)) => self
+                    .call("agent upload", eng.put_archive(&id, "/", tar))
+                    .await
+                    .map_err(|e| format!("uploading the agent failed: {e}")),
+                Some(Err(e)) => Err(format!("packing the agent failed: {e}")),
+                None => Err("no agent binary for this architecture".to_string()),
+            };
+            if let Err(reason) = put {
+                let _ = guard.kill_now().await;
+                return Ok(Provisioned::AgentFailed(reason));
+            }
+        }
         if let Err(e) = self.call("start", eng.start(&id)).await {
             let err = create_err("start container", e);
             let _ = guard.kill_now().await;
@@ -337,6 +404,18 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             let _ = guard.kill_now().await;
             return Err(e);
         }
+        // Nothing of the user's runs before the hello: the agent only spawns on request.
+        let agent = if spec.attach_stdin {
+            match crate::agent::connect(eng, &id, self.config.call_timeout).await {
+                Ok(client) => Some(client),
+                Err(reason) => {
+                    let _ = guard.kill_now().await;
+                    return Ok(Provisioned::AgentFailed(reason));
+                }
+            }
+        } else {
+            None
+        };
         let shared = Arc::new(Shared {
             engine: self.engine.clone(),
             config: self.config.clone(),
@@ -354,7 +433,14 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                 .collect(),
             interpreters: Mutex::new(HashMap::new()),
             contexts: Mutex::new(HashMap::new()),
+            agent,
         });
+        tracing::debug!(
+            sandbox_id = %shared.id,
+            backend,
+            exec_path = %shared.exec_path(),
+            "sandbox ready"
+        );
         let ports = &options.network.ingress_ports;
         let ingress = match &spec.network {
             _ if ports.is_empty() => Ok(Ingress::default()),
@@ -362,7 +448,9 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             _ => crate::ingress::published(&shared, ports).await,
         };
         match ingress {
-            Ok(ingress) => Ok(ContainerSandbox::new(shared, guard, ingress)),
+            Ok(ingress) => Ok(Provisioned::Ready(Box::new(ContainerSandbox::new(
+                shared, guard, ingress,
+            )))),
             Err(e) => {
                 let _ = guard.kill_now().await;
                 Err(e)
@@ -472,6 +560,9 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             secrets: Vec::new(),
             interpreters: Mutex::new(HashMap::new()),
             contexts: Mutex::new(HashMap::new()),
+            // The agent serves one host session (its creator's); a reattached handle
+            // uses the engine's exec path, which works beside it.
+            agent: None,
         });
         Ok(ContainerSandbox::new(shared, guard, Ingress::default()))
     }
@@ -485,6 +576,14 @@ impl<E: ContainerEngine> ContainerBackend<E> {
     pub async fn connect_container(&self, id: &str) -> Result<ContainerSandbox<E>> {
         self.connect_sandbox(id).await
     }
+}
+
+/// What one provisioning attempt gave.
+enum Provisioned<E: ContainerEngine> {
+    /// A usable sandbox.
+    Ready(Box<ContainerSandbox<E>>),
+    /// The agent could not be put in place or did not answer; its container is removed.
+    AgentFailed(String),
 }
 
 /// The lifetime in whole seconds, rounded up (what the deadline label uses).

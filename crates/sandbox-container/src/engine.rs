@@ -485,6 +485,11 @@ pub trait ContainerEngine: Send + Sync + fmt::Debug + 'static {
 
     /// Creates and starts an exec with attached output (and stdin when asked).
     async fn exec(&self, id: &str, request: ExecRequest) -> EngineResult<ExecStream>;
+    /// Whether [`ContainerEngine::attach`] is implemented. Default `false`: the container
+    /// layer then never creates an agent-mode container on this engine.
+    fn supports_attach(&self) -> bool {
+        false
+    }
     /// Attaches to the stdin, stdout and stderr of the main process of a running
     /// container created with [`ContainerSpec::attach_stdin`]: live streams only, no
     /// past output. Default: not supported, and the container layer keeps to the exec

@@ -2,6 +2,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod agent;
 mod archive;
 mod backend;
 pub mod discovery;
@@ -38,7 +39,7 @@ pub use files::{LS_SCRIPT, MKDIR_SCRIPT, REMOVE_SCRIPT};
 pub use interpreter::DRIVER;
 pub use kill::KILL_SCRIPT;
 pub use runtime::{LABEL_RUNTIME, RUNSC_PIDS_HEADROOM, Runtime};
-pub use sandbox::{ContainerNative, ContainerSandbox};
+pub use sandbox::{ContainerNative, ContainerSandbox, ExecPath};
 pub use time::parse_rfc3339;
 
 // What `forward_backend!` expands to, reachable from the adapters' crates.

@@ -21,6 +21,9 @@ use crate::error;
 use crate::files::ContainerFiles;
 use crate::ingress::Ingress;
 use crate::interpreter::ContextSlot;
+use sandbox_agent::client::AgentClient;
+
+pub use crate::agent::ExecPath;
 
 /// The engine and container id behind a [`ContainerSandbox`].
 ///
@@ -34,6 +37,9 @@ pub struct ContainerNative<E> {
     pub container_id: String,
     /// Host loopback address of each ingress port (container port → `127.0.0.1:<port>`).
     pub ingress: BTreeMap<u16, SocketAddr>,
+    /// Whether `run` and `stream` go through the in-sandbox agent or the engine's exec
+    /// path (`run_code` and files use the exec path either way, for now).
+    pub exec_path: ExecPath,
 }
 
 impl<E> std::fmt::Debug for ContainerNative<E> {
@@ -41,6 +47,7 @@ impl<E> std::fmt::Debug for ContainerNative<E> {
         f.debug_struct("ContainerNative")
             .field("container_id", &self.container_id)
             .field("ingress", &self.ingress)
+            .field("exec_path", &self.exec_path)
             .finish_non_exhaustive()
     }
 }
@@ -62,6 +69,9 @@ pub(crate) struct Shared<E> {
     pub interpreters: Mutex<HashMap<String, bool>>,
     /// Persistent interpreters by context id.
     pub contexts: Mutex<HashMap<String, ContextSlot>>,
+    /// The in-sandbox agent, when it is this container's PID 1 and answered its hello;
+    /// `None` on the engine's exec path.
+    pub agent: Option<AgentClient>,
 }
 
 impl<E: ContainerEngine> Shared<E> {
@@ -73,6 +83,31 @@ impl<E: ContainerEngine> Shared<E> {
         fut: impl Future<Output = EngineResult<T>>,
     ) -> EngineResult<T> {
         bounded(self.config.call_timeout, op, fut).await
+    }
+
+    /// Which path user commands take.
+    pub(crate) fn exec_path(&self) -> ExecPath {
+        if self.agent.is_some() {
+            ExecPath::Agent
+        } else {
+            ExecPath::Engine
+        }
+    }
+
+    /// A user command as a [`Process`], through the agent when there is one.
+    pub(crate) fn user_process(
+        self: &Arc<Self>,
+        argv: Vec<String>,
+        options: &RunOptions,
+        timeout: Duration,
+    ) -> Result<Process> {
+        let workdir = options.workdir.as_deref();
+        match &self.agent {
+            Some(client) => {
+                crate::agent::process(self, client, argv, &options.env, workdir, timeout, None)
+            }
+            None => crate::exec::process(self, argv, &options.env, workdir, timeout, None),
+        }
     }
 
     /// What orphan warnings name.
@@ -222,6 +257,7 @@ impl<E: ContainerEngine> ContainerSandbox<E> {
                 engine: shared.engine.clone(),
                 container_id: shared.id.clone(),
                 ingress: ingress.addrs.clone(),
+                exec_path: shared.exec_path(),
             },
             ingress: Mutex::new(ingress),
             files: ContainerFiles::new(shared.clone()),
@@ -230,6 +266,12 @@ impl<E: ContainerEngine> ContainerSandbox<E> {
             teardown: tokio::sync::Mutex::new(guard),
             killed: AtomicBool::new(false),
         }
+    }
+
+    /// Whether `run` and `stream` go through the in-sandbox agent or the engine's exec
+    /// path.
+    pub fn exec_path(&self) -> ExecPath {
+        self.shared.exec_path()
     }
 
     /// The template (image) this sandbox runs.
@@ -272,14 +314,7 @@ impl<E: ContainerEngine> Sandbox for ContainerSandbox<E> {
         cmd.validate()?;
         let timeout = options.validate(self.shared.remaining()?)?;
         let cap = options.output_cap.unwrap_or(DEFAULT_OUTPUT_CAP);
-        let p = crate::exec::process(
-            &self.shared,
-            cmd.to_argv(),
-            &options.env,
-            options.workdir.as_deref(),
-            timeout,
-            None,
-        )?;
+        let p = self.shared.user_process(cmd.to_argv(), &options, timeout)?;
         p.collect(cap).await
     }
 
@@ -291,14 +326,7 @@ impl<E: ContainerEngine> Sandbox for ContainerSandbox<E> {
         sandbox_core::policy::require(self.shared.caps, Capability::STREAMING, self.backend())?;
         cmd.validate()?;
         let timeout = options.validate(self.shared.remaining()?)?;
-        crate::exec::process(
-            &self.shared,
-            cmd.to_argv(),
-            &options.env,
-            options.workdir.as_deref(),
-            timeout,
-            None,
-        )
+        self.shared.user_process(cmd.to_argv(), &options, timeout)
     }
 
     fn files(&self) -> Result<&dyn FileSystem> {

@@ -1,0 +1,268 @@
+//! The in-sandbox agent as the container's PID 1 (docs/agent.md): putting the embedded
+//! binary into a created container, connecting to it over the engine's attach stream, and
+//! running user processes through it instead of the engine's exec path.
+//!
+//! Why: an engine exec costs tens of milliseconds (runc exec, conmon) where a spawn through
+//! the agent costs about one; and the agent as PID 1 is a lifetime backstop sandboxed root
+//! cannot stop (the kernel drops every signal from inside the namespace to a PID 1 without
+//! handlers), unlike the `sleep` main process of the exec path.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use sandbox_agent::client::{AgentClient, ClientOptions, ProcessEvent, RemoteProcess};
+use sandbox_agent::protocol::SpawnSpec;
+use sandbox_core::teardown::Killer;
+use sandbox_core::{OutputChunk, Process, Result, StartFuture, StartedExec, StreamKind};
+
+use crate::engine::{ArchiveBody, ContainerEngine};
+use crate::error;
+use crate::sandbox::{Shared, bounded};
+
+/// Where the agent binary is put in every agent-mode container (the root directory always
+/// exists, whatever the image; the dot keeps it out of a plain `ls /`).
+pub(crate) const AGENT_PATH: &str = "/.sandbox-agent";
+
+/// Which path a sandbox's commands take; reported by [`ContainerNative`](crate::ContainerNative)
+/// and as the `exec_path` field of the create's tracing event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ExecPath {
+    /// Through the in-sandbox agent (the container's PID 1) over the engine's attach
+    /// stream.
+    Agent,
+    /// Through the engine's exec API (the agent is off, unavailable for this engine or
+    /// architecture, failed to start, or the handle was reattached with `connect`).
+    Engine,
+}
+
+impl ExecPath {
+    /// `"agent"` or `"engine"`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ExecPath::Agent => "agent",
+            ExecPath::Engine => "engine",
+        }
+    }
+}
+
+impl std::fmt::Display for ExecPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The agent binary this build ships, if any for this architecture.
+pub(crate) fn binary() -> Option<&'static [u8]> {
+    sandbox_agent::prebuilt()
+}
+
+/// The container's main process in agent mode: the agent, ending at `deadline_unix`.
+pub(crate) fn command(deadline_unix: u64) -> Vec<String> {
+    vec![
+        AGENT_PATH.to_string(),
+        "--deadline-unix".to_string(),
+        deadline_unix.to_string(),
+    ]
+}
+
+/// A tar stream holding the agent at [`AGENT_PATH`] (extracted into `/`): root-owned,
+/// 0755, a fixed mtime. Built once per process (1.5 MiB).
+pub(crate) fn archive(bin: &'static [u8]) -> std::io::Result<ArchiveBody> {
+    static TAR: OnceLock<Bytes> = OnceLock::new();
+    let tar = match TAR.get() {
+        Some(t) => t.clone(),
+        None => {
+            let t = tar_of(bin)?;
+            TAR.get_or_init(|| t).clone()
+        }
+    };
+    Ok(futures::stream::once(async move { Ok(tar) }).boxed())
+}
+
+fn tar_of(bin: &[u8]) -> std::io::Result<Bytes> {
+    let mut b = tar::Builder::new(Vec::with_capacity(bin.len() + 2048));
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_size(bin.len() as u64);
+    h.set_mode(0o755);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    b.append_data(&mut h, AGENT_PATH.trim_start_matches('/'), bin)?;
+    Ok(b.into_inner()?.into())
+}
+
+/// Attaches to the agent of container `id` and says hello. Each step is bounded by
+/// `limit`; the error says which step failed, for the fallback's log line.
+pub(crate) async fn connect<E: ContainerEngine>(
+    engine: &E,
+    id: &str,
+    limit: Duration,
+) -> std::result::Result<AgentClient, String> {
+    let attach = bounded(limit, "attach", engine.attach(id))
+        .await
+        .map_err(|e| format!("attach failed: {e}"))?;
+    let sandbox = id.to_string();
+    // The agent's stdout is the protocol; its stderr carries only its own diagnostics
+    // (bad arguments, a broken stream), which go to the log, bounded.
+    let stdout = attach.output.filter_map(move |item| {
+        futures::future::ready(match item {
+            Ok(c) if c.stream == StreamKind::Stdout => Some(Ok(c.data)),
+            Ok(c) => {
+                let text = String::from_utf8_lossy(&c.data[..c.data.len().min(512)]).into_owned();
+                tracing::debug!(sandbox_id = %sandbox, agent_stderr = %text, "agent diagnostics");
+                None
+            }
+            Err(e) => Some(Err(std::io::Error::other(e))),
+        })
+    });
+    let reader = tokio_util::io::StreamReader::new(Box::pin(stdout));
+    let mut opts = ClientOptions::default();
+    opts.hello_timeout = limit.min(HELLO_TIMEOUT);
+    opts.call_timeout = limit;
+    AgentClient::connect(reader, attach.input, id, opts)
+        .await
+        .map_err(|e| format!("the agent did not answer its hello: {}", e.render()))
+}
+
+/// Longest wait for the agent's hello. It answers in well under a millisecond once
+/// started; a binary that cannot run at all (another architecture) ends the container,
+/// which ends the stream at once, so this bound is only hit by a wedged engine.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A user command through the agent, as a lazily started, killable [`Process`] bounded by
+/// `timeout`. Dropped before its end, the process tree is killed (by the agent, which sees
+/// `setsid` and double-forked descendants too).
+pub(crate) fn process<E: ContainerEngine>(
+    sh: &Arc<Shared<E>>,
+    client: &AgentClient,
+    argv: Vec<String>,
+    env: &BTreeMap<String, String>,
+    workdir: Option<&str>,
+    timeout: Duration,
+    feed: Option<Bytes>,
+) -> Result<Process> {
+    let cwd = match workdir {
+        Some(w) => sandbox_core::resolve_path(&sh.workdir, w)?,
+        None => sh.workdir.clone(),
+    };
+    let spec = SpawnSpec {
+        argv,
+        env: sh.exec_env(env),
+        cwd: Some(cwd),
+        stdin: feed.is_some(),
+    };
+    Ok(Process::new(
+        start(sh.clone(), client.clone(), spec, feed),
+        timeout,
+        sh.info(),
+    ))
+}
+
+fn start<E: ContainerEngine>(
+    sh: Arc<Shared<E>>,
+    client: AgentClient,
+    spec: SpawnSpec,
+    feed: Option<Bytes>,
+) -> StartFuture {
+    Box::pin(async move {
+        sh.remaining()?;
+        // Dropped while this future is pending (a cancelled start), the process is killed.
+        let p = client.spawn(spec).await?;
+        if let Some(data) = feed {
+            let Some(stdin) = p.stdin() else {
+                return Err(error::internal(
+                    sh.engine.backend(),
+                    "the agent gave the process no stdin",
+                ));
+            };
+            stdin.write(&data).await?;
+            stdin.close().await?;
+        }
+        let handle = p.kill_handle();
+        let killer: Killer = Arc::new(move || {
+            let handle = handle.clone();
+            Box::pin(async move { handle.kill().await })
+        });
+        let (tx, rx) = tokio::sync::oneshot::channel::<i64>();
+        let id = sh.id.clone();
+        let exit_code = Box::pin(async move { rx.await.map_err(|_| error::gone(&id)) });
+        Ok(StartedExec {
+            output: events(p, client, tx),
+            exit_code,
+            killer,
+        })
+    })
+}
+
+/// The process's output as chunks; the exit status goes to `exit`. The client is held so
+/// its I/O tasks live as long as the stream, whatever happens to the sandbox handle.
+fn events(
+    p: RemoteProcess,
+    client: AgentClient,
+    exit: tokio::sync::oneshot::Sender<i64>,
+) -> futures::stream::BoxStream<'static, Result<OutputChunk>> {
+    struct State {
+        p: RemoteProcess,
+        _client: AgentClient,
+        exit: Option<tokio::sync::oneshot::Sender<i64>>,
+    }
+    let state = State {
+        p,
+        _client: client,
+        exit: Some(exit),
+    };
+    futures::stream::unfold(Some(state), |state| async move {
+        let mut s = state?;
+        match s.p.next_event().await {
+            Ok(Some(ProcessEvent::Stdout(b))) => Some((Ok(OutputChunk::stdout(b)), Some(s))),
+            Ok(Some(ProcessEvent::Stderr(b))) => Some((Ok(OutputChunk::stderr(b)), Some(s))),
+            Ok(Some(ProcessEvent::Exit(status))) => {
+                if let Some(tx) = s.exit.take() {
+                    let _ = tx.send(status.exit_code());
+                }
+                None
+            }
+            Ok(None) => None,
+            Err(e) => Some((Err(e), None)),
+        }
+    })
+    .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_runs_the_agent_until_the_deadline() {
+        assert_eq!(
+            command(1_800_000_000),
+            vec!["/.sandbox-agent", "--deadline-unix", "1800000000"]
+        );
+    }
+
+    /// The archive holds exactly the agent, root-owned and executable, at the path the
+    /// command names.
+    #[test]
+    fn archive_holds_the_agent_root_owned_and_executable() {
+        let bin: &'static [u8] = b"\x7fELF not really";
+        let tar = tar_of(bin).unwrap();
+        let mut a = tar::Archive::new(&tar[..]);
+        let mut entries = a.entries().unwrap();
+        let mut e = entries.next().unwrap().unwrap();
+        assert_eq!(e.path().unwrap().to_str(), Some(".sandbox-agent"));
+        assert_eq!(e.header().mode().unwrap(), 0o755);
+        assert_eq!(e.header().uid().unwrap(), 0);
+        assert_eq!(e.header().gid().unwrap(), 0);
+        let mut body = Vec::new();
+        std::io::Read::read_to_end(&mut e, &mut body).unwrap();
+        assert_eq!(body, bin);
+        drop(e);
+        assert!(entries.next().is_none());
+    }
+}
