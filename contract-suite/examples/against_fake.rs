@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use sandbox_contract::{CanarySpec, Faults, Probes, anyhow};
+use sandbox_contract::{CanarySpec, Faults, Injection, Probes, anyhow};
 use sandbox_core::{Backend, async_trait};
 use sandbox_fake::FakeBackend;
 
@@ -31,6 +31,20 @@ impl Faults for FakeFaults {
     async fn heal(&self) {
         self.backend.faults().heal();
     }
+    async fn fail_creates(&self) -> Injection {
+        self.backend.faults().set_provider_failure(true);
+        Injection::Injected
+    }
+    async fn stall_creates(&self) -> Injection {
+        self.backend.faults().set_create_stall(true);
+        Injection::Injected
+    }
+    async fn withhold_credential(&self) -> Injection {
+        self.backend
+            .faults()
+            .set_missing_credential(Some("SBX_FAKE_TOKEN"));
+        Injection::Injected
+    }
 }
 
 #[async_trait]
@@ -46,6 +60,14 @@ impl Probes for FakeSuiteProbes {
             backend: self.backend.with_own_faults(),
         })))
     }
+    async fn stop_sandbox(&self, sandbox_id: &str) -> anyhow::Result<Injection> {
+        let handle = self
+            .backend
+            .sandbox(sandbox_id)
+            .ok_or_else(|| anyhow::anyhow!("the fake holds no sandbox {sandbox_id}"))?;
+        handle.stop();
+        Ok(Injection::Injected)
+    }
     fn in_process_storage(&self) -> bool {
         true
     }
@@ -58,7 +80,9 @@ impl Probes for FakeSuiteProbes {
 }
 
 fn main() -> ExitCode {
-    let fake = FakeBackend::new();
+    let fake = FakeBackend::builder()
+        .create_timeout(std::time::Duration::from_secs(2))
+        .build();
     let probes = Arc::new(FakeSuiteProbes {
         backend: fake.clone(),
     });

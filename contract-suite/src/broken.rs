@@ -30,7 +30,7 @@ use sandbox_core::{
     Resources, Result, RichResult, RunOptions, Sandbox, SandboxError, StartedExec,
 };
 
-use crate::probes::{CanarySpec, EngineLimits, Faults, Probes};
+use crate::probes::{CanarySpec, EngineLimits, Faults, Injection, Probes};
 
 /// One way an adapter can be broken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -120,11 +120,29 @@ pub enum Flaw {
     SwapEnabled,
     /// No CPU quota (modelled on `cpu.max` reading `max`).
     NoCpuQuota,
+    /// `list_managed` shows running sandboxes only: a stopped one the engine still holds
+    /// is never found by `reap`.
+    HideStopped,
+    /// A provider's failure becomes a `Creation` error without its cause.
+    CauselessCreationError,
+    /// A create past its bound is reported as a plain `Creation` failure, not
+    /// `CreateTimeout`.
+    CreateTimeoutAsCreation,
+    /// A missing credential is reported as a plain `Creation` failure, not `Auth`.
+    AuthAsCreation,
+    /// `stream()` reads the process's output as fast as it comes into an unbounded
+    /// buffer, however slowly the consumer reads it.
+    UnboundedStreamBuffer,
+    /// `upload` copies what a local tree's symlinks point at (outside the tree, too).
+    UploadFollowsLinks,
+    /// `download` writes an archive's escaping symlinks as they are instead of refusing
+    /// them.
+    UnsafeUnpack,
 }
 
 impl Flaw {
     /// Every flaw.
-    pub const ALL: [Flaw; 38] = [
+    pub const ALL: [Flaw; 45] = [
         Flaw::SwallowTimeouts,
         Flaw::PretendNetworkPolicy,
         Flaw::LeakSecrets,
@@ -163,6 +181,13 @@ impl Flaw {
         Flaw::NoInit,
         Flaw::SwapEnabled,
         Flaw::NoCpuQuota,
+        Flaw::HideStopped,
+        Flaw::CauselessCreationError,
+        Flaw::CreateTimeoutAsCreation,
+        Flaw::AuthAsCreation,
+        Flaw::UnboundedStreamBuffer,
+        Flaw::UploadFollowsLinks,
+        Flaw::UnsafeUnpack,
     ];
 
     /// The trials that must fail on a backend with this flaw (each passes without it).
@@ -225,6 +250,17 @@ impl Flaw {
             Flaw::NoInit => &["contract::hardening::pid1_is_an_init"],
             Flaw::SwapEnabled => &["contract::hardening::swap_disabled_and_follows_memory"],
             Flaw::NoCpuQuota => &["contract::hardening::cpu_quota_read_back"],
+            Flaw::HideStopped => &["contract::lifecycle::list_managed_shows_stopped"],
+            Flaw::CauselessCreationError => {
+                &["contract::errors::provider_failure_is_creation_error"]
+            }
+            Flaw::CreateTimeoutAsCreation => {
+                &["contract::errors::stalled_create_is_create_timeout"]
+            }
+            Flaw::AuthAsCreation => &["contract::errors::missing_credential_is_auth_error"],
+            Flaw::UnboundedStreamBuffer => &["contract::streaming::large_output_bounded_memory"],
+            Flaw::UploadFollowsLinks => &["contract::files::upload_never_follows_links_out"],
+            Flaw::UnsafeUnpack => &["contract::files::download_rejects_tar_path_escape"],
         }
     }
 }
@@ -362,6 +398,15 @@ impl Backend for BrokenBackend {
                     format!("raw engine error: {e}"),
                 ));
             }
+            Err(e)
+                if (self.flaw == Flaw::CauselessCreationError
+                    && e.code() == ErrorCode::Creation)
+                    || (self.flaw == Flaw::CreateTimeoutAsCreation
+                        && e.code() == ErrorCode::CreateTimeout)
+                    || (self.flaw == Flaw::AuthAsCreation && e.code() == ErrorCode::Auth) =>
+            {
+                return Err(SandboxError::creation(self.inner.name(), "create failed"));
+            }
             Err(e) => return Err(e),
         };
         if let Ok(mut last) = self.last_options.lock() {
@@ -404,10 +449,14 @@ fn adjust_caps(flaw: Flaw, caps: Capability) -> Capability {
 #[async_trait]
 impl ReapableBackend for BrokenBackend {
     async fn list_managed(&self, labels: &BTreeMap<String, String>) -> Result<Vec<ManagedSandbox>> {
-        match self.inner.as_reapable() {
-            Some(r) => r.list_managed(labels).await,
-            None => Err(SandboxError::unsupported(Capability::empty(), self.name())),
+        let mut listed = match self.inner.as_reapable() {
+            Some(r) => r.list_managed(labels).await?,
+            None => return Err(SandboxError::unsupported(Capability::empty(), self.name())),
+        };
+        if self.flaw == Flaw::HideStopped {
+            listed.retain(|m| m.state != sandbox_core::SandboxState::Stopped);
         }
+        Ok(listed)
     }
     async fn kill_managed(&self, id: &str) -> Result<bool> {
         match self.inner.as_reapable() {
@@ -578,6 +627,58 @@ impl BrokenSandbox {
             }
         }
     }
+}
+
+/// Copies the tree at `from` to `to`, following every symlink (what `UploadFollowsLinks`
+/// uploads).
+fn copy_dereferenced(from: &Path, to: &Path) -> std::io::Result<()> {
+    if std::fs::metadata(from)?.is_dir() {
+        std::fs::create_dir_all(to)?;
+        for e in std::fs::read_dir(from)? {
+            let e = e?;
+            copy_dereferenced(&e.path(), &to.join(e.file_name()))?;
+        }
+        Ok(())
+    } else {
+        std::fs::copy(from, to).map(|_| ())
+    }
+}
+
+/// A started process whose output a task reads as fast as it comes into an unbounded
+/// queue (`UnboundedStreamBuffer`).
+fn buffer_eagerly(inner: Process, timeout: Duration, info: OrphanInfo) -> Process {
+    let start = async move {
+        let mut inner = inner;
+        inner.start().await?;
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let (code_tx, code_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            while let Some(item) = inner.next().await {
+                // Each chunk in its own allocation, as read off a socket (an in-process
+                // backend may hand out slices of one shared buffer).
+                let item = item.map(|mut c| {
+                    c.data = Bytes::copy_from_slice(&c.data);
+                    c
+                });
+                if tx.send(item).is_err() {
+                    break;
+                }
+            }
+            let _ = code_tx.send(inner.returncode().unwrap_or(-1));
+        });
+        let output = futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).boxed();
+        let exit_code = Box::pin(async move {
+            code_rx
+                .await
+                .map_err(|_| SandboxError::engine("broken", "no exit code"))
+        });
+        Ok(StartedExec {
+            output,
+            exit_code,
+            killer: Arc::new(|| Box::pin(async { Ok(()) })),
+        })
+    };
+    Process::new(Box::pin(start), timeout, info)
 }
 
 /// Collects a started process's output into a result (the `run` shape).
@@ -766,6 +867,11 @@ impl Sandbox for BrokenSandbox {
                 options.timeout = Some(Duration::from_secs(300));
                 self.inner.stream(cmd, options)
             }
+            Flaw::UnboundedStreamBuffer => {
+                let timeout = options.timeout.unwrap_or(Duration::from_secs(300));
+                let p = self.inner.stream(cmd, options)?;
+                Ok(buffer_eagerly(p, timeout, self.info()))
+            }
             Flaw::EagerStream => {
                 // Starts a copy at once, whether or not the process is ever polled.
                 let inner = self.inner.clone();
@@ -823,10 +929,31 @@ impl FileSystem for BrokenSandbox {
         self.inner.files()?.write(path, data).await
     }
     async fn upload(&self, local: &Path, remote: &str) -> Result<()> {
+        if self.flaw == Flaw::UploadFollowsLinks && local.is_dir() {
+            // Uploads a copy in which every symlink is replaced by what it points at.
+            let copy =
+                tempfile::tempdir().map_err(|e| SandboxError::engine("broken", e.to_string()))?;
+            let root = copy.path().join("tree");
+            copy_dereferenced(local, &root)
+                .map_err(|e| SandboxError::engine("broken", e.to_string()))?;
+            return self.inner.files()?.upload(&root, remote).await;
+        }
         self.inner.files()?.upload(local, remote).await
     }
     async fn download(&self, remote: &str, local: &Path) -> Result<()> {
-        self.inner.files()?.download(remote, local).await
+        match self.inner.files()?.download(remote, local).await {
+            Err(e)
+                if self.flaw == Flaw::UnsafeUnpack && e.code() == ErrorCode::UnsafeArchiveEntry =>
+            {
+                // Unpacks anyway, links as the archive names them.
+                std::fs::create_dir_all(local)
+                    .map_err(|e| SandboxError::engine("broken", e.to_string()))?;
+                std::os::unix::fs::symlink("/", local.join("escape"))
+                    .map_err(|e| SandboxError::engine("broken", e.to_string()))?;
+                Ok(())
+            }
+            r => r,
+        }
     }
     async fn ls(&self, path: &str) -> Result<Vec<FileInfo>> {
         self.inner.files()?.ls(path).await
@@ -904,6 +1031,9 @@ impl Probes for BrokenProbes {
     async fn engine_limits(&self, sandbox_id: &str) -> anyhow::Result<Option<EngineLimits>> {
         self.inner.engine_limits(sandbox_id).await
     }
+    async fn stop_sandbox(&self, sandbox_id: &str) -> anyhow::Result<Injection> {
+        self.inner.stop_sandbox(sandbox_id).await
+    }
 }
 
 struct BrokenFaults {
@@ -924,6 +1054,15 @@ impl Faults for BrokenFaults {
     }
     async fn heal(&self) {
         self.inner.heal().await
+    }
+    async fn fail_creates(&self) -> Injection {
+        self.inner.fail_creates().await
+    }
+    async fn stall_creates(&self) -> Injection {
+        self.inner.stall_creates().await
+    }
+    async fn withhold_credential(&self) -> Injection {
+        self.inner.withhold_credential().await
     }
 }
 

@@ -230,10 +230,19 @@ impl Ctx {
                 .block_on(async { tokio::time::timeout(TRIAL_BUDGET, fut).await });
             match outcome {
                 Ok(Ok(())) => Ok(Completion::Completed),
-                Ok(Err(e)) => match e.downcast_ref::<Skip>() {
-                    Some(skip) => Ok(Completion::ignored_with(skip.0.clone())),
-                    None => Err(Failed::from(format!("{e:#}"))),
-                },
+                Ok(Err(e)) => {
+                    if let Some(skip) = e.downcast_ref::<Skip>() {
+                        return Ok(Completion::ignored_with(skip.0.clone()));
+                    }
+                    if let Some(na) = e.downcast_ref::<NotApplicable>() {
+                        ctx.not_applicable.fetch_add(1, Ordering::SeqCst);
+                        return Ok(Completion::ignored_with(format!(
+                            "not applicable: {}",
+                            na.0
+                        )));
+                    }
+                    Err(Failed::from(format!("{e:#}")))
+                }
                 Err(_) => Err(Failed::from(format!(
                     "trial did not finish within {TRIAL_BUDGET:?}"
                 ))),
@@ -429,6 +438,32 @@ impl std::fmt::Display for Skip {
 }
 
 impl std::error::Error for Skip {}
+
+/// Marks a trial "not applicable" at run time, with the adapter's reason (return
+/// `Err(NotApplicable(..).into())`): the backend cannot be in the state the trial needs
+/// ([`Injection::Impossible`](crate::Injection::Impossible)). Counted apart from passes
+/// and from ignored trials, like the kernel-evidence trials on an in-process backend.
+#[derive(Debug)]
+pub struct NotApplicable(pub String);
+
+impl std::fmt::Display for NotApplicable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "not applicable: {}", self.0)
+    }
+}
+
+impl std::error::Error for NotApplicable {}
+
+/// Turns what a probe did into "go on", or the trial's not-applicable / ignored outcome.
+pub fn injected(what: &str, i: crate::probes::Injection) -> anyhow::Result<()> {
+    match i {
+        crate::probes::Injection::Injected => Ok(()),
+        crate::probes::Injection::Impossible(why) => Err(NotApplicable(why).into()),
+        crate::probes::Injection::NotProvided => {
+            Err(Skip(format!("the adapter's probes do not provide {what}")).into())
+        }
+    }
+}
 
 /// Asserts `result` is an error with `code`; returns the error.
 pub fn must_code<T: std::fmt::Debug>(

@@ -4,14 +4,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context as _, ensure};
+use anyhow::{Context as _, bail, ensure};
 use bytes::Bytes;
 use libtest_mimic::Trial;
 use sandbox_core::{
     Capability as C, CodeOptions, CreateOptions, ErrorCode, IsolationTier, RunOptions, SandboxError,
 };
 
-use crate::ctx::{Ctx, Need, token};
+use crate::ctx::{CASE_LABEL, Ctx, Need, injected, must_code, token};
 
 const AREA: &str = "errors";
 
@@ -41,6 +41,24 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
             "execution_error_hides_output",
             &[Need::Cap(C::RUN_COMMAND)],
             execution_error_hides_output,
+        ),
+        ctx.trial(
+            AREA,
+            "provider_failure_is_creation_error",
+            &[Need::Faults, Need::Reapable],
+            provider_failure_is_creation_error,
+        ),
+        ctx.trial(
+            AREA,
+            "stalled_create_is_create_timeout",
+            &[Need::Faults, Need::Reapable],
+            stalled_create_is_create_timeout,
+        ),
+        ctx.trial(
+            AREA,
+            "missing_credential_is_auth_error",
+            &[Need::Faults],
+            missing_credential_is_auth_error,
         ),
     ]
 }
@@ -294,4 +312,119 @@ async fn execution_error_hides_output(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     ensure!(e.code() == ErrorCode::Execution, "code {:?}", e.code());
     assert_clean(&e, &[tok.as_str()], "raise_for_status")?;
     sb.kill().await
+}
+
+/// The create-time faults the trials below inject.
+#[derive(Clone, Copy)]
+enum CreateFault {
+    Fail,
+    Stall,
+    NoCredential,
+}
+
+/// Runs one create through the fault backend with `inject` in place, heals, and returns
+/// the create's outcome (an `Ok` sandbox is killed) and how long it took.
+async fn create_under_fault(
+    ctx: &Ctx,
+    c: &str,
+    fault: CreateFault,
+) -> anyhow::Result<(sandbox_core::Result<()>, Duration)> {
+    let faults = ctx.faults()?;
+    let _serial = ctx.fault_lock.lock().await;
+    let fb = faults.backend();
+    let (injection, what) = match fault {
+        CreateFault::Fail => (
+            faults.fail_creates().await,
+            "a failing provider (Faults::fail_creates)",
+        ),
+        CreateFault::Stall => (
+            faults.stall_creates().await,
+            "a stalled create (Faults::stall_creates)",
+        ),
+        CreateFault::NoCredential => (
+            faults.withhold_credential().await,
+            "a withheld credential (Faults::withhold_credential)",
+        ),
+    };
+    if injection != crate::probes::Injection::Injected {
+        faults.heal().await;
+        injected(what, injection)?;
+    }
+    let started = std::time::Instant::now();
+    // Bounded by the trial budget: an adapter that never bounds a stalled create fails
+    // here instead of hanging the suite.
+    let r = tokio::time::timeout(
+        Duration::from_secs(90),
+        fb.create(ctx.opts(c).metadata(CASE_LABEL, c)),
+    )
+    .await;
+    let took = started.elapsed();
+    faults.heal().await;
+    let r = r.with_context(|| format!("create under {what} did not return within 90 s"))?;
+    let r = match r {
+        Ok(sb) => {
+            let _ = sb.kill().await;
+            Ok(())
+        }
+        Err(e) => Err(e),
+    };
+    Ok((r, took))
+}
+
+/// A create the provider fails (the engine answers it with an error) is a `Creation`
+/// error carrying its cause (`source()`), and leaves nothing behind.
+async fn provider_failure_is_creation_error(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let c = case("provider_failure_is_creation_error");
+    let (r, _) = create_under_fault(&ctx, &c, CreateFault::Fail).await?;
+    let e = must_code(r, ErrorCode::Creation)?;
+    ensure!(
+        std::error::Error::source(&e).is_some(),
+        "the Creation error lost its cause (no source): {}",
+        e.render()
+    );
+    ctx.wait_unlisted(&c, Duration::from_secs(2)).await
+}
+
+/// A create the engine never answers ends with `CreateTimeout` (SBX_E1203) within the
+/// adapter's create bound — not an unbounded wait, not a generic error — and leaves
+/// nothing behind.
+async fn stalled_create_is_create_timeout(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let c = case("stalled_create_is_create_timeout");
+    let (r, took) = create_under_fault(&ctx, &c, CreateFault::Stall).await?;
+    let e = must_code(r, ErrorCode::CreateTimeout)?;
+    ensure!(
+        e.is_timeout(),
+        "CreateTimeout is not a timeout: {}",
+        e.render()
+    );
+    ensure!(
+        took >= Duration::from_millis(500),
+        "CreateTimeout after {took:?}: reported before the create was ever waited on"
+    );
+    ctx.wait_unlisted(&c, Duration::from_secs(2)).await
+}
+
+/// A create missing its credential is `Auth` naming the environment variable that
+/// carries it (a name, never a value). Where the backend uses no credential at all the
+/// adapter says so, and the trial is "not applicable" with that reason.
+async fn missing_credential_is_auth_error(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let c = case("missing_credential_is_auth_error");
+    let (r, _) = create_under_fault(&ctx, &c, CreateFault::NoCredential).await?;
+    let e = must_code(r, ErrorCode::Auth)?;
+    let SandboxError::Auth { env_var, .. } = &e else {
+        bail!("code Auth on a non-Auth variant: {}", e.render());
+    };
+    ensure!(
+        !env_var.is_empty()
+            && env_var
+                .chars()
+                .all(|ch| ch.is_ascii_uppercase() || ch.is_ascii_digit() || ch == '_'),
+        "Auth names no environment variable: {env_var:?}"
+    );
+    ensure!(
+        e.hint().contains(env_var.as_str()),
+        "the hint does not name {env_var}: {}",
+        e.hint()
+    );
+    Ok(())
 }

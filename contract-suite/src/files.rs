@@ -91,6 +91,12 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
         ),
         ctx.trial(
             AREA,
+            "upload_never_follows_links_out",
+            &[ud],
+            upload_never_follows_links_out,
+        ),
+        ctx.trial(
+            AREA,
             "entry_point_honours_declaration",
             &[],
             entry_point_honours_declaration,
@@ -343,7 +349,7 @@ async fn never_host_paths(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     sb.kill().await
 }
 
-fn rss_bytes() -> u64 {
+pub(crate) fn rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
@@ -357,14 +363,14 @@ fn rss_bytes() -> u64 {
 }
 
 /// Samples this process's RSS every 2 ms until stopped; reports the peak.
-struct RssSampler {
+pub(crate) struct RssSampler {
     stop: Arc<AtomicBool>,
     peak: Arc<AtomicU64>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl RssSampler {
-    fn start() -> Self {
+    pub(crate) fn start() -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let peak = Arc::new(AtomicU64::new(rss_bytes()));
         let (s, p) = (stop.clone(), peak.clone());
@@ -381,7 +387,7 @@ impl RssSampler {
         }
     }
 
-    fn finish(mut self) -> u64 {
+    pub(crate) fn finish(mut self) -> u64 {
         self.stop.store(true, Ordering::SeqCst);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -615,6 +621,45 @@ async fn download_rejects_tar_path_escape(ctx: Arc<Ctx>) -> anyhow::Result<()> {
             name == "out",
             "download wrote {name:?} outside the target directory"
         );
+    }
+    sb.kill().await
+}
+
+/// Uploading a local tree never copies what its symlinks point at outside it: a link
+/// with an absolute target and one climbing out with `..` are refused
+/// (`UnsafeArchiveEntry`) or arrive as links, never as the host file's content.
+async fn upload_never_follows_links_out(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let sb = ctx.sandbox(&case("upload_never_follows_links_out")).await?;
+    let f = fs(&sb)?;
+    let dir = tempfile::tempdir().context("tempdir")?;
+    let secret = token("sbx-host-only-");
+    let outside = dir.path().join("host-secret.txt");
+    std::fs::write(&outside, &secret)?;
+    let tree = dir.path().join("tree");
+    std::fs::create_dir(&tree)?;
+    std::fs::write(tree.join("a.txt"), "a")?;
+    std::os::unix::fs::symlink(&outside, tree.join("abs"))?;
+    std::os::unix::fs::symlink("../host-secret.txt", tree.join("up"))?;
+    match f.upload(&tree, "/work/up").await {
+        Err(e) if e.code() == ErrorCode::UnsafeArchiveEntry => {}
+        Err(e) => bail!(
+            "upload failed with {:?} instead of UnsafeArchiveEntry: {}",
+            e.code(),
+            e.render()
+        ),
+        Ok(()) => {
+            let a = sbx(f.read("/work/up/a.txt").await, "read a.txt")?;
+            ensure!(a == "a", "a.txt arrived as {a:?}");
+            for link in ["/work/up/abs", "/work/up/up"] {
+                if let Ok(data) = f.read(link).await {
+                    ensure!(
+                        !String::from_utf8_lossy(&data).contains(&secret),
+                        "{link} holds the host file it pointed at: the upload followed a \
+                         symlink out of the uploaded tree"
+                    );
+                }
+            }
+        }
     }
     sb.kill().await
 }

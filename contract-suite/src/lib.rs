@@ -11,6 +11,7 @@ pub mod broken;
 
 mod cancellation;
 mod capabilities;
+mod egress;
 mod errors;
 mod files;
 mod hardening;
@@ -37,8 +38,11 @@ use sandbox_core::{
 };
 use tokio::io::AsyncWriteExt;
 
-pub use crate::ctx::{Ctx, Need, Skip};
-pub use crate::probes::{CanarySpec, EngineLimits, Faults, MAX_PIDS_HEADROOM, NoProbes, Probes};
+pub use crate::ctx::{Ctx, Need, NotApplicable, Skip};
+pub use crate::egress::EgressNames;
+pub use crate::probes::{
+    CanarySpec, EngineLimits, Faults, Injection, MAX_PIDS_HEADROOM, NoProbes, Probes,
+};
 pub use anyhow;
 pub use libtest_mimic;
 
@@ -206,6 +210,7 @@ fn all_trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
         t.extend(ctx.on_template(&template, || files::trials(ctx)));
     }
     t.extend(policy::trials(ctx));
+    t.extend(egress::trials(ctx));
     t.extend(hardening::trials(ctx));
     t.extend(errors::trials(ctx));
     t.extend(capabilities::trials(ctx));

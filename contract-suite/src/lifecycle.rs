@@ -14,7 +14,7 @@ use sandbox_core::labels::{
 use sandbox_core::teardown::{teardown_grace, wait_for_teardowns};
 use sandbox_core::{Capability as C, ErrorCode, IsolationTier, RunOptions, SandboxState};
 
-use crate::ctx::{CASE_LABEL, Ctx, Need, must_code, run_ok, sbx, token};
+use crate::ctx::{CASE_LABEL, Ctx, Need, injected, must_code, run_ok, sbx, token};
 
 const AREA: &str = "lifecycle";
 
@@ -78,6 +78,12 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
             connect_dead_is_connect_error,
         ),
         ctx.trial(AREA, "connect_reattaches", &[run], connect_reattaches),
+        ctx.trial(
+            AREA,
+            "list_managed_shows_stopped",
+            &[Need::Reapable],
+            list_managed_shows_stopped,
+        ),
         ctx.trial(
             AREA,
             "debug_shows_id_never_secrets",
@@ -458,6 +464,48 @@ async fn kill_managed_true_then_false(ctx: Arc<Ctx>) -> anyhow::Result<()> {
         !ctx.listed(&c).await?.iter().any(|m| m.id == id),
         "killed sandbox still listed"
     );
+    sb.kill().await
+}
+
+/// A stopped sandbox (its processes ended, the engine still holds it) stays in
+/// `list_managed`, as `Stopped`, so `reap` can find it; `kill_managed` then removes it.
+async fn list_managed_shows_stopped(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let c = case("list_managed_shows_stopped");
+    let sb = ctx.sandbox(&c).await?;
+    let id = sb.id().to_string();
+    let stopped = ctx
+        .probes
+        .stop_sandbox(&id)
+        .await
+        .context("the stop_sandbox probe failed")?;
+    injected("a stopped sandbox (Probes::stop_sandbox)", stopped)?;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let listed = ctx.listed(&c).await?;
+        let Some(m) = listed.iter().find(|m| m.id == id) else {
+            bail!("a stopped sandbox is missing from list_managed: reap could never find it");
+        };
+        if m.state == SandboxState::Stopped {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "a stopped sandbox is still listed as {:?} after 15 s",
+            m.state
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let r = ctx.reaper()?;
+    ensure!(
+        sbx(
+            r.kill_managed(&id).await,
+            "kill_managed of a stopped sandbox"
+        )?,
+        "kill_managed of a stopped (still held) sandbox returned false"
+    );
+    ctx.wait_id_unlisted(&c, &id, Duration::from_secs(2))
+        .await?;
+    // Idempotent on a removed sandbox.
     sb.kill().await
 }
 

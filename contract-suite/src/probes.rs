@@ -44,6 +44,14 @@ pub trait Probes: Send + Sync {
         true
     }
 
+    /// Two names only this test run knows, both resolving for the backend's sandboxes to
+    /// the canary's dial address (taught to the adapter's egress resolver by the test, or
+    /// in the host's `/etc/hosts`; never a public name), for the `egress` trials. `None`
+    /// (the default) → those trials are ignored.
+    fn egress_names(&self) -> Option<crate::egress::EgressNames> {
+        None
+    }
+
     /// Whether this backend runs sandboxes inside this process (the fake). Kernel
     /// evidence (capabilities, cgroups, `/proc/net/dev`) read from such a sandbox is not
     /// evidence of anything, so those trials report "not applicable: in-process backend",
@@ -99,6 +107,30 @@ pub trait Probes: Send + Sync {
     async fn engine_limits(&self, _sandbox_id: &str) -> anyhow::Result<Option<EngineLimits>> {
         Ok(None)
     }
+
+    /// Stops sandbox `id` without removing it, as a crashed init or `docker stop` would:
+    /// its processes end, the engine still holds it, and `list_managed` must still show
+    /// it (so `reap` can find it). [`Injection::Impossible`] where the engine itself
+    /// deletes a stopped sandbox (the trial is then "not applicable" with that reason,
+    /// counted apart); `NotProvided` (the default) marks the trial ignored.
+    async fn stop_sandbox(&self, _sandbox_id: &str) -> anyhow::Result<Injection> {
+        Ok(Injection::NotProvided)
+    }
+}
+
+/// What a probe did about a state the suite asked it to bring about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Injection {
+    /// The state is in place (a fault until [`Faults::heal`]).
+    Injected,
+    /// This backend cannot be in that state, for the reason given (e.g. a local engine
+    /// socket takes no credential, so none can be missing). The trial reports "not
+    /// applicable: <reason>", counted apart from passes — never a silent pass.
+    Impossible(String),
+    /// This adapter's probes do not provide it: the trial is ignored with that reason
+    /// (which fails a first-party run).
+    NotProvided,
 }
 
 /// The limits an engine holds for one sandbox, as [`Probes::engine_limits`] reads them.
@@ -145,8 +177,29 @@ pub trait Faults: Send + Sync {
     async fn hang_kills(&self);
     /// From now on kills through `backend()` fail with an engine error until `heal()`.
     async fn fail_kills(&self);
-    /// Back to normal.
+    /// Back to normal (every fault below included).
     async fn heal(&self);
+
+    /// From now on creates through `backend()` fail the way a broken provider fails them
+    /// (the engine answers the create request with an error). Default: not provided.
+    async fn fail_creates(&self) -> Injection {
+        Injection::NotProvided
+    }
+
+    /// From now on creates through `backend()` never get an answer from the engine (a
+    /// wedged engine), so the adapter's own create bound must end them with
+    /// `CreateTimeout`. `backend()` should have a short create bound (seconds) so the
+    /// trial stays fast. Default: not provided.
+    async fn stall_creates(&self) -> Injection {
+        Injection::NotProvided
+    }
+
+    /// From now on creates through `backend()` lack the credential they need, so they
+    /// fail with `Auth` naming its environment variable; [`Injection::Impossible`] when
+    /// the backend uses no credential at all. Default: not provided.
+    async fn withhold_credential(&self) -> Injection {
+        Injection::NotProvided
+    }
 }
 
 /// Probes that provide nothing beyond the defaults (every probe-dependent trial is

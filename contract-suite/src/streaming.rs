@@ -35,6 +35,12 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
             wait_idempotent_and_empty,
         ),
         ctx.trial(AREA, "timeout_from_iteration", &[s], timeout_from_iteration),
+        ctx.trial(
+            AREA,
+            "large_output_bounded_memory",
+            &[s],
+            large_output_bounded_memory,
+        ),
         ctx.trial(AREA, "timeout_from_wait", &[s], timeout_from_wait),
         ctx.trial(
             AREA,
@@ -428,5 +434,70 @@ async fn entry_point_honours_declaration(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     } else {
         must_code(started, ErrorCode::CapabilityNotSupported)?;
     }
+    sb.kill().await
+}
+
+/// Output streamed by a process printing 200 MB to a consumer that reads slowly.
+const STREAMED_BYTES: u64 = 200 * 1024 * 1024;
+/// How much this process's memory may grow meanwhile: the adapter buffers a bounded
+/// window, never the output the consumer has not read yet.
+const STREAM_RSS_BOUND: u64 = 64 * 1024 * 1024;
+
+/// `stream` holds memory bounded by a window, not by the output: a process printing
+/// 200 MB to a consumer that reads slowly (a pause every MiB) grows this process's memory
+/// by at most 64 MiB, and every byte arrives.
+async fn large_output_bounded_memory(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let sb = ctx.sandbox(&case("large_output_bounded_memory")).await?;
+    let _heavy = ctx.heavy_lock.lock().await;
+    let count = (STREAMED_BYTES / (1024 * 1024)).to_string();
+    let mut p = sbx(
+        sb.stream(
+            [
+                "dd",
+                "if=/dev/zero",
+                "bs=1048576",
+                &format!("count={count}"),
+            ]
+            .into(),
+            RunOptions::default().timeout(Duration::from_secs(150)),
+        ),
+        "stream",
+    )?;
+    let base = crate::files::rss_bytes();
+    let sampler = crate::files::RssSampler::start();
+    let (mut got, mut next_pause) = (0u64, 0u64);
+    while let Some(chunk) = p.next().await {
+        let chunk = sbx(chunk, "stream chunk")?;
+        if chunk.stream == StreamKind::Stdout {
+            ensure!(
+                chunk.data.iter().all(|b| *b == 0),
+                "dd if=/dev/zero streamed a non-zero byte"
+            );
+            got += chunk.data.len() as u64;
+        }
+        if got >= next_pause {
+            // The slow consumer: the process keeps writing while this one sleeps.
+            tokio::time::sleep(Duration::from_millis(15)).await;
+            next_pause = got + 1024 * 1024;
+        }
+    }
+    let growth = sampler.finish().saturating_sub(base);
+    ensure!(
+        p.returncode() == Some(0),
+        "dd ended with {:?}",
+        p.returncode()
+    );
+    ensure!(
+        got == STREAMED_BYTES,
+        "{got} of {STREAMED_BYTES} bytes arrived"
+    );
+    let mib = |b: u64| b as f64 / 1048576.0;
+    ensure!(
+        growth <= STREAM_RSS_BOUND,
+        "streaming 200 MB to a slow consumer grew this process by {:.1} MiB (bound {:.1} \
+         MiB): output is buffered ahead of the consumer",
+        mib(growth),
+        mib(STREAM_RSS_BOUND)
+    );
     sb.kill().await
 }

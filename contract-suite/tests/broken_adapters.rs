@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use sandbox_contract::broken::{self, BrokenProbes, Flaw};
 use sandbox_contract::libtest_mimic::Arguments;
-use sandbox_contract::{BackendFactory, CanarySpec, Faults, Probes};
+use sandbox_contract::{BackendFactory, CanarySpec, Faults, Injection, Probes};
 use sandbox_core::{Backend, async_trait};
 use sandbox_fake::FakeBackend;
 
@@ -43,6 +43,20 @@ impl Faults for FakeFaults {
     async fn heal(&self) {
         self.backend.faults().heal();
     }
+    async fn fail_creates(&self) -> Injection {
+        self.backend.faults().set_provider_failure(true);
+        Injection::Injected
+    }
+    async fn stall_creates(&self) -> Injection {
+        self.backend.faults().set_create_stall(true);
+        Injection::Injected
+    }
+    async fn withhold_credential(&self) -> Injection {
+        self.backend
+            .faults()
+            .set_missing_credential(Some("SBX_FAKE_TOKEN"));
+        Injection::Injected
+    }
 }
 
 #[async_trait]
@@ -65,6 +79,14 @@ impl Probes for FakeSuiteProbes {
             backend: self.backend.with_own_faults(),
         })))
     }
+    async fn stop_sandbox(&self, sandbox_id: &str) -> anyhow::Result<Injection> {
+        let handle = self
+            .backend
+            .sandbox(sandbox_id)
+            .ok_or_else(|| anyhow::anyhow!("the fake holds no sandbox {sandbox_id}"))?;
+        handle.stop();
+        Ok(Injection::Injected)
+    }
     fn in_process_storage(&self) -> bool {
         true
     }
@@ -72,15 +94,15 @@ impl Probes for FakeSuiteProbes {
     fn in_process(&self) -> bool {
         false
     }
-    fn symlinks(&self) -> bool {
-        false
-    }
 }
 
 /// Runs exactly one trial against the fake (optionally with a flaw); returns
 /// (passed, failed, ignored).
 fn run_one(flaw: Option<Flaw>, trial: &str) -> (u64, u64, u64) {
-    let fake = FakeBackend::new();
+    // A short create bound keeps the stalled-create trial fast.
+    let fake = FakeBackend::builder()
+        .create_timeout(std::time::Duration::from_secs(2))
+        .build();
     let probes: Arc<dyn Probes> = Arc::new(FakeSuiteProbes {
         backend: fake.clone(),
     });
@@ -209,4 +231,11 @@ caught! {
     missing_init_is_caught => NoInit,
     enabled_swap_is_caught => SwapEnabled,
     missing_cpu_quota_is_caught => NoCpuQuota,
+    hidden_stopped_sandboxes_are_caught => HideStopped,
+    causeless_creation_error_is_caught => CauselessCreationError,
+    create_timeout_as_creation_is_caught => CreateTimeoutAsCreation,
+    auth_as_creation_is_caught => AuthAsCreation,
+    unbounded_stream_buffer_is_caught => UnboundedStreamBuffer,
+    upload_following_links_is_caught => UploadFollowsLinks,
+    unsafe_unpack_is_caught => UnsafeUnpack,
 }

@@ -48,12 +48,12 @@ impl Engine {
     fn get(&self, id: &str) -> Option<Arc<SandboxInner>> {
         let sb = lock(&self.sandboxes).get(id).cloned()?;
         // Applies the deadline lazily (the lifetime task may not have run yet).
-        sb.alive().ok().map(|()| sb)
+        sb.held().then_some(sb)
     }
 
     fn all(&self) -> Vec<Arc<SandboxInner>> {
         let all: Vec<_> = lock(&self.sandboxes).values().cloned().collect();
-        all.into_iter().filter(|sb| sb.alive().is_ok()).collect()
+        all.into_iter().filter(|sb| sb.held()).collect()
     }
 }
 
@@ -321,6 +321,15 @@ impl Backend for FakeBackend {
                 return Err(e);
             }
         };
+        let bound = self.config.create_timeout;
+        if self.faults.state().create_stall {
+            // The engine never answers: the create bound is what ends the wait, and
+            // nothing was provisioned.
+            tokio::time::sleep(bound).await;
+            let e = SandboxError::create_timeout(BACKEND_NAME, bound);
+            self.record_create(&options, Some(resources), Err(e.code()));
+            return Err(e);
+        }
         let id = self.new_id();
         let workdir = options.effective_workdir().to_string();
         let mut env = Self::base_env(&id, &workdir, self.config.uid);
@@ -355,6 +364,12 @@ impl Backend for FakeBackend {
         spawn_lifetime(&inner);
         self.record_create(&options, Some(resources), Ok(id));
         if !delay.is_zero() {
+            if delay >= bound {
+                tokio::time::sleep(bound).await;
+                // Dropping the handle tears the half-started sandbox down.
+                drop(sandbox);
+                return Err(SandboxError::create_timeout(BACKEND_NAME, bound));
+            }
             tokio::time::sleep(delay).await;
         }
         inner.alive()?;
@@ -399,7 +414,7 @@ impl ReapableBackend for FakeBackend {
                 let state = match sb.life() {
                     Life::Creating => SandboxState::Creating,
                     Life::Running => SandboxState::Running,
-                    Life::Gone => SandboxState::Stopped,
+                    Life::Stopped | Life::Gone => SandboxState::Stopped,
                 };
                 ManagedSandbox::new(
                     sb.id.clone(),

@@ -46,6 +46,9 @@ pub struct FakeConfig {
     /// Delay before every `create` returns (virtual time; default zero). The same as
     /// `faults().set_create_delay` at start.
     pub create_delay: Duration,
+    /// Bound of a whole `create` (default 60 s, the container adapters' default): a
+    /// create delayed or stalled past it fails with `CreateTimeout` and leaves nothing.
+    pub create_timeout: Duration,
 }
 
 impl Default for FakeConfig {
@@ -58,6 +61,7 @@ impl Default for FakeConfig {
             known_templates: None,
             uid: 1000,
             create_delay: Duration::ZERO,
+            create_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -128,6 +132,11 @@ impl FakeBuilder {
     /// Delays every `create` (virtual time).
     pub fn create_delay(mut self, delay: Duration) -> Self {
         self.config.create_delay = delay;
+        self
+    }
+    /// Bounds every `create` (`CreateTimeout` past it).
+    pub fn create_timeout(mut self, limit: Duration) -> Self {
+        self.config.create_timeout = limit;
         self
     }
     /// The configuration built so far.

@@ -19,6 +19,9 @@ pub struct FaultState {
     pub provider_failure: bool,
     /// `create` fails with `Auth { env_var }` naming this variable.
     pub missing_credential: Option<String>,
+    /// `create` never gets an answer: it ends with `CreateTimeout` after the configured
+    /// create bound (`FakeConfig::create_timeout`).
+    pub create_stall: bool,
 }
 
 /// Runtime fault toggles of one [`FakeBackend`](crate::FakeBackend) handle, shared by every
@@ -72,6 +75,10 @@ impl FaultInjector {
     pub fn set_missing_credential(&self, env_var: Option<&str>) {
         self.lock().missing_credential = env_var.map(str::to_string);
     }
+    /// Stalled creates: `create` waits out its bound, then fails with `CreateTimeout`.
+    pub fn set_create_stall(&self, on: bool) {
+        self.lock().create_stall = on;
+    }
     /// Removes every fault (the create delay back to zero).
     pub fn heal(&self) {
         *self.lock() = FaultState::default();
@@ -84,7 +91,10 @@ impl FaultInjector {
             return Err(SandboxError::auth(env_var));
         }
         if s.provider_failure {
-            return Err(SandboxError::creation(backend, "injected provider failure"));
+            return Err(
+                SandboxError::creation(backend, "the provider refused the create")
+                    .with_source(std::io::Error::other("injected provider failure")),
+            );
         }
         Ok(s.create_delay)
     }

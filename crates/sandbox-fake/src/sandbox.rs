@@ -32,6 +32,9 @@ use crate::snippets::Vars;
 pub(crate) enum Life {
     Creating,
     Running,
+    /// Its processes ended but the engine still holds it (listed as `Stopped` until it
+    /// is killed or its deadline passes), like an exited container.
+    Stopped,
     Gone,
 }
 
@@ -137,7 +140,7 @@ impl SandboxInner {
 
     /// `Ok` while the sandbox exists; past its deadline it is torn down here.
     pub(crate) fn alive(&self) -> Result<()> {
-        if self.life() == Life::Gone {
+        if matches!(self.life(), Life::Gone | Life::Stopped) {
             return Err(self.gone());
         }
         if Instant::now() >= self.deadline() {
@@ -145,6 +148,19 @@ impl SandboxInner {
             return Err(self.gone());
         }
         Ok(())
+    }
+
+    /// Whether the engine still holds it (creating, running or stopped); past its
+    /// deadline it is torn down here.
+    pub(crate) fn held(&self) -> bool {
+        if self.life() == Life::Stopped {
+            if Instant::now() >= self.deadline() {
+                self.terminate();
+                return false;
+            }
+            return true;
+        }
+        self.alive().is_ok()
     }
 
     pub(crate) fn gone(&self) -> SandboxError {
@@ -177,6 +193,21 @@ impl SandboxInner {
             engine.forget(&self.id);
         }
         tracing::debug!(sandbox_id = %self.id, backend = BACKEND_NAME, "fake sandbox terminated");
+    }
+
+    /// Ends every process and context but keeps the sandbox in its engine (`Stopped`).
+    pub(crate) fn stop(&self) {
+        {
+            let mut l = lock(&self.life);
+            if matches!(*l, Life::Gone | Life::Stopped) {
+                return;
+            }
+            *l = Life::Stopped;
+        }
+        for h in self.procs().kill_all() {
+            h.abort();
+        }
+        lock(&self.contexts).clear();
     }
 
     /// Moves the deadline to now and tears the sandbox down.
@@ -286,7 +317,7 @@ impl SandboxHandle {
     }
     /// Whether `pid` runs (like `kill -0`).
     pub fn is_running(&self, pid: u32) -> bool {
-        self.0.life() != Life::Gone && self.0.procs().alive(pid)
+        !matches!(self.0.life(), Life::Gone | Life::Stopped) && self.0.procs().alive(pid)
     }
     /// Ids of the persistent interpreter contexts.
     pub fn contexts(&self) -> Vec<String> {
@@ -320,6 +351,13 @@ impl SandboxHandle {
     /// use returns `SandboxGone`; it disappears from `list_managed`).
     pub fn expire_now(&self) {
         self.0.expire_now();
+    }
+    /// Fault injection: the sandbox stops without being removed, like a container whose
+    /// init exited: its processes end, later use returns `SandboxGone`, and
+    /// `list_managed` shows it `Stopped` until `kill_managed` (or its deadline) removes
+    /// it.
+    pub fn stop(&self) {
+        self.0.stop();
     }
 }
 

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sandbox_contract::{CanarySpec, Faults, Probes};
+use sandbox_contract::{CanarySpec, Faults, Injection, Probes};
 use sandbox_core::{Backend, CreateOptions, async_trait};
 use sandbox_fake::FakeBackend;
 
@@ -39,6 +39,20 @@ impl Faults for FakeFaults {
     async fn heal(&self) {
         self.backend.faults().heal();
     }
+    async fn fail_creates(&self) -> Injection {
+        self.backend.faults().set_provider_failure(true);
+        Injection::Injected
+    }
+    async fn stall_creates(&self) -> Injection {
+        self.backend.faults().set_create_stall(true);
+        Injection::Injected
+    }
+    async fn withhold_credential(&self) -> Injection {
+        self.backend
+            .faults()
+            .set_missing_credential(Some("SBX_FAKE_TOKEN"));
+        Injection::Injected
+    }
 }
 
 #[async_trait]
@@ -62,6 +76,15 @@ impl Probes for FakeProbes {
         }))
     }
 
+    /// The fake resolves with the host's resolver: `localhost` is the canary's address in
+    /// `/etc/hosts`; `.invalid` (RFC 6761) never resolves.
+    fn egress_names(&self) -> Option<sandbox_contract::EgressNames> {
+        Some(sandbox_contract::EgressNames {
+            listed: "localhost".into(),
+            unlisted: "unlisted.sbx-contract.invalid".into(),
+        })
+    }
+
     async fn engine_env(
         &self,
         sandbox_id: &str,
@@ -78,6 +101,13 @@ impl Probes for FakeProbes {
         })))
     }
 
+    async fn stop_sandbox(&self, sandbox_id: &str) -> sandbox_contract::anyhow::Result<Injection> {
+        let handle = self.backend.sandbox(sandbox_id).ok_or_else(|| {
+            sandbox_contract::anyhow::anyhow!("the fake holds no sandbox {sandbox_id}")
+        })?;
+        handle.stop();
+        Ok(Injection::Injected)
+    }
     fn in_process_storage(&self) -> bool {
         true
     }
@@ -90,6 +120,8 @@ impl Probes for FakeProbes {
 fn main() -> ExitCode {
     let backend = FakeBackend::builder()
         .create_delay(Duration::from_millis(25))
+        // A short create bound keeps the stalled-create trial fast.
+        .create_timeout(Duration::from_secs(2))
         .build();
     let probes = Arc::new(FakeProbes {
         backend: backend.clone(),
