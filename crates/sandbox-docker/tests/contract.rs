@@ -9,7 +9,7 @@
 use std::process::ExitCode;
 use std::sync::{Arc, OnceLock};
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 
 use sandbox_container::testing::{Fault, FaultProxy};
 use sandbox_contract::anyhow::{self, Context as _};
@@ -57,30 +57,23 @@ impl Probes for DockerProbes {
         vec![BUSYBOX.to_string()]
     }
 
-    /// The canary binds on the `bridge` network's gateway, the host side of every
-    /// egress-`Allow` sandbox's network (never an outside address). A fresh dockerd's
-    /// IPAM config has a Subnet but no Gateway: the gateway is then the subnet's first
-    /// host address, which is what dockerd gives `docker0`.
+    /// The canary binds on the egress lab address (a dummy interface on this host,
+    /// `sandbox_container::egress::lab`): reachable from every sandbox with a network,
+    /// never leaving the machine, and not an engine network's address (those — the host's
+    /// bridge addresses — are blocked by the egress rules, issue 13).
     async fn canary(&self) -> anyhow::Result<Option<CanarySpec>> {
-        let b = self.backend()?;
-        let net = b
-            .client()
-            .inspect_network("bridge", None)
-            .await
-            .context("inspect the `bridge` network")?;
-        let configs = net.ipam.and_then(|i| i.config).unwrap_or_default();
-        let gateway = bridge_gateway(
-            configs
-                .iter()
-                .map(|c| (c.gateway.as_deref(), c.subnet.as_deref())),
-        )
-        .with_context(|| {
-            format!("the `bridge` network has no IPv4 gateway or subnet: {configs:?}")
-        })?;
+        let ip = sandbox_container::egress::lab::install().map_err(anyhow::Error::msg)?;
         Ok(Some(CanarySpec {
-            bind: SocketAddr::from((gateway, 0)),
-            dial_host: gateway.to_string(),
+            bind: SocketAddr::new(ip, 0),
+            dial_host: ip.to_string(),
         }))
+    }
+
+    fn egress_names(&self) -> Option<sandbox_contract::EgressNames> {
+        Some(sandbox_contract::EgressNames {
+            listed: sandbox_container::egress::lab::LISTED.into(),
+            unlisted: sandbox_container::egress::lab::UNLISTED.into(),
+        })
     }
 
     async fn engine_env(&self, sandbox_id: &str) -> anyhow::Result<Option<Vec<String>>> {
@@ -154,30 +147,6 @@ impl DockerProbes {
             .get()
             .context("the Docker backend was not created before its probes ran")
     }
-}
-
-/// The first IPv4 gateway among `(gateway, subnet)` pairs; where IPAM names none, the
-/// first host address of the IPv4 subnet (dockerd's choice for `docker0`).
-fn bridge_gateway<'a>(
-    configs: impl Iterator<Item = (Option<&'a str>, Option<&'a str>)>,
-) -> Option<Ipv4Addr> {
-    let configs: Vec<_> = configs.collect();
-    if let Some(g) = configs
-        .iter()
-        .find_map(|(g, _)| g.and_then(|g| g.parse::<Ipv4Addr>().ok()))
-    {
-        return Some(g);
-    }
-    configs.iter().find_map(|(_, subnet)| {
-        let (net, bits) = (*subnet)?.split_once('/')?;
-        let net: Ipv4Addr = net.parse().ok()?;
-        let bits: u32 = bits.parse().ok()?;
-        if bits >= 31 {
-            return None;
-        }
-        let mask = u32::MAX.checked_shl(32 - bits).unwrap_or(0);
-        Some(Ipv4Addr::from((u32::from(net) & mask) + 1))
-    })
 }
 
 struct DockerFaults {

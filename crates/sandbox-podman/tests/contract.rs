@@ -6,7 +6,7 @@
 //! and faults through the adapters' shared unix-socket proxy in front of the Podman socket
 //! whose kill requests (`DELETE …/containers/…`) can be made to hang or fail.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -35,39 +35,6 @@ impl PodmanProbes {
     }
 }
 
-/// The host side of the default `podman` bridge network: its IPAM gateway, or — where a
-/// subnet names none — the subnet's first host address (what netavark gives the bridge).
-async fn podman_gateway(b: &PodmanBackend) -> anyhow::Result<Ipv4Addr> {
-    let net = b
-        .client()
-        .networks()
-        .get("podman")
-        .inspect()
-        .await
-        .map_err(|e| anyhow::anyhow!("inspect the `podman` network: {e}"))?;
-    let subnets = net.subnets.unwrap_or_default();
-    if let Some(g) = subnets.iter().find_map(|s| {
-        s.gateway
-            .as_ref()
-            .and_then(|g| g.to_string().parse::<Ipv4Addr>().ok())
-    }) {
-        return Ok(g);
-    }
-    subnets
-        .iter()
-        .find_map(|s| {
-            let text = s.subnet.as_ref()?.to_string();
-            let (net, bits) = text.split_once('/')?;
-            let net: Ipv4Addr = net.parse().ok()?;
-            let bits: u32 = bits.parse().ok()?;
-            if bits >= 31 {
-                return None;
-            }
-            let mask = u32::MAX.checked_shl(32 - bits).unwrap_or(0);
-            Some(Ipv4Addr::from((u32::from(net) & mask) + 1))
-        })
-        .context("the `podman` network has no IPv4 gateway or subnet")
-}
 
 #[async_trait]
 impl Probes for PodmanProbes {
@@ -83,12 +50,23 @@ impl Probes for PodmanProbes {
         vec!["sandbox-rs/busybox:latest".into()]
     }
 
+    /// The canary binds on the egress lab address (a dummy interface on this host,
+    /// `sandbox_container::egress::lab`): reachable from every sandbox with a network,
+    /// never leaving the machine, and not an engine network's address (those — the host's
+    /// bridge addresses — are blocked by the egress rules, issue 13).
     async fn canary(&self) -> anyhow::Result<Option<CanarySpec>> {
-        let gw = podman_gateway(self.backend().await?).await?;
+        let ip = sandbox_container::egress::lab::install().map_err(anyhow::Error::msg)?;
         Ok(Some(CanarySpec {
-            bind: SocketAddr::from(([0, 0, 0, 0], 0)),
-            dial_host: gw.to_string(),
+            bind: SocketAddr::new(ip, 0),
+            dial_host: ip.to_string(),
         }))
+    }
+
+    fn egress_names(&self) -> Option<sandbox_contract::EgressNames> {
+        Some(sandbox_contract::EgressNames {
+            listed: sandbox_container::egress::lab::LISTED.into(),
+            unlisted: sandbox_container::egress::lab::UNLISTED.into(),
+        })
     }
 
     async fn engine_env(&self, sandbox_id: &str) -> anyhow::Result<Option<Vec<String>>> {

@@ -17,6 +17,8 @@
 //! docs/network.md describes the mechanism, its limits and how to verify it.
 
 mod dns;
+#[doc(hidden)]
+pub mod lab;
 mod nft;
 mod resolver;
 
