@@ -55,6 +55,21 @@ impl std::fmt::Display for ExecPath {
     }
 }
 
+/// Environment variable that switches the agent off for configurations built from the
+/// environment (`SBX_AGENT=off`; also `0`, `false`, `no`): every sandbox then uses the
+/// engine's exec path. Read by the adapters' `from_env` constructors, so a test suite can
+/// run in both modes without code changes.
+pub const AGENT_ENV: &str = "SBX_AGENT";
+
+/// Whether `env` leaves the agent on ([`AGENT_ENV`] unset or anything but off).
+pub fn agent_enabled_in(env: &crate::discovery::EnvSnapshot) -> bool {
+    !env.get(AGENT_ENV).is_some_and(|v| {
+        ["off", "0", "false", "no"]
+            .iter()
+            .any(|off| v.eq_ignore_ascii_case(off))
+    })
+}
+
 /// The agent binary this build ships, if any for this architecture.
 pub(crate) fn binary() -> Option<&'static [u8]> {
     sandbox_agent::prebuilt()
@@ -237,6 +252,19 @@ fn events(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sbx_agent_off_switches_the_agent_off() {
+        use crate::discovery::EnvSnapshot;
+        assert!(agent_enabled_in(&EnvSnapshot::empty()));
+        assert!(agent_enabled_in(&EnvSnapshot::empty().var(AGENT_ENV, "on")));
+        for off in ["off", "OFF", "0", "false", "no"] {
+            assert!(
+                !agent_enabled_in(&EnvSnapshot::empty().var(AGENT_ENV, off)),
+                "{off}"
+            );
+        }
+    }
 
     #[test]
     fn command_runs_the_agent_until_the_deadline() {

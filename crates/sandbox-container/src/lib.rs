@@ -39,6 +39,7 @@ pub use files::{LS_SCRIPT, MKDIR_SCRIPT, REMOVE_SCRIPT};
 pub use interpreter::DRIVER;
 pub use kill::KILL_SCRIPT;
 pub use runtime::{LABEL_RUNTIME, RUNSC_PIDS_HEADROOM, Runtime};
+pub use agent::{AGENT_ENV, agent_enabled_in};
 pub use sandbox::{ContainerNative, ContainerSandbox, ExecPath};
 pub use time::parse_rfc3339;
 

@@ -66,6 +66,9 @@ pub struct DockerConfig {
     pub create_timeout: Duration,
     /// Largest file `files().read` returns (default 64 MiB; `ResourceLimitExceeded` past it).
     pub read_cap: u64,
+    /// Run the in-sandbox agent as PID 1 and send `run`/`stream` through it (default
+    /// `true`; `from_env` reads `SBX_AGENT=off`). Off: the engine's exec path.
+    pub agent: bool,
     /// A selected Docker context that did not resolve: reported at connect, never silently
     /// replaced by another engine.
     discovery_error: Option<DiscoveryError>,
@@ -87,6 +90,7 @@ impl Default for DockerConfig {
             call_timeout: sandbox_container::DEFAULT_CALL_TIMEOUT,
             create_timeout: sandbox_container::DEFAULT_CREATE_TIMEOUT,
             read_cap: sandbox_container::DEFAULT_READ_CAP,
+            agent: true,
             discovery_error: None,
             home: None,
         }
@@ -105,8 +109,11 @@ impl DockerConfig {
     /// `currentContext` of `~/.docker/config.json`); `$XDG_RUNTIME_DIR/docker.sock` if it
     /// exists; [`DEFAULT_DOCKER_HOST`]. TLS settings come from `DOCKER_TLS_VERIFY` and
     /// `DOCKER_CERT_PATH`. A selected context that does not resolve fails at connect.
+    /// `SBX_AGENT=off` forces the engine's exec path ([`DockerConfig::agent`]).
     pub fn from_env_snapshot(env: &EnvSnapshot) -> Self {
-        DockerConfig::default().discover(env)
+        DockerConfig::default()
+            .agent(sandbox_container::agent_enabled_in(env))
+            .discover(env)
     }
 
     /// Fills the endpoint (when not configured) and TLS settings from `env`.
@@ -189,6 +196,12 @@ impl DockerConfig {
         self
     }
 
+    /// Uses the in-sandbox agent (default) or forces the engine's exec path.
+    pub fn agent(mut self, on: bool) -> Self {
+        self.agent = on;
+        self
+    }
+
     /// Sets the `files().read` cap.
     pub fn read_cap(mut self, bytes: u64) -> Self {
         self.read_cap = bytes;
@@ -202,6 +215,7 @@ impl DockerConfig {
             .call_timeout(self.call_timeout)
             .create_timeout(self.create_timeout)
             .read_cap(self.read_cap)
+            .agent(self.agent)
     }
 
     /// The runtime in effect.

@@ -10,15 +10,15 @@ use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::models::{ContainerStateStatusEnum, ContainerSummaryStateEnum, PortMap};
 use bollard::query_parameters::{
-    ContainerArchiveInfoOptions, CreateContainerOptions, CreateImageOptions,
-    DownloadFromContainerOptions, ListContainersOptions, RemoveContainerOptions,
-    UploadToContainerOptions,
+    AttachContainerOptions, ContainerArchiveInfoOptions, CreateContainerOptions,
+    CreateImageOptions, DownloadFromContainerOptions, ListContainersOptions,
+    RemoveContainerOptions, UploadToContainerOptions,
 };
 use futures::{StreamExt, TryStreamExt};
 use sandbox_container::{
-    ArchiveBody, ContainerEngine, ContainerInfo, ContainerSpec, EngineError, EngineErrorKind,
-    EngineResult, ExecRequest, ExecState, ExecStream, ImageRef, LAYER_CAPABILITIES, PathStat,
-    PullProgress, RegistryAuth, Runtime, parse_rfc3339,
+    ArchiveBody, AttachStream, ContainerEngine, ContainerInfo, ContainerSpec, EngineError,
+    EngineErrorKind, EngineResult, ExecRequest, ExecState, ExecStream, ImageRef,
+    LAYER_CAPABILITIES, PathStat, PullProgress, RegistryAuth, Runtime, parse_rfc3339,
 };
 use sandbox_core::{
     Capability, EngineReport, IsolationTier, OutputChunk, Problem, SandboxError, SandboxState,
@@ -230,6 +230,45 @@ fn published_ports(ports: Option<PortMap>) -> BTreeMap<u16, SocketAddr> {
     out
 }
 
+/// The create body of an agent-mode container: its main process (the agent) keeps stdin
+/// open across attaches and is not logged — its output is the agent's channel, and a log
+/// driver would copy every byte of every command's output to the engine's disk.
+fn open_agent_channel(body: &mut bollard::models::ContainerCreateBody) {
+    body.open_stdin = Some(true);
+    body.stdin_once = Some(false);
+    body.tty = Some(false);
+    body.attach_stdin = Some(true);
+    body.attach_stdout = Some(true);
+    body.attach_stderr = Some(true);
+    if let Some(h) = body.host_config.as_mut() {
+        h.log_config = Some(bollard::models::HostConfigLogConfig {
+            typ: Some("none".into()),
+            config: None,
+        });
+    }
+}
+
+/// Demultiplexed output of an attach or exec as chunks.
+fn output_chunks(
+    output: std::pin::Pin<
+        Box<dyn futures::Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>,
+    >,
+    what: &'static str,
+) -> futures::stream::BoxStream<'static, EngineResult<OutputChunk>> {
+    output
+        .map_err(during(what))
+        .try_filter_map(|item| {
+            futures::future::ready(Ok(match item {
+                LogOutput::StdOut { message } | LogOutput::Console { message } => {
+                    Some(OutputChunk::stdout(message))
+                }
+                LogOutput::StdErr { message } => Some(OutputChunk::stderr(message)),
+                LogOutput::StdIn { .. } => None,
+            }))
+        })
+        .boxed()
+}
+
 /// Unix permission bits from a Go `os.FileMode` (what the archive HEAD reports).
 pub(crate) fn unix_mode(go: u32) -> (u32, bool) {
     const DIR: u32 = 1 << 31;
@@ -309,7 +348,10 @@ impl ContainerEngine for DockerEngine {
             name: Some(spec.name.clone()),
             platform: String::new(),
         };
-        let body = policy::create_body(spec, self.config.runtime);
+        let mut body = policy::create_body(spec, self.config.runtime);
+        if spec.attach_stdin {
+            open_agent_channel(&mut body);
+        }
         let created = self
             .client
             .create_container(Some(opts), body)
@@ -476,6 +518,34 @@ impl ContainerEngine for DockerEngine {
             exec_id: created.id,
             output,
             input: request.stdin.then_some(input),
+        })
+    }
+
+    fn supports_attach(&self) -> bool {
+        true
+    }
+
+    async fn attach(&self, id: &str) -> EngineResult<AttachStream> {
+        // Stream only, no logs: the agent writes nothing before the host's hello, so
+        // nothing is lost by attaching after start. Without a TTY, Docker copies stdin
+        // verbatim (detach keys apply to TTY attaches only), so any byte of the protocol
+        // may pass.
+        let opts = AttachContainerOptions {
+            detach_keys: None,
+            logs: false,
+            stream: true,
+            stdin: true,
+            stdout: true,
+            stderr: true,
+        };
+        let attached = self
+            .client
+            .attach_container(id, Some(opts))
+            .await
+            .map_err(during("attach container"))?;
+        Ok(AttachStream {
+            output: output_chunks(attached.output, "attach output"),
+            input: attached.input,
         })
     }
 

@@ -50,6 +50,7 @@ fn layer_config(config: &PodmanConfig) -> ContainerConfig {
         .startup_sweep(config.startup_sweep)
         .call_timeout(config.call_timeout)
         .create_timeout(config.create_timeout)
+        .agent(config.agent)
 }
 
 impl PodmanBackend {

@@ -147,6 +147,7 @@ pub struct PodmanConfig {
     pub(crate) startup_sweep: bool,
     pub(crate) call_timeout: Duration,
     pub(crate) create_timeout: Duration,
+    pub(crate) agent: bool,
 }
 
 /// How long one engine call may take before it fails with a timeout (a wedged engine must
@@ -167,6 +168,7 @@ impl Default for PodmanConfig {
             startup_sweep: true,
             call_timeout: DEFAULT_CALL_TIMEOUT,
             create_timeout: sandbox_container::DEFAULT_CREATE_TIMEOUT,
+            agent: true,
         }
     }
 }
@@ -182,6 +184,7 @@ impl fmt::Debug for PodmanConfig {
             .field("startup_sweep", &self.startup_sweep)
             .field("call_timeout", &self.call_timeout)
             .field("create_timeout", &self.create_timeout)
+            .field("agent", &self.agent)
             .finish()
     }
 }
@@ -195,14 +198,23 @@ impl PodmanConfig {
 
     /// Like [`Default`], but the endpoint is discovered from `env` in Podman's order:
     /// `CONTAINER_HOST`; `$XDG_RUNTIME_DIR/podman/podman.sock` if it exists and the process
-    /// is not root; [`DEFAULT_ENDPOINT`].
+    /// is not root; [`DEFAULT_ENDPOINT`]. `SBX_AGENT=off` forces the engine's exec path
+    /// ([`PodmanConfig::agent`]).
     pub fn from_env_snapshot(env: &EnvSnapshot) -> Self {
         let found = discover_podman(env);
         PodmanConfig {
             endpoint: found.endpoint,
             endpoint_source: found.source,
+            agent: sandbox_container::agent_enabled_in(env),
             ..PodmanConfig::default()
         }
+    }
+
+    /// Runs the in-sandbox agent as PID 1 and sends `run`/`stream` through it (default
+    /// `true`), or forces the engine's exec path.
+    pub fn agent(mut self, on: bool) -> Self {
+        self.agent = on;
+        self
     }
 
     /// Sets the endpoint (`unix:///path` or `tcp://host:port`).

@@ -25,13 +25,13 @@ use futures::{Stream, StreamExt, TryStreamExt};
 use podman_api::Podman;
 use podman_api::conn::TtyChunk;
 use podman_api::opts::{
-    ContainerDeleteOpts, ContainerListFilter, ContainerListOpts, ExecCreateOpts, ExecStartOpts,
-    PullOpts,
+    ContainerAttachOpts, ContainerDeleteOpts, ContainerListFilter, ContainerListOpts,
+    ExecCreateOpts, ExecStartOpts, PullOpts,
 };
 use sandbox_container::{
-    ArchiveBody, ContainerEngine, ContainerInfo, ContainerSpec, CredentialStore, EngineError,
-    EngineErrorKind, EngineResult, ExecInput, ExecRequest, ExecState, ExecStream, ImageRef,
-    PathStat, PullProgress, RegistryAuth,
+    ArchiveBody, AttachStream, ContainerEngine, ContainerInfo, ContainerSpec, CredentialStore,
+    EngineError, EngineErrorKind, EngineResult, ExecInput, ExecRequest, ExecState, ExecStream,
+    ImageRef, PathStat, PullProgress, RegistryAuth,
 };
 use sandbox_core::{
     Capability, EngineReport, IsolationTier, OutputChunk, Problem, SandboxError, SandboxState,
@@ -283,6 +283,20 @@ fn loopback(ip: Option<&str>, port: Option<u16>) -> Option<SocketAddr> {
     Some(SocketAddr::new(ip.parse().ok()?, port))
 }
 
+/// The SpecGenerator of an agent-mode container: its main process (the agent) keeps stdin
+/// open across attaches and is not logged — its output is the agent's channel, and a log
+/// driver would copy every byte of every command's output to the engine's disk.
+fn open_agent_channel(body: &mut serde_json::Value) {
+    if let Some(obj) = body.as_object_mut() {
+        obj.insert("stdin".into(), serde_json::Value::Bool(true));
+        obj.insert("terminal".into(), serde_json::Value::Bool(false));
+        obj.insert(
+            "log_configuration".into(),
+            serde_json::json!({ "driver": "none" }),
+        );
+    }
+}
+
 /// The stdin half of podman-api's multiplexer (a `futures` writer) as a tokio writer.
 struct Stdin(Pin<Box<dyn futures::io::AsyncWrite + Send>>);
 
@@ -446,8 +460,11 @@ impl ContainerEngine for PodmanEngine {
     }
 
     async fn create(&self, spec: &ContainerSpec) -> EngineResult<String> {
-        let body =
+        let mut body =
             crate::policy::create_body(spec, &self.options).map_err(|e| refused("create", e))?;
+        if spec.attach_stdin {
+            open_agent_channel(&mut body);
+        }
         // The create runs in a task of its own: if the caller drops `create` while the
         // engine is still creating (a cancelled create, a create timeout), the task removes
         // the container once its id arrives, however long the engine took. A removal by
@@ -633,6 +650,38 @@ impl ContainerEngine for PodmanEngine {
             exec_id,
             output: unwind_safe("exec output", output),
             input,
+        })
+    }
+
+    fn supports_attach(&self) -> bool {
+        true
+    }
+
+    async fn attach(&self, id: &str) -> EngineResult<AttachStream> {
+        // An empty `detachKeys` (present, not omitted) turns detaching off: otherwise
+        // ctrl-p ctrl-q in the protocol's bytes (a length, a file's content) would end
+        // the attach.
+        let opts = ContainerAttachOpts::builder()
+            .stdin(true)
+            .stdout(true)
+            .stderr(true)
+            .detach_keys("")
+            .build();
+        let c = self.client.containers().get(id);
+        let mux = self.api("container attach", c.attach(&opts)).await?;
+        let (reader, writer) = mux.split();
+        let output = reader
+            .map_err(|e| from_api("attach output", podman_api::Error::from(e)))
+            .try_filter_map(|c| {
+                futures::future::ready(Ok(match c {
+                    TtyChunk::StdOut(v) => Some(OutputChunk::stdout(Bytes::from(v))),
+                    TtyChunk::StdErr(v) => Some(OutputChunk::stderr(Bytes::from(v))),
+                    TtyChunk::StdIn(_) => None,
+                }))
+            });
+        Ok(AttachStream {
+            output: unwind_safe("attach output", output),
+            input: Box::pin(Stdin(Box::pin(writer))),
         })
     }
 
