@@ -447,6 +447,58 @@ impl ContainerEngine for PodmanEngine {
         crate::policy::capabilities_for(&self.options)
     }
 
+    fn is_local(&self) -> bool {
+        self.endpoint.starts_with("unix://")
+    }
+
+    fn netfilter_applies(&self) -> bool {
+        crate::policy::netfilter_applies(&self.options)
+    }
+
+    async fn ensure_network(
+        &self,
+        spec: &sandbox_container::engine::NetworkSpec,
+    ) -> EngineResult<sandbox_container::engine::NetworkInfo> {
+        let nets = self.client.networks();
+        for _ in 0..2 {
+            match self.api("network inspect", nets.get(&spec.name).inspect()).await {
+                Ok(n) => return crate::policy::own_network(spec, n),
+                Err(e) if e.kind == EngineErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+            let opts = crate::policy::network_create_opts(spec);
+            match self.api("network create", nets.create(&opts)).await {
+                // Created meanwhile by another process: inspect again.
+                Ok(_) => {}
+                Err(e) if e.kind == EngineErrorKind::Conflict => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Err(EngineError::new(
+            EngineErrorKind::Other,
+            format!("the network {} vanished while it was being created", spec.name),
+        ))
+    }
+
+    async fn networks(&self) -> EngineResult<Vec<sandbox_container::engine::NetworkInfo>> {
+        let opts = podman_api::opts::NetworkListOpts::builder().build();
+        let list = self
+            .api("network list", self.client.networks().list(&opts))
+            .await?;
+        Ok(list.into_iter().map(crate::policy::network_info).collect())
+    }
+
+    async fn remove_network(&self, name: &str) -> EngineResult<bool> {
+        match self
+            .api("network remove", self.client.networks().get(name).remove())
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind == EngineErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     fn endpoint(&self) -> &str {
         &self.endpoint
     }
@@ -511,6 +563,13 @@ impl ContainerEngine for PodmanEngine {
         let labels: BTreeMap<String, String> = labels.into_iter().collect();
         let name = i.name.unwrap_or_default();
         let state = state_of(i.state.as_ref().and_then(|s| s.status.as_deref()));
+        let pid = i
+            .state
+            .as_ref()
+            .and_then(|s| s.pid)
+            .and_then(|p| u32::try_from(p).ok())
+            .filter(|p| *p > 0);
+        let addresses = crate::policy::container_addresses(i.network_settings.as_ref());
         let mut info = ContainerInfo::new(
             i.id.unwrap_or_else(|| id.to_string()),
             name.trim_start_matches('/'),
@@ -520,6 +579,8 @@ impl ContainerEngine for PodmanEngine {
         info.created_at = i.created.and_then(|t| system_time(t.timestamp()));
         info.image = i.image_name.or(image).unwrap_or_default();
         info.workdir = workdir.filter(|w| w.starts_with('/'));
+        info.pid = pid;
+        info.addresses = addresses;
         for (port, hosts) in i.network_settings.and_then(|n| n.ports).unwrap_or_default() {
             let Some(p) = port.split('/').next().and_then(|p| p.parse::<u16>().ok()) else {
                 continue;

@@ -5,18 +5,25 @@
 //! patched where the crate is defective (see `rest.rs`): `no_new_privileges` (the crate's
 //! field is misspelled and ignored by Podman), OCI `mounts` and CDI `devices`.
 
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
 use podman_api::models;
-use podman_api::opts::ContainerCreateOpts;
-use sandbox_container::{ContainerSpec, LABEL_RUNTIME, NetworkMode};
+use podman_api::opts::{ContainerCreateOpts, NetworkCreateOpts};
+use sandbox_container::engine::{NetworkInfo, NetworkSpec, Subnet};
+use sandbox_container::{
+    ContainerSpec, EngineError, EngineErrorKind, EngineResult, LABEL_RUNTIME, NetworkMode, Runtime,
+};
 use sandbox_core::{Capability, Result, SandboxError};
 use serde_json::{Value, json};
 
 use crate::config::{MountMode, PodmanOptions, Sharing};
 
 /// Capabilities of a sandbox created with these Podman options (GPU only with CDI devices,
-/// which `PodmanOptions::validate` has checked against the host).
+/// which `PodmanOptions::validate` has checked against the host; the egress allowlist
+/// where the container layer can load its rules, which it decides).
 pub(crate) fn capabilities_for(podman: &PodmanOptions) -> Capability {
-    let mut c = sandbox_container::LAYER_CAPABILITIES;
+    let mut c = sandbox_container::LAYER_CAPABILITIES | Capability::EGRESS_ALLOWLIST;
     if !podman.cdi_devices.is_empty() {
         c |= Capability::GPU;
     }
@@ -127,6 +134,7 @@ pub(crate) fn create_body(spec: &ContainerSpec, podman: &PodmanOptions) -> Resul
     let (netns, publish): (&str, &[u16]) = match &spec.network {
         NetworkMode::None => ("none", &[]),
         NetworkMode::Bridge { publish } => ("bridge", publish),
+        NetworkMode::Isolated { publish, .. } => ("bridge", publish),
         other => {
             return Err(SandboxError::config(
                 format!("network mode {other:?} is not supported by the Podman adapter"),
@@ -191,7 +199,98 @@ pub(crate) fn create_body(spec: &ContainerSpec, podman: &PodmanOptions) -> Resul
         )
     })?;
     patch_spec(&mut v, podman)?;
+    if let (NetworkMode::Isolated { network, dns, .. }, Some(obj)) =
+        (&spec.network, v.as_object_mut())
+    {
+        // The library network, and its gateway (the egress resolver) as the only name
+        // server in the container's resolv.conf.
+        obj.insert("Networks".into(), json!({ network.clone(): {} }));
+        obj.insert(
+            "dns_server".into(),
+            Value::Array(dns.iter().map(|d| Value::String(d.to_string())).collect()),
+        );
+    }
     Ok(v)
+}
+
+/// Whether rules in a container's network namespace govern its traffic under these
+/// options (not under gVisor, whose netstack sends through a packet socket).
+pub(crate) fn netfilter_applies(podman: &PodmanOptions) -> bool {
+    podman.runtime != Some(Runtime::Runsc)
+}
+
+/// The egress network: a bridge isolated from other networks (`isolate`), without
+/// aardvark DNS (the library's resolver answers), labelled. netavark 1.4 has no switch for
+/// traffic between containers of one bridge: each sandbox's own rules reject the subnet.
+pub(crate) fn network_create_opts(spec: &NetworkSpec) -> NetworkCreateOpts {
+    NetworkCreateOpts::builder()
+        .name(&spec.name)
+        .driver("bridge")
+        .dns_enabled(false)
+        .internal(false)
+        .labels(spec.labels.clone())
+        .options([("isolate", "true")])
+        .build()
+}
+
+/// A network as the container layer sees it.
+pub(crate) fn network_info(n: models::Network) -> NetworkInfo {
+    let subnets = n
+        .subnets
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|s| Subnet::parse(s.subnet.as_deref()?, s.gateway.as_deref()))
+        .collect();
+    NetworkInfo::new(
+        n.name.unwrap_or_default(),
+        subnets,
+        n.labels.unwrap_or_default().into_iter().collect(),
+    )
+}
+
+/// The existing network `spec` names, refused unless the library created it (a foreign
+/// network of that name could join sandboxes to other containers).
+pub(crate) fn own_network(spec: &NetworkSpec, n: models::Network) -> EngineResult<NetworkInfo> {
+    let isolated = n
+        .options
+        .as_ref()
+        .and_then(|o| o.get("isolate"))
+        .is_some_and(|v| v == "true");
+    let info = network_info(n);
+    let labels: &BTreeMap<String, String> = &info.labels;
+    if !isolated || !spec.labels.iter().all(|(k, v)| labels.get(k) == Some(v)) {
+        return Err(EngineError::new(
+            EngineErrorKind::Conflict,
+            format!(
+                "a network named {} exists that sandbox-rs did not create (not isolated, or \
+                 labels missing); remove it with `podman network rm {}`",
+                spec.name, spec.name
+            ),
+        ));
+    }
+    Ok(info)
+}
+
+/// The container's addresses on its networks.
+pub(crate) fn container_addresses(
+    settings: Option<&models::InspectNetworkSettings>,
+) -> Vec<IpAddr> {
+    let mut out = Vec::new();
+    let Some(s) = settings else { return out };
+    let direct = [&s.ip_address, &s.global_i_pv_6_address];
+    let nets = s.networks.iter().flat_map(|n| n.values());
+    let candidates = direct
+        .into_iter()
+        .cloned()
+        .chain(nets.flat_map(|n| [n.ip_address.clone(), n.global_i_pv_6_address.clone()]));
+    for a in candidates.flatten() {
+        if let Ok(ip) = a.parse::<IpAddr>()
+            && !out.contains(&ip)
+        {
+            out.push(ip);
+        }
+    }
+    out
 }
 
 /// Applies what podman-api cannot express correctly. Mount sources are canonicalised and
@@ -256,6 +355,32 @@ mod tests {
 
     fn body(s: &ContainerSpec, p: &PodmanOptions) -> Value {
         create_body(s, p).unwrap()
+    }
+
+    #[test]
+    fn isolated_joins_the_egress_network_with_its_resolver() {
+        let s = spec_with(
+            Resources::default(),
+            NetworkMode::Isolated {
+                network: "sbx-egress".into(),
+                publish: vec![],
+                dns: vec!["10.89.0.1".parse().unwrap()],
+            },
+        );
+        let v = body(&s, &PodmanOptions::default());
+        assert_eq!(v["netns"]["nsmode"], "bridge");
+        assert_eq!(v["Networks"], json!({ "sbx-egress": {} }));
+        assert_eq!(v["dns_server"], json!(["10.89.0.1"]));
+        assert_eq!(v["cap_drop"], json!(["ALL"]), "NET_ADMIN stays dropped");
+        let spec = NetworkSpec::new("sbx-egress", BTreeMap::new());
+        let o = network_create_opts(&spec).serialize().unwrap();
+        let o: Value = serde_json::from_str(&o).unwrap();
+        assert_eq!(o["options"]["isolate"], "true");
+        assert_eq!(o["dns_enabled"], false);
+        assert!(netfilter_applies(&PodmanOptions::default()));
+        assert!(!netfilter_applies(
+            &PodmanOptions::default().runtime(Runtime::Runsc)
+        ));
     }
 
     #[test]
