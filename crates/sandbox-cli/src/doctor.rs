@@ -43,6 +43,12 @@ struct Engine {
     runtimes: Vec<String>,
     images: Vec<Image>,
     tier: String,
+    /// Whether egress allowlists (`--allow-host`) can be enforced on this engine from
+    /// this host; `null` when the engine was not reached.
+    egress_allowlist: Option<bool>,
+    /// How to make them available, when they are not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    egress_allowlist_fix: Option<String>,
     problems: Vec<Problem>,
 }
 
@@ -57,8 +63,13 @@ pub async fn doctor(args: DoctorArgs, out: Out) -> sandbox::Result<u8> {
     let selected = selected_engines(&args.engines)?;
     let mut engines = Vec::new();
     for scheme in &selected {
-        let report = diagnose(scheme).await;
-        engines.push(to_engine(report, scheme == sandbox::DEFAULT_SCHEME));
+        let (report, allowlist) = diagnose(scheme).await;
+        let mut engine = to_engine(report, scheme == sandbox::DEFAULT_SCHEME);
+        engine.egress_allowlist = allowlist;
+        if allowlist == Some(false) && scheme != "fake" {
+            engine.egress_allowlist_fix = Some(ALLOWLIST_FIX.to_string());
+        }
+        engines.push(engine);
     }
     let ok = if args.engines.is_empty() {
         let default = engines.iter().find(|e| e.default);
@@ -102,24 +113,35 @@ pub fn selected_engines(requested: &[String]) -> sandbox::Result<Vec<String>> {
     Ok(requested.to_vec())
 }
 
+/// What egress allowlists need (docs/network.md): the rules are loaded from this host
+/// into each sandbox's network namespace.
+const ALLOWLIST_FIX: &str = "run sandbox-rs as root on the engine's own host (a unix socket, \
+not a remote endpoint) with nftables and nsenter installed (`sudo apt-get install -y nftables \
+util-linux`), with a runtime other than runsc (gVisor's netstack bypasses the rules); see \
+docs/network.md";
+
 /// Connects (bounded) and asks the backend; a failure to connect is reported as an
-/// unreachable engine with the error's hint as the fix.
-async fn diagnose(scheme: &str) -> EngineReport {
+/// unreachable engine with the error's hint as the fix. Also whether the backend's
+/// sandboxes can have an egress allowlist (`None` when it was not reached).
+async fn diagnose(scheme: &str) -> (EngineReport, Option<bool>) {
     let target = format!("{scheme}://");
     let connected = tokio::time::timeout(ENGINE_TIMEOUT, sandbox::backend(target.as_str())).await;
     let backend = match connected {
         Ok(Ok(b)) => b,
-        Ok(Err(e)) => return unreachable(scheme, &e),
+        Ok(Err(e)) => return (unreachable(scheme, &e), None),
         Err(_) => {
             let e = SandboxError::engine_unavailable(
                 scheme.to_string(),
                 "unknown",
                 format!("check that the {scheme} engine is running and responsive"),
             );
-            return unreachable(scheme, &e);
+            return (unreachable(scheme, &e), None);
         }
     };
-    match tokio::time::timeout(ENGINE_TIMEOUT, backend.diagnose()).await {
+    let allowlist = backend
+        .capabilities()
+        .contains(sandbox::Capability::EGRESS_ALLOWLIST);
+    let report = match tokio::time::timeout(ENGINE_TIMEOUT, backend.diagnose()).await {
         Ok(r) => r,
         Err(_) => {
             let mut r = EngineReport::new(scheme, "unknown");
@@ -129,7 +151,8 @@ async fn diagnose(scheme: &str) -> EngineReport {
             ));
             r
         }
-    }
+    };
+    (report, Some(allowlist))
 }
 
 fn unreachable(scheme: &str, e: &SandboxError) -> EngineReport {
@@ -161,6 +184,8 @@ fn to_engine(r: EngineReport, default: bool) -> Engine {
             .map(|(name, present)| Image { name, present })
             .collect(),
         tier: r.tier.to_string(),
+        egress_allowlist: None,
+        egress_allowlist_fix: None,
         problems: r
             .problems
             .into_iter()
@@ -205,6 +230,16 @@ fn print_human(report: &DoctorReport, out: &Out) {
             out.line(format!("  image:    {} ({mark})", i.name));
         }
         out.line(format!("  tier:     {}", e.tier));
+        match e.egress_allowlist {
+            Some(true) => out.line(format!("  allowlist: {}", out.green("available"))),
+            Some(false) => {
+                out.line(format!("  allowlist: {}", out.yellow("unavailable")));
+                if let Some(fix) = &e.egress_allowlist_fix {
+                    out.line(format!("  {}     {}", out.bold("fix:"), fix));
+                }
+            }
+            None => {}
+        }
         for p in &e.problems {
             out.line(format!("  {} {}", out.red("problem:"), esc(&p.problem)));
             out.line(format!("  {}     {}", out.bold("fix:"), esc(&p.fix)));

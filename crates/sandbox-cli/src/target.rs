@@ -42,6 +42,7 @@ fn apply_sandbox_args(args: &SandboxArgs, base: CreateOptions) -> sandbox::Resul
         resources = resources.cpu(c);
     }
     let network = match args.network {
+        _ if !args.allow_hosts.is_empty() => NetworkPolicy::allow_list(args.allow_hosts.clone()),
         NetworkArg::Deny => NetworkPolicy::deny(),
         NetworkArg::Allow => NetworkPolicy::allow(),
     };
