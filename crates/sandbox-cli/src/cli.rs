@@ -1,6 +1,7 @@
 //! Command-line grammar (clap derive).
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -42,9 +43,10 @@ pub enum Cmd {
     Ls(LsArgs),
     /// Kill (and remove) a sandbox made by `create`.
     Kill(KillArgs),
-    /// Serve the Model Context Protocol on stdin/stdout (tools: sandbox_create, sandbox_run,
-    /// sandbox_run_code, sandbox_write_file, sandbox_read_file, sandbox_list_files,
-    /// sandbox_kill); every sandbox of the session is killed when it ends.
+    /// Serve the Model Context Protocol on stdin/stdout, or over streamable HTTP with --http
+    /// (tools: sandbox_create, sandbox_run, sandbox_run_code, sandbox_write_file,
+    /// sandbox_read_file, sandbox_list_files, sandbox_kill); every sandbox of the session
+    /// (of the server, with --http) is killed when it ends.
     Mcp(McpArgs),
     /// Print a shell completion script: `sandbox completions bash > /etc/bash_completion.d/sandbox`.
     Completions(CompletionsArgs),
@@ -139,7 +141,7 @@ pub struct ExecArgs {
     /// Its value is read from this process's environment, never from the command line, and
     /// is given to the command's process only: not in the engine's container config, not
     /// in logs.
-    #[arg(long = "secret", value_name = "NAME", value_parser = parse_env_name)]
+    #[arg(long = "secret", value_name = "NAME")]
     pub secrets: Vec<String>,
     /// Pass stdin to the command (automatic when stdin is not a terminal).
     #[arg(short, long)]
@@ -211,6 +213,20 @@ pub struct McpArgs {
     /// data leaves.
     #[arg(long)]
     pub allow_egress: bool,
+    /// Serve MCP over streamable HTTP at http://ADDR/mcp instead of stdin/stdout (ADDR
+    /// defaults to 127.0.0.1:8931; port 0 picks a free one). The URL is printed on stdout
+    /// once listening. Sandboxes belong to the server: all are killed when it stops.
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = crate::mcp_http::DEFAULT_ADDR)]
+    pub http: Option<SocketAddr>,
+    /// Let --http listen on a non-loopback address. Refused without --token-env: whoever
+    /// reaches the port can run code.
+    #[arg(long, requires = "http")]
+    pub allow_non_loopback: bool,
+    /// With --http, require `Authorization: Bearer <token>` on every request, the token
+    /// being the value of environment variable NAME (never given on the command line,
+    /// never logged).
+    #[arg(long, value_name = "NAME", requires = "http")]
+    pub token_env: Option<String>,
 }
 
 /// `sandbox completions`.
@@ -243,7 +259,7 @@ pub struct RunArgs {
     /// Its value is read from this process's environment, never from the command line, and
     /// is given to the command's process only: not in the engine's container config, not
     /// in logs.
-    #[arg(long = "secret", value_name = "NAME", value_parser = parse_env_name)]
+    #[arg(long = "secret", value_name = "NAME")]
     pub secrets: Vec<String>,
     /// Pass stdin to the command (automatic when stdin is not a terminal).
     #[arg(short, long)]
@@ -346,16 +362,23 @@ fn parse_key_value(s: &str) -> Result<(String, String), String> {
     }
 }
 
-/// An environment variable name: letters, digits and `_`, not starting with a digit.
-fn parse_env_name(s: &str) -> Result<String, String> {
+/// Checks that `flag`'s argument is an environment variable name: letters, digits and
+/// `_`, not starting with a digit. Checked here rather than by a clap value parser because
+/// clap echoes a rejected value, and a value pasted by mistake is a secret that must not
+/// reach the scrollback or a CI log.
+pub fn check_env_name(flag: &str, s: &str) -> sandbox::Result<()> {
     let valid = !s.is_empty()
         && !s.starts_with(|c: char| c.is_ascii_digit())
         && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
     if valid {
-        Ok(s.to_string())
+        Ok(())
     } else {
-        // A value pasted by mistake must not be echoed back into logs or scrollback.
-        Err("expected an environment variable NAME (the value is read from the environment)".into())
+        Err(sandbox::SandboxError::config(
+            format!(
+                "{flag} takes the NAME of an environment variable; what was given is not one (not shown: it may be a secret)"
+            ),
+            format!("export NAME=<value> and pass {flag} NAME"),
+        ))
     }
 }
 
@@ -406,10 +429,13 @@ mod tests {
 
     #[test]
     fn secret_takes_a_name_never_a_value() {
-        assert_eq!(parse_env_name("API_KEY"), Ok("API_KEY".into()));
+        assert!(check_env_name("--secret", "API_KEY").is_ok());
+        assert!(check_env_name("--secret", "_X1").is_ok());
         for bad in ["", "A=b", "1X", "sk-live-123", "A B"] {
-            let e = parse_env_name(bad).expect_err(bad);
-            assert!(bad.is_empty() || !e.contains(bad), "{e}");
+            let e = check_env_name("--secret", bad).expect_err(bad);
+            assert_eq!(e.code(), sandbox::ErrorCode::Configuration);
+            let shown = format!("{} {}", e.render(), e.hint());
+            assert!(bad.is_empty() || !shown.contains(bad), "{shown}");
         }
     }
 

@@ -8,6 +8,7 @@ mod demo;
 mod doctor;
 mod egress;
 mod mcp;
+mod mcp_http;
 mod output;
 mod reap;
 mod run;
@@ -71,7 +72,7 @@ fn main() -> ExitCode {
             // These own their signal handling: they must tear down sandboxes that live in
             // tasks or other processes, which dropping their future would not reach.
             Cmd::Mcp(args) => {
-                let code = match mcp::serve(mcp::Policy::from(&args)).await {
+                let code = match serve_mcp(&args).await {
                     Ok(code) => code,
                     Err(e) => {
                         out.error(&e);
@@ -148,8 +149,20 @@ async fn dispatch(cmd: Cmd, out: Out) -> sandbox::Result<u8> {
         Cmd::Ls(args) => session::ls(args, out).await,
         Cmd::Kill(args) => session::kill(args, out).await,
         // Handled before dispatch.
-        Cmd::Mcp(args) => mcp::serve(mcp::Policy::from(&args)).await,
+        Cmd::Mcp(args) => serve_mcp(&args).await,
         Cmd::Completions(_) => Ok(EXIT_OK),
+    }
+}
+
+/// `sandbox mcp`: stdio, or streamable HTTP with `--http`.
+async fn serve_mcp(args: &cli::McpArgs) -> sandbox::Result<u8> {
+    let policy = mcp::Policy::from(args);
+    if args.http.is_some() {
+        // Validated before anything binds: a refused address never listens.
+        let options = mcp_http::HttpOptions::try_from(args)?;
+        mcp_http::serve(policy, options).await
+    } else {
+        mcp::serve(policy).await
     }
 }
 

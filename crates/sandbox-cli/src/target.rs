@@ -63,6 +63,7 @@ fn apply_sandbox_args(args: &SandboxArgs, base: CreateOptions) -> sandbox::Resul
 /// The value of the caller's environment variable `name`; the error names the variable,
 /// never a value.
 pub fn secret_from_env(name: &str) -> sandbox::Result<String> {
+    crate::cli::check_env_name("--secret", name)?;
     match std::env::var(name) {
         Ok(v) => Ok(v),
         Err(std::env::VarError::NotPresent) => Err(SandboxError::config(

@@ -332,3 +332,19 @@ fn doctor_never_prints_credentials_from_the_endpoint() {
     assert!(!stdout(&o).contains("hunter2"), "{}", stdout(&o));
     assert!(!stderr(&o).contains("hunter2"), "{}", stderr(&o));
 }
+
+/// `--secret` takes a NAME. A value pasted there by mistake is refused (usage error)
+/// without being echoed into the terminal's scrollback or a CI log.
+#[test]
+fn a_secret_value_given_as_a_name_is_not_echoed() {
+    let pasted = "sk-live-0123456789abcdef";
+    for args in [
+        &["run", "--secret", pasted, "fake://", "--", "true"][..],
+        &["exec", "--secret", pasted, "some-id", "--", "true"][..],
+    ] {
+        let o = run(args);
+        assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));
+        assert!(!stderr(&o).contains(pasted), "{}", stderr(&o));
+        assert!(!stdout(&o).contains(pasted), "{}", stdout(&o));
+    }
+}

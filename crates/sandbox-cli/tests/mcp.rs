@@ -354,3 +354,252 @@ async fn mcp_sigterm_kills_its_sandboxes_on_docker() {
     );
     drop(client);
 }
+
+// ---- streamable HTTP (`sandbox mcp --http`) ----
+
+/// A `sandbox mcp --http 127.0.0.1:0` child, its endpoint URL, and its stderr.
+struct HttpServer {
+    child: tokio::process::Child,
+    url: String,
+    stderr: tokio::task::JoinHandle<String>,
+}
+
+impl HttpServer {
+    /// Starts the server with `flags` and `env`; returns once it printed its URL.
+    async fn start(flags: &[&str], env: &[(&str, &str)]) -> HttpServer {
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_sandbox"));
+        cmd.args(["mcp", "--http", "127.0.0.1:0"])
+            .args(flags)
+            .envs(env.iter().copied())
+            .env("NO_COLOR", "1")
+            .env_remove("SANDBOX_LOG")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        if let Some(level) = env.iter().find(|(k, _)| *k == "SANDBOX_LOG") {
+            cmd.env("SANDBOX_LOG", level.1);
+        }
+        let mut child = cmd.spawn().expect("spawn sandbox mcp --http");
+        let mut stderr = child.stderr.take().expect("stderr");
+        let stderr = tokio::spawn(async move {
+            let mut s = String::new();
+            let _ = stderr.read_to_string(&mut s).await;
+            s
+        });
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let url = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("URL in time")
+            .expect("read stdout")
+            .expect("a URL line");
+        assert!(
+            url.starts_with("http://127.0.0.1:") && url.ends_with("/mcp"),
+            "{url}"
+        );
+        HttpServer { child, url, stderr }
+    }
+
+    /// A reqwest client that never goes through a proxy.
+    fn http() -> reqwest::Client {
+        reqwest::Client::builder()
+            .no_proxy()
+            .pool_max_idle_per_host(0)
+            .build()
+            .expect("reqwest client")
+    }
+
+    /// rmcp's streamable HTTP client, initialised against this server.
+    async fn client(&self, token: Option<&str>) -> Result<Client, String> {
+        use rmcp::transport::StreamableHttpClientTransport;
+        use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+        let mut config = StreamableHttpClientTransportConfig::with_uri(self.url.as_str());
+        if let Some(t) = token {
+            config = config.auth_header(t);
+        }
+        let transport = StreamableHttpClientTransport::with_client(Self::http(), config);
+        tokio::time::timeout(Duration::from_secs(30), ().serve(transport))
+            .await
+            .expect("initialize in time")
+            .map_err(|e| e.to_string())
+    }
+
+    /// SIGTERM, then the exit code and everything it wrote on stderr.
+    async fn stop(mut self) -> (Option<i32>, String) {
+        let pid = self.child.id().expect("pid");
+        let killed = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .expect("kill");
+        assert!(killed.success());
+        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("exits in time after SIGTERM")
+            .expect("wait");
+        (status.code(), self.stderr.await.expect("stderr"))
+    }
+}
+
+/// A random-enough token for one test run (never a real credential).
+fn test_token() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("test-token-{}-{nanos}", std::process::id())
+}
+
+/// The same round trip as over stdio (tools listed, `print(6*7)` is 42, files, codes,
+/// idempotent kill), over streamable HTTP with a bearer token.
+#[tokio::test]
+async fn mcp_http_round_trip_on_the_fake() {
+    let token = test_token();
+    let server = HttpServer::start(
+        &["--token-env", "SBX_MCP_TEST_TOKEN"],
+        &[("SBX_MCP_TEST_TOKEN", &token)],
+    )
+    .await;
+    let client = server.client(Some(&token)).await.expect("initialize");
+    round_trip(&client, "fake", None).await;
+    client.cancel().await.expect("close");
+    let (code, _) = server.stop().await;
+    assert_eq!(code, Some(130), "SIGTERM is an interrupted exit");
+}
+
+/// Without the token (or with a wrong one) nothing gets past HTTP: 401 with a Bearer
+/// challenge, and rmcp's client cannot even initialise. The token never reaches the
+/// server's logs, even at trace level.
+#[tokio::test]
+async fn mcp_http_bearer_token_is_required_and_never_logged() {
+    let token = test_token();
+    let server = HttpServer::start(
+        &["--token-env", "SBX_MCP_TEST_TOKEN"],
+        &[("SBX_MCP_TEST_TOKEN", &token), ("SANDBOX_LOG", "trace")],
+    )
+    .await;
+    let init = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "t", "version": "0"}}
+    });
+    for auth in [None, Some("Bearer wrong".to_string()), Some(token.clone())] {
+        let mut req = HttpServer::http()
+            .post(&server.url)
+            .header("accept", "application/json, text/event-stream")
+            .header("content-type", "application/json")
+            .body(init.to_string());
+        if let Some(a) = &auth {
+            req = req.header("authorization", a);
+        }
+        let r = req.send().await.expect("send");
+        assert_eq!(r.status(), 401, "{auth:?}");
+        assert_eq!(
+            r.headers()
+                .get("www-authenticate")
+                .map(|v| v.to_str().unwrap_or("")),
+            Some("Bearer")
+        );
+    }
+    assert!(server.client(None).await.is_err(), "no token, no session");
+    let client = server.client(Some(&token)).await.expect("the right token");
+    let (failed, r) = call(&client, "sandbox_create", json!({"engine": "fake"})).await;
+    assert!(!failed, "{r}");
+    client.cancel().await.expect("close");
+    let (_, stderr) = server.stop().await;
+    assert!(!stderr.is_empty(), "trace logging was on");
+    assert!(!stderr.contains(&token), "the token leaked into the logs");
+}
+
+/// The endpoint is `/mcp`; anything else is 404, before any token check or MCP handling.
+#[tokio::test]
+async fn mcp_http_serves_only_its_endpoint() {
+    let server = HttpServer::start(&[], &[]).await;
+    let other = server.url.replace("/mcp", "/other");
+    let r = HttpServer::http().get(&other).send().await.expect("send");
+    assert_eq!(r.status(), 404);
+    server.stop().await;
+}
+
+/// A non-loopback address is refused before anything listens: without
+/// --allow-non-loopback, and with it but without a token. A token variable that is unset
+/// is named in the error.
+#[test]
+fn mcp_http_refuses_non_loopback_and_unset_tokens() {
+    for (args, env) in [
+        (&["mcp", "--http", "0.0.0.0:0"][..], None),
+        (
+            &["mcp", "--http", "0.0.0.0:0", "--allow-non-loopback"][..],
+            None,
+        ),
+        (
+            &[
+                "mcp",
+                "--http",
+                "127.0.0.1:0",
+                "--token-env",
+                "SBX_MCP_UNSET_TOKEN",
+            ][..],
+            Some("SBX_MCP_UNSET_TOKEN"),
+        ),
+    ] {
+        let o = common::sandbox(args)
+            .env_remove("SBX_MCP_UNSET_TOKEN")
+            .output()
+            .expect("spawn");
+        assert_eq!(common::code(&o), 2, "{args:?}: {}", common::stderr(&o));
+        let err = common::stderr(&o);
+        assert!(err.contains("SBX_E1000"), "{args:?}: {err}");
+        if let Some(var) = env {
+            assert!(err.contains(var), "{err}");
+        }
+        assert!(common::stdout(&o).is_empty(), "no URL: nothing listened");
+    }
+    // A token is a NAME: a value pasted by mistake is refused and not echoed.
+    let o = common::run(&["mcp", "--http", "--token-env", "sk-live-abc"]);
+    assert_eq!(common::code(&o), 2);
+    assert!(!common::stderr(&o).contains("sk-live-abc"));
+}
+
+/// Over HTTP on Docker: a real container runs `print(6*7)`; SIGTERM to the server kills
+/// the sandboxes its clients left alive.
+#[tokio::test]
+async fn mcp_http_round_trip_and_sigterm_teardown_on_docker() {
+    if !common::docker_available("mcp_http_round_trip_and_sigterm_teardown_on_docker") {
+        return;
+    }
+    let server = HttpServer::start(&[], &[]).await;
+    let client = server.client(None).await.expect("initialize");
+    let id = round_trip(&client, "docker", Some("sandbox-rs/python:3.11")).await;
+    assert_eq!(
+        managed_containers("docker", &id),
+        "",
+        "killed by sandbox_kill"
+    );
+    let (failed, created) = call(
+        &client,
+        "sandbox_create",
+        json!({"engine": "docker://sandbox-rs/busybox:latest", "timeout_s": 120}),
+    )
+    .await;
+    assert!(!failed, "{created}");
+    let left = created["sandbox_id"].as_str().expect("id").to_string();
+    // The client goes away without killing it: the server still owns it.
+    client.cancel().await.expect("close");
+    assert_eq!(
+        managed_containers("docker", &left),
+        left,
+        "alive while the server runs"
+    );
+    let (code, stderr) = server.stop().await;
+    assert_eq!(code, Some(130), "{stderr}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while !managed_containers("docker", &left).is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        managed_containers("docker", &left),
+        "",
+        "SIGTERM left the container"
+    );
+}

@@ -1,0 +1,318 @@
+//! `sandbox mcp --http [ADDR]`: the same tools over MCP's streamable HTTP transport
+//! (rmcp's `StreamableHttpService` on a hyper HTTP/1.1 server), for hosts that connect to
+//! a URL instead of starting a child process.
+//!
+//! Whoever can reach the port can run code, so the defaults are narrow: it listens on
+//! loopback (127.0.0.1:8931); a non-loopback address is refused unless the operator passes
+//! `--allow-non-loopback`, and then only with a bearer token (`--token-env NAME`: the
+//! token is read from that environment variable, never from the command line, and never
+//! logged). On loopback, rmcp's `Host` check refuses DNS-rebinding requests from web
+//! pages.
+//!
+//! The server owns every sandbox its clients create, whichever HTTP session created it
+//! (MCP's newest protocol version has no sessions to hang them on): they are all killed
+//! when the server stops (SIGTERM, SIGHUP, Ctrl-C), and each is bounded by its lifetime
+//! should the server itself be killed.
+
+use std::convert::Infallible;
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::header::{AUTHORIZATION, HeaderValue, WWW_AUTHENTICATE};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+use sandbox::SandboxError;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tower_service::Service;
+
+use crate::mcp::{Policy, SandboxServer, kill_all};
+
+/// The path the MCP endpoint is served on.
+pub const ENDPOINT_PATH: &str = "/mcp";
+/// `--http` without an address.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:8931";
+
+/// A bearer token. Its `Debug` never shows it, so it cannot reach a log by accident.
+#[derive(Clone)]
+pub struct Token(Arc<str>);
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Token(***)")
+    }
+}
+
+impl Token {
+    /// Whether an `Authorization` header carries this token. Compared in constant time
+    /// (for equal lengths), so response timing does not reveal a prefix.
+    fn admits(&self, header: Option<&HeaderValue>) -> bool {
+        let Some(given) = header
+            .and_then(|h| h.to_str().ok())
+            .and_then(|h| h.strip_prefix("Bearer "))
+        else {
+            return false;
+        };
+        let (a, b) = (given.as_bytes(), self.0.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    }
+}
+
+/// How `sandbox mcp --http` listens, checked before anything binds.
+#[derive(Debug, Clone)]
+pub struct HttpOptions {
+    /// Where to listen.
+    pub addr: SocketAddr,
+    /// The bearer token every request must carry, if any.
+    pub token: Option<Token>,
+}
+
+impl HttpOptions {
+    /// Validates the flags: a non-loopback address needs `--allow-non-loopback` and a
+    /// token; a named token variable must be set and non-empty. `env` reads the
+    /// environment (a parameter so the rules are testable without touching it).
+    pub fn new(
+        addr: SocketAddr,
+        allow_non_loopback: bool,
+        token_env: Option<&str>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> sandbox::Result<Self> {
+        let token = match token_env {
+            None => None,
+            Some(name) => match crate::cli::check_env_name("--token-env", name)
+                .map(|()| env(name))?
+            {
+                Some(v) if !v.trim().is_empty() => Some(Token(v.trim().into())),
+                // The message names the variable, never a value.
+                _ => {
+                    return Err(SandboxError::config(
+                        format!(
+                            "--token-env {name}: the environment variable {name} is unset or empty"
+                        ),
+                        format!("export {name}=<a long random token> before starting the server"),
+                    ));
+                }
+            },
+        };
+        if !addr.ip().is_loopback() {
+            if !allow_non_loopback {
+                return Err(SandboxError::config(
+                    format!(
+                        "--http {addr} is not a loopback address: anyone who reaches it could run code in sandboxes"
+                    ),
+                    "listen on 127.0.0.1, or pass --allow-non-loopback together with --token-env NAME",
+                ));
+            }
+            if token.is_none() {
+                return Err(SandboxError::config(
+                    format!("--http {addr} with --allow-non-loopback needs a bearer token"),
+                    "pass --token-env NAME, NAME being an environment variable holding the token",
+                ));
+            }
+        }
+        Ok(HttpOptions { addr, token })
+    }
+}
+
+impl TryFrom<&crate::cli::McpArgs> for HttpOptions {
+    type Error = SandboxError;
+
+    fn try_from(a: &crate::cli::McpArgs) -> sandbox::Result<Self> {
+        let addr = a.http.unwrap_or_else(|| {
+            DEFAULT_ADDR
+                .parse()
+                .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 8931)))
+        });
+        HttpOptions::new(addr, a.allow_non_loopback, a.token_env.as_deref(), |name| {
+            std::env::var(name).ok()
+        })
+    }
+}
+
+type Body = BoxBody<Bytes, Infallible>;
+
+fn plain(status: StatusCode, text: &'static str) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from_static(text.as_bytes())).boxed());
+    *r.status_mut() = status;
+    r
+}
+
+/// Serves MCP over streamable HTTP until a termination signal arrives, then kills every
+/// sandbox the server's clients created. Prints the endpoint URL on stdout once
+/// listening (port 0 picks a free port).
+pub async fn serve(policy: Policy, options: HttpOptions) -> sandbox::Result<u8> {
+    let listener = TcpListener::bind(options.addr).await.map_err(|e| {
+        SandboxError::config(
+            format!("cannot listen on {}: {e}", options.addr),
+            "pick a free port, e.g. --http 127.0.0.1:0",
+        )
+    })?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| SandboxError::engine("mcp", format!("listening socket: {e}")))?;
+    // Every session's handler is a clone of this one: they share the sandbox registry
+    // and the per-server limit, so the server can tear all of them down.
+    let server = SandboxServer::new(policy);
+    let registry = server.registry();
+    let shutdown = CancellationToken::new();
+    let mut config =
+        StreamableHttpServerConfig::default().with_cancellation_token(shutdown.child_token());
+    if !local.ip().is_loopback() {
+        // Host checks stop DNS rebinding from browsers; beyond loopback the mandatory
+        // bearer token does that (a page cannot add it), and the names clients use for
+        // this machine are not known here.
+        config = config.disable_allowed_hosts();
+    }
+    let mcp = StreamableHttpService::new(
+        move || Ok(server.clone()),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    );
+    let url = format!("http://{local}{ENDPOINT_PATH}");
+    crate::output::Out::new(false).line(&url);
+    tracing::info!(%url, authenticated = options.token.is_some(), "mcp http server listening");
+
+    let signal = crate::signals::terminated();
+    tokio::pin!(signal);
+    let mut connections = JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = &mut signal => break,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // A full accept queue or fd exhaustion passes; the listener stays.
+                tracing::warn!(error = %e, "mcp http accept failed");
+                continue;
+            }
+        };
+        let mcp = mcp.clone();
+        let token = options.token.clone();
+        let handler = hyper::service::service_fn(move |req: Request<Incoming>| {
+            let mut mcp = mcp.clone();
+            let token = token.clone();
+            async move {
+                if req.uri().path() != ENDPOINT_PATH {
+                    return Ok::<_, Infallible>(plain(StatusCode::NOT_FOUND, "not found\n"));
+                }
+                if let Some(token) = &token
+                    && !token.admits(req.headers().get(AUTHORIZATION))
+                {
+                    let mut r = plain(StatusCode::UNAUTHORIZED, "bearer token required\n");
+                    r.headers_mut()
+                        .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+                    return Ok(r);
+                }
+                mcp.call(req).await
+            }
+        });
+        connections.spawn(async move {
+            let served = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), handler)
+                .await;
+            if let Err(e) = served {
+                tracing::debug!(%peer, error = %e, "mcp http connection ended");
+            }
+        });
+        // Reap finished connection tasks so the set does not grow with every client.
+        while connections.try_join_next().is_some() {}
+    }
+    // No new requests, sessions closed, open streams dropped; then the sandboxes go.
+    shutdown.cancel();
+    connections.abort_all();
+    let failed = kill_all(&registry).await;
+    if failed > 0 {
+        tracing::warn!(
+            failed,
+            "some sandboxes of the MCP server could not be killed; see `sandbox reap`"
+        );
+    }
+    Ok(crate::EXIT_INTERRUPTED)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandbox::ErrorCode;
+
+    fn env_with(value: Option<&'static str>) -> impl Fn(&str) -> Option<String> {
+        move |_| value.map(str::to_string)
+    }
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().expect("addr")
+    }
+
+    #[test]
+    fn loopback_needs_nothing_else() {
+        for a in ["127.0.0.1:0", "[::1]:8931"] {
+            let o = HttpOptions::new(addr(a), false, None, env_with(None)).expect(a);
+            assert!(o.token.is_none());
+        }
+    }
+
+    #[test]
+    fn non_loopback_needs_the_flag_and_a_token() {
+        let any = addr("0.0.0.0:8931");
+        let e = HttpOptions::new(any, false, Some("T"), env_with(Some("s3cret-token")))
+            .expect_err("no flag");
+        assert_eq!(e.code(), ErrorCode::Configuration);
+        let e = HttpOptions::new(any, true, None, env_with(None)).expect_err("no token");
+        assert_eq!(e.code(), ErrorCode::Configuration);
+        let o = HttpOptions::new(any, true, Some("T"), env_with(Some("s3cret-token")))
+            .expect("flag and token");
+        assert!(o.token.is_some());
+    }
+
+    #[test]
+    fn a_missing_token_variable_is_named_and_no_value_leaks() {
+        let e = HttpOptions::new(addr("127.0.0.1:0"), false, Some("MY_TOKEN"), env_with(None))
+            .expect_err("unset");
+        assert_eq!(e.code(), ErrorCode::Configuration);
+        assert!(e.render().contains("MY_TOKEN"), "{}", e.render());
+        let e = HttpOptions::new(
+            addr("127.0.0.1:0"),
+            false,
+            Some("MY_TOKEN"),
+            env_with(Some("  ")),
+        )
+        .expect_err("empty");
+        assert_eq!(e.code(), ErrorCode::Configuration);
+        let o = HttpOptions::new(
+            addr("127.0.0.1:0"),
+            false,
+            Some("MY_TOKEN"),
+            env_with(Some("s3cret-token")),
+        )
+        .expect("set");
+        assert!(!format!("{o:?}").contains("s3cret"), "{o:?}");
+    }
+
+    #[test]
+    fn only_the_exact_bearer_token_is_admitted() {
+        let t = Token("s3cret-token".into());
+        let h = |s: &'static str| HeaderValue::from_static(s);
+        assert!(t.admits(Some(&h("Bearer s3cret-token"))));
+        for bad in [
+            "Bearer s3cret-toke",
+            "Bearer s3cret-token2",
+            "bearer s3cret-token",
+            "Basic s3cret-token",
+            "s3cret-token",
+            "Bearer ",
+        ] {
+            assert!(!t.admits(Some(&h(bad))), "{bad}");
+        }
+        assert!(!t.admits(None));
+    }
+}
