@@ -3,6 +3,9 @@
 #![forbid(unsafe_code)]
 
 mod agent;
+// Attacks on the agent, run by the adapters' tests against real engines; not the API.
+#[doc(hidden)]
+pub mod agent_trials;
 mod archive;
 mod backend;
 pub mod discovery;

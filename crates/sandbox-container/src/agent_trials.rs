@@ -1,0 +1,215 @@
+//! Attacks on the in-sandbox agent, written once and run by each adapter's tests against
+//! its real engine (`tests/agent.rs` in sandbox-docker and sandbox-podman). Not part of the
+//! API.
+//!
+//! Each trial runs sandboxed code as root inside an agent-mode sandbox and checks a
+//! promise from the host side; it returns `Err` with what it saw when the promise broke.
+
+use std::time::{Duration, Instant};
+
+use sandbox_core::{Backend, Command, CreateOptions, RunOptions, Sandbox};
+
+use crate::backend::ContainerBackend;
+use crate::engine::{ContainerEngine, EngineErrorKind};
+use crate::sandbox::{ContainerNative, ExecPath};
+
+type Trial = std::result::Result<(), String>;
+
+fn fail(what: impl std::fmt::Display) -> String {
+    what.to_string()
+}
+
+async fn create<E: ContainerEngine>(
+    b: &ContainerBackend<E>,
+    options: CreateOptions,
+) -> std::result::Result<Box<dyn Sandbox>, String> {
+    let s = Backend::create(b, options)
+        .await
+        .map_err(|e| fail(format!("create: {}", e.render())))?;
+    let path = s
+        .native()
+        .downcast_ref::<ContainerNative<E>>()
+        .map(|n| n.exec_path);
+    if path != Some(ExecPath::Agent) {
+        return Err(fail(format!(
+            "the sandbox does not use the agent (exec path {path:?}); the trial needs it"
+        )));
+    }
+    Ok(s)
+}
+
+async fn sh(
+    s: &dyn Sandbox,
+    script: &str,
+) -> std::result::Result<sandbox_core::ExecResult, String> {
+    s.run(
+        Command::Shell(script.to_string()),
+        RunOptions::default().timeout(Duration::from_secs(30)),
+    )
+    .await
+    .map_err(|e| fail(format!("run {script:?}: {}", e.render())))
+}
+
+/// Whether the engine still has the container (running or not).
+async fn exists<E: ContainerEngine>(b: &ContainerBackend<E>, id: &str) -> Trial {
+    match b.engine().inspect(id).await {
+        Ok(c) if c.is_running() => Ok(()),
+        Ok(_) => Err("stopped".into()),
+        Err(e) if e.kind == EngineErrorKind::NotFound => Err("gone".into()),
+        Err(e) => Err(format!("inspect failed: {e}")),
+    }
+}
+
+/// Sandboxed root stops and kills PID 1 (and everything else) over and over, and its owner
+/// walks away without any teardown: the container still ends at its deadline. `options`
+/// must ask for a short lifetime (a few seconds).
+pub async fn deadline_survives_stop_and_kill_from_inside<E: ContainerEngine>(
+    b: &ContainerBackend<E>,
+    options: CreateOptions,
+) -> Trial {
+    let lifetime = options.timeout;
+    let created = Instant::now();
+    let s = create(b, options).await?;
+    let id = s.id().to_string();
+    // One round now (its status is ours to read), then a loop in the background that
+    // keeps at it until the end.
+    let r = sh(
+        &*s,
+        "kill -STOP 1; kill -KILL 1; kill -TERM 1; kill -INT 1; kill -STOP -1; \
+         (while true; do kill -STOP 1; kill -KILL 1; kill -STOP -1; sleep 0.05; done) \
+         >/dev/null 2>&1 </dev/null & echo attacked",
+    )
+    .await?;
+    if !String::from_utf8_lossy(&r.stdout).contains("attacked") {
+        return Err(format!("the attack did not run: {r:?}"));
+    }
+    // PID 1 still answers after the signals.
+    let r = sh(&*s, "echo alive").await?;
+    if r.stdout.as_ref() != b"alive\n" {
+        return Err(format!(
+            "the agent stopped answering after kill -STOP/-KILL: {r:?}"
+        ));
+    }
+    // The owner is "killed": the handle is leaked, so no kill and no drop teardown run.
+    std::mem::forget(s);
+    let bound = lifetime + Duration::from_secs(5);
+    loop {
+        match exists(b, &id).await {
+            Ok(()) if created.elapsed() < bound => {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            Ok(()) => {
+                let _ = b.engine().remove(&id).await;
+                return Err(format!(
+                    "the container still runs {:?} after create (lifetime {lifetime:?})",
+                    created.elapsed()
+                ));
+            }
+            Err(_) => {
+                let took = created.elapsed();
+                if took + Duration::from_millis(500) < lifetime {
+                    return Err(format!(
+                        "the container ended before its deadline ({took:?} < {lifetime:?})"
+                    ));
+                }
+                // Ended (auto-remove may still be under way): make sure it goes.
+                let _ = b.engine().remove(&id).await;
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Sandboxed root cannot read or write the agent's channel through `/proc/1`: the agent
+/// is undumpable, so its fds and memory need CAP_SYS_PTRACE, which the sandbox lacks.
+pub async fn agent_channel_is_out_of_reach<E: ContainerEngine>(
+    b: &ContainerBackend<E>,
+    options: CreateOptions,
+) -> Trial {
+    let s = create(b, options).await?;
+    let attempts = [
+        "echo forged > /proc/1/fd/1",
+        "head -c 1 /proc/1/fd/0",
+        "head -c 1 /proc/1/mem",
+        "readlink /proc/1/fd/0",
+        "cat /proc/1/environ",
+    ];
+    let mut out = Ok(());
+    for a in attempts {
+        let r = sh(&*s, &format!("{a} >/dev/null 2>&1")).await?;
+        if r.exit_code == 0 {
+            out = Err(format!("`{a}` succeeded inside the sandbox"));
+            break;
+        }
+    }
+    // The channel is intact after the attempts.
+    if out.is_ok() {
+        let r = sh(&*s, "echo still").await?;
+        if r.stdout.as_ref() != b"still\n" {
+            out = Err(format!("the sandbox stopped answering: {r:?}"));
+        }
+    }
+    let _ = s.kill().await;
+    out
+}
+
+/// A process that prints a well-formed protocol frame (the agent's "deadline" notice, which
+/// would end the session if the host believed it) only produces output: its bytes come
+/// back verbatim as that process's stdout, and the sandbox keeps working.
+pub async fn forged_frame_on_stdout_is_only_output<E: ContainerEngine>(
+    b: &ContainerBackend<E>,
+    options: CreateOptions,
+) -> Trial {
+    let s = create(b, options).await?;
+    let body = br#"{"op":"deadline"}"#;
+    let mut frame = ((body.len() + 5) as u32).to_be_bytes().to_vec();
+    frame.push(1);
+    frame.extend_from_slice(&0u32.to_be_bytes());
+    frame.extend_from_slice(body);
+    let octal: String = frame.iter().map(|b| format!("\\{b:03o}")).collect();
+    let r = sh(&*s, &format!("printf '{octal}'; printf '{octal}' >&2")).await;
+    let out = match r {
+        Ok(r) if r.stdout.as_ref() == frame && r.stderr.as_ref() == frame => {
+            match sh(&*s, "echo after").await {
+                Ok(r) if r.stdout.as_ref() == b"after\n" => Ok(()),
+                other => Err(format!("the sandbox stopped answering: {other:?}")),
+            }
+        }
+        other => Err(format!(
+            "the forged frame did not come back verbatim: {other:?}"
+        )),
+    };
+    let _ = s.kill().await;
+    out
+}
+
+/// The bytes ctrl-p ctrl-q (an engine's default detach keys) in the host→agent stream do
+/// not end the attach: a 4113-byte output chunk (one `write` of that size, which the
+/// agent reads whole unless the pipe splits it) is acknowledged with the body
+/// `00 00 10 11`. Ten rounds, so a split read in one round does not hide a detach.
+pub async fn detach_keys_in_the_channel_do_not_detach<E: ContainerEngine>(
+    b: &ContainerBackend<E>,
+    options: CreateOptions,
+) -> Trial {
+    let s = create(b, options).await?;
+    let mut out = Ok(());
+    for round in 0..10 {
+        match sh(&*s, "dd if=/dev/zero bs=4113 count=1 2>/dev/null").await {
+            Ok(r) if r.stdout.len() == 4113 => {}
+            other => {
+                out = Err(format!(
+                    "round {round}: 4113 bytes did not come back: {other:?}"
+                ));
+                break;
+            }
+        }
+    }
+    if out.is_ok() {
+        out = match sh(&*s, "echo attached").await {
+            Ok(r) if r.stdout.as_ref() == b"attached\n" => Ok(()),
+            other => Err(format!("the channel ended: {other:?}")),
+        };
+    }
+    let _ = s.kill().await;
+    out
+}

@@ -1,0 +1,84 @@
+//! Attacks on the in-sandbox agent (PID 1 of every agent-mode sandbox) against the real
+//! Docker engine: `sandbox_container::agent_trials`, written once for every engine.
+//! `SBX_DOCKER_RUNTIME=runsc` runs them under gVisor. They skip (with a printed reason)
+//! when no engine answers, and fail when `CI=true`.
+#![allow(clippy::print_stdout)]
+
+use std::time::Duration;
+
+use sandbox_container::agent_trials as trials;
+use sandbox_container::{ContainerBackend, ContainerConfig};
+use sandbox_core::{CreateOptions, ErrorCode};
+use sandbox_docker::{DockerConfig, DockerEngine, Runtime};
+
+const BUSYBOX: &str = "sandbox-rs/busybox:latest";
+
+fn runtime() -> Runtime {
+    std::env::var("SBX_DOCKER_RUNTIME")
+        .ok()
+        .and_then(|r| Runtime::parse(&r))
+        .unwrap_or(Runtime::Runc)
+}
+
+async fn backend() -> Option<ContainerBackend<DockerEngine>> {
+    let config = DockerConfig::from_env().runtime(runtime());
+    match DockerEngine::connect(config).await {
+        Ok(e) => Some(
+            ContainerBackend::new(
+                e,
+                ContainerConfig::new(BUSYBOX)
+                    .startup_sweep(false)
+                    .agent(true),
+            )
+            .await,
+        ),
+        Err(e) if e.code() == ErrorCode::EngineUnavailable => {
+            if std::env::var("CI").as_deref() == Ok("true") {
+                panic!("Docker engine required under CI=true: {}", e.render());
+            }
+            println!("skipping: Docker engine unavailable: {}", e.render());
+            None
+        }
+        Err(e) => panic!("connect failed: {}", e.render()),
+    }
+}
+
+fn opts(test: &str, lifetime: Duration) -> CreateOptions {
+    CreateOptions::new(BUSYBOX)
+        .timeout(lifetime)
+        .metadata("test", test)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deadline_survives_stop_and_kill_from_inside() {
+    let Some(b) = backend().await else { return };
+    let o = opts("agent_deadline", Duration::from_secs(6));
+    trials::deadline_survives_stop_and_kill_from_inside(&b, o)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn agent_channel_is_out_of_reach() {
+    let Some(b) = backend().await else { return };
+    let o = opts("agent_channel", Duration::from_secs(120));
+    trials::agent_channel_is_out_of_reach(&b, o).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn forged_frame_on_stdout_is_only_output() {
+    let Some(b) = backend().await else { return };
+    let o = opts("agent_forged_frame", Duration::from_secs(120));
+    trials::forged_frame_on_stdout_is_only_output(&b, o)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn detach_keys_in_the_channel_do_not_detach() {
+    let Some(b) = backend().await else { return };
+    let o = opts("agent_detach_keys", Duration::from_secs(120));
+    trials::detach_keys_in_the_channel_do_not_detach(&b, o)
+        .await
+        .unwrap();
+}
