@@ -235,8 +235,10 @@ async fn secrets_visible_to_process(ctx: Arc<Ctx>) -> anyhow::Result<()> {
 
 /// The init processes engines run as PID 1 (`docker run --init` → `docker-init`,
 /// `podman run --init` → catatonit mounted as `podman-init`, and the common standalone
-/// ones).
-const INITS: [&str; 6] = [
+/// ones), and sandbox-rs's own agent (`/.sandbox-agent`, which reaps every process and
+/// owns their lifetimes, so there is nothing to forward signals to).
+const INITS: [&str; 7] = [
+    ".sandbox-agent",
     "docker-init",
     "podman-init",
     "tini",
