@@ -101,3 +101,16 @@ pub fn install() -> Result<IpAddr, String> {
     .map_err(|e| e.to_string())?;
     Ok(addr)
 }
+
+static FAIL_NEXT_APPLY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Makes the next egress apply in this process fail after the container started (as a
+/// failing `nft` would), so a test can prove the failure leaves no container behind.
+pub fn fail_next_apply() {
+    FAIL_NEXT_APPLY.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Whether an injected failure is due (and consumes it).
+pub(crate) fn take_injected_failure() -> bool {
+    FAIL_NEXT_APPLY.swap(false, std::sync::atomic::Ordering::SeqCst)
+}

@@ -324,6 +324,9 @@ pub(crate) async fn apply<E: ContainerEngine + ?Sized>(
             "this engine's sandboxes cannot get nftables rules from this host".into(),
         ));
     }
+    if lab::take_injected_failure() {
+        return Err(creation(backend, "injected failure (egress::lab)".into()));
+    }
     let info = engine
         .inspect(id)
         .await
