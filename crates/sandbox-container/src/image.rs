@@ -620,6 +620,9 @@ enum Outcome {
 
 type Flight = Shared<BoxFuture<'static, Outcome>>;
 
+/// Backend, engine endpoint, image.
+type FlightKey = (String, String, String);
+
 struct InFlight {
     id: u64,
     pull: Flight,
@@ -628,7 +631,7 @@ struct InFlight {
 
 /// Pulls in flight, by engine endpoint and image: one per image across every backend on
 /// the same engine in this process.
-static IN_FLIGHT: LazyLock<Mutex<HashMap<(String, String, String), InFlight>>> =
+static IN_FLIGHT: LazyLock<Mutex<HashMap<FlightKey, InFlight>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
 static FLIGHT_IDS: AtomicU64 = AtomicU64::new(0);
@@ -662,7 +665,6 @@ pub(crate) async fn ensure<E: ContainerEngine>(
         }
         if policy == PullPolicy::Never {
             return Err(SandboxError::image_unavailable(
-                engine.backend(),
                 image,
                 &parsed.registry,
                 "the engine does not have it and the pull policy is `never`",
@@ -683,7 +685,6 @@ pub(crate) async fn ensure<E: ContainerEngine>(
         Ok(o) => o,
         Err(_) => {
             return Err(SandboxError::image_unavailable(
-                engine.backend(),
                 image,
                 &parsed.registry,
                 format!("the pull did not finish within {DEFAULT_PULL_TIMEOUT:?}"),
@@ -755,7 +756,7 @@ async fn join_pull<E: ContainerEngine>(
     };
     // Removes the entry when this waiter leaves, finished or cancelled: a later create
     // (PullPolicy::Always, or after a failure) starts a fresh pull.
-    struct Leave(Option<((String, String, String), u64)>);
+    struct Leave(Option<(FlightKey, u64)>);
     impl Drop for Leave {
         fn drop(&mut self) {
             if let Some((key, id)) = self.0.take() {
@@ -892,7 +893,6 @@ fn pull_error<E: ContainerEngine + ?Sized>(
             )
         }
         EngineErrorKind::NotFound => SandboxError::image_unavailable(
-            engine.backend(),
             image,
             registry,
             format!(
@@ -906,7 +906,6 @@ fn pull_error<E: ContainerEngine + ?Sized>(
         )
         .with_source(error),
         _ => SandboxError::image_unavailable(
-            engine.backend(),
             image,
             registry,
             format!("the pull failed: {}", bounded_text(&error.0.message)),

@@ -6,6 +6,7 @@
 //! adapter), so the suite's teardown trials can make container removals hang or fail
 //! while the adapter's own HTTP client and error mapping stay in the path.
 
+pub mod pull;
 pub mod registry;
 
 use std::path::{Path, PathBuf};

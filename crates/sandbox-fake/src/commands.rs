@@ -28,7 +28,6 @@ async fn fail(p: &Proc, msg: impl Into<String>, code: i64) -> Result<i64> {
 /// The answer to a vocabulary command used in a form the vocabulary does not list.
 async fn form_not_in_vocabulary(p: &Proc, argv: &[String]) -> Result<i64> {
     let msg = format!("fake: form not in vocabulary: {}", argv.join(" "));
-    p.sb.outside_vocabulary(msg.clone());
     fail(p, msg, FORM_NOT_IN_VOCABULARY_EXIT).await
 }
 

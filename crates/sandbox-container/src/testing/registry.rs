@@ -47,6 +47,7 @@ struct Counters {
 #[derive(Debug)]
 pub struct TestRegistry {
     addr: SocketAddr,
+    marker: String,
     counters: Arc<Counters>,
     accept: JoinHandle<()>,
 }
@@ -67,9 +68,29 @@ fn sha256_digest(bytes: &[u8]) -> String {
     s
 }
 
+/// A one-file layer (`/etc/sbx-test-registry` holding `marker`), so every registry serves
+/// an image the engine has not seen: its pull downloads a layer for real, and removing
+/// the image afterwards removes what the pull added (the base layers stay shared).
+fn marker_layer(marker: &str) -> std::io::Result<Vec<u8>> {
+    let mut b = tar::Builder::new(Vec::new());
+    let mut dir = tar::Header::new_gnu();
+    dir.set_entry_type(tar::EntryType::Directory);
+    dir.set_size(0);
+    dir.set_mode(0o755);
+    dir.set_cksum();
+    b.append_data(&mut dir, "etc/", std::io::empty())?;
+    let mut h = tar::Header::new_gnu();
+    h.set_size(marker.len() as u64);
+    h.set_mode(0o644);
+    h.set_cksum();
+    b.append_data(&mut h, "etc/sbx-test-registry", marker.as_bytes())?;
+    b.into_inner()
+}
+
 /// Reads a `docker save` / `podman save` (docker-archive) tarball: its `manifest.json`
-/// names the config file and the layer tars in order.
-fn image_from_archive(archive: &[u8]) -> std::io::Result<Image> {
+/// names the config file and the layer tars in order. `marker` is added as one more
+/// layer (see [`marker_layer`]), recorded in the config's `rootfs` and `history`.
+fn image_from_archive(archive: &[u8], marker: &str) -> std::io::Result<Image> {
     let invalid = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidData, m);
     let mut files: HashMap<String, Vec<u8>> = HashMap::new();
     let mut tar = tar::Archive::new(archive);
@@ -99,19 +120,41 @@ fn image_from_archive(archive: &[u8]) -> std::io::Result<Image> {
     let config_path = first["Config"]
         .as_str()
         .ok_or_else(|| invalid("manifest.json has no Config".into()))?;
-    let config = files
-        .get(config_path)
-        .ok_or_else(|| invalid(format!("{config_path} missing from the archive")))?
-        .clone();
+    let mut config: serde_json::Value = serde_json::from_slice(
+        files
+            .get(config_path)
+            .ok_or_else(|| invalid(format!("{config_path} missing from the archive")))?,
+    )
+    .map_err(|e| invalid(e.to_string()))?;
+    let mut layer_data: Vec<Vec<u8>> = Vec::new();
+    for l in first["Layers"].as_array().into_iter().flatten() {
+        let path = l.as_str().unwrap_or_default();
+        layer_data.push(
+            files
+                .get(path)
+                .ok_or_else(|| invalid(format!("layer {path} missing from the archive")))?
+                .clone(),
+        );
+    }
+    let marker = marker_layer(marker)?;
+    let marker_digest = sha256_digest(&marker);
+    layer_data.push(marker);
+    let diff_ids = config
+        .pointer_mut("/rootfs/diff_ids")
+        .and_then(|d| d.as_array_mut())
+        .ok_or_else(|| invalid("the image config has no rootfs.diff_ids".into()))?;
+    diff_ids.push(serde_json::Value::String(marker_digest));
+    if let Some(history) = config.get_mut("history").and_then(|h| h.as_array_mut()) {
+        history.push(serde_json::json!({
+            "created": "2026-01-01T00:00:00Z",
+            "created_by": "sandbox-rs test registry marker layer",
+        }));
+    }
+    let config = serde_json::to_vec(&config).map_err(|e| invalid(e.to_string()))?;
     let mut blobs = HashMap::new();
     let config_digest = sha256_digest(&config);
     let mut layers = Vec::new();
-    for l in first["Layers"].as_array().into_iter().flatten() {
-        let path = l.as_str().unwrap_or_default();
-        let data = files
-            .get(path)
-            .ok_or_else(|| invalid(format!("layer {path} missing from the archive")))?
-            .clone();
+    for data in layer_data {
         let digest = sha256_digest(&data);
         layers.push(serde_json::json!({
             "mediaType": LAYER_TYPE, "size": data.len(), "digest": digest,
@@ -151,7 +194,14 @@ impl TestRegistry {
         names: &[(&str, &str)],
         credentials: Option<(&str, &str)>,
     ) -> std::io::Result<TestRegistry> {
-        let image = image_from_archive(archive)?;
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let marker = format!(
+            "sbx-test-registry {} {} {:?}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed),
+            std::time::SystemTime::now()
+        );
+        let image = image_from_archive(archive, &marker)?;
         let mut repos: HashMap<String, Vec<String>> = HashMap::new();
         for (repo, tag) in names {
             repos
@@ -183,6 +233,7 @@ impl TestRegistry {
         });
         Ok(TestRegistry {
             addr,
+            marker,
             counters,
             accept,
         })
@@ -191,6 +242,12 @@ impl TestRegistry {
     /// `127.0.0.1:<port>`, the registry part of image references.
     pub fn host(&self) -> String {
         self.addr.to_string()
+    }
+
+    /// The content of `/etc/sbx-test-registry` in the image this registry serves (unique
+    /// per registry): proof that a sandbox runs the pulled image.
+    pub fn marker(&self) -> &str {
+        &self.marker
     }
 
     /// Manifest requests (`GET` and `HEAD`) for `repo` so far.
@@ -364,8 +421,7 @@ mod tests {
         h.set_cksum();
         layer.append_data(&mut h, "hello", &b"hi\n"[..]).unwrap();
         let layer = layer.into_inner().unwrap();
-        let config =
-            br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#;
+        let config = br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":["sha256:00"]},"history":[{}]}"#;
         let manifest = br#"[{"Config":"c.json","RepoTags":["x:1"],"Layers":["l/layer.tar"]}]"#;
         let mut out = tar::Builder::new(Vec::new());
         for (name, data) in [
@@ -408,9 +464,18 @@ mod tests {
         assert_eq!(status, 200);
         let body = &text[text.find("\r\n\r\n").unwrap() + 4..];
         let m: serde_json::Value = serde_json::from_str(body).unwrap();
-        let layer = m["layers"][0]["digest"].as_str().unwrap().to_string();
-        let (status, _) = get(&host, &format!("/v2/sbx/img/blobs/{layer}"), None).await;
+        assert_eq!(m["layers"].as_array().unwrap().len(), 2, "base + marker");
+        let marker = m["layers"][1]["digest"].as_str().unwrap().to_string();
+        let (status, blob) = get(&host, &format!("/v2/sbx/img/blobs/{marker}"), None).await;
         assert_eq!(status, 200);
+        assert!(blob.contains(r.marker()));
+        let config = m["config"]["digest"].as_str().unwrap().to_string();
+        let (status, text) = get(&host, &format!("/v2/sbx/img/blobs/{config}"), None).await;
+        assert_eq!(status, 200);
+        let body = &text[text.find("\r\n\r\n").unwrap() + 4..];
+        let c: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(c["rootfs"]["diff_ids"][1].as_str(), Some(marker.as_str()));
+        assert_eq!(c["history"].as_array().unwrap().len(), 2);
         assert_eq!(get(&host, "/v2/sbx/img/manifests/2", None).await.0, 404);
         assert_eq!(get(&host, "/v2/other/manifests/1", None).await.0, 404);
         assert_eq!(r.manifest_requests("sbx/img"), 2);
