@@ -149,6 +149,10 @@ pub(crate) async fn connect<E: ContainerEngine>(
 /// which ends the stream at once, so this bound is only hit by a wedged engine.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long past the sandbox's deadline a lifetime-bounded command's own timeout waits
+/// for the agent's deadline notice (sent at the deadline, a few ms later on the host).
+const LIFETIME_MARGIN: Duration = Duration::from_secs(2);
+
 /// A user command through the agent, as a lazily started, killable [`Process`] bounded by
 /// `timeout`. Dropped before its end, the process tree is killed (by the agent, which sees
 /// `setsid` and double-forked descendants too).
@@ -164,6 +168,13 @@ pub(crate) fn process<E: ContainerEngine>(
     let cwd = match workdir {
         Some(w) => sandbox_core::resolve_path(&sh.workdir, w)?,
         None => sh.workdir.clone(),
+    };
+    // A command bounded only by the sandbox's lifetime ends with the sandbox, which the
+    // agent guarantees at its deadline: give that end a moment to arrive first, so the
+    // caller sees `SandboxGone` (the sandbox is over), not a timeout of its command.
+    let timeout = match sh.remaining() {
+        Ok(left) if timeout + LIFETIME_MARGIN >= left => left + LIFETIME_MARGIN,
+        _ => timeout,
     };
     let spec = SpawnSpec {
         argv,

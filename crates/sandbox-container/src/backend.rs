@@ -238,7 +238,10 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             .clone()
             .unwrap_or_else(|| self.config.default_template.clone());
         let lifetime = options.timeout;
-        let deadline = sandbox_core::labels::unix_now() + lifetime_secs(lifetime);
+        // Rounded up from the exact end: the agent ends at this second, and a sandbox
+        // must never end before its lifetime (the old `floor(now) + ceil(lifetime)` could
+        // cut up to a second off).
+        let deadline = deadline_secs(SystemTime::now(), lifetime);
         // Allow and AllowList run on the library's network (egress/mod.rs).
         let network = crate::egress::network_mode(&options.network, egress_net);
         // The main process is the lifetime backstop: it ends at the deadline, which ends
@@ -423,7 +426,14 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             template: spec.image.clone(),
             workdir: spec.workdir.clone(),
             labels: spec.labels.clone(),
-            deadline: SystemTime::now() + options.timeout,
+            deadline: match (&agent, spec.labels.get(LABEL_DEADLINE)) {
+                // The agent ends at exactly the labelled second.
+                (Some(_), Some(d)) => d
+                    .parse::<u64>()
+                    .map(|d| SystemTime::UNIX_EPOCH + Duration::from_secs(d))
+                    .unwrap_or_else(|_| SystemTime::now() + options.timeout),
+                _ => SystemTime::now() + options.timeout,
+            },
             tier,
             caps: self.caps(),
             secrets: options
@@ -586,10 +596,12 @@ enum Provisioned<E: ContainerEngine> {
     AgentFailed(String),
 }
 
-/// The lifetime in whole seconds, rounded up (what the deadline label uses).
-fn lifetime_secs(timeout: Duration) -> u64 {
-    let s = timeout.as_secs();
-    if timeout.subsec_nanos() > 0 { s + 1 } else { s }
+/// The deadline as whole Unix seconds, rounded up from `now + lifetime`.
+fn deadline_secs(now: SystemTime, lifetime: Duration) -> u64 {
+    let end = (now + lifetime)
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    end.as_secs() + u64::from(end.subsec_nanos() > 0)
 }
 
 fn container_name() -> String {
@@ -704,8 +716,10 @@ mod tests {
 
     #[test]
     fn lifetime_rounds_up() {
-        assert_eq!(lifetime_secs(Duration::from_millis(2500)), 3);
-        assert_eq!(lifetime_secs(Duration::from_secs(2)), 2);
+        let at = |ms: u64| SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
+        assert_eq!(deadline_secs(at(100_900), Duration::from_secs(2)), 103);
+        assert_eq!(deadline_secs(at(100_000), Duration::from_secs(2)), 102);
+        assert_eq!(deadline_secs(at(100_000), Duration::from_millis(2500)), 103);
     }
 
     #[test]
