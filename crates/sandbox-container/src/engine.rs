@@ -196,7 +196,11 @@ pub struct NetworkInfo {
 
 impl NetworkInfo {
     /// A record.
-    pub fn new(name: impl Into<String>, subnets: Vec<Subnet>, labels: BTreeMap<String, String>) -> Self {
+    pub fn new(
+        name: impl Into<String>,
+        subnets: Vec<Subnet>,
+        labels: BTreeMap<String, String>,
+    ) -> Self {
         NetworkInfo {
             name: name.into(),
             subnets,

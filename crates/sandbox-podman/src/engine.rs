@@ -461,7 +461,10 @@ impl ContainerEngine for PodmanEngine {
     ) -> EngineResult<sandbox_container::engine::NetworkInfo> {
         let nets = self.client.networks();
         for _ in 0..2 {
-            match self.api("network inspect", nets.get(&spec.name).inspect()).await {
+            match self
+                .api("network inspect", nets.get(&spec.name).inspect())
+                .await
+            {
                 Ok(n) => return crate::policy::own_network(spec, n),
                 Err(e) if e.kind == EngineErrorKind::NotFound => {}
                 Err(e) => return Err(e),
@@ -476,7 +479,10 @@ impl ContainerEngine for PodmanEngine {
         }
         Err(EngineError::new(
             EngineErrorKind::Other,
-            format!("the network {} vanished while it was being created", spec.name),
+            format!(
+                "the network {} vanished while it was being created",
+                spec.name
+            ),
         ))
     }
 

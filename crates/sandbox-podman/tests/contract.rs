@@ -35,7 +35,6 @@ impl PodmanProbes {
     }
 }
 
-
 #[async_trait]
 impl Probes for PodmanProbes {
     fn base_options(&self) -> CreateOptions {

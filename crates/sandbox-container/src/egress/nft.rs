@@ -203,7 +203,7 @@ pub(crate) fn verify(listing: &str, rules: &Ruleset) -> Result<(), String> {
             ));
         }
     }
-    let accepts_all = lines.iter().any(|l| *l == "accept");
+    let accepts_all = lines.contains(&"accept");
     if accepts_all != rules.allow_all {
         return Err("the egress rules read back with the wrong default".into());
     }
