@@ -23,7 +23,7 @@ pub const COVERED: &[(C, &str)] = &[
     (C::FILESYSTEM, "files"),
     (C::UPLOAD_DOWNLOAD, "files"),
     (C::NETWORK_POLICY, "policy, hardening"),
-    (C::EGRESS_ALLOWLIST, "policy"),
+    (C::EGRESS_ALLOWLIST, "policy, egress"),
     (C::INGRESS_PORTS, "policy"),
 ];
 
