@@ -51,7 +51,7 @@ fn main() -> ExitCode {
     if let Cmd::Completions(args) = &cli.command {
         return completions(args.shell);
     }
-    init_tracing();
+    init_tracing(cli.command.json());
     let out = Out::new(cli.command.json());
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -176,14 +176,19 @@ pub(crate) fn exit_code_for(e: &SandboxError) -> u8 {
 }
 
 /// Warnings (e.g. "orphaned sandbox") go to stderr; `SANDBOX_LOG` (an env-filter) raises
-/// the level. stdout stays clean for `--json`.
-fn init_tracing() {
+/// the level. stdout stays clean for `--json`. Image pulls draw a progress bar on a
+/// terminal from the library's pull events, whatever the log level.
+fn init_tracing(json: bool) {
     use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::prelude::*;
     let filter = EnvFilter::try_from_env("SANDBOX_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
     let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(!no_color && std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_filter(filter);
+    let _ = tracing_subscriber::registry()
+        .with(log)
+        .with(output::PullBar::layer(json).map(|bar| bar.with_filter(output::pull_events())))
         .try_init();
 }
