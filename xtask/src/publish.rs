@@ -825,6 +825,28 @@ mod tests {
         assert!(problems[1].contains("publish = false"), "{problems:?}");
     }
 
+    /// The CI workflow builds with the declared MSRV (so the declaration is tested, not
+    /// just claimed) and runs `.ci/run`.
+    #[test]
+    fn ci_workflow_checks_the_declared_msrv() {
+        let meta = metadata().unwrap();
+        let packages = workspace_packages(&meta).unwrap();
+        let declared: BTreeSet<&str> = packages
+            .iter()
+            .filter(|p| p.publishable)
+            .filter_map(|p| p.json["rust_version"].as_str())
+            .collect();
+        assert_eq!(declared.len(), 1, "one MSRV for the workspace: {declared:?}");
+        let msrv = declared.first().copied().unwrap_or_default();
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let workflow = std::fs::read_to_string(root.join(".github/workflows/ci.yml")).unwrap();
+        assert!(
+            workflow.contains(&format!("dtolnay/rust-toolchain@{msrv}\n")),
+            "the workflow's MSRV job must use Rust {msrv}"
+        );
+        assert!(workflow.contains(".ci/run"), "the workflow runs .ci/run");
+    }
+
     /// The real workspace's manifests: names, metadata, path dependencies and MSRV hold
     /// (the packaging itself runs in `cargo xtask publish-check`, not under `cargo test`).
     #[test]
