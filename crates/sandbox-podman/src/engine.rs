@@ -924,10 +924,10 @@ impl ContainerEngine for PodmanEngine {
         {
             r.runtimes.push(rt);
         }
-        if let Some(rt) = self.options.runtime {
-            if !r.runtimes.iter().any(|x| x == rt.as_str()) {
-                r.runtimes.push(format!("{rt} (configured)"));
-            }
+        if let Some(rt) = self.options.runtime
+            && !r.runtimes.iter().any(|x| x == rt.as_str())
+        {
+            r.runtimes.push(format!("{rt} (configured)"));
         }
         for image in [
             self.default_template.clone(),
