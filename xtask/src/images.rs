@@ -1,5 +1,9 @@
-//! The local test images. No registry is reachable from CI, so both are built from Debian
-//! packages on the host and imported into Docker and Podman:
+//! The local test images. Each is defined by a recipe in `images/<name>/Dockerfile` that a
+//! user builds with their engine (`docker build -t sandbox-rs/busybox:latest
+//! images/busybox`, see docs/images.md). No registry is reachable from CI, so `setup`
+//! builds the same root filesystems offline from Debian packages on the host and imports
+//! them into Docker and Podman with the recipe's own `ENV`, `CMD` and `LABEL` lines (and
+//! its files: busybox's `printenv`, `passwd`, `group`), so the two paths cannot drift:
 //!
 //! - `sandbox-rs/busybox:latest`: the static busybox with every applet linked, plus a
 //!   `printenv` (busybox 1.35 lacks that applet) — the "no GNU tools" image (SPEC §7).
@@ -7,8 +11,9 @@
 //!   busybox applets filling only the gaps (`ip`, `kill`, `ps`, `nc`, `wget`, …; coreutils
 //!   stay GNU). The rootfs tarball is cached so the second `setup` does not debootstrap.
 //!
-//! Each image carries its recipe revision in `org.opencontainers.image.version`; an image
-//! with another revision is rebuilt, one with the current revision is skipped.
+//! Each image carries its recipe revision in `org.opencontainers.image.version` (the
+//! recipe's label); an image with another revision is rebuilt, one with the current
+//! revision is skipped.
 
 use std::fs::{self, File};
 use std::os::unix::fs::{PermissionsExt, symlink};
@@ -28,8 +33,9 @@ const CACHE_DIR: &str = "/var/cache/sandbox-rs";
 
 const RECIPE_LABEL: &str = "org.opencontainers.image.version";
 
-/// The PATH Docker and Podman would default to; imported images have no config otherwise.
-const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// The recipes, compiled in so `setup` needs no checkout layout at run time.
+const BUSYBOX_DOCKERFILE: &str = include_str!("../../images/busybox/Dockerfile");
+const PYTHON_DOCKERFILE: &str = include_str!("../../images/python/Dockerfile");
 
 /// A container engine CLI that can import a rootfs tarball.
 pub struct Engine {
@@ -90,48 +96,83 @@ impl Engine {
 pub struct TestImage {
     /// The local reference the adapters and contract suite use.
     pub reference: &'static str,
-    /// Bump when the recipe changes, so `setup` rebuilds existing images.
-    recipe: &'static str,
-    env: &'static [&'static str],
-    cmd: &'static str,
+    /// Its recipe, `images/<name>/Dockerfile`.
+    dockerfile: &'static str,
     build: fn(rebuild: bool) -> Result<Rootfs>,
 }
 
-/// `sandbox-rs/busybox:latest`.
+/// `sandbox-rs/busybox:latest` (images/busybox).
 pub const BUSYBOX: TestImage = TestImage {
     reference: "sandbox-rs/busybox:latest",
-    recipe: "busybox-r1",
-    env: &[],
-    cmd: r#"["sh"]"#,
+    dockerfile: BUSYBOX_DOCKERFILE,
     build: build_busybox,
 };
 
-/// `sandbox-rs/python:3.11`.
+/// `sandbox-rs/python:3.11` (images/python).
 pub const PYTHON: TestImage = TestImage {
     reference: "sandbox-rs/python:3.11",
-    recipe: "python-3.11-bookworm-r1",
-    // As in the official python images: UTF-8 stdio without installing locales.
-    env: &["LANG=C.UTF-8"],
-    cmd: r#"["python3"]"#,
+    dockerfile: PYTHON_DOCKERFILE,
     build: build_python,
 };
 
+/// The image-config instructions (`ENV`, `CMD`, `LABEL`) of a Dockerfile's final stage,
+/// continuation lines joined: what `docker import --change` accepts.
+fn config_instructions(dockerfile: &str) -> Vec<String> {
+    let mut logical = Vec::new();
+    let mut current = String::new();
+    for line in dockerfile.lines() {
+        let trimmed = line.trim();
+        if current.is_empty() && (trimmed.is_empty() || trimmed.starts_with('#')) {
+            continue;
+        }
+        match trimmed.strip_suffix('\\') {
+            Some(part) => {
+                current.push_str(part.trim_end());
+                current.push(' ');
+            }
+            None => {
+                current.push_str(trimmed);
+                logical.push(std::mem::take(&mut current));
+            }
+        }
+    }
+    let final_stage = logical
+        .iter()
+        .rposition(|l| l.to_ascii_uppercase().starts_with("FROM "))
+        .map_or(0, |i| i + 1);
+    logical[final_stage..]
+        .iter()
+        .filter(|l| {
+            let word = l
+                .split_whitespace()
+                .next()
+                .unwrap_or("")
+                .to_ascii_uppercase();
+            matches!(word.as_str(), "ENV" | "CMD" | "LABEL")
+        })
+        .cloned()
+        .collect()
+}
+
 impl TestImage {
-    /// The `--change` instructions giving the imported image a config.
+    /// The `--change` instructions giving the imported image the recipe's config.
     fn changes(&self) -> Vec<String> {
-        let mut changes = vec![format!("ENV PATH={DEFAULT_PATH}")];
-        changes.extend(self.env.iter().map(|e| format!("ENV {e}")));
-        changes.push(format!("CMD {}", self.cmd));
-        changes.push(format!(
-            "LABEL org.opencontainers.image.title={}",
-            self.reference
-        ));
-        changes.push(format!("LABEL {RECIPE_LABEL}={}", self.recipe));
-        changes.push(
-            "LABEL org.opencontainers.image.description=\"sandbox-rs test image, built by cargo xtask setup\""
-                .into(),
-        );
-        changes
+        config_instructions(self.dockerfile)
+    }
+
+    /// The recipe revision: the recipe's `org.opencontainers.image.version` label.
+    fn recipe(&self) -> Result<String> {
+        self.changes()
+            .iter()
+            .filter_map(|l| l.strip_prefix("LABEL "))
+            .find_map(|l| l.trim().strip_prefix(&format!("{RECIPE_LABEL}=")))
+            .map(|v| v.trim_matches('"').to_string())
+            .with_context(|| {
+                format!(
+                    "the recipe of {} has no `LABEL {RECIPE_LABEL}=…`",
+                    self.reference
+                )
+            })
     }
 }
 
@@ -143,16 +184,17 @@ struct Rootfs {
 
 /// Imports `image` into each engine that lacks its current recipe.
 pub fn ensure(image: &TestImage, rebuild: bool) -> Result<((), String)> {
+    let recipe = image.recipe()?;
     let mut stale = Vec::new();
     for engine in ENGINES {
-        if rebuild || engine.recipe_of(image.reference)?.as_deref() != Some(image.recipe) {
+        if rebuild || engine.recipe_of(image.reference)?.as_deref() != Some(recipe.as_str()) {
             stale.push(engine);
         }
     }
     if stale.is_empty() {
         return Ok((
             (),
-            format!("present in docker and podman ({}), skipped", image.recipe),
+            format!("present in docker and podman ({recipe}), skipped"),
         ));
     }
     let rootfs = (image.build)(rebuild)?;
@@ -199,7 +241,7 @@ fn build_busybox(_rebuild: bool) -> Result<Rootfs> {
 }
 
 fn build_python(rebuild: bool) -> Result<Rootfs> {
-    let cached = Path::new(CACHE_DIR).join(format!("{}.tar", PYTHON.recipe));
+    let cached = Path::new(CACHE_DIR).join(format!("{}.tar", PYTHON.recipe()?));
     if cached.is_file() && !rebuild {
         report::note(
             "setup",
@@ -425,19 +467,11 @@ fn tar(root: &Path, tarball: &Path) -> Result<()> {
 
 /// busybox 1.35 has no `printenv` applet; the contract probes use it. Same contract as GNU
 /// printenv: all variables without arguments, else each named value, exit 1 if any is unset.
-const PRINTENV: &str = r#"#!/bin/sh
-# printenv for the sandbox-rs busybox image (busybox 1.35 has no such applet).
-[ "$#" -eq 0 ] && exec env
-status=0
-for name in "$@"; do
-    awk -v n="$name" 'BEGIN { if (n in ENVIRON) { print ENVIRON[n]; exit 0 } exit 1 }' || status=1
-done
-exit "$status"
-"#;
+/// The recipe's own file, so both build paths install the same script.
+const PRINTENV: &str = include_str!("../../images/busybox/printenv");
 
-const PASSWD: &str =
-    "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n";
-const GROUP: &str = "root:x:0:\nnogroup:x:65534:\n";
+const PASSWD: &str = include_str!("../../images/busybox/passwd");
+const GROUP: &str = include_str!("../../images/busybox/group");
 
 #[cfg(test)]
 mod tests {
@@ -451,12 +485,40 @@ mod tests {
         assert!(!has_program_interpreter(b"not an elf"));
     }
 
+    const PATH: &str = "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
     #[test]
-    fn image_config_sets_path_cmd_and_recipe_label() {
+    fn image_config_comes_from_the_recipes_final_stage() {
         let changes = PYTHON.changes();
-        assert!(changes.contains(&format!("ENV PATH={DEFAULT_PATH}")));
+        assert!(changes.contains(&PATH.to_string()), "{changes:?}");
         assert!(changes.contains(&"ENV LANG=C.UTF-8".to_string()));
         assert!(changes.contains(&r#"CMD ["python3"]"#.to_string()));
-        assert!(changes.contains(&format!("LABEL {RECIPE_LABEL}={}", PYTHON.recipe)));
+        assert_eq!(PYTHON.recipe().unwrap(), "python-3.11-bookworm-r1");
+        let busybox = BUSYBOX.changes();
+        assert!(
+            busybox.contains(&r#"CMD ["sh"]"#.to_string()),
+            "{busybox:?}"
+        );
+        assert!(busybox.contains(&PATH.to_string()));
+        assert_eq!(BUSYBOX.recipe().unwrap(), "busybox-r1");
+        // Nothing of the build stage leaks into the image config.
+        assert!(busybox.iter().all(|c| !c.contains("apt-get")));
+    }
+
+    #[test]
+    fn continuation_lines_and_comments_are_handled() {
+        let df = "FROM a AS b\nENV X=1\nFROM scratch\n# c\nENV A=1 \\\n    B=2\nRUN x\nLABEL k=\"v w\"\n";
+        assert_eq!(
+            config_instructions(df),
+            vec!["ENV A=1 B=2".to_string(), "LABEL k=\"v w\"".to_string()]
+        );
+    }
+
+    #[test]
+    fn recipes_name_the_references_setup_imports() {
+        for image in [&BUSYBOX, &PYTHON] {
+            let title = format!("LABEL org.opencontainers.image.title={}", image.reference);
+            assert!(image.changes().contains(&title), "{}", image.reference);
+        }
     }
 }
