@@ -1,10 +1,18 @@
-//! Reading the first entry of an engine's tar stream as it arrives, with a size cap.
+//! Reading an engine's tar stream as it arrives, with caps checked from the headers.
 //!
 //! `files().read` needs one file out of the archive the engine streams. The header is
 //! parsed from the first blocks (PAX and GNU long-name records included) and the entry's
 //! size is checked against the cap *before* any of its data is read: a sparse 3 GiB file is
 //! refused after 512 bytes, and dropping the stream ends the transfer.
+//!
+//! `files().download` unpacks the whole archive; [`GuardedReader`] sits between the engine's
+//! stream and the unpacker and follows the same headers ([`TarTracker`]): it counts entries
+//! and announced file bytes and fails the read that would hand the unpacker a header past
+//! either limit, so nothing of an oversized entry is ever written. A sparse file inside is
+//! sent densely by the engine, so its announced size is what the host would write.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -150,6 +158,232 @@ impl ArchiveReader {
             }
         }
         Err(malformed("too many metadata records"))
+    }
+}
+
+/// Limits of one download: file bytes (the sum of every regular entry's announced size)
+/// and entries (of any kind).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DownloadLimits {
+    pub(crate) bytes: u64,
+    pub(crate) entries: u64,
+}
+
+/// Why a guarded download stopped early.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// The archive announced more file bytes than the limit (`total` so far, with the
+    /// entry that crossed it).
+    TooLarge { total: u64 },
+    /// More entries than the limit.
+    TooManyEntries,
+    /// The download's future was dropped.
+    Cancelled,
+    /// The stream is not a tar archive this reader follows.
+    Malformed(&'static str),
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::TooLarge { total } => write!(f, "the archive announces {total} bytes"),
+            Refusal::TooManyEntries => write!(f, "the archive has too many entries"),
+            Refusal::Cancelled => write!(f, "download cancelled"),
+            Refusal::Malformed(what) => write!(f, "malformed archive: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for Refusal {}
+
+/// Where the tracker is in the stream.
+#[derive(Debug)]
+enum Track {
+    /// Collecting a 512-byte header.
+    Header(Vec<u8>),
+    /// Skipping an entry's data and padding.
+    Skip(u64),
+    /// Collecting a metadata record (PAX when `pax`), then skipping `pad`.
+    Meta {
+        left: u64,
+        pad: u64,
+        buf: Vec<u8>,
+        pax: bool,
+    },
+}
+
+/// Follows a tar stream's headers as bytes pass through, counting entries and announced
+/// file bytes against [`DownloadLimits`].
+#[derive(Debug)]
+pub(crate) struct TarTracker {
+    limits: DownloadLimits,
+    track: Track,
+    entries: u64,
+    bytes: u64,
+    pax_size: Option<u64>,
+}
+
+fn padding(size: u64) -> u64 {
+    (BLOCK as u64 - size % BLOCK as u64) % BLOCK as u64
+}
+
+impl TarTracker {
+    pub(crate) fn new(limits: DownloadLimits) -> Self {
+        TarTracker {
+            limits,
+            track: Track::Header(Vec::with_capacity(BLOCK)),
+            entries: 0,
+            bytes: 0,
+            pax_size: None,
+        }
+    }
+
+    /// Takes the next bytes of the stream; `Err` as soon as a header crosses a limit.
+    pub(crate) fn feed(&mut self, mut data: &[u8]) -> Result<(), Refusal> {
+        while !data.is_empty() {
+            match &mut self.track {
+                Track::Header(h) => {
+                    let take = (BLOCK - h.len()).min(data.len());
+                    h.extend_from_slice(&data[..take]);
+                    data = &data[take..];
+                    if h.len() == BLOCK {
+                        let block = std::mem::take(h);
+                        self.on_header(&block)?;
+                    }
+                }
+                Track::Skip(left) => {
+                    let take = (*left).min(data.len() as u64);
+                    *left -= take;
+                    data = &data[take as usize..];
+                    if *left == 0 {
+                        self.track = Track::Header(Vec::with_capacity(BLOCK));
+                    }
+                }
+                Track::Meta {
+                    left,
+                    pad,
+                    buf,
+                    pax,
+                } => {
+                    let take = (*left).min(data.len() as u64);
+                    buf.extend_from_slice(&data[..take as usize]);
+                    *left -= take;
+                    data = &data[take as usize..];
+                    if *left == 0 {
+                        if *pax {
+                            self.pax_size = pax_records(buf)
+                                .into_iter()
+                                .find(|(k, _)| *k == "size")
+                                .and_then(|(_, v)| v.parse().ok());
+                        }
+                        self.track = match *pad {
+                            0 => Track::Header(Vec::with_capacity(BLOCK)),
+                            pad => Track::Skip(pad),
+                        };
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn on_header(&mut self, block: &[u8]) -> Result<(), Refusal> {
+        self.track = Track::Header(Vec::with_capacity(BLOCK));
+        if block.iter().all(|b| *b == 0) {
+            return Ok(());
+        }
+        let header = tar::Header::from_byte_slice(block);
+        if header.cksum().ok() != Some(checksum(block)) {
+            return Err(Refusal::Malformed("bad header checksum"));
+        }
+        let size = header
+            .entry_size()
+            .map_err(|_| Refusal::Malformed("bad entry size"))?;
+        let kind = header.entry_type();
+        match kind {
+            tar::EntryType::XHeader
+            | tar::EntryType::XGlobalHeader
+            | tar::EntryType::GNULongName
+            | tar::EntryType::GNULongLink => {
+                if size > META_MAX {
+                    return Err(Refusal::Malformed("oversized metadata record"));
+                }
+                if size > 0 {
+                    self.track = Track::Meta {
+                        left: size,
+                        pad: padding(size),
+                        buf: Vec::with_capacity(size as usize),
+                        pax: kind == tar::EntryType::XHeader,
+                    };
+                }
+                Ok(())
+            }
+            // Its extension blocks are not followed here; no engine sends one.
+            tar::EntryType::GNUSparse => Err(Refusal::Malformed("GNU sparse entry")),
+            _ => {
+                self.entries += 1;
+                if self.entries > self.limits.entries {
+                    return Err(Refusal::TooManyEntries);
+                }
+                let size = self.pax_size.take().unwrap_or(size);
+                if matches!(kind, tar::EntryType::Regular | tar::EntryType::Continuous) {
+                    self.bytes = self.bytes.saturating_add(size);
+                    if self.bytes > self.limits.bytes {
+                        return Err(Refusal::TooLarge { total: self.bytes });
+                    }
+                }
+                let skip = size.saturating_add(padding(size));
+                if skip > 0 {
+                    self.track = Track::Skip(skip);
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A reader that hands the unpacker only what [`TarTracker`] accepted, and stops on
+/// cancellation. The first refusal is kept in `refusal` for the caller to map.
+pub(crate) struct GuardedReader<R> {
+    inner: R,
+    tracker: TarTracker,
+    cancelled: Arc<AtomicBool>,
+    refusal: Arc<Mutex<Option<Refusal>>>,
+}
+
+impl<R> GuardedReader<R> {
+    pub(crate) fn new(
+        inner: R,
+        limits: DownloadLimits,
+        cancelled: Arc<AtomicBool>,
+        refusal: Arc<Mutex<Option<Refusal>>>,
+    ) -> Self {
+        GuardedReader {
+            inner,
+            tracker: TarTracker::new(limits),
+            cancelled,
+            refusal,
+        }
+    }
+
+    fn refuse(&self, r: Refusal) -> std::io::Error {
+        if let Ok(mut slot) = self.refusal.lock() {
+            slot.get_or_insert(r.clone());
+        }
+        std::io::Error::other(r)
+    }
+}
+
+impl<R: std::io::Read> std::io::Read for GuardedReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.cancelled.load(Ordering::SeqCst) {
+            return Err(self.refuse(Refusal::Cancelled));
+        }
+        let n = self.inner.read(buf)?;
+        if let Err(r) = self.tracker.feed(&buf[..n]) {
+            return Err(self.refuse(r));
+        }
+        Ok(n)
     }
 }
 

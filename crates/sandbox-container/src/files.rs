@@ -7,9 +7,9 @@
 //! one containing `/` cannot come from the script, so a listing holding one is refused as
 //! forged instead of trusted.
 
-use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -18,7 +18,7 @@ use sandbox_core::{
     FileInfo, FileSystem, Result, SandboxError, async_trait, resolve_path, tar_stream,
 };
 
-use crate::archive::{ArchiveReader, FirstEntry};
+use crate::archive::{ArchiveReader, DownloadLimits, FirstEntry, GuardedReader, Refusal};
 use crate::engine::{ArchiveBody, ContainerEngine, EngineError, EngineErrorKind};
 use crate::error;
 use crate::exec::helper_argv;
@@ -211,8 +211,15 @@ pub(crate) fn parse_listing(dir: &str, out: &[u8]) -> Option<Vec<FileInfo>> {
     Some(v)
 }
 
+/// Largest sum of file sizes one `download` writes to the host (`ResourceLimitExceeded`
+/// past it, refused from the archive's headers before the entry's data is written).
+pub const DEFAULT_DOWNLOAD_CAP: u64 = 1024 * 1024 * 1024;
+/// Most archive entries (files, directories, links) one `download` creates on the host:
+/// a sandbox can hold millions of empty files for free, the host's inodes are not free.
+pub const DEFAULT_DOWNLOAD_ENTRIES: u64 = 100_000;
+
 /// Sets a flag when dropped: stops a download's blocking unpack when its future is
-/// dropped (the body it reads then fails).
+/// dropped (its next read fails and the unpack cleans up after itself).
 struct CancelOnDrop(Arc<AtomicBool>);
 
 impl Drop for CancelOnDrop {
@@ -310,29 +317,18 @@ impl<E: ContainerEngine> FileSystem for ContainerFiles<E> {
     async fn download(&self, remote: &str, local: &Path) -> Result<()> {
         let p = self.resolve(remote)?;
         let body = self.get(&p).await?;
-        let cancelled = Arc::new(AtomicBool::new(false));
-        let _cancel = CancelOnDrop(cancelled.clone());
-        let idle = self.sh.config.call_timeout;
-        let body = body.then(move |chunk| {
-            let cancelled = cancelled.clone();
-            async move {
-                if cancelled.load(Ordering::SeqCst) {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::Interrupted,
-                        "download cancelled",
-                    ));
-                }
-                chunk
-            }
-        });
-        let body = idle_bounded(body.boxed(), idle);
-        let reader = tokio_util::io::StreamReader::new(body);
-        let bridge = tokio_util::io::SyncIoBridge::new(reader);
-        let local = local.to_path_buf();
-        let backend = self.sh.engine.backend();
-        tokio::task::spawn_blocking(move || tar_stream::unpack_safely(bridge, &local))
-            .await
-            .map_err(|e| error::internal(backend, format!("archive unpacker failed: {e}")))?
+        let limits = DownloadLimits {
+            bytes: DEFAULT_DOWNLOAD_CAP,
+            entries: DEFAULT_DOWNLOAD_ENTRIES,
+        };
+        download_archive(
+            body,
+            local,
+            limits,
+            self.sh.config.call_timeout,
+            self.sh.engine.backend(),
+        )
+        .await
     }
 
     async fn ls(&self, path: &str) -> Result<Vec<FileInfo>> {
@@ -402,6 +398,155 @@ impl<E: ContainerEngine> ContainerFiles<E> {
     }
 }
 
+/// Unpacks the engine's archive of a download onto `local`, bounded by `limits`.
+///
+/// The archive is unpacked (by `tar_stream::unpack_safely`, which refuses escaping
+/// entries) into a private staging directory next to `local` (mode 0700, so nobody sees
+/// the half-written tree), the modes the sandbox chose are masked (no setuid, setgid,
+/// sticky or group/world-writable bit reaches the host), and only then is the result
+/// renamed onto `local`: an existing file there is replaced, never truncated in place
+/// through its hard links, and a failed, refused or cancelled download leaves `local`
+/// untouched and no staging directory behind. Dropping the returned future stops the
+/// transfer (the engine stream ends and the unpacker's next read fails).
+pub(crate) async fn download_archive(
+    body: ArchiveBody,
+    local: &Path,
+    limits: DownloadLimits,
+    idle: Duration,
+    backend: &str,
+) -> Result<()> {
+    let staging = Staging::create(local)?;
+    let cancelled = Arc::new(AtomicBool::new(false));
+    let _cancel = CancelOnDrop(cancelled.clone());
+    // Dropped with this future: the body ends at once even while the engine is silent.
+    let (_stop, stopped) = futures::channel::oneshot::channel::<()>();
+    let body = idle_bounded(body, idle).take_until(stopped).boxed();
+    let reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(body));
+    let local = local.to_path_buf();
+    tokio::task::spawn_blocking(move || staging.unpack(reader, &local, limits, &cancelled))
+        .await
+        .map_err(|e| error::internal(backend, format!("archive unpacker failed: {e}")))?
+}
+
+/// The private directory a download is unpacked into before it is renamed into place.
+/// Removed when dropped (also when the unpack failed or was cancelled).
+struct Staging {
+    dir: PathBuf,
+}
+
+impl Staging {
+    fn create(local: &Path) -> Result<Staging> {
+        use std::os::unix::fs::DirBuilderExt;
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let parent = match local.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let shown = local.display().to_string();
+        std::fs::create_dir_all(&parent)
+            .map_err(|e| error::file(&shown, "creating the parent directory", Some(Box::new(e))))?;
+        let name = local
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let dir = parent.join(format!(
+            ".{name}.sbx-download-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| {
+                error::file(&shown, "creating the staging directory", Some(Box::new(e)))
+            })?;
+        Ok(Staging { dir })
+    }
+
+    /// Blocking: unpacks, masks modes, renames into place.
+    fn unpack<R: std::io::Read>(
+        self,
+        reader: R,
+        local: &Path,
+        limits: DownloadLimits,
+        cancelled: &Arc<AtomicBool>,
+    ) -> Result<()> {
+        let refusal = Arc::new(Mutex::new(None));
+        let guarded = GuardedReader::new(reader, limits, cancelled.clone(), refusal.clone());
+        let root = self.dir.join("root");
+        let shown = local.display().to_string();
+        let unpacked = tar_stream::unpack_safely(guarded, &root);
+        let refused = refusal.lock().ok().and_then(|r| r.clone());
+        match (unpacked, refused) {
+            (_, Some(Refusal::TooLarge { total })) => {
+                return Err(error::limit(
+                    format!(
+                        "download cap ({} bytes; the archive of `{shown}` announces {total})",
+                        limits.bytes
+                    ),
+                    "download a smaller file or directory (the cap bounds what a sandbox can \
+                     write to this host's disk)",
+                ));
+            }
+            (_, Some(Refusal::TooManyEntries)) => {
+                return Err(error::limit(
+                    format!("download entries ({} entries)", limits.entries),
+                    "download a smaller directory, or pack it into one archive file inside \
+                     the sandbox first",
+                ));
+            }
+            (_, Some(r @ (Refusal::Cancelled | Refusal::Malformed(_)))) => {
+                return Err(error::file(&shown, r.to_string(), None));
+            }
+            (Err(e), None) => return Err(e),
+            (Ok(()), None) => {}
+        }
+        if cancelled.load(Ordering::SeqCst) {
+            return Err(error::file(&shown, Refusal::Cancelled.to_string(), None));
+        }
+        mask_modes(&root)
+            .map_err(|e| error::file(&shown, "masking the downloaded modes", Some(Box::new(e))))?;
+        std::fs::rename(&root, local).map_err(|e| {
+            error::file(
+                &shown,
+                "moving the download into place (an existing directory there is never merged \
+                 into)",
+                Some(Box::new(e)),
+            )
+        })
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Drops every mode bit a sandbox must not choose for the host: setuid, setgid, sticky,
+/// group and world write. Directories keep `u+rwx`. Symlinks are not followed.
+fn mask_modes(root: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    // Iterative: a hostile tree may be as deep as the host's path length allows.
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(path) = todo.pop() {
+        let meta = std::fs::symlink_metadata(&path)?;
+        if meta.file_type().is_symlink() {
+            continue;
+        }
+        let mode = meta.permissions().mode() & 0o755;
+        if meta.is_dir() {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode | 0o700))?;
+            for e in std::fs::read_dir(&path)? {
+                todo.push(e?.path());
+            }
+        } else if meta.is_file() {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))?;
+        }
+    }
+    Ok(())
+}
+
 /// Bounds each wait for the next chunk by `idle` (a wedged engine ends the stream with
 /// `TimedOut` instead of hanging the transfer).
 fn idle_bounded(body: ArchiveBody, idle: Duration) -> ArchiveBody {
@@ -460,6 +605,254 @@ mod tests {
         ] {
             assert!(parse_listing("/w", bad).is_none(), "{bad:?}");
         }
+    }
+
+    /// A fresh directory under the temp dir, removed when dropped.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new(tag: &str) -> Scratch {
+            static N: AtomicU64 = AtomicU64::new(0);
+            let p = std::env::temp_dir().join(format!(
+                "sbx-dl-test-{tag}-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::SeqCst)
+            ));
+            let _ = std::fs::remove_dir_all(&p);
+            std::fs::create_dir_all(&p).unwrap();
+            Scratch(p)
+        }
+        /// Names in the directory (the staging directory must never stay behind).
+        fn names(&self) -> Vec<String> {
+            let mut v: Vec<String> = std::fs::read_dir(&self.0)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// One entry with a raw name, link name and mode (no path checks: hostile archives).
+    fn entry(
+        b: &mut tar::Builder<Vec<u8>>,
+        name: &str,
+        kind: tar::EntryType,
+        link: &str,
+        mode: u32,
+        data: &[u8],
+    ) {
+        let mut h = tar::Header::new_old();
+        {
+            let old = h.as_old_mut();
+            old.name[..name.len()].copy_from_slice(name.as_bytes());
+            old.linkname[..link.len()].copy_from_slice(link.as_bytes());
+        }
+        h.set_entry_type(kind);
+        h.set_size(data.len() as u64);
+        h.set_mode(mode);
+        h.set_cksum();
+        b.append(&h, data).unwrap();
+    }
+
+    fn body_of(bytes: Vec<u8>) -> ArchiveBody {
+        let chunks: Vec<std::io::Result<Bytes>> = bytes
+            .chunks(4096)
+            .map(|c| Ok(Bytes::copy_from_slice(c)))
+            .collect();
+        futures::stream::iter(chunks).boxed()
+    }
+
+    const LIMITS: DownloadLimits = DownloadLimits {
+        bytes: 1 << 20,
+        entries: 100,
+    };
+
+    async fn download(bytes: Vec<u8>, local: &Path, limits: DownloadLimits) -> Result<()> {
+        download_archive(
+            body_of(bytes),
+            local,
+            limits,
+            Duration::from_secs(5),
+            "test",
+        )
+        .await
+    }
+
+    fn mode_of(p: &Path) -> u32 {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+    }
+
+    /// Attack: a symlink inside the downloaded tree pointing at /etc/shadow.
+    #[tokio::test]
+    async fn download_refuses_a_link_to_etc_shadow_and_leaves_nothing() {
+        let dir = Scratch::new("shadow");
+        let mut b = tar::Builder::new(Vec::new());
+        entry(&mut b, "d/", tar::EntryType::Directory, "", 0o755, b"");
+        entry(
+            &mut b,
+            "d/ok.txt",
+            tar::EntryType::Regular,
+            "",
+            0o644,
+            b"ok",
+        );
+        entry(
+            &mut b,
+            "d/shadow",
+            tar::EntryType::Symlink,
+            "/etc/shadow",
+            0o777,
+            b"",
+        );
+        let out = dir.0.join("out");
+        let e = download(b.into_inner().unwrap(), &out, LIMITS)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), sandbox_core::ErrorCode::UnsafeArchiveEntry, "{e}");
+        assert!(dir.names().is_empty(), "left behind: {:?}", dir.names());
+    }
+
+    /// Attack: a 4 GiB sparse file inside (sent densely, so announced as 4 GiB): refused
+    /// from its header, before a byte of it is written.
+    #[tokio::test]
+    async fn download_refuses_a_huge_file_from_its_header() {
+        let dir = Scratch::new("huge");
+        let mut h = tar::Header::new_gnu();
+        h.set_path("huge").unwrap();
+        h.set_size(4 << 30);
+        h.set_mode(0o644);
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_cksum();
+        // Only the header and a little data: the refusal must not wait for the rest.
+        let mut bytes = h.as_bytes().to_vec();
+        bytes.extend(vec![0u8; 64 * 1024]);
+        let out = dir.0.join("huge");
+        let limits = DownloadLimits {
+            bytes: super::DEFAULT_DOWNLOAD_CAP,
+            entries: 10,
+        };
+        let e = download(bytes, &out, limits).await.unwrap_err();
+        assert_eq!(
+            e.code(),
+            sandbox_core::ErrorCode::ResourceLimitExceeded,
+            "{e}"
+        );
+        assert!(dir.names().is_empty(), "left behind: {:?}", dir.names());
+    }
+
+    #[tokio::test]
+    async fn download_entry_count_is_bounded() {
+        let dir = Scratch::new("entries");
+        let mut b = tar::Builder::new(Vec::new());
+        entry(&mut b, "d/", tar::EntryType::Directory, "", 0o755, b"");
+        for i in 0..20 {
+            entry(
+                &mut b,
+                &format!("d/f{i}"),
+                tar::EntryType::Regular,
+                "",
+                0o644,
+                b"",
+            );
+        }
+        let out = dir.0.join("d");
+        let limits = DownloadLimits {
+            bytes: 1 << 20,
+            entries: 10,
+        };
+        let e = download(b.into_inner().unwrap(), &out, limits)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e.code(),
+            sandbox_core::ErrorCode::ResourceLimitExceeded,
+            "{e}"
+        );
+        assert!(dir.names().is_empty(), "left behind: {:?}", dir.names());
+    }
+
+    /// Attack: setuid, setgid, sticky and world-writable modes chosen by the sandbox.
+    #[tokio::test]
+    async fn download_masks_the_sandboxs_modes() {
+        let dir = Scratch::new("modes");
+        let mut b = tar::Builder::new(Vec::new());
+        entry(&mut b, "d/", tar::EntryType::Directory, "", 0o1777, b"");
+        entry(
+            &mut b,
+            "d/suid",
+            tar::EntryType::Regular,
+            "",
+            0o4777,
+            b"#!/bin/sh\n",
+        );
+        entry(&mut b, "d/sgid", tar::EntryType::Regular, "", 0o2775, b"x");
+        let out = dir.0.join("d");
+        download(b.into_inner().unwrap(), &out, LIMITS)
+            .await
+            .unwrap();
+        assert_eq!(mode_of(&out), 0o755);
+        assert_eq!(mode_of(&out.join("suid")), 0o755);
+        assert_eq!(mode_of(&out.join("sgid")), 0o755);
+        assert_eq!(dir.names(), vec!["d"]);
+
+        let single = sandbox_core::tar_stream::single_file("f", b"data", 0o6777).unwrap();
+        let f = dir.0.join("f");
+        download(single, &f, LIMITS).await.unwrap();
+        assert_eq!(mode_of(&f), 0o755);
+        assert_eq!(std::fs::read(&f).unwrap(), b"data");
+    }
+
+    /// An existing file is replaced by a rename, never truncated through its hard links.
+    #[tokio::test]
+    async fn download_replaces_instead_of_truncating_in_place() {
+        let dir = Scratch::new("replace");
+        let target = dir.0.join("t");
+        let other = dir.0.join("other-link");
+        std::fs::write(&target, b"precious").unwrap();
+        std::fs::hard_link(&target, &other).unwrap();
+        let single = sandbox_core::tar_stream::single_file("t", b"new", 0o644).unwrap();
+        download(single, &target, LIMITS).await.unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"new");
+        assert_eq!(std::fs::read(&other).unwrap(), b"precious");
+        assert_eq!(dir.names(), vec!["other-link", "t"]);
+    }
+
+    /// A dropped download stops reading from the engine and removes what it staged.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn dropped_download_stops_and_removes_its_staging() {
+        let dir = Scratch::new("drop");
+        let mut h = tar::Header::new_gnu();
+        h.set_path("big").unwrap();
+        h.set_size(512 << 10);
+        h.set_mode(0o644);
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_cksum();
+        let head = Bytes::copy_from_slice(h.as_bytes());
+        let first = Bytes::from(vec![7u8; 64 << 10]);
+        // The header and some data, then an engine that sends nothing more.
+        let body: ArchiveBody = futures::stream::iter(vec![Ok(head), Ok(first)])
+            .chain(futures::stream::pending())
+            .boxed();
+        let out = dir.0.join("big");
+        let d = download_archive(body, &out, LIMITS, Duration::from_secs(60), "test");
+        let r = tokio::time::timeout(Duration::from_millis(500), d).await;
+        assert!(
+            r.is_err(),
+            "the download finished on a silent engine: {r:?}"
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !dir.names().is_empty() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(dir.names().is_empty(), "left behind: {:?}", dir.names());
     }
 
     #[test]
