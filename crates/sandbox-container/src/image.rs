@@ -1073,6 +1073,246 @@ mod tests {
         std::fs::remove_dir_all(dir).unwrap();
     }
 
+    /// An engine that only has images: `pull` counts calls, reports two progress
+    /// messages, waits, then fails as `fail` says or adds the image.
+    #[derive(Debug, Default)]
+    struct ImageEngine {
+        images: Mutex<Vec<String>>,
+        pulls: AtomicU64,
+        fail: Option<EngineErrorKind>,
+    }
+
+    #[async_trait::async_trait]
+    impl ContainerEngine for ImageEngine {
+        fn backend(&self) -> &'static str {
+            "images-only"
+        }
+        fn tier(&self) -> sandbox_core::IsolationTier {
+            sandbox_core::IsolationTier::Container
+        }
+        fn capabilities(&self) -> sandbox_core::Capability {
+            sandbox_core::Capability::empty()
+        }
+        fn endpoint(&self) -> &str {
+            "memory://images"
+        }
+        async fn create(&self, _: &crate::ContainerSpec) -> crate::EngineResult<String> {
+            Err(EngineError::new(EngineErrorKind::Other, "not in this test"))
+        }
+        async fn start(&self, _: &str) -> crate::EngineResult<()> {
+            Err(EngineError::new(EngineErrorKind::Other, "not in this test"))
+        }
+        async fn inspect(&self, _: &str) -> crate::EngineResult<crate::ContainerInfo> {
+            Err(EngineError::new(
+                EngineErrorKind::NotFound,
+                "not in this test",
+            ))
+        }
+        async fn remove(&self, _: &str) -> crate::EngineResult<bool> {
+            Ok(false)
+        }
+        async fn list(
+            &self,
+            _: &std::collections::BTreeMap<String, String>,
+        ) -> crate::EngineResult<Vec<crate::ContainerInfo>> {
+            Ok(Vec::new())
+        }
+        async fn exec(
+            &self,
+            _: &str,
+            _: crate::ExecRequest,
+        ) -> crate::EngineResult<crate::ExecStream> {
+            Err(EngineError::new(EngineErrorKind::Other, "not in this test"))
+        }
+        async fn exec_state(&self, _: &str) -> crate::EngineResult<crate::ExecState> {
+            Err(EngineError::new(EngineErrorKind::Other, "not in this test"))
+        }
+        async fn put_archive(
+            &self,
+            _: &str,
+            _: &str,
+            _: crate::ArchiveBody,
+        ) -> crate::EngineResult<()> {
+            Err(EngineError::new(EngineErrorKind::Other, "not in this test"))
+        }
+        async fn get_archive(&self, _: &str, _: &str) -> crate::EngineResult<crate::ArchiveBody> {
+            Err(EngineError::new(EngineErrorKind::Other, "not in this test"))
+        }
+        async fn stat_path(&self, _: &str, _: &str) -> crate::EngineResult<crate::PathStat> {
+            Err(EngineError::new(EngineErrorKind::Other, "not in this test"))
+        }
+        async fn ping(&self) -> crate::EngineResult<()> {
+            Ok(())
+        }
+        async fn diagnose(&self) -> sandbox_core::EngineReport {
+            sandbox_core::EngineReport::new("images-only", "memory://images")
+        }
+        async fn image_exists(&self, image: &str) -> crate::EngineResult<bool> {
+            Ok(lock(&self.images).iter().any(|i| i == image))
+        }
+        async fn pull(
+            &self,
+            image: &str,
+            auth: Option<&RegistryAuth>,
+            progress: &(dyn Fn(PullProgress) + Send + Sync),
+        ) -> crate::EngineResult<()> {
+            assert!(
+                auth.is_none(),
+                "no credentials are configured for 127.0.0.9"
+            );
+            self.pulls.fetch_add(1, Ordering::SeqCst);
+            progress(PullProgress::new(image, "Pulling fs layer"));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            progress(PullProgress::new(image, "Pull complete"));
+            match self.fail {
+                Some(kind) => Err(EngineError::new(kind, "registry said no")),
+                None => {
+                    lock(&self.images).push(image.to_string());
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    fn counting_hook() -> (PullProgressHook, Arc<AtomicU64>) {
+        let n = Arc::new(AtomicU64::new(0));
+        let m = n.clone();
+        (
+            PullProgressHook::new(move |_| {
+                m.fetch_add(1, Ordering::SeqCst);
+            }),
+            n,
+        )
+    }
+
+    #[tokio::test]
+    async fn concurrent_ensures_share_one_pull_and_every_waiter_sees_progress() {
+        let engine = Arc::new(ImageEngine::default());
+        let image = "127.0.0.9:5000/single/flight:1";
+        let hooks: Vec<_> = (0..10).map(|_| counting_hook()).collect();
+        let waits = hooks.iter().map(|(h, _)| {
+            ensure(
+                &engine,
+                image,
+                PullPolicy::Missing,
+                Some(h),
+                Duration::from_secs(5),
+            )
+        });
+        for r in futures::future::join_all(waits).await {
+            r.unwrap();
+        }
+        assert_eq!(
+            engine.pulls.load(Ordering::SeqCst),
+            1,
+            "one pull for ten creates"
+        );
+        for (_, n) in &hooks {
+            assert!(n.load(Ordering::SeqCst) >= 1, "every waiter saw progress");
+        }
+        // Present now: Missing does not pull again, Always does.
+        ensure(
+            &engine,
+            image,
+            PullPolicy::Missing,
+            None,
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+        assert_eq!(engine.pulls.load(Ordering::SeqCst), 1);
+        ensure(
+            &engine,
+            image,
+            PullPolicy::Always,
+            None,
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+        assert_eq!(engine.pulls.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn never_refuses_a_missing_image_without_pulling() {
+        let engine = Arc::new(ImageEngine::default());
+        let e = ensure(
+            &engine,
+            "127.0.0.9:5000/never:1",
+            PullPolicy::Never,
+            None,
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(e.code(), sandbox_core::ErrorCode::ImageUnavailable);
+        assert!(e.to_string().contains("127.0.0.9:5000"), "{e}");
+        assert_eq!(engine.pulls.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn pull_failures_map_to_typed_errors_naming_image_and_registry() {
+        for (kind, code) in [
+            (EngineErrorKind::Unauthorized, sandbox_core::ErrorCode::Auth),
+            (
+                EngineErrorKind::NotFound,
+                sandbox_core::ErrorCode::ImageUnavailable,
+            ),
+            (
+                EngineErrorKind::Other,
+                sandbox_core::ErrorCode::ImageUnavailable,
+            ),
+            (
+                EngineErrorKind::Unavailable,
+                sandbox_core::ErrorCode::EngineUnavailable,
+            ),
+        ] {
+            let engine = Arc::new(ImageEngine {
+                fail: Some(kind),
+                ..ImageEngine::default()
+            });
+            let image = format!("127.0.0.9:5000/fails/{kind:?}:1").to_ascii_lowercase();
+            let e = ensure(
+                &engine,
+                &image,
+                PullPolicy::Missing,
+                None,
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap_err();
+            assert_eq!(e.code(), code, "{kind:?}: {}", e.render());
+            if code != sandbox_core::ErrorCode::EngineUnavailable {
+                assert!(e.to_string().contains("127.0.0.9:5000"), "{}", e.render());
+            }
+            if code == sandbox_core::ErrorCode::ImageUnavailable {
+                assert!(e.to_string().contains(&image), "{}", e.render());
+            }
+        }
+    }
+
+    #[test]
+    fn engine_wording_of_refusals_and_missing_images_is_read() {
+        for m in [
+            "Head \"http://127.0.0.1:5000/v2/x/manifests/1\": no basic auth credentials",
+            "unauthorized: authentication required",
+            "reading manifest 1 in 127.0.0.1:5000/x: authentication required",
+        ] {
+            assert_eq!(
+                pull_failure_kind(m),
+                Some(EngineErrorKind::Unauthorized),
+                "{m}"
+            );
+        }
+        for m in [
+            "manifest for 127.0.0.1:5000/x:9 not found: manifest unknown",
+            "reading manifest 9 in 127.0.0.1:5000/x: manifest unknown",
+        ] {
+            assert_eq!(pull_failure_kind(m), Some(EngineErrorKind::NotFound), "{m}");
+        }
+        assert_eq!(pull_failure_kind("no space left on device"), None);
+    }
+
     #[test]
     fn helper_names_cannot_be_paths() {
         assert!(run_helper("../../bin/sh", "r:1").is_err());
