@@ -2,7 +2,7 @@
 //! wait for it, progress reporting, and registry credentials read where the engines' own
 //! CLIs keep them.
 //!
-//! `create` calls [`ensure`] before provisioning: with [`PullPolicy::Missing`] (the
+//! `create` checks the image before provisioning: with [`PullPolicy::Missing`] (the
 //! default) an image the engine lacks is pulled, with [`PullPolicy::Always`] it is pulled
 //! every time, with [`PullPolicy::Never`] a missing image is a typed error. Concurrent
 //! creates of one image share one engine pull (issue 14: ten creates must not hit the
