@@ -138,11 +138,14 @@ pub enum Flaw {
     /// `download` writes an archive's escaping symlinks as they are instead of refusing
     /// them.
     UnsafeUnpack,
+    /// `read` of a file past the read cap returns (here: empty) data instead of
+    /// `ResourceLimitExceeded`.
+    UncappedRead,
 }
 
 impl Flaw {
     /// Every flaw.
-    pub const ALL: [Flaw; 45] = [
+    pub const ALL: [Flaw; 46] = [
         Flaw::SwallowTimeouts,
         Flaw::PretendNetworkPolicy,
         Flaw::LeakSecrets,
@@ -188,6 +191,7 @@ impl Flaw {
         Flaw::UnboundedStreamBuffer,
         Flaw::UploadFollowsLinks,
         Flaw::UnsafeUnpack,
+        Flaw::UncappedRead,
     ];
 
     /// The trials that must fail on a backend with this flaw (each passes without it).
@@ -218,13 +222,23 @@ impl Flaw {
                 "contract::hardening::cap_eff_zero_self",
             ],
             Flaw::TierMismatch => &["contract::lifecycle::sandbox_tier_equals_backend_tier"],
-            Flaw::IgnoreLimits => &["contract::hardening::limits_as_requested"],
+            Flaw::IgnoreLimits => &[
+                "contract::hardening::limits_as_requested",
+                "contract::hostile::fork_bomb_bounded_by_pids",
+                "contract::hostile::memory_hog_killed_sandbox_survives",
+            ],
             Flaw::UnlimitedDefaults => &["contract::policy::caps_cannot_be_unset"],
             Flaw::LeakOnDrop => &["contract::lifecycle::drop_without_kill_tears_down"],
             Flaw::DeclareUnhonoured => &["contract::policy::allowlist_enforced_or_refused"],
             Flaw::EmulateUndeclared => &["contract::capabilities::every_undeclared_flag_refuses"],
-            Flaw::TimeoutKillsSandbox => &["contract::run::timeout_kills_only_that_process"],
-            Flaw::KillOnlyExecPid => &["contract::run::timeout_kills_process_tree"],
+            Flaw::TimeoutKillsSandbox => &[
+                "contract::run::timeout_kills_only_that_process",
+                "contract::hostile::junk_in_shm_tmp_run_cannot_break_the_timeout",
+            ],
+            Flaw::KillOnlyExecPid => &[
+                "contract::run::timeout_kills_process_tree",
+                "contract::hostile::timeout_kills_background_and_setsid_children",
+            ],
             Flaw::IgnoreStreamTimeout => &["contract::streaming::timeout_from_iteration"],
             Flaw::SilentlyDenyAllow => &["contract::policy::allow_adds_an_interface"],
             Flaw::IgnoreLifetime => &[
@@ -236,7 +250,10 @@ impl Flaw {
             Flaw::SecretsInEngineEnv => &["contract::hardening::secrets_not_in_engine_env"],
             Flaw::ConnectRevives => &["contract::lifecycle::connect_dead_is_connect_error"],
             Flaw::RefuseAfterProvisioning => &["contract::policy::gpu_refused_without_capability"],
-            Flaw::TruncateSilently => &["contract::run::output_cap_exceeded_is_typed"],
+            Flaw::TruncateSilently => &[
+                "contract::run::output_cap_exceeded_is_typed",
+                "contract::hostile::huge_output_capped",
+            ],
             Flaw::EagerStream => &["contract::streaming::starts_on_first_poll"],
             Flaw::NoOrphanWarning => &[
                 "contract::cancellation::grace_expiry_warns_orphan_with_id",
@@ -261,6 +278,9 @@ impl Flaw {
             Flaw::UnboundedStreamBuffer => &["contract::streaming::large_output_bounded_memory"],
             Flaw::UploadFollowsLinks => &["contract::files::upload_never_follows_links_out"],
             Flaw::UnsafeUnpack => &["contract::files::download_rejects_tar_path_escape"],
+            Flaw::UncappedRead => {
+                &["contract::hostile::huge_sparse_file_read_and_download_refused"]
+            }
         }
     }
 }
@@ -819,12 +839,13 @@ impl Sandbox for BrokenSandbox {
                 Ok(r)
             }
             Flaw::TruncateSilently => {
-                let cap = options.output_cap.take();
+                // The cap asked for, or the documented 64 MiB default, applied by cutting
+                // the output instead of refusing it.
+                let cap = options.output_cap.take().unwrap_or(64 << 20);
+                options.output_cap = Some(1 << 30);
                 let mut r = self.inner.run(cmd, options).await?;
-                if let Some(cap) = cap {
-                    r.stdout.truncate(cap);
-                    r.stderr.truncate(cap.saturating_sub(r.stdout.len()));
-                }
+                r.stdout.truncate(cap);
+                r.stderr.truncate(cap.saturating_sub(r.stdout.len()));
                 Ok(r)
             }
             Flaw::KeepCapabilities
@@ -917,6 +938,12 @@ impl Sandbox for BrokenSandbox {
 impl FileSystem for BrokenSandbox {
     async fn read(&self, path: &str) -> Result<Bytes> {
         match self.inner.files()?.read(path).await {
+            Err(e)
+                if self.flaw == Flaw::UncappedRead
+                    && e.code() == ErrorCode::ResourceLimitExceeded =>
+            {
+                Ok(Bytes::new())
+            }
             Err(e)
                 if self.flaw == Flaw::ReadDirReturnsData && e.code() == ErrorCode::IsADirectory =>
             {
@@ -1142,14 +1169,14 @@ impl Backend for ModelBackend {
     async fn create(&self, options: CreateOptions) -> Result<Box<dyn Sandbox>> {
         let view = KernelView::of(&options);
         let inner = self.inner.create(options).await?;
-        Ok(Box::new(ModelSandbox { inner, view }))
+        Ok(Box::new(ModelSandbox::new(inner, view)))
     }
     async fn connect(&self, id: &str) -> Result<Box<dyn Sandbox>> {
         let inner = self.inner.connect(id).await?;
-        Ok(Box::new(ModelSandbox {
+        Ok(Box::new(ModelSandbox::new(
             inner,
-            view: KernelView::of(&CreateOptions::default()),
-        }))
+            KernelView::of(&CreateOptions::default()),
+        )))
     }
     fn as_reapable(&self) -> Option<&dyn ReapableBackend> {
         self.inner
@@ -1178,6 +1205,56 @@ impl ReapableBackend for ModelBackend {
 struct ModelSandbox {
     inner: Box<dyn Sandbox>,
     view: KernelView,
+    /// Paths `truncate -s` made sparse and huge (the fake stores files densely).
+    sparse: Mutex<Vec<String>>,
+}
+
+impl ModelSandbox {
+    fn new(inner: Box<dyn Sandbox>, view: KernelView) -> Self {
+        ModelSandbox {
+            inner,
+            view,
+            sparse: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn is_sparse(&self, path: &str) -> bool {
+        self.sparse
+            .lock()
+            .is_ok_and(|s| s.iter().any(|p| p == path))
+    }
+
+    /// The hostile trials' programs, answered from the configured limits the way a
+    /// kernel enforcing them would.
+    fn hostile_program(&self, argv: &[String]) -> Option<ExecResult> {
+        let [prog, flag, code] = argv else {
+            return None;
+        };
+        if prog != "python3" || flag != "-c" {
+            return None;
+        }
+        if code.contains(crate::hostile::FORK_BOMB_MARK) {
+            // Forks succeed until the pids limit (the program itself is one process).
+            let attempts: u64 = code
+                .split("range(")
+                .nth(1)
+                .and_then(|r| r.split(')').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            let forked = attempts.min(self.view.pids.saturating_sub(1));
+            return Some(ExecResult::new(0, format!("{forked}\n"), ""));
+        }
+        if code.contains(crate::hostile::MEMORY_HOG_MARK) {
+            return Some(
+                if self.view.memory_bytes < crate::hostile::MEMORY_HOG_MB << 20 {
+                    ExecResult::new(137, "", "Killed\n")
+                } else {
+                    ExecResult::new(0, "survived\n", "")
+                },
+            );
+        }
+        None
+    }
 }
 
 #[async_trait]
@@ -1203,6 +1280,25 @@ impl Sandbox for ModelSandbox {
                     }
                 }
             }
+            if let [truncate, flag, size, path] = argv.as_slice() {
+                if truncate == "truncate" && flag == "-s" && size == crate::hostile::SPARSE_FILE {
+                    if let Ok(mut s) = self.sparse.lock() {
+                        s.push(path.clone());
+                    }
+                    return Ok(ExecResult::new(0, "", ""));
+                }
+            }
+            if let Some(r) = self.hostile_program(argv) {
+                return Ok(r);
+            }
+        }
+        if let Command::Shell(script) = &cmd {
+            if script.contains(crate::hostile::JUNK_MARK) {
+                // No /dev/shm, /tmp or /run bookkeeping to overwrite in the fake: what
+                // is left of the attack is its pid file and its sleep.
+                let rest = "echo $$ > /work/junk-pid; exec sleep 300".to_string();
+                return self.inner.run(Command::Shell(rest), options).await;
+            }
         }
         self.inner.run(cmd, options).await
     }
@@ -1213,7 +1309,8 @@ impl Sandbox for ModelSandbox {
         self.inner.stream(cmd, options)
     }
     fn files(&self) -> Result<&dyn FileSystem> {
-        self.inner.files()
+        self.inner.files()?;
+        Ok(self)
     }
     fn ingress_address(&self, port: u16) -> Result<std::net::SocketAddr> {
         self.inner.ingress_address(port)
@@ -1223,5 +1320,47 @@ impl Sandbox for ModelSandbox {
     }
     fn native(&self) -> &dyn Any {
         self.inner.native()
+    }
+}
+
+/// Files of the model: a sparse 4 GiB file is refused as a capped adapter refuses it;
+/// everything else is the inner backend's.
+#[async_trait]
+impl FileSystem for ModelSandbox {
+    async fn read(&self, path: &str) -> Result<Bytes> {
+        if self.is_sparse(path) {
+            return Err(SandboxError::resource_limit(
+                "the model's read cap",
+                Some("stream it with download".into()),
+            ));
+        }
+        self.inner.files()?.read(path).await
+    }
+    async fn write(&self, path: &str, data: Bytes) -> Result<()> {
+        self.inner.files()?.write(path, data).await
+    }
+    async fn upload(&self, local: &Path, remote: &str) -> Result<()> {
+        self.inner.files()?.upload(local, remote).await
+    }
+    async fn download(&self, remote: &str, local: &Path) -> Result<()> {
+        if self.is_sparse(remote) {
+            return Err(SandboxError::resource_limit(
+                "the model's download cap",
+                Some("download less".into()),
+            ));
+        }
+        self.inner.files()?.download(remote, local).await
+    }
+    async fn ls(&self, path: &str) -> Result<Vec<FileInfo>> {
+        self.inner.files()?.ls(path).await
+    }
+    async fn mkdir(&self, path: &str, parents: bool) -> Result<()> {
+        self.inner.files()?.mkdir(path, parents).await
+    }
+    async fn remove(&self, path: &str) -> Result<()> {
+        self.inner.files()?.remove(path).await
+    }
+    async fn stat(&self, path: &str) -> Result<FileInfo> {
+        self.inner.files()?.stat(path).await
     }
 }

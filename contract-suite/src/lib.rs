@@ -15,6 +15,7 @@ mod egress;
 mod errors;
 mod files;
 mod hardening;
+mod hostile;
 mod lifecycle;
 mod limits;
 pub mod observability;
@@ -211,6 +212,7 @@ fn all_trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
     }
     t.extend(policy::trials(ctx));
     t.extend(egress::trials(ctx));
+    t.extend(hostile::trials(ctx));
     t.extend(hardening::trials(ctx));
     t.extend(errors::trials(ctx));
     t.extend(capabilities::trials(ctx));

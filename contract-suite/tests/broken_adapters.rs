@@ -238,4 +238,5 @@ caught! {
     unbounded_stream_buffer_is_caught => UnboundedStreamBuffer,
     upload_following_links_is_caught => UploadFollowsLinks,
     unsafe_unpack_is_caught => UnsafeUnpack,
+    uncapped_read_is_caught => UncappedRead,
 }

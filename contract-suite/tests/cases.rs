@@ -21,6 +21,8 @@ const AREAS: &[&str] = &[
     "errors",
     "capabilities",
     "observability",
+    "egress",
+    "hostile",
 ];
 
 /// Every trial name, from a suite whose backend is unavailable (so every case is listed,

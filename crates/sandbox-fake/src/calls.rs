@@ -67,6 +67,15 @@ pub enum Call {
         /// Network policy of the sandbox.
         policy: NetworkPolicy,
     },
+    /// The fake answered something outside its vocabulary (a command, a form of one, a
+    /// shell construct, a `run_code` snippet) with its documented refusal. A test that
+    /// means to stay inside the vocabulary asserts there is none.
+    OutsideVocabulary {
+        /// Sandbox id.
+        sandbox_id: String,
+        /// What was outside it (the refusal's text).
+        what: String,
+    },
     /// `Sandbox::kill` (also recorded for a drop-triggered teardown).
     Kill {
         /// Sandbox id.
@@ -134,6 +143,7 @@ impl Call {
             | Call::RunCode { sandbox_id, .. }
             | Call::Kill { sandbox_id }
             | Call::File { sandbox_id, .. }
+            | Call::OutsideVocabulary { sandbox_id, .. }
             | Call::KillManaged { sandbox_id } => Some(sandbox_id),
             Call::ListManaged => None,
         }

@@ -28,6 +28,7 @@ async fn fail(p: &Proc, msg: impl Into<String>, code: i64) -> Result<i64> {
 /// The answer to a vocabulary command used in a form the vocabulary does not list.
 async fn form_not_in_vocabulary(p: &Proc, argv: &[String]) -> Result<i64> {
     let msg = format!("fake: form not in vocabulary: {}", argv.join(" "));
+    p.sb.outside_vocabulary(msg.clone());
     fail(p, msg, FORM_NOT_IN_VOCABULARY_EXIT).await
 }
 
@@ -268,4 +269,11 @@ pub(crate) async fn sh(p: Proc, a: Vec<String>) -> Result<i64> {
         [_, flag, script] if flag == "-c" => crate::shell::Shell::new(&p).run(&p, script).await,
         _ => form_not_in_vocabulary(&p, &a).await,
     }
+}
+
+pub(crate) async fn setsid(p: Proc, a: Vec<String>) -> Result<i64> {
+    if a.len() < 2 {
+        return form_not_in_vocabulary(&p, &a).await;
+    }
+    crate::exec::run_program(p, a[1..].to_vec()).await
 }

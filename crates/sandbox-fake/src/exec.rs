@@ -126,8 +126,9 @@ pub(crate) fn run_program(
         match vocabulary::lookup(&argv[0]) {
             Some(spec) => (spec.run)(proc, argv).await,
             None => {
-                proc.err(vocabulary::not_in_vocabulary_message(&argv[0]))
-                    .await;
+                let msg = vocabulary::not_in_vocabulary_message(&argv[0]);
+                proc.sb.outside_vocabulary(msg.trim_end());
+                proc.err(msg).await;
                 Ok(NOT_IN_VOCABULARY_EXIT)
             }
         }

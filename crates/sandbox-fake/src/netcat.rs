@@ -24,6 +24,7 @@ fn unreachable(host: &str) -> String {
 pub(crate) async fn nc(p: Proc, a: Vec<String>) -> Result<i64> {
     let [_, w, secs, host, port] = a.as_slice() else {
         let msg = format!("fake: form not in vocabulary: {}\n", a.join(" "));
+        p.sb.outside_vocabulary(msg.trim_end());
         p.err(msg).await;
         return Ok(crate::vocabulary::FORM_NOT_IN_VOCABULARY_EXIT);
     };

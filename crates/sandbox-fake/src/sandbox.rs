@@ -216,6 +216,15 @@ impl SandboxInner {
         self.terminate();
     }
 
+    /// Records that something outside the vocabulary was refused (see
+    /// [`Call::OutsideVocabulary`]).
+    pub(crate) fn outside_vocabulary(&self, what: impl Into<String>) {
+        self.record(Call::OutsideVocabulary {
+            sandbox_id: self.id.clone(),
+            what: what.into(),
+        });
+    }
+
     pub(crate) fn record(&self, call: Call) {
         if let Some(engine) = self.engine.upgrade() {
             engine.record(call);

@@ -338,6 +338,7 @@ impl Shell {
         let items = match parse(src) {
             Ok(items) => items,
             Err(msg) => {
+                proc.sb.outside_vocabulary(format!("sh: {msg}"));
                 proc.write(&self.stderr, Bytes::from(format!("sh: {msg}\n")))
                     .await;
                 return Ok(FORM_NOT_IN_VOCABULARY_EXIT);
@@ -486,6 +487,7 @@ impl Shell {
             _ => None,
         };
         if let Some(msg) = refused {
+            proc.sb.outside_vocabulary(format!("sh: {msg}"));
             proc.write(&self.stderr, Bytes::from(format!("sh: {msg}\n")))
                 .await;
             return Ok(Flow::Exit(FORM_NOT_IN_VOCABULARY_EXIT));
@@ -524,9 +526,9 @@ impl Shell {
                 Ok(Flow::Exit(code))
             }
             "exec" => {
-                child
-                    .err(format!("sh: {}\n", refuse("`exec` without a command")))
-                    .await;
+                let msg = format!("sh: {}", refuse("`exec` without a command"));
+                child.sb.outside_vocabulary(msg.clone());
+                child.err(format!("{msg}\n")).await;
                 Ok(Flow::Exit(FORM_NOT_IN_VOCABULARY_EXIT))
             }
             _ => {

@@ -138,6 +138,7 @@ pub(crate) async fn run(p: Proc, code: String, vars: Vars) -> Result<i64> {
             return Ok(1);
         }
         let first: String = code.lines().next().unwrap_or("").chars().take(80).collect();
+        p.sb.outside_vocabulary(format!("fake: snippet not in table: {first}"));
         p.err(format!("fake: snippet not in table: {first}\n"))
             .await;
         return Ok(SNIPPET_NOT_IN_TABLE_EXIT);
@@ -196,6 +197,7 @@ pub(crate) async fn run(p: Proc, code: String, vars: Vars) -> Result<i64> {
         // A row whose captures do not fit its action cannot happen (the forms fix them);
         // answer like an unknown snippet rather than panic.
         _ => {
+            p.sb.outside_vocabulary("fake: snippet not in table");
             p.err("fake: snippet not in table\n").await;
             Ok(SNIPPET_NOT_IN_TABLE_EXIT)
         }

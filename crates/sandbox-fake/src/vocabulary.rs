@@ -127,6 +127,13 @@ pub const COMMANDS: &[CommandSpec] = &[
         |p, a| Box::pin(crate::netcat::nc(p, a)),
     ),
     cmd(
+        "setsid",
+        &["setsid CMD [ARG...]"],
+        "runs CMD (the fake has no sessions: CMD stays part of the exec, so a timeout or a \
+         dropped stream still ends it, as a real adapter must)",
+        |p, a| Box::pin(commands::setsid(p, a)),
+    ),
+    cmd(
         "sh",
         &["sh -c SCRIPT"],
         "runs SCRIPT in the shell subset of SHELL_FORMS",
