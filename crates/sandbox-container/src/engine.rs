@@ -188,6 +188,9 @@ impl Subnet {
 pub struct NetworkInfo {
     /// The network's name.
     pub name: String,
+    /// The engine's id for it (empty when unknown): containers join by id, since Docker
+    /// allows two networks of one name (two processes creating it at once).
+    pub id: String,
     /// Its subnets (IPv4 and IPv6).
     pub subnets: Vec<Subnet>,
     /// Its labels.
@@ -203,6 +206,7 @@ impl NetworkInfo {
     ) -> Self {
         NetworkInfo {
             name: name.into(),
+            id: String::new(),
             subnets,
             labels,
         }

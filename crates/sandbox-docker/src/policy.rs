@@ -184,51 +184,50 @@ fn subnets(ipam: Option<&Ipam>) -> Vec<Subnet> {
 
 /// Creates the egress network unless it exists; refuses one of that name the library did
 /// not create with inter-container traffic off (it could join sandboxes to a foreign
-/// network).
+/// network). Docker accepts two networks of one name (two processes creating it at
+/// once): every process then picks the same one, the lowest id, and containers join by id.
 pub(crate) async fn ensure_network(
     client: &Docker,
     spec: &NetworkSpec,
 ) -> EngineResult<NetworkInfo> {
     for _ in 0..2 {
-        match client.inspect_network(&spec.name, None).await {
-            Ok(n) => {
-                let labels: BTreeMap<String, String> =
-                    n.labels.clone().unwrap_or_default().into_iter().collect();
-                let icc_off = n
-                    .options
-                    .as_ref()
-                    .and_then(|o| o.get("com.docker.network.bridge.enable_icc"))
-                    .is_some_and(|v| v == "false");
-                let ours = spec.labels.iter().all(|(k, v)| labels.get(k) == Some(v));
-                if !ours || !icc_off {
-                    return Err(EngineError::new(
-                        EngineErrorKind::Conflict,
-                        format!(
-                            "a network named {} exists that sandbox-rs did not create                              (inter-container traffic on, or labels missing); remove it with                              `docker network rm {}`",
-                            spec.name, spec.name
-                        ),
-                    ));
-                }
-                let info = NetworkInfo::new(spec.name.clone(), subnets(n.ipam.as_ref()), labels);
-                return Ok(info);
+        let all = client
+            .list_networks(None)
+            .await
+            .map_err(during("list networks"))?;
+        let mut named: Vec<_> = all
+            .into_iter()
+            .filter(|n| n.name.as_deref() == Some(spec.name.as_str()))
+            .collect();
+        named.sort_by(|a, b| a.id.cmp(&b.id));
+        if let Some(n) = named.into_iter().next() {
+            let labels: BTreeMap<String, String> =
+                n.labels.clone().unwrap_or_default().into_iter().collect();
+            let icc_off = n
+                .options
+                .as_ref()
+                .and_then(|o| o.get("com.docker.network.bridge.enable_icc"))
+                .is_some_and(|v| v == "false");
+            let ours = spec.labels.iter().all(|(k, v)| labels.get(k) == Some(v));
+            if !ours || !icc_off {
+                return Err(EngineError::new(
+                    EngineErrorKind::Conflict,
+                    format!(
+                        "a network named {} exists that sandbox-rs did not create \
+                         (inter-container traffic on, or labels missing); remove it with \
+                         `docker network rm {}`",
+                        spec.name, spec.name
+                    ),
+                ));
             }
-            Err(e) => {
-                let e = during("inspect network")(e);
-                if e.kind != EngineErrorKind::NotFound {
-                    return Err(e);
-                }
-            }
+            let mut info = NetworkInfo::new(spec.name.clone(), subnets(n.ipam.as_ref()), labels);
+            info.id = n.id.unwrap_or_default();
+            return Ok(info);
         }
-        match client.create_network(network_request(spec)).await {
-            Ok(_) => {}
-            // Created meanwhile by another process: inspect again.
-            Err(e) => {
-                let e = during("create network")(e);
-                if e.kind != EngineErrorKind::Conflict {
-                    return Err(e);
-                }
-            }
-        }
+        client
+            .create_network(network_request(spec))
+            .await
+            .map_err(during("create network"))?;
     }
     Err(EngineError::new(
         EngineErrorKind::Other,

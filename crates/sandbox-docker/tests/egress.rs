@@ -96,7 +96,14 @@ async fn the_rules_in_force_are_the_ones_loaded() {
         .unwrap();
     let pid = c.state.unwrap().pid.unwrap();
     let host = c.host_config.unwrap();
-    assert_eq!(host.network_mode.as_deref(), Some(NETWORK_NAME));
+    // Joined by id (Docker allows duplicate names); the network is ours.
+    let joined = b
+        .engine()
+        .client()
+        .inspect_network(host.network_mode.as_deref().unwrap(), None)
+        .await
+        .unwrap();
+    assert_eq!(joined.name.as_deref(), Some(NETWORK_NAME));
     assert_eq!(host.cap_drop, Some(vec!["ALL".to_string()]));
     let out = std::process::Command::new("nsenter")
         .arg(format!("--net=/proc/{pid}/ns/net"))
@@ -122,12 +129,7 @@ async fn the_rules_in_force_are_the_ones_loaded() {
         .unwrap();
     let set = String::from_utf8_lossy(&out.stdout);
     assert!(set.contains(&ip.to_string()), "{set}");
-    let net = b
-        .engine()
-        .client()
-        .inspect_network(NETWORK_NAME, None)
-        .await
-        .unwrap();
+    let net = joined;
     let o = net.options.unwrap_or_default();
     assert_eq!(
         o.get("com.docker.network.bridge.enable_icc")

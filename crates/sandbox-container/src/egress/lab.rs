@@ -1,6 +1,6 @@
 //! Test support for egress trials that never leave the machine (not part of the API).
 //!
-//! A dummy interface on the host carries [`CANARY`] (198.18.0.1, from RFC 2544's
+//! A dummy (or empty bridge) interface on the host carries [`CANARY`] (198.18.0.1, from RFC 2544's
 //! benchmarking range: never routed on the internet, and inside no engine's address
 //! pool). A server bound there is reachable from a sandbox through its gateway like any
 //! outside host would be, yet the packets never leave this machine; and since it is not
@@ -42,7 +42,11 @@ fn ip(args: &[&str]) -> Result<String, String> {
 pub fn ensure() -> Result<IpAddr, String> {
     if ip(&["link", "show", INTERFACE]).is_err() {
         // Another process may create it between the check and here: the re-check decides.
-        let _ = ip(&["link", "add", INTERFACE, "type", "dummy"]);
+        // A dummy interface where the kernel has the module, else an empty bridge (every
+        // engine host has bridges); either holds a local address without any port.
+        if ip(&["link", "add", INTERFACE, "type", "dummy"]).is_err() {
+            let _ = ip(&["link", "add", INTERFACE, "type", "bridge"]);
+        }
         ip(&["link", "show", INTERFACE])?;
     }
     let addr = format!("{CANARY}/32");

@@ -267,7 +267,11 @@ pub(crate) fn network_mode(policy: &NetworkPolicy, net: Option<&NetworkInfo>) ->
     match (&policy.egress, net) {
         (Egress::Deny, _) | (_, None) => NetworkMode::None,
         (_, Some(net)) => NetworkMode::Isolated {
-            network: net.name.clone(),
+            network: if net.id.is_empty() {
+                net.name.clone()
+            } else {
+                net.id.clone()
+            },
             publish: policy.ingress_ports.clone(),
             dns: gateway(net).into_iter().collect(),
         },
@@ -276,6 +280,10 @@ pub(crate) fn network_mode(policy: &NetworkPolicy, net: Option<&NetworkInfo>) ->
 
 /// Creates the library network unless it exists.
 pub(crate) async fn ensure_network<E: ContainerEngine + ?Sized>(engine: &E) -> Result<NetworkInfo> {
+    // One at a time in this process: concurrent creates must not each create the network
+    // (Docker accepts duplicate names).
+    static ENSURING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _one = ENSURING.lock().await;
     engine
         .ensure_network(&network_spec(engine.backend()))
         .await
