@@ -14,6 +14,7 @@ use std::io::Read;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -277,8 +278,18 @@ async fn serve(mut conn: TcpStream, served: &Served) -> std::io::Result<()> {
     let mut head = Vec::new();
     let mut buf = [0u8; 4096];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = conn.read(&mut buf).await?;
+        let n = match tokio::time::timeout(Duration::from_secs(10), conn.read(&mut buf)).await {
+            Ok(r) => r?,
+            Err(_) => return Ok(()),
+        };
         if n == 0 || head.len() > 64 * 1024 {
+            return Ok(());
+        }
+        // A TLS ClientHello (record type 22): the engines try HTTPS first and fall back to
+        // plain HTTP for a loopback registry once the handshake fails. Closing at once
+        // makes that immediate (left waiting, Docker gives up only after its 10 s
+        // handshake timeout).
+        if head.is_empty() && buf[0] == 0x16 {
             return Ok(());
         }
         head.extend_from_slice(&buf[..n]);
