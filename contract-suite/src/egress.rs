@@ -381,6 +381,11 @@ async fn allow_cannot_reach_another_sandbox(ctx: Arc<Ctx>) -> anyhow::Result<()>
         Command::Shell(serve),
         sandbox_core::RunOptions::default().timeout(Duration::from_secs(120)),
     )?;
+    // A stream starts on first poll or an explicit start; nothing polls this one.
+    server
+        .start()
+        .await
+        .map_err(|e| anyhow::anyhow!("start the peer server: {}", e.render()))?;
     let ip = own_addresses(&*target).await?[0];
     // The server works: the target reaches it on its own address.
     let deadline = Instant::now() + Duration::from_secs(5);
