@@ -91,7 +91,11 @@ pub struct SandboxArgs {
     /// Allow egress to this host name (`pypi.org`, `*.example.com`) or CIDR (`10.0.0.0/8`)
     /// and nothing else (repeatable): an egress allowlist, enforced by nftables rules in
     /// the sandbox (Docker and Podman on this host; see `sandbox doctor`).
-    #[arg(long = "allow-host", value_name = "NAME_OR_CIDR", conflicts_with = "network")]
+    #[arg(
+        long = "allow-host",
+        value_name = "NAME_OR_CIDR",
+        conflicts_with = "network"
+    )]
     pub allow_hosts: Vec<String>,
     /// Environment variable (repeatable). Visible in the engine's container config: use
     /// --secret for credentials.
