@@ -71,17 +71,22 @@ pub async fn deadline_survives_stop_and_kill_from_inside<E: ContainerEngine>(
     let created = Instant::now();
     let s = create(b, options).await?;
     let id = s.id().to_string();
-    // One round now (its status is ours to read), then a loop in the background that
-    // keeps at it until the end.
+    // A loop in the background that keeps signalling PID 1 until the end...
     let r = sh(
         &*s,
-        "kill -STOP 1; kill -KILL 1; kill -TERM 1; kill -INT 1; kill -STOP -1; \
-         (while true; do kill -STOP 1; kill -KILL 1; kill -STOP -1; sleep 0.05; done) \
-         >/dev/null 2>&1 </dev/null & echo attacked",
+        "kill -STOP 1; kill -KILL 1; kill -TERM 1; kill -INT 1; \
+         (while true; do kill -STOP 1; kill -KILL 1; sleep 0.05; done) \
+         >/dev/null 2>&1 </dev/null & echo attacking",
     )
     .await?;
-    if !String::from_utf8_lossy(&r.stdout).contains("attacked") {
-        return Err(format!("the attack did not run: {r:?}"));
+    if !String::from_utf8_lossy(&r.stdout).contains("attacking") {
+        return Err(format!("the attack did not start: {r:?}"));
+    }
+    // ...and everything else stopped at once (`-1`: every process but PID 1 and the
+    // caller; the loop itself freezes here, which is the attacker's own business).
+    let r = sh(&*s, "kill -STOP -1; echo stopped").await?;
+    if !String::from_utf8_lossy(&r.stdout).contains("stopped") {
+        return Err(format!("kill -STOP -1 did not run: {r:?}"));
     }
     // PID 1 still answers after the signals.
     let r = sh(&*s, "echo alive").await?;

@@ -43,6 +43,20 @@ async fn backend() -> Option<ContainerBackend<DockerEngine>> {
     }
 }
 
+/// gVisor's sentry does not give a PID 1 the kernel's protection: root inside can stop
+/// or kill it and open `/proc/1/fd/*` (measured with runsc here; docs/agent.md). These
+/// promises hold on runc; under runsc they are skipped with this reason.
+fn runc_only(test: &str) -> bool {
+    if runtime() == Runtime::Runsc {
+        println!(
+            "skipping {test} under runsc: gVisor lets sandboxed root signal PID 1 and open \
+             /proc/1/fd (docs/agent.md, \"gVisor\")"
+        );
+        return false;
+    }
+    true
+}
+
 fn opts(test: &str, lifetime: Duration) -> CreateOptions {
     CreateOptions::new(BUSYBOX)
         .timeout(lifetime)
@@ -51,6 +65,9 @@ fn opts(test: &str, lifetime: Duration) -> CreateOptions {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn deadline_survives_stop_and_kill_from_inside() {
+    if !runc_only("deadline_survives_stop_and_kill_from_inside") {
+        return;
+    }
     let Some(b) = backend().await else { return };
     let o = opts("agent_deadline", Duration::from_secs(6));
     trials::deadline_survives_stop_and_kill_from_inside(&b, o)
@@ -60,6 +77,9 @@ async fn deadline_survives_stop_and_kill_from_inside() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn agent_channel_is_out_of_reach() {
+    if !runc_only("agent_channel_is_out_of_reach") {
+        return;
+    }
     let Some(b) = backend().await else { return };
     let o = opts("agent_channel", Duration::from_secs(120));
     trials::agent_channel_is_out_of_reach(&b, o).await.unwrap();
