@@ -190,7 +190,13 @@ async fn no_raw_engine_error_escapes(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     // A template the engine does not have.
     match ctx
         .backend
-        .create(ctx.opts(&c).template("sandbox-rs/no-such-template:0"))
+        // Never pulled: a pull would leave the machine (Docker Hub), and the point is the
+        // error mapping.
+        .create(
+            ctx.opts(&c)
+                .template("sandbox-rs/no-such-template:0")
+                .pull(sandbox_core::PullPolicy::Never),
+        )
         .await
     {
         Ok(sb) => {
@@ -256,7 +262,9 @@ async fn errors_never_contain_secrets(ctx: Arc<Ctx>) -> anyhow::Result<()> {
         ),
         (
             "unknown template",
-            with_values(ctx.opts(&c)).template("sandbox-rs/no-such-template:0"),
+            with_values(ctx.opts(&c))
+                .template("sandbox-rs/no-such-template:0")
+                .pull(sandbox_core::PullPolicy::Never),
         ),
     ] {
         match ctx.backend.create(opts).await {

@@ -659,7 +659,15 @@ pub(crate) async fn ensure<E: ContainerEngine>(
         let exists =
             crate::sandbox::bounded(call_timeout, "image exists", engine.image_exists(image))
                 .await
-                .map_err(|e| crate::error::engine(&**engine, "check the image", e))?;
+                .map_err(|e| {
+                    // A wedged engine at the first step of a create is a create timeout,
+                    // as it is at every later step.
+                    if e.kind == EngineErrorKind::Timeout {
+                        crate::error::create_timeout(engine.backend(), call_timeout)
+                    } else {
+                        crate::error::engine(&**engine, "check the image", e)
+                    }
+                })?;
         if exists {
             return Ok(());
         }

@@ -510,8 +510,9 @@ async fn refusals_before_provisioning() {
             ErrorCode::CapabilityNotSupported,
         ),
         (
-            opts("sandbox-rs/no-such-image:0", "refuse"),
-            ErrorCode::Creation,
+            // Never: a pull would ask Docker Hub, and tests stay on this machine.
+            opts("sandbox-rs/no-such-image:0", "refuse").pull(sandbox_core::PullPolicy::Never),
+            ErrorCode::ImageUnavailable,
         ),
     ] {
         assert_eq!(b.create(o).await.unwrap_err().code(), code);
