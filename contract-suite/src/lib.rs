@@ -254,8 +254,9 @@ impl Suite {
         let ignored_allowed = ignored_allowed() || ctx.unavailable.is_some();
         if not_applicable > 0 {
             eprintln!(
-                "sandbox-contract: {not_applicable} trial(s) not applicable (in-process backend: \
-                 kernel evidence proves nothing here); they are not passes"
+                "sandbox-contract: {not_applicable} trial(s) not applicable (kernel evidence on \
+                 an in-process backend, or a state the backend cannot be in; each names its \
+                 reason); they are not passes"
             );
         }
         if ignored > 0 && !args.list {

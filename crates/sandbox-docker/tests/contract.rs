@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 
 use sandbox_container::testing::{Fault, FaultProxy};
 use sandbox_contract::anyhow::{self, Context as _};
-use sandbox_contract::{CanarySpec, EngineLimits, Faults, Probes};
+use sandbox_contract::{CanarySpec, EngineLimits, Faults, Injection, Probes};
 use sandbox_core::{Backend, CreateOptions, async_trait};
 use sandbox_docker::{DockerBackend, DockerConfig, Runtime};
 
@@ -122,6 +122,16 @@ impl Probes for DockerProbes {
         }))
     }
 
+    /// Docker sandboxes are created with `AutoRemove`: the engine deletes a stopped one
+    /// itself, so a stopped sandbox the engine still holds cannot exist.
+    async fn stop_sandbox(&self, _sandbox_id: &str) -> anyhow::Result<Injection> {
+        Ok(Injection::Impossible(
+            "Docker sandboxes are created with AutoRemove: the engine deletes a stopped one \
+             itself"
+                .into(),
+        ))
+    }
+
     async fn faults(&self) -> anyhow::Result<Option<Arc<dyn Faults>>> {
         let proxy = FaultProxy::start(engine_socket())
             .await
@@ -130,7 +140,9 @@ impl Probes for DockerProbes {
             DockerConfig::default()
                 .host(proxy.endpoint())
                 .runtime(self.runtime)
-                .startup_sweep(false),
+                .startup_sweep(false)
+                // The stalled-create trial waits this out.
+                .create_timeout(std::time::Duration::from_secs(3)),
         )
         .await
         .map_err(|e| anyhow::anyhow!("connect through the fault proxy: {}", e.render()))?;
@@ -167,6 +179,25 @@ impl Faults for DockerFaults {
     }
     async fn heal(&self) {
         self.proxy.set(Fault::Pass);
+        self.proxy.set_create(Fault::Pass);
+    }
+    async fn fail_creates(&self) -> Injection {
+        self.proxy.set_create(Fault::Fail);
+        Injection::Injected
+    }
+    async fn stall_creates(&self) -> Injection {
+        self.proxy.set_create(Fault::Hang);
+        Injection::Injected
+    }
+    /// The suite's sandboxes are created from local images: no registry, hence no
+    /// credential, is involved in their creates (registry credentials are proven by
+    /// `tests/pull.rs` against the test registry).
+    async fn withhold_credential(&self) -> Injection {
+        Injection::Impossible(
+            "creates from local images involve no registry, hence no credential (registry \
+             credentials: tests/pull.rs)"
+                .into(),
+        )
     }
 }
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use sandbox_container::testing::{self, Fault};
 use sandbox_contract::anyhow::{self, Context as _};
-use sandbox_contract::{CanarySpec, Faults, Probes};
+use sandbox_contract::{CanarySpec, Faults, Injection, Probes};
 use sandbox_core::{Backend, CreateOptions, async_trait};
 use sandbox_podman::{PodmanBackend, PodmanConfig};
 use tokio::sync::OnceCell;
@@ -78,6 +78,20 @@ impl Probes for PodmanProbes {
         Ok(Some(env))
     }
 
+    /// Podman keeps a stopped container (sandboxes are not created with `--rm`): stop it
+    /// through the engine, as a crashed init would leave it.
+    async fn stop_sandbox(&self, sandbox_id: &str) -> anyhow::Result<Injection> {
+        self.backend()
+            .await?
+            .client()
+            .containers()
+            .get(sandbox_id)
+            .stop(&Default::default())
+            .await
+            .map_err(|e| anyhow::anyhow!("stop container {sandbox_id}: {e}"))?;
+        Ok(Injection::Injected)
+    }
+
     async fn faults(&self) -> anyhow::Result<Option<Arc<dyn Faults>>> {
         let f = self
             .faults
@@ -111,7 +125,9 @@ impl FaultProxy {
         let backend = PodmanBackend::connect(
             PodmanConfig::from_env()
                 .endpoint(proxy.endpoint())
-                .startup_sweep(false),
+                .startup_sweep(false)
+                // The stalled-create trial waits this out.
+                .create_timeout(std::time::Duration::from_secs(3)),
         )
         .await
         .map_err(|e| anyhow::anyhow!("connect through the fault proxy: {}", e.render()))?;
@@ -135,6 +151,25 @@ impl Faults for FaultProxy {
     }
     async fn heal(&self) {
         self.proxy.set(Fault::Pass);
+        self.proxy.set_create(Fault::Pass);
+    }
+    async fn fail_creates(&self) -> Injection {
+        self.proxy.set_create(Fault::Fail);
+        Injection::Injected
+    }
+    async fn stall_creates(&self) -> Injection {
+        self.proxy.set_create(Fault::Hang);
+        Injection::Injected
+    }
+    /// The suite's sandboxes are created from local images: no registry, hence no
+    /// credential, is involved in their creates (registry credentials are proven by
+    /// `tests/pull.rs` against the test registry).
+    async fn withhold_credential(&self) -> Injection {
+        Injection::Impossible(
+            "creates from local images involve no registry, hence no credential (registry \
+             credentials: tests/pull.rs)"
+                .into(),
+        )
     }
 }
 
