@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
 use libtest_mimic::Trial;
-use sandbox_core::{Capability as C, Command, ExecResult, NetworkPolicy, Sandbox};
+use sandbox_core::{Capability as C, Command, ErrorCode, ExecResult, NetworkPolicy, Sandbox};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 
-use crate::ctx::{Canary, Ctx, Need, Skip, run, token};
+use crate::ctx::{Canary, Ctx, Need, Skip, must_code, run, token};
 
 const AREA: &str = "egress";
 
@@ -36,37 +36,45 @@ pub struct EgressNames {
 
 /// The trials of this area.
 pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
-    let list = Need::Cap(C::EGRESS_ALLOWLIST | C::NETWORK_POLICY | C::RUN_COMMAND);
     let net = Need::Cap(C::NETWORK_POLICY | C::RUN_COMMAND);
+    // Without EGRESS_ALLOWLIST each allowlist trial proves the refusal instead (before
+    // anything is provisioned), which needs nothing.
+    let declared = ctx.caps.contains(C::EGRESS_ALLOWLIST);
+    let list_canary: &[Need] = if declared { &[net, Need::Canary] } else { &[] };
+    let list_kernel: &[Need] = if declared {
+        &[net, Need::Canary, Need::KernelEvidence]
+    } else {
+        &[]
+    };
     vec![
         ctx.trial(
             AREA,
             "allowlisted_name_reachable",
-            &[list, Need::Canary],
+            list_canary,
             allowlisted_name_reachable,
         ),
         ctx.trial(
             AREA,
             "allowlisted_cidr_reachable",
-            &[list, Need::Canary],
+            list_canary,
             allowlisted_cidr_reachable,
         ),
         ctx.trial(
             AREA,
             "unlisted_name_refused_by_dns",
-            &[list, Need::Canary],
+            list_canary,
             unlisted_name_refused_by_dns,
         ),
         ctx.trial(
             AREA,
             "unlisted_address_rejected_fast",
-            &[list, Need::Canary],
+            list_canary,
             unlisted_address_rejected_fast,
         ),
         ctx.trial(
             AREA,
             "allowlist_blocks_bridge_and_metadata",
-            &[list, Need::Canary, Need::KernelEvidence],
+            list_kernel,
             allowlist_blocks_bridge_and_metadata,
         ),
         ctx.trial(
@@ -84,7 +92,7 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
         ctx.trial(
             AREA,
             "root_cannot_undo_the_rules",
-            &[list, Need::Canary, Need::KernelEvidence],
+            list_kernel,
             root_cannot_undo_the_rules,
         ),
     ]
@@ -95,6 +103,42 @@ fn case(name: &str) -> String {
 }
 
 /// The adapter's test names; without them the trial is ignored with the reason.
+/// Where the backend does not declare `EGRESS_ALLOWLIST`: an allowlist is refused with
+/// `CapabilityNotSupported` and provisions nothing. `Ok(true)` when that was proven (the
+/// trial is done), `Ok(false)` when the capability is declared.
+async fn refused_when_undeclared(ctx: &Ctx, c: &str) -> anyhow::Result<bool> {
+    if ctx.caps.contains(C::EGRESS_ALLOWLIST) {
+        return Ok(false);
+    }
+    let r = ctx
+        .backend
+        .create(
+            ctx.opts(c)
+                .network(NetworkPolicy::allow_list(["192.0.2.1"])),
+        )
+        .await;
+    must_code(r, ErrorCode::CapabilityNotSupported)?;
+    if ctx.backend.as_reapable().is_some() {
+        let left = ctx.listed(c).await?;
+        ensure!(left.is_empty(), "a refused allowlist provisioned {left:?}");
+    }
+    Ok(true)
+}
+
+/// Where `Allow` is documentedly unavailable (`Probes::egress_allow`): it is refused with
+/// `Configuration`. `Ok(true)` when that was proven.
+async fn allow_refused_when_unavailable(ctx: &Ctx, c: &str) -> anyhow::Result<bool> {
+    if ctx.probes.egress_allow() {
+        return Ok(false);
+    }
+    let r = ctx
+        .backend
+        .create(ctx.opts(c).network(NetworkPolicy::allow()))
+        .await;
+    must_code(r, ErrorCode::Configuration)?;
+    Ok(true)
+}
+
 fn names(ctx: &Ctx) -> anyhow::Result<EgressNames> {
     match ctx.probes.egress_names() {
         Some(n) => Ok(n),
@@ -154,6 +198,9 @@ async fn expect_blocked(sb: &dyn Sandbox, cmd: Command, token: &str) -> anyhow::
 /// A listed name resolves and its address is reachable.
 async fn allowlisted_name_reachable(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let c = case("allowlisted_name_reachable");
+    if refused_when_undeclared(&ctx, &c).await? {
+        return Ok(());
+    }
     let canary = ctx.canary()?.clone();
     let names = names(&ctx)?;
     let sb = ctx
@@ -170,6 +217,9 @@ async fn allowlisted_name_reachable(ctx: Arc<Ctx>) -> anyhow::Result<()> {
 /// A listed CIDR is reachable by address, with no name involved.
 async fn allowlisted_cidr_reachable(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let c = case("allowlisted_cidr_reachable");
+    if refused_when_undeclared(&ctx, &c).await? {
+        return Ok(());
+    }
     let canary = ctx.canary()?.clone();
     let ip: IpAddr = canary
         .spec
@@ -194,6 +244,9 @@ async fn allowlisted_cidr_reachable(ctx: Arc<Ctx>) -> anyhow::Result<()> {
 /// very address a listed name reaches.
 async fn unlisted_name_refused_by_dns(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let c = case("unlisted_name_refused_by_dns");
+    if refused_when_undeclared(&ctx, &c).await? {
+        return Ok(());
+    }
     let canary = ctx.canary()?.clone();
     let names = names(&ctx)?;
     let sb = ctx
@@ -229,6 +282,9 @@ async fn unlisted_name_refused_by_dns(ctx: Arc<Ctx>) -> anyhow::Result<()> {
 /// with a server listening there.
 async fn unlisted_address_rejected_fast(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let c = case("unlisted_address_rejected_fast");
+    if refused_when_undeclared(&ctx, &c).await? {
+        return Ok(());
+    }
     let canary = ctx.canary()?.clone();
     // TEST-NET-1 (RFC 5737) is listed: never routed, so nothing leaves this machine.
     let sb = ctx
@@ -312,6 +368,9 @@ async fn bridge_and_metadata_blocked(sb: &dyn Sandbox) -> anyhow::Result<()> {
 /// Under an allowlist, the host's bridge address and link-local/metadata are blocked.
 async fn allowlist_blocks_bridge_and_metadata(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let c = case("allowlist_blocks_bridge_and_metadata");
+    if refused_when_undeclared(&ctx, &c).await? {
+        return Ok(());
+    }
     let names = names(&ctx)?;
     let sb = ctx
         .create(
@@ -328,8 +387,7 @@ async fn allowlist_blocks_bridge_and_metadata(ctx: Arc<Ctx>) -> anyhow::Result<(
 /// address and link-local/metadata are not.
 async fn allow_blocks_bridge_and_metadata(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let c = case("allow_blocks_bridge_and_metadata");
-    if !ctx.probes.egress_allow() {
-        // Allow is documentedly refused on this engine (policy trials check the refusal).
+    if allow_refused_when_unavailable(&ctx, &c).await? {
         return Ok(());
     }
     let canary = ctx.canary()?.clone();
@@ -367,7 +425,7 @@ async fn own_addresses(sb: &dyn Sandbox) -> anyhow::Result<Vec<Ipv4Addr>> {
 /// Under `Allow`, one sandbox cannot connect to a server in another.
 async fn allow_cannot_reach_another_sandbox(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let c = case("allow_cannot_reach_another_sandbox");
-    if !ctx.probes.egress_allow() {
+    if allow_refused_when_unavailable(&ctx, &c).await? {
         return Ok(());
     }
     let target = ctx
@@ -414,6 +472,9 @@ async fn allow_cannot_reach_another_sandbox(ctx: Arc<Ctx>) -> anyhow::Result<()>
 /// routes or rules, and after trying is still blocked.
 async fn root_cannot_undo_the_rules(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let c = case("root_cannot_undo_the_rules");
+    if refused_when_undeclared(&ctx, &c).await? {
+        return Ok(());
+    }
     let canary = ctx.canary()?.clone();
     let sb = ctx
         .create(
