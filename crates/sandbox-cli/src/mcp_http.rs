@@ -191,8 +191,10 @@ pub async fn serve(policy: Policy, options: HttpOptions) -> sandbox::Result<u8> 
         let (stream, peer) = match accepted {
             Ok(a) => a,
             Err(e) => {
-                // A full accept queue or fd exhaustion passes; the listener stays.
+                // Fd exhaustion passes as connections close; the listener stays. The pause
+                // keeps a persistent failure from spinning a core.
                 tracing::warn!(error = %e, "mcp http accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 continue;
             }
         };
