@@ -270,18 +270,20 @@ async fn tls_engine_runs_sandboxes_and_refuses_a_foreign_client_certificate() {
     assert!(backend.endpoint().starts_with("tcp://127.0.0.1:"));
 
     // The image, loaded over TLS with the engine's own CLI.
-    let save = Command::new("docker")
+    let mut save = Command::new("docker")
         .args(["save", BUSYBOX])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
+    let archive = save.stdout.take().unwrap();
     let loaded = daemon
         .cli(&good)
         .arg("load")
-        .stdin(save.stdout.unwrap())
+        .stdin(archive)
         .stdout(Stdio::null())
         .status()
         .unwrap();
+    assert!(save.wait().unwrap().success(), "docker save");
     assert!(loaded.success(), "docker load over TLS");
 
     let t = Instant::now();
