@@ -331,8 +331,22 @@ async fn deadline_ends_the_agent_and_its_processes() {
         .unwrap();
     assert!(status.success());
     assert!(t.elapsed() < Duration::from_secs(4));
-    // The kill of everything may report the spawn's exit first; then the channel is gone.
-    while let Ok(Some(_)) = p.next_event().await {}
+    // The notice goes out before the kill: the spawn the deadline ends is `SandboxGone`,
+    // never an exit status of its own.
+    let ended = loop {
+        match p.next_event().await {
+            Ok(Some(ProcessEvent::Exit(st))) => {
+                panic!("the deadline's kill read as an exit: {st:?}")
+            }
+            Ok(Some(_)) => {}
+            other => break other,
+        }
+    };
+    assert_eq!(
+        ended.unwrap_err().code(),
+        ErrorCode::SandboxGone,
+        "the spawn's end"
+    );
     assert_eq!(
         a.client.ping().await.unwrap_err().code(),
         ErrorCode::SandboxGone

@@ -136,8 +136,11 @@ fn start_deadline(deadline: SystemTime, procs: spawn::Processes, out: SyncSender
                         .min(Duration::from_secs(1)),
                 );
             }
-            procs.kill_everything();
+            // The notice before the kill: a process the deadline kills must not look
+            // like it exited by itself (the host reports the sandbox gone, not an exit
+            // status). Never blocking on it: the deadline must not wait for the host.
             let _ = out.try_send(Frame::control(AGENT_ID, &Reply::Deadline));
+            procs.kill_everything();
             std::thread::sleep(Duration::from_millis(50));
             // As PID 1 this ends the container: the kernel kills what is left in the
             // namespace.
