@@ -76,6 +76,17 @@ pub enum TierArg {
     Microvm,
 }
 
+/// When the template image is pulled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PullArg {
+    /// Only when the engine does not have it.
+    Missing,
+    /// Every time (a moved tag is followed).
+    Always,
+    /// Never: a missing image is an error (SBX_E1205).
+    Never,
+}
+
 /// Sandbox settings shared by `run` and `create`.
 #[derive(Debug, Args)]
 pub struct SandboxArgs {
@@ -108,6 +119,9 @@ pub struct SandboxArgs {
     /// anything is provisioned).
     #[arg(long, value_enum, value_name = "TIER")]
     pub require_isolation: Option<TierArg>,
+    /// When to pull the image from its registry (with a progress bar on a terminal).
+    #[arg(long, value_enum, value_name = "WHEN", default_value_t = PullArg::Missing)]
+    pub pull: PullArg,
 }
 
 /// `sandbox create`.

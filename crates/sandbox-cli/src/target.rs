@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use sandbox::{CreateOptions, Dsn, IsolationTier, NetworkPolicy, Resources, SandboxError, Target};
 
-use crate::cli::{NetworkArg, RuntimeArg, SandboxArgs, TierArg};
+use crate::cli::{NetworkArg, PullArg, RuntimeArg, SandboxArgs, TierArg};
 
 // One enum shared by both engines (sandbox-container's), reachable through either.
 #[cfg(feature = "docker")]
@@ -46,7 +46,14 @@ fn apply_sandbox_args(args: &SandboxArgs, base: CreateOptions) -> sandbox::Resul
         NetworkArg::Deny => NetworkPolicy::deny(),
         NetworkArg::Allow => NetworkPolicy::allow(),
     };
-    let mut o = base.resources(resources).network(network);
+    let mut o = base
+        .resources(resources)
+        .network(network)
+        .pull(match args.pull {
+            PullArg::Missing => sandbox::PullPolicy::Missing,
+            PullArg::Always => sandbox::PullPolicy::Always,
+            PullArg::Never => sandbox::PullPolicy::Never,
+        });
     for (k, v) in &args.env {
         o = o.env(k.clone(), v.clone());
     }
