@@ -167,16 +167,14 @@ struct BarState {
 
 impl BarState {
     fn line(&self) -> String {
-        let (done, total) = self
-            .layers
-            .values()
-            .fold((0u64, 0u64), |(d, t), (c, s)| (d + c.min(s), t + s));
+        let (done, total) = self.layers.values().fold((0u64, 0u64), |(d, t), (c, s)| {
+            (d.saturating_add(*c.min(s)), t.saturating_add(*s))
+        });
         let width = 24usize;
-        let filled = if total == 0 {
-            0
-        } else {
-            usize::try_from(done.saturating_mul(width as u64) / total).unwrap_or(width)
-        };
+        let filled = done
+            .saturating_mul(width as u64)
+            .checked_div(total)
+            .map_or(0, |f| usize::try_from(f).unwrap_or(width));
         let bytes = if total == 0 {
             String::new()
         } else {

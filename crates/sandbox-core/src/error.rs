@@ -317,7 +317,9 @@ impl SandboxError {
             BackendNotInstalled { hint, .. }
             | EngineUnavailable { hint, .. }
             | ImageUnavailable { hint, .. }
-            | Auth { hint: Some(hint), .. } => hint.clone(),
+            | Auth {
+                hint: Some(hint), ..
+            } => hint.clone(),
             CapabilityNotSupported {
                 capability,
                 supported_by,
