@@ -1273,32 +1273,33 @@ impl Sandbox for ModelSandbox {
     }
     async fn run(&self, cmd: Command, options: RunOptions) -> Result<ExecResult> {
         if let Command::Argv(argv) = &cmd {
-            if let [cat, path] = argv.as_slice() {
-                if cat == "cat" {
-                    if let Some(text) = self.view.file(path) {
-                        return Ok(ExecResult::new(0, text, ""));
-                    }
-                }
+            if let [cat, path] = argv.as_slice()
+                && cat == "cat"
+                && let Some(text) = self.view.file(path)
+            {
+                return Ok(ExecResult::new(0, text, ""));
             }
-            if let [truncate, flag, size, path] = argv.as_slice() {
-                if truncate == "truncate" && flag == "-s" && size == crate::hostile::SPARSE_FILE {
-                    if let Ok(mut s) = self.sparse.lock() {
-                        s.push(path.clone());
-                    }
-                    return Ok(ExecResult::new(0, "", ""));
+            if let [truncate, flag, size, path] = argv.as_slice()
+                && truncate == "truncate"
+                && flag == "-s"
+                && size == crate::hostile::SPARSE_FILE
+            {
+                if let Ok(mut s) = self.sparse.lock() {
+                    s.push(path.clone());
                 }
+                return Ok(ExecResult::new(0, "", ""));
             }
             if let Some(r) = self.hostile_program(argv) {
                 return Ok(r);
             }
         }
-        if let Command::Shell(script) = &cmd {
-            if script.contains(crate::hostile::JUNK_MARK) {
-                // No /dev/shm, /tmp or /run bookkeeping to overwrite in the fake: what
-                // is left of the attack is its pid file and its sleep.
-                let rest = "echo $$ > /work/junk-pid; exec sleep 300".to_string();
-                return self.inner.run(Command::Shell(rest), options).await;
-            }
+        if let Command::Shell(script) = &cmd
+            && script.contains(crate::hostile::JUNK_MARK)
+        {
+            // No /dev/shm, /tmp or /run bookkeeping to overwrite in the fake: what
+            // is left of the attack is its pid file and its sleep.
+            let rest = "echo $$ > /work/junk-pid; exec sleep 300".to_string();
+            return self.inner.run(Command::Shell(rest), options).await;
         }
         self.inner.run(cmd, options).await
     }

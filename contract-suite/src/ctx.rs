@@ -414,15 +414,15 @@ impl Deref for Sbx {
 
 impl Drop for Sbx {
     fn drop(&mut self) {
-        if let Some(sb) = self.inner.take() {
-            if let Ok(h) = tokio::runtime::Handle::try_current() {
-                let counter = self.background.clone();
-                counter.fetch_add(1, Ordering::SeqCst);
-                h.spawn(async move {
-                    let _ = tokio::time::timeout(teardown_grace() * 2, sb.kill()).await;
-                    counter.fetch_sub(1, Ordering::SeqCst);
-                });
-            }
+        if let Some(sb) = self.inner.take()
+            && let Ok(h) = tokio::runtime::Handle::try_current()
+        {
+            let counter = self.background.clone();
+            counter.fetch_add(1, Ordering::SeqCst);
+            h.spawn(async move {
+                let _ = tokio::time::timeout(teardown_grace() * 2, sb.kill()).await;
+                counter.fetch_sub(1, Ordering::SeqCst);
+            });
         }
     }
 }

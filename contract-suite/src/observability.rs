@@ -114,10 +114,10 @@ impl Visit for Fields<'_> {
 }
 
 fn push<T>(store: &Mutex<Vec<T>>, item: T) {
-    if let Ok(mut v) = store.lock() {
-        if v.len() < CAPTURE_LIMIT {
-            v.push(item);
-        }
+    if let Ok(mut v) = store.lock()
+        && v.len() < CAPTURE_LIMIT
+    {
+        v.push(item);
     }
 }
 
@@ -138,10 +138,10 @@ where
     }
 
     fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
-        if let Some(span) = ctx.span(id) {
-            if let Some(open) = span.extensions_mut().get_mut::<OpenSpan>() {
-                values.record(&mut Fields(&mut open.fields));
-            }
+        if let Some(span) = ctx.span(id)
+            && let Some(open) = span.extensions_mut().get_mut::<OpenSpan>()
+        {
+            values.record(&mut Fields(&mut open.fields));
         }
     }
 
@@ -158,17 +158,17 @@ where
     }
 
     fn on_close(&self, id: Id, ctx: Context<'_, S>) {
-        if let Some(span) = ctx.span(&id) {
-            if let Some(open) = span.extensions_mut().remove::<OpenSpan>() {
-                push(
-                    &SPANS,
-                    CapturedSpan {
-                        name: open.name,
-                        target: open.target,
-                        fields: open.fields,
-                    },
-                );
-            }
+        if let Some(span) = ctx.span(&id)
+            && let Some(open) = span.extensions_mut().remove::<OpenSpan>()
+        {
+            push(
+                &SPANS,
+                CapturedSpan {
+                    name: open.name,
+                    target: open.target,
+                    fields: open.fields,
+                },
+            );
         }
     }
 }

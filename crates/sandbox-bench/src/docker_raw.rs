@@ -118,10 +118,10 @@ impl DockerRaw {
             .await?;
         let mut n = 0;
         for c in list {
-            if let Some(id) = c.id {
-                if remove(&self.client, &id).await.is_ok() {
-                    n += 1;
-                }
+            if let Some(id) = c.id
+                && remove(&self.client, &id).await.is_ok()
+            {
+                n += 1;
             }
         }
         Ok(n)

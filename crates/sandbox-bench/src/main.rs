@@ -255,10 +255,10 @@ async fn async_main(args: Args) -> Result<ExitCode> {
 
 /// How the run was invoked: `cargo xtask bench` says so through `SANDBOX_BENCH_COMMAND`.
 fn command_line() -> String {
-    if let Ok(c) = std::env::var("SANDBOX_BENCH_COMMAND") {
-        if !c.trim().is_empty() {
-            return c;
-        }
+    if let Ok(c) = std::env::var("SANDBOX_BENCH_COMMAND")
+        && !c.trim().is_empty()
+    {
+        return c;
     }
     let args: Vec<String> = std::env::args().skip(1).collect();
     format!("sandbox-bench {}", args.join(" "))

@@ -420,10 +420,10 @@ fn pax_records(mut data: &[u8]) -> Vec<(&str, &str)> {
         }
         let rec = &data[sp + 1..len];
         let rec = rec.strip_suffix(b"\n").unwrap_or(rec);
-        if let Ok(text) = std::str::from_utf8(rec) {
-            if let Some((k, v)) = text.split_once('=') {
-                out.push((k, v));
-            }
+        if let Ok(text) = std::str::from_utf8(rec)
+            && let Some((k, v)) = text.split_once('=')
+        {
+            out.push((k, v));
         }
         data.advance(len);
     }

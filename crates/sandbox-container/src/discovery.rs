@@ -190,10 +190,10 @@ pub fn discover_podman(env: &EnvSnapshot) -> DiscoveredEndpoint {
         return DiscoveredEndpoint::new(h, EndpointSource::EnvVar("CONTAINER_HOST".into()));
     }
     // Root's rootless directory is not where a root Podman service listens.
-    if !env.is_root() {
-        if let Some(sock) = rootless_socket(env, "podman/podman.sock") {
-            return DiscoveredEndpoint::new(sock, EndpointSource::RootlessSocket);
-        }
+    if !env.is_root()
+        && let Some(sock) = rootless_socket(env, "podman/podman.sock")
+    {
+        return DiscoveredEndpoint::new(sock, EndpointSource::RootlessSocket);
     }
     DiscoveredEndpoint::new(PODMAN_DEFAULT_ENDPOINT, EndpointSource::Default)
 }

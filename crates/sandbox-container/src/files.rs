@@ -389,10 +389,9 @@ impl<E: ContainerEngine> ContainerFiles<E> {
             .sh
             .call("stat", self.sh.engine.stat_path(&self.sh.id, path))
             .await
+            && s.is_dir
         {
-            if s.is_dir {
-                return error::is_a_directory(path);
-            }
+            return error::is_a_directory(path);
         }
         self.missing(path, "archive upload", e).await
     }

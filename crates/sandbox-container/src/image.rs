@@ -305,10 +305,10 @@ fn from_config(
     if let Some(helpers) = json.get("credHelpers").and_then(|h| h.as_object()) {
         for want in &candidates {
             for (key, helper) in helpers {
-                if normalise_key(key) == want.as_str() {
-                    if let Some(h) = helper.as_str() {
-                        return run_helper(h, key);
-                    }
+                if normalise_key(key) == want.as_str()
+                    && let Some(h) = helper.as_str()
+                {
+                    return run_helper(h, key);
                 }
             }
         }
@@ -316,10 +316,10 @@ fn from_config(
     if let Some(auths) = json.get("auths").and_then(|a| a.as_object()) {
         for want in &candidates {
             for (key, entry) in auths {
-                if normalise_key(key) == want.as_str() {
-                    if let Some(auth) = auth_entry(key, entry, file)? {
-                        return Ok(Some(auth));
-                    }
+                if normalise_key(key) == want.as_str()
+                    && let Some(auth) = auth_entry(key, entry, file)?
+                {
+                    return Ok(Some(auth));
                 }
             }
         }

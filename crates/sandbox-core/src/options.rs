@@ -208,13 +208,13 @@ impl CreateOptions {
     /// effective resources. Adapters call this first, before provisioning anything.
     pub fn validate(&self) -> Result<EffectiveResources> {
         validate_lifetime(self.timeout)?;
-        if let Some(t) = &self.template {
-            if t.is_empty() || t.chars().any(|c| c.is_control() || c.is_whitespace()) {
-                return Err(SandboxError::config(
-                    format!("template {t:?} is not a valid image name"),
-                    "use a name like `sandbox-rs/python:3.11`",
-                ));
-            }
+        if let Some(t) = &self.template
+            && (t.is_empty() || t.chars().any(|c| c.is_control() || c.is_whitespace()))
+        {
+            return Err(SandboxError::config(
+                format!("template {t:?} is not a valid image name"),
+                "use a name like `sandbox-rs/python:3.11`",
+            ));
         }
         if self.require_isolation == Some(IsolationTier::Unknown) {
             return Err(SandboxError::config(
@@ -419,13 +419,13 @@ impl RunOptions {
         for k in self.env.keys() {
             validate_env_key(k)?;
         }
-        if let Some(w) = &self.workdir {
-            if w.contains('\0') {
-                return Err(SandboxError::config(
-                    "workdir contains a NUL byte",
-                    "remove it",
-                ));
-            }
+        if let Some(w) = &self.workdir
+            && w.contains('\0')
+        {
+            return Err(SandboxError::config(
+                "workdir contains a NUL byte",
+                "remove it",
+            ));
         }
         if self.output_cap == Some(0) {
             return Err(SandboxError::config(
@@ -515,18 +515,17 @@ impl CodeOptions {
 
     /// Validates the context id and resolves the timeout.
     pub fn validate(&self, remaining_lifetime: Duration) -> Result<Duration> {
-        if let Some(c) = &self.context_id {
-            if c.is_empty()
+        if let Some(c) = &self.context_id
+            && (c.is_empty()
                 || c.len() > 64
                 || !c
                     .chars()
-                    .all(|ch| ch.is_ascii_alphanumeric() || ch == '-' || ch == '_')
-            {
-                return Err(SandboxError::config(
-                    format!("context id {c:?} is invalid"),
-                    "use 1-64 characters from [A-Za-z0-9_-]",
-                ));
-            }
+                    .all(|ch| ch.is_ascii_alphanumeric() || ch == '-' || ch == '_'))
+        {
+            return Err(SandboxError::config(
+                format!("context id {c:?} is invalid"),
+                "use 1-64 characters from [A-Za-z0-9_-]",
+            ));
         }
         if self.output_cap == Some(0) {
             return Err(SandboxError::config(

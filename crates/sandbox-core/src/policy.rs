@@ -19,20 +19,18 @@ pub fn check_create(
     options: &CreateOptions,
 ) -> Result<EffectiveResources> {
     let resources = options.validate()?;
-    if let Some(min) = options.require_isolation {
-        if !tier.satisfies(min) {
-            return Err(SandboxError::config(
-                format!("backend `{backend}` provides isolation `{tier}`, `{min}` was required"),
-                match min {
-                    IsolationTier::Gvisor => {
-                        "use the runsc runtime (e.g. docker with DockerConfig::runtime(Runtime::Runsc)) or lower require_isolation"
-                    }
-                    _ => {
-                        "choose a backend with a stronger isolation tier, or lower require_isolation"
-                    }
-                },
-            ));
-        }
+    if let Some(min) = options.require_isolation
+        && !tier.satisfies(min)
+    {
+        return Err(SandboxError::config(
+            format!("backend `{backend}` provides isolation `{tier}`, `{min}` was required"),
+            match min {
+                IsolationTier::Gvisor => {
+                    "use the runsc runtime (e.g. docker with DockerConfig::runtime(Runtime::Runsc)) or lower require_isolation"
+                }
+                _ => "choose a backend with a stronger isolation tier, or lower require_isolation",
+            },
+        ));
     }
     require(caps, Capability::NETWORK_POLICY, backend)?;
     match &options.network.egress {

@@ -113,13 +113,13 @@ impl Process {
 
     fn poll_start(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
         self.arm_deadline();
-        if let Some(d) = self.deadline.as_mut() {
-            if d.as_mut().poll(cx).is_ready() {
-                if let State::Pending(_) = self.state {
-                    self.state = State::Finished(Terminal::TimedOut(self.timeout));
-                }
-                return Poll::Ready(Ok(()));
+        if let Some(d) = self.deadline.as_mut()
+            && d.as_mut().poll(cx).is_ready()
+        {
+            if let State::Pending(_) = self.state {
+                self.state = State::Finished(Terminal::TimedOut(self.timeout));
             }
+            return Poll::Ready(Ok(()));
         }
         if let State::Pending(fut) = &mut self.state {
             match fut.poll_unpin(cx) {
@@ -331,11 +331,11 @@ impl Stream for Process {
             // The deadline covers start, output and exit.
             if !matches!(this.state, State::Finished(_) | State::TimingOut(_)) {
                 this.arm_deadline();
-                if let Some(d) = this.deadline.as_mut() {
-                    if d.as_mut().poll(cx).is_ready() {
-                        this.begin_timeout();
-                        continue;
-                    }
+                if let Some(d) = this.deadline.as_mut()
+                    && d.as_mut().poll(cx).is_ready()
+                {
+                    this.begin_timeout();
+                    continue;
                 }
             }
             match &mut this.state {
@@ -348,11 +348,12 @@ impl Stream for Process {
                     Poll::Ready(Some(Ok(chunk))) => return Poll::Ready(Some(Ok(chunk))),
                     Poll::Ready(Some(Err(e))) => {
                         // Output broke: make sure nothing keeps running remotely.
-                        if let Some(k) = &this.killer {
-                            if !this.killed && !matches!(e, SandboxError::SandboxGone { .. }) {
-                                this.killed = true;
-                                spawn_bounded_kill(this.info.clone(), k());
-                            }
+                        if let Some(k) = &this.killer
+                            && !this.killed
+                            && !matches!(e, SandboxError::SandboxGone { .. })
+                        {
+                            this.killed = true;
+                            spawn_bounded_kill(this.info.clone(), k());
                         }
                         this.state = State::Finished(Terminal::FailedReported(replay_error(&e)));
                         return Poll::Ready(Some(Err(e)));
@@ -406,10 +407,11 @@ impl Stream for Process {
 impl Drop for Process {
     fn drop(&mut self) {
         let running = matches!(self.state, State::Output { .. } | State::Exiting(_));
-        if running && !self.killed {
-            if let Some(k) = &self.killer {
-                spawn_bounded_kill(self.info.clone(), k());
-            }
+        if running
+            && !self.killed
+            && let Some(k) = &self.killer
+        {
+            spawn_bounded_kill(self.info.clone(), k());
         }
     }
 }

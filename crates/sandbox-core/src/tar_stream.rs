@@ -256,10 +256,10 @@ fn check_ancestors(root: &Path, rel: &Path, raw: &Path, create: bool) -> Result<
 
 /// Removes a symlink at `dest`, so the entry replaces the link instead of following it.
 fn remove_link(dest: &Path) -> Result<()> {
-    if let Ok(m) = std::fs::symlink_metadata(dest) {
-        if m.file_type().is_symlink() {
-            std::fs::remove_file(dest).map_err(|e| local_io(dest, "replace link", e))?;
-        }
+    if let Ok(m) = std::fs::symlink_metadata(dest)
+        && m.file_type().is_symlink()
+    {
+        std::fs::remove_file(dest).map_err(|e| local_io(dest, "replace link", e))?;
     }
     Ok(())
 }

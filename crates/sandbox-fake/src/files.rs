@@ -252,22 +252,22 @@ impl FileSystem for FakeSandbox {
                     Ok(m) if m.is_dir() => local.join(memfs::base_name(&src)),
                     _ => local.to_path_buf(),
                 };
-                if let Ok(m) = tokio::fs::symlink_metadata(&target).await {
-                    if m.file_type().is_symlink() {
-                        return Err(SandboxError::unsafe_archive_entry(
-                            memfs::base_name(&src).to_string(),
-                        ));
-                    }
+                if let Ok(m) = tokio::fs::symlink_metadata(&target).await
+                    && m.file_type().is_symlink()
+                {
+                    return Err(SandboxError::unsafe_archive_entry(
+                        memfs::base_name(&src).to_string(),
+                    ));
                 }
                 download_file(sb, &src, &target).await
             }
             Some(true) => {
-                if let Ok(m) = tokio::fs::symlink_metadata(local).await {
-                    if m.file_type().is_symlink() {
-                        return Err(SandboxError::unsafe_archive_entry(
-                            local.display().to_string(),
-                        ));
-                    }
+                if let Ok(m) = tokio::fs::symlink_metadata(local).await
+                    && m.file_type().is_symlink()
+                {
+                    return Err(SandboxError::unsafe_archive_entry(
+                        local.display().to_string(),
+                    ));
                 }
                 let src = sb.fs().follow(&src).map_err(|e| fs_error(&src, e))?;
                 let strip = if src == "/" { 1 } else { src.len() + 1 };

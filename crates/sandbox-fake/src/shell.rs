@@ -368,10 +368,10 @@ impl Shell {
             stdout: self.stdout.clone(),
             stderr: self.stderr.clone(),
         };
-        if item.rest.is_empty() {
-            if let Ok((out, err)) = self.redirect(proc, &item.first.redirs) {
-                (child.stdout, child.stderr) = (out, err);
-            }
+        if item.rest.is_empty()
+            && let Ok((out, err)) = self.redirect(proc, &item.first.redirs)
+        {
+            (child.stdout, child.stderr) = (out, err);
         }
         // The job writes through `child`'s sinks only: `base` must not hold the exec's
         // output open.

@@ -350,17 +350,17 @@ fn route(served: &Served, method: &str, path: &str, authorization: Option<&str>)
     if method != "GET" && method != "HEAD" {
         return json_error(405, "UNSUPPORTED", "the test registry is read-only");
     }
-    if let Some(want) = &served.authorization {
-        if authorization != Some(want.as_str()) {
-            served.counters.unauthorized.fetch_add(1, Ordering::SeqCst);
-            let (status, mut headers, body) =
-                json_error(401, "UNAUTHORIZED", "authentication required");
-            headers.push((
-                "WWW-Authenticate",
-                "Basic realm=\"sandbox-rs test registry\"".into(),
-            ));
-            return (status, headers, body);
-        }
+    if let Some(want) = &served.authorization
+        && authorization != Some(want.as_str())
+    {
+        served.counters.unauthorized.fetch_add(1, Ordering::SeqCst);
+        let (status, mut headers, body) =
+            json_error(401, "UNAUTHORIZED", "authentication required");
+        headers.push((
+            "WWW-Authenticate",
+            "Basic realm=\"sandbox-rs test registry\"".into(),
+        ));
+        return (status, headers, body);
     }
     if path == "/v2/" || path == "/v2" {
         return (
