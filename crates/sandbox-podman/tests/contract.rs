@@ -78,18 +78,14 @@ impl Probes for PodmanProbes {
         Ok(Some(env))
     }
 
-    /// Podman keeps a stopped container (sandboxes are not created with `--rm`): stop it
-    /// through the engine, as a crashed init would leave it.
-    async fn stop_sandbox(&self, sandbox_id: &str) -> anyhow::Result<Injection> {
-        self.backend()
-            .await?
-            .client()
-            .containers()
-            .get(sandbox_id)
-            .stop(&Default::default())
-            .await
-            .map_err(|e| anyhow::anyhow!("stop container {sandbox_id}: {e}"))?;
-        Ok(Injection::Injected)
+    /// Podman sandboxes are created with `--rm` (`PodmanOptions::ephemeral`, the default
+    /// the suite runs with): the engine deletes a stopped one itself.
+    async fn stop_sandbox(&self, _sandbox_id: &str) -> anyhow::Result<Injection> {
+        Ok(Injection::Impossible(
+            "Podman sandboxes are created with --rm (PodmanOptions::ephemeral): the engine \
+             deletes a stopped one itself"
+                .into(),
+        ))
     }
 
     async fn faults(&self) -> anyhow::Result<Option<Arc<dyn Faults>>> {
