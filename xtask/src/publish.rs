@@ -836,7 +836,11 @@ mod tests {
             .filter(|p| p.publishable)
             .filter_map(|p| p.json["rust_version"].as_str())
             .collect();
-        assert_eq!(declared.len(), 1, "one MSRV for the workspace: {declared:?}");
+        assert_eq!(
+            declared.len(),
+            1,
+            "one MSRV for the workspace: {declared:?}"
+        );
         let msrv = declared.first().copied().unwrap_or_default();
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let workflow = std::fs::read_to_string(root.join(".github/workflows/ci.yml")).unwrap();
