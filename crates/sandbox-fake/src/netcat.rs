@@ -10,7 +10,7 @@ use sandbox_core::{Egress, Result};
 use tokio::io::AsyncReadExt;
 
 use crate::exec::{BROKEN_PIPE_EXIT, Proc};
-use crate::policy::egress_allowed;
+use crate::policy::{Verdict, egress_verdict};
 
 async fn fail(p: &Proc, msg: String) -> Result<i64> {
     p.err(format!("{msg}\n")).await;
@@ -52,6 +52,10 @@ pub(crate) async fn nc(p: Proc, a: Vec<String>) -> Result<i64> {
         )
         .await;
     }
+    // The allowlist's resolver refuses an unlisted name before any lookup.
+    if egress_verdict(policy, host) == Verdict::NameRefused {
+        return fail(&p, format!("nc: bad address '{host}'")).await;
+    }
     let deadline = wait;
     let addrs: Vec<SocketAddr> = match literal {
         Some(ip) => vec![SocketAddr::new(ip, port)],
@@ -65,7 +69,7 @@ pub(crate) async fn nc(p: Proc, a: Vec<String>) -> Result<i64> {
         }
     };
     let ips: Vec<IpAddr> = addrs.iter().map(SocketAddr::ip).collect();
-    if !egress_allowed(policy, host, &ips) {
+    if egress_verdict(policy, host) != Verdict::Allowed {
         let shown = ips
             .first()
             .map(|ip| ip.to_string())

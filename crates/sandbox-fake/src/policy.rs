@@ -1,60 +1,48 @@
-//! The egress decision `nc` applies under the sandbox's network policy.
+//! The egress decision `nc` applies under the sandbox's network policy — the same
+//! semantics as the container engines' allowlist (docs/network.md): a *name* must be
+//! listed (exactly, or below a `*.` wildcard) to resolve at all, and then its addresses
+//! are reachable; an *address* dialed directly must be inside a listed CIDR.
 
 use std::net::IpAddr;
 
-use sandbox_core::{Egress, NetworkPolicy};
+use sandbox_core::{Egress, EgressRule, NetworkPolicy};
 
-/// Whether egress to `host` (a name or an IP) is allowed, given the addresses it resolved
-/// to (empty when not resolved).
-pub(crate) fn egress_allowed(policy: &NetworkPolicy, host: &str, addrs: &[IpAddr]) -> bool {
-    match &policy.egress {
-        Egress::Deny => false,
-        Egress::Allow => true,
-        Egress::AllowList(list) => list.iter().any(|entry| {
-            entry.eq_ignore_ascii_case(host)
-                || addrs.iter().any(|ip| entry_matches_ip(entry, *ip))
-                || host
-                    .parse::<IpAddr>()
-                    .is_ok_and(|ip| entry_matches_ip(entry, ip))
-        }),
-        // `Egress` is non-exhaustive: an unknown policy allows nothing.
-        #[allow(unreachable_patterns)]
-        _ => false,
-    }
+/// The verdict on one dial.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Allowed.
+    Allowed,
+    /// A name the policy's resolver refuses (it does not resolve: "bad address").
+    NameRefused,
+    /// An address the rules reject.
+    Rejected,
 }
 
-/// `entry` is an IP (`10.0.0.1`) or a CIDR (`10.0.0.0/8`, `fd00::/8`) containing `ip`.
-fn entry_matches_ip(entry: &str, ip: IpAddr) -> bool {
-    let (addr, bits) = match entry.split_once('/') {
-        Some((a, b)) => match b.parse::<u32>() {
-            Ok(bits) => (a, Some(bits)),
-            Err(_) => return false,
-        },
-        None => (entry, None),
-    };
-    let Ok(net) = addr.parse::<IpAddr>() else {
-        return false;
-    };
-    match (net, ip) {
-        (IpAddr::V4(n), IpAddr::V4(i)) => {
-            let bits = bits.unwrap_or(32).min(32);
-            let mask = if bits == 0 {
-                0
-            } else {
-                u32::MAX << (32 - bits)
-            };
-            u32::from(n) & mask == u32::from(i) & mask
+fn rules(list: &[String]) -> Vec<EgressRule> {
+    // Entries were validated before the sandbox was created; one that does not parse
+    // grants nothing.
+    list.iter()
+        .filter_map(|e| EgressRule::parse(e).ok())
+        .collect()
+}
+
+/// The verdict on dialing `host` (a name or an IP literal).
+pub(crate) fn egress_verdict(policy: &NetworkPolicy, host: &str) -> Verdict {
+    match &policy.egress {
+        Egress::Deny => Verdict::Rejected,
+        Egress::Allow => Verdict::Allowed,
+        Egress::AllowList(list) => {
+            let rules = rules(list);
+            match host.parse::<IpAddr>() {
+                Ok(ip) if rules.iter().any(|r| r.matches_ip(ip)) => Verdict::Allowed,
+                Ok(_) => Verdict::Rejected,
+                Err(_) if rules.iter().any(|r| r.matches_host(host)) => Verdict::Allowed,
+                Err(_) => Verdict::NameRefused,
+            }
         }
-        (IpAddr::V6(n), IpAddr::V6(i)) => {
-            let bits = bits.unwrap_or(128).min(128);
-            let mask = if bits == 0 {
-                0
-            } else {
-                u128::MAX << (128 - bits)
-            };
-            u128::from(n) & mask == u128::from(i) & mask
-        }
-        _ => false,
+        // `Egress` is non-exhaustive: an unknown policy allows nothing.
+        #[allow(unreachable_patterns)]
+        _ => Verdict::Rejected,
     }
 }
 
@@ -63,21 +51,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn allowlist_by_host_ip_and_cidr() {
-        let p = NetworkPolicy::allow_list(["example.org", "10.0.0.0/8", "127.0.0.1"]);
-        let lo: IpAddr = "127.0.0.1".parse().unwrap();
-        assert!(egress_allowed(&p, "example.org", &[]));
-        assert!(egress_allowed(&p, "10.1.2.3", &[]));
-        assert!(egress_allowed(&p, "localhost", &[lo]));
-        assert!(!egress_allowed(&p, "11.0.0.1", &[]));
-        assert!(!egress_allowed(
-            &p,
-            "evil.org",
-            &["11.0.0.1".parse().unwrap()]
-        ));
-        assert!(!egress_allowed(&NetworkPolicy::deny(), "127.0.0.1", &[lo]));
-        assert!(egress_allowed(&NetworkPolicy::allow(), "anything", &[]));
-        assert!(entry_matches_ip("0.0.0.0/0", lo));
-        assert!(entry_matches_ip("::1/128", "::1".parse().unwrap()));
+    fn names_must_be_listed_and_addresses_inside_a_cidr() {
+        let p =
+            NetworkPolicy::allow_list(["example.org", "*.wild.test", "10.0.0.0/8", "127.0.0.1"]);
+        assert_eq!(egress_verdict(&p, "example.org"), Verdict::Allowed);
+        assert_eq!(egress_verdict(&p, "EXAMPLE.org."), Verdict::Allowed);
+        assert_eq!(egress_verdict(&p, "a.wild.test"), Verdict::Allowed);
+        assert_eq!(egress_verdict(&p, "wild.test"), Verdict::NameRefused);
+        assert_eq!(egress_verdict(&p, "10.1.2.3"), Verdict::Allowed);
+        assert_eq!(egress_verdict(&p, "127.0.0.1"), Verdict::Allowed);
+        assert_eq!(egress_verdict(&p, "11.0.0.1"), Verdict::Rejected);
+        // A CIDR grants addresses, not names (the engines' resolver refuses the name).
+        assert_eq!(egress_verdict(&p, "localhost"), Verdict::NameRefused);
+        assert_eq!(egress_verdict(&p, "evil.org"), Verdict::NameRefused);
+        assert_eq!(
+            egress_verdict(&NetworkPolicy::deny(), "127.0.0.1"),
+            Verdict::Rejected
+        );
+        assert_eq!(
+            egress_verdict(&NetworkPolicy::allow(), "anything"),
+            Verdict::Allowed
+        );
     }
 }
