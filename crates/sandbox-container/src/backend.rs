@@ -288,11 +288,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         refuse_duplicate_ports(&options.network.ingress_ports)?;
         // The library network is ensured before the spec is checked, so a refusal still
         // provisions no container (a network is not a sandbox; the sweep removes it).
-        let egress_net = if crate::egress::needs_network(&options.network) {
-            Some(crate::egress::ensure_network(&*self.engine).await?)
-        } else {
-            None
-        };
+        let egress_net = crate::egress::network_for(&*self.engine, &options.network).await?;
         let agent = self.wants_agent();
         let spec = self.spec(&options, resources, egress_net.as_ref(), agent);
         self.engine.check_spec(&spec).map_err(error::refused_spec)?;

@@ -265,7 +265,13 @@ fn gateway(net: &NetworkInfo) -> Option<IpAddr> {
 /// The network mode for `policy` on the library network `net`.
 pub(crate) fn network_mode(policy: &NetworkPolicy, net: Option<&NetworkInfo>) -> NetworkMode {
     match (&policy.egress, net) {
-        (Egress::Deny, _) | (_, None) => NetworkMode::None,
+        (Egress::Deny, _) => NetworkMode::None,
+        // An engine without networks of its own (a third-party engine that does not
+        // implement them): Allow keeps the engine's bridge, as before issue 13.
+        (Egress::Allow, None) => NetworkMode::Bridge {
+            publish: policy.ingress_ports.clone(),
+        },
+        (_, None) => NetworkMode::None,
         (_, Some(net)) => NetworkMode::Isolated {
             network: if net.id.is_empty() {
                 net.name.clone()
@@ -278,16 +284,33 @@ pub(crate) fn network_mode(policy: &NetworkPolicy, net: Option<&NetworkInfo>) ->
     }
 }
 
-/// Creates the library network unless it exists.
-pub(crate) async fn ensure_network<E: ContainerEngine + ?Sized>(engine: &E) -> Result<NetworkInfo> {
+/// Creates the library network unless it exists, when `policy` needs it. `None` for
+/// `Deny`, and for `Allow` on an engine that cannot create networks (a third-party engine
+/// without [`ContainerEngine::ensure_network`]: it keeps the engine's bridge, without the
+/// always-blocked set; logged once).
+pub(crate) async fn network_for<E: ContainerEngine + ?Sized>(
+    engine: &E,
+    policy: &NetworkPolicy,
+) -> Result<Option<NetworkInfo>> {
+    if !needs_network(policy) {
+        return Ok(None);
+    }
     // One at a time in this process: concurrent creates must not each create the network
     // (Docker accepts duplicate names).
     static ENSURING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     let _one = ENSURING.lock().await;
-    engine
-        .ensure_network(&network_spec(engine.backend()))
-        .await
-        .map_err(|e| crate::error::engine(engine, &format!("create the network {NETWORK_NAME}"), e))
+    match engine.ensure_network(&network_spec(engine.backend())).await {
+        Ok(n) => Ok(Some(n)),
+        Err(e) if e.kind == EngineErrorKind::InvalidRequest && policy.egress == Egress::Allow => {
+            warn_once(engine);
+            Ok(None)
+        }
+        Err(e) => Err(crate::error::engine(
+            engine,
+            &format!("create the network {NETWORK_NAME}"),
+            e,
+        )),
+    }
 }
 
 fn creation(backend: &str, why: String) -> SandboxError {

@@ -43,6 +43,11 @@ fn the_mode_follows_the_policy() {
             dns: vec!["172.30.0.1".parse().unwrap()],
         }
     );
+    // An engine without networks keeps its bridge for Allow (never a silent deny).
+    assert_eq!(
+        network_mode(&NetworkPolicy::allow(), None),
+        NetworkMode::Bridge { publish: vec![] }
+    );
     assert!(needs_network(&NetworkPolicy::allow()));
     assert!(!needs_network(&NetworkPolicy::deny()));
 }
