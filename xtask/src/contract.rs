@@ -16,6 +16,10 @@
 //! for the test binary. Trials "not applicable" on an in-process backend (kernel evidence
 //! on the fake) are counted apart and never fail it.
 //!
+//! Every run uses the in-sandbox agent (the adapters' default; an inherited `SBX_AGENT`
+//! is removed). Podman runs the suite a second time on the engine's exec path
+//! (`SBX_AGENT=off`), so both paths stay conformant (docs/agent.md).
+//!
 //! Docker runs the suite twice: on `runc`, then on gVisor (`SBX_DOCKER_RUNTIME=runsc`)
 //! when the engine registers a `runsc` runtime. Without it the gVisor run is a skip with
 //! the reason locally and a failure in CI (`cargo xtask setup` registers it). Both runs
@@ -137,6 +141,21 @@ pub fn run(backend: Backend, options: Options, passthrough: &[String]) -> Result
         );
         return Ok(());
     }
+    if backend == Backend::Podman {
+        let agent = run_once(backend, None, options, passthrough);
+        let exec = run_once(backend, Some(EXEC_PATH), options, passthrough);
+        return match (agent, exec) {
+            (Ok(()), Ok(())) => Ok(()),
+            (a, e) => {
+                let failed: Vec<&str> = [("agent", a.is_err()), ("exec path", e.is_err())]
+                    .into_iter()
+                    .filter(|(_, f)| *f)
+                    .map(|(n, _)| n)
+                    .collect();
+                bail!("contract podman failed on: {}", failed.join(", "))
+            }
+        };
+    }
     if backend != Backend::Docker {
         return run_once(backend, None, options, passthrough);
     }
@@ -252,8 +271,13 @@ fn contract_executables(json_lines: &str) -> BTreeMap<PathBuf, PathBuf> {
         .collect()
 }
 
+/// The `runtime` of [`run_once`] that means "the engine's exec path" (`SBX_AGENT=off`)
+/// rather than a Docker runtime.
+const EXEC_PATH: &str = "exec path";
+
 /// One run of `sandbox-<backend>`'s `contract` test binary, with `SBX_DOCKER_RUNTIME`
-/// set when `runtime` is given; prints the outcome and duration.
+/// set when `runtime` is given (or `SBX_AGENT=off` for [`EXEC_PATH`]); prints the outcome
+/// and duration.
 fn run_once(
     backend: Backend,
     runtime: Option<&str>,
@@ -271,8 +295,15 @@ fn run_once(
     // and as CARGO_MANIFEST_DIR.
     cmd.current_dir(&package_dir)
         .env("CARGO_MANIFEST_DIR", &package_dir);
-    if let Some(r) = runtime {
-        cmd.env("SBX_DOCKER_RUNTIME", r);
+    cmd.env_remove("SBX_AGENT");
+    match runtime {
+        Some(EXEC_PATH) => {
+            cmd.env("SBX_AGENT", "off");
+        }
+        Some(r) => {
+            cmd.env("SBX_DOCKER_RUNTIME", r);
+        }
+        None => {}
     }
     // The suite itself fails on ignored trials; only an explicit flag relaxes that, and
     // an inherited variable must not relax it silently.
@@ -284,9 +315,11 @@ fn run_once(
     if !passthrough.is_empty() {
         cmd.arg("--").args(passthrough);
     }
-    let mut env = runtime
-        .map(|r| format!("SBX_DOCKER_RUNTIME={r} "))
-        .unwrap_or_default();
+    let mut env = match runtime {
+        Some(EXEC_PATH) => "SBX_AGENT=off ".to_string(),
+        Some(r) => format!("SBX_DOCKER_RUNTIME={r} "),
+        None => String::new(),
+    };
     if options.allow_ignored {
         env.push_str("SBX_CONTRACT_ALLOW_IGNORED=1 ");
     }
