@@ -577,7 +577,10 @@ pub trait ContainerEngine: Send + Sync + fmt::Debug + 'static {
         let _ = (auth, progress);
         Err(EngineError::new(
             EngineErrorKind::InvalidRequest,
-            format!("the {} engine adapter cannot pull `{image}`", self.backend()),
+            format!(
+                "the {} engine adapter cannot pull `{image}`",
+                self.backend()
+            ),
         ))
     }
 

@@ -27,22 +27,23 @@ mod sweep;
 pub mod testing;
 pub mod time;
 
+pub use agent::{AGENT_ENV, agent_enabled_in};
 pub use backend::{
     ContainerBackend, ContainerConfig, DEFAULT_CALL_TIMEOUT, DEFAULT_CREATE_TIMEOUT,
     DEFAULT_MAX_CONTEXTS, DEFAULT_MAX_INGRESS_CONNECTIONS, DEFAULT_READ_CAP, LAYER_CAPABILITIES,
     NAME_PREFIX, SWEEP_PAST_DEADLINE,
 };
 pub use engine::{
-    ArchiveBody, AttachStream, ContainerEngine, ContainerInfo, ContainerSpec, EngineError, EngineErrorKind,
-    EngineResult, ExecInput, ExecRequest, ExecState, ExecStream, NetworkMode, PathStat,
+    ArchiveBody, AttachStream, ContainerEngine, ContainerInfo, ContainerSpec, EngineError,
+    EngineErrorKind, EngineResult, ExecInput, ExecRequest, ExecState, ExecStream, NetworkMode,
+    PathStat,
 };
 pub use exec::EXEC_TOKEN_ENV;
-pub use image::{CredentialStore, ImageRef, PullProgress, PullProgressHook, RegistryAuth};
 pub use files::{LS_SCRIPT, MKDIR_SCRIPT, REMOVE_SCRIPT};
+pub use image::{CredentialStore, ImageRef, PullProgress, PullProgressHook, RegistryAuth};
 pub use interpreter::DRIVER;
 pub use kill::KILL_SCRIPT;
 pub use runtime::{LABEL_RUNTIME, RUNSC_PIDS_HEADROOM, Runtime};
-pub use agent::{AGENT_ENV, agent_enabled_in};
 pub use sandbox::{ContainerNative, ContainerSandbox, ExecPath};
 pub use time::parse_rfc3339;
 
