@@ -178,6 +178,10 @@ pub(crate) fn exit_code_for(e: &SandboxError) -> u8 {
 /// Warnings (e.g. "orphaned sandbox") go to stderr; `SANDBOX_LOG` (an env-filter) raises
 /// the level. stdout stays clean for `--json`. Image pulls draw a progress bar on a
 /// terminal from the library's pull events, whatever the log level.
+///
+/// Records of the `log` crate are deliberately not forwarded: bollard logs every request
+/// body at debug level, and an exec body carries the command's environment, secrets
+/// included (`SubscriberInitExt::try_init` would install a `log` bridge).
 fn init_tracing(json: bool) {
     use tracing_subscriber::EnvFilter;
     use tracing_subscriber::prelude::*;
@@ -187,8 +191,8 @@ fn init_tracing(json: bool) {
         .with_writer(std::io::stderr)
         .with_ansi(!no_color && std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_filter(filter);
-    let _ = tracing_subscriber::registry()
+    let subscriber = tracing_subscriber::registry()
         .with(log)
-        .with(output::PullBar::layer(json).map(|bar| bar.with_filter(output::pull_events())))
-        .try_init();
+        .with(output::PullBar::layer(json).map(|bar| bar.with_filter(output::pull_events())));
+    let _ = tracing::subscriber::set_global_default(subscriber);
 }

@@ -284,3 +284,42 @@ fn docker_doctor_reports_a_healthy_engine() {
     v["ok"] = "[ok]".into();
     insta::assert_json_snapshot!("doctor_json_docker", v);
 }
+
+/// bollard logs every request body through the `log` crate at debug level, and an exec
+/// body carries the command's environment, secrets included. The CLI must not forward
+/// `log` records into its trace output, even at `SANDBOX_LOG=trace` (written before the
+/// fix: the secret value was printed on stderr). Both exec paths: the agent's and the
+/// engine's (`SBX_AGENT=off`).
+#[test]
+fn docker_trace_logs_never_carry_a_secret() {
+    if !docker_available("docker_trace_logs_never_carry_a_secret") {
+        return;
+    }
+    for agent in ["on", "off"] {
+        let o = sandbox(&[
+            "run",
+            "--secret",
+            "SBX_TRACE_SECRET",
+            BUSYBOX,
+            "--",
+            "sh",
+            "-c",
+            "test -n \"$SBX_TRACE_SECRET\" && echo present",
+        ])
+        .env("SBX_TRACE_SECRET", "s3cr3t-trace-value-9f1c")
+        .env("SANDBOX_LOG", "trace")
+        .env("SBX_AGENT", agent)
+        .output()
+        .expect("spawn");
+        assert_eq!(code(&o), 0, "agent {agent}: {}", stderr(&o));
+        assert_eq!(stdout(&o), "present\n", "agent {agent}");
+        assert!(
+            !stderr(&o).contains("s3cr3t-trace-value-9f1c"),
+            "agent {agent}: the secret reached the trace output"
+        );
+        assert!(
+            stderr(&o).contains("TRACE") || stderr(&o).contains("DEBUG"),
+            "agent {agent}: SANDBOX_LOG=trace produced no trace output, so the check proves nothing"
+        );
+    }
+}
