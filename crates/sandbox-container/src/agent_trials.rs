@@ -218,3 +218,64 @@ pub async fn detach_keys_in_the_channel_do_not_detach<E: ContainerEngine>(
     let _ = s.kill().await;
     out
 }
+
+/// Where the engine bind-mounts the agent from this host ([`ContainerEngine::supports_agent_mount`]):
+/// the agent is a read-only mount that sandboxed root cannot overwrite, and nothing is
+/// uploaded. When the engine cannot see the host file after all (here: the file is
+/// removed), `create` falls back to uploading it and the sandbox still runs the agent. The
+/// host file is written back afterwards.
+pub async fn agent_is_mounted_read_only_or_uploaded<E: ContainerEngine>(
+    b: &ContainerBackend<E>,
+    options: CreateOptions,
+) -> Trial {
+    if !b.engine().supports_agent_mount() {
+        return Err("the engine does not bind-mount the agent; nothing to prove here".into());
+    }
+    let mounts = "grep ' /.sandbox-agent ' /proc/self/mountinfo | wc -l";
+    let s = create(b, options.clone()).await?;
+    let mounted = sh(&*s, mounts).await;
+    let overwrite = sh(&*s, "echo x > /.sandbox-agent && echo overwritten").await;
+    let ro = sh(&*s, "grep ' /.sandbox-agent ' /proc/self/mountinfo").await;
+    let _ = s.kill().await;
+    let mounted = mounted?;
+    if String::from_utf8_lossy(&mounted.stdout).trim() != "1" {
+        return Err(format!(
+            "the agent is not bind-mounted at /.sandbox-agent: {mounted:?}"
+        ));
+    }
+    let ro = ro?;
+    if !String::from_utf8_lossy(&ro.stdout)
+        .split_whitespace()
+        .nth(5)
+        .is_some_and(|opts| opts.split(',').any(|o| o == "ro"))
+    {
+        return Err(format!("the agent's mount is not read-only: {ro:?}"));
+    }
+    if overwrite?.stdout.as_ref() == b"overwritten\n" {
+        return Err("sandboxed root overwrote the mounted agent".into());
+    }
+    // An engine that cannot see the host file: the create still gets an agent, uploaded.
+    let Some(path) = crate::agent::host_copy().await else {
+        return Err("no host copy of the agent although the engine mounts it".into());
+    };
+    let bin = crate::agent::binary().ok_or("no agent binary")?;
+    std::fs::remove_file(&path).map_err(|e| format!("remove {}: {e}", path.display()))?;
+    let second = create(b, options).await;
+    let restored = path
+        .parent()
+        .ok_or_else(|| "the host copy has no directory".to_string())
+        .and_then(|dir| {
+            crate::agent::write_host_copy(dir, bin).map_err(|e| format!("restore: {e}"))
+        });
+    let s = second?;
+    let uploaded = sh(&*s, mounts).await;
+    let _ = s.kill().await;
+    restored?;
+    let uploaded = uploaded?;
+    if String::from_utf8_lossy(&uploaded.stdout).trim() != "0" {
+        return Err(format!(
+            "with the host file gone the agent should have been uploaded, not mounted: {uploaded:?}"
+        ));
+    }
+    Ok(())
+}

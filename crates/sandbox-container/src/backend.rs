@@ -1,7 +1,7 @@
 //! `ContainerBackend`: create, connect, list and kill managed sandboxes on any engine.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -139,6 +139,10 @@ impl ContainerConfig {
 pub struct ContainerBackend<E: ContainerEngine> {
     engine: Arc<E>,
     config: Arc<ContainerConfig>,
+    /// Set once a create with the agent bind-mounted failed where the same create with
+    /// the agent uploaded worked (the engine does not see this host's files): from then
+    /// on this backend uploads.
+    agent_mount_failed: Arc<AtomicBool>,
 }
 
 impl<E: ContainerEngine> Clone for ContainerBackend<E> {
@@ -146,6 +150,7 @@ impl<E: ContainerEngine> Clone for ContainerBackend<E> {
         ContainerBackend {
             engine: self.engine.clone(),
             config: self.config.clone(),
+            agent_mount_failed: self.agent_mount_failed.clone(),
         }
     }
 }
@@ -166,6 +171,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         let b = ContainerBackend {
             engine: Arc::new(engine),
             config: Arc::new(config),
+            agent_mount_failed: Arc::new(AtomicBool::new(false)),
         };
         if b.config.startup_sweep {
             b.sweep().await;
@@ -272,6 +278,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             network,
             lifetime,
             attach_stdin: agent,
+            agent_mount: None,
         }
     }
 
@@ -301,12 +308,48 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             self.config.call_timeout,
         )
         .await?;
+        // The agent bind-mounted from a host file where the engine can (no 1.5 MiB upload
+        // into every container), else uploaded.
+        let mut spec = spec;
+        if spec.attach_stdin
+            && self.engine.supports_agent_mount()
+            && !self.agent_mount_failed.load(Ordering::Relaxed)
+        {
+            spec.agent_mount = crate::agent::host_copy().await;
+        }
         let limit = self.config.create_timeout;
         let provision = async {
-            match self
-                .provision(spec, &options, tier, egress_net.as_ref())
-                .await?
-            {
+            let mounted = spec.agent_mount.is_some();
+            let first = self
+                .provision(spec.clone(), &options, tier, egress_net.as_ref())
+                .await;
+            let first = match first {
+                Ok(Provisioned::Ready(s)) => Ok(Provisioned::Ready(s)),
+                // The mount may be what failed (an engine that does not see this host's
+                // files): the same create with the agent uploaded decides.
+                failed if mounted => {
+                    let mut uploaded = spec.clone();
+                    uploaded.agent_mount = None;
+                    let retry = self
+                        .provision(uploaded, &options, tier, egress_net.as_ref())
+                        .await;
+                    if matches!(retry, Ok(Provisioned::Ready(_))) {
+                        self.agent_mount_failed.store(true, Ordering::Relaxed);
+                        tracing::warn!(
+                            backend,
+                            first = %match &failed {
+                                Ok(Provisioned::AgentFailed(reason)) => reason.clone(),
+                                Err(e) => e.to_string(),
+                                Ok(Provisioned::Ready(_)) => String::new(),
+                            },
+                            "the engine could not bind-mount the agent from this host; uploading it into every sandbox instead"
+                        );
+                    }
+                    retry
+                }
+                other => other,
+            };
+            match first? {
                 Provisioned::Ready(s) => Ok(*s),
                 Provisioned::AgentFailed(reason) => {
                     // That container is already removed: a new one on the exec path.
@@ -376,8 +419,9 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             info,
             container_killer(self.engine.clone(), self.config.call_timeout, id.clone()),
         );
-        // The agent goes in before start: it is the container's main process.
-        if spec.attach_stdin {
+        // The agent goes in before start: it is the container's main process (unless the
+        // engine bind-mounts it).
+        if spec.attach_stdin && spec.agent_mount.is_none() {
             let put = match crate::agent::binary().map(crate::agent::archive) {
                 Some(Ok(tar)) => self
                     .call("agent upload", eng.put_archive(&id, "/", tar))

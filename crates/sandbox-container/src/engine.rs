@@ -250,6 +250,10 @@ pub struct ContainerSpec {
     /// and a log driver would copy every byte of every command's output to the engine's
     /// disk.
     pub attach_stdin: bool,
+    /// A host file holding the agent binary, to bind-mount read-only at the agent's path
+    /// (`/.sandbox-agent`) instead of uploading it before start. Set only when
+    /// [`ContainerEngine::supports_agent_mount`] says the engine applies it.
+    pub agent_mount: Option<std::path::PathBuf>,
 }
 
 impl ContainerSpec {
@@ -275,6 +279,7 @@ impl ContainerSpec {
             network: NetworkMode::None,
             lifetime,
             attach_stdin: false,
+            agent_mount: None,
         }
     }
 }
@@ -496,6 +501,14 @@ pub trait ContainerEngine: Send + Sync + fmt::Debug + 'static {
     /// Whether [`ContainerEngine::attach`] is implemented. Default `false`: the container
     /// layer then never creates an agent-mode container on this engine.
     fn supports_attach(&self) -> bool {
+        false
+    }
+    /// Whether the engine bind-mounts [`ContainerSpec::agent_mount`] (a host file, read
+    /// only). Default `false`: the container layer then uploads the agent into each
+    /// created container instead. Only an engine that shares this host's filesystem can
+    /// say `true`; when the mount still fails (a client inside a container talking to the
+    /// host's socket), the layer falls back to the upload and stops asking.
+    fn supports_agent_mount(&self) -> bool {
         false
     }
     /// Attaches to the stdin, stdout and stderr of the main process of a running

@@ -27,7 +27,7 @@ mod sweep;
 pub mod testing;
 pub mod time;
 
-pub use agent::{AGENT_ENV, agent_enabled_in};
+pub use agent::{AGENT_ENV, AGENT_PATH, agent_enabled_in};
 pub use backend::{
     ContainerBackend, ContainerConfig, DEFAULT_CALL_TIMEOUT, DEFAULT_CREATE_TIMEOUT,
     DEFAULT_MAX_CONTEXTS, DEFAULT_MAX_INGRESS_CONNECTIONS, DEFAULT_READ_CAP, LAYER_CAPABILITIES,

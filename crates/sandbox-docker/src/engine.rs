@@ -525,6 +525,13 @@ impl ContainerEngine for DockerEngine {
         true
     }
 
+    /// A unix-socket engine runs on this host, so it can bind-mount the agent from the
+    /// host's cache (when it cannot after all, e.g. a client inside a container, the
+    /// container layer falls back to uploading).
+    fn supports_agent_mount(&self) -> bool {
+        self.is_local()
+    }
+
     async fn attach(&self, id: &str) -> EngineResult<AttachStream> {
         // Stream only, no logs: the agent writes nothing before the host's hello, so
         // nothing is lost by attaching after start. Without a TTY, Docker copies stdin

@@ -16,7 +16,8 @@ use std::net::IpAddr;
 
 use bollard::Docker;
 use bollard::models::{
-    ContainerCreateBody, HostConfig, Ipam, NetworkCreateRequest, NetworkSettings, PortBinding,
+    ContainerCreateBody, HostConfig, Ipam, Mount, MountBindOptions, MountType,
+    NetworkCreateRequest, NetworkSettings, PortBinding,
 };
 use sandbox_container::engine::{NetworkInfo, NetworkSpec, Subnet};
 use sandbox_container::{
@@ -135,8 +136,25 @@ fn host_config(spec: &ContainerSpec, runtime: Runtime, publish: &[u16]) -> HostC
         auto_remove: Some(true),
         runtime: Some(runtime.as_str().into()),
         publish_all_ports: Some(false),
+        mounts: agent_mount(spec),
         ..Default::default()
     }
+}
+
+/// The agent binary bind-mounted read-only from the host (ContainerSpec::agent_mount).
+fn agent_mount(spec: &ContainerSpec) -> Option<Vec<Mount>> {
+    let source = spec.agent_mount.as_ref()?;
+    Some(vec![Mount {
+        target: Some(sandbox_container::AGENT_PATH.into()),
+        source: Some(source.to_string_lossy().into_owned()),
+        typ: Some(MountType::BIND),
+        read_only: Some(true),
+        bind_options: Some(MountBindOptions {
+            non_recursive: Some(true),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }])
 }
 
 /// A mode this adapter does not know is refused by `refuse_unenforceable` before the body

@@ -724,6 +724,12 @@ impl ContainerEngine for PodmanEngine {
         true
     }
 
+    /// A unix-socket engine runs on this host, so it can bind-mount the agent from the
+    /// host's cache (when it cannot after all, the container layer uploads instead).
+    fn supports_agent_mount(&self) -> bool {
+        self.is_local()
+    }
+
     async fn attach(&self, id: &str) -> EngineResult<AttachStream> {
         // An empty `detachKeys` (present, not omitted) turns detaching off: otherwise
         // ctrl-p ctrl-q in the protocol's bytes (a length, a file's content) would end

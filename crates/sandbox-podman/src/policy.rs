@@ -199,6 +199,21 @@ pub(crate) fn create_body(spec: &ContainerSpec, podman: &PodmanOptions) -> Resul
         )
     })?;
     patch_spec(&mut v, podman)?;
+    if let (Some(source), Some(obj)) = (&spec.agent_mount, v.as_object_mut()) {
+        // The agent binary from the host's cache, read-only (ContainerSpec::agent_mount).
+        let mount = json!({
+            "destination": sandbox_container::AGENT_PATH,
+            "source": source.to_string_lossy(),
+            "type": "bind",
+            "options": ["bind", "ro", "nosuid", "nodev"],
+        });
+        match obj.get_mut("mounts").and_then(Value::as_array_mut) {
+            Some(mounts) => mounts.push(mount),
+            None => {
+                obj.insert("mounts".into(), Value::Array(vec![mount]));
+            }
+        }
+    }
     if let (NetworkMode::Isolated { network, dns, .. }, Some(obj)) =
         (&spec.network, v.as_object_mut())
     {

@@ -73,3 +73,12 @@ async fn detach_keys_in_the_channel_do_not_detach() {
         .await
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn agent_is_mounted_read_only_or_uploaded() {
+    let Some(b) = backend().await else { return };
+    let o = opts("agent_mount", Duration::from_secs(120));
+    trials::agent_is_mounted_read_only_or_uploaded(&b, o)
+        .await
+        .unwrap();
+}
