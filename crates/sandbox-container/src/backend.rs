@@ -327,7 +327,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                 Ok(Provisioned::Ready(s)) => Ok(Provisioned::Ready(s)),
                 // The mount may be what failed (an engine that does not see this host's
                 // files): the same create with the agent uploaded decides.
-                failed if mounted => {
+                failed @ Ok(Provisioned::AgentFailed(_)) if mounted => {
                     let mut uploaded = spec.clone();
                     uploaded.agent_mount = None;
                     let retry = self
@@ -338,9 +338,8 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                         tracing::warn!(
                             backend,
                             first = %match &failed {
-                                Ok(Provisioned::AgentFailed(reason)) => reason.clone(),
-                                Err(e) => e.to_string(),
-                                Ok(Provisioned::Ready(_)) => String::new(),
+                                Ok(Provisioned::AgentFailed(reason)) => reason.as_str(),
+                                _ => "",
                             },
                             "the engine could not bind-mount the agent from this host; uploading it into every sandbox instead"
                         );
@@ -408,6 +407,13 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                 ) {
                     // The engine answered: nothing was created.
                     guard.disarm();
+                    if spec.agent_mount.is_some() {
+                        // Perhaps the mount (an engine that cannot see this host's file):
+                        // the caller retries with the agent uploaded.
+                        return Ok(Provisioned::AgentFailed(format!(
+                            "create with the agent mounted failed: {e}"
+                        )));
+                    }
                 }
                 return Err(create_err("create container", e));
             }
@@ -436,8 +442,15 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             }
         }
         if let Err(e) = self.call("start", eng.start(&id)).await {
+            let timed_out = e.kind == EngineErrorKind::Timeout;
             let err = create_err("start container", e);
             let _ = guard.kill_now().await;
+            if spec.agent_mount.is_some() && !timed_out {
+                return Ok(Provisioned::AgentFailed(format!(
+                    "start with the agent mounted failed: {}",
+                    err.render()
+                )));
+            }
             return Err(err);
         }
         // Egress rules before anything of the user's runs; a failure removes the container.

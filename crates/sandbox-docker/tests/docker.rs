@@ -506,8 +506,9 @@ async fn refusals_before_provisioning() {
             ErrorCode::CapabilityNotSupported,
         ),
         (
-            opts(BUSYBOX, "refuse").network(NetworkPolicy::allow_list(["example.com"])),
-            ErrorCode::CapabilityNotSupported,
+            // An allowlist entry that is neither a host name nor a CIDR.
+            opts(BUSYBOX, "refuse").network(NetworkPolicy::allow_list(["exa mple.com"])),
+            ErrorCode::Configuration,
         ),
         (
             // Never: a pull would ask Docker Hub, and tests stay on this machine.

@@ -104,6 +104,19 @@ fn has_marker(pid: u32, marker: &str) -> bool {
     env.split(|b| *b == 0).any(|kv| kv == want.as_bytes())
 }
 
+/// Whether `pid` carries a spawn marker other than `marker` (any spawn's, including
+/// spawns that already ended).
+fn has_other_marker(pid: u32, marker: &str) -> bool {
+    let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+        return false;
+    };
+    let prefix = format!("{}=", super::MARKER_VAR);
+    env.split(|b| *b == 0).any(|kv| {
+        kv.strip_prefix(prefix.as_bytes())
+            .is_some_and(|value| value != marker.as_bytes())
+    })
+}
+
 /// The live processes that belong to `target`.
 pub(crate) fn victims(target: &Entry, others: &[&Entry]) -> Vec<u32> {
     let procs = all_processes();
@@ -147,7 +160,11 @@ fn belongs(
         || has_marker(pid, &target.marker)
     {
         true
-    } else if others.iter().any(|o| has_marker(pid, &o.marker)) {
+    } else if has_other_marker(pid, &target.marker) {
+        // Another spawn's process, live or finished: a background process an earlier
+        // command left running is not part of this one, even when it was reparented to
+        // the agent within the same clock tick as this spawn started (start times have a
+        // 10 ms resolution, and a spawn through the agent takes less).
         false
     } else if st.ppid == me {
         orphan_of_target(st.start, target, others)
