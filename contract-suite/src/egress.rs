@@ -146,12 +146,15 @@ fn names(ctx: &Ctx) -> anyhow::Result<EgressNames> {
     }
 }
 
-/// `nc -w 3 HOST PORT`, the suite's egress probe.
+/// `nc -w 10 HOST PORT`, the suite's egress probe. The wait only matters for a connect
+/// that should succeed (a refused one fails at once, and the trials that need a fast
+/// refusal time it themselves): 3 s flaked on a loaded 2-core CI machine, where one lost
+/// SYN is retransmitted only after 1 s and again after 3 s.
 fn dial(host: &str, port: u16) -> Command {
     Command::Argv(vec![
         "nc".into(),
         "-w".into(),
-        "3".into(),
+        "10".into(),
         host.into(),
         port.to_string(),
     ])
