@@ -16,6 +16,7 @@
 //!
 //! docs/network.md describes the mechanism, its limits and how to verify it.
 
+mod bridge;
 mod dns;
 #[doc(hidden)]
 pub mod lab;
@@ -189,6 +190,13 @@ pub(crate) mod host {
             Ok((n, _)) => n,
             Err(_) => Path::new("nft"),
         }
+    }
+
+    /// iproute2's `ip` (every engine host has it; a missing one fails the call that
+    /// needs it, naming the command).
+    pub(crate) fn ip_path() -> &'static Path {
+        static IP: OnceLock<PathBuf> = OnceLock::new();
+        IP.get_or_init(|| find("ip").unwrap_or_else(|| PathBuf::from("ip")))
     }
 
     pub(crate) fn nsenter_path() -> &'static Path {
@@ -389,6 +397,12 @@ pub(crate) async fn apply<E: ContainerEngine + ?Sized>(
     }
     let gw = gateway(net)
         .ok_or_else(|| creation(backend, format!("the network {} has no gateway", net.name)))?;
+    // Before the workload's first packet: the gateway MAC it learns must stay valid.
+    match bridge::pin_mac(gw).await {
+        Ok(Some(name)) => tracing::debug!(bridge = %name, "egress bridge MAC pinned"),
+        Ok(None) => {}
+        Err(e) => return Err(creation(backend, format!("pinning the egress bridge: {e}"))),
+    }
     let resolver = resolver::resolver().map_err(|e| creation(backend, e))?;
     let dns = resolver
         .listen(gw)

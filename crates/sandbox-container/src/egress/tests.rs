@@ -236,3 +236,95 @@ async fn the_resolver_pins_listed_names_and_refuses_the_rest() {
     );
     r.set_lookup(Arc::new(HostLookup));
 }
+
+/// Host links a test made, deleted on drop (a bridge's ports go with it).
+struct Links(Vec<String>);
+
+impl Drop for Links {
+    fn drop(&mut self) {
+        for l in &self.0 {
+            let _ = std::process::Command::new("ip")
+                .args(["link", "del", l])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+fn ip_ok(args: &[&str]) {
+    let out = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn mac_of(link: &str) -> String {
+    std::fs::read_to_string(format!("/sys/class/net/{link}/address"))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// The flake this prevents: an unpinned bridge (netavark's) takes the lowest MAC of its
+/// ports, so a sandbox starting or ending moved the gateway's MAC under every other
+/// sandbox on the network and their connects stalled.
+#[tokio::test]
+async fn a_pinned_egress_bridge_keeps_its_mac_when_ports_come_and_go() {
+    if !require_host() {
+        return;
+    }
+    let tag = std::process::id() % 10_000;
+    let (br, p1, p2) = (
+        format!("sbxtb{tag}"),
+        format!("sbxtp{tag}a"),
+        format!("sbxtp{tag}b"),
+    );
+    let _links = Links(vec![br.clone(), p1.clone(), p2.clone()]);
+    let gw: IpAddr = format!("198.19.{}.{}", tag / 250, tag % 250 + 1)
+        .parse()
+        .unwrap();
+    ip_ok(&["link", "add", &br, "type", "bridge"]);
+    ip_ok(&["addr", "add", &format!("{gw}/32"), "dev", &br]);
+    // veth ends as ports (kernels without the dummy module have veth: engines need it).
+    for (p, mac) in [(&p1, "02:5b:00:00:10:10"), (&p2, "02:5b:00:00:00:01")] {
+        let peer = p.replace("sbxtp", "sbxtq");
+        ip_ok(&[
+            "link", "add", p, "address", mac, "type", "veth", "peer", "name", &peer,
+        ]);
+    }
+    ip_ok(&["link", "set", &p1, "master", &br]);
+    assert_eq!(mac_of(&br), "02:5b:00:00:10:10");
+    // Unpinned, the bridge follows its lowest port: this is what broke connects.
+    ip_ok(&["link", "set", &p2, "master", &br]);
+    assert_eq!(mac_of(&br), "02:5b:00:00:00:01");
+    ip_ok(&["link", "set", &p2, "nomaster"]);
+    assert_eq!(mac_of(&br), "02:5b:00:00:10:10");
+
+    assert_eq!(bridge::pin_mac(gw).await.unwrap(), Some(br.clone()));
+    assert_eq!(mac_of(&br), "02:5b:00:00:10:10", "pinning changed the MAC");
+    ip_ok(&["link", "set", &p2, "master", &br]);
+    assert_eq!(
+        mac_of(&br),
+        "02:5b:00:00:10:10",
+        "a new port moved a pinned MAC"
+    );
+    ip_ok(&["link", "set", &p1, "nomaster"]);
+    assert_eq!(
+        mac_of(&br),
+        "02:5b:00:00:10:10",
+        "a leaving port moved a pinned MAC"
+    );
+    // Already pinned: nothing to do. An address on no interface: nothing to do.
+    assert_eq!(bridge::pin_mac(gw).await.unwrap(), None);
+    assert_eq!(
+        bridge::pin_mac("198.18.255.254".parse().unwrap())
+            .await
+            .unwrap(),
+        None
+    );
+}
