@@ -81,6 +81,9 @@ pub enum Flaw {
     /// An exec timeout kills only the exec's pid, not its process group: background
     /// children survive.
     KillOnlyExecPid,
+    /// An exec timeout also kills what earlier commands left running in the background
+    /// (every process group any command started), not just the timed-out command's.
+    TimeoutKillsStrays,
     /// `stream()` ignores the timeout it was given.
     IgnoreStreamTimeout,
     /// Egress `Allow` is silently turned into `Deny`.
@@ -145,7 +148,7 @@ pub enum Flaw {
 
 impl Flaw {
     /// Every flaw.
-    pub const ALL: [Flaw; 46] = [
+    pub const ALL: [Flaw; 47] = [
         Flaw::SwallowTimeouts,
         Flaw::PretendNetworkPolicy,
         Flaw::LeakSecrets,
@@ -165,6 +168,7 @@ impl Flaw {
         Flaw::EmulateUndeclared,
         Flaw::TimeoutKillsSandbox,
         Flaw::KillOnlyExecPid,
+        Flaw::TimeoutKillsStrays,
         Flaw::IgnoreStreamTimeout,
         Flaw::SilentlyDenyAllow,
         Flaw::IgnoreLifetime,
@@ -239,6 +243,7 @@ impl Flaw {
                 "contract::run::timeout_kills_process_tree",
                 "contract::hostile::timeout_kills_background_and_setsid_children",
             ],
+            Flaw::TimeoutKillsStrays => &["contract::run::detached_child_survives_another_timeout"],
             Flaw::IgnoreStreamTimeout => &["contract::streaming::timeout_from_iteration"],
             Flaw::SilentlyDenyAllow => &["contract::policy::allow_adds_an_interface"],
             Flaw::IgnoreLifetime => &[
@@ -603,6 +608,42 @@ impl BrokenSandbox {
         }
     }
 
+    /// Runs `cmd` with its shell's pid (its process group) recorded in a list every
+    /// command appends to; on a timeout, kills every group on the list —
+    /// `TimeoutKillsStrays`.
+    async fn run_killing_every_group(
+        &self,
+        cmd: Command,
+        options: RunOptions,
+    ) -> Result<ExecResult> {
+        const GROUPS: &str = "/tmp/.sbx-broken-groups";
+        let cmd = match cmd {
+            Command::Shell(script) => Command::Shell(format!("echo $$ >> {GROUPS}; {script}")),
+            cmd => cmd,
+        };
+        let r = self.inner.run(cmd, options).await;
+        if matches!(&r, Err(e) if e.code() == ErrorCode::ExecutionTimeout) {
+            let groups = self
+                .inner
+                .run(
+                    vec!["cat".to_string(), GROUPS.to_string()].into(),
+                    RunOptions::default(),
+                )
+                .await?
+                .stdout_text();
+            for g in groups.lines().map(str::trim).filter(|g| !g.is_empty()) {
+                let _ = self
+                    .inner
+                    .run(
+                        vec!["kill".to_string(), "-9".to_string(), format!("-{g}")].into(),
+                        RunOptions::default(),
+                    )
+                    .await;
+            }
+        }
+        r
+    }
+
     /// Runs `cmd` as a shell job whose pid is recorded, and on expiry kills only that
     /// pid (its group lives on) — `KillOnlyExecPid`.
     async fn run_killing_only_the_pid(
@@ -819,6 +860,7 @@ impl Sandbox for BrokenSandbox {
                 }
                 r
             }
+            Flaw::TimeoutKillsStrays => self.run_killing_every_group(cmd, options).await,
             Flaw::KillOnlyExecPid => match cmd {
                 Command::Shell(script) => self.run_killing_only_the_pid(&script, options).await,
                 cmd => self.inner.run(cmd, options).await,

@@ -47,6 +47,12 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
             &[r],
             timeout_kills_process_tree,
         ),
+        ctx.trial(
+            AREA,
+            "detached_child_survives_another_timeout",
+            &[r],
+            detached_child_survives_another_timeout,
+        ),
         ctx.trial(AREA, "none_inherits_lifetime", &[r], none_inherits_lifetime),
         ctx.trial(AREA, "zero_timeout_refused", &[r], zero_timeout_refused),
         ctx.trial(
@@ -231,6 +237,44 @@ async fn timeout_kills_only_that_process(ctx: Arc<Ctx>) -> anyhow::Result<()> {
         r = background => bail!("the background process ended during the trial: {r:?}"),
         r = checks => r?,
     }
+    sb.kill().await
+}
+
+/// A process one command left running in the background (the command itself exited 0)
+/// is that command's business only: it survives its own command's end and the timeout
+/// of a later command. (An agent once counted it among the later command's victims.)
+async fn detached_child_survives_another_timeout(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let sb = ctx
+        .sandbox(&case("detached_child_survives_another_timeout"))
+        .await?;
+    let started = sb
+        .run(
+            "sleep 300 > /dev/null 2>&1 & echo $! > /work/bg".into(),
+            RunOptions::default().timeout(Duration::from_secs(30)),
+        )
+        .await?;
+    ensure!(
+        started.exit_code == 0,
+        "starting the background process: {started:?}"
+    );
+    let bg = wait_for_pid(&*sb, "/work/bg", Duration::from_secs(5)).await?;
+    ensure!(
+        pid_alive(&*sb, &bg).await?,
+        "the background process (pid {bg}) died when its command ended"
+    );
+    let r = sb
+        .run(
+            "sleep 60 > /dev/null 2>&1 & echo $! > /work/fg; sleep 60".into(),
+            RunOptions::default().timeout(Duration::from_secs(1)),
+        )
+        .await;
+    must_code(r, ErrorCode::ExecutionTimeout)?;
+    let fg = wait_for_pid(&*sb, "/work/fg", Duration::from_secs(5)).await?;
+    assert_pid_gone(&*sb, &fg, "background child of the timed-out command").await?;
+    ensure!(
+        pid_alive(&*sb, &bg).await?,
+        "another command's timeout killed the earlier command's background process (pid {bg})"
+    );
     sb.kill().await
 }
 

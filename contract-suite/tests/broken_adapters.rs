@@ -212,6 +212,7 @@ caught! {
     emulated_but_undeclared_is_caught => EmulateUndeclared,
     timeout_killing_the_sandbox_is_caught => TimeoutKillsSandbox,
     killing_only_the_exec_pid_is_caught => KillOnlyExecPid,
+    stray_killer_is_caught => TimeoutKillsStrays,
     ignored_stream_timeout_is_caught => IgnoreStreamTimeout,
     silently_denied_allow_is_caught => SilentlyDenyAllow,
     ignored_lifetime_is_caught => IgnoreLifetime,

@@ -175,6 +175,27 @@ pub(crate) async fn kill(p: Proc, a: Vec<String>) -> Result<i64> {
         [_, pid] => (false, pid),
         _ => return form_not_in_vocabulary(&p, &a).await,
     };
+    if let Some(group) = pid.strip_prefix('-')
+        && !probe
+    {
+        let Ok(pgid) = group.parse::<u32>() else {
+            return fail(&p, format!("kill: invalid number '{pid}'"), 1).await;
+        };
+        // Take the entries out under the lock, abort outside it (as below).
+        let handles = p.sb.procs().kill_group(pgid);
+        if handles.is_empty() {
+            return fail(
+                &p,
+                format!("kill: can't kill pid -{pgid}: No such process"),
+                1,
+            )
+            .await;
+        }
+        for h in handles {
+            h.abort();
+        }
+        return Ok(0);
+    }
     let Ok(pid) = pid.parse::<u32>() else {
         return fail(&p, format!("kill: invalid number '{pid}'"), 1).await;
     };

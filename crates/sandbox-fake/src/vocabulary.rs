@@ -96,8 +96,15 @@ pub const COMMANDS: &[CommandSpec] = &[
     ),
     cmd(
         "kill",
-        &["kill -0 PID", "kill -9 PID", "kill -KILL PID", "kill PID"],
-        "`-0` exits 0 iff PID runs in the process table; otherwise ends PID",
+        &[
+            "kill -0 PID",
+            "kill -9 PID",
+            "kill -KILL PID",
+            "kill PID",
+            "kill -9 -PGID",
+        ],
+        "`-0` exits 0 iff PID runs in the process table; otherwise ends PID, or with `-PGID` \
+         every process of that group (an exec's pid names its group)",
         |p, a| Box::pin(commands::kill(p, a)),
     ),
     cmd(
