@@ -1,5 +1,7 @@
-//! Files: the archive API for content (streamed both ways), the engine's path stat for
-//! `stat`, and one set of busybox-compatible helper scripts for `ls`, `mkdir`, `remove`.
+//! Files on the engine path: the archive API for content (streamed both ways), the
+//! engine's path stat for `stat`, and one set of busybox-compatible helper scripts for
+//! `ls`, `mkdir`, `remove`. A sandbox with an agent sends everything but `upload` and
+//! `download` through it instead (`files_agent.rs`).
 //!
 //! Helper exit codes, the same for every engine: 3 not found, 4 not a directory, 5
 //! already exists, 6 a listing failed, 7 the operation failed. `ls` output is
@@ -22,6 +24,7 @@ use crate::archive::{ArchiveReader, DownloadLimits, FirstEntry, GuardedReader, R
 use crate::engine::{ArchiveBody, ContainerEngine, EngineError, EngineErrorKind};
 use crate::error;
 use crate::exec::helper_argv;
+use crate::files_agent::AgentFiles;
 use crate::sandbox::Shared;
 
 /// `ls`: busybox `stat` is preferred when present: GNU stat uses statx(2), which gVisor
@@ -56,6 +59,15 @@ pub(crate) struct ContainerFiles<E: ContainerEngine> {
 impl<E: ContainerEngine> ContainerFiles<E> {
     pub(crate) fn new(sh: Arc<Shared<E>>) -> Self {
         ContainerFiles { sh }
+    }
+
+    /// The agent's file operations, when this sandbox has an agent.
+    fn agent(&self) -> Option<AgentFiles<'_>> {
+        self.sh.agent.as_ref().map(|client| AgentFiles {
+            client,
+            call_timeout: self.sh.config.call_timeout,
+            read_cap: self.sh.config.read_cap,
+        })
     }
 
     fn resolve(&self, path: &str) -> Result<String> {
@@ -232,7 +244,10 @@ impl Drop for CancelOnDrop {
 impl<E: ContainerEngine> FileSystem for ContainerFiles<E> {
     async fn read(&self, path: &str) -> Result<Bytes> {
         let p = self.resolve(path)?;
-        self.read_resolved(&p).await
+        match self.agent() {
+            Some(a) => a.read(&p).await,
+            None => self.read_resolved(&p).await,
+        }
     }
 
     async fn write(&self, path: &str, data: Bytes) -> Result<()> {
@@ -240,6 +255,9 @@ impl<E: ContainerEngine> FileSystem for ContainerFiles<E> {
         let (parent, name) = split_parent(&p);
         if name.is_empty() {
             return Err(error::is_a_directory(&p));
+        }
+        if let Some(a) = self.agent() {
+            return a.write(&p, &parent, &data).await;
         }
         let backend = self.sh.engine.backend();
         let tar = tar_stream::single_file(&name, &data, 0o644)
@@ -333,6 +351,11 @@ impl<E: ContainerEngine> FileSystem for ContainerFiles<E> {
 
     async fn ls(&self, path: &str) -> Result<Vec<FileInfo>> {
         let p = self.resolve(path)?;
+        if let Some(a) = self.agent()
+            && let Some(listing) = a.ls(&p).await?
+        {
+            return Ok(listing);
+        }
         let r = self.script(&p, LS_SCRIPT, &[&p]).await?;
         parse_listing(&p, &r.stdout).ok_or_else(|| {
             error::file(
@@ -346,6 +369,9 @@ impl<E: ContainerEngine> FileSystem for ContainerFiles<E> {
     async fn mkdir(&self, path: &str, parents: bool) -> Result<()> {
         let p = self.resolve(path)?;
         let (parent, _) = split_parent(&p);
+        if let Some(a) = self.agent() {
+            return a.mkdir(&p, parents).await;
+        }
         let flag = if parents { "1" } else { "0" };
         self.script(&p, MKDIR_SCRIPT, &[&p, flag, &parent])
             .await
@@ -360,11 +386,17 @@ impl<E: ContainerEngine> FileSystem for ContainerFiles<E> {
                 "remove paths below `/`",
             ));
         }
+        if let Some(a) = self.agent() {
+            return a.remove(&p).await;
+        }
         self.script(&p, REMOVE_SCRIPT, &[&p]).await.map(|_| ())
     }
 
     async fn stat(&self, path: &str) -> Result<FileInfo> {
         let p = self.resolve(path)?;
+        if let Some(a) = self.agent() {
+            return a.stat(&p).await;
+        }
         match self
             .sh
             .call("stat", self.sh.engine.stat_path(&self.sh.id, &p))

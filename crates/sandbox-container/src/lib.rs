@@ -14,6 +14,7 @@ pub mod engine;
 mod error;
 mod exec;
 mod files;
+mod files_agent;
 mod forward;
 pub mod image;
 mod ingress;
