@@ -2,18 +2,40 @@
 //! its real engine (`tests/agent.rs` in sandbox-docker and sandbox-podman). Not part of the
 //! API.
 //!
-//! Each trial runs sandboxed code as root inside an agent-mode sandbox and checks a
-//! promise from the host side; it returns `Err` with what it saw when the promise broke.
+//! Each trial runs sandboxed code as root inside an agent-mode sandbox on a [`backend`]
+//! and checks a promise from the host side; it returns `Err` with what it saw when the
+//! promise broke.
 
 use std::time::{Duration, Instant};
 
 use sandbox_core::{Backend, Command, CreateOptions, RunOptions, Sandbox};
 
-use crate::backend::ContainerBackend;
+use crate::backend::{ContainerBackend, ContainerConfig};
 use crate::engine::{ContainerEngine, EngineErrorKind};
 use crate::sandbox::{ContainerNative, ExecPath};
 
 type Trial = std::result::Result<(), String>;
+
+/// The image the trials create.
+const BUSYBOX: &str = "sandbox-rs/busybox:latest";
+
+/// The backend the trials run on: agent mode, no startup sweep, on `engine`.
+pub async fn backend<E: ContainerEngine>(engine: E) -> ContainerBackend<E> {
+    ContainerBackend::new(
+        engine,
+        ContainerConfig::new(BUSYBOX)
+            .startup_sweep(false)
+            .agent(true),
+    )
+    .await
+}
+
+/// A trial's sandbox: `lifetime`, and the metadata `test=<test>`.
+fn trial_options(test: &str, lifetime: Duration) -> CreateOptions {
+    CreateOptions::new(BUSYBOX)
+        .timeout(lifetime)
+        .metadata("test", test)
+}
 
 fn fail(what: impl std::fmt::Display) -> String {
     what.to_string()
@@ -61,12 +83,12 @@ async fn exists<E: ContainerEngine>(b: &ContainerBackend<E>, id: &str) -> Trial 
 }
 
 /// Sandboxed root stops and kills PID 1 (and everything else) over and over, and its owner
-/// walks away without any teardown: the container still ends at its deadline. `options`
-/// must ask for a short lifetime (a few seconds).
+/// walks away without any teardown: the container still ends at its deadline (a short
+/// one: 6 s).
 pub async fn deadline_survives_stop_and_kill_from_inside<E: ContainerEngine>(
     b: &ContainerBackend<E>,
-    options: CreateOptions,
 ) -> Trial {
+    let options = trial_options("agent_deadline", Duration::from_secs(6));
     let lifetime = options.timeout;
     let created = Instant::now();
     let s = create(b, options).await?;
@@ -127,10 +149,8 @@ pub async fn deadline_survives_stop_and_kill_from_inside<E: ContainerEngine>(
 
 /// Sandboxed root cannot read or write the agent's channel through `/proc/1`: the agent
 /// is undumpable, so its fds and memory need CAP_SYS_PTRACE, which the sandbox lacks.
-pub async fn agent_channel_is_out_of_reach<E: ContainerEngine>(
-    b: &ContainerBackend<E>,
-    options: CreateOptions,
-) -> Trial {
+pub async fn agent_channel_is_out_of_reach<E: ContainerEngine>(b: &ContainerBackend<E>) -> Trial {
+    let options = trial_options("agent_channel", Duration::from_secs(120));
     let s = create(b, options).await?;
     let attempts = [
         "echo forged > /proc/1/fd/1",
@@ -163,8 +183,8 @@ pub async fn agent_channel_is_out_of_reach<E: ContainerEngine>(
 /// back verbatim as that process's stdout, and the sandbox keeps working.
 pub async fn forged_frame_on_stdout_is_only_output<E: ContainerEngine>(
     b: &ContainerBackend<E>,
-    options: CreateOptions,
 ) -> Trial {
+    let options = trial_options("agent_forged_frame", Duration::from_secs(120));
     let s = create(b, options).await?;
     let body = br#"{"op":"deadline"}"#;
     let mut frame = ((body.len() + 5) as u32).to_be_bytes().to_vec();
@@ -194,8 +214,8 @@ pub async fn forged_frame_on_stdout_is_only_output<E: ContainerEngine>(
 /// `00 00 10 11`. Ten rounds, so a split read in one round does not hide a detach.
 pub async fn detach_keys_in_the_channel_do_not_detach<E: ContainerEngine>(
     b: &ContainerBackend<E>,
-    options: CreateOptions,
 ) -> Trial {
+    let options = trial_options("agent_detach_keys", Duration::from_secs(120));
     let s = create(b, options).await?;
     let mut out = Ok(());
     for round in 0..10 {
@@ -226,8 +246,8 @@ pub async fn detach_keys_in_the_channel_do_not_detach<E: ContainerEngine>(
 /// host file is written back afterwards.
 pub async fn agent_is_mounted_read_only_or_uploaded<E: ContainerEngine>(
     b: &ContainerBackend<E>,
-    options: CreateOptions,
 ) -> Trial {
+    let options = trial_options("agent_mount", Duration::from_secs(120));
     if !b.engine().supports_agent_mount() {
         return Err("the engine does not bind-mount the agent; nothing to prove here".into());
     }

@@ -5,10 +5,17 @@
 //! put in front of their engine socket (issue 9 item 7: one proxy instead of one per
 //! adapter), so the suite's teardown trials can make container removals hang or fail
 //! while the adapter's own HTTP client and error mapping stay in the path.
+//!
+//! The engine tests both adapters run are written here once, generic over the backend or
+//! engine: [`egress`] and [`pull`] (against a [`registry::TestRegistry`]); each adapter's
+//! test file lists them as `#[tokio::test]`s. [`skip`] is what they do without an engine.
 
+pub mod egress;
 pub mod pull;
 pub mod registry;
+pub mod skip;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
@@ -17,6 +24,29 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinHandle;
+
+use sandbox_core::{CreateOptions, ReapableBackend};
+
+/// Options for a test's sandbox: `template`, a 120 s lifetime, and the metadata
+/// `test=<test>` that [`managed_ids`] finds it by.
+pub fn test_options(template: &str, test: &str) -> CreateOptions {
+    CreateOptions::new(template)
+        .timeout(Duration::from_secs(120))
+        .metadata("test", test)
+}
+
+/// The ids of the managed sandboxes the engine still holds for `test` (see
+/// [`test_options`]).
+pub async fn managed_ids<B: ReapableBackend + ?Sized>(b: &B, test: &str) -> Vec<String> {
+    let mut f = BTreeMap::new();
+    f.insert("test".to_string(), test.to_string());
+    b.list_managed(&f)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.id)
+        .collect()
+}
 
 /// What the proxy does with a container removal (`DELETE …/containers/<id>…`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,14 +4,10 @@
 //! when no engine answers, and fail when `CI=true`.
 #![allow(clippy::print_stdout)]
 
-use std::time::Duration;
-
+use sandbox_container::ContainerBackend;
 use sandbox_container::agent_trials as trials;
-use sandbox_container::{ContainerBackend, ContainerConfig};
-use sandbox_core::{CreateOptions, ErrorCode};
+use sandbox_container::testing::skip::unless_connected;
 use sandbox_docker::{DockerConfig, DockerEngine, Runtime};
-
-const BUSYBOX: &str = "sandbox-rs/busybox:latest";
 
 fn runtime() -> Runtime {
     std::env::var("SBX_DOCKER_RUNTIME")
@@ -22,25 +18,8 @@ fn runtime() -> Runtime {
 
 async fn backend() -> Option<ContainerBackend<DockerEngine>> {
     let config = DockerConfig::from_env().runtime(runtime());
-    match DockerEngine::connect(config).await {
-        Ok(e) => Some(
-            ContainerBackend::new(
-                e,
-                ContainerConfig::new(BUSYBOX)
-                    .startup_sweep(false)
-                    .agent(true),
-            )
-            .await,
-        ),
-        Err(e) if e.code() == ErrorCode::EngineUnavailable => {
-            if std::env::var("CI").as_deref() == Ok("true") {
-                panic!("Docker engine required under CI=true: {}", e.render());
-            }
-            println!("skipping: Docker engine unavailable: {}", e.render());
-            None
-        }
-        Err(e) => panic!("connect failed: {}", e.render()),
-    }
+    let engine = unless_connected("Docker", DockerEngine::connect(config).await)?;
+    Some(trials::backend(engine).await)
 }
 
 /// gVisor's sentry does not give a PID 1 the kernel's protection: root inside can stop
@@ -57,20 +36,13 @@ fn runc_only(test: &str) -> bool {
     true
 }
 
-fn opts(test: &str, lifetime: Duration) -> CreateOptions {
-    CreateOptions::new(BUSYBOX)
-        .timeout(lifetime)
-        .metadata("test", test)
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn deadline_survives_stop_and_kill_from_inside() {
     if !runc_only("deadline_survives_stop_and_kill_from_inside") {
         return;
     }
     let Some(b) = backend().await else { return };
-    let o = opts("agent_deadline", Duration::from_secs(6));
-    trials::deadline_survives_stop_and_kill_from_inside(&b, o)
+    trials::deadline_survives_stop_and_kill_from_inside(&b)
         .await
         .unwrap();
 }
@@ -81,15 +53,13 @@ async fn agent_channel_is_out_of_reach() {
         return;
     }
     let Some(b) = backend().await else { return };
-    let o = opts("agent_channel", Duration::from_secs(120));
-    trials::agent_channel_is_out_of_reach(&b, o).await.unwrap();
+    trials::agent_channel_is_out_of_reach(&b).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn forged_frame_on_stdout_is_only_output() {
     let Some(b) = backend().await else { return };
-    let o = opts("agent_forged_frame", Duration::from_secs(120));
-    trials::forged_frame_on_stdout_is_only_output(&b, o)
+    trials::forged_frame_on_stdout_is_only_output(&b)
         .await
         .unwrap();
 }
@@ -97,8 +67,7 @@ async fn forged_frame_on_stdout_is_only_output() {
 #[tokio::test(flavor = "multi_thread")]
 async fn detach_keys_in_the_channel_do_not_detach() {
     let Some(b) = backend().await else { return };
-    let o = opts("agent_detach_keys", Duration::from_secs(120));
-    trials::detach_keys_in_the_channel_do_not_detach(&b, o)
+    trials::detach_keys_in_the_channel_do_not_detach(&b)
         .await
         .unwrap();
 }
@@ -106,8 +75,7 @@ async fn detach_keys_in_the_channel_do_not_detach() {
 #[tokio::test(flavor = "multi_thread")]
 async fn agent_is_mounted_read_only_or_uploaded() {
     let Some(b) = backend().await else { return };
-    let o = opts("agent_mount", Duration::from_secs(120));
-    trials::agent_is_mounted_read_only_or_uploaded(&b, o)
+    trials::agent_is_mounted_read_only_or_uploaded(&b)
         .await
         .unwrap();
 }

@@ -7,10 +7,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use sandbox_container::testing::skip::unless_connected;
+use sandbox_container::testing::{managed_ids, test_options};
 use sandbox_core::labels::{LABEL_MANAGED, LABEL_OWNER};
 use sandbox_core::{
-    Backend, CodeOptions, Command, CreateOptions, ErrorCode, NetworkPolicy, ReapableBackend,
-    Resources, RunOptions, SandboxExt,
+    Backend, CodeOptions, Command, ErrorCode, NetworkPolicy, ReapableBackend, Resources,
+    RunOptions, SandboxExt,
 };
 use sandbox_docker::{DockerBackend, DockerConfig, DockerNative};
 
@@ -18,34 +20,10 @@ const PY: &str = "sandbox-rs/python:3.11";
 const BUSYBOX: &str = "sandbox-rs/busybox:latest";
 
 async fn backend() -> Option<DockerBackend> {
-    match DockerBackend::connect(DockerConfig::from_env()).await {
-        Ok(b) => Some(b),
-        Err(e) if e.code() == ErrorCode::EngineUnavailable => {
-            if std::env::var("CI").as_deref() == Ok("true") {
-                panic!("Docker engine required under CI=true: {}", e.render());
-            }
-            println!("skipping: Docker engine unavailable: {}", e.render());
-            None
-        }
-        Err(e) => panic!("connect failed: {}", e.render()),
-    }
-}
-
-fn opts(template: &str, test: &str) -> CreateOptions {
-    CreateOptions::new(template)
-        .timeout(Duration::from_secs(120))
-        .metadata("test", test)
-}
-
-async fn engine_ids(b: &DockerBackend, test: &str) -> Vec<String> {
-    let mut f = BTreeMap::new();
-    f.insert("test".to_string(), test.to_string());
-    b.list_managed(&f)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|s| s.id)
-        .collect()
+    unless_connected(
+        "Docker",
+        DockerBackend::connect(DockerConfig::from_env()).await,
+    )
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -53,7 +31,7 @@ async fn run_basics_env_secrets_and_missing_binary() {
     let Some(b) = backend().await else { return };
     let s = b
         .create(
-            opts(BUSYBOX, "run_basics")
+            test_options(BUSYBOX, "run_basics")
                 .env("PLAIN", "visible")
                 .secret("TOKEN", "hunter2"),
         )
@@ -111,7 +89,10 @@ async fn run_basics_env_secrets_and_missing_binary() {
 async fn hardening_visible_from_inside() {
     let Some(b) = backend().await else { return };
     let s = b
-        .create(opts(BUSYBOX, "hardening").resources(Resources::default().memory_mb(96).pids(64)))
+        .create(
+            test_options(BUSYBOX, "hardening")
+                .resources(Resources::default().memory_mb(96).pids(64)),
+        )
         .await
         .unwrap();
     let status = s
@@ -153,7 +134,7 @@ async fn hardening_visible_from_inside() {
 #[tokio::test(flavor = "multi_thread")]
 async fn timeout_kills_only_that_process() {
     let Some(b) = backend().await else { return };
-    let s = b.create(opts(BUSYBOX, "timeout")).await.unwrap();
+    let s = b.create(test_options(BUSYBOX, "timeout")).await.unwrap();
     let bg = s
         .exec("sleep 300 & echo $! > /tmp/bg.pid; echo started")
         .await
@@ -190,7 +171,7 @@ async fn timeout_kills_only_that_process() {
 async fn streaming_delivers_before_exit() {
     use futures::StreamExt;
     let Some(b) = backend().await else { return };
-    let s = b.create(opts(BUSYBOX, "stream")).await.unwrap();
+    let s = b.create(test_options(BUSYBOX, "stream")).await.unwrap();
     let mut p = s
         .stream(
             Command::from("echo first; sleep 1; echo second"),
@@ -209,7 +190,7 @@ async fn streaming_delivers_before_exit() {
 #[tokio::test(flavor = "multi_thread")]
 async fn run_code_and_stateful_contexts() {
     let Some(b) = backend().await else { return };
-    let s = b.create(opts(PY, "code")).await.unwrap();
+    let s = b.create(test_options(PY, "code")).await.unwrap();
     let r = s.code("print(1)").await.unwrap();
     assert_eq!((r.exit_code, r.stdout_text().as_str()), (0, "1\n"));
     let r = s.code("1/0").await.unwrap();
@@ -256,7 +237,10 @@ async fn run_code_and_stateful_contexts() {
     assert_eq!(r.stdout_text(), "False\n");
     s.kill().await.unwrap();
 
-    let bb = b.create(opts(BUSYBOX, "code-missing")).await.unwrap();
+    let bb = b
+        .create(test_options(BUSYBOX, "code-missing"))
+        .await
+        .unwrap();
     let e = bb.code("print(1)").await.unwrap_err();
     assert_eq!(e.code(), ErrorCode::InterpreterMissing);
     assert!(e.to_string().contains("python3") && e.to_string().contains(BUSYBOX));
@@ -266,7 +250,7 @@ async fn run_code_and_stateful_contexts() {
 #[tokio::test(flavor = "multi_thread")]
 async fn files_round_trip_on_busybox() {
     let Some(b) = backend().await else { return };
-    let s = b.create(opts(BUSYBOX, "files")).await.unwrap();
+    let s = b.create(test_options(BUSYBOX, "files")).await.unwrap();
     let f = s.files().unwrap();
     let all: Vec<u8> = (0..=255u8).collect();
     f.write("bin.dat", Bytes::from(all.clone())).await.unwrap();
@@ -356,7 +340,7 @@ fn rss_kib(field: &str) -> u64 {
 async fn large_transfers_stream_with_bounded_memory() {
     let Some(b) = backend().await else { return };
     let s = b
-        .create(opts(BUSYBOX, "large").resources(Resources::default().memory_mb(128)))
+        .create(test_options(BUSYBOX, "large").resources(Resources::default().memory_mb(128)))
         .await
         .unwrap();
     let f = s.files().unwrap();
@@ -398,7 +382,7 @@ async fn large_transfers_stream_with_bounded_memory() {
 async fn lifetime_backstop_removes_the_container() {
     let Some(b) = backend().await else { return };
     let s = b
-        .create(opts(BUSYBOX, "lifetime").timeout(Duration::from_secs(2)))
+        .create(test_options(BUSYBOX, "lifetime").timeout(Duration::from_secs(2)))
         .await
         .unwrap();
     assert!(s.exec(["true"]).await.unwrap().ok());
@@ -409,7 +393,7 @@ async fn lifetime_backstop_removes_the_container() {
         ErrorCode::SandboxGone
     );
     assert!(
-        !engine_ids(&b, "lifetime").await.contains(&id),
+        !managed_ids(&b, "lifetime").await.contains(&id),
         "removed by the engine"
     );
     assert_eq!(b.connect(&id).await.unwrap_err().code(), ErrorCode::Connect);
@@ -419,7 +403,7 @@ async fn lifetime_backstop_removes_the_container() {
 #[tokio::test(flavor = "multi_thread")]
 async fn reaping_and_connect() {
     let Some(b) = backend().await else { return };
-    let s = b.create(opts(BUSYBOX, "reap")).await.unwrap();
+    let s = b.create(test_options(BUSYBOX, "reap")).await.unwrap();
     let id = s.id().to_string();
     let again = b.connect(&id).await.unwrap();
     assert_eq!(
@@ -427,7 +411,7 @@ async fn reaping_and_connect() {
         "x\n"
     );
     std::mem::forget(again); // keep the handle's drop from killing it here
-    assert!(engine_ids(&b, "reap").await.contains(&id));
+    assert!(managed_ids(&b, "reap").await.contains(&id));
     assert!(b.kill_managed(&id).await.unwrap());
     assert!(!b.kill_managed(&id).await.unwrap());
     assert_eq!(
@@ -474,13 +458,13 @@ async fn startup_sweep_removes_dead_owners_containers() {
         .await
         .unwrap();
     assert!(
-        engine_ids(&b, "sweep").await.contains(&c.id),
+        managed_ids(&b, "sweep").await.contains(&c.id),
         "stopped ones are listed"
     );
     let _b2 = DockerBackend::connect(DockerConfig::from_env())
         .await
         .unwrap();
-    assert!(!engine_ids(&b, "sweep").await.contains(&c.id), "swept");
+    assert!(!managed_ids(&b, "sweep").await.contains(&c.id), "swept");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -498,27 +482,28 @@ async fn refusals_before_provisioning() {
     let Some(b) = backend().await else { return };
     for (o, code) in [
         (
-            opts(BUSYBOX, "refuse").resources(Resources::default().disk_mb(10)),
+            test_options(BUSYBOX, "refuse").resources(Resources::default().disk_mb(10)),
             ErrorCode::Configuration,
         ),
         (
-            opts(BUSYBOX, "refuse").resources(Resources::default().gpu(1)),
+            test_options(BUSYBOX, "refuse").resources(Resources::default().gpu(1)),
             ErrorCode::CapabilityNotSupported,
         ),
         (
             // An allowlist entry that is neither a host name nor a CIDR.
-            opts(BUSYBOX, "refuse").network(NetworkPolicy::allow_list(["exa mple.com"])),
+            test_options(BUSYBOX, "refuse").network(NetworkPolicy::allow_list(["exa mple.com"])),
             ErrorCode::Configuration,
         ),
         (
             // Never: a pull would ask Docker Hub, and tests stay on this machine.
-            opts("sandbox-rs/no-such-image:0", "refuse").pull(sandbox_core::PullPolicy::Never),
+            test_options("sandbox-rs/no-such-image:0", "refuse")
+                .pull(sandbox_core::PullPolicy::Never),
             ErrorCode::ImageUnavailable,
         ),
     ] {
         assert_eq!(b.create(o).await.unwrap_err().code(), code);
     }
-    assert!(engine_ids(&b, "refuse").await.is_empty());
+    assert!(managed_ids(&b, "refuse").await.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -538,7 +523,10 @@ async fn ingress_ports_published_on_loopback() {
         ("ingress-deny", NetworkPolicy::deny().ingress_port(8080)),
         ("ingress-allow", NetworkPolicy::allow().ingress_port(8080)),
     ] {
-        let s = b.create(opts(BUSYBOX, name).network(net)).await.unwrap();
+        let s = b
+            .create(test_options(BUSYBOX, name).network(net))
+            .await
+            .unwrap();
         let native = s.native().downcast_ref::<DockerNative>().unwrap();
         let addr = native.ingress[&8080];
         assert!(addr.ip().is_loopback(), "{name}: {addr}");
@@ -570,7 +558,10 @@ async fn ingress_ports_published_on_loopback() {
 #[tokio::test(flavor = "multi_thread")]
 async fn forged_pidfiles_cannot_redirect_a_kill() {
     let Some(b) = backend().await else { return };
-    let s = b.create(opts(BUSYBOX, "forged-pidfile")).await.unwrap();
+    let s = b
+        .create(test_options(BUSYBOX, "forged-pidfile"))
+        .await
+        .unwrap();
     let forge = "for d in /dev/shm /tmp /run; do mkdir -p $d/.sbx.x $d/.sbx.bench; \
                  for f in $d/* $d/.*; do [ -f \"$f\" ] && echo 1 > \"$f\"; done; done; \
                  for i in $(seq 0 50); do echo 1 > /dev/shm/.sbx.$i; echo 1 > /tmp/.sbx.$i; done; sleep 60";
@@ -597,7 +588,7 @@ async fn forged_pidfiles_cannot_redirect_a_kill() {
 #[tokio::test(flavor = "multi_thread")]
 async fn timeout_kills_background_and_setsid_children() {
     let Some(b) = backend().await else { return };
-    let s = b.create(opts(BUSYBOX, "tree-kill")).await.unwrap();
+    let s = b.create(test_options(BUSYBOX, "tree-kill")).await.unwrap();
     let keep = s.exec("sleep 310 >/dev/null 2>&1 & echo ok").await.unwrap();
     assert_eq!(keep.stdout_text(), "ok\n");
     // `sleep 310` above outlived its own exec on purpose: it is not part of the next one.
@@ -627,7 +618,7 @@ async fn timeout_kills_background_and_setsid_children() {
 #[tokio::test(flavor = "multi_thread")]
 async fn huge_sparse_file_read_is_refused_with_bounded_memory() {
     let Some(b) = backend().await else { return };
-    let s = b.create(opts(BUSYBOX, "huge-read")).await.unwrap();
+    let s = b.create(test_options(BUSYBOX, "huge-read")).await.unwrap();
     let r = s
         .exec("truncate -s 3G /work/huge && echo ok")
         .await
@@ -671,13 +662,13 @@ async fn measure_latency() {
     let (mut create, mut kill) = (vec![], vec![]);
     for _ in 0..n {
         let t = Instant::now();
-        let s = b.create(opts(PY, "latency")).await.unwrap();
+        let s = b.create(test_options(PY, "latency")).await.unwrap();
         create.push(t.elapsed());
         let t = Instant::now();
         s.kill().await.unwrap();
         kill.push(t.elapsed());
     }
-    let s = b.create(opts(PY, "latency")).await.unwrap();
+    let s = b.create(test_options(PY, "latency")).await.unwrap();
     let (mut run, mut code, mut files, mut ctx) = (vec![], vec![], vec![], vec![]);
     let mib = Bytes::from(vec![7u8; 1024 * 1024]);
     s.code("pass").await.unwrap();
@@ -775,7 +766,7 @@ async fn wedged_engine_fails_calls_in_bounded_time() {
     .await
     .unwrap();
     let t = Instant::now();
-    let e = b.create(opts(BUSYBOX, "wedged")).await.unwrap_err();
+    let e = b.create(test_options(BUSYBOX, "wedged")).await.unwrap_err();
     assert_eq!(e.code(), ErrorCode::CreateTimeout, "{e}");
     assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
     let t = Instant::now();
@@ -799,7 +790,7 @@ async fn fifty_concurrent_create_run_kill() {
             let b = b.clone();
             tokio::spawn(async move {
                 let s = b
-                    .create(opts(BUSYBOX, "load"))
+                    .create(test_options(BUSYBOX, "load"))
                     .await
                     .map_err(|e| format!("create: {}", e.render()))?;
                 s.exec(["true"])

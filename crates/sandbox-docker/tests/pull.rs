@@ -7,25 +7,17 @@
 use std::sync::OnceLock;
 
 use sandbox_container::testing::pull as trials;
-use sandbox_container::testing::registry::TestRegistry;
-use sandbox_core::ErrorCode;
+use sandbox_container::testing::skip::unless_connected;
 use sandbox_docker::{DockerConfig, DockerEngine};
 
 const CLI: &str = "docker";
 const CHILD: &str = "credential_child";
 
 async fn engine() -> Option<DockerEngine> {
-    match DockerEngine::connect(DockerConfig::from_env()).await {
-        Ok(e) => Some(e),
-        Err(e) if e.code() == ErrorCode::EngineUnavailable => {
-            if std::env::var("CI").as_deref() == Ok("true") {
-                panic!("Docker engine required under CI=true: {}", e.render());
-            }
-            println!("skipping: Docker engine unavailable: {}", e.render());
-            None
-        }
-        Err(e) => panic!("connect failed: {}", e.render()),
-    }
+    unless_connected(
+        "Docker",
+        DockerEngine::connect(DockerConfig::from_env()).await,
+    )
 }
 
 /// The docker-archive of the local busybox image, exported once per test binary.
@@ -69,38 +61,13 @@ async fn missing_credentials_are_an_auth_error() {
     trials::missing_credentials_are_an_auth_error(e, CLI, archive()).await;
 }
 
-/// `DOCKER_CONFIG` pointing at a `config.json` with the registry under `auths`.
-fn docker_config(
-    dir: &trials::TempDir,
-) -> impl FnOnce(&TestRegistry, &str) -> Vec<(String, String)> + '_ {
-    move |reg, password| {
-        trials::write_auth_file(
-            &dir.0.join("config.json"),
-            &reg.host(),
-            "sbx-user",
-            password,
-        );
-        vec![("DOCKER_CONFIG".into(), dir.0.display().to_string())]
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn credentials_from_docker_config_are_used() {
     if engine().await.is_none() {
         return;
     }
-    let dir = trials::TempDir::new("docker-config");
-    let (ok, out, reg, image) = trials::credential_trial(
-        archive(),
-        CHILD,
-        "ok",
-        "sbx-right-password",
-        docker_config(&dir),
-    )
-    .await;
-    let _cleanup = trials::Cleanup::new(CLI, vec![image]);
-    assert!(ok, "child failed:\n{out}");
-    assert!(reg.manifest_requests("sbx-pull/creds") >= 1);
+    let file = trials::CredentialFile::DockerConfig;
+    trials::credentials_from_file_are_used(file, CLI, archive(), CHILD).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -108,18 +75,8 @@ async fn wrong_credentials_are_an_auth_error() {
     if engine().await.is_none() {
         return;
     }
-    let dir = trials::TempDir::new("docker-config");
-    let (ok, out, reg, image) = trials::credential_trial(
-        archive(),
-        CHILD,
-        "auth",
-        "sbx-wrong-password",
-        docker_config(&dir),
-    )
-    .await;
-    let _cleanup = trials::Cleanup::new(CLI, vec![image]);
-    assert!(ok, "child failed:\n{out}");
-    assert!(reg.unauthorized() >= 1);
+    let file = trials::CredentialFile::DockerConfig;
+    trials::wrong_credentials_are_an_auth_error(file, CLI, archive(), CHILD).await;
 }
 
 /// The child half of the credential trials (credential variables are process-wide, so

@@ -3,14 +3,9 @@
 //! skip (with a printed reason) when no engine answers, and fail when `CI=true`.
 #![allow(clippy::print_stdout)]
 
-use std::time::Duration;
-
+use sandbox_container::ContainerBackend;
 use sandbox_container::agent_trials as trials;
-use sandbox_container::{ContainerBackend, ContainerConfig};
-use sandbox_core::CreateOptions;
 use sandbox_podman::{PodmanConfig, PodmanEngine};
-
-const BUSYBOX: &str = "sandbox-rs/busybox:latest";
 
 async fn backend() -> Option<ContainerBackend<PodmanEngine>> {
     let engine = PodmanEngine::new(&PodmanConfig::from_env()).expect("podman endpoint");
@@ -23,28 +18,13 @@ async fn backend() -> Option<ContainerBackend<PodmanEngine>> {
         println!("skipping: Podman service unavailable: {e}");
         return None;
     }
-    Some(
-        ContainerBackend::new(
-            engine,
-            ContainerConfig::new(BUSYBOX)
-                .startup_sweep(false)
-                .agent(true),
-        )
-        .await,
-    )
-}
-
-fn opts(test: &str, lifetime: Duration) -> CreateOptions {
-    CreateOptions::new(BUSYBOX)
-        .timeout(lifetime)
-        .metadata("test", test)
+    Some(trials::backend(engine).await)
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn deadline_survives_stop_and_kill_from_inside() {
     let Some(b) = backend().await else { return };
-    let o = opts("agent_deadline", Duration::from_secs(6));
-    trials::deadline_survives_stop_and_kill_from_inside(&b, o)
+    trials::deadline_survives_stop_and_kill_from_inside(&b)
         .await
         .unwrap();
 }
@@ -52,15 +32,13 @@ async fn deadline_survives_stop_and_kill_from_inside() {
 #[tokio::test(flavor = "multi_thread")]
 async fn agent_channel_is_out_of_reach() {
     let Some(b) = backend().await else { return };
-    let o = opts("agent_channel", Duration::from_secs(120));
-    trials::agent_channel_is_out_of_reach(&b, o).await.unwrap();
+    trials::agent_channel_is_out_of_reach(&b).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn forged_frame_on_stdout_is_only_output() {
     let Some(b) = backend().await else { return };
-    let o = opts("agent_forged_frame", Duration::from_secs(120));
-    trials::forged_frame_on_stdout_is_only_output(&b, o)
+    trials::forged_frame_on_stdout_is_only_output(&b)
         .await
         .unwrap();
 }
@@ -68,8 +46,7 @@ async fn forged_frame_on_stdout_is_only_output() {
 #[tokio::test(flavor = "multi_thread")]
 async fn detach_keys_in_the_channel_do_not_detach() {
     let Some(b) = backend().await else { return };
-    let o = opts("agent_detach_keys", Duration::from_secs(120));
-    trials::detach_keys_in_the_channel_do_not_detach(&b, o)
+    trials::detach_keys_in_the_channel_do_not_detach(&b)
         .await
         .unwrap();
 }
@@ -77,8 +54,7 @@ async fn detach_keys_in_the_channel_do_not_detach() {
 #[tokio::test(flavor = "multi_thread")]
 async fn agent_is_mounted_read_only_or_uploaded() {
     let Some(b) = backend().await else { return };
-    let o = opts("agent_mount", Duration::from_secs(120));
-    trials::agent_is_mounted_read_only_or_uploaded(&b, o)
+    trials::agent_is_mounted_read_only_or_uploaded(&b)
         .await
         .unwrap();
 }

@@ -9,7 +9,6 @@ use std::sync::OnceLock;
 
 use sandbox_container::ContainerEngine;
 use sandbox_container::testing::pull as trials;
-use sandbox_container::testing::registry::TestRegistry;
 use sandbox_podman::{PodmanConfig, PodmanEngine};
 
 const CLI: &str = "podman";
@@ -77,34 +76,13 @@ async fn missing_credentials_are_an_auth_error() {
     trials::missing_credentials_are_an_auth_error(e, CLI, archive()).await;
 }
 
-/// `REGISTRY_AUTH_FILE` pointing at an auth.json with the registry under `auths`.
-fn auth_file(
-    dir: &trials::TempDir,
-) -> impl FnOnce(&TestRegistry, &str) -> Vec<(String, String)> + '_ {
-    move |reg, password| {
-        let file = dir.0.join("auth.json");
-        trials::write_auth_file(&file, &reg.host(), "sbx-user", password);
-        vec![("REGISTRY_AUTH_FILE".into(), file.display().to_string())]
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn credentials_from_registry_auth_file_are_used() {
     if engine().await.is_none() {
         return;
     }
-    let dir = trials::TempDir::new("auth-file");
-    let (ok, out, reg, image) = trials::credential_trial(
-        archive(),
-        CHILD,
-        "ok",
-        "sbx-right-password",
-        auth_file(&dir),
-    )
-    .await;
-    let _cleanup = trials::Cleanup::new(CLI, vec![image]);
-    assert!(ok, "child failed:\n{out}");
-    assert!(reg.manifest_requests("sbx-pull/creds") >= 1);
+    let file = trials::CredentialFile::RegistryAuthFile;
+    trials::credentials_from_file_are_used(file, CLI, archive(), CHILD).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -112,18 +90,8 @@ async fn wrong_credentials_are_an_auth_error() {
     if engine().await.is_none() {
         return;
     }
-    let dir = trials::TempDir::new("auth-file");
-    let (ok, out, reg, image) = trials::credential_trial(
-        archive(),
-        CHILD,
-        "auth",
-        "sbx-wrong-password",
-        auth_file(&dir),
-    )
-    .await;
-    let _cleanup = trials::Cleanup::new(CLI, vec![image]);
-    assert!(ok, "child failed:\n{out}");
-    assert!(reg.unauthorized() >= 1);
+    let file = trials::CredentialFile::RegistryAuthFile;
+    trials::wrong_credentials_are_an_auth_error(file, CLI, archive(), CHILD).await;
 }
 
 /// The child half of the credential trials (credential variables are process-wide, so

@@ -370,6 +370,82 @@ impl Drop for TempDir {
     }
 }
 
+/// Where a credential trial's child finds its credentials: the file an engine's CLI reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CredentialFile {
+    /// `DOCKER_CONFIG` pointing at a directory whose `config.json` has the registry under
+    /// `auths`.
+    DockerConfig,
+    /// `REGISTRY_AUTH_FILE` pointing at an `auth.json` with the registry under `auths`.
+    RegistryAuthFile,
+}
+
+impl CredentialFile {
+    /// The tag of the trial's [`TempDir`].
+    fn tag(self) -> &'static str {
+        match self {
+            CredentialFile::DockerConfig => "docker-config",
+            CredentialFile::RegistryAuthFile => "auth-file",
+        }
+    }
+
+    /// Writes `password` for `reg` into `dir`; the child's environment variables.
+    fn write(self, dir: &TempDir, reg: &TestRegistry, password: &str) -> Vec<(String, String)> {
+        match self {
+            CredentialFile::DockerConfig => {
+                write_auth_file(
+                    &dir.0.join("config.json"),
+                    &reg.host(),
+                    "sbx-user",
+                    password,
+                );
+                vec![("DOCKER_CONFIG".into(), dir.0.display().to_string())]
+            }
+            CredentialFile::RegistryAuthFile => {
+                let file = dir.0.join("auth.json");
+                write_auth_file(&file, &reg.host(), "sbx-user", password);
+                vec![("REGISTRY_AUTH_FILE".into(), file.display().to_string())]
+            }
+        }
+    }
+}
+
+/// The right password in `file`: the child's create pulls from the registry and runs the
+/// image. `child` is the ignored test of the calling binary that calls [`child_create`].
+pub async fn credentials_from_file_are_used(
+    file: CredentialFile,
+    cli: &'static str,
+    archive: &[u8],
+    child: &str,
+) {
+    let dir = TempDir::new(file.tag());
+    let (ok, out, reg, image) = credential_trial(archive, child, "ok", "sbx-right-password", {
+        |reg: &TestRegistry, password: &str| file.write(&dir, reg, password)
+    })
+    .await;
+    let _cleanup = Cleanup::new(cli, vec![image]);
+    assert!(ok, "child failed:\n{out}");
+    assert!(reg.manifest_requests("sbx-pull/creds") >= 1);
+}
+
+/// A wrong password in `file`: the child's create is an `Auth` error that does not show
+/// the password. `child` as for [`credentials_from_file_are_used`].
+pub async fn wrong_credentials_are_an_auth_error(
+    file: CredentialFile,
+    cli: &'static str,
+    archive: &[u8],
+    child: &str,
+) {
+    let dir = TempDir::new(file.tag());
+    let (ok, out, reg, image) = credential_trial(archive, child, "auth", "sbx-wrong-password", {
+        |reg: &TestRegistry, password: &str| file.write(&dir, reg, password)
+    })
+    .await;
+    let _cleanup = Cleanup::new(cli, vec![image]);
+    assert!(ok, "child failed:\n{out}");
+    assert!(reg.unauthorized() >= 1);
+}
+
 /// A registry demanding `user`/`password`, and the child's environment for a create of
 /// its image expecting `expect` (`ok`/`auth`), with the credential file variables `creds`.
 pub async fn credential_trial(
