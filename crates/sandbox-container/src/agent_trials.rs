@@ -299,3 +299,59 @@ pub async fn agent_is_mounted_read_only_or_uploaded<E: ContainerEngine>(
     }
     Ok(())
 }
+
+/// Sandboxed code puts a FIFO where the host will read a result: `files().read` of it
+/// (which the agent opens and then waits on for a writer that never comes) fails within
+/// the call timeout instead of hanging the caller, and the sandbox's files and commands
+/// keep working. Builds its own backend on `engine`, with a 3 s call timeout.
+pub async fn fifo_read_fails_within_the_call_timeout<E: ContainerEngine>(engine: E) -> Trial {
+    let call_timeout = Duration::from_secs(3);
+    let b = ContainerBackend::new(
+        engine,
+        ContainerConfig::new(BUSYBOX)
+            .startup_sweep(false)
+            .agent(true)
+            .call_timeout(call_timeout),
+    )
+    .await;
+    let s = create(
+        &b,
+        trial_options("agent_fifo_read", Duration::from_secs(120)),
+    )
+    .await?;
+    let out = async {
+        sh(&*s, "mkfifo /work/result.json").await?;
+        let files = s.files().map_err(|e| fail(e.render()))?;
+        let t = Instant::now();
+        let r = tokio::time::timeout(
+            call_timeout + Duration::from_secs(10),
+            files.read("/work/result.json"),
+        )
+        .await
+        .map_err(|_| fail("files().read of a FIFO hung past the call timeout + 10 s"))?;
+        match r {
+            Ok(data) => return Err(format!("a FIFO read returned {} bytes", data.len())),
+            Err(e) => {
+                tracing::info!(after = ?t.elapsed(), error = %e.render(), "FIFO read refused")
+            }
+        }
+        files
+            .write("/work/after.txt", bytes::Bytes::from_static(b"after"))
+            .await
+            .map_err(|e| fail(format!("write after the FIFO: {}", e.render())))?;
+        let back = files
+            .read("/work/after.txt")
+            .await
+            .map_err(|e| fail(format!("read after the FIFO: {}", e.render())))?;
+        if back.as_ref() != b"after" {
+            return Err(format!("read after the FIFO gave {back:?}"));
+        }
+        match sh(&*s, "echo alive").await {
+            Ok(r) if r.stdout.as_ref() == b"alive\n" => Ok(()),
+            other => Err(format!("the sandbox stopped answering: {other:?}")),
+        }
+    }
+    .await;
+    let _ = s.kill().await;
+    out
+}

@@ -47,6 +47,13 @@ impl AgentFiles<'_> {
     /// The whole content of the file at `path` (absolute), refused past the read cap.
     pub(crate) async fn read(&self, path: &str) -> Result<Bytes> {
         let cap = self.read_cap;
+        // Refused from its size before a byte moves (a sparse 3 GiB file must not cost
+        // the host 64 MiB first); the stream is capped too, for files that grow or report
+        // no size (a symlink's own size, /proc, devices).
+        let s = self.bounded("stat", path, self.client.stat(path)).await?;
+        if !s.is_symlink && !s.is_dir && s.size > cap {
+            return Err(too_large(path, cap, &format!("has {}", s.size)));
+        }
         let mut reader = self
             .bounded("read", path, self.client.read_file_stream(path))
             .await?;
@@ -54,11 +61,7 @@ impl AgentFiles<'_> {
         while let Some(chunk) = self.bounded("read", path, reader.next_chunk()).await? {
             if (buf.len() + chunk.len()) as u64 > cap {
                 // Dropping the reader cancels the agent's read.
-                return Err(error::limit(
-                    format!("files().read cap ({cap} bytes; `{path}` is larger)"),
-                    "stream it to the host with files().download(path, local) instead, or \
-                     raise ContainerConfig::read_cap",
-                ));
+                return Err(too_large(path, cap, "is larger"));
             }
             buf.extend_from_slice(&chunk);
         }
@@ -130,6 +133,14 @@ impl AgentFiles<'_> {
     pub(crate) async fn remove(&self, path: &str) -> Result<()> {
         self.client.remove(path, true).await
     }
+}
+
+fn too_large(path: &str, cap: u64, what: &str) -> sandbox_core::SandboxError {
+    error::limit(
+        format!("files().read cap ({cap} bytes; `{path}` {what})"),
+        "stream it to the host with files().download(path, local) instead, or raise \
+         ContainerConfig::read_cap",
+    )
 }
 
 fn info(path: String, s: &FileStat) -> FileInfo {

@@ -16,10 +16,13 @@ fn runtime() -> Runtime {
         .unwrap_or(Runtime::Runc)
 }
 
-async fn backend() -> Option<ContainerBackend<DockerEngine>> {
+async fn engine() -> Option<DockerEngine> {
     let config = DockerConfig::from_env().runtime(runtime());
-    let engine = unless_connected("Docker", DockerEngine::connect(config).await)?;
-    Some(trials::backend(engine).await)
+    unless_connected("Docker", DockerEngine::connect(config).await)
+}
+
+async fn backend() -> Option<ContainerBackend<DockerEngine>> {
+    Some(trials::backend(engine().await?).await)
 }
 
 /// gVisor's sentry does not give a PID 1 the kernel's protection: root inside can stop
@@ -76,6 +79,14 @@ async fn detach_keys_in_the_channel_do_not_detach() {
 async fn agent_is_mounted_read_only_or_uploaded() {
     let Some(b) = backend().await else { return };
     trials::agent_is_mounted_read_only_or_uploaded(&b)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fifo_read_fails_within_the_call_timeout() {
+    let Some(e) = engine().await else { return };
+    trials::fifo_read_fails_within_the_call_timeout(e)
         .await
         .unwrap();
 }

@@ -8,6 +8,10 @@ use sandbox_container::agent_trials as trials;
 use sandbox_podman::{PodmanConfig, PodmanEngine};
 
 async fn backend() -> Option<ContainerBackend<PodmanEngine>> {
+    Some(trials::backend(engine().await?).await)
+}
+
+async fn engine() -> Option<PodmanEngine> {
     let engine = PodmanEngine::new(&PodmanConfig::from_env()).expect("podman endpoint");
     if let Err(e) = sandbox_container::ContainerEngine::ping(&engine).await {
         let ci = std::env::var("CI").as_deref() == Ok("true")
@@ -18,7 +22,7 @@ async fn backend() -> Option<ContainerBackend<PodmanEngine>> {
         println!("skipping: Podman service unavailable: {e}");
         return None;
     }
-    Some(trials::backend(engine).await)
+    Some(engine)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -55,6 +59,14 @@ async fn detach_keys_in_the_channel_do_not_detach() {
 async fn agent_is_mounted_read_only_or_uploaded() {
     let Some(b) = backend().await else { return };
     trials::agent_is_mounted_read_only_or_uploaded(&b)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fifo_read_fails_within_the_call_timeout() {
+    let Some(e) = engine().await else { return };
+    trials::fifo_read_fails_within_the_call_timeout(e)
         .await
         .unwrap();
 }
