@@ -35,6 +35,11 @@ const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_IN_FLIGHT: usize = 256;
 /// A TCP client idle this long is dropped.
 const TCP_IDLE: Duration = Duration::from_secs(10);
+/// Most addresses one sandbox's answers may add to its allowed set. A wildcard entry
+/// (`*.example.com`) lets the sandbox ask for as many names as it likes, and each answer
+/// would otherwise grow its nft set (and cost an `nsenter nft`) without end; past this, a
+/// listed name with a new address is answered SERVFAIL.
+const MAX_PINNED: usize = if cfg!(test) { 16 } else { 4096 };
 
 /// Whose queries a source address carries.
 #[derive(Debug)]
@@ -45,6 +50,9 @@ struct Client {
     pid: u32,
     /// The namespace's inode when registered: a reused pid or address never inherits.
     ns_inode: u64,
+    /// Addresses already in the sandbox's allowed set: asked again, they are answered
+    /// without another `nsenter nft` (at most [`MAX_PINNED`]).
+    pinned: Mutex<std::collections::HashSet<IpAddr>>,
 }
 
 pub(crate) struct Resolver {
@@ -153,6 +161,7 @@ impl Resolver {
             rules,
             pid,
             ns_inode: inode,
+            pinned: Mutex::default(),
         });
         let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
         // Entries of sandboxes that are gone are dropped here, so the map stays as large
@@ -274,13 +283,35 @@ impl Resolver {
             .into_iter()
             .filter(|a| (q.qtype == dns::TYPE_A) == a.is_ipv4())
             .collect();
-        if client.rules.is_some()
-            && !wanted.is_empty()
-            && let Err(e) = nft::allow_addresses(client.pid, &wanted).await
-        {
-            // Not pinned means not answered: the connect would be rejected anyway.
-            tracing::warn!(name = %q.name, error = %e, "egress resolver could not pin an answer");
-            return Some(dns::reply(&q, Rcode::ServFail));
+        if client.rules.is_some() && !wanted.is_empty() {
+            let new: Vec<IpAddr> = {
+                let pinned = client.pinned.lock().unwrap_or_else(|p| p.into_inner());
+                let new: Vec<IpAddr> = wanted
+                    .iter()
+                    .filter(|a| !pinned.contains(a))
+                    .copied()
+                    .collect();
+                if pinned.len() + new.len() > MAX_PINNED {
+                    tracing::warn!(
+                        name = %q.name, %src, max = MAX_PINNED,
+                        "egress resolver: the sandbox's answers reached the most addresses one sandbox may add"
+                    );
+                    return Some(dns::reply(&q, Rcode::ServFail));
+                }
+                new
+            };
+            if !new.is_empty() {
+                if let Err(e) = nft::allow_addresses(client.pid, &new).await {
+                    // Not pinned means not answered: the connect would be rejected anyway.
+                    tracing::warn!(name = %q.name, error = %e, "egress resolver could not pin an answer");
+                    return Some(dns::reply(&q, Rcode::ServFail));
+                }
+                client
+                    .pinned
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .extend(new);
+            }
         }
         Some(dns::answer(&q, &wanted, ANSWER_TTL, max_len))
     }

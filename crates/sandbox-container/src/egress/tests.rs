@@ -172,6 +172,20 @@ impl Lookup for Names {
     }
 }
 
+/// `n<i>.…` → 198.18.9.<i>: a new address for every name.
+struct Counting;
+
+impl Lookup for Counting {
+    fn lookup<'a>(&'a self, name: &'a str) -> BoxFuture<'a, std::io::Result<Vec<IpAddr>>> {
+        let i: u8 = name
+            .strip_prefix('n')
+            .and_then(|r| r.split('.').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        Box::pin(std::future::ready(Ok(vec![IpAddr::from([198, 18, 9, i])])))
+    }
+}
+
 #[tokio::test]
 async fn the_resolver_pins_listed_names_and_refuses_the_rest() {
     if !require_host() {
@@ -207,6 +221,24 @@ async fn the_resolver_pins_listed_names_and_refuses_the_rest() {
         listing.contains("198.18.7.1") && listing.contains("198.18.7.2"),
         "answers pinned before the reply: {listing}"
     );
+    // Asked again, a pinned answer costs no `nft` call: taken out of the set behind the
+    // resolver's back (the workload cannot: no NET_ADMIN), it is not added again.
+    nft::nft(
+        ns.pid(),
+        &["delete", "element", "inet", TABLE, "dyn4", "{ 198.18.7.1 }"],
+        "",
+    )
+    .await
+    .unwrap();
+    let a = r.answer(&ask("api.sbx.test"), src, 512).await.unwrap();
+    assert_eq!(dns::answer_addrs(&a).len(), 1);
+    let listing = nft::nft(ns.pid(), &["list", "set", "inet", TABLE, "dyn4"], "")
+        .await
+        .unwrap();
+    assert!(
+        !listing.contains("198.18.7.1"),
+        "a repeated answer ran nft again: {listing}"
+    );
     let no = r.answer(&ask("other.sbx.test"), src, 512).await.unwrap();
     assert_eq!(dns::rcode_of(&no), Some(3), "unlisted name: NXDOMAIN");
     let listing = nft::nft(ns.pid(), &["list", "set", "inet", TABLE, "dyn4"], "")
@@ -226,6 +258,35 @@ async fn the_resolver_pins_listed_names_and_refuses_the_rest() {
         Some(1),
         "garbage: FORMERR"
     );
+    // A wildcard cannot grow the set without end: each name below it answers a new
+    // address until the sandbox's cap (16 under test), then SERVFAIL, nothing pinned.
+    r.set_lookup(Arc::new(Counting));
+    let mut served = 0;
+    let refused = loop {
+        let a = r
+            .answer(&ask(&format!("n{served}.wild.sbx.test")), src, 512)
+            .await
+            .unwrap();
+        if dns::rcode_of(&a) != Some(0) {
+            break a;
+        }
+        served += 1;
+        assert!(served <= 64, "no cap on pinned addresses");
+    };
+    assert_eq!(dns::rcode_of(&refused), Some(2), "past the cap: SERVFAIL");
+    // 198.18.7.1 and 198.18.7.2 were pinned above.
+    assert_eq!(served, 16 - 2, "addresses pinned before the cap");
+    let listing = nft::nft(ns.pid(), &["list", "set", "inet", TABLE, "dyn4"], "")
+        .await
+        .unwrap();
+    assert!(
+        !listing.contains(&format!("198.18.9.{served}")),
+        "the refused answer was pinned: {listing}"
+    );
+    r.set_lookup(Arc::new(Names(vec![(
+        "api.sbx.test",
+        "198.18.7.1".parse().unwrap(),
+    )])));
     drop(ns);
     tokio::time::sleep(Duration::from_millis(100)).await;
     let gone = r.answer(&ask("api.sbx.test"), src, 512).await.unwrap();
