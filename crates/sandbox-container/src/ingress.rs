@@ -32,16 +32,23 @@ pub(crate) struct Ingress {
 
 impl Drop for Ingress {
     fn drop(&mut self) {
-        self.stop();
+        // Dropping cannot wait; the aborted tasks close their listeners on their own.
+        drop(self.stop());
     }
 }
 
 impl Ingress {
     /// Stops the forwarders (engine-published ports go away with the container).
-    pub(crate) fn stop(&mut self) {
-        for t in self.tasks.drain(..) {
+    ///
+    /// Aborting only asks: a listener is closed when its task is dropped, on a worker
+    /// thread, later. Until then the kernel still completes connections into its backlog,
+    /// so callers that must promise "closed" await the returned handles.
+    pub(crate) fn stop(&mut self) -> Vec<JoinHandle<()>> {
+        let tasks: Vec<_> = self.tasks.drain(..).collect();
+        for t in &tasks {
             t.abort();
         }
+        tasks
     }
 }
 

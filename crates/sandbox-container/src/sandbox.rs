@@ -347,10 +347,16 @@ impl<E: ContainerEngine> Sandbox for ContainerSandbox<E> {
         shielded_kill(self.shared.info(), (self.killer)()).await?;
         guard.disarm();
         self.killed.store(true, Ordering::SeqCst);
-        self.ingress
+        let forwarders = self
+            .ingress
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .stop();
+        // Once `kill` returns, the ingress ports refuse connections: wait until each
+        // aborted forwarder has dropped its listener (immediate, they only await accept).
+        for t in forwarders {
+            let _ = t.await;
+        }
         Ok(())
     }
 
