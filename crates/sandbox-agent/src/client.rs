@@ -735,6 +735,8 @@ fn reply_error(r: Reply, path: &str) -> SandboxError {
             ErrorKind::NotFound => SandboxError::path_not_found(path),
             ErrorKind::IsADirectory => SandboxError::is_a_directory(path),
             ErrorKind::Limit => SandboxError::resource_limit(format!("agent: {message}"), None),
+            // The same words as the engine path, whatever the OS's message says.
+            ErrorKind::AlreadyExists => SandboxError::file_system(path, "already exists"),
             _ => SandboxError::file_system(path, message),
         },
         other => unexpected(&other),
@@ -849,4 +851,43 @@ fn mark_dead(shared: &Shared, why: &str) {
     }
     routes.map.clear();
     shared.gone.send_replace(true);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandbox_core::ErrorCode;
+
+    fn failed(kind: ErrorKind) -> SandboxError {
+        reply_error(
+            Reply::Error {
+                kind,
+                message: "File exists (os error 17)".into(),
+            },
+            "/work/d",
+        )
+    }
+
+    /// Failures are typed by kind, never by the OS's wording (which differs by libc and
+    /// locale): an existing path reads as the engine path words it.
+    #[test]
+    fn reply_errors_are_typed_by_kind() {
+        assert_eq!(failed(ErrorKind::NotFound).code(), ErrorCode::PathNotFound);
+        assert_eq!(
+            failed(ErrorKind::IsADirectory).code(),
+            ErrorCode::IsADirectory
+        );
+        assert_eq!(
+            failed(ErrorKind::Limit).code(),
+            ErrorCode::ResourceLimitExceeded
+        );
+        let exists = failed(ErrorKind::AlreadyExists);
+        assert_eq!(exists.code(), ErrorCode::FileSystem);
+        let text = exists.to_string();
+        assert!(
+            text.contains("/work/d") && text.contains("already exists"),
+            "{text}"
+        );
+        assert!(!text.contains("os error"), "{text}");
+    }
 }

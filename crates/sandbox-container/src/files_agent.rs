@@ -116,17 +116,7 @@ impl AgentFiles<'_> {
     /// Creates directory `path` (and its parents with `parents`). Without `parents`, an
     /// existing path is refused as the engine path refuses it.
     pub(crate) async fn mkdir(&self, path: &str, parents: bool) -> Result<()> {
-        self.client.mkdir(path, parents).await.map_err(|e| {
-            // The agent reports EEXIST as a FileSystem error carrying the OS message.
-            let text = e.to_string();
-            if e.code() == ErrorCode::FileSystem
-                && (text.contains("os error 17") || text.contains("File exists"))
-            {
-                error::file(path, "already exists", None)
-            } else {
-                e
-            }
-        })
+        self.client.mkdir(path, parents).await
     }
 
     /// Removes `path` and, for a directory, everything below it.
