@@ -68,6 +68,16 @@ pub trait Driver: Send + Sync {
     async fn run_true(&self, h: &Handle) -> Result<()>;
     /// Runs `print(1)` in python3 and checks the output.
     async fn run_code(&self, h: &Handle) -> Result<()>;
+    /// Whether this variant has stateful interpreter contexts (the raw engine crates and
+    /// CLIs have none: there is nothing to compare a warm context with).
+    fn has_contexts(&self) -> bool {
+        false
+    }
+    /// Runs `print(1)` in the sandbox's stateful context `bench` (started by the first
+    /// call, warm afterwards) and checks the output.
+    async fn run_code_warm(&self, _h: &Handle) -> Result<()> {
+        anyhow::bail!("{:?} has no stateful contexts", self.variant())
+    }
     /// Starts `sh -c STREAM_SCRIPT`, returns the latency of its first output chunk, and
     /// drains the rest (not timed).
     async fn first_chunk(&self, h: &Handle) -> Result<Duration>;

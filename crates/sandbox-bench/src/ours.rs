@@ -57,6 +57,17 @@ impl Driver for Ours {
         check_exec(r.exit_code, &r.stdout, b"1\n")
     }
 
+    fn has_contexts(&self) -> bool {
+        true
+    }
+
+    async fn run_code_warm(&self, h: &Handle) -> Result<()> {
+        let r = sandbox(h)?
+            .run_code("print(1)", CodeOptions::default().context("bench"))
+            .await?;
+        check_exec(r.exit_code, &r.stdout, b"1\n")
+    }
+
     async fn first_chunk(&self, h: &Handle) -> Result<Duration> {
         let t = Instant::now();
         let mut p = sandbox(h)?.stream(

@@ -444,19 +444,12 @@ async fn wrapper_cost(plan: &Plan) -> Result<Vec<String>> {
         wrapper[2],
         w - p
     )];
-    lines.push(if plan.backend == "docker" {
-        format!(
-            "The adapter's once-per-sandbox interpreter probe (`{}`) is one extra exec: \
-             {c:.1} ms, paid by the first run_code of every sandbox.",
-            probe[2]
-        )
-    } else {
-        format!(
-            "No interpreter probe in this adapter: its first run_code makes the same requests \
-             as raw (an exec like the probe `{}` would cost {c:.1} ms).",
-            probe[2]
-        )
-    });
+    lines.push(format!(
+        "The adapter's once-per-sandbox interpreter probe (`{}`): on the engine's exec path \
+         (`SBX_AGENT=off`) one extra exec, {c:.1} ms, paid by the first run_code of every \
+         sandbox; through the agent a spawn costing about what run([\"true\"]) costs.",
+        probe[2]
+    ));
     Ok(lines)
 }
 

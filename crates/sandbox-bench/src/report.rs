@@ -18,6 +18,7 @@ pub enum Op {
     RunTrue,
     RunCode,
     RunCodeFresh,
+    RunCodeWarm,
     FirstChunk,
     #[serde(rename = "write_read_1mib")]
     WriteRead1M,
@@ -38,6 +39,7 @@ impl Op {
             Op::RunTrue => "run([\"true\"])".into(),
             Op::RunCode => "run_code(\"print(1)\")".into(),
             Op::RunCodeFresh => "run_code(\"print(1)\"), first call in a new sandbox".into(),
+            Op::RunCodeWarm => "run_code(\"print(1)\") in a warm stateful context".into(),
             Op::FirstChunk => "first streamed chunk".into(),
             Op::WriteRead1M => "1 MiB write+read".into(),
             Op::Kill => "kill".into(),
@@ -230,6 +232,12 @@ pub fn check_targets(rec: &Recorder) -> Vec<TargetCheck> {
         "run([\"true\"]): ours / CLI exec",
         ratio(m(Op::RunTrue, Variant::Ours), m(Op::RunTrue, Variant::Cli)),
         0.75,
+        "≤",
+    );
+    le(
+        "run_code(\"print(1)\") in a warm stateful context p50 (ms)",
+        m(Op::RunCodeWarm, Variant::Ours),
+        5.0,
         "≤",
     );
     le(

@@ -113,6 +113,9 @@ pub async fn execs(plan: &Plan, drivers: &[Arc<dyn Driver>], rec: &mut Recorder)
                 for op in [Op::RunTrue, Op::RunCode, Op::FirstChunk, Op::WriteRead1M] {
                     rec.error(op, d.variant(), &e);
                 }
+                if d.has_contexts() {
+                    rec.error(Op::RunCodeWarm, d.variant(), &e);
+                }
             }
         }
     }
@@ -121,13 +124,24 @@ pub async fn execs(plan: &Plan, drivers: &[Arc<dyn Driver>], rec: &mut Recorder)
         let keep = i >= plan.warmup;
         let n = live.len().max(1);
         let order: Vec<usize> = (0..live.len()).map(|k| (k + i) % n).collect();
-        for op in [Op::RunTrue, Op::RunCode, Op::FirstChunk, Op::WriteRead1M] {
+        let ops = [
+            Op::RunTrue,
+            Op::RunCode,
+            Op::RunCodeWarm,
+            Op::FirstChunk,
+            Op::WriteRead1M,
+        ];
+        for op in ops {
             for &k in &order {
                 let (d, h) = &live[k];
+                if op == Op::RunCodeWarm && !d.has_contexts() {
+                    continue;
+                }
                 let v = d.variant();
                 let r = match op {
                     Op::RunTrue => bounded(timed(d.run_true(h))).await.map(|(t, ())| t),
                     Op::RunCode => bounded(timed(d.run_code(h))).await.map(|(t, ())| t),
+                    Op::RunCodeWarm => bounded(timed(d.run_code_warm(h))).await.map(|(t, ())| t),
                     Op::FirstChunk => bounded(d.first_chunk(h)).await,
                     _ => bounded(timed(d.write_read(h, "bench-1mib.bin", &data)))
                         .await

@@ -297,7 +297,7 @@ fn start<E: ContainerEngine>(
 
 /// The process's output as chunks; the exit status goes to `exit`. The client is held so
 /// its I/O tasks live as long as the stream, whatever happens to the sandbox handle.
-fn events(
+pub(crate) fn events(
     p: RemoteProcess,
     client: AgentClient,
     exit: tokio::sync::oneshot::Sender<i64>,

@@ -208,6 +208,92 @@ pub async fn forged_frame_on_stdout_is_only_output<E: ContainerEngine>(
     out
 }
 
+/// The image with python3, for the interpreter trial.
+const PYTHON: &str = "sandbox-rs/python:3.11";
+
+/// User code in a stateful context writes frames to the interpreter driver's own response
+/// channel (reachable as `__main__._wr`): a header announcing 1 TiB, then garbage. Each is
+/// refused at once with a typed error (`ResourceLimitExceeded`, then `Engine`), nothing is
+/// buffered, the context is killed (its state is gone, the next call starts afresh), and
+/// other contexts and the sandbox are untouched.
+pub async fn forged_interpreter_frames_kill_only_their_context<E: ContainerEngine>(
+    b: &ContainerBackend<E>,
+) -> Trial {
+    use sandbox_core::{CodeOptions, ErrorCode};
+    let options = CreateOptions::new(PYTHON)
+        .timeout(Duration::from_secs(120))
+        .metadata("test", "agent_forged_interpreter_frame");
+    let s = create(b, options).await?;
+    let out = async {
+        let in_ctx = |id: &str| {
+            CodeOptions::default()
+                .context(id)
+                .timeout(Duration::from_secs(30))
+        };
+        let code = |src: &'static str, id: &'static str| {
+            let s = &s;
+            async move {
+                s.run_code(src, in_ctx(id))
+                    .await
+                    .map_err(|e| (e.code(), e.render()))
+            }
+        };
+        for (id, forged, want) in [
+            (
+                "forger",
+                "import __main__, struct\n__main__._wr.write(b'SBX1' + struct.pack('>Q', 1 << 40))",
+                ErrorCode::ResourceLimitExceeded,
+            ),
+            (
+                "garbler",
+                "import __main__\n__main__._wr.write(b'garbage, not a frame')",
+                ErrorCode::Engine,
+            ),
+        ] {
+            match code("x = 41", id).await {
+                Ok(r) if r.exit_code == 0 => {}
+                other => return Err(fail(format!("setting state in {id}: {other:?}"))),
+            }
+            let t = Instant::now();
+            match code(forged, id).await {
+                Err((c, _)) if c == want => {}
+                other => {
+                    return Err(fail(format!(
+                        "a forged frame in {id} gave {other:?}, not {want:?}"
+                    )));
+                }
+            }
+            if t.elapsed() > Duration::from_secs(10) {
+                return Err(fail(format!(
+                    "refusing the forged frame took {:?}",
+                    t.elapsed()
+                )));
+            }
+            match code("print(x)", id).await {
+                Ok(r) if r.exit_code != 0 && r.stderr_text().contains("NameError") => {}
+                other => {
+                    return Err(fail(format!(
+                        "after a forged frame, {id} kept its state (not killed): {other:?}"
+                    )));
+                }
+            }
+        }
+        match code("y = 6 * 7", "bystander").await {
+            Ok(r) if r.exit_code == 0 => {}
+            other => return Err(fail(format!("bystander: {other:?}"))),
+        }
+        match code("print(y)", "bystander").await {
+            Ok(r) if r.stdout_text() == "42\n" => Ok(()),
+            other => Err(fail(format!(
+                "the bystander context lost its state: {other:?}"
+            ))),
+        }
+    }
+    .await;
+    let _ = s.kill().await;
+    out
+}
+
 /// The bytes ctrl-p ctrl-q (an engine's default detach keys) in the host→agent stream do
 /// not end the attach: a 4113-byte output chunk (one `write` of that size, which the
 /// agent reads whole unless the pipe splits it) is acknowledged with the body

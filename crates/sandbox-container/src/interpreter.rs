@@ -1,8 +1,9 @@
 //! `run_code`: stateless through a plain exec, stateful through one persistent interpreter
 //! per context, speaking one wire protocol.
 //!
-//! A context is an exec (under the pid wrapper, so it is killable) running [`DRIVER`] with
-//! stdin attached. Requests are `u32 BE length + UTF-8 code`. The driver `exec`s each in one
+//! A context is a process running [`DRIVER`] with stdin attached: spawned by the in-sandbox
+//! agent when there is one (a request then costs no engine round-trip), otherwise an
+//! engine exec under the pid wrapper, so it is killable. Requests are `u32 BE length + UTF-8 code`. The driver `exec`s each in one
 //! persistent globals dict, capturing output at the file-descriptor level (so
 //! subprocesses' output is captured too), and answers with one frame:
 //! `"SBX1" | u64 BE stdout length | stdout | u64 BE stderr length | stderr | i32 BE exit`.
@@ -31,8 +32,10 @@ use tokio::io::AsyncWriteExt;
 
 use crate::engine::{ContainerEngine, ExecInput};
 use crate::error;
-use crate::exec::{ExecPlan, exit_code, helper_argv, launch, process};
+use crate::exec::{ExecPlan, HELPER_TIMEOUT, exit_code, helper_argv, launch, process};
 use crate::sandbox::Shared;
+use sandbox_agent::client::StdinWriter;
+use sandbox_agent::protocol::SpawnSpec;
 
 /// One context's slot; `None` until started, or after its interpreter was lost.
 pub(crate) type ContextSlot = Arc<tokio::sync::Mutex<Option<CodeContext>>>;
@@ -41,6 +44,8 @@ pub(crate) type ContextSlot = Arc<tokio::sync::Mutex<Option<CodeContext>>>;
 pub const MAGIC: &[u8; 4] = b"SBX1";
 /// Largest code sent as an argument of a stateless run; larger code goes through stdin.
 const MAX_INLINE_CODE: usize = 96 * 1024;
+/// Output kept from the interpreter probe (it prints nothing).
+const PROBE_OUTPUT_CAP: usize = 4096;
 /// Driver stderr kept for the message when an interpreter dies.
 const DRIVER_STDERR_MAX: usize = 64 * 1024;
 
@@ -188,11 +193,41 @@ pub(crate) fn request_frame(code: &str) -> Result<Vec<u8>> {
 
 /// A live interpreter.
 pub(crate) struct CodeContext {
-    exec_id: String,
-    input: ExecInput,
+    /// What orphan warnings name: the engine's exec id, or the agent's request.
+    name: String,
+    input: ContextInput,
     output: BoxStream<'static, Result<OutputChunk>>,
+    /// The interpreter's exit code, once its output ended.
+    exit: ContextExit,
     buf: BytesMut,
     killer: Killer,
+}
+
+/// Where requests go: the engine exec's attached stdin, or the agent's stdin stream.
+enum ContextInput {
+    Engine(ExecInput),
+    Agent(StdinWriter),
+}
+
+impl ContextInput {
+    async fn send(&mut self, backend: &str, frame: &[u8]) -> Result<()> {
+        match self {
+            ContextInput::Engine(input) => {
+                let io = |e: std::io::Error| error::io(backend, "writing to the interpreter", e);
+                input.write_all(frame).await.map_err(io)?;
+                input.flush().await.map_err(io)
+            }
+            ContextInput::Agent(stdin) => stdin.write(frame).await,
+        }
+    }
+}
+
+/// How the interpreter's exit code is learned once its output ended.
+enum ContextExit {
+    /// Inspect the engine's exec.
+    Engine(String),
+    /// The agent reported it with the end of the output.
+    Agent(tokio::sync::oneshot::Receiver<i64>),
 }
 
 enum Outcome {
@@ -207,11 +242,44 @@ impl CodeContext {
         sh: &Arc<Shared<E>>,
         interpreter: &str,
     ) -> Result<CodeContext> {
+        let argv = vec![interpreter.into(), "-u".into(), "-c".into(), DRIVER.into()];
+        let env = sh.exec_env(&Default::default());
+        if let Some(client) = &sh.agent {
+            // Through the agent: no engine round-trip per request, and a kill reaches every
+            // process the interpreter started, re-parented or not.
+            let spec = SpawnSpec {
+                argv,
+                env,
+                cwd: Some(sh.workdir.clone()),
+                stdin: true,
+            };
+            let p = client.spawn(spec).await?;
+            let input = p.stdin().ok_or_else(|| {
+                error::internal(
+                    sh.engine.backend(),
+                    "the agent gave the interpreter no stdin",
+                )
+            })?;
+            let handle = p.kill_handle();
+            let killer: Killer = Arc::new(move || {
+                let handle = handle.clone();
+                Box::pin(async move { handle.kill().await })
+            });
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            return Ok(CodeContext {
+                name: "agent interpreter".into(),
+                input: ContextInput::Agent(input),
+                output: crate::agent::events(p, client.clone(), tx),
+                exit: ContextExit::Agent(rx),
+                buf: BytesMut::new(),
+                killer,
+            });
+        }
         let mut l = launch(
             sh,
             ExecPlan {
-                argv: vec![interpreter.into(), "-u".into(), "-c".into(), DRIVER.into()],
-                env: sh.exec_env(&Default::default()),
+                argv,
+                env,
                 workdir: sh.workdir.clone(),
                 stdin: true,
                 wrapped: true,
@@ -225,9 +293,10 @@ impl CodeContext {
             .ok_or_else(|| error::internal(sh.engine.backend(), "the engine attached no stdin"))?;
         l.guard.disarm();
         Ok(CodeContext {
-            exec_id: l.exec_id,
-            input,
+            name: l.exec_id.clone(),
+            input: ContextInput::Engine(input),
             output: l.output,
+            exit: ContextExit::Engine(l.exec_id),
             buf: BytesMut::new(),
             killer: l.killer,
         })
@@ -241,9 +310,7 @@ impl CodeContext {
     ) -> Result<Outcome> {
         let frame = request_frame(code)?;
         let backend = sh.engine.backend();
-        let io = |e: std::io::Error| error::io(backend, "writing to the interpreter", e);
-        self.input.write_all(&frame).await.map_err(io)?;
-        self.input.flush().await.map_err(io)?;
+        self.input.send(backend, &frame).await?;
         let mut driver_err = Vec::new();
         loop {
             if !self.buf.is_empty() {
@@ -282,7 +349,11 @@ impl CodeContext {
                 },
                 Some(Err(e)) => return Err(e),
                 None => {
-                    let code = exit_code(sh, &self.exec_id).await?;
+                    let code = match &mut self.exit {
+                        ContextExit::Engine(exec_id) => exit_code(sh, exec_id).await?,
+                        // No status with the end of the output: the agent is gone.
+                        ContextExit::Agent(rx) => rx.await.map_err(|_| error::gone(&sh.id))?,
+                    };
                     driver_err.extend_from_slice(
                         b"\n[sandbox-rs] the interpreter exited; this context's state is lost\n",
                     );
@@ -312,7 +383,16 @@ async fn ensure_interpreter<E: ContainerEngine>(
         Some(p) => p,
         None => {
             let check = format!("command -v {interpreter} >/dev/null 2>&1");
-            let r = helper_argv(sh, &["sh", "-c", &check]).await?;
+            let r = match &sh.agent {
+                Some(client) => {
+                    let argv = ["sh", "-c", &check].map(String::from).to_vec();
+                    let none = Default::default();
+                    crate::agent::process(sh, client, argv, &none, Some("/"), HELPER_TIMEOUT, None)?
+                        .collect(PROBE_OUTPUT_CAP)
+                        .await?
+                }
+                None => helper_argv(sh, &["sh", "-c", &check]).await?,
+            };
             let present = r.exit_code == 0;
             sh.interpreters
                 .lock()
@@ -357,9 +437,12 @@ pub(crate) async fn run_code<E: ContainerEngine>(
             Some(bytes::Bytes::from(code.to_string())),
         )
     };
-    process(sh, argv, &Default::default(), None, timeout, feed)?
-        .collect(cap)
-        .await
+    let none = Default::default();
+    let p = match &sh.agent {
+        Some(client) => crate::agent::process(sh, client, argv, &none, None, timeout, feed)?,
+        None => process(sh, argv, &none, None, timeout, feed)?,
+    };
+    p.collect(cap).await
 }
 
 /// The slot of context `ctx_id`, refusing a new one past the cap.
@@ -402,7 +485,7 @@ async fn run_in_context<E: ContainerEngine>(
     // Owns the interpreter while a request is in flight: a dropped call kills it.
     let mut guard = TeardownGuard::new(
         OrphanInfo::new(
-            format!("{}/{}", sh.id, ctx.exec_id),
+            format!("{}/{}", sh.id, ctx.name),
             sh.engine.backend(),
             sh.labels.clone(),
         ),

@@ -70,3 +70,11 @@ async fn fifo_read_fails_within_the_call_timeout() {
         .await
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn forged_interpreter_frames_kill_only_their_context() {
+    let Some(b) = backend().await else { return };
+    trials::forged_interpreter_frames_kill_only_their_context(&b)
+        .await
+        .unwrap();
+}
