@@ -25,8 +25,8 @@ use futures::{Stream, StreamExt, TryStreamExt};
 use podman_api::Podman;
 use podman_api::conn::TtyChunk;
 use podman_api::opts::{
-    ContainerAttachOpts, ContainerDeleteOpts, ContainerListFilter, ContainerListOpts,
-    ExecCreateOpts, ExecStartOpts, PullOpts,
+    ContainerDeleteOpts, ContainerListFilter, ContainerListOpts, ExecCreateOpts, ExecStartOpts,
+    PullOpts,
 };
 use sandbox_container::{
     ArchiveBody, AttachStream, ContainerEngine, ContainerInfo, ContainerSpec, CredentialStore,
@@ -295,6 +295,49 @@ fn open_agent_channel(body: &mut serde_json::Value) {
             serde_json::json!({ "driver": "none" }),
         );
     }
+}
+
+/// Largest frame accepted from the engine's multiplexed attach stream. The engine frames
+/// what it read from the container's pipes in buffers far smaller than this; a larger
+/// header is a broken stream, refused before anything is buffered.
+const MAX_ATTACH_FRAME: usize = 4 << 20;
+
+/// Reads the engine's multiplexed attach stream (no TTY): frames of an 8-byte header —
+/// stream (0 stdin, 1 stdout, 2 stderr), three zero bytes, u32 BE length — and the data.
+fn demux<R>(reader: R) -> impl Stream<Item = EngineResult<OutputChunk>> + Send + 'static
+where
+    R: tokio::io::AsyncRead + Unpin + Send + 'static,
+{
+    use tokio::io::AsyncReadExt as _;
+    let broken =
+        |why: String| EngineError::new(EngineErrorKind::Other, format!("attach output: {why}"));
+    futures::stream::unfold(Some(reader), move |state| async move {
+        let mut r = state?;
+        loop {
+            let mut header = [0u8; 8];
+            match r.read_exact(&mut header).await {
+                Ok(_) => {}
+                // The end of the stream between frames is the end of the container's output.
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return None,
+                Err(e) => return Some((Err(broken(e.to_string())), None)),
+            }
+            let len = u32::from_be_bytes([header[4], header[5], header[6], header[7]]) as usize;
+            if len > MAX_ATTACH_FRAME {
+                return Some((Err(broken(format!("a frame of {len} bytes"))), None));
+            }
+            let mut data = vec![0u8; len];
+            if let Err(e) = r.read_exact(&mut data).await {
+                return Some((Err(broken(format!("truncated frame: {e}"))), None));
+            }
+            let chunk = match header[0] {
+                1 => OutputChunk::stdout(Bytes::from(data)),
+                2 => OutputChunk::stderr(Bytes::from(data)),
+                0 => continue,
+                other => return Some((Err(broken(format!("unknown stream {other}"))), None)),
+            };
+            return Some((Ok(chunk), Some(r)));
+        }
+    })
 }
 
 /// The stdin half of podman-api's multiplexer (a `futures` writer) as a tokio writer.
@@ -731,30 +774,13 @@ impl ContainerEngine for PodmanEngine {
     }
 
     async fn attach(&self, id: &str) -> EngineResult<AttachStream> {
-        // An empty `detachKeys` (present, not omitted) turns detaching off: otherwise
-        // ctrl-p ctrl-q in the protocol's bytes (a length, a file's content) would end
-        // the attach.
-        let opts = ContainerAttachOpts::builder()
-            .stdin(true)
-            .stdout(true)
-            .stderr(true)
-            .detach_keys("")
-            .build();
-        let c = self.client.containers().get(id);
-        let mux = self.api("container attach", c.attach(&opts)).await?;
-        let (reader, writer) = mux.split();
-        let output = reader
-            .map_err(|e| from_api("attach output", podman_api::Error::from(e)))
-            .try_filter_map(|c| {
-                futures::future::ready(Ok(match c {
-                    TtyChunk::StdOut(v) => Some(OutputChunk::stdout(Bytes::from(v))),
-                    TtyChunk::StdErr(v) => Some(OutputChunk::stderr(Bytes::from(v))),
-                    TtyChunk::StdIn(_) => None,
-                }))
-            });
+        let upgraded = self
+            .rest_call("container attach", self.rest.attach(id))
+            .await?;
+        let (reader, writer) = tokio::io::split(upgraded);
         Ok(AttachStream {
-            output: unwind_safe("attach output", output),
-            input: Box::pin(Stdin(Box::pin(writer))),
+            output: demux(reader).boxed(),
+            input: Box::pin(writer),
         })
     }
 
@@ -974,6 +1000,58 @@ impl ContainerEngine for PodmanEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn frame(stream: u8, data: &[u8]) -> Vec<u8> {
+        let mut f = vec![stream, 0, 0, 0];
+        f.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        f.extend_from_slice(data);
+        f
+    }
+
+    async fn demuxed(bytes: Vec<u8>) -> Vec<EngineResult<OutputChunk>> {
+        demux(std::io::Cursor::new(bytes)).collect().await
+    }
+
+    #[tokio::test]
+    async fn attach_frames_are_split_by_stream() {
+        let mut b = frame(1, b"out");
+        b.extend(frame(0, b"echoed stdin is dropped"));
+        b.extend(frame(2, b"err"));
+        b.extend(frame(1, b""));
+        let got: Vec<_> = demuxed(b).await.into_iter().map(Result::unwrap).collect();
+        assert_eq!(
+            got,
+            vec![
+                OutputChunk::stdout(Bytes::from_static(b"out")),
+                OutputChunk::stderr(Bytes::from_static(b"err")),
+                OutputChunk::stdout(Bytes::new()),
+            ]
+        );
+    }
+
+    /// A header announcing more than the cap is refused before anything is allocated,
+    /// and so are a truncated frame and an unknown stream; each ends the stream.
+    #[tokio::test]
+    async fn broken_attach_frames_end_the_stream_with_an_error() {
+        let mut huge = frame(1, b"ok");
+        huge.extend([1, 0, 0, 0, 0xff, 0xff, 0xff, 0xff]);
+        huge.extend(frame(1, b"never read"));
+        let got = demuxed(huge).await;
+        assert_eq!(got.len(), 2);
+        assert!(
+            got[1]
+                .as_ref()
+                .unwrap_err()
+                .to_string()
+                .contains("4294967295")
+        );
+        let mut cut = frame(2, b"partial");
+        cut.truncate(10);
+        let got = demuxed(cut).await;
+        assert!(got.len() == 1 && got[0].is_err(), "{got:?}");
+        let got = demuxed(frame(7, b"x")).await;
+        assert!(got.len() == 1 && got[0].is_err(), "{got:?}");
+    }
 
     #[test]
     fn states_map() {
