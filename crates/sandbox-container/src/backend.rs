@@ -296,8 +296,43 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         // The library network is ensured before the spec is checked, so a refusal still
         // provisions no container (a network is not a sandbox; the sweep removes it).
         let egress_net = crate::egress::network_for(&*self.engine, &options.network).await?;
+        let first = self
+            .create_on(&options, resources, tier, egress_net.as_ref())
+            .await;
+        let Some(used) = egress_net.filter(|_| first.is_err()) else {
+            return first;
+        };
+        // Another process's sweep may have removed the library network (unused at that
+        // moment) between ensuring it and creating on it: the create then fails with a
+        // network the engine no longer has. Ensured afresh under another id, one retry
+        // (with its own create bound: this race is rare, and the first attempt left
+        // nothing behind).
+        let fresh = crate::egress::network_for(&*self.engine, &options.network).await?;
+        match fresh {
+            Some(net) if net.id != used.id => {
+                tracing::debug!(
+                    backend,
+                    network = %net.name,
+                    "the library network was re-created during create; retrying once"
+                );
+                self.create_on(&options, resources, tier, Some(&net)).await
+            }
+            _ => first,
+        }
+    }
+
+    /// One provisioning attempt on `egress_net`, bounded by the create timeout (after any
+    /// pull, which has its own bound).
+    async fn create_on(
+        &self,
+        options: &CreateOptions,
+        resources: sandbox_core::EffectiveResources,
+        tier: IsolationTier,
+        egress_net: Option<&crate::engine::NetworkInfo>,
+    ) -> Result<ContainerSandbox<E>> {
+        let backend = self.engine.backend();
         let agent = self.wants_agent();
-        let spec = self.spec(&options, resources, egress_net.as_ref(), agent);
+        let spec = self.spec(options, resources, egress_net, agent);
         self.engine.check_spec(&spec).map_err(error::refused_spec)?;
         // Before the create bound: a first pull may take minutes (it has its own bound).
         crate::image::ensure(
@@ -321,7 +356,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         let provision = async {
             let mounted = spec.agent_mount.is_some();
             let first = self
-                .provision(spec.clone(), &options, tier, egress_net.as_ref())
+                .provision(spec.clone(), options, tier, egress_net)
                 .await;
             let first = match first {
                 Ok(Provisioned::Ready(s)) => Ok(Provisioned::Ready(s)),
@@ -330,9 +365,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                 failed @ Ok(Provisioned::AgentFailed(_)) if mounted => {
                     let mut uploaded = spec.clone();
                     uploaded.agent_mount = None;
-                    let retry = self
-                        .provision(uploaded, &options, tier, egress_net.as_ref())
-                        .await;
+                    let retry = self.provision(uploaded, options, tier, egress_net).await;
                     if matches!(retry, Ok(Provisioned::Ready(_))) {
                         self.agent_mount_failed.store(true, Ordering::Relaxed);
                         tracing::warn!(
@@ -358,11 +391,8 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                         exec_path = "engine",
                         "the in-sandbox agent did not start; falling back to the engine's exec path"
                     );
-                    let spec = self.spec(&options, resources, egress_net.as_ref(), false);
-                    match self
-                        .provision(spec, &options, tier, egress_net.as_ref())
-                        .await?
-                    {
+                    let spec = self.spec(options, resources, egress_net, false);
+                    match self.provision(spec, options, tier, egress_net).await? {
                         Provisioned::Ready(s) => Ok(*s),
                         Provisioned::AgentFailed(reason) => Err(error::internal(backend, reason)),
                     }

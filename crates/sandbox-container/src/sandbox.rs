@@ -37,8 +37,8 @@ pub struct ContainerNative<E> {
     pub container_id: String,
     /// Host loopback address of each ingress port (container port → `127.0.0.1:<port>`).
     pub ingress: BTreeMap<u16, SocketAddr>,
-    /// Whether `run` and `stream` go through the in-sandbox agent or the engine's exec
-    /// path (`run_code` and files use the exec path either way, for now).
+    /// Whether the sandbox's operations (`run`, `stream`, `run_code` and files alike) go
+    /// through the in-sandbox agent or the engine's exec path.
     pub exec_path: ExecPath,
 }
 

@@ -46,3 +46,15 @@ async fn the_rules_in_force_are_the_ones_loaded() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn network_removed_during_create_is_recreated() {
+    let config = DockerConfig::from_env().startup_sweep(false);
+    let Some(engine) = unless_connected(
+        "Docker",
+        sandbox_docker::DockerEngine::connect(config).await,
+    ) else {
+        return;
+    };
+    tests::network_removed_during_create_is_recreated(engine).await;
+}

@@ -256,11 +256,15 @@ pub(crate) fn network_info(n: models::Network) -> NetworkInfo {
         .into_iter()
         .filter_map(|s| Subnet::parse(s.subnet.as_deref()?, s.gateway.as_deref()))
         .collect();
-    NetworkInfo::new(
+    let mut info = NetworkInfo::new(
         n.name.unwrap_or_default(),
         subnets,
         n.labels.unwrap_or_default().into_iter().collect(),
-    )
+    );
+    // Known ids let a create tell a network re-created under the same name (another
+    // process's sweep removed it meanwhile) from the one it ensured.
+    info.id = n.id.unwrap_or_default();
+    info
 }
 
 /// The existing network `spec` names, refused unless the library created it (a foreign

@@ -11,7 +11,12 @@ use std::time::{Duration, Instant};
 
 use sandbox_core::{Backend, Capability, ErrorCode, NetworkPolicy, ReapableBackend, Sandbox};
 
-use crate::egress::{TABLE, lab};
+use crate::backend::{ContainerBackend, ContainerConfig};
+use crate::egress::{NETWORK_NAME, TABLE, lab};
+use crate::engine::{
+    ArchiveBody, AttachStream, ContainerEngine, ContainerInfo, ContainerSpec, EngineErrorKind,
+    EngineResult, ExecRequest, ExecState, ExecStream, NetworkInfo, NetworkSpec, PathStat,
+};
 use crate::testing::{managed_ids, test_options};
 
 /// The image the tests create.
@@ -116,4 +121,163 @@ pub async fn the_rules_in_force_are_the_ones_loaded<B: Backend>(
         Some("true")
     );
     sb.kill().await.unwrap();
+}
+
+/// An engine that removes the library network right before the first container create
+/// that would join it: another process's sweep, which removes the network while nothing
+/// uses it, at the worst moment. Everything else goes to `inner`.
+#[derive(Debug)]
+pub struct NetworkThief<E> {
+    inner: E,
+    armed: std::sync::atomic::AtomicBool,
+    /// Networks removed by the thief.
+    pub stolen: std::sync::atomic::AtomicU64,
+}
+
+impl<E> NetworkThief<E> {
+    /// Wraps `inner`, armed.
+    pub fn new(inner: E) -> Self {
+        NetworkThief {
+            inner,
+            armed: std::sync::atomic::AtomicBool::new(true),
+            stolen: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl<E: ContainerEngine> ContainerEngine for NetworkThief<E> {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    fn tier(&self) -> sandbox_core::IsolationTier {
+        self.inner.tier()
+    }
+    fn capabilities(&self) -> Capability {
+        self.inner.capabilities()
+    }
+    fn endpoint(&self) -> &str {
+        self.inner.endpoint()
+    }
+    fn check_spec(&self, spec: &ContainerSpec) -> EngineResult<()> {
+        self.inner.check_spec(spec)
+    }
+    async fn create(&self, spec: &ContainerSpec) -> EngineResult<String> {
+        use std::sync::atomic::Ordering;
+        let joins = !matches!(spec.network, crate::engine::NetworkMode::None);
+        if joins && self.armed.swap(false, Ordering::SeqCst) {
+            // Another test's sandbox may still be on the network for a moment.
+            let until = Instant::now() + Duration::from_secs(20);
+            loop {
+                match self.inner.remove_network(NETWORK_NAME).await {
+                    Ok(_) => {
+                        self.stolen.fetch_add(1, Ordering::SeqCst);
+                        break;
+                    }
+                    Err(e) if e.kind == EngineErrorKind::Conflict && Instant::now() < until => {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        self.inner.create(spec).await
+    }
+    async fn start(&self, id: &str) -> EngineResult<()> {
+        self.inner.start(id).await
+    }
+    async fn inspect(&self, id: &str) -> EngineResult<ContainerInfo> {
+        self.inner.inspect(id).await
+    }
+    async fn remove(&self, id: &str) -> EngineResult<bool> {
+        self.inner.remove(id).await
+    }
+    async fn list(
+        &self,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> EngineResult<Vec<ContainerInfo>> {
+        self.inner.list(labels).await
+    }
+    async fn exec(&self, id: &str, request: ExecRequest) -> EngineResult<ExecStream> {
+        self.inner.exec(id, request).await
+    }
+    fn supports_attach(&self) -> bool {
+        self.inner.supports_attach()
+    }
+    fn supports_agent_mount(&self) -> bool {
+        self.inner.supports_agent_mount()
+    }
+    async fn attach(&self, id: &str) -> EngineResult<AttachStream> {
+        self.inner.attach(id).await
+    }
+    async fn exec_state(&self, exec_id: &str) -> EngineResult<ExecState> {
+        self.inner.exec_state(exec_id).await
+    }
+    async fn put_archive(&self, id: &str, dir: &str, body: ArchiveBody) -> EngineResult<()> {
+        self.inner.put_archive(id, dir, body).await
+    }
+    async fn get_archive(&self, id: &str, path: &str) -> EngineResult<ArchiveBody> {
+        self.inner.get_archive(id, path).await
+    }
+    async fn stat_path(&self, id: &str, path: &str) -> EngineResult<PathStat> {
+        self.inner.stat_path(id, path).await
+    }
+    fn is_local(&self) -> bool {
+        self.inner.is_local()
+    }
+    fn netfilter_applies(&self) -> bool {
+        self.inner.netfilter_applies()
+    }
+    async fn ensure_network(&self, spec: &NetworkSpec) -> EngineResult<NetworkInfo> {
+        self.inner.ensure_network(spec).await
+    }
+    async fn networks(&self) -> EngineResult<Vec<NetworkInfo>> {
+        self.inner.networks().await
+    }
+    async fn remove_network(&self, name: &str) -> EngineResult<bool> {
+        self.inner.remove_network(name).await
+    }
+    fn credential_store(&self) -> crate::image::CredentialStore {
+        self.inner.credential_store()
+    }
+    async fn image_exists(&self, image: &str) -> EngineResult<bool> {
+        self.inner.image_exists(image).await
+    }
+    async fn ping(&self) -> EngineResult<()> {
+        self.inner.ping().await
+    }
+    async fn diagnose(&self) -> sandbox_core::EngineReport {
+        self.inner.diagnose().await
+    }
+}
+
+/// The library network is removed between being ensured and the container create that
+/// joins it (the [`NetworkThief`]): the create re-ensures it and succeeds, on a network
+/// that exists, and the sandbox has its interface.
+pub async fn network_removed_during_create_is_recreated<E: ContainerEngine>(engine: E) {
+    let _one = SERIAL.lock().await;
+    let thief = NetworkThief::new(engine);
+    let b = ContainerBackend::new(thief, ContainerConfig::new(BUSYBOX).startup_sweep(false)).await;
+    // The network exists before the create (so the thief has something to remove).
+    let first = b
+        .create(test_options(BUSYBOX, "egress_network_race").network(NetworkPolicy::allow()))
+        .await;
+    let s =
+        first.unwrap_or_else(|e| panic!("create after the network was removed: {}", e.render()));
+    assert_eq!(
+        b.engine().stolen.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the thief removed no network: the trial proved nothing"
+    );
+    let r = s
+        .run("cat /proc/net/dev".into(), Default::default())
+        .await
+        .unwrap();
+    let text = r.stdout_text();
+    let _ = s.kill().await;
+    assert!(
+        text.lines()
+            .any(|l| l.contains(':') && !l.trim_start().starts_with("lo:")),
+        "no interface besides lo:\n{text}"
+    );
 }
