@@ -65,6 +65,18 @@ pub const PACKAGES: &[Package] = &[
         purpose: "egress allowlists inside sandbox network namespaces",
     },
     Package {
+        // Tests only: the ssh:// engine trials start their own sshd on loopback (never the
+        // system service; policy-rc.d keeps it stopped in CI) and connect with `ssh`.
+        name: "openssh-server",
+        optional: false,
+        purpose: "the loopback sshd the ssh:// engine tests start",
+    },
+    Package {
+        name: "openssh-client",
+        optional: false,
+        purpose: "the `ssh` that ssh:// engine endpoints tunnel through",
+    },
+    Package {
         name: "iproute2",
         optional: false,
         purpose: "`ip netns` / interface inspection for network policy",

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use sandbox_core::{Result, SandboxError};
+use sandbox_core::SandboxError;
 use sha2::{Digest, Sha256};
 
 /// Docker's rootful default endpoint.
@@ -272,29 +272,6 @@ pub fn context_dir_name(name: &str) -> String {
         .collect()
 }
 
-/// Refuses `ssh://` endpoints with the supported alternative: forwarding the socket.
-pub fn refuse_ssh(endpoint: &str, remote_socket: &str, env_var: &str) -> Result<()> {
-    let local = format!(
-        "/tmp/{}",
-        Path::new(remote_socket)
-            .file_name()
-            .map_or("engine.sock".into(), |n| n.to_string_lossy())
-    );
-    if endpoint
-        .trim_start()
-        .to_ascii_lowercase()
-        .starts_with("ssh://")
-    {
-        return Err(SandboxError::config(
-            "ssh:// engine endpoints are not supported yet",
-            format!(
-                "forward the engine socket instead: `ssh -nNT -L {local}:{remote_socket} user@host`, then {env_var}=unix://{local}"
-            ),
-        ));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -306,13 +283,6 @@ mod tests {
             context_dir_name("abc"),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
-    }
-
-    #[test]
-    fn ssh_refused_with_forwarding_fix() {
-        let e = refuse_ssh("ssh://me@host", "/var/run/docker.sock", "DOCKER_HOST").unwrap_err();
-        assert_eq!(e.code(), SandboxError::config("", "").code());
-        assert!(refuse_ssh("unix:///x.sock", "/x", "X").is_ok());
     }
 
     #[test]

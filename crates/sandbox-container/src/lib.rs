@@ -22,6 +22,7 @@ mod interpreter;
 mod kill;
 pub mod runtime;
 mod sandbox;
+pub mod ssh;
 mod sweep;
 // Test support for the adapters' tests (the shared fault proxy); not part of the API.
 #[doc(hidden)]

@@ -14,6 +14,7 @@ pub mod egress;
 pub mod pull;
 pub mod registry;
 pub mod skip;
+pub mod ssh;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use bollard::Docker;
 use sandbox_container::discovery::{
-    DiscoveredEndpoint, DiscoveryError, EndpointSource, EnvSnapshot, discover_docker, refuse_ssh,
+    DiscoveredEndpoint, DiscoveryError, EndpointSource, EnvSnapshot, discover_docker,
 };
+use sandbox_container::ssh::SshTarget;
 use sandbox_container::{ContainerConfig, Runtime};
 use sandbox_core::{Result, SandboxError};
 
@@ -52,6 +53,9 @@ pub struct DockerConfig {
     /// Accept `tcp://`/`http://` without TLS (default `false`): exec bodies carry the
     /// caller's environment, secrets included, so plain TCP must be an explicit choice.
     pub allow_plain_tcp: bool,
+    /// ssh config file for an `ssh://` endpoint's tunnel (`ssh -F`; `None`: the user's,
+    /// or `SBX_SSH_CONFIG`).
+    pub ssh_config: Option<PathBuf>,
     /// OCI runtime of every sandbox.
     pub runtime: Runtime,
     /// Image used when `CreateOptions::template` is `None`.
@@ -84,6 +88,7 @@ impl Default for DockerConfig {
             tls_verify: false,
             cert_path: None,
             allow_plain_tcp: false,
+            ssh_config: None,
             runtime: Runtime::Runc,
             default_template: DEFAULT_TEMPLATE.to_string(),
             startup_sweep: true,
@@ -163,6 +168,13 @@ impl DockerConfig {
     /// trusted network: exec bodies carry secrets in the clear.
     pub fn allow_plain_tcp(mut self, on: bool) -> Self {
         self.allow_plain_tcp = on;
+        self
+    }
+
+    /// Uses `path` as the ssh config of an `ssh://` endpoint's tunnel (`ssh -F`), instead
+    /// of the user's `~/.ssh/config`.
+    pub fn ssh_config(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ssh_config = Some(path.into());
         self
     }
 
@@ -252,8 +264,12 @@ impl DockerConfig {
             return Err(e.to_error());
         }
         let endpoint = self.endpoint();
-        refuse_ssh(&endpoint, "/var/run/docker.sock", DOCKER_HOST_ENV)?;
         let lower = endpoint.to_ascii_lowercase();
+        if lower.starts_with("ssh://") {
+            let mut target = SshTarget::parse(&endpoint, "/var/run/docker.sock")?;
+            target.config_file = self.ssh_config.clone();
+            return Ok(Transport::Ssh(target));
+        }
         let shown = redact_endpoint(&endpoint);
         if lower.starts_with("https://")
             || (self.tls_verify && (lower.starts_with("tcp://") || lower.starts_with("http://")))
@@ -323,6 +339,10 @@ pub(crate) enum Transport {
     Local(String),
     /// `tcp://` without TLS, explicitly allowed.
     PlainTcp(String),
+    /// `ssh://`: the remote engine's socket, forwarded by the OpenSSH client
+    /// ([`sandbox_container::ssh`]); the engine opens the tunnel, then speaks to its local
+    /// end as to a [`Transport::Local`] socket.
+    Ssh(SshTarget),
     /// TLS with client certificates.
     Tls {
         endpoint: String,
@@ -351,6 +371,10 @@ impl Transport {
                 cert,
                 key,
             } => tls_client(endpoint, ca, cert, key),
+            // The engine replaces it with the tunnel's local socket before asking.
+            Transport::Ssh(t) => Err(bollard::errors::Error::UnsupportedURISchemeError {
+                uri: format!("ssh://{} (open the tunnel first)", t.host),
+            }),
         }
     }
 }
@@ -551,11 +575,21 @@ mod tests {
     }
 
     #[test]
-    fn ssh_refused_with_socket_forwarding_fix() {
-        let c = DockerConfig::from_env_snapshot(&env().var("DOCKER_HOST", "ssh://me@host"));
-        let text = config_text(&c.transport().unwrap_err());
-        assert!(text.contains("ssh -nNT -L /tmp/docker.sock:/var/run/docker.sock"));
-        assert!(text.contains("DOCKER_HOST=unix:///tmp/docker.sock"));
+    fn ssh_goes_through_a_tunnel_and_bad_ssh_urls_are_refused() {
+        let c = DockerConfig::from_env_snapshot(&env().var("DOCKER_HOST", "ssh://me@host:2222"));
+        match c.transport().unwrap() {
+            Transport::Ssh(t) => {
+                assert_eq!((t.user.as_deref(), t.host.as_str()), (Some("me"), "host"));
+                assert_eq!(
+                    (t.port, t.remote_socket.as_str()),
+                    (Some(2222), "/var/run/docker.sock")
+                );
+            }
+            other => panic!("not a tunnel: {other:?}"),
+        }
+        let c =
+            DockerConfig::from_env_snapshot(&env().var("DOCKER_HOST", "ssh://-oProxyCommand=x"));
+        assert!(config_text(&c.transport().unwrap_err()).contains("invalid ssh endpoint"));
     }
 
     #[test]

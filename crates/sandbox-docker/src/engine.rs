@@ -37,6 +37,8 @@ pub struct DockerEngine {
     /// The runtime is registered with `--network=none` (as SPEC §12 configures runsc), so
     /// no sandbox can get a network: egress `Allow` is refused instead of ignored.
     runtime_forces_no_network: bool,
+    /// The ssh tunnel an `ssh://` endpoint goes through; it lives as long as the engine.
+    _tunnel: Option<std::sync::Arc<sandbox_container::ssh::SshTunnel>>,
 }
 
 impl std::fmt::Debug for DockerEngine {
@@ -88,6 +90,16 @@ impl DockerEngine {
         };
         // Insecure or unsupported endpoints are refused here, before any connection.
         let transport = config.transport()?;
+        let (transport, tunnel) = match transport {
+            crate::config::Transport::Ssh(target) => {
+                let t = sandbox_container::ssh::SshTunnel::open(BACKEND, &target).await?;
+                (
+                    crate::config::Transport::Local(t.endpoint()),
+                    Some(std::sync::Arc::new(t)),
+                )
+            }
+            other => (other, None),
+        };
         let connect = async {
             // A missing socket fails here: the engine is unavailable, not misconfigured.
             let client = transport.client().map_err(during("connect"))?;
@@ -112,6 +124,7 @@ impl DockerEngine {
             config,
             endpoint,
             runtime_forces_no_network: false,
+            _tunnel: tunnel,
         };
         if engine.config.runtime != Runtime::Runc {
             engine.runtime_forces_no_network = engine.check_runtime().await?;

@@ -42,7 +42,10 @@ impl DockerBackend {
     /// pings it, checks the runtime is registered, and sweeps this host's leftovers (owner
     /// proven gone, or long past their deadline).
     ///
-    /// Refused with `Configuration` before connecting: `ssh://` endpoints, TLS endpoints
+    /// `ssh://[user@]host[:port][/socket]` goes through the OpenSSH client, which forwards
+    /// the remote socket (see `sandbox_container::ssh`; `BatchMode`, the user's keys and
+    /// known hosts). Refused with `Configuration` before connecting: malformed `ssh://`
+    /// endpoints, TLS endpoints
     /// without the `tls` feature or with missing certificate files, plain `tcp://` unless
     /// [`DockerConfig::allow_plain_tcp`], and a selected context that does not resolve.
     /// An engine that does not answer is `EngineUnavailable` with the start command as hint.

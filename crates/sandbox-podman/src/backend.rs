@@ -58,7 +58,7 @@ impl PodmanBackend {
     /// and runs the startup sweep when the config asks for it.
     pub async fn connect(config: PodmanConfig) -> Result<PodmanBackend> {
         config.options.validate()?;
-        let engine = PodmanEngine::new(&config)?;
+        let engine = PodmanEngine::connect(&config).await?;
         if let Err(e) = engine.ping().await {
             let e = to_sandbox_error(&config.endpoint, "ping", e);
             let local_socket_missing = config

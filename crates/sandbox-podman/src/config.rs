@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use sandbox_container::discovery::{EndpointSource, EnvSnapshot, discover_podman, refuse_ssh};
+use sandbox_container::discovery::{EndpointSource, EnvSnapshot, discover_podman};
+use sandbox_container::ssh::SshTarget;
 use sandbox_core::{BoxError, IsolationTier, Result, SandboxError};
 
 /// Default libpod endpoint (rootful service).
@@ -142,6 +143,7 @@ pub struct PodmanConfig {
     pub(crate) endpoint: String,
     pub(crate) endpoint_source: EndpointSource,
     pub(crate) allow_plain_tcp: bool,
+    pub(crate) ssh_config: Option<std::path::PathBuf>,
     pub(crate) default_template: String,
     pub(crate) options: PodmanOptions,
     pub(crate) startup_sweep: bool,
@@ -163,6 +165,7 @@ impl Default for PodmanConfig {
             endpoint: DEFAULT_ENDPOINT.to_string(),
             endpoint_source: EndpointSource::Default,
             allow_plain_tcp: false,
+            ssh_config: None,
             default_template: DEFAULT_TEMPLATE.to_string(),
             options: PodmanOptions::default(),
             startup_sweep: true,
@@ -179,6 +182,7 @@ impl fmt::Debug for PodmanConfig {
             .field("endpoint", &self.endpoint)
             .field("endpoint_source", &self.endpoint_source)
             .field("allow_plain_tcp", &self.allow_plain_tcp)
+            .field("ssh_config", &self.ssh_config)
             .field("default_template", &self.default_template)
             .field("options", &self.options)
             .field("startup_sweep", &self.startup_sweep)
@@ -237,22 +241,44 @@ impl PodmanConfig {
         &self.endpoint_source
     }
 
-    /// Refuses, before any connection, endpoints that are unsupported (`ssh://`) or would
-    /// send secrets in the clear (`tcp://` unless [`PodmanConfig::allow_plain_tcp`]).
+    /// Refuses, before any connection, endpoints that would send secrets in the clear
+    /// (`tcp://` unless [`PodmanConfig::allow_plain_tcp`]); an `ssh://` endpoint must be
+    /// well-formed (its tunnel is opened by `PodmanEngine::connect`).
     pub(crate) fn check_endpoint(&self) -> Result<()> {
-        refuse_ssh(
-            &self.endpoint,
-            "/run/podman/podman.sock",
-            CONTAINER_HOST_ENV,
-        )?;
+        if self.ssh_target()?.is_some() {
+            return Ok(());
+        }
         let lower = self.endpoint.trim().to_ascii_lowercase();
         if (lower.starts_with("tcp://") || lower.starts_with("http://")) && !self.allow_plain_tcp {
             return Err(SandboxError::config(
                 "tcp:// Podman endpoints are plain HTTP: exec bodies (secrets included) would cross the network in the clear",
-                "forward the socket over SSH (`ssh -nNT -L /tmp/podman.sock:/run/podman/podman.sock user@host`, then CONTAINER_HOST=unix:///tmp/podman.sock), or PodmanConfig::allow_plain_tcp(true) for a trusted loopback",
+                "reach the engine over SSH instead (CONTAINER_HOST=ssh://user@host/run/podman/podman.sock), or PodmanConfig::allow_plain_tcp(true) for a trusted loopback",
             ));
         }
         Ok(())
+    }
+
+    /// Where an `ssh://` endpoint points (`None` for other schemes); a malformed one is
+    /// a `Configuration` error. Without a path, the rootful socket is forwarded.
+    pub(crate) fn ssh_target(&self) -> Result<Option<SshTarget>> {
+        if !self
+            .endpoint
+            .trim()
+            .to_ascii_lowercase()
+            .starts_with("ssh://")
+        {
+            return Ok(None);
+        }
+        let mut target = SshTarget::parse(&self.endpoint, "/run/podman/podman.sock")?;
+        target.config_file = self.ssh_config.clone();
+        Ok(Some(target))
+    }
+
+    /// Uses `path` as the ssh config of an `ssh://` endpoint's tunnel (`ssh -F`), instead
+    /// of the user's `~/.ssh/config` (or `SBX_SSH_CONFIG`).
+    pub fn ssh_config(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.ssh_config = Some(path.into());
+        self
     }
 
     /// Sets the template used when `CreateOptions::template` is `None`.

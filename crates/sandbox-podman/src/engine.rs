@@ -55,6 +55,9 @@ pub struct PodmanEngine {
     limit: Duration,
     /// `post_start` events of created containers not yet started, by container id.
     pending_post_start: Arc<Mutex<HashMap<String, HookEvent>>>,
+    /// The ssh tunnel an `ssh://` endpoint goes through; it lives as long as the last
+    /// clone of this engine.
+    _tunnel: Option<Arc<sandbox_container::ssh::SshTunnel>>,
 }
 
 impl std::fmt::Debug for PodmanEngine {
@@ -73,8 +76,37 @@ impl PodmanEngine {
     /// unless [`PodmanConfig::allow_plain_tcp`].
     pub fn new(config: &PodmanConfig) -> sandbox_core::Result<PodmanEngine> {
         config.check_endpoint()?;
-        let rest = Rest::new(&config.endpoint)?;
-        let client = Podman::new(&config.endpoint).map_err(|e| {
+        if config.ssh_target()?.is_some() {
+            return Err(SandboxError::config(
+                "an ssh:// endpoint needs its tunnel opened first",
+                "use PodmanEngine::connect (or PodmanBackend::connect), which opens it",
+            ));
+        }
+        Self::on(config, &config.endpoint, None)
+    }
+
+    /// An engine for `config`, opening the ssh tunnel first for an `ssh://` endpoint
+    /// (see `sandbox_container::ssh`); otherwise the same as [`PodmanEngine::new`].
+    pub async fn connect(config: &PodmanConfig) -> sandbox_core::Result<PodmanEngine> {
+        config.check_endpoint()?;
+        match config.ssh_target()? {
+            Some(target) => {
+                let tunnel = sandbox_container::ssh::SshTunnel::open(BACKEND, &target).await?;
+                let local = tunnel.endpoint();
+                Self::on(config, &local, Some(Arc::new(tunnel)))
+            }
+            None => Self::on(config, &config.endpoint, None),
+        }
+    }
+
+    /// An engine speaking to `address` (the endpoint itself, or a tunnel's local end).
+    fn on(
+        config: &PodmanConfig,
+        address: &str,
+        tunnel: Option<Arc<sandbox_container::ssh::SshTunnel>>,
+    ) -> sandbox_core::Result<PodmanEngine> {
+        let rest = Rest::new(address)?;
+        let client = Podman::new(address).map_err(|e| {
             SandboxError::config(
                 format!("invalid Podman endpoint {:?}: {e}", config.endpoint),
                 "use unix:///run/podman/podman.sock or tcp://host:port",
@@ -88,6 +120,7 @@ impl PodmanEngine {
             options: config.options.clone(),
             limit: config.call_timeout,
             pending_post_start: Arc::default(),
+            _tunnel: tunnel,
         })
     }
 

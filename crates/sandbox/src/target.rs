@@ -72,7 +72,7 @@ pub enum Target {
     /// An already parsed DSN.
     Parsed(Dsn),
     /// A typed configuration.
-    Config(BackendConfig),
+    Config(Box<BackendConfig>),
 }
 
 impl From<&str> for Target {
@@ -116,13 +116,13 @@ impl From<Dsn> for Target {
 
 impl From<BackendConfig> for Target {
     fn from(c: BackendConfig) -> Self {
-        Target::Config(c)
+        Target::Config(Box::new(c))
     }
 }
 
 impl From<Arc<dyn Backend>> for Target {
     fn from(b: Arc<dyn Backend>) -> Self {
-        Target::Config(BackendConfig::Custom(b))
+        Target::Config(Box::new(BackendConfig::Custom(b)))
     }
 }
 
@@ -130,7 +130,7 @@ impl From<Arc<dyn Backend>> for Target {
 #[cfg_attr(docsrs, doc(cfg(feature = "docker")))]
 impl From<sandbox_docker::DockerConfig> for Target {
     fn from(c: sandbox_docker::DockerConfig) -> Self {
-        Target::Config(BackendConfig::Docker(c))
+        Target::Config(Box::new(BackendConfig::Docker(c)))
     }
 }
 
@@ -138,7 +138,7 @@ impl From<sandbox_docker::DockerConfig> for Target {
 #[cfg_attr(docsrs, doc(cfg(feature = "podman")))]
 impl From<sandbox_podman::PodmanConfig> for Target {
     fn from(c: sandbox_podman::PodmanConfig) -> Self {
-        Target::Config(BackendConfig::Podman(c))
+        Target::Config(Box::new(BackendConfig::Podman(c)))
     }
 }
 
@@ -146,6 +146,6 @@ impl From<sandbox_podman::PodmanConfig> for Target {
 #[cfg_attr(docsrs, doc(cfg(feature = "fake")))]
 impl From<sandbox_fake::FakeConfig> for Target {
     fn from(c: sandbox_fake::FakeConfig) -> Self {
-        Target::Config(BackendConfig::Fake(c))
+        Target::Config(Box::new(BackendConfig::Fake(c)))
     }
 }
