@@ -17,11 +17,11 @@
 //! on the fake) are counted apart and never fail it.
 //!
 //! Every run uses the in-sandbox agent (the adapters' default; an inherited `SBX_AGENT`
-//! is removed). Podman runs the suite a second time on the engine's exec path
-//! (`SBX_AGENT=off`), so both paths stay conformant (docs/agent.md).
+//! is removed), except one per engine on the engine's exec path (`SBX_AGENT=off`), so
+//! both paths stay conformant (docs/agent.md).
 //!
-//! Docker runs the suite twice: on `runc`, then on gVisor (`SBX_DOCKER_RUNTIME=runsc`)
-//! when the engine registers a `runsc` runtime. Without it the gVisor run is a skip with
+//! Docker runs the suite three times: on `runc`, on runc's exec path, then on gVisor
+//! (`SBX_DOCKER_RUNTIME=runsc`) when the engine registers a `runsc` runtime. Without it the gVisor run is a skip with
 //! the reason locally and a failure in CI (`cargo xtask setup` registers it). Both runs
 //! happen even when the first fails; each prints its duration.
 
@@ -163,6 +163,11 @@ pub fn run(backend: Backend, options: Options, passthrough: &[String]) -> Result
     if let Err(err) = run_once(backend, Some("runc"), options, passthrough) {
         eprintln!("{err:#}");
         failed.push("runc");
+    }
+    // The engine's exec path (the fallback for images the agent cannot run), on runc.
+    if let Err(err) = run_once(backend, Some(EXEC_PATH), options, passthrough) {
+        eprintln!("{err:#}");
+        failed.push("exec path");
     }
     let registered = match docker_has_runtime("runsc") {
         Ok(true) => Ok(()),
