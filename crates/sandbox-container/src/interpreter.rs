@@ -32,7 +32,7 @@ use tokio::io::AsyncWriteExt;
 
 use crate::engine::{ContainerEngine, ExecInput};
 use crate::error;
-use crate::exec::{ExecPlan, HELPER_TIMEOUT, exit_code, helper_argv, launch, process};
+use crate::exec::{ExecPlan, HELPER_TIMEOUT, exit_code, helper_argv, launch};
 use crate::sandbox::Shared;
 use sandbox_agent::client::StdinWriter;
 use sandbox_agent::protocol::SpawnSpec;
@@ -437,12 +437,9 @@ pub(crate) async fn run_code<E: ContainerEngine>(
             Some(bytes::Bytes::from(code.to_string())),
         )
     };
-    let none = Default::default();
-    let p = match &sh.agent {
-        Some(client) => crate::agent::process(sh, client, argv, &none, None, timeout, feed)?,
-        None => process(sh, argv, &none, None, timeout, feed)?,
-    };
-    p.collect(cap).await
+    sh.process(argv, &Default::default(), None, timeout, feed)?
+        .collect(cap)
+        .await
 }
 
 /// The slot of context `ctx_id`, refusing a new one past the cap.

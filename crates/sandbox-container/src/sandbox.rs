@@ -102,11 +102,22 @@ impl<E: ContainerEngine> Shared<E> {
         timeout: Duration,
     ) -> Result<Process> {
         let workdir = options.workdir.as_deref();
+        self.process(argv, &options.env, workdir, timeout, None)
+    }
+
+    /// A process of `argv` (fed `feed` on stdin, when given), through the agent when
+    /// there is one, else the engine's exec path.
+    pub(crate) fn process(
+        self: &Arc<Self>,
+        argv: Vec<String>,
+        env: &BTreeMap<String, String>,
+        workdir: Option<&str>,
+        timeout: Duration,
+        feed: Option<bytes::Bytes>,
+    ) -> Result<Process> {
         match &self.agent {
-            Some(client) => {
-                crate::agent::process(self, client, argv, &options.env, workdir, timeout, None)
-            }
-            None => crate::exec::process(self, argv, &options.env, workdir, timeout, None),
+            Some(client) => crate::agent::process(self, client, argv, env, workdir, timeout, feed),
+            None => crate::exec::process(self, argv, env, workdir, timeout, feed),
         }
     }
 

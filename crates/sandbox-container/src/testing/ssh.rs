@@ -249,3 +249,28 @@ pub async fn sandbox_through_the_tunnel<B: sandbox_core::Backend>(backend: B) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The other trial both adapters run: `connect` (to [`TestSshd::endpoint`] with
+/// [`TestSshd::ssh_config_with_unknown_host_key`]) fails within 10 s as
+/// `EngineUnavailable` carrying ssh's reason: never a prompt, never a key accepted blindly.
+pub async fn unknown_host_key_is_refused<T, F>(connect: F)
+where
+    F: std::future::Future<Output = sandbox_core::Result<T>>,
+{
+    let t = Instant::now();
+    let Err(e) = connect.await else {
+        panic!("connected through a host key that is not in known hosts");
+    };
+    assert_eq!(
+        e.code(),
+        sandbox_core::ErrorCode::EngineUnavailable,
+        "{}",
+        e.render()
+    );
+    assert!(
+        e.render().contains("Host key verification failed"),
+        "{}",
+        e.render()
+    );
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+}
