@@ -189,12 +189,18 @@ async fn unknown_context_is_a_configuration_error_not_a_fallback() {
 }
 
 #[tokio::test]
-async fn ssh_host_refused_before_connecting() {
-    let c = DockerConfig::from_env_snapshot(
-        &EnvSnapshot::empty().var("DOCKER_HOST", "ssh://me@192.0.2.1"),
-    );
-    let e = DockerBackend::connect(c).await.unwrap_err();
-    assert_eq!(e.code(), ErrorCode::Configuration);
+async fn malformed_ssh_host_refused_before_connecting() {
+    // ssh:// is supported (tests/ssh.rs); a host ssh would read as an option is refused
+    // before any process starts or any traffic is sent.
+    for host in [
+        "ssh://-oProxyCommand=touch%20x",
+        "ssh://me@",
+        "ssh://h:notaport",
+    ] {
+        let c = DockerConfig::from_env_snapshot(&EnvSnapshot::empty().var("DOCKER_HOST", host));
+        let e = DockerBackend::connect(c).await.unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Configuration, "{host}: {}", e.render());
+    }
 }
 
 #[tokio::test]

@@ -81,6 +81,8 @@ fn precedence_container_host_over_rootless_over_default_and_configured_over_all(
     assert_eq!(c.endpoint_source(), &EndpointSource::Configured);
 }
 
+/// `PodmanEngine::new` is synchronous and cannot open a tunnel: it refuses ssh:// with
+/// the fix (`PodmanEngine::connect`), before any connection.
 #[test]
 fn ssh_host_refused_with_configuration_error() {
     let c = PodmanConfig::from_env_snapshot(&EnvSnapshot::empty().var(
