@@ -462,6 +462,9 @@ pub fn injected(what: &str, i: crate::probes::Injection) -> anyhow::Result<()> {
         crate::probes::Injection::NotProvided => {
             Err(Skip(format!("the adapter's probes do not provide {what}")).into())
         }
+        crate::probes::Injection::Removed(why) => Err(anyhow::anyhow!(
+            "the probe for {what} answered Removed ({why}), which only stop_sandbox may"
+        )),
     }
 }
 

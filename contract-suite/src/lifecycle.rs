@@ -14,7 +14,7 @@ use sandbox_core::labels::{
 use sandbox_core::teardown::{teardown_grace, wait_for_teardowns};
 use sandbox_core::{Capability as C, ErrorCode, IsolationTier, RunOptions, SandboxState};
 
-use crate::ctx::{CASE_LABEL, Ctx, Need, injected, must_code, run_ok, sbx, token};
+use crate::ctx::{CASE_LABEL, Ctx, Need, Sbx, injected, must_code, run_ok, sbx, token};
 
 const AREA: &str = "lifecycle";
 
@@ -467,8 +467,12 @@ async fn kill_managed_true_then_false(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     sb.kill().await
 }
 
-/// A stopped sandbox (its processes ended, the engine still holds it) stays in
-/// `list_managed`, as `Stopped`, so `reap` can find it; `kill_managed` then removes it.
+/// A sandbox stopped from outside (its processes ended, as a crashed init or `docker
+/// stop` would) is never lost track of. Where the engine still holds it, it stays in
+/// `list_managed` as `Stopped`, so `reap` can find it, and `kill_managed` removes it.
+/// Where the engine deletes a stopped sandbox itself (Docker's `AutoRemove`, Podman's
+/// `--rm`), it leaves `list_managed` within a bound, a `run` on it is `SandboxGone`,
+/// and `kill_managed` answers "nothing to remove".
 async fn list_managed_shows_stopped(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let c = case("list_managed_shows_stopped");
     let sb = ctx.sandbox(&c).await?;
@@ -478,6 +482,9 @@ async fn list_managed_shows_stopped(ctx: Arc<Ctx>) -> anyhow::Result<()> {
         .stop_sandbox(&id)
         .await
         .context("the stop_sandbox probe failed")?;
+    if let crate::probes::Injection::Removed(why) = stopped {
+        return stopped_sandbox_is_removed(&ctx, &c, sb, &id, &why).await;
+    }
     injected("a stopped sandbox (Probes::stop_sandbox)", stopped)?;
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
@@ -506,6 +513,54 @@ async fn list_managed_shows_stopped(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     ctx.wait_id_unlisted(&c, &id, Duration::from_secs(2))
         .await?;
     // Idempotent on a removed sandbox.
+    sb.kill().await
+}
+
+/// The branch of [`list_managed_shows_stopped`] for an engine that deletes a stopped
+/// sandbox itself (`why`): gone from `list_managed` (never shown `Running` after the
+/// stop), `SandboxGone` on use, nothing left for `kill_managed`, `kill` idempotent.
+async fn stopped_sandbox_is_removed(
+    ctx: &Ctx,
+    c: &str,
+    sb: Sbx,
+    id: &str,
+    why: &str,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let listed = ctx.listed(c).await?;
+        match listed.iter().find(|m| m.id == id) {
+            None => break,
+            Some(m) => {
+                ensure!(
+                    m.state != SandboxState::Running,
+                    "a stopped sandbox is listed as Running ({why})"
+                );
+                ensure!(
+                    Instant::now() < deadline,
+                    "a stopped sandbox the engine removes itself ({why}) is still listed as \
+                     {:?} after 15 s",
+                    m.state
+                );
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        sb.run(["echo", "late"].into(), RunOptions::default()),
+    )
+    .await
+    .context("run on a stopped, removed sandbox hung")?;
+    must_code(r, ErrorCode::SandboxGone)?;
+    let reaper = ctx.reaper()?;
+    ensure!(
+        !sbx(
+            reaper.kill_managed(id).await,
+            "kill_managed of a removed sandbox"
+        )?,
+        "kill_managed of a sandbox the engine already removed returned true"
+    );
     sb.kill().await
 }
 

@@ -108,11 +108,12 @@ pub trait Probes: Send + Sync {
         Ok(None)
     }
 
-    /// Stops sandbox `id` without removing it, as a crashed init or `docker stop` would:
-    /// its processes end, the engine still holds it, and `list_managed` must still show
-    /// it (so `reap` can find it). [`Injection::Impossible`] where the engine itself
-    /// deletes a stopped sandbox (the trial is then "not applicable" with that reason,
-    /// counted apart); `NotProvided` (the default) marks the trial ignored.
+    /// Stops sandbox `id` from outside, as a crashed init or `docker stop` would: its
+    /// processes end. [`Injection::Injected`] when the engine still holds it afterwards
+    /// (`list_managed` must show it `Stopped`, so `reap` can find it);
+    /// [`Injection::Removed`] when the engine deletes a stopped sandbox itself (Docker's
+    /// `AutoRemove`, Podman's `--rm`: it must then leave `list_managed` and every call on
+    /// it be `SandboxGone`); `NotProvided` (the default) marks the trial ignored.
     async fn stop_sandbox(&self, _sandbox_id: &str) -> anyhow::Result<Injection> {
         Ok(Injection::NotProvided)
     }
@@ -131,6 +132,10 @@ pub enum Injection {
     /// This adapter's probes do not provide it: the trial is ignored with that reason
     /// (which fails a first-party run).
     NotProvided,
+    /// Only from [`Probes::stop_sandbox`]: the sandbox was stopped, and the engine deletes
+    /// a stopped sandbox itself, for the reason given (e.g. Docker's `AutoRemove`). The
+    /// trial then proves the sandbox is gone rather than held.
+    Removed(String),
 }
 
 /// The limits an engine holds for one sandbox, as [`Probes::engine_limits`] reads them.

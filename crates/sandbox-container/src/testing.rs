@@ -92,8 +92,13 @@ pub struct FaultProxy {
     path: PathBuf,
     mode: Arc<AtomicU8>,
     create: Arc<AtomicU8>,
+    pulls: PullRedirect,
     accept: JoinHandle<()>,
 }
+
+/// Where image pulls go instead of the image asked for (see
+/// [`FaultProxy::redirect_pulls`]).
+type PullRedirect = Arc<std::sync::Mutex<Option<String>>>;
 
 impl FaultProxy {
     /// Listens on a fresh socket in the temp dir and relays to `upstream` (a socket path,
@@ -110,12 +115,13 @@ impl FaultProxy {
         let listener = UnixListener::bind(&path)?;
         let mode = Arc::new(AtomicU8::new(Fault::Pass.as_u8()));
         let create = Arc::new(AtomicU8::new(Fault::Pass.as_u8()));
-        let (m, c) = (mode.clone(), create.clone());
+        let pulls = PullRedirect::default();
+        let (m, c, p) = (mode.clone(), create.clone(), pulls.clone());
         let accept = tokio::spawn(async move {
             while let Ok((conn, _)) = listener.accept().await {
-                let (m, c, upstream) = (m.clone(), c.clone(), upstream.clone());
+                let (m, c, p, upstream) = (m.clone(), c.clone(), p.clone(), upstream.clone());
                 tokio::spawn(async move {
-                    let _ = relay(conn, &upstream, m, c).await;
+                    let _ = relay(conn, &upstream, m, c, p).await;
                 });
             }
         });
@@ -123,6 +129,7 @@ impl FaultProxy {
             path,
             mode,
             create,
+            pulls,
             accept,
         })
     }
@@ -149,6 +156,16 @@ impl FaultProxy {
         self.create.store(fault.as_u8(), Ordering::SeqCst);
     }
 
+    /// With `Some(image)`: every image is missing (the engine's image inspect /
+    /// `exists` is answered 404) and every pull (Docker `POST …/images/create`, Podman
+    /// `POST …/libpod/images/pull`) is relayed to the engine for `image` instead, without
+    /// TLS verification (a loopback test registry). Pointed at a registry that demands
+    /// credentials, a create then meets a real registry refusal through the real engine,
+    /// whatever image it asked for. `None` relays them unchanged again.
+    pub fn redirect_pulls(&self, image: Option<String>) {
+        *self.pulls.lock().unwrap_or_else(|p| p.into_inner()) = image;
+    }
+
     /// The current mode.
     pub fn fault(&self) -> Fault {
         Fault::from_u8(self.mode.load(Ordering::SeqCst))
@@ -167,6 +184,7 @@ async fn relay(
     upstream: &Path,
     mode: Arc<AtomicU8>,
     create: Arc<AtomicU8>,
+    pulls: PullRedirect,
 ) -> std::io::Result<()> {
     let upstream = UnixStream::connect(upstream).await?;
     let (cr, cw) = client.into_split();
@@ -200,6 +218,17 @@ async fn relay(
             }
             if head.len() > 1 << 20 {
                 return Err(std::io::Error::other("request head over 1 MiB"));
+            }
+        }
+        let redirect = pulls.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(to) = redirect {
+            match pull_step(&head) {
+                Some(PullStep::Inspect) => {
+                    down.abort();
+                    return not_found(&cw).await;
+                }
+                Some(PullStep::Pull) => head = redirect_pull(&head, &to),
+                None => {}
             }
         }
         let text = String::from_utf8_lossy(&head).to_string();
@@ -279,14 +308,104 @@ async fn relay(
 
 /// Answers the request with HTTP 500 and [`FAIL_BODY`], then closes the connection.
 async fn fail(cw: &tokio::sync::Mutex<tokio::net::unix::OwnedWriteHalf>) -> std::io::Result<()> {
+    answer(cw, "500 Internal Server Error", FAIL_BODY).await
+}
+
+/// The 404 of a missing image, in the shape both engines' clients parse.
+const NOT_FOUND_BODY: &[u8] =
+    br#"{"cause":"image not known","message":"No such image (fault proxy)","response":404}"#;
+
+/// Answers an image inspect with HTTP 404, then closes the connection.
+async fn not_found(
+    cw: &tokio::sync::Mutex<tokio::net::unix::OwnedWriteHalf>,
+) -> std::io::Result<()> {
+    answer(cw, "404 Not Found", NOT_FOUND_BODY).await
+}
+
+async fn answer(
+    cw: &tokio::sync::Mutex<tokio::net::unix::OwnedWriteHalf>,
+    status: &str,
+    body: &[u8],
+) -> std::io::Result<()> {
     let resp = format!(
-        "HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        FAIL_BODY.len()
+        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
     );
     let mut w = cw.lock().await;
     w.write_all(resp.as_bytes()).await?;
-    w.write_all(FAIL_BODY).await?;
+    w.write_all(body).await?;
     w.shutdown().await
+}
+
+/// The image requests [`FaultProxy::redirect_pulls`] acts on.
+#[derive(Debug, PartialEq, Eq)]
+enum PullStep {
+    /// Docker `GET …/images/<name>/json`, Podman `GET …/libpod/images/<name>/exists`.
+    Inspect,
+    /// Docker `POST …/images/create`, Podman `POST …/libpod/images/pull`.
+    Pull,
+}
+
+fn pull_step(head: &[u8]) -> Option<PullStep> {
+    let first = head.split(|b| *b == b'\r').next()?;
+    let first = std::str::from_utf8(first).ok()?;
+    let mut parts = first.split(' ');
+    let (method, target) = (parts.next()?, parts.next()?);
+    let path = target.split('?').next()?;
+    match method {
+        "GET" if path.contains("/images/")
+            && !path.contains("/containers/")
+            && (path.ends_with("/json") || path.ends_with("/exists")) =>
+        {
+            Some(PullStep::Inspect)
+        }
+        "POST" if path.ends_with("/images/create") || path.ends_with("/libpod/images/pull") => {
+            Some(PullStep::Pull)
+        }
+        _ => None,
+    }
+}
+
+/// `head` with its pull target replaced by `to` (Docker `fromImage`, whose `tag` goes;
+/// Podman `reference`, plus `tlsVerify=false`); other parameters are kept.
+fn redirect_pull(head: &[u8], to: &str) -> Vec<u8> {
+    let text = String::from_utf8_lossy(head);
+    let (first, rest) = text.split_once("\r\n").unwrap_or((&text, ""));
+    let mut parts = first.splitn(3, ' ');
+    let (method, target, version) = (
+        parts.next().unwrap_or_default(),
+        parts.next().unwrap_or_default(),
+        parts.next().unwrap_or("HTTP/1.1"),
+    );
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let podman = path.ends_with("/libpod/images/pull");
+    let dropped = ["fromImage", "tag", "reference", "tlsVerify"];
+    let mut params: Vec<String> = query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .filter(|p| !dropped.contains(&p.split('=').next().unwrap_or_default()))
+        .map(str::to_string)
+        .collect();
+    let to = percent_encode(to);
+    if podman {
+        params.push(format!("reference={to}"));
+        params.push("tlsVerify=false".into());
+    } else {
+        params.push(format!("fromImage={to}"));
+    }
+    format!("{method} {path}?{} {version}\r\n{rest}", params.join("&")).into_bytes()
+}
+
+/// Percent-encodes everything but unreserved characters (RFC 3986).
+fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -391,5 +510,39 @@ mod tests {
         assert!(!path.exists(), "the proxy socket is removed on drop");
         engine.abort();
         let _ = std::fs::remove_file(&upstream);
+    }
+
+    #[test]
+    fn pulls_are_redirected_and_images_reported_missing() {
+        let head = |line: &str| format!("{line}\r\nHost: x\r\n\r\n").into_bytes();
+        let step = |line: &str| pull_step(&head(line));
+        assert_eq!(
+            step("GET /v1.41/images/sandbox-rs/busybox:latest/json HTTP/1.1"),
+            Some(PullStep::Inspect)
+        );
+        assert_eq!(
+            step("GET /v4.3.1/libpod/images/sandbox-rs/busybox:latest/exists HTTP/1.1"),
+            Some(PullStep::Inspect)
+        );
+        assert_eq!(step("GET /v1.41/containers/abc/json HTTP/1.1"), None);
+        assert_eq!(step("DELETE /v1.41/images/x/json HTTP/1.1"), None);
+
+        let docker = "POST /v1.41/images/create?fromImage=sandbox-rs%2Fbusybox&tag=latest HTTP/1.1";
+        assert_eq!(step(docker), Some(PullStep::Pull));
+        let out = String::from_utf8(redirect_pull(&head(docker), "127.0.0.1:5000/p/q:1")).unwrap();
+        assert_eq!(
+            out,
+            "POST /v1.41/images/create?fromImage=127.0.0.1%3A5000%2Fp%2Fq%3A1 HTTP/1.1\r\nHost: x\r\n\r\n"
+        );
+
+        let podman = "POST /v4.3.1/libpod/images/pull?quiet=false&reference=a%2Fb%3Alatest HTTP/1.1";
+        assert_eq!(step(podman), Some(PullStep::Pull));
+        let out = String::from_utf8(redirect_pull(&head(podman), "127.0.0.1:5000/p/q:1")).unwrap();
+        assert!(
+            out.starts_with(
+                "POST /v4.3.1/libpod/images/pull?quiet=false&reference=127.0.0.1%3A5000%2Fp%2Fq%3A1&tlsVerify=false HTTP/1.1\r\n"
+            ),
+            "{out}"
+        );
     }
 }

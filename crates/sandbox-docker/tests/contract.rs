@@ -11,7 +11,8 @@ use std::sync::{Arc, OnceLock};
 
 use std::net::SocketAddr;
 
-use sandbox_container::testing::{Fault, FaultProxy};
+use sandbox_container::testing::registry::TestRegistry;
+use sandbox_container::testing::{self, Fault, FaultProxy};
 use sandbox_contract::anyhow::{self, Context as _};
 use sandbox_contract::{CanarySpec, EngineLimits, Faults, Injection, Probes};
 use sandbox_core::{Backend, CreateOptions, async_trait};
@@ -122,10 +123,15 @@ impl Probes for DockerProbes {
         }))
     }
 
-    /// Docker sandboxes are created with `AutoRemove`: the engine deletes a stopped one
-    /// itself, so a stopped sandbox the engine still holds cannot exist.
-    async fn stop_sandbox(&self, _sandbox_id: &str) -> anyhow::Result<Injection> {
-        Ok(Injection::Impossible(
+    /// Kills the sandbox's container through the engine (as a crashed init would end
+    /// it). Docker sandboxes are created with `AutoRemove`, so the engine then deletes it.
+    async fn stop_sandbox(&self, sandbox_id: &str) -> anyhow::Result<Injection> {
+        self.backend()?
+            .client()
+            .kill_container::<String>(sandbox_id, None)
+            .await
+            .with_context(|| format!("kill container {sandbox_id}"))?;
+        Ok(Injection::Removed(
             "Docker sandboxes are created with AutoRemove: the engine deletes a stopped one \
              itself"
                 .into(),
@@ -149,6 +155,7 @@ impl Probes for DockerProbes {
         Ok(Some(Arc::new(DockerFaults {
             backend: Arc::new(backend),
             proxy,
+            locked: tokio::sync::OnceCell::new(),
         })))
     }
 }
@@ -164,6 +171,8 @@ impl DockerProbes {
 struct DockerFaults {
     backend: Arc<dyn Backend>,
     proxy: FaultProxy,
+    /// The registry [`Faults::withhold_credential`] sends pulls to, started once.
+    locked: tokio::sync::OnceCell<(TestRegistry, String)>,
 }
 
 #[async_trait]
@@ -180,6 +189,7 @@ impl Faults for DockerFaults {
     async fn heal(&self) {
         self.proxy.set(Fault::Pass);
         self.proxy.set_create(Fault::Pass);
+        self.proxy.redirect_pulls(None);
     }
     async fn fail_creates(&self) -> Injection {
         self.proxy.set_create(Fault::Fail);
@@ -189,15 +199,24 @@ impl Faults for DockerFaults {
         self.proxy.set_create(Fault::Hang);
         Injection::Injected
     }
-    /// The suite's sandboxes are created from local images: no registry, hence no
-    /// credential, is involved in their creates (registry credentials are proven by
-    /// `tests/pull.rs` against the test registry).
+    /// Every pull goes to a loopback registry that demands a credential this backend is
+    /// not given (`testing::pull::locked_registry`), and every image reads as missing, so
+    /// the create pulls and the real engine meets a real registry refusal.
     async fn withhold_credential(&self) -> Injection {
-        Injection::Impossible(
-            "creates from local images involve no registry, hence no credential (registry \
-             credentials: tests/pull.rs)"
-                .into(),
-        )
+        let registry = self
+            .locked
+            .get_or_try_init(|| testing::pull::locked_registry("docker"))
+            .await;
+        match registry {
+            Ok((_, image)) => {
+                self.proxy.redirect_pulls(Some(image.clone()));
+                Injection::Injected
+            }
+            Err(e) => {
+                eprintln!("withhold_credential: {e}");
+                Injection::NotProvided
+            }
+        }
     }
 }
 

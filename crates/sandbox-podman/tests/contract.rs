@@ -78,10 +78,19 @@ impl Probes for PodmanProbes {
         Ok(Some(env))
     }
 
-    /// Podman sandboxes are created with `--rm` (`PodmanOptions::ephemeral`, the default
-    /// the suite runs with): the engine deletes a stopped one itself.
-    async fn stop_sandbox(&self, _sandbox_id: &str) -> anyhow::Result<Injection> {
-        Ok(Injection::Impossible(
+    /// Kills the sandbox's container through the engine (as a crashed init would end
+    /// it). Podman sandboxes are created with `--rm` (`PodmanOptions::ephemeral`, the
+    /// default the suite runs with), so the engine then deletes it.
+    async fn stop_sandbox(&self, sandbox_id: &str) -> anyhow::Result<Injection> {
+        self.backend()
+            .await?
+            .client()
+            .containers()
+            .get(sandbox_id)
+            .kill()
+            .await
+            .with_context(|| format!("kill container {sandbox_id}"))?;
+        Ok(Injection::Removed(
             "Podman sandboxes are created with --rm (PodmanOptions::ephemeral): the engine \
              deletes a stopped one itself"
                 .into(),
@@ -106,6 +115,8 @@ impl Probes for PodmanProbes {
 struct FaultProxy {
     proxy: testing::FaultProxy,
     backend: Arc<dyn Backend>,
+    /// The registry [`Faults::withhold_credential`] sends pulls to, started once.
+    locked: OnceCell<(testing::registry::TestRegistry, String)>,
 }
 
 impl FaultProxy {
@@ -130,6 +141,7 @@ impl FaultProxy {
         Ok(FaultProxy {
             proxy,
             backend: Arc::new(backend),
+            locked: OnceCell::new(),
         })
     }
 }
@@ -148,6 +160,7 @@ impl Faults for FaultProxy {
     async fn heal(&self) {
         self.proxy.set(Fault::Pass);
         self.proxy.set_create(Fault::Pass);
+        self.proxy.redirect_pulls(None);
     }
     async fn fail_creates(&self) -> Injection {
         self.proxy.set_create(Fault::Fail);
@@ -157,15 +170,24 @@ impl Faults for FaultProxy {
         self.proxy.set_create(Fault::Hang);
         Injection::Injected
     }
-    /// The suite's sandboxes are created from local images: no registry, hence no
-    /// credential, is involved in their creates (registry credentials are proven by
-    /// `tests/pull.rs` against the test registry).
+    /// Every pull goes to a loopback registry that demands a credential this backend is
+    /// not given (`testing::pull::locked_registry`), and every image reads as missing, so
+    /// the create pulls and the real engine meets a real registry refusal.
     async fn withhold_credential(&self) -> Injection {
-        Injection::Impossible(
-            "creates from local images involve no registry, hence no credential (registry \
-             credentials: tests/pull.rs)"
-                .into(),
-        )
+        let registry = self
+            .locked
+            .get_or_try_init(|| testing::pull::locked_registry("podman"))
+            .await;
+        match registry {
+            Ok((_, image)) => {
+                self.proxy.redirect_pulls(Some(image.clone()));
+                Injection::Injected
+            }
+            Err(e) => {
+                eprintln!("withhold_credential: {e}");
+                Injection::NotProvided
+            }
+        }
     }
 }
 

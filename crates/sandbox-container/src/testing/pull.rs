@@ -324,6 +324,25 @@ pub async fn missing_credentials_are_an_auth_error<E: ContainerEngine>(
     assert!(!image_present(cli, &image));
 }
 
+/// A registry on loopback that demands credentials nobody is given, and the image
+/// reference it would serve: the contract suites' withheld credential
+/// ([`FaultProxy::redirect_pulls`](crate::testing::FaultProxy::redirect_pulls) sends
+/// every pull there, so a create meets a real registry refusal through the real engine).
+pub async fn locked_registry(cli: &'static str) -> Result<(TestRegistry, String), String> {
+    let archive = tokio::task::spawn_blocking(move || source_archive(cli))
+        .await
+        .map_err(|e| e.to_string())??;
+    let reg = TestRegistry::start(
+        &archive,
+        &[("sbx-contract/locked", "1")],
+        Some(("sbx-nobody", "sbx-never-given")),
+    )
+    .await
+    .map_err(|e| format!("start the locked registry: {e}"))?;
+    let image = format!("{}/sbx-contract/locked:1", reg.host());
+    Ok((reg, image))
+}
+
 /// The environment variables a credential trial's child gets.
 pub const CHILD_IMAGE_ENV: &str = "SBX_PULL_CHILD_IMAGE";
 /// `ok` or `auth`: what the child expects.
