@@ -234,31 +234,7 @@ impl MemFs {
         parents: bool,
         now: SystemTime,
     ) -> Result<(), FsError> {
-        let path = &self.follow(path)?;
-        match self.nodes.get_mut(path) {
-            Some(n) => match &mut n.kind {
-                NodeKind::Dir => Err(FsError::IsADirectory),
-                // `follow` gave up on it: a dangling or looping link.
-                NodeKind::Symlink(_) => Err(FsError::Loop),
-                NodeKind::File(b) => {
-                    *b = data;
-                    n.mtime = now;
-                    Ok(())
-                }
-            },
-            None => {
-                self.require_parent_dir(path, parents, now)?;
-                self.nodes.insert(
-                    path.to_string(),
-                    Node {
-                        kind: NodeKind::File(data),
-                        mode: FILE_MODE,
-                        mtime: now,
-                    },
-                );
-                Ok(())
-            }
-        }
+        self.put(path, data, parents, false, now)
     }
 
     /// Appends to a regular file, creating it when missing (its directory must exist).
@@ -268,18 +244,39 @@ impl MemFs {
         data: &[u8],
         now: SystemTime,
     ) -> Result<(), FsError> {
+        self.put(path, data.to_vec(), false, true, now)
+    }
+
+    fn put(
+        &mut self,
+        path: &str,
+        data: Vec<u8>,
+        parents: bool,
+        append: bool,
+        now: SystemTime,
+    ) -> Result<(), FsError> {
         let path = &self.follow(path)?;
         match self.nodes.get_mut(path) {
             Some(n) => match &mut n.kind {
                 NodeKind::Dir => Err(FsError::IsADirectory),
+                // `follow` gave up on it: a dangling or looping link.
                 NodeKind::Symlink(_) => Err(FsError::Loop),
                 NodeKind::File(b) => {
-                    b.extend_from_slice(data);
+                    match append {
+                        true => b.extend_from_slice(&data),
+                        false => *b = data,
+                    }
                     n.mtime = now;
                     Ok(())
                 }
             },
-            None => self.write(path, data.to_vec(), false, now),
+            None => {
+                self.require_parent_dir(path, parents, now)?;
+                let (kind, mode, mtime) = (NodeKind::File(data), FILE_MODE, now);
+                self.nodes
+                    .insert(path.to_string(), Node { kind, mode, mtime });
+                Ok(())
+            }
         }
     }
 

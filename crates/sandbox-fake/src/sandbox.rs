@@ -38,29 +38,24 @@ pub(crate) enum Life {
     Gone,
 }
 
-/// Everything that makes up one sandbox, shared by all its handles and tasks.
+/// Everything that makes up one sandbox, shared by all its handles and tasks: what it
+/// was created with (its [`Spec`], reached through `Deref`) and its live state.
 pub(crate) struct SandboxInner {
-    pub(crate) id: String,
-    pub(crate) template: String,
-    pub(crate) labels: BTreeMap<String, String>,
-    pub(crate) policy: NetworkPolicy,
-    pub(crate) resources: EffectiveResources,
-    /// The environment as "stored by the engine" (no secrets).
-    pub(crate) env: BTreeMap<String, String>,
-    /// Secrets: injected into each command's environment, stored nowhere else.
-    pub(crate) secrets: BTreeMap<String, Secret>,
-    pub(crate) workdir: String,
+    spec: Spec,
     pub(crate) created_at: SystemTime,
-    pub(crate) capabilities: Capability,
-    pub(crate) isolation: IsolationTier,
-    pub(crate) has_python: bool,
-    pub(crate) clock: Clock,
     deadline: Mutex<Instant>,
     life: Mutex<Life>,
     fs: Mutex<MemFs>,
     procs: Mutex<ProcTable>,
     contexts: Mutex<HashMap<String, Vars>>,
     engine: Weak<Engine>,
+}
+
+impl std::ops::Deref for SandboxInner {
+    type Target = Spec;
+    fn deref(&self) -> &Spec {
+        &self.spec
+    }
 }
 
 /// What [`SandboxInner::new`] needs.
@@ -70,7 +65,9 @@ pub(crate) struct Spec {
     pub(crate) labels: BTreeMap<String, String>,
     pub(crate) policy: NetworkPolicy,
     pub(crate) resources: EffectiveResources,
+    /// The environment as "stored by the engine" (no secrets).
     pub(crate) env: BTreeMap<String, String>,
+    /// Secrets: injected into each command's environment, stored nowhere else.
     pub(crate) secrets: BTreeMap<String, Secret>,
     pub(crate) workdir: String,
     pub(crate) lifetime: Duration,
@@ -94,18 +91,7 @@ impl SandboxInner {
             life: Mutex::new(Life::Creating),
             contexts: Mutex::new(HashMap::new()),
             created_at: now,
-            id: spec.id,
-            template: spec.template,
-            labels: spec.labels,
-            policy: spec.policy,
-            resources: spec.resources,
-            env: spec.env,
-            secrets: spec.secrets,
-            workdir: spec.workdir,
-            capabilities: spec.capabilities,
-            isolation: spec.isolation,
-            has_python: spec.has_python,
-            clock: spec.clock,
+            spec,
             engine,
         }
     }
