@@ -353,9 +353,10 @@ fn pull_step(head: &[u8]) -> Option<PullStep> {
     let (method, target) = (parts.next()?, parts.next()?);
     let path = target.split('?').next()?;
     match method {
-        "GET" if path.contains("/images/")
-            && !path.contains("/containers/")
-            && (path.ends_with("/json") || path.ends_with("/exists")) =>
+        "GET"
+            if path.contains("/images/")
+                && !path.contains("/containers/")
+                && (path.ends_with("/json") || path.ends_with("/exists")) =>
         {
             Some(PullStep::Inspect)
         }
@@ -535,7 +536,8 @@ mod tests {
             "POST /v1.41/images/create?fromImage=127.0.0.1%3A5000%2Fp%2Fq%3A1 HTTP/1.1\r\nHost: x\r\n\r\n"
         );
 
-        let podman = "POST /v4.3.1/libpod/images/pull?quiet=false&reference=a%2Fb%3Alatest HTTP/1.1";
+        let podman =
+            "POST /v4.3.1/libpod/images/pull?quiet=false&reference=a%2Fb%3Alatest HTTP/1.1";
         assert_eq!(step(podman), Some(PullStep::Pull));
         let out = String::from_utf8(redirect_pull(&head(podman), "127.0.0.1:5000/p/q:1")).unwrap();
         assert!(
