@@ -40,6 +40,14 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_CREATE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default cap of `files().read`.
 pub const DEFAULT_READ_CAP: u64 = 64 * 1024 * 1024;
+/// Default cap of the sum of file sizes one `download` writes to the host
+/// (`ResourceLimitExceeded` past it, refused from the archive's headers before the
+/// entry's data is written).
+pub const DEFAULT_DOWNLOAD_CAP: u64 = 1024 * 1024 * 1024;
+/// Default cap of the archive entries (files, directories, links) one `download` creates
+/// on the host: a sandbox can hold millions of empty files for free, the host's inodes
+/// are not free.
+pub const DEFAULT_DOWNLOAD_ENTRIES: u64 = 100_000;
 /// Default cap of stateful contexts per sandbox.
 pub const DEFAULT_MAX_CONTEXTS: usize = 16;
 /// Default cap of concurrently forwarded ingress connections per sandbox.
@@ -62,6 +70,10 @@ pub struct ContainerConfig {
     pub create_timeout: Duration,
     /// Largest file `files().read` returns (`ResourceLimitExceeded` past it).
     pub read_cap: u64,
+    /// Most bytes of files one `files().download` writes to the host.
+    pub download_cap: u64,
+    /// Most archive entries one `files().download` creates on the host.
+    pub download_entries: u64,
     /// Most stateful contexts one sandbox may hold.
     pub max_contexts: usize,
     /// Most ingress connections forwarded at once per sandbox.
@@ -85,6 +97,8 @@ impl ContainerConfig {
             call_timeout: DEFAULT_CALL_TIMEOUT,
             create_timeout: DEFAULT_CREATE_TIMEOUT,
             read_cap: DEFAULT_READ_CAP,
+            download_cap: DEFAULT_DOWNLOAD_CAP,
+            download_entries: DEFAULT_DOWNLOAD_ENTRIES,
             max_contexts: DEFAULT_MAX_CONTEXTS,
             max_ingress_connections: DEFAULT_MAX_INGRESS_CONNECTIONS,
             pull_progress: None,
@@ -125,6 +139,13 @@ impl ContainerConfig {
     /// Sets the `files().read` cap.
     pub fn read_cap(mut self, bytes: u64) -> Self {
         self.read_cap = bytes;
+        self
+    }
+
+    /// Sets the caps of one `files().download`: bytes of files and archive entries.
+    pub fn download_caps(mut self, bytes: u64, entries: u64) -> Self {
+        self.download_cap = bytes;
+        self.download_entries = entries;
         self
     }
 

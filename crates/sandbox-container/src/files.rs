@@ -223,13 +223,6 @@ pub(crate) fn parse_listing(dir: &str, out: &[u8]) -> Option<Vec<FileInfo>> {
     Some(v)
 }
 
-/// Largest sum of file sizes one `download` writes to the host (`ResourceLimitExceeded`
-/// past it, refused from the archive's headers before the entry's data is written).
-pub const DEFAULT_DOWNLOAD_CAP: u64 = 1024 * 1024 * 1024;
-/// Most archive entries (files, directories, links) one `download` creates on the host:
-/// a sandbox can hold millions of empty files for free, the host's inodes are not free.
-pub const DEFAULT_DOWNLOAD_ENTRIES: u64 = 100_000;
-
 /// Sets a flag when dropped: stops a download's blocking unpack when its future is
 /// dropped (its next read fails and the unpack cleans up after itself).
 struct CancelOnDrop(Arc<AtomicBool>);
@@ -336,8 +329,8 @@ impl<E: ContainerEngine> FileSystem for ContainerFiles<E> {
         let p = self.resolve(remote)?;
         let body = self.get(&p).await?;
         let limits = DownloadLimits {
-            bytes: DEFAULT_DOWNLOAD_CAP,
-            entries: DEFAULT_DOWNLOAD_ENTRIES,
+            bytes: self.sh.config.download_cap,
+            entries: self.sh.config.download_entries,
         };
         download_archive(
             body,
@@ -515,15 +508,16 @@ impl Staging {
                         "download cap ({} bytes; the archive of `{shown}` announces {total})",
                         limits.bytes
                     ),
-                    "download a smaller file or directory (the cap bounds what a sandbox can \
-                     write to this host's disk)",
+                    "download a smaller file or directory, or raise the adapter's \
+                     download_cap (e.g. DockerConfig::download_cap; it bounds what a sandbox \
+                     can write to this host's disk)",
                 ));
             }
             (_, Some(Refusal::TooManyEntries)) => {
                 return Err(error::limit(
                     format!("download entries ({} entries)", limits.entries),
-                    "download a smaller directory, or pack it into one archive file inside \
-                     the sandbox first",
+                    "download a smaller directory, pack it into one archive file inside the \
+                     sandbox first, or raise the adapter's download_entries",
                 ));
             }
             (_, Some(r @ (Refusal::Cancelled | Refusal::Malformed(_)))) => {
@@ -767,7 +761,7 @@ mod tests {
         bytes.extend(vec![0u8; 64 * 1024]);
         let out = dir.0.join("huge");
         let limits = DownloadLimits {
-            bytes: super::DEFAULT_DOWNLOAD_CAP,
+            bytes: crate::DEFAULT_DOWNLOAD_CAP,
             entries: 10,
         };
         let e = download(bytes, &out, limits).await.unwrap_err();

@@ -10,6 +10,7 @@
 //! engine: [`egress`] and [`pull`] (against a [`registry::TestRegistry`]); each adapter's
 //! test file lists them as `#[tokio::test]`s. [`skip`] is what they do without an engine.
 
+pub mod caps;
 pub mod egress;
 pub mod pull;
 pub mod registry;

@@ -70,6 +70,11 @@ pub struct DockerConfig {
     pub create_timeout: Duration,
     /// Largest file `files().read` returns (default 64 MiB; `ResourceLimitExceeded` past it).
     pub read_cap: u64,
+    /// Most bytes of files one `files().download` writes to this host (default 1 GiB;
+    /// `ResourceLimitExceeded` past it, refused from the archive's headers).
+    pub download_cap: u64,
+    /// Most archive entries one `files().download` creates on this host (default 100,000).
+    pub download_entries: u64,
     /// Run the in-sandbox agent as PID 1 and send `run`/`stream` through it (default
     /// `true`; `from_env` reads `SBX_AGENT=off`). Off: the engine's exec path.
     pub agent: bool,
@@ -95,6 +100,8 @@ impl Default for DockerConfig {
             call_timeout: sandbox_container::DEFAULT_CALL_TIMEOUT,
             create_timeout: sandbox_container::DEFAULT_CREATE_TIMEOUT,
             read_cap: sandbox_container::DEFAULT_READ_CAP,
+            download_cap: sandbox_container::DEFAULT_DOWNLOAD_CAP,
+            download_entries: sandbox_container::DEFAULT_DOWNLOAD_ENTRIES,
             agent: true,
             discovery_error: None,
             home: None,
@@ -220,6 +227,13 @@ impl DockerConfig {
         self
     }
 
+    /// Sets the caps of one `files().download`: bytes of files and archive entries.
+    pub fn download_caps(mut self, bytes: u64, entries: u64) -> Self {
+        self.download_cap = bytes;
+        self.download_entries = entries;
+        self
+    }
+
     /// The engine-independent part, for the container layer.
     pub(crate) fn container_config(&self) -> ContainerConfig {
         ContainerConfig::new(self.default_template.clone())
@@ -227,6 +241,7 @@ impl DockerConfig {
             .call_timeout(self.call_timeout)
             .create_timeout(self.create_timeout)
             .read_cap(self.read_cap)
+            .download_caps(self.download_cap, self.download_entries)
             .agent(self.agent)
     }
 

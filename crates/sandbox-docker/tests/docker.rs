@@ -823,3 +823,21 @@ async fn fifty_concurrent_create_run_kill() {
     assert!(sandbox_core::teardown::wait_for_teardowns(Duration::from_secs(30)).await);
     assert!(errors.is_empty(), "{errors:#?}");
 }
+
+/// Issue 11: the `read_cap` and `download_caps` a user sets are the ones enforced.
+#[tokio::test(flavor = "multi_thread")]
+async fn configured_transfer_caps_apply() {
+    use sandbox_container::testing::caps;
+    let Some(b) = unless_connected(
+        "Docker",
+        DockerBackend::connect(
+            DockerConfig::from_env()
+                .read_cap(caps::CAPPED_BYTES)
+                .download_caps(caps::CAPPED_BYTES, caps::CAPPED_ENTRIES),
+        )
+        .await,
+    ) else {
+        return;
+    };
+    caps::configured_caps_apply(&b, BUSYBOX).await;
+}

@@ -50,6 +50,8 @@ fn layer_config(config: &PodmanConfig) -> ContainerConfig {
         .startup_sweep(config.startup_sweep)
         .call_timeout(config.call_timeout)
         .create_timeout(config.create_timeout)
+        .read_cap(config.read_cap)
+        .download_caps(config.download_cap, config.download_entries)
         .agent(config.agent)
 }
 

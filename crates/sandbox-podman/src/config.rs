@@ -149,6 +149,9 @@ pub struct PodmanConfig {
     pub(crate) startup_sweep: bool,
     pub(crate) call_timeout: Duration,
     pub(crate) create_timeout: Duration,
+    pub(crate) read_cap: u64,
+    pub(crate) download_cap: u64,
+    pub(crate) download_entries: u64,
     pub(crate) agent: bool,
 }
 
@@ -171,6 +174,9 @@ impl Default for PodmanConfig {
             startup_sweep: true,
             call_timeout: DEFAULT_CALL_TIMEOUT,
             create_timeout: sandbox_container::DEFAULT_CREATE_TIMEOUT,
+            read_cap: sandbox_container::DEFAULT_READ_CAP,
+            download_cap: sandbox_container::DEFAULT_DOWNLOAD_CAP,
+            download_entries: sandbox_container::DEFAULT_DOWNLOAD_ENTRIES,
             agent: true,
         }
     }
@@ -188,6 +194,9 @@ impl fmt::Debug for PodmanConfig {
             .field("startup_sweep", &self.startup_sweep)
             .field("call_timeout", &self.call_timeout)
             .field("create_timeout", &self.create_timeout)
+            .field("read_cap", &self.read_cap)
+            .field("download_cap", &self.download_cap)
+            .field("download_entries", &self.download_entries)
             .field("agent", &self.agent)
             .finish()
     }
@@ -313,6 +322,23 @@ impl PodmanConfig {
     /// `CreateTimeout`, SBX_E1203, past it; at least 1 s).
     pub fn create_timeout(mut self, limit: Duration) -> Self {
         self.create_timeout = limit;
+        self
+    }
+
+    /// Largest file `files().read` returns (default
+    /// [`DEFAULT_READ_CAP`](sandbox_container::DEFAULT_READ_CAP), 64 MiB;
+    /// `ResourceLimitExceeded` past it).
+    pub fn read_cap(mut self, bytes: u64) -> Self {
+        self.read_cap = bytes;
+        self
+    }
+
+    /// Caps of one `files().download`: bytes of files written to this host (default
+    /// 1 GiB) and archive entries created (default 100,000); `ResourceLimitExceeded`
+    /// past either, refused from the archive's headers.
+    pub fn download_caps(mut self, bytes: u64, entries: u64) -> Self {
+        self.download_cap = bytes;
+        self.download_entries = entries;
         self
     }
 

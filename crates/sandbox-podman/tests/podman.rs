@@ -691,3 +691,20 @@ async fn huge_pids_request_is_clamped_never_unlimited() {
     assert_eq!(pids.trim(), "4194304", "{pids}");
     sb.kill().await.unwrap();
 }
+
+/// Issue 11: the `read_cap` and `download_caps` a user sets are the ones enforced.
+#[tokio::test(flavor = "multi_thread")]
+async fn configured_transfer_caps_apply() {
+    use sandbox_container::testing::caps;
+    if backend().await.is_none() {
+        return;
+    }
+    let b = PodmanBackend::connect(
+        PodmanConfig::from_env()
+            .read_cap(caps::CAPPED_BYTES)
+            .download_caps(caps::CAPPED_BYTES, caps::CAPPED_ENTRIES),
+    )
+    .await
+    .expect("connect with caps");
+    caps::configured_caps_apply(&b, "sandbox-rs/busybox:latest").await;
+}
