@@ -161,18 +161,9 @@ impl SandboxInner {
     /// Kills every process and context and removes the sandbox from its engine.
     /// Idempotent.
     pub(crate) fn terminate(&self) {
-        {
-            let mut l = lock(&self.life);
-            if *l == Life::Gone {
-                return;
-            }
-            *l = Life::Gone;
+        if !self.end(Life::Gone) {
+            return;
         }
-        let handles = self.procs().kill_all();
-        for h in handles {
-            h.abort();
-        }
-        lock(&self.contexts).clear();
         // Free the memory of the files; nothing can read them any more.
         *self.fs() = MemFs::skeleton("/", self.now());
         if let Some(engine) = self.engine.upgrade() {
@@ -183,17 +174,24 @@ impl SandboxInner {
 
     /// Ends every process and context but keeps the sandbox in its engine (`Stopped`).
     pub(crate) fn stop(&self) {
+        self.end(Life::Stopped);
+    }
+
+    /// Moves to `to` (`Gone`, or `Stopped` from a live state) and ends every process and
+    /// context; `false` when it was already there (or gone).
+    fn end(&self, to: Life) -> bool {
         {
             let mut l = lock(&self.life);
-            if matches!(*l, Life::Gone | Life::Stopped) {
-                return;
+            if *l == Life::Gone || *l == to {
+                return false;
             }
-            *l = Life::Stopped;
+            *l = to;
         }
         for h in self.procs().kill_all() {
             h.abort();
         }
         lock(&self.contexts).clear();
+        true
     }
 
     /// Moves the deadline to now and tears the sandbox down.
