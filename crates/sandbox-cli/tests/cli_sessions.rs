@@ -12,25 +12,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-fn engine_available(engine: &str, test: &str) -> bool {
-    if engine == "docker" {
-        return docker_available(test);
-    }
-    let ok = Command::new(engine)
-        .args(["info", "--format", "{{.Version.Version}}"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!("{test}: {engine} is required when CI=true, but `{engine} info` failed");
-        }
-        eprintln!("SKIPPED {test}: no {engine} engine; set CI=true to make this fail");
-    }
-    ok
-}
-
 /// Ids of containers (running or not) with this id.
 fn containers(engine: &str, id: &str) -> String {
     let o = Command::new(engine)

@@ -94,6 +94,8 @@ pub struct FaultProxy {
     mode: Arc<AtomicU8>,
     create: Arc<AtomicU8>,
     pulls: PullRedirect,
+    /// The registry [`FaultProxy::lock_pulls`] sends pulls to, started once.
+    locked: tokio::sync::OnceCell<registry::TestRegistry>,
     accept: JoinHandle<()>,
 }
 
@@ -131,6 +133,7 @@ impl FaultProxy {
             mode,
             create,
             pulls,
+            locked: tokio::sync::OnceCell::new(),
             accept,
         })
     }
@@ -165,6 +168,20 @@ impl FaultProxy {
     /// whatever image it asked for. `None` relays them unchanged again.
     pub fn redirect_pulls(&self, image: Option<String>) {
         *self.pulls.lock().unwrap_or_else(|p| p.into_inner()) = image;
+    }
+
+    /// A withheld registry credential: from now on every image reads as missing and
+    /// every pull goes to a loopback registry (serving `cli`'s export of the source image,
+    /// started on first use) that demands a credential nobody is given, so a create meets
+    /// a real registry refusal through the real engine. [`FaultProxy::redirect_pulls`]
+    /// with `None` ends it.
+    pub async fn lock_pulls(&self, cli: &'static str) -> Result<(), String> {
+        let reg = self
+            .locked
+            .get_or_try_init(|| pull::locked_registry(cli))
+            .await?;
+        self.redirect_pulls(Some(format!("{}/{}", reg.host(), pull::LOCKED_IMAGE)));
+        Ok(())
     }
 
     /// The current mode.

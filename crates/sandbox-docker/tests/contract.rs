@@ -11,8 +11,7 @@ use std::sync::{Arc, OnceLock};
 
 use std::net::SocketAddr;
 
-use sandbox_container::testing::registry::TestRegistry;
-use sandbox_container::testing::{self, Fault, FaultProxy};
+use sandbox_container::testing::{Fault, FaultProxy};
 use sandbox_contract::anyhow::{self, Context as _};
 use sandbox_contract::{CanarySpec, EngineLimits, Faults, Injection, Probes};
 use sandbox_core::{Backend, CreateOptions, async_trait};
@@ -155,7 +154,6 @@ impl Probes for DockerProbes {
         Ok(Some(Arc::new(DockerFaults {
             backend: Arc::new(backend),
             proxy,
-            locked: tokio::sync::OnceCell::new(),
         })))
     }
 }
@@ -171,8 +169,6 @@ impl DockerProbes {
 struct DockerFaults {
     backend: Arc<dyn Backend>,
     proxy: FaultProxy,
-    /// The registry [`Faults::withhold_credential`] sends pulls to, started once.
-    locked: tokio::sync::OnceCell<(TestRegistry, String)>,
 }
 
 #[async_trait]
@@ -200,18 +196,11 @@ impl Faults for DockerFaults {
         Injection::Injected
     }
     /// Every pull goes to a loopback registry that demands a credential this backend is
-    /// not given (`testing::pull::locked_registry`), and every image reads as missing, so
-    /// the create pulls and the real engine meets a real registry refusal.
+    /// not given, and every image reads as missing (`FaultProxy::lock_pulls`), so the
+    /// create pulls and the real engine meets a real registry refusal.
     async fn withhold_credential(&self) -> Injection {
-        let registry = self
-            .locked
-            .get_or_try_init(|| testing::pull::locked_registry("docker"))
-            .await;
-        match registry {
-            Ok((_, image)) => {
-                self.proxy.redirect_pulls(Some(image.clone()));
-                Injection::Injected
-            }
+        match self.proxy.lock_pulls("docker").await {
+            Ok(()) => Injection::Injected,
             Err(e) => {
                 eprintln!("withhold_credential: {e}");
                 Injection::NotProvided

@@ -115,8 +115,6 @@ impl Probes for PodmanProbes {
 struct FaultProxy {
     proxy: testing::FaultProxy,
     backend: Arc<dyn Backend>,
-    /// The registry [`Faults::withhold_credential`] sends pulls to, started once.
-    locked: OnceCell<(testing::registry::TestRegistry, String)>,
 }
 
 impl FaultProxy {
@@ -141,7 +139,6 @@ impl FaultProxy {
         Ok(FaultProxy {
             proxy,
             backend: Arc::new(backend),
-            locked: OnceCell::new(),
         })
     }
 }
@@ -171,18 +168,11 @@ impl Faults for FaultProxy {
         Injection::Injected
     }
     /// Every pull goes to a loopback registry that demands a credential this backend is
-    /// not given (`testing::pull::locked_registry`), and every image reads as missing, so
-    /// the create pulls and the real engine meets a real registry refusal.
+    /// not given, and every image reads as missing (`FaultProxy::lock_pulls`), so the
+    /// create pulls and the real engine meets a real registry refusal.
     async fn withhold_credential(&self) -> Injection {
-        let registry = self
-            .locked
-            .get_or_try_init(|| testing::pull::locked_registry("podman"))
-            .await;
-        match registry {
-            Ok((_, image)) => {
-                self.proxy.redirect_pulls(Some(image.clone()));
-                Injection::Injected
-            }
+        match self.proxy.lock_pulls("podman").await {
+            Ok(()) => Injection::Injected,
             Err(e) => {
                 eprintln!("withhold_credential: {e}");
                 Injection::NotProvided

@@ -77,18 +77,29 @@ pub fn redact(v: &mut Value) {
 /// Whether a Docker engine answers. With `CI=true` a missing engine is a failure, not a
 /// skip.
 pub fn docker_available(test: &str) -> bool {
-    let ok = Command::new("docker")
-        .args(["info", "--format", "{{.ServerVersion}}"])
+    engine_available("docker", test)
+}
+
+/// Whether `engine` (`docker` or `podman`) answers `<engine> info`; with `CI=true` a
+/// missing engine is a failure, not a skip.
+pub fn engine_available(engine: &str, test: &str) -> bool {
+    let format = match engine {
+        "docker" => "{{.ServerVersion}}",
+        _ => "{{.Version.Version}}",
+    };
+    let ok = Command::new(engine)
+        .args(["info", "--format", format])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
         if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!("{test}: Docker is required when CI=true, but `docker info` failed");
+            panic!("{test}: {engine} is required when CI=true, but `{engine} info` failed");
         }
         eprintln!(
-            "SKIPPED {test}: no Docker engine (`docker info` failed); set CI=true to make this fail"
+            "SKIPPED {test}: no {engine} engine (`{engine} info` failed); set CI=true to make \
+             this fail"
         );
     }
     ok

@@ -324,23 +324,24 @@ pub async fn missing_credentials_are_an_auth_error<E: ContainerEngine>(
     assert!(!image_present(cli, &image));
 }
 
-/// A registry on loopback that demands credentials nobody is given, and the image
-/// reference it would serve: the contract suites' withheld credential
-/// ([`FaultProxy::redirect_pulls`](crate::testing::FaultProxy::redirect_pulls) sends
-/// every pull there, so a create meets a real registry refusal through the real engine).
-pub async fn locked_registry(cli: &'static str) -> Result<(TestRegistry, String), String> {
+/// The repository and tag a [`locked_registry`] serves (behind a credential).
+pub const LOCKED_IMAGE: &str = "sbx-contract/locked:1";
+
+/// A registry on loopback that demands a credential nobody is given, serving `cli`'s
+/// export of [`SOURCE_IMAGE`] as [`LOCKED_IMAGE`] (see
+/// [`FaultProxy::lock_pulls`](crate::testing::FaultProxy::lock_pulls)).
+pub async fn locked_registry(cli: &'static str) -> Result<TestRegistry, String> {
     let archive = tokio::task::spawn_blocking(move || source_archive(cli))
         .await
         .map_err(|e| e.to_string())??;
-    let reg = TestRegistry::start(
+    let (repo, tag) = LOCKED_IMAGE.split_once(':').unwrap_or((LOCKED_IMAGE, "1"));
+    TestRegistry::start(
         &archive,
-        &[("sbx-contract/locked", "1")],
+        &[(repo, tag)],
         Some(("sbx-nobody", "sbx-never-given")),
     )
     .await
-    .map_err(|e| format!("start the locked registry: {e}"))?;
-    let image = format!("{}/sbx-contract/locked:1", reg.host());
-    Ok((reg, image))
+    .map_err(|e| format!("start the locked registry: {e}"))
 }
 
 /// The environment variables a credential trial's child gets.
