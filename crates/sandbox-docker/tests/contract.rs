@@ -127,7 +127,7 @@ impl Probes for DockerProbes {
     async fn stop_sandbox(&self, sandbox_id: &str) -> anyhow::Result<Injection> {
         self.backend()?
             .client()
-            .kill_container::<String>(sandbox_id, None)
+            .kill_container(sandbox_id, None)
             .await
             .with_context(|| format!("kill container {sandbox_id}"))?;
         Ok(Injection::Removed(
