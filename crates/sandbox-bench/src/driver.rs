@@ -296,15 +296,21 @@ pub async fn untar_stream_to_file(
     let local = local.to_path_buf();
     tokio::task::spawn_blocking(move || -> Result<()> {
         let mut a = tar::Archive::new(reader);
+        let mut found = false;
+        // To the archive's end, as any correct reader must: returning after the file
+        // would stop timing before the engine has finished (and drop its response).
         for e in a.entries()? {
             let mut e = e?;
-            if e.header().entry_type().is_file() {
+            if e.header().entry_type().is_file() && !found {
                 let mut f = std::fs::File::create(&local)?;
                 std::io::copy(&mut e, &mut f)?;
-                return Ok(());
+                found = true;
             }
         }
-        bail!("archive holds no regular file")
+        if !found {
+            bail!("archive holds no regular file")
+        }
+        Ok(())
     })
     .await?
 }

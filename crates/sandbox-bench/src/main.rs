@@ -347,7 +347,8 @@ fn notes(name: &str, s: &Settings) -> Vec<String> {
          the summed time); peak RSS growth is the child process's VmHWM after the transfer minus \
          its VmRSS before it (peak reset via /proc/self/clear_refs). The raw floor streams too \
          (the tar archive is produced on a blocking thread while the crate sends it, and \
-         unpacked while it arrives), the fastest plain use of the crate; the CLI row is \
+         unpacked while it arrives, to the archive's end), the fastest correct plain use of the \
+         crate; the CLI row is \
          `docker cp` / `podman cp` of the file, whose memory is in the CLI process, not ours.",
         mib = s.transfer_mib,
         two = 2 * s.transfer_mib
