@@ -144,11 +144,13 @@ pub enum Flaw {
     /// `read` of a file past the read cap returns (here: empty) data instead of
     /// `ResourceLimitExceeded`.
     UncappedRead,
+    /// Declares `STDIN` but drops `RunOptions::stdin`: the command reads end of input.
+    DropStdin,
 }
 
 impl Flaw {
     /// Every flaw.
-    pub const ALL: [Flaw; 47] = [
+    pub const ALL: [Flaw; 48] = [
         Flaw::SwallowTimeouts,
         Flaw::PretendNetworkPolicy,
         Flaw::LeakSecrets,
@@ -196,6 +198,7 @@ impl Flaw {
         Flaw::UploadFollowsLinks,
         Flaw::UnsafeUnpack,
         Flaw::UncappedRead,
+        Flaw::DropStdin,
     ];
 
     /// The trials that must fail on a backend with this flaw (each passes without it).
@@ -286,6 +289,7 @@ impl Flaw {
             Flaw::UncappedRead => {
                 &["contract::hostile::huge_sparse_file_read_and_download_refused"]
             }
+            Flaw::DropStdin => &["contract::run::stdin_reaches_the_command"],
         }
     }
 }
@@ -870,6 +874,10 @@ impl Sandbox for BrokenSandbox {
                     Command::Argv(v) => Command::Shell(v.join(" ")),
                     cmd => cmd,
                 };
+                self.inner.run(cmd, options).await
+            }
+            Flaw::DropStdin => {
+                options.stdin = None;
                 self.inner.run(cmd, options).await
             }
             Flaw::MissingBinary126 => {

@@ -25,6 +25,7 @@ pub const COVERED: &[(C, &str)] = &[
     (C::NETWORK_POLICY, "policy, hardening"),
     (C::EGRESS_ALLOWLIST, "policy, egress"),
     (C::INGRESS_PORTS, "policy"),
+    (C::STDIN, "run, streaming"),
 ];
 
 /// The flags [`COVERED`] lists.
@@ -94,8 +95,8 @@ fn names_the_flag(e: &sandbox_core::SandboxError, flag: C) -> anyhow::Result<()>
 }
 
 /// Every undeclared flag with an entry point refuses with `CapabilityNotSupported` from
-/// that entry point (run, run_code, run_code with a context, stream, files, upload,
-/// download, create with an allowlist / ingress port / GPU / any policy).
+/// that entry point (run, run with stdin, run_code, run_code with a context, stream,
+/// files, upload, download, create with an allowlist / ingress port / GPU / any policy).
 async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let c = case("every_undeclared_flag_refuses");
     let mut checked = Vec::new();
@@ -165,6 +166,15 @@ async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
         )?;
         checked.push(C::STATEFUL_CODE);
     }
+    if caps.contains(C::RUN_COMMAND) && !caps.contains(C::STDIN) {
+        refused(
+            C::STDIN,
+            sb.run(["cat"].into(), RunOptions::default().stdin("x"))
+                .await
+                .map(|_| ()),
+        )?;
+        checked.push(C::STDIN);
+    }
     if !caps.contains(C::STREAMING) {
         refused(
             C::STREAMING,
@@ -211,11 +221,15 @@ async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     // so an undeclared one cannot be invoked at all.
     let files_refused = sb.files().is_err();
     sb.kill().await?;
-    let unreachable = if files_refused {
+    let mut unreachable = if files_refused {
         C::UPLOAD_DOWNLOAD
     } else {
         C::empty()
     };
+    if !caps.contains(C::RUN_COMMAND) {
+        // Input is an option of `run`: refused as RUN_COMMAND first.
+        unreachable |= C::STDIN;
+    }
     all_reachable_checked(ctx.caps | caps, unreachable, &checked)
 }
 
@@ -231,7 +245,8 @@ fn all_reachable_checked(declared: C, unreachable: C, checked: &[C]) -> anyhow::
         | C::NETWORK_POLICY
         | C::EGRESS_ALLOWLIST
         | C::INGRESS_PORTS
-        | C::GPU;
+        | C::GPU
+        | C::STDIN;
     let expected = with_entry_point - declared - unreachable;
     let got = checked.iter().fold(C::empty(), |acc, c| acc | *c);
     ensure!(

@@ -83,7 +83,112 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
         ctx.trial(AREA, "workdir_is_work", &[r], workdir_is_work),
         ctx.trial(AREA, "workdir_option_applies", &[r], workdir_option_applies),
         ctx.trial(AREA, "create_workdir_applies", &[r], create_workdir_applies),
+        ctx.trial(
+            AREA,
+            "stdin_reaches_the_command",
+            &[r, Need::Cap(C::STDIN)],
+            stdin_reaches_the_command,
+        ),
+        ctx.trial(
+            AREA,
+            "unread_stdin_is_not_an_error",
+            &[r, Need::Cap(C::STDIN)],
+            unread_stdin_is_not_an_error,
+        ),
+        ctx.trial(
+            AREA,
+            "no_stdin_is_end_of_input",
+            &[r],
+            no_stdin_is_end_of_input,
+        ),
     ]
+}
+
+/// 1 MiB and a bit of every byte value, more than any pipe holds.
+fn stdin_payload() -> Bytes {
+    (0..(1usize << 20) + 4099)
+        .map(|i| (i % 251) as u8)
+        .collect::<Vec<u8>>()
+        .into()
+}
+
+/// `RunOptions::stdin` reaches the command byte for byte, then end of input: `cat`
+/// echoes 1 MiB of every byte value back (fed while the output is read, so more than a
+/// pipe holds cannot deadlock) and exits 0.
+async fn stdin_reaches_the_command(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let sb = ctx.sandbox(&case("stdin_reaches_the_command")).await?;
+    let data = stdin_payload();
+    let r = sbx(
+        sb.run(
+            ["cat"].into(),
+            RunOptions::default()
+                .stdin(data.clone())
+                .timeout(Duration::from_secs(30)),
+        )
+        .await,
+        "cat with stdin",
+    )?;
+    ensure!(r.exit_code == 0, "cat with stdin exited {}", r.exit_code);
+    ensure!(
+        r.stdout == data,
+        "cat echoed {} bytes of the {} given (first difference at {:?})",
+        r.stdout.len(),
+        data.len(),
+        r.stdout.iter().zip(data.iter()).position(|(a, b)| a != b)
+    );
+    sb.kill().await
+}
+
+/// A command that exits without reading its input is not an error and does not hang
+/// (as with a shell pipe): `echo kept` given 4 MiB exits 0 promptly with its output
+/// intact, and the sandbox still runs commands afterwards.
+async fn unread_stdin_is_not_an_error(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let sb = ctx.sandbox(&case("unread_stdin_is_not_an_error")).await?;
+    let big = Bytes::from(vec![b'x'; 4 << 20]);
+    let started = Instant::now();
+    let r = sbx(
+        sb.run(
+            ["echo", "kept"].into(),
+            RunOptions::default()
+                .stdin(big)
+                .timeout(Duration::from_secs(20)),
+        )
+        .await,
+        "echo with unread stdin",
+    )?;
+    ensure!(
+        r.exit_code == 0 && r.stdout_text() == "kept\n",
+        "echo with unread stdin: exit {}, stdout {:?}",
+        r.exit_code,
+        r.stdout_text()
+    );
+    ensure!(
+        started.elapsed() < Duration::from_secs(10),
+        "echo with unread stdin took {:?}",
+        started.elapsed()
+    );
+    let r = run(&*sb, ["echo", "after"]).await?;
+    ensure!(r.stdout_text() == "after\n", "next command: {r:?}");
+    sb.kill().await
+}
+
+/// Without `RunOptions::stdin` a command reads end of input at once: `cat` exits 0 with
+/// nothing, never waiting for input that cannot come.
+async fn no_stdin_is_end_of_input(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let sb = ctx.sandbox(&case("no_stdin_is_end_of_input")).await?;
+    let r = sbx(
+        sb.run(
+            ["cat"].into(),
+            RunOptions::default().timeout(Duration::from_secs(10)),
+        )
+        .await,
+        "cat without stdin",
+    )?;
+    ensure!(
+        r.exit_code == 0 && r.stdout.is_empty(),
+        "cat without stdin: {r:?}"
+    );
+    sb.kill().await
 }
 
 fn case(name: &str) -> String {

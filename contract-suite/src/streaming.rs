@@ -24,6 +24,12 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
         ctx.trial(AREA, "order_within_a_stream", &[s], order_within_a_stream),
         ctx.trial(
             AREA,
+            "stdin_streams_through",
+            &[s, Need::Cap(C::STDIN)],
+            stdin_streams_through,
+        ),
+        ctx.trial(
+            AREA,
             "stdout_stderr_distinguishable",
             &[s],
             stdout_stderr_distinguishable,
@@ -151,6 +157,30 @@ async fn order_within_a_stream(ctx: Arc<Ctx>) -> anyhow::Result<()> {
         out == expected.as_bytes(),
         "out of order or incomplete: {:?}",
         String::from_utf8_lossy(&out)
+    );
+    sb.kill().await
+}
+
+/// A streamed process gets `RunOptions::stdin` too: `cat` streams 512 KiB of input back
+/// in order, while the input is still being fed.
+async fn stdin_streams_through(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let sb = ctx.sandbox(&case("stdin_streams_through")).await?;
+    let data: Vec<u8> = (0..512 * 1024).map(|i| (i % 253) as u8).collect();
+    let mut p = sbx(
+        sb.stream(
+            ["cat"].into(),
+            RunOptions::default()
+                .stdin(data.clone())
+                .timeout(Duration::from_secs(30)),
+        ),
+        "stream cat with stdin",
+    )?;
+    let (out, _) = drain(&mut p).await?;
+    ensure!(
+        out == data,
+        "streamed back {} bytes of the {} given",
+        out.len(),
+        data.len()
     );
     sb.kill().await
 }

@@ -162,10 +162,9 @@ pub struct ExecArgs {
     #[arg(long = "secret", value_name = "NAME")]
     pub secrets: Vec<String>,
     /// Pass stdin to the command (automatic when stdin is not a terminal). Not a live
-    /// stream: stdin is read to its end (at most 64 MiB) before the command starts,
-    /// copied into the sandbox as a file and given to the command as its stdin — pipes and
-    /// files work, an interactive session does not (the sandbox API has no stdin channel
-    /// yet).
+    /// stream: stdin is read to its end (at most 64 MiB) before the command starts and
+    /// given to it as its input (`RunOptions::stdin`) — pipes and files work, an
+    /// interactive session does not.
     #[arg(short, long)]
     pub interactive: bool,
     /// Only look on this engine (default: every compiled-in one).
@@ -284,10 +283,9 @@ pub struct RunArgs {
     #[arg(long = "secret", value_name = "NAME")]
     pub secrets: Vec<String>,
     /// Pass stdin to the command (automatic when stdin is not a terminal). Not a live
-    /// stream: stdin is read to its end (at most 64 MiB) before the command starts,
-    /// copied into the sandbox as a file and given to the command as its stdin — pipes and
-    /// files work, an interactive session does not (the sandbox API has no stdin channel
-    /// yet).
+    /// stream: stdin is read to its end (at most 64 MiB) before the command starts and
+    /// given to it as its input (`RunOptions::stdin`) — pipes and files work, an
+    /// interactive session does not.
     #[arg(short, long)]
     pub interactive: bool,
     /// Print one JSON object instead of streaming.

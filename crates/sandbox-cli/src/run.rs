@@ -71,20 +71,14 @@ pub async fn run(args: RunArgs, out: Out) -> sandbox::Result<u8> {
         sandbox::create(target, options).await?
     };
     let info = SandboxInfo::of(&*sb);
-    let result = match crate::stdin::stage(&*sb, &args.cmd, input).await {
-        Ok((cmd, _staged)) => {
-            // The staged file dies with the sandbox: no removal needed.
-            execute(
-                &*sb,
-                cmd,
-                RunOptions::default().timeout(timeout),
-                out,
-                args.raw,
-            )
-            .await
-        }
-        Err(e) => Err(e),
-    };
+    let result = execute(
+        &*sb,
+        Command::Argv(args.cmd.clone()),
+        crate::stdin::given(RunOptions::default().timeout(timeout), input),
+        out,
+        args.raw,
+    )
+    .await;
     // Tear down before reporting; a teardown failure never hides the command's outcome.
     if let Err(e) = sb.kill().await {
         out.note(format!(

@@ -350,12 +350,15 @@ pub async fn exec(args: ExecArgs, out: Out) -> sandbox::Result<u8> {
     for (name, value) in secrets {
         options = options.env(name, value);
     }
-    let (cmd, staged) = crate::stdin::stage(sb, &args.cmd, input).await?;
-    let result = execute(sb, cmd, options, out, args.raw).await;
-    if let Some(s) = staged {
-        // This sandbox lives on: do not leave the input behind in it.
-        s.remove(sb).await;
-    }
+    let options = crate::stdin::given(options, input);
+    let result = execute(
+        sb,
+        sandbox::Command::Argv(args.cmd.clone()),
+        options,
+        out,
+        args.raw,
+    )
+    .await;
     report(out, info, started, result)
 }
 

@@ -1,16 +1,13 @@
 //! Stdin for `run` and `exec`.
 //!
-//! The `Sandbox` port has no stdin channel, so the CLI stages what it reads into a file in
-//! the sandbox and runs the command with that file as its stdin:
-//! `sh -c "exec 'python3' '-' < '.sandbox-stdin-…'"`, every argument single-quoted (the
-//! argv is data, never shell syntax). Stdin is therefore read to the end before the command
-//! starts (pipes and files work; an interactive session does not) and bounded by
+//! What the CLI reads on its stdin is given to the command as `RunOptions::stdin` (the
+//! command's argv is untouched: no shell is involved). Stdin is read to the end before the
+//! command starts (pipes and files work; an interactive session does not) and bounded by
 //! [`STDIN_CAP`].
 
 use std::io::IsTerminal;
-use std::time::{SystemTime, UNIX_EPOCH};
 
-use sandbox::{Command, Sandbox, SandboxError};
+use sandbox::{RunOptions, SandboxError};
 use tokio::io::AsyncReadExt;
 
 /// Largest stdin passed through (the same as the default output cap).
@@ -43,51 +40,14 @@ pub async fn read_all() -> sandbox::Result<Vec<u8>> {
     Ok(data)
 }
 
-/// A staged stdin file; remove it with [`Staged::remove`] once the command ended.
-pub struct Staged {
-    path: String,
-}
-
-impl Staged {
-    /// Best-effort removal: a leftover file dies with the sandbox anyway.
-    pub async fn remove(self, sb: &dyn Sandbox) {
-        if let Ok(files) = sb.files()
-            && let Err(e) = files.remove(&self.path).await
-        {
-            tracing::debug!(error = %e, path = %self.path, "could not remove the staged stdin");
-        }
-    }
-}
-
-/// Writes `data` into the sandbox and returns the command that reads it as stdin. Empty
-/// input stages nothing: the command keeps the engine's empty stdin.
-pub async fn stage(
-    sb: &dyn Sandbox,
-    argv: &[String],
-    data: Vec<u8>,
-) -> sandbox::Result<(Command, Option<Staged>)> {
+/// `options` with `data` as the command's stdin (`RunOptions::stdin`); empty input
+/// leaves the command the empty stdin it has anyway.
+pub fn given(options: RunOptions, data: Vec<u8>) -> RunOptions {
     if data.is_empty() {
-        return Ok((Command::Argv(argv.to_vec()), None));
+        options
+    } else {
+        options.stdin(data)
     }
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    // Relative: resolved against the workdir by both `files()` and `run`.
-    let path = format!(".sandbox-stdin-{}-{nanos}", std::process::id());
-    sb.files()?.write(&path, bytes::Bytes::from(data)).await?;
-    Ok((redirected(argv, &path), Some(Staged { path })))
-}
-
-/// `exec 'a' 'b' < 'path'`.
-fn redirected(argv: &[String], path: &str) -> Command {
-    let words: Vec<String> = argv.iter().map(|a| quote(a)).collect();
-    Command::Shell(format!("exec {} < {}", words.join(" "), quote(path)))
-}
-
-/// POSIX single quoting: nothing inside is special except `'`, written as `'\''`.
-fn quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', r"'\''"))
 }
 
 #[cfg(test)]
@@ -95,20 +55,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn argv_is_quoted_as_data() {
-        let cmd = redirected(
-            &[
-                "python3".into(),
-                "-c".into(),
-                "print('$HOME; rm -rf /')".into(),
-            ],
-            ".in",
-        );
+    fn empty_input_sets_nothing() {
+        assert_eq!(given(RunOptions::default(), Vec::new()).stdin, None);
         assert_eq!(
-            cmd,
-            Command::Shell(
-                r#"exec 'python3' '-c' 'print('\''$HOME; rm -rf /'\'')' < '.in'"#.into()
-            )
+            given(RunOptions::default(), b"x".to_vec()).stdin.as_deref(),
+            Some(&b"x"[..])
         );
     }
 }

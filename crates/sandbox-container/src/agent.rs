@@ -269,16 +269,18 @@ fn start<E: ContainerEngine>(
         sh.remaining()?;
         // Dropped while this future is pending (a cancelled start), the process is killed.
         let p = client.spawn(spec).await?;
-        if let Some(data) = feed {
-            let Some(stdin) = p.stdin() else {
-                return Err(error::internal(
-                    sh.engine.backend(),
-                    "the agent gave the process no stdin",
-                ));
-            };
-            stdin.write(&data).await?;
-            stdin.close().await?;
-        }
+        let stdin = match feed {
+            Some(data) => match p.stdin() {
+                Some(stdin) => Some((stdin, data)),
+                None => {
+                    return Err(error::internal(
+                        sh.engine.backend(),
+                        "the agent gave the process no stdin",
+                    ));
+                }
+            },
+            None => None,
+        };
         let handle = p.kill_handle();
         let killer: Killer = Arc::new(move || {
             let handle = handle.clone();
@@ -287,8 +289,18 @@ fn start<E: ContainerEngine>(
         let (tx, rx) = tokio::sync::oneshot::channel::<i64>();
         let id = sh.id.clone();
         let exit_code = Box::pin(async move { rx.await.map_err(|_| error::gone(&id)) });
+        let mut output = events(p, client, tx);
+        if let Some((stdin, data)) = stdin {
+            output = crate::stdin_feed::beside(
+                output,
+                Box::pin(async move {
+                    stdin.write(&data).await.map_err(std::io::Error::other)?;
+                    stdin.close().await.map_err(std::io::Error::other)
+                }),
+            );
+        }
         Ok(StartedExec {
-            output: events(p, client, tx),
+            output,
             exit_code,
             killer,
         })

@@ -29,7 +29,8 @@ pub const LAYER_CAPABILITIES: Capability = Capability::RUN_COMMAND
     .union(Capability::FILESYSTEM)
     .union(Capability::UPLOAD_DOWNLOAD)
     .union(Capability::NETWORK_POLICY)
-    .union(Capability::INGRESS_PORTS);
+    .union(Capability::INGRESS_PORTS)
+    .union(Capability::STDIN);
 
 /// Prefix of every container name this crate gives (provenance for the sweep).
 pub const NAME_PREFIX: &str = "sbx-";

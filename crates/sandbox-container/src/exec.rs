@@ -127,6 +127,24 @@ pub(crate) struct Launched {
     pub engine_text: Arc<AtomicBool>,
 }
 
+/// Whether an output item is the reset of an attach connection its engine closed.
+fn is_peer_reset<T>(item: &std::result::Result<T, crate::EngineError>) -> bool {
+    let Err(e) = item else { return false };
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+            )
+        {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
 /// Creates and starts an exec; for a wrapped plan, reads the pid line first.
 pub(crate) async fn launch<E: ContainerEngine>(
     sh: &Arc<Shared<E>>,
@@ -162,8 +180,18 @@ pub(crate) async fn launch<E: ContainerEngine>(
     }
     let eng = sh.engine.clone();
     let id = sh.id.clone();
-    let mut output: BoxStream<'static, Result<OutputChunk>> = stream
-        .output
+    let raw = match plan.stdin {
+        // An engine that closes the attach connection with input still unread in it
+        // (the process exited without reading it all) makes our next read fail with a
+        // reset after the output it had sent: that is the end of the output, not a
+        // failure. A real failure still shows, in the exit status the engine reports.
+        true => stream
+            .output
+            .take_while(|item| futures::future::ready(!is_peer_reset(item)))
+            .boxed(),
+        false => stream.output,
+    };
+    let mut output: BoxStream<'static, Result<OutputChunk>> = raw
         .map_err(move |e| error::on_sandbox(&*eng, &id, "exec output", e))
         .boxed();
     let engine_text = Arc::new(AtomicBool::new(false));
@@ -387,19 +415,20 @@ fn start_future<E: ContainerEngine>(
         sh.remaining()?;
         let mut l = launch(&sh, plan).await?;
         if let Some(data) = feed {
-            let Some(input) = l.input.as_mut() else {
+            let Some(mut input) = l.input.take() else {
                 return Err(error::internal(
                     sh.engine.backend(),
                     "the engine attached no stdin",
                 ));
             };
-            let fed = async {
-                input.write_all(&data).await?;
-                input.shutdown().await
-            }
-            .await;
-            // A failed feed drops `l`, whose guard kills the process.
-            fed.map_err(|e| error::io(sh.engine.backend(), "writing the exec's stdin", e))?;
+            let output = std::mem::replace(&mut l.output, futures::stream::empty().boxed());
+            l.output = crate::stdin_feed::beside(
+                output,
+                Box::pin(async move {
+                    input.write_all(&data).await?;
+                    input.shutdown().await
+                }),
+            );
         }
         l.guard.disarm();
         let exec_id = l.exec_id.clone();

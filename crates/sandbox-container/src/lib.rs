@@ -23,6 +23,7 @@ mod kill;
 pub mod runtime;
 mod sandbox;
 pub mod ssh;
+mod stdin_feed;
 mod sweep;
 // Test support for the adapters' tests (the shared fault proxy); not part of the API.
 #[doc(hidden)]

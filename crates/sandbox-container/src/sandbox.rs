@@ -102,7 +102,7 @@ impl<E: ContainerEngine> Shared<E> {
         timeout: Duration,
     ) -> Result<Process> {
         let workdir = options.workdir.as_deref();
-        self.process(argv, &options.env, workdir, timeout, None)
+        self.process(argv, &options.env, workdir, timeout, options.stdin.clone())
     }
 
     /// A process of `argv` (fed `feed` on stdin, when given), through the agent when

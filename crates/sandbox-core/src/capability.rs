@@ -41,6 +41,8 @@ bitflags! {
         const INGRESS_PORTS = 1 << 12;
         /// Tunnels to the outside.
         const TUNNELS = 1 << 13;
+        /// `RunOptions::stdin`: input given to a command run or streamed.
+        const STDIN = 1 << 14;
     }
 }
 
@@ -80,6 +82,7 @@ mod tests {
             "RUN_CODE|STREAMING"
         );
         assert_eq!(Capability::empty().to_string(), "NONE");
-        assert_eq!(Capability::each().count(), 14);
+        assert_eq!(Capability::each().count(), 15);
+        assert_eq!(Capability::STDIN.names(), "STDIN");
     }
 }

@@ -627,6 +627,9 @@ impl Shared {
 
     fn run_options(&self, cmd: &Command, mut options: RunOptions) -> Result<RunOptions> {
         cmd.validate()?;
+        if options.stdin.is_some() {
+            self.require(Capability::STDIN)?;
+        }
         let timeout = options.validate(self.remaining())?;
         options.timeout = Some(timeout);
         Ok(options)

@@ -379,6 +379,20 @@ pub struct RunOptions {
     pub workdir: Option<String>,
     /// Cap on buffered output per stream for `run` (default [`DEFAULT_OUTPUT_CAP`]).
     pub output_cap: Option<usize>,
+    /// Bytes given to the command's standard input, which is then closed; `None` (the
+    /// default): the command reads end of input at once. Written while the output is
+    /// read, so a command may echo more than a pipe holds; a command that exits without
+    /// reading it all is not an error (as with a shell pipe). Serialised as its length
+    /// only (`stdin_len`: it may carry data a log must not), deserialised from `stdin`.
+    #[cfg_attr(
+        feature = "serde",
+        serde(
+            rename(serialize = "stdin_len", deserialize = "stdin"),
+            serialize_with = "crate::serialization::len_only",
+            deserialize_with = "crate::serialization::opt_bytes_text"
+        )
+    )]
+    pub stdin: Option<bytes::Bytes>,
 }
 
 impl fmt::Debug for RunOptions {
@@ -388,6 +402,7 @@ impl fmt::Debug for RunOptions {
             .field("env_keys", &self.env.keys().collect::<Vec<_>>())
             .field("workdir", &self.workdir)
             .field("output_cap", &self.output_cap)
+            .field("stdin_len", &self.stdin.as_ref().map(|b| b.len()))
             .finish()
     }
 }
@@ -411,6 +426,11 @@ impl RunOptions {
     /// Sets the buffered output cap per stream.
     pub fn output_cap(mut self, bytes: usize) -> Self {
         self.output_cap = Some(bytes);
+        self
+    }
+    /// Gives the command `data` on its standard input (then end of input).
+    pub fn stdin(mut self, data: impl Into<bytes::Bytes>) -> Self {
+        self.stdin = Some(data.into());
         self
     }
 

@@ -9,7 +9,8 @@
 //! - Env maps of `CreateOptions` and `RunOptions` serialise as `env_keys` (names only),
 //!   as their `Debug` does and as audit records redact them: an env value may be a
 //!   credential. They deserialise from `env`, so a serialised options value is a log
-//!   record, not a replayable configuration.
+//!   record, not a replayable configuration. `RunOptions::stdin` likewise serialises as
+//!   `stdin_len` (its length) and deserialises from `stdin` (text or base64).
 //! - A [`SandboxError`] serialises as `{code, message, hint, url}`, the same four things
 //!   its rendering shows; it is not deserialisable (sources and typed fields are lost).
 //! - `Duration`s use serde's `{secs, nanos}` and `SystemTime`s serde's
@@ -49,6 +50,21 @@ pub(crate) fn keys_only<S: Serializer>(
     serializer: S,
 ) -> Result<S::Ok, S::Error> {
     serializer.collect_seq(map.keys())
+}
+
+/// `serialize_with` for an optional input whose bytes must not reach a log: its length.
+pub(crate) fn len_only<S: Serializer>(
+    data: &Option<bytes::Bytes>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    data.as_ref().map(|b| b.len()).serialize(serializer)
+}
+
+/// `deserialize_with` for an optional [`bytes_text`] field.
+pub(crate) fn opt_bytes_text<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<bytes::Bytes>, D::Error> {
+    bytes_text::deserialize(d).map(Some)
 }
 
 /// `#[serde(with = …)]` for `Bytes`: UTF-8 text as a string, anything else as base64.

@@ -92,7 +92,12 @@ pub(crate) async fn printf(p: Proc, a: Vec<String>) -> Result<i64> {
 
 pub(crate) async fn cat(p: Proc, a: Vec<String>) -> Result<i64> {
     if a.len() < 2 {
-        return form_not_in_vocabulary(&p, &a).await;
+        let input = p.take_stdin();
+        return Ok(if p.out(input).await {
+            0
+        } else {
+            BROKEN_PIPE_EXIT
+        });
     }
     let mut code = 0;
     for f in &a[1..] {

@@ -16,6 +16,7 @@ pub fn full_capabilities() -> Capability {
         | Capability::RUN_CODE
         | Capability::STATEFUL_CODE
         | Capability::STREAMING
+        | Capability::STDIN
         | Capability::FILESYSTEM
         | Capability::UPLOAD_DOWNLOAD
         | Capability::NETWORK_POLICY

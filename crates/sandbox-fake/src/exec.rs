@@ -47,6 +47,9 @@ pub(crate) struct Proc {
     pub(crate) cwd: String,
     pub(crate) stdout: Sink,
     pub(crate) stderr: Sink,
+    /// The exec's input (`RunOptions::stdin`), shared like a pipe by every program of
+    /// the exec: what one reads, the next does not see.
+    pub(crate) stdin: Arc<std::sync::Mutex<Bytes>>,
 }
 
 impl Proc {
@@ -84,6 +87,11 @@ impl Proc {
             }
             Sink::Null => true,
         }
+    }
+
+    /// Reads all the input that is left (end of input: empty).
+    pub(crate) fn take_stdin(&self) -> Bytes {
+        std::mem::take(&mut *self.stdin.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Resolves a sandbox path against this process's working directory.
@@ -141,6 +149,7 @@ pub(crate) fn start(
     job: Job,
     env: BTreeMap<String, String>,
     cwd: String,
+    stdin: Option<Bytes>,
 ) -> StartFuture {
     Box::pin(async move {
         sb.alive()?;
@@ -161,6 +170,7 @@ pub(crate) fn start(
                     cwd,
                     stdout: Sink::Chan(tx.clone(), StreamKind::Stdout),
                     stderr: Sink::Chan(tx, StreamKind::Stderr),
+                    stdin: Arc::new(std::sync::Mutex::new(stdin.unwrap_or_default())),
                 };
                 let result = match job {
                     Job::Argv(argv) => run_program(proc, argv).await,

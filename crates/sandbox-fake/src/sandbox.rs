@@ -439,6 +439,9 @@ impl FakeSandbox {
         if streamed {
             self.require(Capability::STREAMING)?;
         }
+        if options.stdin.is_some() {
+            self.require(Capability::STDIN)?;
+        }
         cmd.validate()?;
         let sb = self.inner();
         sb.alive()?;
@@ -456,7 +459,7 @@ impl FakeSandbox {
         });
         let env = sb.command_env(&options.env);
         Ok(Process::new(
-            exec::start(sb.clone(), Job::Argv(argv), env, cwd),
+            exec::start(sb.clone(), Job::Argv(argv), env, cwd, options.stdin),
             timeout,
             exec::orphan_info(sb, "exec"),
         ))
@@ -532,7 +535,7 @@ impl Sandbox for FakeSandbox {
         };
         let env = sb.command_env(&BTreeMap::new());
         Process::new(
-            exec::start(sb.clone(), job, env, sb.workdir.clone()),
+            exec::start(sb.clone(), job, env, sb.workdir.clone(), None),
             timeout,
             exec::orphan_info(sb, "code"),
         )

@@ -69,8 +69,9 @@ pub const COMMANDS: &[CommandSpec] = &[
     ),
     cmd(
         "cat",
-        &["cat FILE..."],
-        "prints the files' bytes; a missing file or a directory: message, exit 1",
+        &["cat", "cat FILE..."],
+        "prints its input (`RunOptions::stdin`; none: nothing), or the files' bytes; a \
+         missing file or a directory: message, exit 1",
         |p, a| Box::pin(commands::cat(p, a)),
     ),
     cmd("pwd", &["pwd"], "prints the working directory", |p, a| {

@@ -776,7 +776,7 @@ impl ContainerEngine for PodmanEngine {
             })?;
         let (reader, writer) = mux.split();
         let output = reader
-            .map_err(|e| from_api("exec output", podman_api::Error::from(e)))
+            .map_err(|e| crate::error::from_conn("exec output", e))
             .try_filter_map(|c| {
                 futures::future::ready(Ok(match c {
                     TtyChunk::StdOut(v) => Some(OutputChunk::stdout(Bytes::from(v))),

@@ -85,6 +85,20 @@ pub(crate) fn from_api(what: &str, e: podman_api::Error) -> EngineError {
     EngineError::new(kind_of(&e), bounded(&format!("{what}: {e}"))).with_source(boxed(e))
 }
 
+/// An error of a multiplexed connection (exec output) as an [`EngineError`]. An I/O
+/// error is kept as the source itself (podman-api's wrappers are transparent and would
+/// hide it), so the container layer can tell a peer's reset from other failures.
+pub(crate) fn from_conn(what: &str, e: podman_api::conn::Error) -> EngineError {
+    match e {
+        podman_api::conn::Error::IO(io) => EngineError::new(
+            EngineErrorKind::Unavailable,
+            bounded(&format!("{what}: {io}")),
+        )
+        .with_source(io),
+        e => from_api(what, podman_api::Error::from(e)),
+    }
+}
+
 /// A REST bypass error as an [`EngineError`], the source kept.
 pub(crate) fn from_rest(what: &str, e: RestError) -> EngineError {
     let kind = match &e {

@@ -208,3 +208,19 @@ fn reports_serialise() {
     );
     assert_eq!(serde_json::to_value(&managed).unwrap()["state"], "running");
 }
+
+#[test]
+fn run_stdin_serialises_as_its_length_only() {
+    let run = RunOptions::default().stdin("password=hunter2\n");
+    let v = serde_json::to_value(&run).unwrap();
+    assert_eq!(v["stdin_len"], 17);
+    assert!(!v.to_string().contains("hunter2"), "{v}");
+    assert!(!format!("{run:?}").contains("hunter2"));
+    let back: RunOptions = serde_json::from_value(json!({ "stdin": "abc" })).unwrap();
+    assert_eq!(back.stdin.as_deref(), Some(&b"abc"[..]));
+    let back: RunOptions =
+        serde_json::from_value(json!({ "stdin": { "base64": "AP8=" } })).unwrap();
+    assert_eq!(back.stdin.as_deref(), Some(&[0u8, 255][..]));
+    let none: RunOptions = serde_json::from_value(json!({})).unwrap();
+    assert_eq!(none.stdin, None);
+}
