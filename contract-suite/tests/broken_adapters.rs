@@ -240,4 +240,5 @@ caught! {
     upload_following_links_is_caught => UploadFollowsLinks,
     unsafe_unpack_is_caught => UnsafeUnpack,
     uncapped_read_is_caught => UncappedRead,
+    dropped_stdin_is_caught => DropStdin,
 }

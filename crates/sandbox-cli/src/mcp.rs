@@ -119,6 +119,9 @@ pub struct RunParams {
     /// sandbox's remaining lifetime.
     #[serde(default)]
     pub timeout_s: Option<f64>,
+    /// Text given to the command's standard input, then end of input. Default: none.
+    #[serde(default)]
+    pub stdin: Option<String>,
 }
 
 /// Arguments of `sandbox_run_code`.
@@ -404,6 +407,9 @@ impl SandboxServer {
         let mut options = RunOptions::default();
         if let Some(t) = p.timeout_s {
             options = options.timeout(secs(t)?);
+        }
+        if let Some(input) = p.stdin {
+            options = options.stdin(input);
         }
         let (code, out) = run_bounded(&*sb, cmd, options).await?;
         Ok(exec_json(code, out))

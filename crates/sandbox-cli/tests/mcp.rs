@@ -136,6 +136,15 @@ async fn round_trip(client: &Client, engine: &str, image: Option<&str>) -> Strin
     let (failed, r) = call(
         client,
         "sandbox_run",
+        json!({"sandbox_id": id, "command": ["cat"], "stdin": "fed in\n"}),
+    )
+    .await;
+    assert!(!failed, "{r}");
+    assert_eq!(r["stdout"], "fed in\n", "{r}");
+
+    let (failed, r) = call(
+        client,
+        "sandbox_run",
         json!({"sandbox_id": id, "command": "exit 3"}),
     )
     .await;
