@@ -351,20 +351,7 @@ fn a_secret_value_given_as_a_name_is_not_echoed() {
 
 #[test]
 fn piped_stdin_reaches_the_command() {
-    use std::io::Write as _;
-    let mut child = sandbox(&["run", "fake://", "--", "cat"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn sandbox");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(b"line one\nline two\n")
-        .expect("write stdin");
-    let o = child.wait_with_output().expect("wait");
+    let o = run_with_stdin(&["run", "fake://", "--", "cat"], b"line one\nline two\n");
     assert_eq!(code(&o), 0, "stderr: {}", stderr(&o));
     assert_eq!(stdout(&o), "line one\nline two\n");
 }

@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -26,23 +26,6 @@ fn containers(engine: &str, id: &str) -> String {
         .output()
         .expect("engine cli");
     String::from_utf8_lossy(&o.stdout).trim().to_string()
-}
-
-/// Runs `sandbox ARGS` with `input` on stdin.
-fn run_with_stdin(args: &[&str], input: &[u8]) -> std::process::Output {
-    let mut child = sandbox(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(input)
-        .expect("write stdin");
-    child.wait_with_output().expect("wait")
 }
 
 /// create → ls → exec (stdin, exit code, secret) → cp both ways → kill → gone.

@@ -1,6 +1,7 @@
 //! Drives the built `sandbox` binary.
 #![allow(dead_code)]
 
+use std::io::Write as _;
 use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
@@ -18,6 +19,23 @@ pub fn sandbox(args: &[&str]) -> Command {
 /// Runs to completion.
 pub fn run(args: &[&str]) -> Output {
     sandbox(args).output().expect("spawn sandbox")
+}
+
+/// Runs `sandbox ARGS` with `input` on stdin.
+pub fn run_with_stdin(args: &[&str], input: &[u8]) -> Output {
+    let mut child = sandbox(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input)
+        .expect("write stdin");
+    child.wait_with_output().expect("wait")
 }
 
 pub fn stdout(o: &Output) -> String {
