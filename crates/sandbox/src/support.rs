@@ -14,7 +14,8 @@ const CONTAINER: Capability = Capability::RUN_COMMAND
     .union(Capability::FILESYSTEM)
     .union(Capability::UPLOAD_DOWNLOAD)
     .union(Capability::NETWORK_POLICY)
-    .union(Capability::INGRESS_PORTS);
+    .union(Capability::INGRESS_PORTS)
+    .union(Capability::STDIN);
 
 /// First-party backends and what each can declare. Podman adds `GPU` for sandboxes created
 /// with CDI devices (`PodmanOptions::cdi_device`); the fake models an egress allowlist but

@@ -101,12 +101,14 @@ pub fn docker_available(test: &str) -> bool {
 /// Whether `engine` (`docker` or `podman`) answers `<engine> info`; with `CI=true` a
 /// missing engine is a failure, not a skip.
 pub fn engine_available(engine: &str, test: &str) -> bool {
-    let format = match engine {
-        "docker" => "{{.ServerVersion}}",
-        _ => "{{.Version.Version}}",
+    // Podman's CLI answers `info` without its API service; the CLI under test needs the
+    // service, so ask through it (`--remote`).
+    let args: &[&str] = match engine {
+        "docker" => &["info", "--format", "{{.ServerVersion}}"],
+        _ => &["--remote", "info", "--format", "{{.Version.Version}}"],
     };
     let ok = Command::new(engine)
-        .args(["info", "--format", format])
+        .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
