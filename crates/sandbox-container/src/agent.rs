@@ -269,18 +269,14 @@ fn start<E: ContainerEngine>(
         sh.remaining()?;
         // Dropped while this future is pending (a cancelled start), the process is killed.
         let p = client.spawn(spec).await?;
-        let stdin = match feed {
-            Some(data) => match p.stdin() {
-                Some(stdin) => Some((stdin, data)),
-                None => {
-                    return Err(error::internal(
-                        sh.engine.backend(),
-                        "the agent gave the process no stdin",
-                    ));
-                }
-            },
-            None => None,
-        };
+        let stdin = feed
+            .map(|data| {
+                let stdin = p.stdin().ok_or_else(|| {
+                    error::internal(sh.engine.backend(), "the agent gave the process no stdin")
+                })?;
+                Ok::<_, sandbox_core::SandboxError>((stdin, data))
+            })
+            .transpose()?;
         let handle = p.kill_handle();
         let killer: Killer = Arc::new(move || {
             let handle = handle.clone();
@@ -291,8 +287,8 @@ fn start<E: ContainerEngine>(
         let exit_code = Box::pin(async move { rx.await.map_err(|_| error::gone(&id)) });
         let mut output = events(p, client, tx);
         if let Some((stdin, data)) = stdin {
-            output = crate::stdin_feed::beside(
-                output,
+            crate::stdin_feed::beside(
+                &mut output,
                 Box::pin(async move {
                     stdin.write(&data).await.map_err(std::io::Error::other)?;
                     stdin.close().await.map_err(std::io::Error::other)

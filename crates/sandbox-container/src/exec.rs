@@ -421,9 +421,8 @@ fn start_future<E: ContainerEngine>(
                     "the engine attached no stdin",
                 ));
             };
-            let output = std::mem::replace(&mut l.output, futures::stream::empty().boxed());
-            l.output = crate::stdin_feed::beside(
-                output,
+            crate::stdin_feed::beside(
+                &mut l.output,
                 Box::pin(async move {
                     input.write_all(&data).await?;
                     input.shutdown().await

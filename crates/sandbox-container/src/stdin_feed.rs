@@ -22,21 +22,22 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Runs `feed` beside `output` and ties its life to the returned stream.
+/// Runs `feed` beside `output`, whose life it is tied to from now on.
 pub(crate) fn beside(
-    output: BoxStream<'static, Result<OutputChunk>>,
+    output: &mut BoxStream<'static, Result<OutputChunk>>,
     feed: BoxFuture<'static, std::io::Result<()>>,
-) -> BoxStream<'static, Result<OutputChunk>> {
+) {
     let task = tokio::spawn(async move {
         if let Err(e) = feed.await {
             tracing::debug!(error = %e, "stdin feed ended early (the process stopped reading)");
         }
     });
     let guard = AbortOnDrop(task);
-    output
+    let inner = std::mem::replace(output, futures::stream::empty().boxed());
+    *output = inner
         .map(move |item| {
             let _keep = &guard;
             item
         })
-        .boxed()
+        .boxed();
 }

@@ -234,7 +234,7 @@ impl MemFs {
         parents: bool,
         now: SystemTime,
     ) -> Result<(), FsError> {
-        self.put(path, data, parents, false, now)
+        self.put(path, parents, now, |b| *b = data)
     }
 
     /// Appends to a regular file, creating it when missing (its directory must exist).
@@ -244,16 +244,17 @@ impl MemFs {
         data: &[u8],
         now: SystemTime,
     ) -> Result<(), FsError> {
-        self.put(path, data.to_vec(), false, true, now)
+        self.put(path, false, now, |b| b.extend_from_slice(data))
     }
 
+    /// Applies `fill` to the content of the regular file at `path` (empty when it is
+    /// created here).
     fn put(
         &mut self,
         path: &str,
-        data: Vec<u8>,
         parents: bool,
-        append: bool,
         now: SystemTime,
+        fill: impl FnOnce(&mut Vec<u8>),
     ) -> Result<(), FsError> {
         let path = &self.follow(path)?;
         match self.nodes.get_mut(path) {
@@ -262,16 +263,15 @@ impl MemFs {
                 // `follow` gave up on it: a dangling or looping link.
                 NodeKind::Symlink(_) => Err(FsError::Loop),
                 NodeKind::File(b) => {
-                    match append {
-                        true => b.extend_from_slice(&data),
-                        false => *b = data,
-                    }
+                    fill(b);
                     n.mtime = now;
                     Ok(())
                 }
             },
             None => {
                 self.require_parent_dir(path, parents, now)?;
+                let mut data = Vec::new();
+                fill(&mut data);
                 let (kind, mode, mtime) = (NodeKind::File(data), FILE_MODE, now);
                 self.nodes
                     .insert(path.to_string(), Node { kind, mode, mtime });

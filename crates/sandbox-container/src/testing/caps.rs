@@ -21,6 +21,15 @@ impl Drop for Scratch {
     }
 }
 
+/// Asserts `e` is `ResourceLimitExceeded` naming `cap` (the configured number).
+fn refused_naming(e: &sandbox_core::SandboxError, cap: u64) {
+    assert_eq!(e.code(), ErrorCode::ResourceLimitExceeded, "{}", e.render());
+    assert!(
+        e.to_string().contains(&cap.to_string()),
+        "names the configured cap: {e}"
+    );
+}
+
 /// With `b` configured with [`CAPPED_BYTES`] / [`CAPPED_ENTRIES`]: a 2 MiB file is
 /// refused by `read` and `download` naming the configured cap, a 9-entry directory by
 /// `download`, nothing is left on the host, and a small file still passes both ways.
@@ -44,11 +53,7 @@ pub async fn configured_caps_apply(b: &dyn Backend, template: &str) {
         .read("/work/big")
         .await
         .expect_err("over the read cap");
-    assert_eq!(e.code(), ErrorCode::ResourceLimitExceeded, "{}", e.render());
-    assert!(
-        e.to_string().contains(&CAPPED_BYTES.to_string()),
-        "names the configured cap: {e}"
-    );
+    refused_naming(&e, CAPPED_BYTES);
     assert_eq!(
         files.read("/work/small").await.expect("small read").len(),
         1000
@@ -69,11 +74,7 @@ pub async fn configured_caps_apply(b: &dyn Backend, template: &str) {
         .download("/work/big", &big)
         .await
         .expect_err("over the download cap");
-    assert_eq!(e.code(), ErrorCode::ResourceLimitExceeded, "{}", e.render());
-    assert!(
-        e.to_string().contains(&CAPPED_BYTES.to_string()),
-        "names the configured cap: {e}"
-    );
+    refused_naming(&e, CAPPED_BYTES);
     assert!(
         e.hint().contains("download_cap"),
         "names the knob: {}",
@@ -84,11 +85,7 @@ pub async fn configured_caps_apply(b: &dyn Backend, template: &str) {
         .download("/work/many", &many)
         .await
         .expect_err("over the entry cap");
-    assert_eq!(e.code(), ErrorCode::ResourceLimitExceeded, "{}", e.render());
-    assert!(
-        e.to_string().contains(&CAPPED_ENTRIES.to_string()),
-        "names the configured cap: {e}"
-    );
+    refused_naming(&e, CAPPED_ENTRIES);
     let left: Vec<_> = std::fs::read_dir(&scratch.0)
         .expect("scratch listing")
         .flatten()
