@@ -26,6 +26,7 @@ pub const COVERED: &[(C, &str)] = &[
     (C::EGRESS_ALLOWLIST, "policy, egress"),
     (C::INGRESS_PORTS, "policy"),
     (C::STDIN, "run, streaming"),
+    (C::DISK_LIMIT, "disk"),
 ];
 
 /// The flags [`COVERED`] lists.
@@ -96,7 +97,8 @@ fn names_the_flag(e: &sandbox_core::SandboxError, flag: C) -> anyhow::Result<()>
 
 /// Every undeclared flag with an entry point refuses with `CapabilityNotSupported` from
 /// that entry point (run, run with stdin, run_code, run_code with a context, stream,
-/// files, upload, download, create with an allowlist / ingress port / GPU / any policy).
+/// files, upload, download, create with an allowlist / ingress port / GPU / disk limit /
+/// any policy).
 async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let c = case("every_undeclared_flag_refuses");
     let mut checked = Vec::new();
@@ -113,6 +115,10 @@ async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
                 .network(NetworkPolicy::deny().ingress_port(8080)),
         ),
         (C::GPU, ctx.opts(&c).resources(Resources::default().gpu(1))),
+        (
+            C::DISK_LIMIT,
+            ctx.opts(&c).resources(Resources::default().disk_mb(64)),
+        ),
         (C::NETWORK_POLICY, ctx.opts(&c)),
     ];
     for (flag, opts) in create_flags {
@@ -246,7 +252,8 @@ fn all_reachable_checked(declared: C, unreachable: C, checked: &[C]) -> anyhow::
         | C::EGRESS_ALLOWLIST
         | C::INGRESS_PORTS
         | C::GPU
-        | C::STDIN;
+        | C::STDIN
+        | C::DISK_LIMIT;
     let expected = with_entry_point - declared - unreachable;
     let got = checked.iter().fold(C::empty(), |acc, c| acc | *c);
     ensure!(

@@ -11,6 +11,7 @@ pub mod broken;
 
 mod cancellation;
 mod capabilities;
+mod disk;
 mod egress;
 mod errors;
 mod files;
@@ -214,6 +215,7 @@ fn all_trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
     t.extend(egress::trials(ctx));
     t.extend(hostile::trials(ctx));
     t.extend(hardening::trials(ctx));
+    t.extend(disk::trials(ctx));
     t.extend(errors::trials(ctx));
     t.extend(capabilities::trials(ctx));
     t.extend(observability::trials(ctx));

@@ -18,6 +18,7 @@ const AREAS: &[&str] = &[
     "files",
     "policy",
     "hardening",
+    "disk",
     "errors",
     "capabilities",
     "observability",

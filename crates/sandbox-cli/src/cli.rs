@@ -96,6 +96,11 @@ pub struct SandboxArgs {
     /// CPU quota in cores, e.g. 0.5 (default 1).
     #[arg(long, value_name = "N")]
     pub cpus: Option<f64>,
+    /// Disk limit in MiB: a read-only root filesystem, and at most this much in each
+    /// writable place (the workdir, /tmp, /dev/shm). Refused by engines that cannot
+    /// enforce it (see `sandbox doctor`).
+    #[arg(long = "disk-mb", value_name = "MB")]
+    pub disk_mb: Option<u64>,
     /// Egress policy.
     #[arg(long, value_enum, default_value_t = NetworkArg::Deny)]
     pub network: NetworkArg,

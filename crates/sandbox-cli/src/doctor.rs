@@ -49,6 +49,9 @@ struct Engine {
     /// How to make them available, when they are not.
     #[serde(skip_serializing_if = "Option::is_none")]
     egress_allowlist_fix: Option<String>,
+    /// How `--disk-mb` (`Resources::disk_mb`) is enforced on this engine, or `"refused"`;
+    /// `null` when the engine was not reached.
+    disk_limit: Option<String>,
     problems: Vec<Problem>,
 }
 
@@ -63,9 +66,17 @@ pub async fn doctor(args: DoctorArgs, out: Out) -> sandbox::Result<u8> {
     let selected = selected_engines(&args.engines)?;
     let mut engines = Vec::new();
     for scheme in &selected {
-        let (report, allowlist) = diagnose(scheme).await;
+        let (report, caps) = diagnose(scheme).await;
         let mut engine = to_engine(report, scheme == sandbox::DEFAULT_SCHEME);
+        let allowlist = caps.map(|c| c.contains(sandbox::Capability::EGRESS_ALLOWLIST));
         engine.egress_allowlist = allowlist;
+        engine.disk_limit = caps.map(|c| {
+            if c.contains(sandbox::Capability::DISK_LIMIT) {
+                DISK_LIMIT_MECHANISM.to_string()
+            } else {
+                "refused".to_string()
+            }
+        });
         if allowlist == Some(false) && scheme != "fake" {
             engine.egress_allowlist_fix = Some(ALLOWLIST_FIX.to_string());
         }
@@ -120,10 +131,14 @@ not a remote endpoint) with nftables and nsenter installed (`sudo apt-get instal
 util-linux`), with a runtime other than runsc (gVisor's netstack bypasses the rules); see \
 docs/network.md";
 
+/// How the container engines enforce a disk limit (there is no storage quota on their
+/// overlay drivers here; `ContainerSpec::scratch_paths`).
+const DISK_LIMIT_MECHANISM: &str = "read-only root filesystem; the workdir, /tmp and /dev/shm are RAM-backed, each at most disk_mb";
+
 /// Connects (bounded) and asks the backend; a failure to connect is reported as an
-/// unreachable engine with the error's hint as the fix. Also whether the backend's
-/// sandboxes can have an egress allowlist (`None` when it was not reached).
-async fn diagnose(scheme: &str) -> (EngineReport, Option<bool>) {
+/// unreachable engine with the error's hint as the fix. Also the backend's capabilities
+/// (`None` when it was not reached).
+async fn diagnose(scheme: &str) -> (EngineReport, Option<sandbox::Capability>) {
     let target = format!("{scheme}://");
     let connected = tokio::time::timeout(ENGINE_TIMEOUT, sandbox::backend(target.as_str())).await;
     let backend = match connected {
@@ -138,9 +153,7 @@ async fn diagnose(scheme: &str) -> (EngineReport, Option<bool>) {
             return (unreachable(scheme, &e), None);
         }
     };
-    let allowlist = backend
-        .capabilities()
-        .contains(sandbox::Capability::EGRESS_ALLOWLIST);
+    let caps = backend.capabilities();
     let report = match tokio::time::timeout(ENGINE_TIMEOUT, backend.diagnose()).await {
         Ok(r) => r,
         Err(_) => {
@@ -152,7 +165,7 @@ async fn diagnose(scheme: &str) -> (EngineReport, Option<bool>) {
             r
         }
     };
-    (report, Some(allowlist))
+    (report, Some(caps))
 }
 
 fn unreachable(scheme: &str, e: &SandboxError) -> EngineReport {
@@ -186,6 +199,7 @@ fn to_engine(r: EngineReport, default: bool) -> Engine {
         tier: r.tier.to_string(),
         egress_allowlist: None,
         egress_allowlist_fix: None,
+        disk_limit: None,
         problems: r
             .problems
             .into_iter()
@@ -239,6 +253,9 @@ fn print_human(report: &DoctorReport, out: &Out) {
                 }
             }
             None => {}
+        }
+        if let Some(d) = &e.disk_limit {
+            out.line(format!("  disk limit: {d}"));
         }
         for p in &e.problems {
             out.line(format!("  {} {}", out.red("problem:"), esc(&p.problem)));

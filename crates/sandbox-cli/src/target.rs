@@ -41,6 +41,9 @@ fn apply_sandbox_args(args: &SandboxArgs, base: CreateOptions) -> sandbox::Resul
     if let Some(c) = args.cpus {
         resources = resources.cpu(c);
     }
+    if let Some(d) = args.disk_mb {
+        resources = resources.disk_mb(d);
+    }
     let network = match args.network {
         _ if !args.allow_hosts.is_empty() => NetworkPolicy::allow_list(args.allow_hosts.clone()),
         NetworkArg::Deny => NetworkPolicy::deny(),

@@ -39,6 +39,26 @@ fn docker_run_streams_and_exits_with_the_commands_code() {
 }
 
 #[test]
+fn docker_run_disk_limit_holds() {
+    if !docker_available("docker_run_disk_limit_holds") {
+        return;
+    }
+    let o = run(&[
+        "run",
+        "--disk-mb",
+        "4",
+        BUSYBOX,
+        "--",
+        "sh",
+        "-c",
+        "dd if=/dev/zero of=/work/f bs=1048576 count=8 2>/dev/null; wc -c < /work/f; \
+         touch /etc/x 2>/dev/null || echo read-only",
+    ]);
+    assert_eq!(code(&o), 0, "stderr: {}", stderr(&o));
+    assert_eq!(stdout(&o), "4194304\nread-only\n");
+}
+
+#[test]
 fn docker_run_json_schema() {
     if !docker_available("docker_run_json_schema") {
         return;

@@ -92,6 +92,13 @@ fn run_passes_env_and_resource_flags() {
 }
 
 #[test]
+fn disk_limit_the_fake_cannot_honour_is_refused() {
+    let o = run(&["run", "--disk-mb", "8", "fake://", "--", "true"]);
+    assert_ne!(code(&o), 0, "a disk limit on the fake was accepted");
+    assert!(stderr(&o).contains("DISK_LIMIT"), "{}", stderr(&o));
+}
+
+#[test]
 fn run_json_schema() {
     let o = run(&[
         "run",

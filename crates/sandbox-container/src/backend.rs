@@ -32,6 +32,21 @@ pub const LAYER_CAPABILITIES: Capability = Capability::RUN_COMMAND
     .union(Capability::INGRESS_PORTS)
     .union(Capability::STDIN);
 
+/// A disk limit makes the root filesystem read-only and mounts the workdir as a sized
+/// scratch filesystem (ContainerSpec::scratch_paths): that cannot be `/` itself.
+fn refuse_root_scratch(
+    options: &CreateOptions,
+    resources: sandbox_core::EffectiveResources,
+) -> Result<()> {
+    if resources.disk_mb.is_some() && options.effective_workdir().trim_end_matches('/').is_empty() {
+        return Err(SandboxError::config(
+            "resources.disk_mb makes the root filesystem read-only, so the workdir cannot be `/`",
+            "set CreateOptions::workdir to a directory such as /work, or leave disk_mb unset",
+        ));
+    }
+    Ok(())
+}
+
 /// Prefix of every container name this crate gives (provenance for the sweep).
 pub const NAME_PREFIX: &str = "sbx-";
 
@@ -214,7 +229,11 @@ impl<E: ContainerEngine> ContainerBackend<E> {
     fn caps(&self) -> Capability {
         // GPU is the engine's alone (devices in its create body, e.g. Podman's CDI names):
         // passed through when the engine declares it.
-        let mut caps = (LAYER_CAPABILITIES | Capability::GPU | Capability::EGRESS_ALLOWLIST)
+        // So is DISK_LIMIT (a read-only root and sized scratch mounts in its create body).
+        let mut caps = (LAYER_CAPABILITIES
+            | Capability::GPU
+            | Capability::EGRESS_ALLOWLIST
+            | Capability::DISK_LIMIT)
             & self.engine.capabilities();
         // Declared only where the rules can really be loaded (see egress/mod.rs).
         if !crate::egress::allowlist_available(&*self.engine) {
@@ -315,6 +334,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         let tier = self.engine.tier();
         let resources = sandbox_core::policy::check_create(backend, self.caps(), tier, &options)?;
         refuse_duplicate_ports(&options.network.ingress_ports)?;
+        refuse_root_scratch(&options, resources)?;
         // The library network is ensured before the spec is checked, so a refusal still
         // provisions no container (a network is not a sandbox; the sweep removes it).
         let egress_net = crate::egress::network_for(&*self.engine, &options.network).await?;

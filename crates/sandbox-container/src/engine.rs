@@ -282,7 +282,37 @@ impl ContainerSpec {
             agent_mount: None,
         }
     }
+
+    /// With `resources.disk_mb` set: the only writable places, each a RAM-backed
+    /// filesystem of [`scratch_bytes`](Self::scratch_bytes) mounted over a **read-only**
+    /// root filesystem — the workdir and `/tmp` (once if they are the same). An adapter
+    /// whose engine cannot apply all of it does not declare `DISK_LIMIT`. Empty without a
+    /// disk limit.
+    ///
+    /// RAM-backed on purpose: writes never reach the engine's disk, and the pages are
+    /// charged to the container's memory limit, so several of them cannot add up beyond it.
+    pub fn scratch_paths(&self) -> Vec<&str> {
+        if self.resources.disk_mb.is_none() {
+            return Vec::new();
+        }
+        let mut paths = vec![self.workdir.as_str()];
+        if self.workdir.trim_end_matches('/') != SCRATCH_TMP {
+            paths.push(SCRATCH_TMP);
+        }
+        paths
+    }
+
+    /// The size of each of [`scratch_paths`](Self::scratch_paths) in bytes (also the cap
+    /// on `/dev/shm`); `None` without a disk limit.
+    pub fn scratch_bytes(&self) -> Option<u64> {
+        self.resources
+            .disk_mb
+            .map(|mb| mb.saturating_mul(1024 * 1024))
+    }
 }
+
+/// The writable temporary directory every sandbox with a disk limit keeps.
+const SCRATCH_TMP: &str = "/tmp";
 
 /// What one exec runs.
 #[derive(Clone, Default)]

@@ -43,6 +43,9 @@ bitflags! {
         const TUNNELS = 1 << 13;
         /// `RunOptions::stdin`: input given to a command run or streamed.
         const STDIN = 1 << 14;
+        /// `Resources::disk_mb`: what the sandbox can write is bounded (a read-only root
+        /// filesystem with size-limited writable places, or an engine storage quota).
+        const DISK_LIMIT = 1 << 15;
     }
 }
 
@@ -82,7 +85,8 @@ mod tests {
             "RUN_CODE|STREAMING"
         );
         assert_eq!(Capability::empty().to_string(), "NONE");
-        assert_eq!(Capability::each().count(), 15);
+        assert_eq!(Capability::each().count(), 16);
+        assert_eq!(Capability::DISK_LIMIT.names(), "DISK_LIMIT");
         assert_eq!(Capability::STDIN.names(), "STDIN");
     }
 }

@@ -43,6 +43,9 @@ pub fn check_create(
     if resources.gpu > 0 {
         require(caps, Capability::GPU, backend)?;
     }
+    if resources.disk_mb.is_some() {
+        require(caps, Capability::DISK_LIMIT, backend)?;
+    }
     Ok(resources)
 }
 
@@ -75,6 +78,10 @@ mod tests {
         );
         assert_eq!(
             code(CreateOptions::default().resources(Resources::default().gpu(1))),
+            ErrorCode::CapabilityNotSupported
+        );
+        assert_eq!(
+            code(CreateOptions::default().resources(Resources::default().disk_mb(8))),
             ErrorCode::CapabilityNotSupported
         );
         assert_eq!(

@@ -24,7 +24,11 @@ pub struct Resources {
     pub cpu: Option<f64>,
     /// Memory limit in MiB; swap is disabled.
     pub memory_mb: Option<u64>,
-    /// Disk limit in MiB (backends that cannot enforce it refuse it).
+    /// Disk limit in MiB: with it, the root filesystem is read-only and each writable place
+    /// the backend documents (for containers: the workdir and `/tmp`, RAM-backed and
+    /// charged to the memory limit) holds at most this much. `None` leaves writes bounded
+    /// only by the engine's storage. Needs [`Capability::DISK_LIMIT`](crate::Capability);
+    /// backends without it refuse it.
     pub disk_mb: Option<u64>,
     /// Process/thread limit.
     pub pids: Option<u64>,

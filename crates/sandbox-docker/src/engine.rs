@@ -313,10 +313,12 @@ impl ContainerEngine for DockerEngine {
 
     fn capabilities(&self) -> Capability {
         // The container layer declares the allowlist only where it can load the rules.
+        // A disk limit is a read-only root with tmpfs-backed scratch volumes (policy.rs).
+        let caps = LAYER_CAPABILITIES | Capability::DISK_LIMIT;
         if self.runtime_forces_no_network {
-            LAYER_CAPABILITIES
+            caps
         } else {
-            LAYER_CAPABILITIES | Capability::EGRESS_ALLOWLIST
+            caps | Capability::EGRESS_ALLOWLIST
         }
     }
 

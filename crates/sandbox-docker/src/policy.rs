@@ -16,8 +16,8 @@ use std::net::IpAddr;
 
 use bollard::Docker;
 use bollard::models::{
-    ContainerCreateBody, HostConfig, Ipam, Mount, MountBindOptions, MountType,
-    NetworkCreateRequest, NetworkSettings, PortBinding,
+    ContainerCreateBody, HostConfig, Ipam, Mount, MountBindOptions, MountType, MountVolumeOptions,
+    MountVolumeOptionsDriverConfig, NetworkCreateRequest, NetworkSettings, PortBinding,
 };
 use sandbox_container::engine::{NetworkInfo, NetworkSpec, Subnet};
 use sandbox_container::{
@@ -32,13 +32,6 @@ pub(crate) fn refuse_unenforceable(
     runtime: Runtime,
     runtime_forces_no_network: bool,
 ) -> Result<(), EngineError> {
-    if spec.resources.disk_mb.is_some() {
-        return Err(EngineError::new(
-            EngineErrorKind::InvalidRequest,
-            "resources.disk_mb cannot be enforced by the Docker backend (overlay2 has no \
-             per-container quota without xfs project quotas); leave it unset for Docker",
-        ));
-    }
     if !matches!(
         spec.network,
         NetworkMode::None | NetworkMode::Bridge { .. } | NetworkMode::Isolated { .. }
@@ -136,25 +129,61 @@ fn host_config(spec: &ContainerSpec, runtime: Runtime, publish: &[u16]) -> HostC
         auto_remove: Some(true),
         runtime: Some(runtime.as_str().into()),
         publish_all_ports: Some(false),
-        mounts: agent_mount(spec),
+        mounts: mounts(spec),
+        readonly_rootfs: Some(!spec.scratch_paths().is_empty()),
+        shm_size: spec
+            .scratch_bytes()
+            .map(|b| i64::try_from(b).unwrap_or(i64::MAX)),
         ..Default::default()
     }
 }
 
-/// The agent binary bind-mounted read-only from the host (ContainerSpec::agent_mount).
-fn agent_mount(spec: &ContainerSpec) -> Option<Vec<Mount>> {
-    let source = spec.agent_mount.as_ref()?;
-    Some(vec![Mount {
-        target: Some(sandbox_container::AGENT_PATH.into()),
-        source: Some(source.to_string_lossy().into_owned()),
-        typ: Some(MountType::BIND),
-        read_only: Some(true),
-        bind_options: Some(MountBindOptions {
-            non_recursive: Some(true),
+/// The agent binary bind-mounted read-only from the host (ContainerSpec::agent_mount), and
+/// the scratch filesystems of a disk limit (ContainerSpec::scratch_paths).
+fn mounts(spec: &ContainerSpec) -> Option<Vec<Mount>> {
+    let mut out = Vec::new();
+    if let Some(source) = &spec.agent_mount {
+        out.push(Mount {
+            target: Some(sandbox_container::AGENT_PATH.into()),
+            source: Some(source.to_string_lossy().into_owned()),
+            typ: Some(MountType::BIND),
+            read_only: Some(true),
+            bind_options: Some(MountBindOptions {
+                non_recursive: Some(true),
+                ..Default::default()
+            }),
             ..Default::default()
-        }),
-        ..Default::default()
-    }])
+        });
+    }
+    if let Some(bytes) = spec.scratch_bytes() {
+        // An anonymous volume of the local driver backed by tmpfs, not a `tmpfs` mount:
+        // Docker's archive API (uploads, downloads, the exec path's file operations)
+        // cannot see tmpfs mounts but does see volumes. `docker rm -v` and auto-remove
+        // delete anonymous volumes with their container.
+        let options = HashMap::from([
+            ("type".to_string(), "tmpfs".to_string()),
+            ("device".to_string(), "tmpfs".to_string()),
+            (
+                "o".to_string(),
+                format!("size={bytes},mode=1777,nosuid,nodev"),
+            ),
+        ]);
+        for path in spec.scratch_paths() {
+            out.push(Mount {
+                target: Some(path.to_string()),
+                typ: Some(MountType::VOLUME),
+                volume_options: Some(MountVolumeOptions {
+                    driver_config: Some(MountVolumeOptionsDriverConfig {
+                        name: Some("local".into()),
+                        options: Some(options.clone()),
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+        }
+    }
+    (!out.is_empty()).then_some(out)
 }
 
 /// A mode this adapter does not know is refused by `refuse_unenforceable` before the body
@@ -421,10 +450,32 @@ mod tests {
     }
 
     #[test]
+    fn a_disk_limit_is_a_read_only_root_with_sized_scratch_volumes() {
+        let h = create_body(&spec(Resources::default()), Runtime::Runc)
+            .host_config
+            .unwrap();
+        assert_eq!(h.readonly_rootfs, Some(false));
+        assert!(h.mounts.is_none() && h.shm_size.is_none());
+        let h = create_body(&spec(Resources::default().disk_mb(10)), Runtime::Runc)
+            .host_config
+            .unwrap();
+        assert_eq!(h.readonly_rootfs, Some(true));
+        assert_eq!(h.shm_size, Some(10 << 20));
+        let mounts = h.mounts.unwrap();
+        let targets: Vec<_> = mounts.iter().filter_map(|m| m.target.as_deref()).collect();
+        assert_eq!(targets, ["/work", "/tmp"]);
+        for m in &mounts {
+            assert_eq!(m.typ, Some(MountType::VOLUME));
+            assert!(m.source.is_none(), "anonymous: removed with the container");
+            let driver = m.volume_options.clone().unwrap().driver_config.unwrap();
+            let o = driver.options.unwrap();
+            assert_eq!(o["type"], "tmpfs");
+            assert_eq!(o["o"], "size=10485760,mode=1777,nosuid,nodev");
+        }
+    }
+
+    #[test]
     fn refusals() {
-        let s = spec(Resources::default().disk_mb(10));
-        let e = refuse_unenforceable(&s, Runtime::Runc, false).unwrap_err();
-        assert_eq!(e.kind, EngineErrorKind::InvalidRequest);
         let mut s = spec(Resources::default());
         assert!(
             refuse_unenforceable(&s, Runtime::Runsc, true).is_ok(),

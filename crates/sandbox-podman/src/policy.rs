@@ -23,7 +23,9 @@ use crate::config::{MountMode, PodmanOptions, Sharing};
 /// which `PodmanOptions::validate` has checked against the host; the egress allowlist
 /// where the container layer can load its rules, which it decides).
 pub(crate) fn capabilities_for(podman: &PodmanOptions) -> Capability {
-    let mut c = sandbox_container::LAYER_CAPABILITIES | Capability::EGRESS_ALLOWLIST;
+    let mut c = sandbox_container::LAYER_CAPABILITIES
+        | Capability::EGRESS_ALLOWLIST
+        | Capability::DISK_LIMIT;
     if !podman.cdi_devices.is_empty() {
         c |= Capability::GPU;
     }
@@ -31,15 +33,37 @@ pub(crate) fn capabilities_for(podman: &PodmanOptions) -> Capability {
 }
 
 /// What Podman cannot enforce for `spec` with these options, refused before anything is
-/// provisioned: a disk quota (no per-container quota on the overlay driver here), more
-/// GPUs than named CDI devices, and any option outside the vetted allowlists.
+/// provisioned: more GPUs than named CDI devices; with a disk limit, a writable bind mount
+/// (host disk the limit cannot bound) or a sealed copy-in under a scratch path (the scratch
+/// mount would hide it); and any option outside the vetted allowlists.
 pub(crate) fn check_spec(spec: &ContainerSpec, podman: &PodmanOptions) -> Result<()> {
     let res = &spec.resources;
-    if let Some(mb) = res.disk_mb {
+    if let Some(m) = podman
+        .mounts
+        .iter()
+        .find(|m| m.mode == MountMode::Bind && !m.read_only)
+        .filter(|_| res.disk_mb.is_some())
+    {
         return Err(SandboxError::config(
-            format!("resources.disk_mb ({mb} MiB) cannot be enforced by the Podman adapter"),
-            "leave resources.disk_mb unset (the overlay storage driver has no per-container quota here)",
+            format!(
+                "the writable bind mount at {} writes to the host's disk, which \
+                 resources.disk_mb cannot bound",
+                m.container
+            ),
+            "make the bind mount read-only (Mount::read_only(true)) or leave disk_mb unset",
         ));
+    }
+    for m in podman.mounts.iter().filter(|m| m.mode == MountMode::Copy) {
+        let target = m.normalized_target()?;
+        if let Some(scratch) = spec.scratch_paths().into_iter().find(|p| under(&target, p)) {
+            return Err(SandboxError::config(
+                format!(
+                    "the copied mount {target} lies under {scratch}, which resources.disk_mb \
+                     turns into an empty scratch filesystem"
+                ),
+                "copy it elsewhere (e.g. /data), use MountMode::Bind, or leave disk_mb unset",
+            ));
+        }
     }
     if res.gpu > 0 && (res.gpu as usize) > podman.cdi_devices.len() {
         return Err(SandboxError::config(
@@ -52,6 +76,12 @@ pub(crate) fn check_spec(spec: &ContainerSpec, podman: &PodmanOptions) -> Result
         ));
     }
     podman.validate()
+}
+
+/// Whether `path` is `dir` or lies below it (both normalised, absolute).
+fn under(path: &str, dir: &str) -> bool {
+    let dir = dir.trim_end_matches('/');
+    path == dir || dir.is_empty() || path.starts_with(&format!("{dir}/"))
 }
 
 /// The largest value the kernel accepts in `pids.max` (`PID_MAX_LIMIT`, 2^22): no
@@ -160,7 +190,11 @@ pub(crate) fn create_body(spec: &ContainerSpec, podman: &PodmanOptions) -> Resul
             value: None,
         })
         .resource_limits(resources)
+        .read_only_fs(!spec.scratch_paths().is_empty())
         .stop_timeout(1u64);
+    if let Some(bytes) = spec.scratch_bytes() {
+        b = b.shm_size(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
     if !podman.capabilities.is_empty() {
         b = b.add_capabilities(podman.capabilities.iter().map(|c| c.as_str().to_string()));
     }
@@ -199,18 +233,33 @@ pub(crate) fn create_body(spec: &ContainerSpec, podman: &PodmanOptions) -> Resul
         )
     })?;
     patch_spec(&mut v, podman)?;
-    if let (Some(source), Some(obj)) = (&spec.agent_mount, v.as_object_mut()) {
+    let mut extra = Vec::new();
+    if let Some(source) = &spec.agent_mount {
         // The agent binary from the host's cache, read-only (ContainerSpec::agent_mount).
-        let mount = json!({
+        extra.push(json!({
             "destination": sandbox_container::AGENT_PATH,
             "source": source.to_string_lossy(),
             "type": "bind",
             "options": ["bind", "ro", "nosuid", "nodev"],
-        });
+        }));
+    }
+    if let Some(bytes) = spec.scratch_bytes() {
+        // The disk limit's scratch filesystems over the read-only root. Podman copies the
+        // image's files at that path in (tmpcopyup), and its archive API sees them.
+        for path in spec.scratch_paths() {
+            extra.push(json!({
+                "destination": path,
+                "source": "tmpfs",
+                "type": "tmpfs",
+                "options": [format!("size={bytes}"), "mode=1777", "nosuid", "nodev"],
+            }));
+        }
+    }
+    if let Some(obj) = v.as_object_mut().filter(|_| !extra.is_empty()) {
         match obj.get_mut("mounts").and_then(Value::as_array_mut) {
-            Some(mounts) => mounts.push(mount),
+            Some(mounts) => mounts.extend(extra),
             None => {
-                obj.insert("mounts".into(), Value::Array(vec![mount]));
+                obj.insert("mounts".into(), Value::Array(extra));
             }
         }
     }
@@ -498,6 +547,32 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_disk_limit_is_a_read_only_root_with_sized_tmpfs() {
+        let v = body(
+            &spec_with(Resources::default(), NetworkMode::None),
+            &PodmanOptions::default(),
+        );
+        assert!(v.get("read_only_filesystem").is_none_or(|r| r == false));
+        assert!(v.get("mounts").is_none());
+        let v = body(
+            &spec_with(Resources::default().disk_mb(10), NetworkMode::None),
+            &PodmanOptions::default(),
+        );
+        assert_eq!(v["read_only_filesystem"], true);
+        assert_eq!(v["shm_size"], 10 << 20);
+        let mounts = v["mounts"].as_array().unwrap();
+        assert_eq!(mounts.len(), 2);
+        for (m, dest) in mounts.iter().zip(["/work", "/tmp"]) {
+            assert_eq!(m["destination"], dest);
+            assert_eq!(m["type"], "tmpfs");
+            assert_eq!(
+                m["options"],
+                json!(["size=10485760", "mode=1777", "nosuid", "nodev"])
+            );
+        }
+    }
+
     /// A writable bind mount still cannot plant a setuid-root file or a device that works
     /// in the sandbox; the body carries the canonical host path and the normalised target.
     #[test]
@@ -532,10 +607,22 @@ mod tests {
             let s = spec_with(r, NetworkMode::None);
             check_spec(&s, p).unwrap_err().code()
         };
-        assert_eq!(
-            refused(Resources::default().disk_mb(100), &p),
-            ErrorCode::Configuration
-        );
+        let disk = || Resources::default().disk_mb(100);
+        assert!(check_spec(&spec_with(disk(), NetworkMode::None), &p).is_ok());
+        let d = tempfile::tempdir().unwrap();
+        for m in [
+            Mount::copy(d.path(), "/work/in"),
+            Mount::copy(d.path(), "/tmp"),
+            Mount::bind(d.path(), "/data").read_only(false),
+        ] {
+            let p = PodmanOptions::new().mount(m.clone());
+            assert!(check_spec(&spec_with(Resources::default(), NetworkMode::None), &p).is_ok());
+            assert_eq!(refused(disk(), &p), ErrorCode::Configuration, "{m:?}");
+        }
+        let p = PodmanOptions::new()
+            .mount(Mount::copy(d.path(), "/data"))
+            .mount(Mount::bind(d.path(), "/ro"));
+        assert!(check_spec(&spec_with(disk(), NetworkMode::None), &p).is_ok());
         assert_eq!(
             refused(Resources::default().gpu(1), &p),
             ErrorCode::Configuration

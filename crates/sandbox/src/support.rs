@@ -6,7 +6,8 @@ use std::sync::Arc;
 use sandbox_core::layer::Layer;
 use sandbox_core::{Backend, Capability};
 
-/// What Docker and Podman sandboxes declare with default options.
+/// What Docker and Podman sandboxes can declare: the allowlist where the host can load
+/// egress rules (nft, a runtime whose traffic netfilter sees), the rest always.
 const CONTAINER: Capability = Capability::RUN_COMMAND
     .union(Capability::RUN_CODE)
     .union(Capability::STATEFUL_CODE)
@@ -14,12 +15,14 @@ const CONTAINER: Capability = Capability::RUN_COMMAND
     .union(Capability::FILESYSTEM)
     .union(Capability::UPLOAD_DOWNLOAD)
     .union(Capability::NETWORK_POLICY)
+    .union(Capability::EGRESS_ALLOWLIST)
     .union(Capability::INGRESS_PORTS)
-    .union(Capability::STDIN);
+    .union(Capability::STDIN)
+    .union(Capability::DISK_LIMIT);
 
 /// First-party backends and what each can declare. Podman adds `GPU` for sandboxes created
 /// with CDI devices (`PodmanOptions::cdi_device`); the fake models an egress allowlist but
-/// no ingress ports (`sandbox_fake::full_capabilities`).
+/// no ingress ports and no disk (`sandbox_fake::full_capabilities`).
 const FIRST_PARTY: &[(&str, Capability)] = &[
     ("docker", CONTAINER),
     ("podman", CONTAINER.union(Capability::GPU)),
@@ -27,7 +30,7 @@ const FIRST_PARTY: &[(&str, Capability)] = &[
         "fake",
         CONTAINER
             .difference(Capability::INGRESS_PORTS)
-            .union(Capability::EGRESS_ALLOWLIST),
+            .difference(Capability::DISK_LIMIT),
     ),
 ];
 
@@ -56,7 +59,14 @@ mod tests {
     #[test]
     fn directory_matches_what_adapters_declare() {
         assert_eq!(first_party_support(Capability::GPU), ["podman"]);
-        assert_eq!(first_party_support(Capability::EGRESS_ALLOWLIST), ["fake"]);
+        assert_eq!(
+            first_party_support(Capability::EGRESS_ALLOWLIST),
+            ["docker", "podman", "fake"]
+        );
+        assert_eq!(
+            first_party_support(Capability::DISK_LIMIT),
+            ["docker", "podman"]
+        );
         assert_eq!(
             first_party_support(Capability::INGRESS_PORTS),
             ["docker", "podman"]
