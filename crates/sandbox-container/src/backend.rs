@@ -814,14 +814,21 @@ impl<E: ContainerEngine> ReapableBackend for ContainerBackend<E> {
                 "only containers labelled io.sandbox-rs.managed=true can be reaped",
             ));
         }
-        match self.call("remove", eng.remove(&c.id)).await {
-            Ok(removed) => Ok(removed),
-            Err(e) if e.kind == EngineErrorKind::NotFound => Ok(false),
+        let removed = match self.call("remove", eng.remove(&c.id)).await {
+            Ok(removed) => removed,
+            Err(e) if e.kind == EngineErrorKind::NotFound => false,
             Err(e) if e.kind == EngineErrorKind::Conflict => {
-                self.remove(&c.id).await.map(|()| true)
+                self.remove(&c.id).await.map(|()| true)?
             }
-            Err(e) => Err(error::engine(eng, "remove container", e)),
+            Err(e) => return Err(error::engine(eng, "remove container", e)),
+        };
+        // A networked sandbox may have been the library network's last user: the network
+        // goes with it (the engine refuses while another container uses it), so
+        // `reap --kill` leaves nothing of ours behind.
+        if removed && !c.addresses.is_empty() {
+            crate::egress::remove_network_if_unused(eng).await;
         }
+        Ok(removed)
     }
 }
 

@@ -13,6 +13,7 @@
 pub mod caps;
 pub mod egress;
 pub mod pull;
+pub mod reap;
 pub mod registry;
 pub mod skip;
 pub mod ssh;

@@ -422,6 +422,17 @@ async fn reaping_and_connect() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn reaping_the_last_networked_sandbox_removes_the_network() {
+    let Some(b) = backend().await else { return };
+    sandbox_container::testing::reap::reaping_the_last_networked_sandbox_removes_the_network(
+        &b,
+        &**b.engine(),
+        BUSYBOX,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn startup_sweep_removes_dead_owners_containers() {
     let Some(b) = backend().await else { return };
     // A container that claims a dead owner on this host (same pid, other start time).

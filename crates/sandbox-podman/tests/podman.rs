@@ -357,6 +357,17 @@ async fn large_transfer_has_bounded_memory() {
     sb.kill().await.unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn reaping_the_last_networked_sandbox_removes_the_network() {
+    let Some(b) = backend().await else { return };
+    sandbox_container::testing::reap::reaping_the_last_networked_sandbox_removes_the_network(
+        &b,
+        b.engine(),
+        BUSYBOX,
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lifetime_backstop_and_reaping() {
     let Some(b) = backend().await else { return };
