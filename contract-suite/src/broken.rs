@@ -563,6 +563,7 @@ fn rewrap(inner: Process, timeout: Duration, info: OrphanInfo, end_on_pause: boo
             output,
             exit_code,
             killer: Arc::new(|| Box::pin(async { Ok(()) })),
+            terminal: None,
         })
     };
     Process::new(Box::pin(start), timeout, info)
@@ -596,6 +597,7 @@ impl BrokenSandbox {
                 output,
                 exit_code,
                 killer: Arc::new(|| Box::pin(async { Ok(()) })),
+                terminal: None,
             })
         };
         Ok(Process::new(
@@ -741,6 +743,7 @@ fn buffer_eagerly(inner: Process, timeout: Duration, info: OrphanInfo) -> Proces
             output,
             exit_code,
             killer: Arc::new(|| Box::pin(async { Ok(()) })),
+            terminal: None,
         })
     };
     Process::new(Box::pin(start), timeout, info)

@@ -13,7 +13,7 @@ use crate::ctx::{Ctx, must_code};
 const AREA: &str = "capabilities";
 
 /// Which areas hold the positive trials of each capability flag the suite can test.
-/// Flags missing here (PTY, PAUSE_RESUME, SNAPSHOT_FORK, GPU, TUNNELS) have no positive
+/// Flags missing here (PAUSE_RESUME, SNAPSHOT_FORK, GPU, TUNNELS) have no positive
 /// trials yet, so an adapter must not declare them.
 pub const COVERED: &[(C, &str)] = &[
     (C::RUN_COMMAND, "run, lifecycle, cancellation, hardening"),
@@ -27,6 +27,7 @@ pub const COVERED: &[(C, &str)] = &[
     (C::INGRESS_PORTS, "policy"),
     (C::STDIN, "run, streaming"),
     (C::DISK_LIMIT, "disk"),
+    (C::PTY, "pty"),
 ];
 
 /// The flags [`COVERED`] lists.
@@ -96,7 +97,7 @@ fn names_the_flag(e: &sandbox_core::SandboxError, flag: C) -> anyhow::Result<()>
 }
 
 /// Every undeclared flag with an entry point refuses with `CapabilityNotSupported` from
-/// that entry point (run, run with stdin, run_code, run_code with a context, stream,
+/// that entry point (run, run with stdin, run on a terminal, run_code, run_code with a context, stream,
 /// files, upload, download, create with an allowlist / ingress port / GPU / disk limit /
 /// any policy).
 async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
@@ -181,6 +182,18 @@ async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
         )?;
         checked.push(C::STDIN);
     }
+    if caps.contains(C::RUN_COMMAND) && !caps.contains(C::PTY) {
+        refused(
+            C::PTY,
+            sb.run(
+                ["true"].into(),
+                RunOptions::default().pty(sandbox_core::PtySize::default()),
+            )
+            .await
+            .map(|_| ()),
+        )?;
+        checked.push(C::PTY);
+    }
     if !caps.contains(C::STREAMING) {
         refused(
             C::STREAMING,
@@ -223,7 +236,7 @@ async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
             }
         }
     }
-    // PTY, PAUSE_RESUME, SNAPSHOT_FORK and TUNNELS have no entry point in the traits yet,
+    // PAUSE_RESUME, SNAPSHOT_FORK and TUNNELS have no entry point in the traits yet,
     // so an undeclared one cannot be invoked at all.
     let files_refused = sb.files().is_err();
     sb.kill().await?;
@@ -233,8 +246,8 @@ async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
         C::empty()
     };
     if !caps.contains(C::RUN_COMMAND) {
-        // Input is an option of `run`: refused as RUN_COMMAND first.
-        unreachable |= C::STDIN;
+        // Input and terminals are options of `run`: refused as RUN_COMMAND first.
+        unreachable |= C::STDIN | C::PTY;
     }
     all_reachable_checked(ctx.caps | caps, unreachable, &checked)
 }
@@ -253,7 +266,8 @@ fn all_reachable_checked(declared: C, unreachable: C, checked: &[C]) -> anyhow::
         | C::INGRESS_PORTS
         | C::GPU
         | C::STDIN
-        | C::DISK_LIMIT;
+        | C::DISK_LIMIT
+        | C::PTY;
     let expected = with_entry_point - declared - unreachable;
     let got = checked.iter().fold(C::empty(), |acc, c| acc | *c);
     ensure!(

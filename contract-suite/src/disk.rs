@@ -10,9 +10,9 @@ use std::sync::Arc;
 use anyhow::{Context as _, ensure};
 use bytes::Bytes;
 use libtest_mimic::Trial;
-use sandbox_core::{Capability as C, CodeOptions, CreateOptions, Resources};
+use sandbox_core::{Capability as C, CodeOptions, CreateOptions, ErrorCode, Resources};
 
-use crate::ctx::{Ctx, Need, Sbx, run, run_ok, sbx};
+use crate::ctx::{Ctx, Need, Sbx, must_code, run, run_ok, sbx};
 
 const AREA: &str = "disk";
 
@@ -36,22 +36,32 @@ const READ_ONLY: [&str; 9] = [
     "/run",
 ];
 
-/// The trials of this area.
+/// The trials of this area. Without `DISK_LIMIT` each proves the refusal instead
+/// (`CapabilityNotSupported` before anything is provisioned), which needs nothing.
 pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
-    let d = Need::Cap(C::DISK_LIMIT);
-    let r = Need::Cap(C::RUN_COMMAND);
+    let declared = ctx.caps.contains(C::DISK_LIMIT);
+    let run: &[Need] = if declared {
+        &[Need::Cap(C::RUN_COMMAND)]
+    } else {
+        &[]
+    };
+    let files: &[Need] = if declared {
+        &[Need::Cap(C::FILESYSTEM)]
+    } else {
+        &[]
+    };
     vec![
         ctx.trial(
             AREA,
             "writes_beyond_the_limit_fail",
-            &[d, r],
+            run,
             writes_beyond_the_limit_fail,
         ),
-        ctx.trial(AREA, "root_is_read_only", &[d, r], root_is_read_only),
+        ctx.trial(AREA, "root_is_read_only", run, root_is_read_only),
         ctx.trial(
             AREA,
             "files_and_code_work_under_the_limit",
-            &[d, Need::Cap(C::FILESYSTEM)],
+            files,
             files_and_code_work_under_the_limit,
         ),
     ]
@@ -67,15 +77,31 @@ fn limited(ctx: &Ctx, case: &str) -> CreateOptions {
         .resources(Resources::default().disk_mb(LIMIT_MB))
 }
 
-async fn create(ctx: &Ctx, name: &str) -> anyhow::Result<Sbx> {
+/// A sandbox under the limit; `None` when the backend does not declare `DISK_LIMIT` and
+/// was just proven to refuse it without provisioning anything.
+async fn create(ctx: &Ctx, name: &str) -> anyhow::Result<Option<Sbx>> {
     let c = case(name);
-    ctx.create(&c, limited(ctx, &c)).await
+    if ctx.caps.contains(C::DISK_LIMIT) {
+        return ctx.create(&c, limited(ctx, &c)).await.map(Some);
+    }
+    must_code(
+        ctx.backend.create(limited(ctx, &c)).await,
+        ErrorCode::CapabilityNotSupported,
+    )
+    .context("a disk limit without DISK_LIMIT")?;
+    if ctx.backend.as_reapable().is_some() {
+        let left = ctx.listed(&c).await?;
+        ensure!(left.is_empty(), "a refused disk limit provisioned {left:?}");
+    }
+    Ok(None)
 }
 
 /// Writing three times the limit into each writable place fails part-way ("No space left
 /// on device"), and what landed is at most the limit.
 async fn writes_beyond_the_limit_fail(ctx: Arc<Ctx>) -> anyhow::Result<()> {
-    let sb = create(&ctx, "writes_beyond_the_limit_fail").await?;
+    let Some(sb) = create(&ctx, "writes_beyond_the_limit_fail").await? else {
+        return Ok(());
+    };
     for dir in SCRATCH {
         let file = format!("{dir}/fill");
         let r = run(
@@ -116,7 +142,9 @@ async fn writes_beyond_the_limit_fail(ctx: Arc<Ctx>) -> anyhow::Result<()> {
 
 /// Nothing outside the writable places takes a write, not even from root.
 async fn root_is_read_only(ctx: Arc<Ctx>) -> anyhow::Result<()> {
-    let sb = create(&ctx, "root_is_read_only").await?;
+    let Some(sb) = create(&ctx, "root_is_read_only").await? else {
+        return Ok(());
+    };
     run_ok(&*sb, ["sh", "-c", "echo x > /work/control"])
         .await
         .context("the control write into the workdir")?;
@@ -144,7 +172,9 @@ async fn root_is_read_only(ctx: Arc<Ctx>) -> anyhow::Result<()> {
 /// The file API (and upload/download, and the interpreter, where declared) work in the
 /// writable places; a write elsewhere is an error, never a silent loss.
 async fn files_and_code_work_under_the_limit(ctx: Arc<Ctx>) -> anyhow::Result<()> {
-    let sb = create(&ctx, "files_and_code_work_under_the_limit").await?;
+    let Some(sb) = create(&ctx, "files_and_code_work_under_the_limit").await? else {
+        return Ok(());
+    };
     let caps = sb.capabilities();
     let fs = sbx(sb.files(), "files()")?;
     for path in ["/work/a.txt", "/work/sub/b.txt", "/tmp/c.txt"] {

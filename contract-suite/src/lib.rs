@@ -21,6 +21,7 @@ mod lifecycle;
 mod limits;
 pub mod observability;
 mod policy;
+mod pty;
 mod run;
 mod run_code;
 mod streaming;
@@ -204,6 +205,7 @@ fn all_trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
     t.extend(run::trials(ctx));
     t.extend(run_code::trials(ctx));
     t.extend(streaming::trials(ctx));
+    t.extend(pty::trials(ctx));
     t.extend(files::trials(ctx));
     // The run and files areas once more on every other test image the adapter knows
     // (busybox `ls`/`stat`/`sh` differ from Debian's).

@@ -15,6 +15,7 @@ const AREAS: &[&str] = &[
     "run",
     "run_code",
     "streaming",
+    "pty",
     "files",
     "policy",
     "hardening",

@@ -19,8 +19,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Semaphore, mpsc, watch};
 
 use crate::protocol::{
-    self, AGENT_ID, DATA_CHUNK, ErrorKind, FileStat, Frame, FrameKind, HEADER_LEN, Reply, Request,
-    SUPPORTED_VERSIONS, SpawnSpec, WINDOW,
+    self, AGENT_ID, DATA_CHUNK, ErrorKind, FileStat, Frame, FrameKind, HEADER_LEN, PTY_VERSION,
+    Reply, Request, SUPPORTED_VERSIONS, SpawnSpec, WINDOW, WindowSize,
 };
 
 type Result<T> = std::result::Result<T, SandboxError>;
@@ -38,6 +38,9 @@ pub struct ClientOptions {
     pub call_timeout: Duration,
     /// Most requests in flight at once.
     pub max_in_flight: usize,
+    /// Protocol versions offered in the hello (default: all this build speaks). A test
+    /// offers fewer to prove how an older agent is treated.
+    pub versions: Vec<u32>,
 }
 
 impl Default for ClientOptions {
@@ -46,6 +49,7 @@ impl Default for ClientOptions {
             hello_timeout: Duration::from_secs(10),
             call_timeout: Duration::from_secs(30),
             max_in_flight: 1024,
+            versions: SUPPORTED_VERSIONS.to_vec(),
         }
     }
 }
@@ -142,20 +146,19 @@ impl AgentClient {
             version: 0,
             _tasks: Arc::new(tasks),
         };
+        let offered = client.shared.opts.versions.clone();
         let hello = Request::Hello {
-            versions: SUPPORTED_VERSIONS.to_vec(),
+            versions: offered.clone(),
         };
         let timeout = client.shared.opts.hello_timeout;
         match client.call_within(hello, timeout).await? {
-            Reply::Hello { version, .. } if SUPPORTED_VERSIONS.contains(&version) => {
+            Reply::Hello { version, .. } if offered.contains(&version) => {
                 client.version = version;
                 Ok(client)
             }
             Reply::Refused { supported } => Err(SandboxError::engine(
                 BACKEND,
-                format!(
-                    "agent speaks protocol versions {supported:?}, this library {SUPPORTED_VERSIONS:?}"
-                ),
+                format!("agent speaks protocol versions {supported:?}, this library {offered:?}"),
             )),
             other => Err(unexpected(&other)),
         }
@@ -183,9 +186,15 @@ impl AgentClient {
     /// Starts a process. Its events arrive through the returned handle; dropping the
     /// handle before the exit kills everything it started.
     pub async fn spawn(&self, spec: SpawnSpec) -> Result<RemoteProcess> {
-        let credit = spec
-            .stdin
-            .then(|| Arc::new(Semaphore::new(WINDOW as usize)));
+        if spec.pty.is_some() && self.version < PTY_VERSION {
+            // An older agent would run it without a terminal: refused, never downgraded.
+            return Err(SandboxError::unsupported(
+                sandbox_core::Capability::PTY,
+                BACKEND,
+            ));
+        }
+        let credit =
+            (spec.stdin || spec.pty.is_some()).then(|| Arc::new(Semaphore::new(WINDOW as usize)));
         let req = self
             .open(Frame::control(0, &Request::Spawn(spec)), credit.clone())
             .await?;
@@ -652,7 +661,16 @@ impl StdinWriter {
         Ok(())
     }
 
-    /// Ends the process's input.
+    /// Sets the window size of the process's pseudo-terminal (a process without one
+    /// ignores it).
+    pub async fn resize(&self, size: WindowSize) -> Result<()> {
+        self.out
+            .send(Frame::control(self.id, &Request::Resize(size)))
+            .await
+            .map_err(|_| SandboxError::gone(self.sandbox.clone()))
+    }
+
+    /// Ends the process's input (on a pseudo-terminal: sends `^D`).
     pub async fn close(&self) -> Result<()> {
         self.out
             .send(Frame::control(self.id, &Request::CloseStdin))

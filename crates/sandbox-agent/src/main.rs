@@ -2,6 +2,14 @@
 
 #[cfg(target_os = "linux")]
 fn main() {
+    let mut raw = std::env::args_os().skip(1).peekable();
+    if raw
+        .peek()
+        .is_some_and(|a| a == sandbox_agent::agent::pty::EXEC_FLAG)
+    {
+        raw.next();
+        std::process::exit(sandbox_agent::agent::pty::exec_helper(raw));
+    }
     let args = match sandbox_agent::agent::parse_args(std::env::args().skip(1)) {
         Ok(a) => a,
         Err(e) => {

@@ -15,8 +15,13 @@ use std::io::{self, Read, Write};
 
 use serde::{Deserialize, Serialize};
 
-/// The protocol versions this build speaks, oldest first.
-pub const SUPPORTED_VERSIONS: &[u32] = &[1];
+/// The protocol versions this build speaks, oldest first. Version 2 adds pseudo-terminals
+/// ([`SpawnSpec::pty`], [`Request::Resize`]); a host must not send either on version 1
+/// (an agent of version 1 would ignore the field and run the process without a terminal).
+pub const SUPPORTED_VERSIONS: &[u32] = &[1, 2];
+
+/// The first version with pseudo-terminals.
+pub const PTY_VERSION: u32 = 2;
 
 /// Bytes of the fixed header: length (4), kind (1), id (4).
 pub const HEADER_LEN: usize = 9;
@@ -246,8 +251,12 @@ pub enum Request {
     Ping,
     /// Start a process; events follow on the same id.
     Spawn(SpawnSpec),
-    /// Close the stdin of the process started under this id.
+    /// Close the stdin of the process started under this id (on a pseudo-terminal: send
+    /// end-of-file, `^D`, which a reading program in canonical mode takes as the end).
     CloseStdin,
+    /// Set the window size of the pseudo-terminal of the process started under this id
+    /// (the process gets `SIGWINCH`). Version 2.
+    Resize(WindowSize),
     /// Send `signal` to the process started under this id (its root only).
     Signal {
         /// Signal number.
@@ -312,6 +321,21 @@ pub struct SpawnSpec {
     /// Give the process a stdin pipe fed by [`FrameKind::Stdin`] frames (else /dev/null).
     #[serde(default)]
     pub stdin: bool,
+    /// Run the process on a new pseudo-terminal of this size, as the session leader with
+    /// the terminal as its controlling tty and as stdin, stdout and stderr: its output
+    /// (both streams, merged by the terminal) arrives as [`FrameKind::Stdout`], its input
+    /// is [`FrameKind::Stdin`] (whatever `stdin` says). Version 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pty: Option<WindowSize>,
+}
+
+/// A terminal's size in character cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WindowSize {
+    /// Rows.
+    pub rows: u16,
+    /// Columns.
+    pub cols: u16,
 }
 
 /// Agent → host control messages.

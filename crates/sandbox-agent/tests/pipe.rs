@@ -49,7 +49,10 @@ fn pid_alive(pid: u32) -> bool {
 #[tokio::test]
 async fn spawn_true_exits_zero_and_ping_answers() {
     let a = agent(60).await;
-    assert_eq!(a.client.version(), 1);
+    assert_eq!(
+        a.client.version(),
+        *sandbox_agent::protocol::SUPPORTED_VERSIONS.last().unwrap()
+    );
     a.client.ping().await.unwrap();
     let out = a
         .client
@@ -104,6 +107,98 @@ async fn stdin_is_echoed_back() {
     assert_eq!(out.status.exit_code(), 0);
     assert_eq!(out.stdout.len(), data.len());
     assert!(out.stdout[..] == data[..]);
+}
+
+/// Reads `p`'s stdout events until `needle` appeared (10 s at most); returns it all.
+async fn stdout_until(
+    p: &mut sandbox_agent::client::RemoteProcess,
+    seen: &mut String,
+    needle: &str,
+) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !seen.contains(needle) {
+        assert!(Instant::now() < deadline, "no {needle:?} in {seen:?}");
+        match tokio::time::timeout(Duration::from_secs(10), p.next_event()).await {
+            Ok(Ok(Some(ProcessEvent::Stdout(b)))) => seen.push_str(&String::from_utf8_lossy(&b)),
+            other => panic!("waiting for {needle:?} in {seen:?}: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_terminal_takes_input_resizes_and_ends_with_eof() {
+    use sandbox_agent::protocol::WindowSize;
+    let a = agent(60).await;
+    let mut s = spec(&["sh"]);
+    s.pty = Some(WindowSize { rows: 33, cols: 99 });
+    let mut p = a.client.spawn(s).await.unwrap();
+    let input = p.stdin().expect("a terminal takes input");
+    let mut seen = String::new();
+    // The session leader's controlling terminal is the new one, on every stream.
+    input
+        .write(b"test -t 0 && test -t 1 && test -t 2 && echo tty-$((1+1)) && stty size\r")
+        .await
+        .unwrap();
+    stdout_until(&mut p, &mut seen, "tty-2").await;
+    stdout_until(&mut p, &mut seen, "33 99").await;
+    input
+        .resize(WindowSize {
+            rows: 50,
+            cols: 140,
+        })
+        .await
+        .unwrap();
+    input.write(b"stty size; echo $TERM\r").await.unwrap();
+    stdout_until(&mut p, &mut seen, "50 140").await;
+    stdout_until(&mut p, &mut seen, "xterm-256color").await;
+    input.write(b"cat; echo cat-ended-$?\r").await.unwrap();
+    input.write(b"typed\r").await.unwrap();
+    stdout_until(&mut p, &mut seen, "typed\r\ntyped").await;
+    input.close().await.unwrap(); // ^D: cat ends, the shell goes on
+    stdout_until(&mut p, &mut seen, "cat-ended-0").await;
+    input.write(b"exit 4\r").await.unwrap();
+    let out = p.output(1 << 20).await.unwrap();
+    assert_eq!(out.status.exit_code(), 4);
+}
+
+#[tokio::test]
+async fn a_version_1_session_refuses_a_terminal_instead_of_running_without_one() {
+    use sandbox_agent::protocol::WindowSize;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sandbox-agent"))
+        .args(["--timeout", "60"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let (r, w) = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
+    let mut opts = ClientOptions::default();
+    opts.versions = vec![1];
+    let client = AgentClient::connect(r, w, "pipe-test", opts).await.unwrap();
+    assert_eq!(client.version(), 1);
+    let mut s = spec(&["true"]);
+    s.pty = Some(WindowSize { rows: 24, cols: 80 });
+    let e = client.spawn(s).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::CapabilityNotSupported, "{e}");
+    drop(client);
+    let _ = child.kill().await;
+}
+
+#[tokio::test]
+async fn a_terminal_spawn_of_a_missing_program_exits_127() {
+    use sandbox_agent::protocol::WindowSize;
+    let a = agent(60).await;
+    let mut s = spec(&["no-such-program-xyz"]);
+    s.pty = Some(WindowSize { rows: 24, cols: 80 });
+    let out = a
+        .client
+        .spawn(s)
+        .await
+        .unwrap()
+        .output(1 << 20)
+        .await
+        .unwrap();
+    assert_eq!(out.status.exit_code(), 127);
 }
 
 #[tokio::test]
@@ -374,7 +469,9 @@ async fn unknown_version_is_refused_cleanly() {
     let f = read_frame(&mut r).unwrap().unwrap();
     assert_eq!(
         f.parse::<Reply>().unwrap(),
-        Reply::Refused { supported: vec![1] }
+        Reply::Refused {
+            supported: sandbox_agent::protocol::SUPPORTED_VERSIONS.to_vec()
+        }
     );
     // Requests before a successful hello are refused, not served.
     write_frame(&mut w, &Frame::control(2, &Request::Ping)).unwrap();

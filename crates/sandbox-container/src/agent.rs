@@ -14,10 +14,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use sandbox_agent::client::{AgentClient, ClientOptions, ProcessEvent, RemoteProcess};
-use sandbox_agent::protocol::SpawnSpec;
+use sandbox_agent::client::{AgentClient, ClientOptions, ProcessEvent, RemoteProcess, StdinWriter};
+use sandbox_agent::protocol::{SpawnSpec, WindowSize};
 use sandbox_core::teardown::Killer;
-use sandbox_core::{OutputChunk, Process, Result, StartFuture, StartedExec, StreamKind};
+use sandbox_core::{
+    OutputChunk, Process, PtySize, Result, StartFuture, StartedExec, StreamKind, TerminalInput,
+};
 
 use crate::engine::{ArchiveBody, ContainerEngine};
 use crate::error;
@@ -235,6 +237,21 @@ pub(crate) fn process<E: ContainerEngine>(
     timeout: Duration,
     feed: Option<Bytes>,
 ) -> Result<Process> {
+    process_on(sh, client, argv, env, workdir, timeout, feed, None)
+}
+
+/// [`process`], optionally on a pseudo-terminal of `pty` (then without `feed`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn process_on<E: ContainerEngine>(
+    sh: &Arc<Shared<E>>,
+    client: &AgentClient,
+    argv: Vec<String>,
+    env: &BTreeMap<String, String>,
+    workdir: Option<&str>,
+    timeout: Duration,
+    feed: Option<Bytes>,
+    pty: Option<PtySize>,
+) -> Result<Process> {
     let cwd = match workdir {
         Some(w) => sandbox_core::resolve_path(&sh.workdir, w)?,
         None => sh.workdir.clone(),
@@ -251,6 +268,10 @@ pub(crate) fn process<E: ContainerEngine>(
         env: sh.exec_env(env),
         cwd: Some(cwd),
         stdin: feed.is_some(),
+        pty: pty.map(|p| WindowSize {
+            rows: p.rows,
+            cols: p.cols,
+        }),
     };
     Ok(Process::new(
         start(sh.clone(), client.clone(), spec, feed),
@@ -268,7 +289,18 @@ fn start<E: ContainerEngine>(
     Box::pin(async move {
         sh.remaining()?;
         // Dropped while this future is pending (a cancelled start), the process is killed.
+        let on_terminal = spec.pty.is_some();
         let p = client.spawn(spec).await?;
+        let terminal = match (on_terminal, p.stdin()) {
+            (false, _) => None,
+            (true, Some(input)) => Some(Arc::new(AgentTerminal(input)) as Arc<dyn TerminalInput>),
+            (true, None) => {
+                return Err(error::internal(
+                    sh.engine.backend(),
+                    "the agent gave the terminal no input",
+                ));
+            }
+        };
         let stdin = feed
             .map(|data| {
                 let stdin = p.stdin().ok_or_else(|| {
@@ -299,8 +331,31 @@ fn start<E: ContainerEngine>(
             output,
             exit_code,
             killer,
+            terminal,
         })
     })
+}
+
+/// A terminal's input through the agent: typed bytes are stdin frames (flow-controlled),
+/// resizes and `^D` are requests on the process's id.
+struct AgentTerminal(StdinWriter);
+
+#[async_trait::async_trait]
+impl TerminalInput for AgentTerminal {
+    async fn write(&self, data: Bytes) -> Result<()> {
+        self.0.write(&data).await
+    }
+    async fn resize(&self, size: PtySize) -> Result<()> {
+        self.0
+            .resize(WindowSize {
+                rows: size.rows,
+                cols: size.cols,
+            })
+            .await
+    }
+    async fn end(&self) -> Result<()> {
+        self.0.close().await
+    }
 }
 
 /// The process's output as chunks; the exit status goes to `exit`. The client is held so

@@ -32,6 +32,27 @@ pub const LAYER_CAPABILITIES: Capability = Capability::RUN_COMMAND
     .union(Capability::INGRESS_PORTS)
     .union(Capability::STDIN);
 
+/// What a sandbox gains from its agent: terminals, where the agent speaks the protocol
+/// version that has them and the runtime's terminals are whole (see [`terminals_work`]).
+fn agent_capabilities(
+    agent: Option<&sandbox_agent::client::AgentClient>,
+    tier: IsolationTier,
+) -> Capability {
+    match agent {
+        Some(a) if a.version() >= sandbox_agent::protocol::PTY_VERSION && terminals_work(tier) => {
+            Capability::PTY
+        }
+        _ => Capability::empty(),
+    }
+}
+
+/// gVisor's own terminals (runsc 2022-12, what Debian 12 ships) ignore `^D`, so a
+/// line-mode reader never sees end of input (gVisor issue 9333): `PTY` is not declared
+/// there rather than declared half-working.
+fn terminals_work(tier: IsolationTier) -> bool {
+    tier != IsolationTier::Gvisor
+}
+
 /// A disk limit makes the root filesystem read-only and mounts the workdir as a sized
 /// scratch filesystem (ContainerSpec::scratch_paths): that cannot be `/` itself.
 fn refuse_root_scratch(
@@ -560,7 +581,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                 _ => SystemTime::now() + options.timeout,
             },
             tier,
-            caps: self.caps(),
+            caps: self.caps() | agent_capabilities(agent.as_ref(), tier),
             secrets: options
                 .secrets
                 .iter()
@@ -762,7 +783,13 @@ impl<E: ContainerEngine> Backend for ContainerBackend<E> {
     }
 
     fn capabilities(&self) -> Capability {
-        self.caps()
+        // Terminals are the agent's: declared when new sandboxes start with it (one that
+        // falls back to the exec path does not declare PTY itself).
+        if self.wants_agent() && terminals_work(self.engine.tier()) {
+            self.caps() | Capability::PTY
+        } else {
+            self.caps()
+        }
     }
 
     fn isolation(&self) -> IsolationTier {

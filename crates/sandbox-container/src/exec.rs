@@ -443,6 +443,7 @@ fn start_future<E: ContainerEngine>(
             output: l.output,
             exit_code: exit,
             killer: l.killer,
+            terminal: None,
         })
     })
 }

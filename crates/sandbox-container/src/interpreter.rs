@@ -252,6 +252,7 @@ impl CodeContext {
                 env,
                 cwd: Some(sh.workdir.clone()),
                 stdin: true,
+                pty: None,
             };
             let p = client.spawn(spec).await?;
             let input = p.stdin().ok_or_else(|| {

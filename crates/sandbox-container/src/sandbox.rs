@@ -102,7 +102,26 @@ impl<E: ContainerEngine> Shared<E> {
         timeout: Duration,
     ) -> Result<Process> {
         let workdir = options.workdir.as_deref();
-        self.process(argv, &options.env, workdir, timeout, options.stdin.clone())
+        match (options.pty, &self.agent) {
+            (None, _) => self.process(argv, &options.env, workdir, timeout, options.stdin.clone()),
+            (Some(size), Some(client)) if self.caps.contains(Capability::PTY) => {
+                crate::agent::process_on(
+                    self,
+                    client,
+                    argv,
+                    &options.env,
+                    workdir,
+                    timeout,
+                    None,
+                    Some(size),
+                )
+            }
+            // Terminals come from the agent; the engine's exec path does not declare them.
+            (Some(_), _) => Err(SandboxError::unsupported(
+                Capability::PTY,
+                self.engine.backend(),
+            )),
+        }
     }
 
     /// A process of `argv` (fed `feed` on stdin, when given), through the agent when

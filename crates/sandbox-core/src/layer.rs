@@ -630,6 +630,9 @@ impl Shared {
         if options.stdin.is_some() {
             self.require(Capability::STDIN)?;
         }
+        if options.pty.is_some() {
+            self.require(Capability::PTY)?;
+        }
         let timeout = options.validate(self.remaining())?;
         options.timeout = Some(timeout);
         Ok(options)

@@ -393,6 +393,47 @@ pub struct RunOptions {
         )
     )]
     pub stdin: Option<bytes::Bytes>,
+    /// Run the command on a pseudo-terminal of this size (needs
+    /// [`Capability::PTY`](crate::Capability)): it sees a terminal on stdin, stdout and
+    /// stderr (`isatty` is true, both streams arrive merged as stdout, lines end in
+    /// `\r\n`), and a streamed process takes input and window sizes through
+    /// [`Process::terminal`](crate::Process::terminal). Not combinable with
+    /// [`stdin`](Self::stdin).
+    pub pty: Option<PtySize>,
+}
+
+/// A pseudo-terminal's size in character cells (default 24 rows × 80 columns).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct PtySize {
+    /// Rows (at least 1).
+    pub rows: u16,
+    /// Columns (at least 1).
+    pub cols: u16,
+}
+
+impl PtySize {
+    /// A size of `rows` × `cols`.
+    pub fn new(rows: u16, cols: u16) -> Self {
+        PtySize { rows, cols }
+    }
+
+    /// `Configuration` unless both dimensions are positive.
+    pub fn validate(&self) -> Result<()> {
+        if self.rows == 0 || self.cols == 0 {
+            return Err(SandboxError::config(
+                format!("terminal size {}x{} is empty", self.rows, self.cols),
+                "give at least one row and one column, e.g. PtySize::new(24, 80)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Default for PtySize {
+    fn default() -> Self {
+        PtySize { rows: 24, cols: 80 }
+    }
 }
 
 impl fmt::Debug for RunOptions {
@@ -403,6 +444,7 @@ impl fmt::Debug for RunOptions {
             .field("workdir", &self.workdir)
             .field("output_cap", &self.output_cap)
             .field("stdin_len", &self.stdin.as_ref().map(|b| b.len()))
+            .field("pty", &self.pty)
             .finish()
     }
 }
@@ -434,8 +476,23 @@ impl RunOptions {
         self
     }
 
+    /// Runs the command on a pseudo-terminal of `size` (needs `PTY`).
+    pub fn pty(mut self, size: PtySize) -> Self {
+        self.pty = Some(size);
+        self
+    }
+
     /// Validates and resolves the timeout against the sandbox's remaining lifetime.
     pub fn validate(&self, remaining_lifetime: Duration) -> Result<Duration> {
+        if let Some(size) = &self.pty {
+            size.validate()?;
+            if self.stdin.is_some() {
+                return Err(SandboxError::config(
+                    "RunOptions::stdin and RunOptions::pty cannot be combined",
+                    "stream the command and type into it with Process::terminal",
+                ));
+            }
+        }
         for k in self.env.keys() {
             validate_env_key(k)?;
         }
@@ -561,6 +618,29 @@ impl CodeOptions {
 mod tests {
     use super::*;
     use crate::ErrorCode;
+
+    #[test]
+    fn pty_sizes_are_checked_and_not_combined_with_given_stdin() {
+        let left = Duration::from_secs(60);
+        assert!(
+            RunOptions::default()
+                .pty(PtySize::default())
+                .validate(left)
+                .is_ok()
+        );
+        assert_eq!(PtySize::default(), PtySize::new(24, 80));
+        for empty in [PtySize::new(0, 80), PtySize::new(24, 0)] {
+            let e = RunOptions::default().pty(empty).validate(left).unwrap_err();
+            assert_eq!(e.code(), ErrorCode::Configuration);
+        }
+        let e = RunOptions::default()
+            .pty(PtySize::default())
+            .stdin("x")
+            .validate(left)
+            .unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Configuration);
+        assert!(format!("{:?}", RunOptions::default().pty(PtySize::new(3, 4))).contains("rows: 3"));
+    }
 
     #[test]
     fn code_output_cap_setter_and_zero_refused() {

@@ -10,11 +10,14 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::BytesMut;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use futures::{FutureExt, Stream, StreamExt};
 
+use crate::options::PtySize;
 use crate::teardown::{Killer, OrphanInfo, shielded_kill, spawn_bounded_kill};
 use crate::{ExecResult, OutputChunk, Result, SandboxError, StreamKind};
 
@@ -31,6 +34,55 @@ pub struct StartedExec {
     pub exit_code: BoxFuture<'static, Result<i64>>,
     /// Kills only this process tree (not the sandbox). `SandboxGone` if the sandbox died.
     pub killer: Killer,
+    /// The terminal's input side, for a process started on a pseudo-terminal
+    /// (`RunOptions::pty`); `None` otherwise.
+    pub terminal: Option<Arc<dyn TerminalInput>>,
+}
+
+/// The input side of a process on a pseudo-terminal, as an adapter provides it (see
+/// [`Terminal`]).
+#[async_trait::async_trait]
+pub trait TerminalInput: Send + Sync {
+    /// Types `data` into the terminal (bounded: waits while the process does not read).
+    async fn write(&self, data: Bytes) -> Result<()>;
+    /// Sets the window size; the process gets `SIGWINCH`.
+    async fn resize(&self, size: PtySize) -> Result<()>;
+    /// Sends end-of-file (`^D`).
+    async fn end(&self) -> Result<()>;
+}
+
+/// Input to a process running on a pseudo-terminal: what is typed, the window size, and
+/// end-of-file. Cheap to clone; usable from another task while the process's output is
+/// read. Writes after the process ended are discarded.
+#[derive(Clone)]
+pub struct Terminal {
+    input: Arc<dyn TerminalInput>,
+}
+
+impl std::fmt::Debug for Terminal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Terminal").finish_non_exhaustive()
+    }
+}
+
+impl Terminal {
+    /// Types `data` (bytes as a keyboard sends them: `\r` is Enter, `\x03` is Ctrl-C
+    /// when the terminal is in its default mode).
+    pub async fn write(&self, data: impl Into<Bytes>) -> Result<()> {
+        self.input.write(data.into()).await
+    }
+
+    /// Sets the window size; the process gets `SIGWINCH`. `Configuration` for an empty
+    /// size.
+    pub async fn resize(&self, size: PtySize) -> Result<()> {
+        size.validate()?;
+        self.input.resize(size).await
+    }
+
+    /// Sends end-of-file (`^D`): a program reading a line-mode terminal sees end of input.
+    pub async fn end(&self) -> Result<()> {
+        self.input.end().await
+    }
 }
 
 /// The future that starts a remote process.
@@ -44,10 +96,10 @@ enum State {
     },
     Exiting(BoxFuture<'static, Result<i64>>),
     TimingOut(BoxFuture<'static, Result<()>>),
-    Finished(Terminal),
+    Finished(End),
 }
 
-enum Terminal {
+enum End {
     Exited(i64),
     TimedOut(Duration),
     Failed(SandboxError),
@@ -65,6 +117,7 @@ pub struct Process {
     timeout: Duration,
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     killer: Option<Killer>,
+    terminal: Option<Arc<dyn TerminalInput>>,
     info: OrphanInfo,
     killed: bool,
 }
@@ -88,15 +141,37 @@ impl Process {
             timeout,
             deadline: None,
             killer: None,
+            terminal: None,
             info,
             killed: false,
         }
     }
 
+    /// The terminal of a process started with `RunOptions::pty`: starts the process if it
+    /// has not started yet, then hands out its input side. `Configuration` for a process
+    /// without a terminal; the start's own error when it failed to start.
+    pub async fn terminal(&mut self) -> Result<Terminal> {
+        self.start().await?;
+        if let Some(input) = &self.terminal {
+            return Ok(Terminal {
+                input: input.clone(),
+            });
+        }
+        if let State::Finished(End::Failed(_) | End::FailedReported(_)) = &self.state
+            && let Err(e) = self.terminal_result()
+        {
+            return Err(e);
+        }
+        Err(SandboxError::config(
+            "this process has no terminal",
+            "stream the command with RunOptions::pty(PtySize::default())",
+        ))
+    }
+
     /// The exit code once the process ended; `None` while running.
     pub fn returncode(&self) -> Option<i64> {
         match &self.state {
-            State::Finished(Terminal::Exited(c)) => Some(*c),
+            State::Finished(End::Exited(c)) => Some(*c),
             _ => None,
         }
     }
@@ -117,7 +192,7 @@ impl Process {
             && d.as_mut().poll(cx).is_ready()
         {
             if let State::Pending(_) = self.state {
-                self.state = State::Finished(Terminal::TimedOut(self.timeout));
+                self.state = State::Finished(End::TimedOut(self.timeout));
             }
             return Poll::Ready(Ok(()));
         }
@@ -126,13 +201,14 @@ impl Process {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Ok(started)) => {
                     self.killer = Some(started.killer);
+                    self.terminal = started.terminal;
                     self.state = State::Output {
                         output: started.output,
                         exit_code: Some(started.exit_code),
                     };
                 }
                 Poll::Ready(Err(e)) => {
-                    self.state = State::Finished(Terminal::Failed(e));
+                    self.state = State::Finished(End::Failed(e));
                 }
             }
         }
@@ -157,22 +233,22 @@ impl Process {
 
     fn terminal_result(&mut self) -> Result<(i64, ())> {
         match &mut self.state {
-            State::Finished(Terminal::Exited(c)) => Ok((*c, ())),
-            State::Finished(Terminal::TimedOut(after)) => {
+            State::Finished(End::Exited(c)) => Ok((*c, ())),
+            State::Finished(End::TimedOut(after)) => {
                 Err(SandboxError::ExecutionTimeout { after: *after })
             }
-            State::Finished(Terminal::Failed(_)) => {
-                let State::Finished(Terminal::Failed(e)) = std::mem::replace(
+            State::Finished(End::Failed(_)) => {
+                let State::Finished(End::Failed(e)) = std::mem::replace(
                     &mut self.state,
-                    State::Finished(Terminal::Exited(KILLED_EXIT_CODE)),
+                    State::Finished(End::Exited(KILLED_EXIT_CODE)),
                 ) else {
                     unreachable!()
                 };
                 let replay = replay_error(&e);
-                self.state = State::Finished(Terminal::FailedReported(e));
+                self.state = State::Finished(End::FailedReported(e));
                 Err(replay)
             }
-            State::Finished(Terminal::FailedReported(e)) => Err(replay_error(e)),
+            State::Finished(End::FailedReported(e)) => Err(replay_error(e)),
             _ => Err(SandboxError::Engine {
                 backend: self.info.backend.clone(),
                 message: "process has not finished".into(),
@@ -192,7 +268,7 @@ impl Process {
             State::Pending(_) => {
                 // Dropping the start future is the adapter's cancellation of a half-started
                 // exec.
-                self.state = State::Finished(Terminal::Exited(KILLED_EXIT_CODE));
+                self.state = State::Finished(End::Exited(KILLED_EXIT_CODE));
                 Ok(())
             }
             _ => {
@@ -211,7 +287,7 @@ impl Process {
                     })
                     .await;
                     if drained.is_err() || !matches!(self.state, State::Finished(_)) {
-                        self.state = State::Finished(Terminal::Exited(KILLED_EXIT_CODE));
+                        self.state = State::Finished(End::Exited(KILLED_EXIT_CODE));
                     }
                 }
                 r
@@ -276,7 +352,7 @@ impl Process {
                     }
                 }));
             }
-            None => self.state = State::Finished(Terminal::TimedOut(self.timeout)),
+            None => self.state = State::Finished(End::TimedOut(self.timeout)),
         }
     }
 }
@@ -355,7 +431,7 @@ impl Stream for Process {
                             this.killed = true;
                             spawn_bounded_kill(this.info.clone(), k());
                         }
-                        this.state = State::Finished(Terminal::FailedReported(replay_error(&e)));
+                        this.state = State::Finished(End::FailedReported(replay_error(&e)));
                         return Poll::Ready(Some(Err(e)));
                     }
                     Poll::Ready(None) => {
@@ -366,11 +442,11 @@ impl Stream for Process {
                 State::Exiting(fut) => match fut.poll_unpin(cx) {
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(Ok(code)) => {
-                        this.state = State::Finished(Terminal::Exited(code));
+                        this.state = State::Finished(End::Exited(code));
                         return Poll::Ready(None);
                     }
                     Poll::Ready(Err(e)) => {
-                        this.state = State::Finished(Terminal::FailedReported(replay_error(&e)));
+                        this.state = State::Finished(End::FailedReported(replay_error(&e)));
                         return Poll::Ready(Some(Err(e)));
                     }
                 },
@@ -378,21 +454,21 @@ impl Stream for Process {
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(Err(e @ SandboxError::SandboxGone { .. })) => {
                         // The sandbox itself died (lifetime): that is not a timeout.
-                        this.state = State::Finished(Terminal::FailedReported(replay_error(&e)));
+                        this.state = State::Finished(End::FailedReported(replay_error(&e)));
                         return Poll::Ready(Some(Err(e)));
                     }
                     Poll::Ready(_) => {
-                        this.state = State::Finished(Terminal::TimedOut(this.timeout));
+                        this.state = State::Finished(End::TimedOut(this.timeout));
                         return Poll::Ready(Some(Err(SandboxError::ExecutionTimeout {
                             after: this.timeout,
                         })));
                     }
                 },
-                State::Finished(Terminal::Failed(e)) => {
+                State::Finished(End::Failed(e)) => {
                     let replay = replay_error(e);
-                    let State::Finished(Terminal::Failed(e)) = std::mem::replace(
+                    let State::Finished(End::Failed(e)) = std::mem::replace(
                         &mut this.state,
-                        State::Finished(Terminal::FailedReported(replay)),
+                        State::Finished(End::FailedReported(replay)),
                     ) else {
                         unreachable!()
                     };
@@ -450,6 +526,7 @@ mod tests {
                         Ok(())
                     })
                 }),
+                terminal: None,
             })
         })
     }
@@ -528,5 +605,53 @@ mod tests {
         );
         let e = p.collect(3).await.unwrap_err();
         assert_eq!(e.code(), crate::ErrorCode::ResourceLimitExceeded);
+    }
+
+    #[tokio::test]
+    async fn terminal_is_handed_out_only_where_there_is_one() {
+        struct Typed(std::sync::Mutex<Vec<u8>>);
+        #[async_trait::async_trait]
+        impl TerminalInput for Typed {
+            async fn write(&self, data: Bytes) -> Result<()> {
+                self.0.lock().unwrap().extend_from_slice(&data);
+                Ok(())
+            }
+            async fn resize(&self, _: PtySize) -> Result<()> {
+                Ok(())
+            }
+            async fn end(&self) -> Result<()> {
+                self.0.lock().unwrap().push(4);
+                Ok(())
+            }
+        }
+        let kills = Arc::new(AtomicUsize::new(0));
+        let mut plain = Process::new(
+            started(vec![], 0, kills.clone(), false),
+            Duration::from_secs(5),
+            info(),
+        );
+        let e = plain.terminal().await.unwrap_err();
+        assert_eq!(e.code(), crate::ErrorCode::Configuration);
+
+        let typed = Arc::new(Typed(std::sync::Mutex::new(Vec::new())));
+        let input: Arc<dyn TerminalInput> = typed.clone();
+        let start: StartFuture = Box::pin(async move {
+            let mut s = started(vec![], 0, Arc::new(AtomicUsize::new(0)), false).await?;
+            s.terminal = Some(input);
+            Ok(s)
+        });
+        let mut p = Process::new(start, Duration::from_secs(5), info());
+        let t = p.terminal().await.unwrap();
+        t.write("ls\r").await.unwrap();
+        t.end().await.unwrap();
+        let e = t.resize(PtySize::new(0, 10)).await.unwrap_err();
+        assert_eq!(e.code(), crate::ErrorCode::Configuration);
+        assert_eq!(&typed.0.lock().unwrap()[..], b"ls\r\x04");
+
+        let failed: StartFuture =
+            Box::pin(async { Err(SandboxError::gone("sbx-gone".to_string())) });
+        let mut p = Process::new(failed, Duration::from_secs(5), info());
+        let e = p.terminal().await.unwrap_err();
+        assert_eq!(e.code(), crate::ErrorCode::SandboxGone);
     }
 }

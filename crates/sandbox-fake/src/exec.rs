@@ -210,6 +210,7 @@ pub(crate) fn start(
             output: Box::pin(output),
             exit_code,
             killer: group_killer(sb, pid),
+            terminal: None,
         })
     })
 }

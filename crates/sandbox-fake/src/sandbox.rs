@@ -442,6 +442,10 @@ impl FakeSandbox {
         if options.stdin.is_some() {
             self.require(Capability::STDIN)?;
         }
+        if options.pty.is_some() {
+            // The fake models no terminals (never declared, so always refused).
+            self.require(Capability::PTY)?;
+        }
         cmd.validate()?;
         let sb = self.inner();
         sb.alive()?;

@@ -7,7 +7,8 @@ use sandbox_core::layer::Layer;
 use sandbox_core::{Backend, Capability};
 
 /// What Docker and Podman sandboxes can declare: the allowlist where the host can load
-/// egress rules (nft, a runtime whose traffic netfilter sees), the rest always.
+/// egress rules (nft, a runtime whose traffic netfilter sees), terminals where the agent
+/// runs (not under runsc), the rest always.
 const CONTAINER: Capability = Capability::RUN_COMMAND
     .union(Capability::RUN_CODE)
     .union(Capability::STATEFUL_CODE)
@@ -18,11 +19,12 @@ const CONTAINER: Capability = Capability::RUN_COMMAND
     .union(Capability::EGRESS_ALLOWLIST)
     .union(Capability::INGRESS_PORTS)
     .union(Capability::STDIN)
-    .union(Capability::DISK_LIMIT);
+    .union(Capability::DISK_LIMIT)
+    .union(Capability::PTY);
 
 /// First-party backends and what each can declare. Podman adds `GPU` for sandboxes created
 /// with CDI devices (`PodmanOptions::cdi_device`); the fake models an egress allowlist but
-/// no ingress ports and no disk (`sandbox_fake::full_capabilities`).
+/// no ingress ports, no disk and no terminals (`sandbox_fake::full_capabilities`).
 const FIRST_PARTY: &[(&str, Capability)] = &[
     ("docker", CONTAINER),
     ("podman", CONTAINER.union(Capability::GPU)),
@@ -30,7 +32,8 @@ const FIRST_PARTY: &[(&str, Capability)] = &[
         "fake",
         CONTAINER
             .difference(Capability::INGRESS_PORTS)
-            .difference(Capability::DISK_LIMIT),
+            .difference(Capability::DISK_LIMIT)
+            .difference(Capability::PTY),
     ),
 ];
 
@@ -75,7 +78,8 @@ mod tests {
             first_party_support(Capability::STATEFUL_CODE),
             ["docker", "podman", "fake"]
         );
-        assert!(first_party_support(Capability::PTY).is_empty());
+        assert_eq!(first_party_support(Capability::PTY), ["docker", "podman"]);
+        assert!(first_party_support(Capability::PAUSE_RESUME).is_empty());
         assert!(first_party_support(Capability::empty()).is_empty());
     }
 

@@ -12,6 +12,7 @@
 
 mod files;
 mod kill;
+pub mod pty;
 mod spawn;
 
 use std::collections::HashMap;
@@ -246,6 +247,7 @@ fn dispatch(
         Request::Ping => send(out, id, Reply::Pong),
         Request::Spawn(spec) => procs.spawn(id, spec),
         Request::CloseStdin => procs.close_stdin(id),
+        Request::Resize(size) => procs.resize(id, size),
         Request::Signal { signal } => procs.signal(id, signal),
         Request::Kill => {
             let n = procs.kill(id);

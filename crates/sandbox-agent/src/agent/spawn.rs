@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use rustix::process::{Pid, Signal, WaitIdOptions, WaitOptions};
 
-use super::{Credits, kill};
+use super::{Credits, kill, pty};
 use crate::protocol::{DATA_CHUNK, ErrorKind, Frame, FrameKind, Reply, SpawnSpec, WINDOW};
 
 /// Environment variable carrying the per-spawn marker; inherited by descendants, so a
@@ -61,6 +61,9 @@ pub(crate) struct Entry {
     /// When the root was reaped, in the same clock; `None` while it runs.
     pub(crate) exit_ticks: Option<u64>,
     stdin: Option<Sender<Vec<u8>>>,
+    /// The terminal's controller side, for spawns on a pseudo-terminal (resize, and
+    /// end-of-file instead of closing the input).
+    pty: Option<std::fs::File>,
     events: Sender<Event>,
 }
 
@@ -124,25 +127,75 @@ impl Processes {
             return self.not_started(id, &spec, 127, "not found");
         };
         let marker = format!("{}-{id}", self.inner.nonce);
-        let mut cmd = Command::new(&program);
+        let terminal = match spec.pty.map(pty::open).transpose() {
+            Ok(t) => t,
+            Err(e) => {
+                drop(t);
+                return self.send(
+                    id,
+                    Reply::Error {
+                        kind: ErrorKind::of(&e),
+                        message: format!("opening a pseudo-terminal: {e}"),
+                    },
+                );
+            }
+        };
+        let mut cmd = match &terminal {
+            // Through ourselves: the helper becomes a session leader with the terminal as
+            // its controlling tty, then execs the program (pty.rs says why).
+            Some(_) => {
+                let mut c = Command::new("/proc/self/exe");
+                c.arg(pty::EXEC_FLAG).arg(&program);
+                if !spec.env.iter().any(|(k, _)| k == "TERM") {
+                    c.env("TERM", pty::DEFAULT_TERM);
+                }
+                c
+            }
+            None => {
+                let mut c = Command::new(&program);
+                // Its own process group: signals to the root's group reach the whole job,
+                // and a kill of the group catches children that did not call setsid. (On
+                // a terminal the helper's setsid gives it a group of its own.)
+                c.process_group(0);
+                c
+            }
+        };
         cmd.args(&spec.argv[1..])
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
-            .env(MARKER_VAR, &marker)
-            // Its own process group: signals to the root's group reach the whole job,
-            // and a kill of the group catches children that did not call setsid.
-            .process_group(0)
-            // Never the agent's fds: its stdin/stdout are the channel.
-            .stdin(if spec.stdin {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+            .env(MARKER_VAR, &marker);
+        // Never the agent's fds: its stdin/stdout are the channel.
+        match &terminal {
+            Some((_, user)) => {
+                let io = |f: &std::fs::File| f.try_clone().map(Stdio::from);
+                match (io(user), io(user), io(user)) {
+                    (Ok(i), Ok(o), Ok(e)) => {
+                        cmd.stdin(i).stdout(o).stderr(e);
+                    }
+                    _ => {
+                        drop(t);
+                        return self.not_started(id, &spec, 126, "no file descriptors left");
+                    }
+                }
+            }
+            None => {
+                cmd.stdin(if spec.stdin {
+                    Stdio::piped()
+                } else {
+                    Stdio::null()
+                })
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            }
+        }
         if let Some(cwd) = &spec.cwd {
             cmd.current_dir(cwd);
         }
-        let mut child = match cmd.spawn() {
+        let spawned = cmd.spawn();
+        // The user side now lives only in the child: the controller's reads end (EIO)
+        // once every process holding it is gone.
+        drop(cmd);
+        let controller = terminal.map(|(controller, _user)| controller);
+        let mut child = match spawned {
             Ok(c) => c,
             Err(e) => {
                 drop(t);
@@ -157,7 +210,21 @@ impl Processes {
         let pid = child.id();
         let (events_tx, events_rx) = mpsc::channel();
         let credits = Credits::new();
-        let stdin = child.stdin.take().map(|s| start_stdin(s, self.clone(), id));
+        let (stdin, output, pty) = match controller {
+            Some(c) => match (c.try_clone(), c.try_clone()) {
+                (Ok(writer), Ok(reader)) => (
+                    Some(start_stdin(writer, self.clone(), id)),
+                    Some(reader),
+                    Some(c),
+                ),
+                _ => (None, None, Some(c)),
+            },
+            None => (
+                child.stdin.take().map(|s| start_stdin(s, self.clone(), id)),
+                None,
+                None,
+            ),
+        };
         let start_ticks = kill::start_ticks(pid).unwrap_or(0);
         t.by_pid.insert(pid, id);
         t.credits.insert(id, credits.clone());
@@ -169,6 +236,7 @@ impl Processes {
                 start_ticks,
                 exit_ticks: None,
                 stdin,
+                pty,
                 events: events_tx.clone(),
             },
         );
@@ -177,6 +245,17 @@ impl Processes {
         self.inner.spawned.notify_all();
         self.send(id, Reply::Spawned { pid });
         let mut readers = 0;
+        if let Some(terminal) = output {
+            // Both streams, as the terminal merged them.
+            readers += start_reader(
+                terminal,
+                FrameKind::Stdout,
+                id,
+                &self.inner.out,
+                &credits,
+                &events_tx,
+            );
+        }
         if let Some(s) = child.stdout.take() {
             readers += start_reader(
                 s,
@@ -311,7 +390,33 @@ impl Processes {
     pub(crate) fn close_stdin(&self, id: u32) {
         let mut t = self.lock();
         if let Some(e) = t.by_id.get_mut(&id) {
-            e.stdin = None;
+            match (&e.pty, &e.stdin) {
+                // A terminal has no end of input to close: `^D` is how a reader gets one.
+                (Some(_), Some(tx)) => {
+                    let _ = tx.send(vec![0x04]);
+                }
+                _ => e.stdin = None,
+            }
+        }
+    }
+
+    pub(crate) fn resize(&self, id: u32, size: crate::protocol::WindowSize) {
+        let t = self.lock();
+        let resized = t
+            .by_id
+            .get(&id)
+            .and_then(|e| e.pty.as_ref())
+            .map(|c| pty::resize(c, size));
+        drop(t);
+        match resized {
+            Some(Ok(())) | None => {}
+            Some(Err(e)) => self.send(
+                id,
+                Reply::Error {
+                    kind: ErrorKind::of(&e),
+                    message: format!("resizing the terminal: {e}"),
+                },
+            ),
         }
     }
 
@@ -450,7 +555,7 @@ fn start_reader(
 
 /// The stdin pump. The host keeps at most one window in flight (it waits for acks), so
 /// the queue is bounded by the protocol; the ack is sent once bytes reached the pipe.
-fn start_stdin(mut dst: std::process::ChildStdin, procs: Processes, id: u32) -> Sender<Vec<u8>> {
+fn start_stdin(mut dst: impl Write + Send + 'static, procs: Processes, id: u32) -> Sender<Vec<u8>> {
     let (tx, rx) = mpsc::channel::<Vec<u8>>();
     let _ = std::thread::Builder::new()
         .name("stdin".into())
