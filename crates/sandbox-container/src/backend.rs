@@ -10,7 +10,7 @@ use sandbox_core::labels::{
 };
 use sandbox_core::teardown::{Killer, OrphanInfo, TeardownGuard};
 use sandbox_core::{
-    Backend, Capability, CreateOptions, EngineReport, IsolationTier, ManagedSandbox,
+    Backend, Capability, CreateOptions, EngineReport, IsolationTier, ManagedSandbox, Problem,
     ReapableBackend, Result, Sandbox, SandboxError, async_trait,
 };
 
@@ -161,15 +161,15 @@ impl ContainerConfig {
         self
     }
 
-    /// Sets the bound of one engine call (at least 1 s).
+    /// Sets the bound of one engine call (at least 1 ms).
     pub fn call_timeout(mut self, t: Duration) -> Self {
-        self.call_timeout = t.max(Duration::from_secs(1));
+        self.call_timeout = t.max(Duration::from_millis(1));
         self
     }
 
-    /// Sets the bound of a whole `create` (at least 1 s).
+    /// Sets the bound of a whole `create` (at least 1 ms).
     pub fn create_timeout(mut self, t: Duration) -> Self {
-        self.create_timeout = t.max(Duration::from_secs(1));
+        self.create_timeout = t.max(Duration::from_millis(1));
         self
     }
 
@@ -808,8 +808,62 @@ impl<E: ContainerEngine> Backend for ContainerBackend<E> {
         Some(self)
     }
 
+    /// Reachability, the engine's facts, and the images a user needs (the default
+    /// template and the busybox test image), each bounded by the call timeout.
     async fn diagnose(&self) -> EngineReport {
-        self.engine.diagnose().await
+        let eng = &*self.engine;
+        let mut r = EngineReport::new(eng.backend(), eng.endpoint());
+        r.tier = eng.tier();
+        if let Err(e) = self.call("ping", eng.ping()).await {
+            r.problems.push(Problem::new(
+                format!(
+                    "engine `{}` unavailable at {}: {e}",
+                    eng.backend(),
+                    eng.endpoint()
+                ),
+                eng.unavailable_hint(),
+            ));
+            return r;
+        }
+        r.reachable = true;
+        match tokio::time::timeout(self.config.call_timeout * 2, eng.facts()).await {
+            Ok(facts) => {
+                r.version = facts.version;
+                r.runtimes = facts.runtimes;
+                r.problems.extend(facts.problems);
+            }
+            Err(_) => r.problems.push(Problem::new(
+                format!(
+                    "the {} engine did not describe itself in time",
+                    eng.backend()
+                ),
+                eng.unavailable_hint(),
+            )),
+        }
+        let mut images = vec![self.config.default_template.clone()];
+        if images[0] != crate::image::TEST_BUSYBOX {
+            images.push(crate::image::TEST_BUSYBOX.to_string());
+        }
+        for image in images {
+            let present = match self.call("image exists", eng.image_exists(&image)).await {
+                Ok(present) => present,
+                Err(e) => {
+                    r.problems.push(Problem::new(
+                        format!("could not check image `{image}`: {e}"),
+                        eng.unavailable_hint(),
+                    ));
+                    false
+                }
+            };
+            if !present {
+                r.problems.push(Problem::new(
+                    format!("image `{image}` is missing"),
+                    format!("build the test images: `{}`", eng.images_hint()),
+                ));
+            }
+            r.images.push((image, present));
+        }
+        r
     }
 }
 

@@ -16,8 +16,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::BoxStream;
 use sandbox_core::{
-    BoxError, Capability, EffectiveResources, EngineReport, IsolationTier, OutputChunk,
-    SandboxState,
+    BoxError, Capability, EffectiveResources, IsolationTier, OutputChunk, Problem, SandboxState,
 };
 
 /// Result of one engine call.
@@ -109,7 +108,7 @@ pub enum NetworkMode {
         /// Container ports to publish on 127.0.0.1.
         publish: Vec<u16>,
     },
-    /// The library's own network (created with [`ContainerEngine::ensure_network`]:
+    /// The library's own network (created with [`ContainerEngine::create_network`]:
     /// labelled, inter-container traffic off), with `dns` as the container's name servers
     /// and `publish` ports published on the host's loopback. Used for egress `Allow` and
     /// `AllowList`; the egress rules are loaded into the container's namespace after start.
@@ -133,7 +132,7 @@ impl NetworkMode {
     }
 }
 
-/// A network the container layer asks the engine for (see [`ContainerEngine::ensure_network`]).
+/// A network the container layer asks the engine for (see [`ContainerEngine::create_network`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct NetworkSpec {
@@ -195,10 +194,14 @@ pub struct NetworkInfo {
     pub subnets: Vec<Subnet>,
     /// Its labels.
     pub labels: BTreeMap<String, String>,
+    /// Whether it keeps its containers apart the way [`ContainerEngine::create_network`]
+    /// creates it (Docker: inter-container traffic off; Podman: `isolate`). A network of
+    /// the library's name without it is foreign and refused.
+    pub isolated: bool,
 }
 
 impl NetworkInfo {
-    /// A record.
+    /// A record (not isolated, no id).
     pub fn new(
         name: impl Into<String>,
         subnets: Vec<Subnet>,
@@ -209,6 +212,7 @@ impl NetworkInfo {
             id: String::new(),
             subnets,
             labels,
+            isolated: false,
         }
     }
 }
@@ -575,16 +579,19 @@ pub trait ContainerEngine: Send + Sync + fmt::Debug + 'static {
     fn netfilter_applies(&self) -> bool {
         true
     }
-    /// Creates the network `spec` describes unless it exists (bridge, inter-container
-    /// traffic off, labelled), and reports it. Default: not supported.
-    async fn ensure_network(&self, spec: &NetworkSpec) -> EngineResult<NetworkInfo> {
+    /// Creates the network `spec` describes: a bridge that keeps its containers apart
+    /// ([`NetworkInfo::isolated`]), labelled with `spec.labels`. `Conflict` (or success)
+    /// when one of that name exists: the container layer finds, vets and reuses existing
+    /// networks itself ([`ContainerEngine::networks`]). Default: not supported.
+    async fn create_network(&self, spec: &NetworkSpec) -> EngineResult<()> {
         Err(EngineError::new(
             EngineErrorKind::InvalidRequest,
             format!("this engine cannot create the network {}", spec.name),
         ))
     }
-    /// Every network the engine has (their subnets are other sandboxes' and the host's
-    /// bridge addresses, blocked from egress). Default: none known.
+    /// Every network the engine has, with ids, labels and [`NetworkInfo::isolated`]
+    /// (their subnets are other sandboxes' and the host's bridge addresses, blocked from
+    /// egress). Default: none known.
     async fn networks(&self) -> EngineResult<Vec<NetworkInfo>> {
         Ok(Vec::new())
     }
@@ -629,6 +636,25 @@ pub trait ContainerEngine: Send + Sync + fmt::Debug + 'static {
 
     /// Health check.
     async fn ping(&self) -> EngineResult<()>;
-    /// Version, runtimes and reachability for `sandbox doctor`.
-    async fn diagnose(&self) -> EngineReport;
+    /// What `sandbox doctor` learns from the engine itself once `ping` answered: its
+    /// version, its runtimes and engine-specific problems. A fact that cannot be read is a
+    /// problem, never silently left out. Reachability and the test images are checked by
+    /// the container layer, the same way for every engine.
+    async fn facts(&self) -> EngineFacts;
+    /// The command that builds the test images on this engine (the fix for a missing one).
+    fn images_hint(&self) -> String {
+        "sudo cargo xtask setup".to_string()
+    }
+}
+
+/// An engine's own contribution to `sandbox doctor` ([`ContainerEngine::facts`]).
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct EngineFacts {
+    /// Engine version.
+    pub version: Option<String>,
+    /// OCI runtimes the engine offers.
+    pub runtimes: Vec<String>,
+    /// Engine-specific problems, each with its fix.
+    pub problems: Vec<Problem>,
 }

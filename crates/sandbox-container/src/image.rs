@@ -38,6 +38,10 @@ pub const DEFAULT_PULL_TIMEOUT: Duration = Duration::from_secs(600);
 /// The registry of short names (`python:3.12` is `docker.io/library/python:3.12`).
 pub const DEFAULT_REGISTRY: &str = "docker.io";
 
+/// The small test image `sandbox doctor` checks for beside the default template (built by
+/// `cargo xtask setup`; the contract suite's second template).
+pub const TEST_BUSYBOX: &str = "sandbox-rs/busybox:latest";
+
 /// An image reference split the way Docker and Podman resolve short names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -1152,8 +1156,8 @@ mod tests {
         async fn ping(&self) -> crate::EngineResult<()> {
             Ok(())
         }
-        async fn diagnose(&self) -> sandbox_core::EngineReport {
-            sandbox_core::EngineReport::new("images-only", "memory://images")
+        async fn facts(&self) -> crate::engine::EngineFacts {
+            crate::engine::EngineFacts::default()
         }
         async fn image_exists(&self, image: &str) -> crate::EngineResult<bool> {
             Ok(lock(&self.images).iter().any(|i| i == image))

@@ -22,6 +22,7 @@ mod interpreter;
 mod kill;
 pub mod runtime;
 mod sandbox;
+mod settings;
 pub mod ssh;
 mod stdin_feed;
 mod sweep;
@@ -39,8 +40,8 @@ pub use backend::{
 };
 pub use engine::{
     ArchiveBody, AttachStream, ContainerEngine, ContainerInfo, ContainerSpec, EngineError,
-    EngineErrorKind, EngineResult, ExecInput, ExecRequest, ExecState, ExecStream, NetworkMode,
-    PathStat,
+    EngineErrorKind, EngineFacts, EngineResult, ExecInput, ExecRequest, ExecState, ExecStream,
+    NetworkMode, PathStat,
 };
 pub use exec::EXEC_TOKEN_ENV;
 pub use files::{LS_SCRIPT, MKDIR_SCRIPT, REMOVE_SCRIPT};

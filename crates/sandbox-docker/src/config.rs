@@ -1,7 +1,6 @@
 //! Typed configuration of the Docker backend.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use bollard::Docker;
 use sandbox_container::discovery::{
@@ -58,32 +57,18 @@ pub struct DockerConfig {
     pub ssh_config: Option<PathBuf>,
     /// OCI runtime of every sandbox.
     pub runtime: Runtime,
-    /// Image used when `CreateOptions::template` is `None`.
-    pub default_template: String,
-    /// Whether [`DockerBackend::connect`](crate::DockerBackend::connect) removes this host's
-    /// leftovers: sandboxes whose owning process is proven gone, or long past their deadline
-    /// (default `true`).
-    pub startup_sweep: bool,
-    /// Bound of one engine call (default 30 s): a wedged engine fails the call.
-    pub call_timeout: Duration,
-    /// Bound of a whole `create` (default 60 s; `CreateTimeout`, SBX_E1203, past it).
-    pub create_timeout: Duration,
-    /// Largest file `files().read` returns (default 64 MiB; `ResourceLimitExceeded` past it).
-    pub read_cap: u64,
-    /// Most bytes of files one `files().download` writes to this host (default 1 GiB;
-    /// `ResourceLimitExceeded` past it, refused from the archive's headers).
-    pub download_cap: u64,
-    /// Most archive entries one `files().download` creates on this host (default 100,000).
-    pub download_entries: u64,
-    /// Run the in-sandbox agent as PID 1 and send `run`/`stream` through it (default
-    /// `true`; `from_env` reads `SBX_AGENT=off`). Off: the engine's exec path.
-    pub agent: bool,
+    /// The engine-independent settings: default template, startup sweep, call and create
+    /// bounds, read and download caps, agent (set them with this type's builder methods
+    /// of the same names; `from_env` reads `SBX_AGENT=off`).
+    pub layer: ContainerConfig,
     /// A selected Docker context that did not resolve: reported at connect, never silently
     /// replaced by another engine.
     discovery_error: Option<DiscoveryError>,
     /// `HOME` at discovery time, for the default certificate directory.
     home: Option<PathBuf>,
 }
+
+sandbox_container::layer_settings!(DockerConfig, layer);
 
 impl Default for DockerConfig {
     fn default() -> Self {
@@ -95,14 +80,7 @@ impl Default for DockerConfig {
             allow_plain_tcp: false,
             ssh_config: None,
             runtime: Runtime::Runc,
-            default_template: DEFAULT_TEMPLATE.to_string(),
-            startup_sweep: true,
-            call_timeout: sandbox_container::DEFAULT_CALL_TIMEOUT,
-            create_timeout: sandbox_container::DEFAULT_CREATE_TIMEOUT,
-            read_cap: sandbox_container::DEFAULT_READ_CAP,
-            download_cap: sandbox_container::DEFAULT_DOWNLOAD_CAP,
-            download_entries: sandbox_container::DEFAULT_DOWNLOAD_ENTRIES,
-            agent: true,
+            layer: ContainerConfig::new(DEFAULT_TEMPLATE),
             discovery_error: None,
             home: None,
         }
@@ -191,58 +169,9 @@ impl DockerConfig {
         self
     }
 
-    /// Sets the image used when no template is given.
-    pub fn default_template(mut self, template: impl Into<String>) -> Self {
-        self.default_template = template.into();
-        self
-    }
-
-    /// Enables or disables the startup sweep of dead owners' sandboxes.
-    pub fn startup_sweep(mut self, on: bool) -> Self {
-        self.startup_sweep = on;
-        self
-    }
-
-    /// Sets the bound of one engine call.
-    pub fn call_timeout(mut self, t: Duration) -> Self {
-        self.call_timeout = t;
-        self
-    }
-
-    /// Sets the bound of a whole `create`.
-    pub fn create_timeout(mut self, t: Duration) -> Self {
-        self.create_timeout = t;
-        self
-    }
-
-    /// Uses the in-sandbox agent (default) or forces the engine's exec path.
-    pub fn agent(mut self, on: bool) -> Self {
-        self.agent = on;
-        self
-    }
-
-    /// Sets the `files().read` cap.
-    pub fn read_cap(mut self, bytes: u64) -> Self {
-        self.read_cap = bytes;
-        self
-    }
-
-    /// Sets the caps of one `files().download`: bytes of files and archive entries.
-    pub fn download_caps(mut self, bytes: u64, entries: u64) -> Self {
-        self.download_cap = bytes;
-        self.download_entries = entries;
-        self
-    }
-
     /// The engine-independent part, for the container layer.
     pub(crate) fn container_config(&self) -> ContainerConfig {
-        ContainerConfig::new(self.default_template.clone())
-            .startup_sweep(self.startup_sweep)
-            .call_timeout(self.call_timeout)
-            .create_timeout(self.create_timeout)
-            .read_cap(self.read_cap)
-            .download_caps(self.download_cap, self.download_entries)
-            .agent(self.agent)
+        self.layer.clone()
     }
 
     /// The runtime in effect.
@@ -447,9 +376,12 @@ mod tests {
             .runtime(Runtime::Runsc)
             .default_template("img:1");
         assert_eq!(c.endpoint(), "unix:///tmp/x.sock");
-        assert_eq!(c.default_template, "img:1");
+        assert_eq!(c.layer.default_template, "img:1");
         assert_eq!(c.runtime_kind(), Runtime::Runsc);
-        assert_eq!(DockerConfig::default().default_template, DEFAULT_TEMPLATE);
+        assert_eq!(
+            DockerConfig::default().layer.default_template,
+            DEFAULT_TEMPLATE
+        );
     }
 
     use sandbox_core::ErrorCode;

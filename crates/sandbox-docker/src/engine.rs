@@ -17,15 +17,14 @@ use bollard::query_parameters::{
 use futures::{StreamExt, TryStreamExt};
 use sandbox_container::{
     ArchiveBody, AttachStream, ContainerEngine, ContainerInfo, ContainerSpec, EngineError,
-    EngineErrorKind, EngineResult, ExecRequest, ExecState, ExecStream, ImageRef,
+    EngineErrorKind, EngineFacts, EngineResult, ExecRequest, ExecState, ExecStream, ImageRef,
     LAYER_CAPABILITIES, PathStat, PullProgress, RegistryAuth, Runtime, parse_rfc3339,
 };
 use sandbox_core::{
-    Capability, EngineReport, IsolationTier, OutputChunk, Problem, SandboxError, SandboxState,
-    async_trait,
+    Capability, IsolationTier, OutputChunk, Problem, SandboxError, SandboxState, async_trait,
 };
 
-use crate::config::{DockerConfig, TEST_IMAGES, redact_endpoint};
+use crate::config::{DockerConfig, redact_endpoint};
 use crate::error::{BACKEND, during, engine_error, pull_error, start_hint};
 use crate::policy;
 
@@ -331,11 +330,11 @@ impl ContainerEngine for DockerEngine {
         self.config.runtime != Runtime::Runsc
     }
 
-    async fn ensure_network(
+    async fn create_network(
         &self,
         spec: &sandbox_container::engine::NetworkSpec,
-    ) -> EngineResult<sandbox_container::engine::NetworkInfo> {
-        policy::ensure_network(&self.client, spec).await
+    ) -> EngineResult<()> {
+        policy::create_network(&self.client, spec).await
     }
 
     async fn networks(&self) -> EngineResult<Vec<sandbox_container::engine::NetworkInfo>> {
@@ -681,22 +680,12 @@ impl ContainerEngine for DockerEngine {
         self.client.ping().await.map(|_| ()).map_err(during("ping"))
     }
 
-    async fn diagnose(&self) -> EngineReport {
-        let mut r = EngineReport::new(BACKEND, self.endpoint.clone());
-        r.tier = self.config.runtime.tier();
-        let bound = Duration::from_secs(10);
-        let answered = tokio::time::timeout(bound, self.client.ping()).await;
-        if !matches!(answered, Ok(Ok(_))) {
-            r.problems.push(Problem::new(
-                format!("engine `docker` unavailable at {}", self.endpoint),
-                start_hint(&self.endpoint),
-            ));
-            return r;
-        }
-        r.reachable = true;
+    async fn facts(&self) -> EngineFacts {
+        let mut f = EngineFacts::default();
+        let bound = self.config.layer.call_timeout;
         match tokio::time::timeout(bound, self.client.version()).await {
-            Ok(Ok(v)) => r.version = v.version,
-            _ => r.problems.push(Problem::new(
+            Ok(Ok(v)) => f.version = v.version,
+            _ => f.problems.push(Problem::new(
                 "engine version unavailable",
                 "check `docker version`",
             )),
@@ -706,7 +695,7 @@ impl ContainerEngine for DockerEngine {
                 let mut rts: Vec<String> = info.runtimes.unwrap_or_default().into_keys().collect();
                 rts.sort();
                 if !rts.iter().any(|n| n == self.config.runtime.as_str()) {
-                    r.problems.push(Problem::new(
+                    f.problems.push(Problem::new(
                         format!(
                             "runtime `{}` is not registered with the engine",
                             self.config.runtime
@@ -714,27 +703,14 @@ impl ContainerEngine for DockerEngine {
                         runtime_fix(self.config.runtime),
                     ));
                 }
-                r.runtimes = rts;
+                f.runtimes = rts;
             }
-            _ => r.problems.push(Problem::new(
+            _ => f.problems.push(Problem::new(
                 "engine info unavailable",
                 "check `docker info`",
             )),
         }
-        for image in TEST_IMAGES {
-            let present = matches!(
-                tokio::time::timeout(bound, self.client.inspect_image(image)).await,
-                Ok(Ok(_))
-            );
-            if !present {
-                r.problems.push(Problem::new(
-                    format!("image `{image}` is missing"),
-                    "build the test images: `sudo cargo xtask setup`",
-                ));
-            }
-            r.images.push((image.to_string(), present));
-        }
-        r
+        f
     }
 }
 

@@ -11,7 +11,7 @@
 //! `com.docker.network.bridge.enable_icc=false`: no traffic between its containers), with
 //! the network's gateway as their DNS server; the container layer loads the egress rules.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::IpAddr;
 
 use bollard::Docker;
@@ -229,63 +229,17 @@ fn subnets(ipam: Option<&Ipam>) -> Vec<Subnet> {
         .collect()
 }
 
-/// Creates the egress network unless it exists; refuses one of that name the library did
-/// not create with inter-container traffic off (it could join sandboxes to a foreign
-/// network). Docker accepts two networks of one name (two processes creating it at
-/// once): every process then picks the same one, the lowest id, and containers join by id.
-pub(crate) async fn ensure_network(
-    client: &Docker,
-    spec: &NetworkSpec,
-) -> EngineResult<NetworkInfo> {
-    for _ in 0..2 {
-        let all = client
-            .list_networks(None)
-            .await
-            .map_err(during("list networks"))?;
-        let mut named: Vec<_> = all
-            .into_iter()
-            .filter(|n| n.name.as_deref() == Some(spec.name.as_str()))
-            .collect();
-        named.sort_by(|a, b| a.id.cmp(&b.id));
-        if let Some(n) = named.into_iter().next() {
-            let labels: BTreeMap<String, String> =
-                n.labels.clone().unwrap_or_default().into_iter().collect();
-            let icc_off = n
-                .options
-                .as_ref()
-                .and_then(|o| o.get("com.docker.network.bridge.enable_icc"))
-                .is_some_and(|v| v == "false");
-            let ours = spec.labels.iter().all(|(k, v)| labels.get(k) == Some(v));
-            if !ours || !icc_off {
-                return Err(EngineError::new(
-                    EngineErrorKind::Conflict,
-                    format!(
-                        "a network named {} exists that sandbox-rs did not create \
-                         (inter-container traffic on, or labels missing); remove it with \
-                         `docker network rm {}`",
-                        spec.name, spec.name
-                    ),
-                ));
-            }
-            let mut info = NetworkInfo::new(spec.name.clone(), subnets(n.ipam.as_ref()), labels);
-            info.id = n.id.unwrap_or_default();
-            return Ok(info);
-        }
-        client
-            .create_network(network_request(spec))
-            .await
-            .map_err(during("create network"))?;
-    }
-    Err(EngineError::new(
-        EngineErrorKind::Other,
-        format!(
-            "the network {} vanished while it was being created",
-            spec.name
-        ),
-    ))
+/// Creates the egress network (inter-container traffic off, labelled).
+pub(crate) async fn create_network(client: &Docker, spec: &NetworkSpec) -> EngineResult<()> {
+    client
+        .create_network(network_request(spec))
+        .await
+        .map(|_| ())
+        .map_err(during("create network"))
 }
 
-/// Every network's subnets (the host's bridge addresses and other containers).
+/// Every network: subnets (the host's bridge addresses and other containers), ids, labels,
+/// and whether inter-container traffic is off.
 pub(crate) async fn networks(client: &Docker) -> EngineResult<Vec<NetworkInfo>> {
     let list = client
         .list_networks(None)
@@ -294,11 +248,18 @@ pub(crate) async fn networks(client: &Docker) -> EngineResult<Vec<NetworkInfo>> 
     Ok(list
         .into_iter()
         .map(|n| {
-            NetworkInfo::new(
+            let mut info = NetworkInfo::new(
                 n.name.clone().unwrap_or_default(),
                 subnets(n.ipam.as_ref()),
                 n.labels.unwrap_or_default().into_iter().collect(),
-            )
+            );
+            info.id = n.id.unwrap_or_default();
+            info.isolated = n
+                .options
+                .as_ref()
+                .and_then(|o| o.get("com.docker.network.bridge.enable_icc"))
+                .is_some_and(|v| v == "false");
+            info
         })
         .collect())
 }
@@ -351,6 +312,7 @@ pub(crate) fn container_addresses(settings: Option<&NetworkSettings>) -> Vec<IpA
 mod tests {
     use super::*;
     use sandbox_core::Resources;
+    use std::collections::BTreeMap;
     use std::time::Duration;
 
     fn spec(r: Resources) -> ContainerSpec {

@@ -34,7 +34,7 @@ impl std::fmt::Debug for PodmanBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PodmanBackend")
             .field("endpoint", &self.config.endpoint)
-            .field("default_template", &self.config.default_template)
+            .field("default_template", &self.config.layer.default_template)
             .finish()
     }
 }
@@ -46,13 +46,7 @@ fn podman_installed() -> bool {
 
 /// The engine-independent settings the container layer gets from a [`PodmanConfig`].
 fn layer_config(config: &PodmanConfig) -> ContainerConfig {
-    ContainerConfig::new(config.default_template.clone())
-        .startup_sweep(config.startup_sweep)
-        .call_timeout(config.call_timeout)
-        .create_timeout(config.create_timeout)
-        .read_cap(config.read_cap)
-        .download_caps(config.download_cap, config.download_entries)
-        .agent(config.agent)
+    config.layer.clone()
 }
 
 impl PodmanBackend {

@@ -9,9 +9,9 @@ use std::fmt;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::future::BoxFuture;
+use sandbox_container::ContainerConfig;
 use sandbox_container::discovery::{EndpointSource, EnvSnapshot, discover_podman};
 use sandbox_container::ssh::SshTarget;
 use sandbox_core::{BoxError, IsolationTier, Result, SandboxError};
@@ -144,20 +144,17 @@ pub struct PodmanConfig {
     pub(crate) endpoint_source: EndpointSource,
     pub(crate) allow_plain_tcp: bool,
     pub(crate) ssh_config: Option<std::path::PathBuf>,
-    pub(crate) default_template: String,
     pub(crate) options: PodmanOptions,
-    pub(crate) startup_sweep: bool,
-    pub(crate) call_timeout: Duration,
-    pub(crate) create_timeout: Duration,
-    pub(crate) read_cap: u64,
-    pub(crate) download_cap: u64,
-    pub(crate) download_entries: u64,
-    pub(crate) agent: bool,
+    /// The engine-independent settings (template, sweep, bounds, caps, agent), set with
+    /// this type's builder methods of the same names.
+    pub(crate) layer: ContainerConfig,
 }
 
 /// How long one engine call may take before it fails with a timeout (a wedged engine must
 /// not hang the caller). Streamed bodies are bounded per chunk, not in total.
-pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(20);
+pub use sandbox_container::DEFAULT_CALL_TIMEOUT;
+
+sandbox_container::layer_settings!(PodmanConfig, layer);
 
 impl Default for PodmanConfig {
     /// `unix:///run/podman/podman.sock`, template `sandbox-rs/python:3.11`, default
@@ -169,15 +166,8 @@ impl Default for PodmanConfig {
             endpoint_source: EndpointSource::Default,
             allow_plain_tcp: false,
             ssh_config: None,
-            default_template: DEFAULT_TEMPLATE.to_string(),
             options: PodmanOptions::default(),
-            startup_sweep: true,
-            call_timeout: DEFAULT_CALL_TIMEOUT,
-            create_timeout: sandbox_container::DEFAULT_CREATE_TIMEOUT,
-            read_cap: sandbox_container::DEFAULT_READ_CAP,
-            download_cap: sandbox_container::DEFAULT_DOWNLOAD_CAP,
-            download_entries: sandbox_container::DEFAULT_DOWNLOAD_ENTRIES,
-            agent: true,
+            layer: ContainerConfig::new(DEFAULT_TEMPLATE),
         }
     }
 }
@@ -189,15 +179,8 @@ impl fmt::Debug for PodmanConfig {
             .field("endpoint_source", &self.endpoint_source)
             .field("allow_plain_tcp", &self.allow_plain_tcp)
             .field("ssh_config", &self.ssh_config)
-            .field("default_template", &self.default_template)
             .field("options", &self.options)
-            .field("startup_sweep", &self.startup_sweep)
-            .field("call_timeout", &self.call_timeout)
-            .field("create_timeout", &self.create_timeout)
-            .field("read_cap", &self.read_cap)
-            .field("download_cap", &self.download_cap)
-            .field("download_entries", &self.download_entries)
-            .field("agent", &self.agent)
+            .field("layer", &self.layer)
             .finish()
     }
 }
@@ -218,16 +201,9 @@ impl PodmanConfig {
         PodmanConfig {
             endpoint: found.endpoint,
             endpoint_source: found.source,
-            agent: sandbox_container::agent_enabled_in(env),
             ..PodmanConfig::default()
         }
-    }
-
-    /// Runs the in-sandbox agent as PID 1 and sends `run`/`stream` through it (default
-    /// `true`), or forces the engine's exec path.
-    pub fn agent(mut self, on: bool) -> Self {
-        self.agent = on;
-        self
+        .agent(sandbox_container::agent_enabled_in(env))
     }
 
     /// Sets the endpoint (`unix:///path` or `tcp://host:port`).
@@ -290,55 +266,10 @@ impl PodmanConfig {
         self
     }
 
-    /// Sets the template used when `CreateOptions::template` is `None`.
-    pub fn default_template(mut self, template: impl Into<String>) -> Self {
-        self.default_template = template.into();
-        self
-    }
-
     /// Sets the Podman options every sandbox of this backend gets (unless
     /// `PodmanBackend::create_with` gives others).
     pub fn options(mut self, options: PodmanOptions) -> Self {
         self.options = options;
-        self
-    }
-
-    /// Whether `connect` runs the container layer's startup sweep (default on): removes
-    /// leftovers of ours whose owner is proven gone or that are long past their deadline.
-    pub fn startup_sweep(mut self, on: bool) -> Self {
-        self.startup_sweep = on;
-        self
-    }
-
-    /// How long one engine call may take (default [`DEFAULT_CALL_TIMEOUT`]); a streamed
-    /// body may stall this long between chunks. Zero is raised to one millisecond.
-    pub fn call_timeout(mut self, limit: Duration) -> Self {
-        self.call_timeout = limit.max(Duration::from_millis(1));
-        self
-    }
-
-    /// Bound of a whole `create` (default
-    /// [`DEFAULT_CREATE_TIMEOUT`](sandbox_container::DEFAULT_CREATE_TIMEOUT);
-    /// `CreateTimeout`, SBX_E1203, past it; at least 1 s).
-    pub fn create_timeout(mut self, limit: Duration) -> Self {
-        self.create_timeout = limit;
-        self
-    }
-
-    /// Largest file `files().read` returns (default
-    /// [`DEFAULT_READ_CAP`](sandbox_container::DEFAULT_READ_CAP), 64 MiB;
-    /// `ResourceLimitExceeded` past it).
-    pub fn read_cap(mut self, bytes: u64) -> Self {
-        self.read_cap = bytes;
-        self
-    }
-
-    /// Caps of one `files().download`: bytes of files written to this host (default
-    /// 1 GiB) and archive entries created (default 100,000); `ResourceLimitExceeded`
-    /// past either, refused from the archive's headers.
-    pub fn download_caps(mut self, bytes: u64, entries: u64) -> Self {
-        self.download_cap = bytes;
-        self.download_entries = entries;
         self
     }
 

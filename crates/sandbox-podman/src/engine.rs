@@ -30,12 +30,10 @@ use podman_api::opts::{
 };
 use sandbox_container::{
     ArchiveBody, AttachStream, ContainerEngine, ContainerInfo, ContainerSpec, CredentialStore,
-    EngineError, EngineErrorKind, EngineResult, ExecInput, ExecRequest, ExecState, ExecStream,
-    ImageRef, PathStat, PullProgress, RegistryAuth,
+    EngineError, EngineErrorKind, EngineFacts, EngineResult, ExecInput, ExecRequest, ExecState,
+    ExecStream, ImageRef, PathStat, PullProgress, RegistryAuth,
 };
-use sandbox_core::{
-    Capability, EngineReport, IsolationTier, OutputChunk, Problem, SandboxError, SandboxState,
-};
+use sandbox_core::{Capability, IsolationTier, OutputChunk, Problem, SandboxError, SandboxState};
 
 use crate::config::{HookEvent, HookFn, MountMode, PodmanConfig, PodmanOptions};
 use crate::error::{
@@ -50,7 +48,6 @@ pub struct PodmanEngine {
     client: Podman,
     rest: Rest,
     endpoint: String,
-    default_template: String,
     options: PodmanOptions,
     limit: Duration,
     /// `post_start` events of created containers not yet started, by container id.
@@ -116,9 +113,8 @@ impl PodmanEngine {
             client,
             rest,
             endpoint: config.endpoint.clone(),
-            default_template: config.default_template.clone(),
             options: config.options.clone(),
-            limit: config.call_timeout,
+            limit: config.layer.call_timeout,
             pending_post_start: Arc::default(),
             _tunnel: tunnel,
         })
@@ -531,35 +527,14 @@ impl ContainerEngine for PodmanEngine {
         crate::policy::netfilter_applies(&self.options)
     }
 
-    async fn ensure_network(
+    async fn create_network(
         &self,
         spec: &sandbox_container::engine::NetworkSpec,
-    ) -> EngineResult<sandbox_container::engine::NetworkInfo> {
-        let nets = self.client.networks();
-        for _ in 0..2 {
-            match self
-                .api("network inspect", nets.get(&spec.name).inspect())
-                .await
-            {
-                Ok(n) => return crate::policy::own_network(spec, n),
-                Err(e) if e.kind == EngineErrorKind::NotFound => {}
-                Err(e) => return Err(e),
-            }
-            let opts = crate::policy::network_create_opts(spec);
-            match self.api("network create", nets.create(&opts)).await {
-                // Created meanwhile by another process: inspect again.
-                Ok(_) => {}
-                Err(e) if e.kind == EngineErrorKind::Conflict => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Err(EngineError::new(
-            EngineErrorKind::Other,
-            format!(
-                "the network {} vanished while it was being created",
-                spec.name
-            ),
-        ))
+    ) -> EngineResult<()> {
+        let opts = crate::policy::network_create_opts(spec);
+        self.api("network create", self.client.networks().create(&opts))
+            .await
+            .map(|_| ())
     }
 
     async fn networks(&self) -> EngineResult<Vec<sandbox_container::engine::NetworkInfo>> {
@@ -962,54 +937,29 @@ impl ContainerEngine for PodmanEngine {
         self.api("ping", self.client.ping()).await.map(|_| ())
     }
 
-    async fn diagnose(&self) -> EngineReport {
-        let mut r = EngineReport::new(BACKEND, self.endpoint.clone());
-        r.tier = self.tier();
+    async fn facts(&self) -> EngineFacts {
+        let mut f = EngineFacts::default();
         let c = self.client.clone();
-        let version = self.api("version", c.version()).await;
-        match version {
-            Ok(v) => {
-                r.reachable = true;
-                r.version = v.version;
-            }
-            Err(e) => {
-                r.problems.push(Problem::new(
-                    format!("the Podman API did not answer: {e}"),
-                    START_HINT,
-                ));
-                return r;
-            }
+        match self.api("version", c.version()).await {
+            Ok(v) => f.version = v.version,
+            Err(e) => f.problems.push(Problem::new(
+                format!("the Podman API did not give its version: {e}"),
+                START_HINT,
+            )),
         }
-        let info = self.api("info", c.info()).await;
-        if let Some(rt) = info
-            .ok()
-            .and_then(|i| i.host)
-            .and_then(|h| h.oci_runtime)
-            .and_then(|o| o.name)
-        {
-            r.runtimes.push(rt);
+        match self.api("info", c.info()).await {
+            Ok(info) => f
+                .runtimes
+                .extend(info.host.and_then(|h| h.oci_runtime).and_then(|o| o.name)),
+            Err(e) => f.problems.push(Problem::new(
+                format!("the Podman API did not give its info: {e}"),
+                START_HINT,
+            )),
         }
         if let Some(rt) = self.options.runtime
-            && !r.runtimes.iter().any(|x| x == rt.as_str())
+            && !f.runtimes.iter().any(|x| x == rt.as_str())
         {
-            r.runtimes.push(format!("{rt} (configured)"));
-        }
-        for image in [
-            self.default_template.clone(),
-            "sandbox-rs/busybox:latest".to_string(),
-        ] {
-            let img = c.images().get(&image);
-            let present = self
-                .api("image exists", img.exists())
-                .await
-                .unwrap_or(false);
-            if !present {
-                r.problems.push(Problem::new(
-                    format!("image `{image}` is missing"),
-                    "sudo cargo xtask setup podman",
-                ));
-            }
-            r.images.push((image, present));
+            f.runtimes.push(format!("{rt} (configured)"));
         }
         if let Ok(conf) = std::fs::read_to_string("/etc/containers/containers.conf") {
             let delay = conf
@@ -1020,13 +970,17 @@ impl ContainerEngine for PodmanEngine {
                 .and_then(|v| v.trim().parse::<u64>().ok());
             match delay {
                 Some(d) if d <= 30 => {}
-                _ => r.problems.push(Problem::new(
+                _ => f.problems.push(Problem::new(
                     "each Podman exec leaves a conmon process for `exit_command_delay` (default 300 s); exec-heavy use accumulates them",
                     "set `exit_command_delay = 5` under [engine] in /etc/containers/containers.conf and restart the Podman service (sudo cargo xtask setup podman)",
                 )),
             }
         }
-        r
+        f
+    }
+
+    fn images_hint(&self) -> String {
+        "sudo cargo xtask setup podman".to_string()
     }
 }
 

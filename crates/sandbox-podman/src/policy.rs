@@ -5,15 +5,12 @@
 //! patched where the crate is defective (see `rest.rs`): `no_new_privileges` (the crate's
 //! field is misspelled and ignored by Podman), OCI `mounts` and CDI `devices`.
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use podman_api::models;
 use podman_api::opts::{ContainerCreateOpts, NetworkCreateOpts};
 use sandbox_container::engine::{NetworkInfo, NetworkSpec, Subnet};
-use sandbox_container::{
-    ContainerSpec, EngineError, EngineErrorKind, EngineResult, LABEL_RUNTIME, NetworkMode, Runtime,
-};
+use sandbox_container::{ContainerSpec, LABEL_RUNTIME, NetworkMode, Runtime};
 use sandbox_core::{Capability, Result, SandboxError};
 use serde_json::{Value, json};
 
@@ -313,30 +310,12 @@ pub(crate) fn network_info(n: models::Network) -> NetworkInfo {
     // Known ids let a create tell a network re-created under the same name (another
     // process's sweep removed it meanwhile) from the one it ensured.
     info.id = n.id.unwrap_or_default();
-    info
-}
-
-/// The existing network `spec` names, refused unless the library created it (a foreign
-/// network of that name could join sandboxes to other containers).
-pub(crate) fn own_network(spec: &NetworkSpec, n: models::Network) -> EngineResult<NetworkInfo> {
-    let isolated = n
+    info.isolated = n
         .options
         .as_ref()
         .and_then(|o| o.get("isolate"))
         .is_some_and(|v| v == "true");
-    let info = network_info(n);
-    let labels: &BTreeMap<String, String> = &info.labels;
-    if !isolated || !spec.labels.iter().all(|(k, v)| labels.get(k) == Some(v)) {
-        return Err(EngineError::new(
-            EngineErrorKind::Conflict,
-            format!(
-                "a network named {} exists that sandbox-rs did not create (not isolated, or \
-                 labels missing); remove it with `podman network rm {}`",
-                spec.name, spec.name
-            ),
-        ));
-    }
-    Ok(info)
+    info
 }
 
 /// The container's addresses on its networks.

@@ -34,7 +34,10 @@ use futures::future::BoxFuture;
 use sandbox_core::labels::{LABEL_BACKEND, LABEL_MANAGED};
 use sandbox_core::{Egress, EgressRule, EgressTarget, NetworkPolicy, Result, SandboxError};
 
-use crate::engine::{ContainerEngine, EngineErrorKind, NetworkInfo, NetworkMode, NetworkSpec};
+use crate::engine::{
+    ContainerEngine, EngineError, EngineErrorKind, EngineResult, NetworkInfo, NetworkMode,
+    NetworkSpec,
+};
 
 /// Name of the network egress `Allow` and `AllowList` sandboxes run on (one per engine,
 /// shared by every process using the library; inter-container traffic is off on it).
@@ -294,7 +297,7 @@ pub(crate) fn network_mode(policy: &NetworkPolicy, net: Option<&NetworkInfo>) ->
 
 /// Creates the library network unless it exists, when `policy` needs it. `None` for
 /// `Deny`, and for `Allow` on an engine that cannot create networks (a third-party engine
-/// without [`ContainerEngine::ensure_network`]: it keeps the engine's bridge, without the
+/// without [`ContainerEngine::create_network`]: it keeps the engine's bridge, without the
 /// always-blocked set; logged once).
 pub(crate) async fn network_for<E: ContainerEngine + ?Sized>(
     engine: &E,
@@ -307,7 +310,7 @@ pub(crate) async fn network_for<E: ContainerEngine + ?Sized>(
     // (Docker accepts duplicate names).
     static ENSURING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     let _one = ENSURING.lock().await;
-    match engine.ensure_network(&network_spec(engine.backend())).await {
+    match ensure_network(engine, &network_spec(engine.backend())).await {
         Ok(n) => Ok(Some(n)),
         Err(e) if e.kind == EngineErrorKind::InvalidRequest && policy.egress == Egress::Allow => {
             warn_once(engine);
@@ -319,6 +322,56 @@ pub(crate) async fn network_for<E: ContainerEngine + ?Sized>(
             e,
         )),
     }
+}
+
+/// The network `spec` names, created unless it exists. One that exists must be ours
+/// (our labels) and isolated, else it is refused: a foreign network of that name could
+/// join sandboxes to other containers. Docker accepts two networks of one name (two
+/// processes creating it at once): every process then picks the same one, the lowest id,
+/// and containers join by id.
+pub(crate) async fn ensure_network<E: ContainerEngine + ?Sized>(
+    engine: &E,
+    spec: &NetworkSpec,
+) -> EngineResult<NetworkInfo> {
+    for _ in 0..2 {
+        let mut named: Vec<NetworkInfo> = engine
+            .networks()
+            .await?
+            .into_iter()
+            .filter(|n| n.name == spec.name)
+            .collect();
+        named.sort_by(|a, b| a.id.cmp(&b.id));
+        if let Some(n) = named.into_iter().next() {
+            let ours = spec.labels.iter().all(|(k, v)| n.labels.get(k) == Some(v));
+            if !ours || !n.isolated {
+                return Err(EngineError::new(
+                    EngineErrorKind::Conflict,
+                    format!(
+                        "a network named {} exists that sandbox-rs did not create (its \
+                         containers are not kept apart, or labels are missing); remove it \
+                         with `{} network rm {}`",
+                        spec.name,
+                        engine.backend(),
+                        spec.name
+                    ),
+                ));
+            }
+            return Ok(n);
+        }
+        match engine.create_network(spec).await {
+            // Created meanwhile by another process: listed on the next round.
+            Ok(()) => {}
+            Err(e) if e.kind == EngineErrorKind::Conflict => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Err(EngineError::new(
+        EngineErrorKind::Other,
+        format!(
+            "the network {} vanished while it was being created",
+            spec.name
+        ),
+    ))
 }
 
 fn creation(backend: &str, why: String) -> SandboxError {

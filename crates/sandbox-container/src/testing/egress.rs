@@ -228,8 +228,8 @@ impl<E: ContainerEngine> ContainerEngine for NetworkThief<E> {
     fn netfilter_applies(&self) -> bool {
         self.inner.netfilter_applies()
     }
-    async fn ensure_network(&self, spec: &NetworkSpec) -> EngineResult<NetworkInfo> {
-        self.inner.ensure_network(spec).await
+    async fn create_network(&self, spec: &NetworkSpec) -> EngineResult<()> {
+        self.inner.create_network(spec).await
     }
     async fn networks(&self) -> EngineResult<Vec<NetworkInfo>> {
         self.inner.networks().await
@@ -246,8 +246,8 @@ impl<E: ContainerEngine> ContainerEngine for NetworkThief<E> {
     async fn ping(&self) -> EngineResult<()> {
         self.inner.ping().await
     }
-    async fn diagnose(&self) -> sandbox_core::EngineReport {
-        self.inner.diagnose().await
+    async fn facts(&self) -> crate::engine::EngineFacts {
+        self.inner.facts().await
     }
 }
 
@@ -280,4 +280,41 @@ pub async fn network_removed_during_create_is_recreated<E: ContainerEngine>(engi
             .any(|l| l.contains(':') && !l.trim_start().starts_with("lo:")),
         "no interface besides lo:\n{text}"
     );
+}
+
+/// The library finds, vets and reuses its network the same way on every engine: a network
+/// of the name it wants that lacks its labels or its isolation is refused (`Conflict`,
+/// naming the `rm` command), never joined; once that is gone the network is created, and a
+/// second ensure reuses it (same id). Runs on a network name of its own (`cli` makes the
+/// foreign one: `docker` or `podman --remote`), so it never disturbs `sbx-egress`.
+pub async fn a_foreign_network_of_our_name_is_refused<E: ContainerEngine>(engine: &E, cli: &str) {
+    let name = format!("sbx-egress-test-{}", std::process::id());
+    let mut spec = crate::egress::network_spec(engine.backend());
+    spec.name = name.clone();
+    let sh = |args: &str| {
+        std::process::Command::new("sh")
+            .args(["-c", &format!("{cli} {args}")])
+            .output()
+            .expect("run the engine's CLI")
+    };
+    let _ = sh(&format!("network rm {name}"));
+    assert!(
+        sh(&format!("network create {name}")).status.success(),
+        "foreign network"
+    );
+    let e = crate::egress::ensure_network(engine, &spec)
+        .await
+        .expect_err("a foreign network of our name was accepted");
+    assert_eq!(e.kind, EngineErrorKind::Conflict, "{e}");
+    assert!(e.message.contains("network rm"), "names the fix: {e}");
+    assert!(sh(&format!("network rm {name}")).status.success());
+    let made = crate::egress::ensure_network(engine, &spec)
+        .await
+        .expect("created");
+    assert!(made.isolated && !made.id.is_empty(), "{made:?}");
+    let again = crate::egress::ensure_network(engine, &spec)
+        .await
+        .expect("reused");
+    assert_eq!(again.id, made.id, "the same network is reused");
+    assert!(engine.remove_network(&name).await.expect("removed"));
 }
