@@ -647,6 +647,29 @@ pub trait ContainerEngine: Send + Sync + fmt::Debug + 'static {
     }
 }
 
+/// A sandbox's state from the engine's status word (Docker's and Podman's vocabularies:
+/// `running`; `created`/`configured`/`initialized`; `paused`;
+/// `exited`/`dead`/`removing`/`stopping`/`stopped`). Anything else is `Unknown`.
+pub fn state_from_status(status: Option<&str>) -> SandboxState {
+    match status {
+        Some("running") => SandboxState::Running,
+        Some("created" | "configured" | "initialized") => SandboxState::Creating,
+        Some("paused") => SandboxState::Paused,
+        Some("exited" | "dead" | "removing" | "stopping" | "stopped") => SandboxState::Stopped,
+        _ => SandboxState::Unknown,
+    }
+}
+
+/// Engine text as an [`EngineError`] message may quote it (the engine may echo what the
+/// sandbox or the caller sent): one line, control characters blanked, at most 300
+/// characters.
+pub fn engine_text(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(300)
+        .collect()
+}
+
 /// An engine's own contribution to `sandbox doctor` ([`ContainerEngine::facts`]).
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
@@ -657,4 +680,35 @@ pub struct EngineFacts {
     pub runtimes: Vec<String>,
     /// Engine-specific problems, each with its fix.
     pub problems: Vec<Problem>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_engines_status_words_map_to_states() {
+        for (word, state) in [
+            ("running", SandboxState::Running),
+            ("created", SandboxState::Creating),
+            ("initialized", SandboxState::Creating),
+            ("paused", SandboxState::Paused),
+            ("exited", SandboxState::Stopped),
+            ("dead", SandboxState::Stopped),
+            ("stopped", SandboxState::Stopped),
+            ("restarting", SandboxState::Unknown),
+        ] {
+            assert_eq!(state_from_status(Some(word)), state, "{word}");
+        }
+        assert_eq!(state_from_status(None), SandboxState::Unknown);
+    }
+
+    #[test]
+    fn engine_text_is_one_bounded_line() {
+        let t = engine_text(&format!("a\nb\x1b[31m{}", "x".repeat(1000)));
+        assert!(
+            !t.chars().any(char::is_control) && t.chars().count() == 300,
+            "{t:?}"
+        );
+    }
 }

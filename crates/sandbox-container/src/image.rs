@@ -25,7 +25,7 @@ use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use sandbox_core::{PullPolicy, Result, SandboxError, Secret};
 
-use crate::engine::{ContainerEngine, EngineError, EngineErrorKind};
+use crate::engine::{ContainerEngine, EngineError, EngineErrorKind, EngineResult};
 use crate::error::bounded_text;
 
 /// The `tracing` target of pull events (`pulling image`, `pull progress`, `pulled image`).
@@ -37,6 +37,23 @@ pub const DEFAULT_PULL_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// The registry of short names (`python:3.12` is `docker.io/library/python:3.12`).
 pub const DEFAULT_REGISTRY: &str = "docker.io";
+
+/// The next item of an engine's pull stream, or an error once it was silent for `idle`
+/// (a registry that stalls mid-layer must not hang `create` until its overall bound).
+pub async fn next_pull_item<S>(stream: &mut S, idle: Duration) -> EngineResult<Option<S::Item>>
+where
+    S: futures::Stream + Unpin,
+{
+    use futures::StreamExt as _;
+    tokio::time::timeout(idle, stream.next())
+        .await
+        .map_err(|_| {
+            EngineError::new(
+                EngineErrorKind::Other,
+                format!("image pull: no progress for {idle:?}"),
+            )
+        })
+}
 
 /// The small test image `sandbox doctor` checks for beside the default template (built by
 /// `cargo xtask setup`; the contract suite's second template).

@@ -8,7 +8,7 @@ use bollard::Docker;
 use bollard::auth::DockerCredentials;
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
-use bollard::models::{ContainerStateStatusEnum, ContainerSummaryStateEnum, PortMap};
+use bollard::models::PortMap;
 use bollard::query_parameters::{
     AttachContainerOptions, ContainerArchiveInfoOptions, CreateContainerOptions,
     CreateImageOptions, DownloadFromContainerOptions, ListContainersOptions,
@@ -20,13 +20,12 @@ use sandbox_container::{
     EngineErrorKind, EngineFacts, EngineResult, ExecRequest, ExecState, ExecStream, ImageRef,
     LAYER_CAPABILITIES, PathStat, PullProgress, RegistryAuth, Runtime, parse_rfc3339,
 };
-use sandbox_core::{
-    Capability, IsolationTier, OutputChunk, Problem, SandboxError, SandboxState, async_trait,
-};
+use sandbox_core::{Capability, IsolationTier, OutputChunk, Problem, SandboxError, async_trait};
 
 use crate::config::{DockerConfig, redact_endpoint};
 use crate::error::{BACKEND, during, engine_error, pull_error, start_hint};
 use crate::policy;
+use sandbox_container::engine::state_from_status;
 
 /// The Docker engine behind a [`DockerBackend`](crate::DockerBackend).
 pub struct DockerEngine {
@@ -186,36 +185,6 @@ pub(crate) fn runtime_fix(runtime: Runtime) -> String {
             "register `{other}` under \"runtimes\" in /etc/docker/daemon.json and reload dockerd \
              (`sudo kill -HUP $(pidof dockerd)`)"
         ),
-    }
-}
-
-fn state_of(s: Option<ContainerStateStatusEnum>) -> SandboxState {
-    match s {
-        Some(ContainerStateStatusEnum::RUNNING) => SandboxState::Running,
-        Some(ContainerStateStatusEnum::CREATED) => SandboxState::Creating,
-        Some(ContainerStateStatusEnum::PAUSED) => SandboxState::Paused,
-        Some(
-            ContainerStateStatusEnum::EXITED
-            | ContainerStateStatusEnum::DEAD
-            | ContainerStateStatusEnum::REMOVING
-            | ContainerStateStatusEnum::STOPPING,
-        ) => SandboxState::Stopped,
-        _ => SandboxState::Unknown,
-    }
-}
-
-fn summary_state_of(s: Option<ContainerSummaryStateEnum>) -> SandboxState {
-    match s {
-        Some(ContainerSummaryStateEnum::RUNNING) => SandboxState::Running,
-        Some(ContainerSummaryStateEnum::CREATED) => SandboxState::Creating,
-        Some(ContainerSummaryStateEnum::PAUSED) => SandboxState::Paused,
-        Some(
-            ContainerSummaryStateEnum::EXITED
-            | ContainerSummaryStateEnum::DEAD
-            | ContainerSummaryStateEnum::REMOVING
-            | ContainerSummaryStateEnum::STOPPING,
-        ) => SandboxState::Stopped,
-        _ => SandboxState::Unknown,
     }
 }
 
@@ -398,7 +367,8 @@ impl ContainerEngine for DockerEngine {
             .as_ref()
             .and_then(|s| s.pid)
             .and_then(|p| u32::try_from(p).ok());
-        let state = state_of(c.state.and_then(|s| s.status));
+        let status = c.state.and_then(|s| s.status).map(|s| s.to_string());
+        let state = state_from_status(status.as_deref());
         let name = c
             .name
             .unwrap_or_default()
@@ -465,7 +435,9 @@ impl ContainerEngine for DockerEngine {
                     .to_string();
                 let labels: BTreeMap<String, String> =
                     c.labels.unwrap_or_default().into_iter().collect();
-                let mut info = ContainerInfo::new(id, name, summary_state_of(c.state), labels);
+                let status = c.state.map(|s| s.to_string());
+                let state = state_from_status(status.as_deref());
+                let mut info = ContainerInfo::new(id, name, state, labels);
                 info.created_at = c
                     .created
                     .and_then(|s| u64::try_from(s).ok())
@@ -652,15 +624,7 @@ impl ContainerEngine for DockerEngine {
             .client
             .create_image(Some(opts), None, auth.map(docker_credentials));
         loop {
-            let next = tokio::time::timeout(PULL_IDLE, stream.next())
-                .await
-                .map_err(|_| {
-                    EngineError::new(
-                        EngineErrorKind::Other,
-                        format!("pull image: no progress for {PULL_IDLE:?}"),
-                    )
-                })?;
-            match next {
+            match sandbox_container::image::next_pull_item(&mut stream, PULL_IDLE).await? {
                 None => return Ok(()),
                 Some(Err(e)) => return Err(pull_error(e)),
                 Some(Ok(info)) => {

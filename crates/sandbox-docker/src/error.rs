@@ -2,6 +2,7 @@
 //! `bollard::errors::Error`; the container layer decides what each kind means for the
 //! operation, and keeps the bollard error as the source.
 
+use sandbox_container::engine::engine_text as bounded;
 use sandbox_container::{EngineError, EngineErrorKind};
 
 /// Backend name used in every error and label.
@@ -59,14 +60,6 @@ pub(crate) fn pull_error(e: bollard::errors::Error) -> EngineError {
 /// A closure for `map_err` naming `op`.
 pub(crate) fn during(op: &'static str) -> impl Fn(bollard::errors::Error) -> EngineError {
     move |e| engine_error(op, e)
-}
-
-/// Engine text quoted in a message: one line, at most 300 characters.
-fn bounded(s: &str) -> String {
-    s.chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .take(300)
-        .collect()
 }
 
 /// The exact command that starts an engine at `endpoint`.

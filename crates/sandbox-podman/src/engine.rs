@@ -28,12 +28,13 @@ use podman_api::opts::{
     ContainerDeleteOpts, ContainerListFilter, ContainerListOpts, ExecCreateOpts, ExecStartOpts,
     PullOpts,
 };
+use sandbox_container::engine::{engine_text as bounded, state_from_status};
 use sandbox_container::{
     ArchiveBody, AttachStream, ContainerEngine, ContainerInfo, ContainerSpec, CredentialStore,
     EngineError, EngineErrorKind, EngineFacts, EngineResult, ExecInput, ExecRequest, ExecState,
     ExecStream, ImageRef, PathStat, PullProgress, RegistryAuth,
 };
-use sandbox_core::{Capability, IsolationTier, OutputChunk, Problem, SandboxError, SandboxState};
+use sandbox_core::{Capability, IsolationTier, OutputChunk, Problem, SandboxError};
 
 use crate::config::{HookEvent, HookFn, MountMode, PodmanConfig, PodmanOptions};
 use crate::error::{
@@ -255,10 +256,6 @@ async fn run_hook(name: &str, hook: &Option<HookFn>, event: &HookEvent) -> Engin
     }
 }
 
-fn bounded(s: &str) -> String {
-    s.chars().take(256).collect()
-}
-
 /// Longest a pull may go without a message. Podman reports per blob, not per byte, so a
 /// large layer on a slow link is silent for a while.
 const PULL_IDLE: Duration = Duration::from_secs(300);
@@ -284,16 +281,6 @@ fn pull_opts(image: &str, auth: Option<&RegistryAuth>) -> PullOpts {
     }
     // Never `Debug`-printed: podman-api's options show the password.
     b.build()
-}
-
-fn state_of(s: Option<&str>) -> SandboxState {
-    match s {
-        Some("running") => SandboxState::Running,
-        Some("created") | Some("configured") | Some("initialized") => SandboxState::Creating,
-        Some("paused") => SandboxState::Paused,
-        Some("exited") | Some("stopped") | Some("stopping") => SandboxState::Stopped,
-        _ => SandboxState::Unknown,
-    }
 }
 
 /// Seconds since the epoch (podman-api's `DateTime::timestamp`) as a `SystemTime`.
@@ -619,7 +606,7 @@ impl ContainerEngine for PodmanEngine {
         };
         let labels: BTreeMap<String, String> = labels.into_iter().collect();
         let name = i.name.unwrap_or_default();
-        let state = state_of(i.state.as_ref().and_then(|s| s.status.as_deref()));
+        let state = state_from_status(i.state.as_ref().and_then(|s| s.status.as_deref()));
         let pid = i
             .state
             .as_ref()
@@ -706,7 +693,7 @@ impl ContainerEngine for PodmanEngine {
                 let mut info = ContainerInfo::new(
                     id,
                     name.trim_start_matches('/'),
-                    state_of(c.state.as_deref()),
+                    state_from_status(c.state.as_deref()),
                     labels,
                 );
                 info.created_at = c.created.and_then(|t| system_time(t.timestamp()));
@@ -885,17 +872,11 @@ impl ContainerEngine for PodmanEngine {
         .map(|item| match item {
             Ok(r) => r.map_err(|e| from_api("image pull", e)),
             Err(_) => Err(engine_panicked("image pull")),
-        });
+        })
+        .boxed();
         let mut pulled = false;
         loop {
-            let next = tokio::time::timeout(PULL_IDLE, stream.next())
-                .await
-                .map_err(|_| {
-                    EngineError::new(
-                        EngineErrorKind::Other,
-                        format!("image pull: no progress for {PULL_IDLE:?}"),
-                    )
-                })?;
+            let next = sandbox_container::image::next_pull_item(&mut stream, PULL_IDLE).await?;
             let report = match next {
                 None => break,
                 Some(Err(e)) => return Err(pull_failed(e)),
@@ -1038,14 +1019,6 @@ mod tests {
         assert!(got.len() == 1 && got[0].is_err(), "{got:?}");
         let got = demuxed(frame(7, b"x")).await;
         assert!(got.len() == 1 && got[0].is_err(), "{got:?}");
-    }
-
-    #[test]
-    fn states_map() {
-        assert_eq!(state_of(Some("running")), SandboxState::Running);
-        assert_eq!(state_of(Some("exited")), SandboxState::Stopped);
-        assert_eq!(state_of(Some("created")), SandboxState::Creating);
-        assert_eq!(state_of(None), SandboxState::Unknown);
     }
 
     #[test]

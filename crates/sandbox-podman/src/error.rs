@@ -13,6 +13,7 @@ use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use futures::FutureExt;
+use sandbox_container::engine::engine_text as bounded;
 use sandbox_container::{EngineError, EngineErrorKind, EngineResult};
 use sandbox_core::{BoxError, SandboxError};
 
@@ -58,13 +59,6 @@ fn is_gone(e: &podman_api::Error) -> bool {
 /// Whether the engine could not be reached at all (transport error).
 fn is_transport(e: &podman_api::Error) -> bool {
     matches!(e, podman_api::Error::Error(_) | podman_api::Error::IO(_))
-}
-
-/// Longest engine message kept in an [`EngineError`] (the engine may echo user input).
-const MAX_MESSAGE: usize = 512;
-
-fn bounded(m: &str) -> String {
-    m.chars().take(MAX_MESSAGE).collect()
 }
 
 /// The [`EngineErrorKind`] of a podman-api error.
@@ -220,6 +214,6 @@ mod tests {
                 message: long,
             },
         );
-        assert!(e.message.len() <= MAX_MESSAGE);
+        assert!(e.message.chars().count() <= 300);
     }
 }
