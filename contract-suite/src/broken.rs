@@ -144,7 +144,8 @@ pub enum Flaw {
     /// `read` of a file past the read cap returns (here: empty) data instead of
     /// `ResourceLimitExceeded`.
     UncappedRead,
-    /// Declares `STDIN` but drops `RunOptions::stdin`: the command reads end of input.
+    /// Declares `STDIN` but drops `RunOptions::stdin` and `interactive`: the command reads
+    /// end of input at once and takes no live input.
     DropStdin,
 }
 
@@ -289,7 +290,11 @@ impl Flaw {
             Flaw::UncappedRead => {
                 &["contract::hostile::huge_sparse_file_read_and_download_refused"]
             }
-            Flaw::DropStdin => &["contract::run::stdin_reaches_the_command"],
+            Flaw::DropStdin => &[
+                "contract::run::stdin_reaches_the_command",
+                "contract::streaming::stdin_streams_through",
+                "contract::streaming::live_input_is_read_as_it_is_written",
+            ],
         }
     }
 }
@@ -563,7 +568,7 @@ fn rewrap(inner: Process, timeout: Duration, info: OrphanInfo, end_on_pause: boo
             output,
             exit_code,
             killer: Arc::new(|| Box::pin(async { Ok(()) })),
-            terminal: None,
+            input: None,
         })
     };
     Process::new(Box::pin(start), timeout, info)
@@ -597,7 +602,7 @@ impl BrokenSandbox {
                 output,
                 exit_code,
                 killer: Arc::new(|| Box::pin(async { Ok(()) })),
-                terminal: None,
+                input: None,
             })
         };
         Ok(Process::new(
@@ -743,7 +748,7 @@ fn buffer_eagerly(inner: Process, timeout: Duration, info: OrphanInfo) -> Proces
             output,
             exit_code,
             killer: Arc::new(|| Box::pin(async { Ok(()) })),
-            terminal: None,
+            input: None,
         })
     };
     Process::new(Box::pin(start), timeout, info)
@@ -953,6 +958,11 @@ impl Sandbox for BrokenSandbox {
                 tokio::spawn(async move {
                     let _ = inner.run(c, o).await;
                 });
+                self.inner.stream(cmd, options)
+            }
+            Flaw::DropStdin => {
+                options.stdin = None;
+                options.interactive = false;
                 self.inner.stream(cmd, options)
             }
             _ => self.inner.stream(cmd, options),

@@ -127,7 +127,7 @@ pub enum Injection {
     Injected,
     /// This backend cannot be in that state, for the reason given (e.g. a local engine
     /// socket takes no credential, so none can be missing). The trial reports "not
-    /// applicable: <reason>", counted apart from passes — never a silent pass.
+    /// applicable: &lt;reason&gt;", counted apart from passes — never a silent pass.
     Impossible(String),
     /// This adapter's probes do not provide it: the trial is ignored with that reason
     /// (which fails a first-party run).

@@ -1,7 +1,7 @@
 //! Contract trials: commands on a pseudo-terminal (`RunOptions::pty`, `PTY`).
 //!
 //! What a declared `PTY` promises: the command sees a terminal on stdin, stdout and stderr;
-//! what is typed through [`Process::terminal`](sandbox_core::Process::terminal) reaches
+//! what is typed through [`Process::input`](sandbox_core::Process::input) reaches
 //! it while its output is read; a resize reaches it; `^D` ends a line-mode reader; and a
 //! timeout or a dropped stream kills what runs on the terminal, as for any command.
 //! Without `PTY` each trial proves the refusal instead (`CapabilityNotSupported` from
@@ -161,7 +161,7 @@ async fn typed_input_reaches_the_shell(ctx: Arc<Ctx>) -> anyhow::Result<()> {
         ),
         "stream sh on a terminal",
     )?;
-    let term = sbx(p.terminal().await, "terminal()")?;
+    let term = sbx(p.input().await, "input()")?;
     let mut seen = String::new();
     for (typed, expected) in [
         ("echo sbx-$((40+2))\r", "sbx-42"),
@@ -190,7 +190,7 @@ async fn resize_reaches_the_process(ctx: Arc<Ctx>) -> anyhow::Result<()> {
         ),
         "stream sh on a terminal",
     )?;
-    let term = sbx(p.terminal().await, "terminal()")?;
+    let term = sbx(p.input().await, "input()")?;
     let mut seen = String::new();
     sbx(term.write("stty size\r").await, "typing")?;
     read_until(&mut p, &mut seen, "31 101").await?;
@@ -221,7 +221,7 @@ async fn end_of_file_ends_a_reader(ctx: Arc<Ctx>) -> anyhow::Result<()> {
         ),
         "stream cat on a terminal",
     )?;
-    let term = sbx(p.terminal().await, "terminal()")?;
+    let term = sbx(p.input().await, "input()")?;
     let mut seen = String::new();
     sbx(term.write("line-one\r").await, "typing")?;
     // The terminal echoes the line, then cat prints it: twice.

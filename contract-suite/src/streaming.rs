@@ -30,6 +30,12 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
         ),
         ctx.trial(
             AREA,
+            "live_input_is_read_as_it_is_written",
+            &[s, Need::Cap(C::STDIN)],
+            live_input_is_read_as_it_is_written,
+        ),
+        ctx.trial(
+            AREA,
             "stdout_stderr_distinguishable",
             &[s],
             stdout_stderr_distinguishable,
@@ -182,6 +188,70 @@ async fn stdin_streams_through(ctx: Arc<Ctx>) -> anyhow::Result<()> {
         out.len(),
         data.len()
     );
+    sb.kill().await
+}
+
+/// With `interactive`, what is written through `Process::input` reaches the process
+/// while it runs: `cat` echoes each line before the next is written (input given all at
+/// once could not pass), `end` is its end of input (exit 0), a resize is refused (no
+/// terminal), and a process without live input has no `input()`.
+async fn live_input_is_read_as_it_is_written(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let sb = ctx
+        .sandbox(&case("live_input_is_read_as_it_is_written"))
+        .await?;
+    let mut p = sbx(
+        sb.stream(
+            ["cat"].into(),
+            RunOptions::default()
+                .interactive()
+                .timeout(Duration::from_secs(30)),
+        ),
+        "stream cat with live input",
+    )?;
+    let input = sbx(p.input().await, "input()")?;
+    let mut seen = Vec::new();
+    for line in ["first line\n", "second line\n"] {
+        sbx(input.write(line).await, "writing")?;
+        let expected = [seen.as_slice(), line.as_bytes()].concat();
+        let waited = tokio::time::timeout(Duration::from_secs(10), async {
+            while seen.len() < expected.len() {
+                match p.next().await {
+                    Some(Ok(c)) => seen.extend_from_slice(&c.data),
+                    Some(Err(e)) => bail!("output: {}", e.render()),
+                    None => bail!("the process ended"),
+                }
+            }
+            Ok(())
+        })
+        .await;
+        waited
+            .map_err(|_| anyhow::anyhow!("{line:?} was not echoed within 10 s"))?
+            .with_context(|| format!("waiting for {line:?}"))?;
+        ensure!(
+            seen == expected,
+            "echoed {:?}",
+            String::from_utf8_lossy(&seen)
+        );
+    }
+    must_code(
+        input.resize(sandbox_core::PtySize::default()).await,
+        ErrorCode::Configuration,
+    )
+    .context("resizing a process without a terminal")?;
+    sbx(input.end().await, "end of input")?;
+    let end = sbx(p.wait().await, "cat's end")?;
+    ensure!(
+        end.exit_code == 0,
+        "cat exited {} after the end",
+        end.exit_code
+    );
+    let mut plain = sbx(
+        sb.stream(["true"].into(), RunOptions::default()),
+        "stream true",
+    )?;
+    must_code(plain.input().await, ErrorCode::Configuration)
+        .context("input() of a process without live input")?;
+    sbx(plain.wait().await, "true")?;
     sb.kill().await
 }
 

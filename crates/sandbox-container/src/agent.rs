@@ -18,12 +18,13 @@ use sandbox_agent::client::{AgentClient, ClientOptions, ProcessEvent, RemoteProc
 use sandbox_agent::protocol::{SpawnSpec, WindowSize};
 use sandbox_core::teardown::Killer;
 use sandbox_core::{
-    OutputChunk, Process, PtySize, Result, StartFuture, StartedExec, StreamKind, TerminalInput,
+    InputSink, OutputChunk, Process, PtySize, Result, StartFuture, StartedExec, StreamKind,
 };
 
 use crate::engine::{ArchiveBody, ContainerEngine};
 use crate::error;
 use crate::sandbox::{Shared, bounded};
+use crate::stdin_feed::Stdin;
 
 /// Where the agent binary is put in every agent-mode container (the root directory always
 /// exists, whatever the image; the dot keeps it out of a plain `ls /`).
@@ -226,8 +227,8 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 const LIFETIME_MARGIN: Duration = Duration::from_secs(2);
 
 /// A user command through the agent, as a lazily started, killable [`Process`] bounded by
-/// `timeout`. Dropped before its end, the process tree is killed (by the agent, which sees
-/// `setsid` and double-forked descendants too).
+/// `timeout`, reading `stdin`. Dropped before its end, the process tree is killed (by the
+/// agent, which sees `setsid` and double-forked descendants too).
 pub(crate) fn process<E: ContainerEngine>(
     sh: &Arc<Shared<E>>,
     client: &AgentClient,
@@ -235,22 +236,7 @@ pub(crate) fn process<E: ContainerEngine>(
     env: &BTreeMap<String, String>,
     workdir: Option<&str>,
     timeout: Duration,
-    feed: Option<Bytes>,
-) -> Result<Process> {
-    process_on(sh, client, argv, env, workdir, timeout, feed, None)
-}
-
-/// [`process`], optionally on a pseudo-terminal of `pty` (then without `feed`).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn process_on<E: ContainerEngine>(
-    sh: &Arc<Shared<E>>,
-    client: &AgentClient,
-    argv: Vec<String>,
-    env: &BTreeMap<String, String>,
-    workdir: Option<&str>,
-    timeout: Duration,
-    feed: Option<Bytes>,
-    pty: Option<PtySize>,
+    stdin: Stdin,
 ) -> Result<Process> {
     let cwd = match workdir {
         Some(w) => sandbox_core::resolve_path(&sh.workdir, w)?,
@@ -267,14 +253,17 @@ pub(crate) fn process_on<E: ContainerEngine>(
         argv,
         env: sh.exec_env(env),
         cwd: Some(cwd),
-        stdin: feed.is_some(),
-        pty: pty.map(|p| WindowSize {
-            rows: p.rows,
-            cols: p.cols,
-        }),
+        stdin: matches!(stdin, Stdin::Given(_) | Stdin::Live),
+        pty: match stdin {
+            Stdin::Terminal(p) => Some(WindowSize {
+                rows: p.rows,
+                cols: p.cols,
+            }),
+            _ => None,
+        },
     };
     Ok(Process::new(
-        start(sh.clone(), client.clone(), spec, feed),
+        start(sh.clone(), client.clone(), spec, stdin),
         timeout,
         sh.info(),
     ))
@@ -284,31 +273,28 @@ fn start<E: ContainerEngine>(
     sh: Arc<Shared<E>>,
     client: AgentClient,
     spec: SpawnSpec,
-    feed: Option<Bytes>,
+    stdin: Stdin,
 ) -> StartFuture {
     Box::pin(async move {
         sh.remaining()?;
         // Dropped while this future is pending (a cancelled start), the process is killed.
-        let on_terminal = spec.pty.is_some();
         let p = client.spawn(spec).await?;
-        let terminal = match (on_terminal, p.stdin()) {
+        let writer = match (stdin.attached(), p.stdin()) {
             (false, _) => None,
-            (true, Some(input)) => Some(Arc::new(AgentTerminal(input)) as Arc<dyn TerminalInput>),
+            (true, Some(w)) => Some(w),
             (true, None) => {
                 return Err(error::internal(
                     sh.engine.backend(),
-                    "the agent gave the terminal no input",
+                    "the agent gave the process no stdin",
                 ));
             }
         };
-        let stdin = feed
-            .map(|data| {
-                let stdin = p.stdin().ok_or_else(|| {
-                    error::internal(sh.engine.backend(), "the agent gave the process no stdin")
-                })?;
-                Ok::<_, sandbox_core::SandboxError>((stdin, data))
-            })
-            .transpose()?;
+        let (feed, input) = match (stdin, writer) {
+            (Stdin::Given(data), Some(w)) => (Some((w, data)), None),
+            (Stdin::Live, Some(w)) => (None, Some(AgentInput::sink(w, false))),
+            (Stdin::Terminal(_), Some(w)) => (None, Some(AgentInput::sink(w, true))),
+            _ => (None, None),
+        };
         let handle = p.kill_handle();
         let killer: Killer = Arc::new(move || {
             let handle = handle.clone();
@@ -318,7 +304,7 @@ fn start<E: ContainerEngine>(
         let id = sh.id.clone();
         let exit_code = Box::pin(async move { rx.await.map_err(|_| error::gone(&id)) });
         let mut output = events(p, client, tx);
-        if let Some((stdin, data)) = stdin {
+        if let Some((stdin, data)) = feed {
             crate::stdin_feed::beside(
                 &mut output,
                 Box::pin(async move {
@@ -331,22 +317,35 @@ fn start<E: ContainerEngine>(
             output,
             exit_code,
             killer,
-            terminal,
+            input,
         })
     })
 }
 
-/// A terminal's input through the agent: typed bytes are stdin frames (flow-controlled),
-/// resizes and `^D` are requests on the process's id.
-struct AgentTerminal(StdinWriter);
+/// Live input through the agent: written bytes are stdin frames (flow-controlled); a
+/// resize (terminals only) and the end (`close_stdin`: the pipe closes, or `^D` on a
+/// terminal) are requests on the process's id.
+struct AgentInput {
+    writer: StdinWriter,
+    terminal: bool,
+}
+
+impl AgentInput {
+    fn sink(writer: StdinWriter, terminal: bool) -> Arc<dyn InputSink> {
+        Arc::new(AgentInput { writer, terminal })
+    }
+}
 
 #[async_trait::async_trait]
-impl TerminalInput for AgentTerminal {
+impl InputSink for AgentInput {
     async fn write(&self, data: Bytes) -> Result<()> {
-        self.0.write(&data).await
+        self.writer.write(&data).await
     }
     async fn resize(&self, size: PtySize) -> Result<()> {
-        self.0
+        if !self.terminal {
+            return Err(crate::stdin_feed::not_a_terminal());
+        }
+        self.writer
             .resize(WindowSize {
                 rows: size.rows,
                 cols: size.cols,
@@ -354,7 +353,7 @@ impl TerminalInput for AgentTerminal {
             .await
     }
     async fn end(&self) -> Result<()> {
-        self.0.close().await
+        self.writer.close().await
     }
 }
 

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use sandbox_core::teardown::{Killer, OrphanInfo, TeardownGuard};
@@ -29,6 +29,7 @@ use crate::engine::{ContainerEngine, ExecInput, ExecRequest};
 use crate::error;
 use crate::kill::exec_killer;
 use crate::sandbox::Shared;
+use crate::stdin_feed::Stdin;
 
 /// Environment variable carrying each exec's token.
 pub const EXEC_TOKEN_ENV: &str = "SBX_EXEC";
@@ -409,25 +410,41 @@ pub(crate) async fn helper_argv<E: ContainerEngine>(
 fn start_future<E: ContainerEngine>(
     sh: Arc<Shared<E>>,
     plan: ExecPlan,
-    feed: Option<Bytes>,
+    stdin: Stdin,
 ) -> StartFuture {
     Box::pin(async move {
         sh.remaining()?;
         let mut l = launch(&sh, plan).await?;
-        if let Some(data) = feed {
-            let Some(mut input) = l.input.take() else {
+        let attached = match (stdin.attached(), l.input.take()) {
+            (false, _) => None,
+            (true, Some(input)) => Some(input),
+            (true, None) => {
                 return Err(error::internal(
                     sh.engine.backend(),
                     "the engine attached no stdin",
                 ));
-            };
-            crate::stdin_feed::beside(
+            }
+        };
+        let mut live = None;
+        match (stdin, attached) {
+            (Stdin::Given(data), Some(mut input)) => crate::stdin_feed::beside(
                 &mut l.output,
                 Box::pin(async move {
                     input.write_all(&data).await?;
                     input.shutdown().await
                 }),
-            );
+            ),
+            (Stdin::Live, Some(input)) => {
+                live = Some(crate::stdin_feed::live(&mut l.output, input));
+            }
+            // Terminals are the agent's (the layer refuses them here first).
+            (Stdin::Terminal(_), _) => {
+                return Err(sandbox_core::SandboxError::unsupported(
+                    sandbox_core::Capability::PTY,
+                    sh.engine.backend(),
+                ));
+            }
+            _ => {}
         }
         l.guard.disarm();
         let exec_id = l.exec_id.clone();
@@ -443,7 +460,7 @@ fn start_future<E: ContainerEngine>(
             output: l.output,
             exit_code: exit,
             killer: l.killer,
-            terminal: None,
+            input: live,
         })
     })
 }
@@ -455,7 +472,7 @@ pub(crate) fn process<E: ContainerEngine>(
     env: &std::collections::BTreeMap<String, String>,
     workdir: Option<&str>,
     timeout: Duration,
-    feed: Option<Bytes>,
+    stdin: Stdin,
 ) -> Result<Process> {
     let workdir = match workdir {
         Some(w) => sandbox_core::resolve_path(&sh.workdir, w)?,
@@ -465,12 +482,12 @@ pub(crate) fn process<E: ContainerEngine>(
         argv,
         env: sh.exec_env(env),
         workdir,
-        stdin: feed.is_some(),
+        stdin: stdin.attached(),
         wrapped: true,
         guarded: true,
     };
     Ok(Process::new(
-        start_future(sh.clone(), plan, feed),
+        start_future(sh.clone(), plan, stdin),
         timeout,
         sh.info(),
     ))

@@ -34,6 +34,7 @@ use crate::engine::{ContainerEngine, ExecInput};
 use crate::error;
 use crate::exec::{ExecPlan, HELPER_TIMEOUT, exit_code, helper_argv, launch};
 use crate::sandbox::Shared;
+use crate::stdin_feed::Stdin;
 use sandbox_agent::client::StdinWriter;
 use sandbox_agent::protocol::SpawnSpec;
 
@@ -388,9 +389,17 @@ async fn ensure_interpreter<E: ContainerEngine>(
                 Some(client) => {
                     let argv = ["sh", "-c", &check].map(String::from).to_vec();
                     let none = Default::default();
-                    crate::agent::process(sh, client, argv, &none, Some("/"), HELPER_TIMEOUT, None)?
-                        .collect(PROBE_OUTPUT_CAP)
-                        .await?
+                    crate::agent::process(
+                        sh,
+                        client,
+                        argv,
+                        &none,
+                        Some("/"),
+                        HELPER_TIMEOUT,
+                        Stdin::Closed,
+                    )?
+                    .collect(PROBE_OUTPUT_CAP)
+                    .await?
                 }
                 None => helper_argv(sh, &["sh", "-c", &check]).await?,
             };
@@ -438,7 +447,7 @@ pub(crate) async fn run_code<E: ContainerEngine>(
             Some(bytes::Bytes::from(code.to_string())),
         )
     };
-    sh.process(argv, &Default::default(), None, timeout, feed)?
+    sh.process(argv, &Default::default(), None, timeout, Stdin::given(feed))?
         .collect(cap)
         .await
 }

@@ -9,6 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use sandbox_core::options::DEFAULT_OUTPUT_CAP;
+
+use crate::stdin_feed::Stdin;
 use sandbox_core::teardown::{Killer, OrphanInfo, TeardownGuard, shielded_kill};
 use sandbox_core::{
     Capability, CodeOptions, Command, ExecResult, FileSystem, IsolationTier, Process, Result,
@@ -102,41 +104,30 @@ impl<E: ContainerEngine> Shared<E> {
         timeout: Duration,
     ) -> Result<Process> {
         let workdir = options.workdir.as_deref();
-        match (options.pty, &self.agent) {
-            (None, _) => self.process(argv, &options.env, workdir, timeout, options.stdin.clone()),
-            (Some(size), Some(client)) if self.caps.contains(Capability::PTY) => {
-                crate::agent::process_on(
-                    self,
-                    client,
-                    argv,
-                    &options.env,
-                    workdir,
-                    timeout,
-                    None,
-                    Some(size),
-                )
-            }
+        let stdin = Stdin::of(options);
+        if matches!(stdin, Stdin::Terminal(_)) && !self.caps.contains(Capability::PTY) {
             // Terminals come from the agent; the engine's exec path does not declare them.
-            (Some(_), _) => Err(SandboxError::unsupported(
+            return Err(SandboxError::unsupported(
                 Capability::PTY,
                 self.engine.backend(),
-            )),
+            ));
         }
+        self.process(argv, &options.env, workdir, timeout, stdin)
     }
 
-    /// A process of `argv` (fed `feed` on stdin, when given), through the agent when
-    /// there is one, else the engine's exec path.
+    /// A process of `argv` reading `stdin`, through the agent when there is one, else the
+    /// engine's exec path.
     pub(crate) fn process(
         self: &Arc<Self>,
         argv: Vec<String>,
         env: &BTreeMap<String, String>,
         workdir: Option<&str>,
         timeout: Duration,
-        feed: Option<bytes::Bytes>,
+        stdin: Stdin,
     ) -> Result<Process> {
         match &self.agent {
-            Some(client) => crate::agent::process(self, client, argv, env, workdir, timeout, feed),
-            None => crate::exec::process(self, argv, env, workdir, timeout, feed),
+            Some(client) => crate::agent::process(self, client, argv, env, workdir, timeout, stdin),
+            None => crate::exec::process(self, argv, env, workdir, timeout, stdin),
         }
     }
 

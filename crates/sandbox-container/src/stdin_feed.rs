@@ -1,4 +1,5 @@
-//! Feeding a process's stdin while its output is read.
+//! What a user process reads on stdin ([`Stdin`]), and feeding it while its output is
+//! read.
 //!
 //! The input is written by a task of its own, not before the output is read: a command
 //! like `cat` given more than a pipe holds blocks writing its output until someone reads
@@ -7,11 +8,96 @@
 //! makes the feed fail; that is not the command's failure (a shell pipe ignores it too),
 //! so the feed's error is only traced.
 
+use bytes::Bytes;
 use futures::StreamExt as _;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
-use sandbox_core::{OutputChunk, Result};
+use sandbox_core::{InputSink, OutputChunk, PtySize, Result, RunOptions, SandboxError};
+use tokio::io::{AsyncWrite, AsyncWriteExt as _};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+
+/// What a user process reads on stdin.
+#[derive(Debug, Clone)]
+pub(crate) enum Stdin {
+    /// End of input at once.
+    Closed,
+    /// These bytes, then end of input (`RunOptions::stdin`).
+    Given(Bytes),
+    /// Live input through `Process::input` until it is ended (`RunOptions::interactive`).
+    Live,
+    /// A pseudo-terminal of this size (`RunOptions::pty`), typed into through
+    /// `Process::input`.
+    Terminal(PtySize),
+}
+
+impl Stdin {
+    /// What `options` ask for (validated by then: at most one of these is set).
+    pub(crate) fn of(options: &RunOptions) -> Stdin {
+        match (&options.stdin, options.interactive, options.pty) {
+            (_, _, Some(size)) => Stdin::Terminal(size),
+            (Some(data), _, _) => Stdin::Given(data.clone()),
+            (None, true, None) => Stdin::Live,
+            (None, false, None) => Stdin::Closed,
+        }
+    }
+
+    /// Given bytes, or none.
+    pub(crate) fn given(data: Option<Bytes>) -> Stdin {
+        data.map_or(Stdin::Closed, Stdin::Given)
+    }
+
+    /// Whether the process needs a stdin (pipe or terminal) at all.
+    pub(crate) fn attached(&self) -> bool {
+        !matches!(self, Stdin::Closed)
+    }
+}
+
+/// The refusal of a resize for a process without a terminal.
+pub(crate) fn not_a_terminal() -> SandboxError {
+    SandboxError::config(
+        "this process has no terminal to resize",
+        "stream it with RunOptions::pty(..) to give it one",
+    )
+}
+
+/// Live input written into an engine exec's stdin by a task beside its output: each write
+/// waits for room (a few chunks in flight), `end` closes the stdin.
+struct ChannelSink(mpsc::Sender<Option<Bytes>>);
+
+#[async_trait::async_trait]
+impl InputSink for ChannelSink {
+    async fn write(&self, data: Bytes) -> Result<()> {
+        // A closed channel means the process (and its feed) ended: input is discarded.
+        let _ = self.0.send(Some(data)).await;
+        Ok(())
+    }
+    async fn resize(&self, _: PtySize) -> Result<()> {
+        Err(not_a_terminal())
+    }
+    async fn end(&self) -> Result<()> {
+        let _ = self.0.send(None).await;
+        Ok(())
+    }
+}
+
+/// Live input for `stdin` beside `output`: the sink a `Process` hands out.
+pub(crate) fn live(
+    output: &mut BoxStream<'static, Result<OutputChunk>>,
+    mut stdin: impl AsyncWrite + Send + Unpin + 'static,
+) -> std::sync::Arc<dyn InputSink> {
+    let (tx, mut rx) = mpsc::channel::<Option<Bytes>>(4);
+    beside(
+        output,
+        Box::pin(async move {
+            while let Some(Some(data)) = rx.recv().await {
+                stdin.write_all(&data).await?;
+            }
+            stdin.shutdown().await
+        }),
+    );
+    std::sync::Arc::new(ChannelSink(tx))
+}
 
 /// Aborts the feed task when the output stream it belongs to is dropped.
 struct AbortOnDrop(JoinHandle<()>);

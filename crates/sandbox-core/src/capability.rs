@@ -25,7 +25,8 @@ bitflags! {
         const FILESYSTEM = 1 << 4;
         /// `FileSystem::upload` / `FileSystem::download` of host paths.
         const UPLOAD_DOWNLOAD = 1 << 5;
-        /// Pseudo-terminals.
+        /// `RunOptions::pty`: commands on a pseudo-terminal, typed into and resized through
+        /// `Process::input`.
         const PTY = 1 << 6;
         /// Pausing and resuming a sandbox.
         const PAUSE_RESUME = 1 << 7;
@@ -41,7 +42,8 @@ bitflags! {
         const INGRESS_PORTS = 1 << 12;
         /// Tunnels to the outside.
         const TUNNELS = 1 << 13;
-        /// `RunOptions::stdin`: input given to a command run or streamed.
+        /// `RunOptions::stdin` (input given to a command run or streamed) and
+        /// `RunOptions::interactive` (live input through `Process::input`).
         const STDIN = 1 << 14;
         /// `Resources::disk_mb`: what the sandbox can write is bounded (a read-only root
         /// filesystem with size-limited writable places, or an engine storage quota).

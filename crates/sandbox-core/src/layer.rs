@@ -627,7 +627,7 @@ impl Shared {
 
     fn run_options(&self, cmd: &Command, mut options: RunOptions) -> Result<RunOptions> {
         cmd.validate()?;
-        if options.stdin.is_some() {
+        if options.stdin.is_some() || options.interactive {
             self.require(Capability::STDIN)?;
         }
         if options.pty.is_some() {

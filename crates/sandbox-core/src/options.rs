@@ -393,11 +393,18 @@ pub struct RunOptions {
         )
     )]
     pub stdin: Option<bytes::Bytes>,
+    /// Keep the command's stdin open for live input written through
+    /// [`Process::input`](crate::Process::input) while its output is read, until
+    /// [`ProcessInput::end`](crate::ProcessInput::end) (needs
+    /// [`Capability::STDIN`](crate::Capability); not combinable with
+    /// [`stdin`](Self::stdin)). For `stream`; `run` of such a command reads end of input
+    /// at once.
+    pub interactive: bool,
     /// Run the command on a pseudo-terminal of this size (needs
     /// [`Capability::PTY`](crate::Capability)): it sees a terminal on stdin, stdout and
     /// stderr (`isatty` is true, both streams arrive merged as stdout, lines end in
     /// `\r\n`), and a streamed process takes input and window sizes through
-    /// [`Process::terminal`](crate::Process::terminal). Not combinable with
+    /// [`Process::input`](crate::Process::input). Not combinable with
     /// [`stdin`](Self::stdin).
     pub pty: Option<PtySize>,
 }
@@ -444,6 +451,7 @@ impl fmt::Debug for RunOptions {
             .field("workdir", &self.workdir)
             .field("output_cap", &self.output_cap)
             .field("stdin_len", &self.stdin.as_ref().map(|b| b.len()))
+            .field("interactive", &self.interactive)
             .field("pty", &self.pty)
             .finish()
     }
@@ -476,6 +484,12 @@ impl RunOptions {
         self
     }
 
+    /// Keeps stdin open for live input through `Process::input` (needs `STDIN`).
+    pub fn interactive(mut self) -> Self {
+        self.interactive = true;
+        self
+    }
+
     /// Runs the command on a pseudo-terminal of `size` (needs `PTY`).
     pub fn pty(mut self, size: PtySize) -> Self {
         self.pty = Some(size);
@@ -484,12 +498,18 @@ impl RunOptions {
 
     /// Validates and resolves the timeout against the sandbox's remaining lifetime.
     pub fn validate(&self, remaining_lifetime: Duration) -> Result<Duration> {
+        if self.interactive && self.stdin.is_some() {
+            return Err(SandboxError::config(
+                "RunOptions::stdin and RunOptions::interactive cannot be combined",
+                "write the input through Process::input, or give it all with RunOptions::stdin",
+            ));
+        }
         if let Some(size) = &self.pty {
             size.validate()?;
             if self.stdin.is_some() {
                 return Err(SandboxError::config(
                     "RunOptions::stdin and RunOptions::pty cannot be combined",
-                    "stream the command and type into it with Process::terminal",
+                    "stream the command and type into it with Process::input",
                 ));
             }
         }
@@ -640,6 +660,13 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.code(), ErrorCode::Configuration);
         assert!(format!("{:?}", RunOptions::default().pty(PtySize::new(3, 4))).contains("rows: 3"));
+        let e = RunOptions::default()
+            .interactive()
+            .stdin("x")
+            .validate(left)
+            .unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Configuration);
+        assert!(RunOptions::default().interactive().validate(left).is_ok());
     }
 
     #[test]

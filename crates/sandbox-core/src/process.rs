@@ -34,54 +34,56 @@ pub struct StartedExec {
     pub exit_code: BoxFuture<'static, Result<i64>>,
     /// Kills only this process tree (not the sandbox). `SandboxGone` if the sandbox died.
     pub killer: Killer,
-    /// The terminal's input side, for a process started on a pseudo-terminal
-    /// (`RunOptions::pty`); `None` otherwise.
-    pub terminal: Option<Arc<dyn TerminalInput>>,
+    /// The process's live input, for a process started with `RunOptions::interactive` or
+    /// `RunOptions::pty`; `None` otherwise.
+    pub input: Option<Arc<dyn InputSink>>,
 }
 
-/// The input side of a process on a pseudo-terminal, as an adapter provides it (see
-/// [`Terminal`]).
+/// The live input of a process, as an adapter provides it (see [`ProcessInput`]).
 #[async_trait::async_trait]
-pub trait TerminalInput: Send + Sync {
-    /// Types `data` into the terminal (bounded: waits while the process does not read).
+pub trait InputSink: Send + Sync {
+    /// Sends `data` to the process's stdin (bounded: waits while the process does not
+    /// read).
     async fn write(&self, data: Bytes) -> Result<()>;
-    /// Sets the window size; the process gets `SIGWINCH`.
+    /// Sets the terminal's window size; `Configuration` for a process without a terminal.
     async fn resize(&self, size: PtySize) -> Result<()>;
-    /// Sends end-of-file (`^D`).
+    /// Ends the input: closes stdin, or on a terminal sends end-of-file (`^D`).
     async fn end(&self) -> Result<()>;
 }
 
-/// Input to a process running on a pseudo-terminal: what is typed, the window size, and
-/// end-of-file. Cheap to clone; usable from another task while the process's output is
-/// read. Writes after the process ended are discarded.
+/// The live input of a streamed process started with `RunOptions::interactive` (its
+/// stdin) or `RunOptions::pty` (its terminal): what is written, end of input and, on a
+/// terminal, the window size. Cheap to clone; usable from another task while the output
+/// is read. Input after the process ended is discarded.
 #[derive(Clone)]
-pub struct Terminal {
-    input: Arc<dyn TerminalInput>,
+pub struct ProcessInput {
+    sink: Arc<dyn InputSink>,
 }
 
-impl std::fmt::Debug for Terminal {
+impl std::fmt::Debug for ProcessInput {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Terminal").finish_non_exhaustive()
+        f.debug_struct("ProcessInput").finish_non_exhaustive()
     }
 }
 
-impl Terminal {
-    /// Types `data` (bytes as a keyboard sends them: `\r` is Enter, `\x03` is Ctrl-C
-    /// when the terminal is in its default mode).
+impl ProcessInput {
+    /// Writes `data` (on a terminal: bytes as a keyboard sends them — `\r` is Enter,
+    /// `\x03` Ctrl-C in the terminal's default mode).
     pub async fn write(&self, data: impl Into<Bytes>) -> Result<()> {
-        self.input.write(data.into()).await
+        self.sink.write(data.into()).await
     }
 
-    /// Sets the window size; the process gets `SIGWINCH`. `Configuration` for an empty
-    /// size.
+    /// Sets the terminal's window size; the process gets `SIGWINCH`. `Configuration` for
+    /// an empty size or a process without a terminal.
     pub async fn resize(&self, size: PtySize) -> Result<()> {
         size.validate()?;
-        self.input.resize(size).await
+        self.sink.resize(size).await
     }
 
-    /// Sends end-of-file (`^D`): a program reading a line-mode terminal sees end of input.
+    /// Ends the input: stdin is closed (the process reads end of input); on a terminal
+    /// end-of-file (`^D`) is sent, which a program reading it line by line takes as the end.
     pub async fn end(&self) -> Result<()> {
-        self.input.end().await
+        self.sink.end().await
     }
 }
 
@@ -117,7 +119,7 @@ pub struct Process {
     timeout: Duration,
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     killer: Option<Killer>,
-    terminal: Option<Arc<dyn TerminalInput>>,
+    input: Option<Arc<dyn InputSink>>,
     info: OrphanInfo,
     killed: bool,
 }
@@ -141,21 +143,20 @@ impl Process {
             timeout,
             deadline: None,
             killer: None,
-            terminal: None,
+            input: None,
             info,
             killed: false,
         }
     }
 
-    /// The terminal of a process started with `RunOptions::pty`: starts the process if it
-    /// has not started yet, then hands out its input side. `Configuration` for a process
-    /// without a terminal; the start's own error when it failed to start.
-    pub async fn terminal(&mut self) -> Result<Terminal> {
+    /// The live input of a process started with `RunOptions::interactive` or
+    /// `RunOptions::pty`: starts the process if it has not started yet, then hands out its
+    /// input. `Configuration` for a process without live input; the start's own error when
+    /// it failed to start.
+    pub async fn input(&mut self) -> Result<ProcessInput> {
         self.start().await?;
-        if let Some(input) = &self.terminal {
-            return Ok(Terminal {
-                input: input.clone(),
-            });
+        if let Some(sink) = &self.input {
+            return Ok(ProcessInput { sink: sink.clone() });
         }
         if let State::Finished(End::Failed(_) | End::FailedReported(_)) = &self.state
             && let Err(e) = self.terminal_result()
@@ -163,8 +164,8 @@ impl Process {
             return Err(e);
         }
         Err(SandboxError::config(
-            "this process has no terminal",
-            "stream the command with RunOptions::pty(PtySize::default())",
+            "this process takes no live input",
+            "stream the command with RunOptions::interactive() (stdin) or RunOptions::pty(..) (a terminal)",
         ))
     }
 
@@ -201,7 +202,7 @@ impl Process {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Ok(started)) => {
                     self.killer = Some(started.killer);
-                    self.terminal = started.terminal;
+                    self.input = started.input;
                     self.state = State::Output {
                         output: started.output,
                         exit_code: Some(started.exit_code),
@@ -526,7 +527,7 @@ mod tests {
                         Ok(())
                     })
                 }),
-                terminal: None,
+                input: None,
             })
         })
     }
@@ -608,10 +609,10 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn terminal_is_handed_out_only_where_there_is_one() {
+    async fn input_is_handed_out_only_where_there_is_one() {
         struct Typed(std::sync::Mutex<Vec<u8>>);
         #[async_trait::async_trait]
-        impl TerminalInput for Typed {
+        impl InputSink for Typed {
             async fn write(&self, data: Bytes) -> Result<()> {
                 self.0.lock().unwrap().extend_from_slice(&data);
                 Ok(())
@@ -630,18 +631,18 @@ mod tests {
             Duration::from_secs(5),
             info(),
         );
-        let e = plain.terminal().await.unwrap_err();
+        let e = plain.input().await.unwrap_err();
         assert_eq!(e.code(), crate::ErrorCode::Configuration);
 
         let typed = Arc::new(Typed(std::sync::Mutex::new(Vec::new())));
-        let input: Arc<dyn TerminalInput> = typed.clone();
+        let input: Arc<dyn InputSink> = typed.clone();
         let start: StartFuture = Box::pin(async move {
             let mut s = started(vec![], 0, Arc::new(AtomicUsize::new(0)), false).await?;
-            s.terminal = Some(input);
+            s.input = Some(input);
             Ok(s)
         });
         let mut p = Process::new(start, Duration::from_secs(5), info());
-        let t = p.terminal().await.unwrap();
+        let t = p.input().await.unwrap();
         t.write("ls\r").await.unwrap();
         t.end().await.unwrap();
         let e = t.resize(PtySize::new(0, 10)).await.unwrap_err();
@@ -651,7 +652,7 @@ mod tests {
         let failed: StartFuture =
             Box::pin(async { Err(SandboxError::gone("sbx-gone".to_string())) });
         let mut p = Process::new(failed, Duration::from_secs(5), info());
-        let e = p.terminal().await.unwrap_err();
+        let e = p.input().await.unwrap_err();
         assert_eq!(e.code(), crate::ErrorCode::SandboxGone);
     }
 }

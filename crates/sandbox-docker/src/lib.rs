@@ -23,7 +23,7 @@ pub use sandbox_container::{RUNSC_PIDS_HEADROOM, Runtime};
 /// A Docker sandbox: the shared container sandbox on [`DockerEngine`].
 pub type DockerSandbox = ContainerSandbox<DockerEngine>;
 
-/// What [`Sandbox::native`] returns for a Docker sandbox: the engine (its bollard client
+/// What [`Sandbox::native`](sandbox_core::Sandbox::native) returns for a Docker sandbox: the engine (its bollard client
 /// through [`DockerEngine::client`]) and the container id.
 ///
 /// **Outside the semver contract**: its fields and their types (including the `bollard`

@@ -92,12 +92,13 @@ pub(crate) async fn printf(p: Proc, a: Vec<String>) -> Result<i64> {
 
 pub(crate) async fn cat(p: Proc, a: Vec<String>) -> Result<i64> {
     if a.len() < 2 {
-        let input = p.take_stdin();
-        return Ok(if p.out(input).await {
-            0
-        } else {
-            BROKEN_PIPE_EXIT
-        });
+        // Piece by piece as it arrives (live input is echoed before it ends).
+        while let Some(input) = p.next_stdin().await {
+            if !p.out(input).await {
+                return Ok(BROKEN_PIPE_EXIT);
+            }
+        }
+        return Ok(0);
     }
     let mut code = 0;
     for f in &a[1..] {

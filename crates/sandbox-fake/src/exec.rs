@@ -9,7 +9,8 @@ use bytes::Bytes;
 use futures::StreamExt;
 use sandbox_core::teardown::{Killer, OrphanInfo};
 use sandbox_core::{
-    KILLED_EXIT_CODE, OutputChunk, Result, SandboxError, StartFuture, StartedExec, StreamKind,
+    InputSink, KILLED_EXIT_CODE, OutputChunk, PtySize, Result, SandboxError, StartFuture,
+    StartedExec, StreamKind,
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -47,9 +48,40 @@ pub(crate) struct Proc {
     pub(crate) cwd: String,
     pub(crate) stdout: Sink,
     pub(crate) stderr: Sink,
-    /// The exec's input (`RunOptions::stdin`), shared like a pipe by every program of
-    /// the exec: what one reads, the next does not see.
-    pub(crate) stdin: Arc<std::sync::Mutex<Bytes>>,
+    /// The exec's input, shared like a pipe by every program of the exec: what one
+    /// reads, the next does not see.
+    pub(crate) stdin: Arc<Stdin>,
+}
+
+/// What an exec reads on stdin.
+pub(crate) enum Stdin {
+    /// `RunOptions::stdin` (empty: end of input at once).
+    Given(std::sync::Mutex<Bytes>),
+    /// `RunOptions::interactive`: chunks written through `Process::input`; `None` (or
+    /// every sender gone) is the end.
+    Live(tokio::sync::Mutex<mpsc::Receiver<Option<Bytes>>>),
+}
+
+/// Live input into a fake exec (`RunOptions::interactive`).
+struct LiveInput(mpsc::Sender<Option<Bytes>>);
+
+#[sandbox_core::async_trait]
+impl InputSink for LiveInput {
+    async fn write(&self, data: Bytes) -> Result<()> {
+        // Closed: the exec ended; its input is discarded.
+        let _ = self.0.send(Some(data)).await;
+        Ok(())
+    }
+    async fn resize(&self, _: PtySize) -> Result<()> {
+        Err(SandboxError::config(
+            "this process has no terminal to resize",
+            "the fake models no terminals",
+        ))
+    }
+    async fn end(&self) -> Result<()> {
+        let _ = self.0.send(None).await;
+        Ok(())
+    }
 }
 
 impl Proc {
@@ -89,9 +121,15 @@ impl Proc {
         }
     }
 
-    /// Reads all the input that is left (end of input: empty).
-    pub(crate) fn take_stdin(&self) -> Bytes {
-        std::mem::take(&mut *self.stdin.lock().unwrap_or_else(|p| p.into_inner()))
+    /// The next piece of input as it arrives; `None` at its end.
+    pub(crate) async fn next_stdin(&self) -> Option<Bytes> {
+        match &*self.stdin {
+            Stdin::Given(m) => {
+                let taken = std::mem::take(&mut *m.lock().unwrap_or_else(|p| p.into_inner()));
+                (!taken.is_empty()).then_some(taken)
+            }
+            Stdin::Live(rx) => rx.lock().await.recv().await.flatten(),
+        }
     }
 
     /// Resolves a sandbox path against this process's working directory.
@@ -150,6 +188,7 @@ pub(crate) fn start(
     env: BTreeMap<String, String>,
     cwd: String,
     stdin: Option<Bytes>,
+    live: bool,
 ) -> StartFuture {
     Box::pin(async move {
         sb.alive()?;
@@ -158,6 +197,17 @@ pub(crate) fn start(
             Job::Code { .. } => "python3".to_string(),
         };
         let (tx, mut rx) = mpsc::channel::<OutputChunk>(CHANNEL_DEPTH);
+        let (input, stdin) = if live {
+            let (itx, irx) = mpsc::channel::<Option<Bytes>>(4);
+            let sink: Arc<dyn InputSink> = Arc::new(LiveInput(itx));
+            (Some(sink), Stdin::Live(tokio::sync::Mutex::new(irx)))
+        } else {
+            (
+                None,
+                Stdin::Given(std::sync::Mutex::new(stdin.unwrap_or_default())),
+            )
+        };
+        let stdin = Arc::new(stdin);
         let (code_tx, code_rx) = oneshot::channel::<Result<i64>>();
         let task_sb = sb.clone();
         let spawned = spawn_process(&sb, None, command, move |pid| {
@@ -170,7 +220,7 @@ pub(crate) fn start(
                     cwd,
                     stdout: Sink::Chan(tx.clone(), StreamKind::Stdout),
                     stderr: Sink::Chan(tx, StreamKind::Stderr),
-                    stdin: Arc::new(std::sync::Mutex::new(stdin.unwrap_or_default())),
+                    stdin,
                 };
                 let result = match job {
                     Job::Argv(argv) => run_program(proc, argv).await,
@@ -210,7 +260,7 @@ pub(crate) fn start(
             output: Box::pin(output),
             exit_code,
             killer: group_killer(sb, pid),
-            terminal: None,
+            input,
         })
     })
 }

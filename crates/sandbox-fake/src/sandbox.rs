@@ -439,7 +439,7 @@ impl FakeSandbox {
         if streamed {
             self.require(Capability::STREAMING)?;
         }
-        if options.stdin.is_some() {
+        if options.stdin.is_some() || options.interactive {
             self.require(Capability::STDIN)?;
         }
         if options.pty.is_some() {
@@ -463,7 +463,14 @@ impl FakeSandbox {
         });
         let env = sb.command_env(&options.env);
         Ok(Process::new(
-            exec::start(sb.clone(), Job::Argv(argv), env, cwd, options.stdin),
+            exec::start(
+                sb.clone(),
+                Job::Argv(argv),
+                env,
+                cwd,
+                options.stdin,
+                options.interactive,
+            ),
             timeout,
             exec::orphan_info(sb, "exec"),
         ))
@@ -539,7 +546,7 @@ impl Sandbox for FakeSandbox {
         };
         let env = sb.command_env(&BTreeMap::new());
         Process::new(
-            exec::start(sb.clone(), job, env, sb.workdir.clone(), None),
+            exec::start(sb.clone(), job, env, sb.workdir.clone(), None, false),
             timeout,
             exec::orphan_info(sb, "code"),
         )

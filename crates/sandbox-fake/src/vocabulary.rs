@@ -70,8 +70,9 @@ pub const COMMANDS: &[CommandSpec] = &[
     cmd(
         "cat",
         &["cat", "cat FILE..."],
-        "prints its input (`RunOptions::stdin`; none: nothing), or the files' bytes; a \
-         missing file or a directory: message, exit 1",
+        "prints its input (`RunOptions::stdin`; none: nothing; `interactive`: each piece as \
+         it is written, until the input ends), or the files' bytes; a missing file or a \
+         directory: message, exit 1",
         |p, a| Box::pin(commands::cat(p, a)),
     ),
     cmd("pwd", &["pwd"], "prints the working directory", |p, a| {
