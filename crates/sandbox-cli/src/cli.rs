@@ -293,6 +293,12 @@ pub struct RunArgs {
     /// interactive session does not.
     #[arg(short, long)]
     pub interactive: bool,
+    /// Run the command on a terminal in the sandbox with this one attached, like
+    /// `ssh -t`: keys (Ctrl-C included) go to the command, the window size follows this
+    /// terminal's, output is written byte for byte. Needs an engine with terminals (Docker
+    /// or Podman through the agent, not under runsc; `sandbox doctor`).
+    #[arg(short = 't', long, conflicts_with_all = ["json", "interactive"])]
+    pub tty: bool,
     /// Print one JSON object instead of streaming.
     #[arg(long)]
     pub json: bool,

@@ -17,6 +17,7 @@ mod signals;
 mod stdin;
 mod target;
 mod terminal;
+mod tty;
 
 use std::process::ExitCode;
 use std::time::Duration;

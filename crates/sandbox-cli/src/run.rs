@@ -59,8 +59,9 @@ pub async fn run(args: RunArgs, out: Out) -> sandbox::Result<u8> {
     for name in &args.secrets {
         options = options.secret(name.clone(), crate::target::secret_from_env(name)?);
     }
-    // Read before creating, so a bad or oversized stdin costs no sandbox.
-    let input = if crate::stdin::wanted(args.interactive) {
+    // Read before creating, so a bad or oversized stdin costs no sandbox. (With a
+    // terminal, stdin is typed in live instead.)
+    let input = if !args.tty && crate::stdin::wanted(args.interactive) {
         crate::stdin::read_all().await?
     } else {
         Vec::new()
@@ -71,14 +72,20 @@ pub async fn run(args: RunArgs, out: Out) -> sandbox::Result<u8> {
         sandbox::create(target, options).await?
     };
     let info = SandboxInfo::of(&*sb);
-    let result = execute(
-        &*sb,
-        Command::Argv(args.cmd.clone()),
-        crate::stdin::given(RunOptions::default().timeout(timeout), input),
-        out,
-        args.raw,
-    )
-    .await;
+    let result = if args.tty {
+        crate::tty::session(&*sb, Command::Argv(args.cmd.clone()), timeout)
+            .await
+            .map(|code| (code, Captured::default()))
+    } else {
+        execute(
+            &*sb,
+            Command::Argv(args.cmd.clone()),
+            crate::stdin::given(RunOptions::default().timeout(timeout), input),
+            out,
+            args.raw,
+        )
+        .await
+    };
     // Tear down before reporting; a teardown failure never hides the command's outcome.
     if let Err(e) = sb.kill().await {
         out.note(format!(

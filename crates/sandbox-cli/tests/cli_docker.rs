@@ -59,6 +59,41 @@ fn docker_run_disk_limit_holds() {
 }
 
 #[test]
+fn docker_run_tty_is_an_interactive_terminal() {
+    if !docker_available("docker_run_tty_is_an_interactive_terminal") {
+        return;
+    }
+    use std::io::Write as _;
+    // Our side is a pty of 33x111 (`script`); what we type arrives after the shell started.
+    let line = format!(
+        "stty cols 111 rows 33; '{}' run -t {BUSYBOX} -- sh",
+        env!("CARGO_BIN_EXE_sandbox")
+    );
+    let mut child = std::process::Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("script (util-linux) runs");
+    let mut stdin = child.stdin.take().unwrap();
+    let typing = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(3));
+        let _ = stdin.write_all(b"echo sbx-$((6*7)); stty size; test -t 0 && echo on-a-tty\r");
+        std::thread::sleep(Duration::from_secs(2));
+        let _ = stdin.write_all(b"exit 3\r");
+        std::thread::sleep(Duration::from_secs(2));
+    });
+    let o = child.wait_with_output().unwrap();
+    typing.join().unwrap();
+    let seen = String::from_utf8_lossy(&o.stdout).replace('\r', "");
+    assert_eq!(o.status.code(), Some(3), "{seen}");
+    for expected in ["sbx-42\n", "33 111\n", "on-a-tty\n"] {
+        assert!(seen.contains(expected), "no {expected:?} in {seen:?}");
+    }
+}
+
+#[test]
 fn docker_run_json_schema() {
     if !docker_available("docker_run_json_schema") {
         return;

@@ -92,6 +92,15 @@ fn run_passes_env_and_resource_flags() {
 }
 
 #[test]
+fn a_terminal_the_fake_cannot_give_is_refused() {
+    let o = run(&["run", "-t", "fake://", "--", "true"]);
+    assert_ne!(code(&o), 0, "a terminal on the fake was accepted");
+    assert!(stderr(&o).contains("PTY"), "{}", stderr(&o));
+    let o = run(&["run", "-t", "--json", "fake://", "--", "true"]);
+    assert_eq!(code(&o), 2, "-t with --json is a usage error");
+}
+
+#[test]
 fn disk_limit_the_fake_cannot_honour_is_refused() {
     let o = run(&["run", "--disk-mb", "8", "fake://", "--", "true"]);
     assert_ne!(code(&o), 0, "a disk limit on the fake was accepted");
