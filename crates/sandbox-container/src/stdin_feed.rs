@@ -14,7 +14,6 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use sandbox_core::{InputSink, OutputChunk, PtySize, Result, RunOptions, SandboxError};
 use tokio::io::{AsyncWrite, AsyncWriteExt as _};
-use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 /// What a user process reads on stdin.
@@ -61,32 +60,12 @@ pub(crate) fn not_a_terminal() -> SandboxError {
     )
 }
 
-/// Live input written into an engine exec's stdin by a task beside its output: each write
-/// waits for room (a few chunks in flight), `end` closes the stdin.
-struct ChannelSink(mpsc::Sender<Option<Bytes>>);
-
-#[async_trait::async_trait]
-impl InputSink for ChannelSink {
-    async fn write(&self, data: Bytes) -> Result<()> {
-        // A closed channel means the process (and its feed) ended: input is discarded.
-        let _ = self.0.send(Some(data)).await;
-        Ok(())
-    }
-    async fn resize(&self, _: PtySize) -> Result<()> {
-        Err(not_a_terminal())
-    }
-    async fn end(&self) -> Result<()> {
-        let _ = self.0.send(None).await;
-        Ok(())
-    }
-}
-
 /// Live input for `stdin` beside `output`: the sink a `Process` hands out.
 pub(crate) fn live(
     output: &mut BoxStream<'static, Result<OutputChunk>>,
     mut stdin: impl AsyncWrite + Send + Unpin + 'static,
 ) -> std::sync::Arc<dyn InputSink> {
-    let (tx, mut rx) = mpsc::channel::<Option<Bytes>>(4);
+    let (sink, mut rx) = sandbox_core::channel_input(4);
     beside(
         output,
         Box::pin(async move {
@@ -96,7 +75,7 @@ pub(crate) fn live(
             stdin.shutdown().await
         }),
     );
-    std::sync::Arc::new(ChannelSink(tx))
+    sink
 }
 
 /// Aborts the feed task when the output stream it belongs to is dropped.

@@ -40,7 +40,9 @@ pub use managed::{ManagedSandbox, SandboxState};
 pub use network::{Egress, EgressRule, EgressTarget, NetworkPolicy};
 pub use options::{CodeOptions, Command, CreateOptions, Language, PtySize, PullPolicy, RunOptions};
 pub use pool::{Pool, PoolConfig, PoolStats};
-pub use process::{InputSink, KILLED_EXIT_CODE, Process, ProcessInput, StartFuture, StartedExec};
+pub use process::{
+    InputSink, KILLED_EXIT_CODE, Process, ProcessInput, StartFuture, StartedExec, channel_input,
+};
 pub use resources::{DEFAULT_CPU, DEFAULT_MEMORY_MB, DEFAULT_PIDS, EffectiveResources, Resources};
 pub use result::{ExecResult, OutputChunk, RichResult, StreamKind};
 pub use sandbox::{Sandbox, SandboxExt};

@@ -87,6 +87,42 @@ impl ProcessInput {
     }
 }
 
+/// Live stdin through a channel, for an adapter whose process reads its input from a
+/// task of its own: the sink a `Process` hands out (`StartedExec::input`) and the
+/// receiving end. Each item is a piece of input; `None`, or every sender gone, is the end
+/// of input. Writes wait while `depth` pieces are in flight (bounded memory); once the
+/// receiver is gone (the process ended) input is discarded. No terminal: a resize is a
+/// `Configuration` error.
+pub fn channel_input(
+    depth: usize,
+) -> (
+    Arc<dyn InputSink>,
+    tokio::sync::mpsc::Receiver<Option<Bytes>>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::channel(depth.max(1));
+    (Arc::new(ChannelInput(tx)), rx)
+}
+
+struct ChannelInput(tokio::sync::mpsc::Sender<Option<Bytes>>);
+
+#[async_trait::async_trait]
+impl InputSink for ChannelInput {
+    async fn write(&self, data: Bytes) -> Result<()> {
+        let _ = self.0.send(Some(data)).await;
+        Ok(())
+    }
+    async fn resize(&self, _: PtySize) -> Result<()> {
+        Err(SandboxError::config(
+            "this process has no terminal to resize",
+            "stream it with RunOptions::pty(..) to give it one",
+        ))
+    }
+    async fn end(&self) -> Result<()> {
+        let _ = self.0.send(None).await;
+        Ok(())
+    }
+}
+
 /// The future that starts a remote process.
 pub type StartFuture = BoxFuture<'static, Result<StartedExec>>;
 

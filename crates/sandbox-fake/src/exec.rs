@@ -9,8 +9,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use sandbox_core::teardown::{Killer, OrphanInfo};
 use sandbox_core::{
-    InputSink, KILLED_EXIT_CODE, OutputChunk, PtySize, Result, SandboxError, StartFuture,
-    StartedExec, StreamKind,
+    KILLED_EXIT_CODE, OutputChunk, Result, SandboxError, StartFuture, StartedExec, StreamKind,
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -60,28 +59,6 @@ pub(crate) enum Stdin {
     /// `RunOptions::interactive`: chunks written through `Process::input`; `None` (or
     /// every sender gone) is the end.
     Live(tokio::sync::Mutex<mpsc::Receiver<Option<Bytes>>>),
-}
-
-/// Live input into a fake exec (`RunOptions::interactive`).
-struct LiveInput(mpsc::Sender<Option<Bytes>>);
-
-#[sandbox_core::async_trait]
-impl InputSink for LiveInput {
-    async fn write(&self, data: Bytes) -> Result<()> {
-        // Closed: the exec ended; its input is discarded.
-        let _ = self.0.send(Some(data)).await;
-        Ok(())
-    }
-    async fn resize(&self, _: PtySize) -> Result<()> {
-        Err(SandboxError::config(
-            "this process has no terminal to resize",
-            "the fake models no terminals",
-        ))
-    }
-    async fn end(&self) -> Result<()> {
-        let _ = self.0.send(None).await;
-        Ok(())
-    }
 }
 
 impl Proc {
@@ -198,9 +175,8 @@ pub(crate) fn start(
         };
         let (tx, mut rx) = mpsc::channel::<OutputChunk>(CHANNEL_DEPTH);
         let (input, stdin) = if live {
-            let (itx, irx) = mpsc::channel::<Option<Bytes>>(4);
-            let sink: Arc<dyn InputSink> = Arc::new(LiveInput(itx));
-            (Some(sink), Stdin::Live(tokio::sync::Mutex::new(irx)))
+            let (sink, rx) = sandbox_core::channel_input(4);
+            (Some(sink), Stdin::Live(tokio::sync::Mutex::new(rx)))
         } else {
             (
                 None,
