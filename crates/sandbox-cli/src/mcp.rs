@@ -86,6 +86,10 @@ pub struct CreateParams {
     /// CPU quota in cores, e.g. 0.5 (default 1).
     #[serde(default)]
     pub cpus: Option<f64>,
+    /// Disk limit in MiB: a read-only root filesystem, and at most this much in each
+    /// writable place (workdir, /tmp). Engines that cannot enforce it refuse (SBX_E1101).
+    #[serde(default)]
+    pub disk_mb: Option<u64>,
     /// Sandbox lifetime in seconds (default 600, at most 3600); it is killed after that.
     #[serde(default)]
     pub timeout_s: Option<u64>,
@@ -275,6 +279,9 @@ fn create_options(p: &CreateParams, policy: Policy) -> sandbox::Result<CreateOpt
             ));
         }
         resources = resources.cpu(c);
+    }
+    if let Some(d) = p.disk_mb {
+        resources = resources.disk_mb(d);
     }
     let wants_egress = p.network == Some(NetworkParam::Allow)
         || p.allow_hosts.as_ref().is_some_and(|h| !h.is_empty());
@@ -733,6 +740,14 @@ mod tests {
             let e = create_options(&p, Policy::default()).expect_err("too much");
             assert_eq!(e.code(), ErrorCode::ResourceLimitExceeded);
         }
+    }
+
+    #[test]
+    fn disk_limit_reaches_the_options() {
+        let p: CreateParams =
+            serde_json::from_value(json!({"engine": "fake", "disk_mb": 32})).expect("p");
+        let o = create_options(&p, Policy::default()).expect("ok");
+        assert_eq!(o.resources.disk_mb, Some(32));
     }
 
     #[test]
