@@ -493,7 +493,10 @@ async fn refusals_before_provisioning() {
     let Some(b) = backend().await else { return };
     for (o, code) in [
         (
-            test_options(BUSYBOX, "refuse").resources(Resources::default().disk_mb(10)),
+            // A disk limit makes the root read-only: the workdir cannot be `/`.
+            test_options(BUSYBOX, "refuse")
+                .resources(Resources::default().disk_mb(10))
+                .workdir("/"),
             ErrorCode::Configuration,
         ),
         (

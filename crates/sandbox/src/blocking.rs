@@ -269,6 +269,13 @@ impl Process {
         let p = self.inner.take().expect("inner is only taken in Drop");
         block_on(p.collect(cap))?
     }
+    /// Blocking [`crate::Process::input`]: the live input of a process streamed with
+    /// `RunOptions::interactive` or `RunOptions::pty` (starts it if needed).
+    pub fn input(&mut self) -> Result<ProcessInput> {
+        let p = self.inner();
+        let input = block_on(p.input())??;
+        Ok(ProcessInput { input })
+    }
     /// The exit code once the process ended.
     pub fn returncode(&self) -> Option<i64> {
         self.inner.as_ref().and_then(|p| p.returncode())
@@ -276,6 +283,28 @@ impl Process {
     /// The timeout this process is bounded by.
     pub fn timeout(&self) -> Duration {
         self.inner.as_ref().map(|p| p.timeout()).unwrap_or_default()
+    }
+}
+
+/// Blocking [`crate::ProcessInput`]: write to, end or resize a running process's input
+/// from synchronous code (another thread may iterate its output meanwhile).
+#[derive(Debug, Clone)]
+pub struct ProcessInput {
+    input: crate::ProcessInput,
+}
+
+impl ProcessInput {
+    /// Blocking [`crate::ProcessInput::write`].
+    pub fn write(&self, data: impl Into<Bytes>) -> Result<()> {
+        block_on(self.input.write(data))?
+    }
+    /// Blocking [`crate::ProcessInput::end`].
+    pub fn end(&self) -> Result<()> {
+        block_on(self.input.end())?
+    }
+    /// Blocking [`crate::ProcessInput::resize`].
+    pub fn resize(&self, size: crate::PtySize) -> Result<()> {
+        block_on(self.input.resize(size))?
     }
 }
 

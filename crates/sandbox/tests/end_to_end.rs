@@ -84,6 +84,15 @@ fn blocking_twin_end_to_end() {
     let mut p = sb.stream(["true"], Default::default()).unwrap();
     assert_eq!(p.wait().unwrap().exit_code, 0);
     assert_eq!(p.returncode(), Some(0));
+    // Live input from synchronous code: written, echoed, ended.
+    let mut cat = sb
+        .stream(["cat"], sandbox::RunOptions::default().interactive())
+        .unwrap();
+    let input = cat.input().unwrap();
+    input.write("typed\n").unwrap();
+    assert_eq!(&cat.next().unwrap().unwrap().data[..], b"typed\n");
+    input.end().unwrap();
+    assert_eq!(cat.wait().unwrap().exit_code, 0);
     let id = sb.id().to_string();
     drop(sb); // kills synchronously
     let e = sandbox::blocking::connect("fake://", &id).unwrap_err();

@@ -21,9 +21,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sandbox_container::{
     ArchiveBody, ContainerConfig, ContainerEngine, ContainerInfo, ContainerSpec, EngineError,
-    EngineErrorKind, EngineResult, ExecRequest, ExecState, ExecStream, PathStat,
+    EngineErrorKind, EngineFacts, EngineResult, ExecRequest, ExecState, ExecStream, PathStat,
 };
-use sandbox_core::{Capability, EngineReport, IsolationTier};
+use sandbox_core::{Capability, IsolationTier};
 
 /// Label this engine puts on every container it creates (value [`LABEL_VALUE`]).
 pub const LABEL_ENGINE: &str = "io.example.third-party-engine";
@@ -254,10 +254,8 @@ impl<E: ContainerEngine> ContainerEngine for JournaledEngine<E> {
         self.inner.ping().await
     }
 
-    async fn diagnose(&self) -> EngineReport {
-        self.journal.record("diagnose");
-        let mut report = self.inner.diagnose().await;
-        report.backend = BACKEND.into();
-        report
+    async fn facts(&self) -> EngineFacts {
+        self.journal.record("facts");
+        self.inner.facts().await
     }
 }
