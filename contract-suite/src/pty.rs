@@ -13,7 +13,9 @@ use std::time::Duration;
 use anyhow::{Context as _, bail, ensure};
 use futures::StreamExt;
 use libtest_mimic::Trial;
-use sandbox_core::{Capability as C, ErrorCode, Process, PtySize, RunOptions};
+use sandbox_core::{
+    Capability as C, ErrorCode, Process, ProcessInput, PtySize, RunOptions, Sandbox,
+};
 
 use crate::ctx::{Ctx, Need, assert_pid_gone, must_code, run, sbx, wait_for_pid};
 
@@ -94,6 +96,25 @@ async fn sandbox(ctx: &Ctx, name: &str) -> anyhow::Result<Option<crate::ctx::Sbx
     Ok(None)
 }
 
+/// `program` streamed on a terminal of `size` (30 s timeout), and its input.
+async fn on_terminal(
+    sb: &dyn Sandbox,
+    program: &str,
+    size: PtySize,
+) -> anyhow::Result<(Process, ProcessInput)> {
+    let mut p = sbx(
+        sb.stream(
+            [program].into(),
+            RunOptions::default()
+                .pty(size)
+                .timeout(Duration::from_secs(30)),
+        ),
+        &format!("stream {program} on a terminal"),
+    )?;
+    let input = sbx(p.input().await, "input()")?;
+    Ok((p, input))
+}
+
 /// Reads `p`'s output until it contains `needle` (within [`OUTPUT_WAIT`]); returns all of
 /// it so far.
 async fn read_until(p: &mut Process, seen: &mut String, needle: &str) -> anyhow::Result<()> {
@@ -152,16 +173,7 @@ async fn typed_input_reaches_the_shell(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let Some(sb) = sandbox(&ctx, "typed_input_reaches_the_shell").await? else {
         return Ok(());
     };
-    let mut p = sbx(
-        sb.stream(
-            ["sh"].into(),
-            RunOptions::default()
-                .pty(PtySize::default())
-                .timeout(Duration::from_secs(30)),
-        ),
-        "stream sh on a terminal",
-    )?;
-    let term = sbx(p.input().await, "input()")?;
+    let (mut p, term) = on_terminal(&*sb, "sh", PtySize::default()).await?;
     let mut seen = String::new();
     for (typed, expected) in [
         ("echo sbx-$((40+2))\r", "sbx-42"),
@@ -181,16 +193,7 @@ async fn resize_reaches_the_process(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let Some(sb) = sandbox(&ctx, "resize_reaches_the_process").await? else {
         return Ok(());
     };
-    let mut p = sbx(
-        sb.stream(
-            ["sh"].into(),
-            RunOptions::default()
-                .pty(PtySize::new(31, 101))
-                .timeout(Duration::from_secs(30)),
-        ),
-        "stream sh on a terminal",
-    )?;
-    let term = sbx(p.input().await, "input()")?;
+    let (mut p, term) = on_terminal(&*sb, "sh", PtySize::new(31, 101)).await?;
     let mut seen = String::new();
     sbx(term.write("stty size\r").await, "typing")?;
     read_until(&mut p, &mut seen, "31 101").await?;
@@ -212,16 +215,7 @@ async fn end_of_file_ends_a_reader(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let Some(sb) = sandbox(&ctx, "end_of_file_ends_a_reader").await? else {
         return Ok(());
     };
-    let mut p = sbx(
-        sb.stream(
-            ["cat"].into(),
-            RunOptions::default()
-                .pty(PtySize::default())
-                .timeout(Duration::from_secs(30)),
-        ),
-        "stream cat on a terminal",
-    )?;
-    let term = sbx(p.input().await, "input()")?;
+    let (mut p, term) = on_terminal(&*sb, "cat", PtySize::default()).await?;
     let mut seen = String::new();
     sbx(term.write("line-one\r").await, "typing")?;
     // The terminal echoes the line, then cat prints it: twice.

@@ -291,8 +291,10 @@ fn start<E: ContainerEngine>(
         };
         let (feed, input) = match (stdin, writer) {
             (Stdin::Given(data), Some(w)) => (Some((w, data)), None),
-            (Stdin::Live, Some(w)) => (None, Some(AgentInput::sink(w, false))),
-            (Stdin::Terminal(_), Some(w)) => (None, Some(AgentInput::sink(w, true))),
+            (Stdin::Live, Some(w)) => (None, Some(Arc::new(AgentInput(w)) as Arc<dyn InputSink>)),
+            (Stdin::Terminal(_), Some(w)) => {
+                (None, Some(Arc::new(AgentTerminal(w)) as Arc<dyn InputSink>))
+            }
             _ => (None, None),
         };
         let handle = p.kill_handle();
@@ -322,30 +324,30 @@ fn start<E: ContainerEngine>(
     })
 }
 
-/// Live input through the agent: written bytes are stdin frames (flow-controlled); a
-/// resize (terminals only) and the end (`close_stdin`: the pipe closes, or `^D` on a
-/// terminal) are requests on the process's id.
-struct AgentInput {
-    writer: StdinWriter,
-    terminal: bool,
-}
-
-impl AgentInput {
-    fn sink(writer: StdinWriter, terminal: bool) -> Arc<dyn InputSink> {
-        Arc::new(AgentInput { writer, terminal })
-    }
-}
+/// Live input through the agent: written bytes are stdin frames (flow-controlled); the end
+/// is `close_stdin` (the pipe closes). No terminal: the trait's resize refuses.
+struct AgentInput(StdinWriter);
 
 #[async_trait::async_trait]
 impl InputSink for AgentInput {
     async fn write(&self, data: Bytes) -> Result<()> {
-        self.writer.write(&data).await
+        self.0.write(&data).await
+    }
+    async fn end(&self) -> Result<()> {
+        self.0.close().await
+    }
+}
+
+/// A terminal through the agent: as [`AgentInput`], plus `resize`; the end is `^D`.
+struct AgentTerminal(StdinWriter);
+
+#[async_trait::async_trait]
+impl InputSink for AgentTerminal {
+    async fn write(&self, data: Bytes) -> Result<()> {
+        self.0.write(&data).await
     }
     async fn resize(&self, size: PtySize) -> Result<()> {
-        if !self.terminal {
-            return Err(crate::stdin_feed::not_a_terminal());
-        }
-        self.writer
+        self.0
             .resize(WindowSize {
                 rows: size.rows,
                 cols: size.cols,
@@ -353,7 +355,7 @@ impl InputSink for AgentInput {
             .await
     }
     async fn end(&self) -> Result<()> {
-        self.writer.close().await
+        self.0.close().await
     }
 }
 

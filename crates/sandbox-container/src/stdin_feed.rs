@@ -12,7 +12,7 @@ use bytes::Bytes;
 use futures::StreamExt as _;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
-use sandbox_core::{InputSink, OutputChunk, PtySize, Result, RunOptions, SandboxError};
+use sandbox_core::{InputSink, OutputChunk, PtySize, Result, RunOptions};
 use tokio::io::{AsyncWrite, AsyncWriteExt as _};
 use tokio::task::JoinHandle;
 
@@ -50,14 +50,6 @@ impl Stdin {
     pub(crate) fn attached(&self) -> bool {
         !matches!(self, Stdin::Closed)
     }
-}
-
-/// The refusal of a resize for a process without a terminal.
-pub(crate) fn not_a_terminal() -> SandboxError {
-    SandboxError::config(
-        "this process has no terminal to resize",
-        "stream it with RunOptions::pty(..) to give it one",
-    )
 }
 
 /// Live input for `stdin` beside `output`: the sink a `Process` hands out.

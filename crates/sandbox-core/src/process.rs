@@ -45,8 +45,15 @@ pub trait InputSink: Send + Sync {
     /// Sends `data` to the process's stdin (bounded: waits while the process does not
     /// read).
     async fn write(&self, data: Bytes) -> Result<()>;
-    /// Sets the terminal's window size; `Configuration` for a process without a terminal.
-    async fn resize(&self, size: PtySize) -> Result<()>;
+    /// Sets the terminal's window size. The default is a process without a terminal:
+    /// `Configuration`.
+    async fn resize(&self, size: PtySize) -> Result<()> {
+        let _ = size;
+        Err(SandboxError::config(
+            "this process has no terminal to resize",
+            "stream it with RunOptions::pty(..) to give it one",
+        ))
+    }
     /// Ends the input: closes stdin, or on a terminal sends end-of-file (`^D`).
     async fn end(&self) -> Result<()>;
 }
@@ -110,12 +117,6 @@ impl InputSink for ChannelInput {
     async fn write(&self, data: Bytes) -> Result<()> {
         let _ = self.0.send(Some(data)).await;
         Ok(())
-    }
-    async fn resize(&self, _: PtySize) -> Result<()> {
-        Err(SandboxError::config(
-            "this process has no terminal to resize",
-            "stream it with RunOptions::pty(..) to give it one",
-        ))
     }
     async fn end(&self) -> Result<()> {
         let _ = self.0.send(None).await;
