@@ -1100,6 +1100,9 @@ impl Probes for BrokenProbes {
     async fn canary(&self) -> anyhow::Result<Option<CanarySpec>> {
         self.inner.canary().await
     }
+    async fn bind_canary(&self, spec: &CanarySpec) -> anyhow::Result<std::net::TcpListener> {
+        self.inner.bind_canary(spec).await
+    }
     async fn engine_env(&self, sandbox_id: &str) -> anyhow::Result<Option<Vec<String>>> {
         self.inner.engine_env(sandbox_id).await
     }

@@ -325,9 +325,14 @@ async fn start_canary(probes: &dyn Probes) -> Result<Option<ctx::Canary>, String
         Ok(None) => return Ok(None),
         Err(e) => return Err(format!("the canary probe failed: {e:#}")),
     };
-    let listener = tokio::net::TcpListener::bind(spec.bind)
+    let listener = probes
+        .bind_canary(&spec)
         .await
-        .map_err(|e| format!("canary server cannot bind {}: {e}", spec.bind))?;
+        .and_then(|l| {
+            l.set_nonblocking(true)?;
+            Ok(tokio::net::TcpListener::from_std(l)?)
+        })
+        .map_err(|e| format!("canary server cannot bind {}: {e:#}", spec.bind))?;
     let port = listener
         .local_addr()
         .map_err(|e| format!("canary server address: {e}"))?

@@ -68,6 +68,16 @@ pub trait Probes: Send + Sync {
         Ok(None)
     }
 
+    /// Opens the canary's listener for `spec`. Default: a TCP listener bound to
+    /// `spec.bind` in this process's network namespace. An adapter whose canary address
+    /// is not one of this host's (Docker and Podman keep it in a namespace of its own, so
+    /// that blocking the host's addresses does not block the canary) binds it there.
+    async fn bind_canary(&self, spec: &CanarySpec) -> anyhow::Result<std::net::TcpListener> {
+        let l = std::net::TcpListener::bind(spec.bind)?;
+        l.set_nonblocking(true)?;
+        Ok(l)
+    }
+
     /// The engine-side view of a sandbox's configured environment (`docker inspect`
     /// `Config.Env`), to prove secrets are not stored there. `Ok(None)` → that trial is
     /// ignored; `Err` → it fails with it.

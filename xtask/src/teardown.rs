@@ -1,5 +1,7 @@
 //! `cargo xtask teardown`: stops the daemons `setup` started (their pids are in
-//! `/run/sandbox-rs/*.pid`) and nothing else — an engine someone else runs is left alone.
+//! `/run/sandbox-rs/*.pid`) and nothing else — an engine someone else runs is left alone —
+//! and removes the egress lab the engine tests leave for the next run (the `sbx-lab`
+//! network namespace and its veth pair, `sandbox_container::egress::lab`).
 
 use std::time::Instant;
 
@@ -26,8 +28,28 @@ pub fn run() -> Result<()> {
             Err(err) => errors.push(format!("{}: {err:#}", daemon.name)),
         }
     }
+    remove_egress_lab();
     if !errors.is_empty() {
         anyhow::bail!("teardown incomplete: {}", errors.join("; "));
     }
     Ok(())
+}
+
+/// Removes the egress lab (names as in `sandbox_container::egress::lab`; absent is fine).
+fn remove_egress_lab() {
+    let had_ns = std::path::Path::new("/run/netns/sbx-lab").exists();
+    let quiet = |args: &[&str]| {
+        std::process::Command::new("ip")
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let removed_ns = had_ns && quiet(&["netns", "del", "sbx-lab"]);
+    // Deleting the namespace deletes the pair; an older layout left a host interface alone.
+    let removed_link = quiet(&["link", "del", "sbx-lab0"]);
+    if removed_ns || removed_link {
+        println!("teardown: egress lab removed (netns sbx-lab, link sbx-lab0)");
+    }
 }

@@ -69,6 +69,11 @@ impl Probes for DockerProbes {
         }))
     }
 
+    /// Inside the lab's namespace: the canary is not one of this host's addresses.
+    async fn bind_canary(&self, spec: &CanarySpec) -> anyhow::Result<std::net::TcpListener> {
+        sandbox_container::egress::lab::bind(spec.bind).map_err(anyhow::Error::msg)
+    }
+
     fn egress_names(&self) -> Option<sandbox_contract::EgressNames> {
         Some(sandbox_contract::EgressNames {
             listed: sandbox_container::egress::lab::LISTED.into(),

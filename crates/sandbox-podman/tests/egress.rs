@@ -70,3 +70,9 @@ async fn a_foreign_network_of_our_name_is_refused() {
     let Some(b) = backend().await else { return };
     tests::a_foreign_network_of_our_name_is_refused(b.engine(), "podman --remote").await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn host_addresses_are_blocked_under_allow() {
+    let Some(b) = backend().await else { return };
+    tests::host_addresses_are_blocked_under_allow(&b).await;
+}

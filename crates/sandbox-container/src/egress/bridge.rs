@@ -31,7 +31,8 @@ fn names() -> &'static Mutex<HashMap<IpAddr, String>> {
     N.get_or_init(Mutex::default)
 }
 
-async fn ip(args: &[&str]) -> Result<String, String> {
+/// Runs `ip ARGS` on the host; its stdout, or a message naming the command.
+pub(super) async fn ip(args: &[&str]) -> Result<String, String> {
     let run = tokio::process::Command::new(super::host::ip_path())
         .args(args)
         .stdin(Stdio::null())

@@ -1,24 +1,36 @@
 //! Test support for egress trials that never leave the machine (not part of the API).
 //!
-//! A dummy (or empty bridge) interface on the host carries [`CANARY`] (198.18.0.1, from RFC 2544's
-//! benchmarking range: never routed on the internet, and inside no engine's address
-//! pool). A server bound there is reachable from a sandbox through its gateway like any
-//! outside host would be, yet the packets never leave this machine; and since it is not
-//! an engine network's address, egress `Allow` may reach it while the host's bridge
-//! addresses stay blocked. [`Names`] teaches the egress resolver names only the test knows.
+//! The canary lives in a network namespace of its own ([`NETNS`]), joined to the host by
+//! a veth pair: the host end [`INTERFACE`] holds [`HOST_SIDE`], the namespace end holds
+//! [`CANARY`] (198.18.0.1, from RFC 2544's benchmarking range: never routed on the
+//! internet, and inside no engine's address pool). A sandbox reaches it through its
+//! gateway and the host's forwarding like any outside host, yet the packets never leave
+//! this machine. It is deliberately *not* one of the host's addresses: those are blocked
+//! under every egress policy (issue 13), the canary must not be. [`bind`] opens a
+//! listener inside the namespace; [`Names`] teaches the egress resolver names only the
+//! test knows.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::Command;
 
 use futures::future::BoxFuture;
 
 use super::{HostLookup, Lookup};
 
-/// The dummy interface's name.
+/// The network namespace the canary lives in (`ip netns`: `/run/netns/sbx-lab`).
+pub const NETNS: &str = "sbx-lab";
+
+/// The host end of the veth pair into [`NETNS`].
 pub const INTERFACE: &str = "sbx-lab0";
 
-/// The canary address on [`INTERFACE`].
+/// The namespace end of the veth pair.
+const PEER: &str = "sbx-lab1";
+
+/// The host's address on [`INTERFACE`] (the canary namespace's default gateway).
+pub const HOST_SIDE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 254);
+
+/// The canary address, inside [`NETNS`].
 pub const CANARY: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 
 fn ip(args: &[&str]) -> Result<String, String> {
@@ -37,28 +49,93 @@ fn ip(args: &[&str]) -> Result<String, String> {
     }
 }
 
-/// Ensures [`INTERFACE`] exists, is up and holds [`CANARY`]/32 (needs root; idempotent:
-/// concurrent test processes may all call it). Returns the address.
-pub fn ensure() -> Result<IpAddr, String> {
-    if ip(&["link", "show", INTERFACE]).is_err() {
-        // Another process may create it between the check and here: the re-check decides.
-        // A dummy interface where the kernel has the module, else an empty bridge (every
-        // engine host has bridges); either holds a local address without any port.
-        if ip(&["link", "add", INTERFACE, "type", "dummy"]).is_err() {
-            let _ = ip(&["link", "add", INTERFACE, "type", "bridge"]);
+/// Adds `addr` to `dev` (in `netns` when given) unless it is there. Concurrent test
+/// processes may race: the re-check decides.
+fn ensure_addr(netns: Option<&str>, dev: &str, addr: &str) -> Result<(), String> {
+    let ns: Vec<&str> = netns.map(|n| vec!["-n", n]).unwrap_or_default();
+    let show = |_: ()| ip(&[&ns[..], &["-4", "addr", "show", "dev", dev]].concat());
+    if !show(())?.contains(&format!("inet {addr} ")) {
+        let _ = ip(&[&ns[..], &["addr", "add", addr, "dev", dev]].concat());
+        if !show(())?.contains(&format!("inet {addr} ")) {
+            return Err(format!("{addr} could not be added to {dev}"));
         }
+    }
+    Ok(())
+}
+
+/// Ensures [`NETNS`] exists with [`CANARY`] reachable from the host through
+/// [`INTERFACE`] (needs root; idempotent, and safe when concurrent test processes call
+/// it). Returns the canary address.
+pub fn ensure() -> Result<IpAddr, String> {
+    // An earlier layout put the canary on a host-local dummy interface of this name.
+    if let Ok(shown) = ip(&["-d", "link", "show", INTERFACE])
+        && !shown.contains("veth")
+    {
+        let _ = ip(&["link", "del", INTERFACE]);
+    }
+    if !ip(&["netns", "list"])?
+        .lines()
+        .any(|l| l.split_whitespace().next() == Some(NETNS))
+    {
+        let _ = ip(&["netns", "add", NETNS]);
+    }
+    if ip(&["link", "show", INTERFACE]).is_err() {
+        let _ = ip(&[
+            "link", "add", INTERFACE, "type", "veth", "peer", "name", PEER, "netns", NETNS,
+        ]);
         ip(&["link", "show", INTERFACE])?;
     }
-    let addr = format!("{CANARY}/32");
-    let shown = ip(&["-4", "addr", "show", "dev", INTERFACE])?;
-    if !shown.contains(&addr) {
-        let _ = ip(&["addr", "add", &addr, "dev", INTERFACE]);
-        if !ip(&["-4", "addr", "show", "dev", INTERFACE])?.contains(&addr) {
-            return Err(format!("{addr} could not be added to {INTERFACE}"));
-        }
-    }
+    ensure_addr(None, INTERFACE, &format!("{HOST_SIDE}/24"))?;
+    ensure_addr(Some(NETNS), PEER, &format!("{CANARY}/24"))?;
     ip(&["link", "set", INTERFACE, "up"])?;
+    ip(&["-n", NETNS, "link", "set", "lo", "up"])?;
+    ip(&["-n", NETNS, "link", "set", PEER, "up"])?;
+    ip(&[
+        "-n",
+        NETNS,
+        "route",
+        "replace",
+        "default",
+        "via",
+        &HOST_SIDE.to_string(),
+    ])?;
     Ok(IpAddr::V4(CANARY))
+}
+
+/// Removes [`NETNS`] and the veth pair (for `cargo xtask teardown`; absent is fine).
+pub fn remove() {
+    let _ = ip(&["netns", "del", NETNS]);
+    let _ = ip(&["link", "del", INTERFACE]);
+}
+
+/// A TCP listener bound to `addr` inside [`NETNS`] (non-blocking, ready for
+/// `tokio::net::TcpListener::from_std`). A socket keeps the namespace it was made in, so
+/// a short-lived thread enters the namespace, binds, and ends; the caller's threads never
+/// change namespace.
+#[cfg(target_os = "linux")]
+pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, String> {
+    std::thread::spawn(move || {
+        let ns = std::fs::File::open(format!("/run/netns/{NETNS}"))
+            .map_err(|e| format!("open the namespace {NETNS}: {e}"))?;
+        rustix::thread::move_into_link_name_space(
+            std::os::fd::AsFd::as_fd(&ns),
+            Some(rustix::thread::LinkNameSpaceType::Network),
+        )
+        .map_err(|e| format!("enter the namespace {NETNS}: {e}"))?;
+        let l = std::net::TcpListener::bind(addr)
+            .map_err(|e| format!("bind {addr} in {NETNS}: {e}"))?;
+        l.set_nonblocking(true)
+            .map_err(|e| format!("listener on {addr}: {e}"))?;
+        Ok(l)
+    })
+    .join()
+    .map_err(|_| "the namespace thread panicked".to_string())?
+}
+
+/// Network namespaces are Linux's: elsewhere the lab has no canary.
+#[cfg(not(target_os = "linux"))]
+pub fn bind(_addr: SocketAddr) -> Result<std::net::TcpListener, String> {
+    Err("the egress lab needs Linux network namespaces".into())
 }
 
 /// A [`Lookup`] that knows a few names and asks the host about the rest.

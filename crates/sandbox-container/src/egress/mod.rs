@@ -7,8 +7,8 @@
 //! namespace from the host (`nsenter --net=/proc/<pid>/ns/net nft -f -`) and loads one
 //! `inet` table (see `nft.rs`): output policy drop; loopback and established traffic
 //! accepted; DNS redirected to the library's resolver (see `resolver.rs`); listed CIDRs
-//! accepted; link-local, cloud metadata and every engine network (the host's bridge
-//! addresses and other sandboxes) rejected; addresses the resolver returned for listed
+//! accepted; link-local, cloud metadata, every engine network (the host's bridge
+//! addresses and other sandboxes) and every address of the host itself rejected; addresses the resolver returned for listed
 //! names accepted; everything else rejected (a fast failure, not a timeout). Under
 //! `Allow` the last step accepts instead. The table is read back and checked; any failure
 //! fails `create` and removes the container. The workload never holds `NET_ADMIN` or
@@ -20,6 +20,7 @@ mod bridge;
 mod dns;
 #[doc(hidden)]
 pub mod lab;
+mod local;
 mod nft;
 mod resolver;
 
@@ -448,6 +449,13 @@ pub(crate) async fn apply<E: ContainerEngine + ?Sized>(
             }
         }
     }
+    // The host's other addresses (its LAN address above all): a service it runs on all
+    // of them must be as far out of reach as on its bridge addresses.
+    block.extend(
+        local::addresses()
+            .await
+            .map_err(|e| creation(backend, format!("listing the host's addresses: {e}")))?,
+    );
     let gw = gateway(net)
         .ok_or_else(|| creation(backend, format!("the network {} has no gateway", net.name)))?;
     // Before the workload's first packet: the gateway MAC it learns must stay valid.

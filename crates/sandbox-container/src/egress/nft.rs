@@ -28,7 +28,8 @@ pub(crate) struct Ruleset {
     /// Networks listed by CIDR: accepted even when inside `block`.
     pub allow: Vec<Cidr>,
     /// Always blocked unless listed in `allow`: link-local, metadata, the engine's
-    /// networks (other sandboxes and the host's bridge addresses).
+    /// networks (other sandboxes and the host's bridge addresses) and the host's own
+    /// addresses.
     pub block: Vec<Cidr>,
     /// Where DNS (port 53, UDP and TCP) is redirected: the library's resolver.
     pub resolver: Option<std::net::SocketAddr>,

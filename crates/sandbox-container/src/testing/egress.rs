@@ -318,3 +318,93 @@ pub async fn a_foreign_network_of_our_name_is_refused<E: ContainerEngine>(engine
     assert_eq!(again.id, made.id, "the same network is reused");
     assert!(engine.remove_network(&name).await.expect("removed"));
 }
+
+/// The host's own addresses (IPv4, loopback aside) as `ip -4 -o addr show` prints them:
+/// the trial's own reading, not the library's.
+fn host_ipv4_addresses() -> Vec<std::net::Ipv4Addr> {
+    let out = std::process::Command::new("ip")
+        .args(["-4", "-o", "addr", "show"])
+        .output()
+        .expect("run `ip -4 -o addr show`");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace().skip_while(|w| *w != "inet");
+            w.next()?;
+            w.next()?.split('/').next()?.parse().ok()
+        })
+        .filter(|a: &std::net::Ipv4Addr| !a.is_loopback())
+        .collect()
+}
+
+/// Serves `token` to every client of `listener`.
+fn serve(listener: std::net::TcpListener, token: String) -> tokio::task::JoinHandle<()> {
+    use tokio::io::AsyncWriteExt;
+    listener.set_nonblocking(true).unwrap();
+    let l = tokio::net::TcpListener::from_std(listener).unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let t = token.clone();
+            tokio::spawn(async move {
+                let _ = s.write_all(format!("{t}\n").as_bytes()).await;
+            });
+        }
+    })
+}
+
+/// Under egress `Allow`, every address of the host — its LAN address, not only its
+/// bridge addresses — is refused fast, so a service listening on all of the host's
+/// addresses is out of reach; an ordinary address (the lab canary, in a namespace of its
+/// own) stays reachable, so the refusal is not a blanket one.
+#[allow(clippy::print_stdout)]
+pub async fn host_addresses_are_blocked_under_allow<B: Backend>(b: &B) {
+    let _serial = SERIAL.lock().await;
+    let canary_ip = lab::install().unwrap();
+    let canary = lab::bind(std::net::SocketAddr::new(canary_ip, 0)).unwrap();
+    let canary_port = canary.local_addr().unwrap().port();
+    let canary_task = serve(canary, "sbx-lab-canary".into());
+    let host = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let host_port = host.local_addr().unwrap().port();
+    let host_task = serve(host, "sbx-host-service".into());
+    let sb = b
+        .create(test_options(BUSYBOX, "egress-host").network(NetworkPolicy::allow()))
+        .await
+        .unwrap();
+    let dial = async |addr: String, port: u16| {
+        let t0 = Instant::now();
+        let r = sb
+            .run(
+                sandbox_core::Command::Shell(format!("nc -w 3 {addr} {port} 2>&1; echo rc=$?")),
+                Default::default(),
+            )
+            .await
+            .unwrap();
+        (r.stdout_text(), t0.elapsed())
+    };
+    let (canary_out, _) = dial(canary_ip.to_string(), canary_port).await;
+    let mut reached = Vec::new();
+    for a in host_ipv4_addresses() {
+        let (out, took) = dial(a.to_string(), host_port).await;
+        println!("host address {a}: {took:?} {out:?}");
+        reached.push((a, out, took));
+    }
+    // Killed before any assertion, so a failure leaves nothing on the library network.
+    canary_task.abort();
+    host_task.abort();
+    sb.kill().await.unwrap();
+    assert!(
+        canary_out.contains("sbx-lab-canary"),
+        "the canary: {canary_out}"
+    );
+    assert!(!reached.is_empty(), "the host has no non-loopback address");
+    for (a, out, took) in reached {
+        assert!(
+            !out.contains("sbx-host-service"),
+            "the host's address {a} was reached under Allow: {out}"
+        );
+        assert!(
+            took < Duration::from_secs(2),
+            "{a}: dropped, not refused ({took:?})"
+        );
+    }
+}
