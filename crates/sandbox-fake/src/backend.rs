@@ -10,14 +10,15 @@ use sandbox_core::{
     Backend, Capability, CreateOptions, IsolationTier, ManagedSandbox, ReapableBackend, Result,
     Sandbox, SandboxError, SandboxState,
 };
+use tokio::time::Instant;
 
-use crate::BACKEND_NAME;
 use crate::calls::{Call, redact};
 use crate::clock::Clock;
 use crate::config::{FakeBuilder, FakeConfig};
 use crate::faults::FaultInjector;
 use crate::sandbox::{FakeSandbox, Life, SandboxHandle, SandboxInner, Spec};
 use crate::script::{CodeMatch, Response, RunMatch, Script};
+use crate::{BACKEND_NAME, lock};
 
 /// The in-memory "engine": every sandbox, the recorded calls and the scripted rules.
 pub(crate) struct Engine {
@@ -26,10 +27,6 @@ pub(crate) struct Engine {
     scripts: Mutex<Script>,
     next_id: AtomicU64,
     clock: Clock,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Engine {
@@ -98,17 +95,23 @@ impl FakeBackend {
 
     /// A backend with this configuration.
     pub fn with_config(config: FakeConfig) -> Self {
+        let engine = Arc::new(Engine {
+            sandboxes: Mutex::new(BTreeMap::new()),
+            calls: Mutex::new(Vec::new()),
+            scripts: Mutex::new(Script::default()),
+            next_id: AtomicU64::new(1),
+            clock: Clock::new(),
+        });
+        FakeBackend::on_engine(engine, Arc::new(config))
+    }
+
+    /// A handle on `engine` with fault toggles of its own.
+    fn on_engine(engine: Arc<Engine>, config: Arc<FakeConfig>) -> Self {
         let faults = FaultInjector::default();
         faults.set_create_delay(config.create_delay);
         FakeBackend {
-            engine: Arc::new(Engine {
-                sandboxes: Mutex::new(BTreeMap::new()),
-                calls: Mutex::new(Vec::new()),
-                scripts: Mutex::new(Script::default()),
-                next_id: AtomicU64::new(1),
-                clock: Clock::new(),
-            }),
-            config: Arc::new(config),
+            engine,
+            config,
             faults,
         }
     }
@@ -127,45 +130,32 @@ impl FakeBackend {
     /// toggles of its own, so faults can be injected for one client without disturbing
     /// others.
     pub fn with_own_faults(&self) -> FakeBackend {
-        let faults = FaultInjector::default();
-        faults.set_create_delay(self.config.create_delay);
-        FakeBackend {
-            engine: self.engine.clone(),
-            config: self.config.clone(),
-            faults,
-        }
+        FakeBackend::on_engine(self.engine.clone(), self.config.clone())
     }
 
     /// Scripts every command matching `matcher` (until cleared). Scripted rules take
     /// precedence over built-in commands; the most recent matching rule wins.
     pub fn on_run(&self, matcher: impl Into<RunMatch>, response: Response) -> &Self {
-        self.engine
-            .scripts()
-            .add_run(matcher.into(), response, None);
-        self
+        self.script(|s| s.add_run(matcher.into(), response, None))
     }
 
     /// Scripts the next command matching `matcher` only.
     pub fn on_run_once(&self, matcher: impl Into<RunMatch>, response: Response) -> &Self {
-        self.engine
-            .scripts()
-            .add_run(matcher.into(), response, Some(1));
-        self
+        self.script(|s| s.add_run(matcher.into(), response, Some(1)))
     }
 
     /// Scripts every `run_code` snippet matching `matcher`.
     pub fn on_run_code(&self, matcher: impl Into<CodeMatch>, response: Response) -> &Self {
-        self.engine
-            .scripts()
-            .add_code(matcher.into(), response, None);
-        self
+        self.script(|s| s.add_code(matcher.into(), response, None))
     }
 
     /// Scripts the next `run_code` snippet matching `matcher` only.
     pub fn on_run_code_once(&self, matcher: impl Into<CodeMatch>, response: Response) -> &Self {
-        self.engine
-            .scripts()
-            .add_code(matcher.into(), response, Some(1));
+        self.script(|s| s.add_code(matcher.into(), response, Some(1)))
+    }
+
+    fn script(&self, add: impl FnOnce(&mut Script)) -> &Self {
+        add(&mut self.engine.scripts());
         self
     }
 
@@ -205,13 +195,7 @@ impl FakeBackend {
 
     /// Fault injection: sandbox `id` reaches its deadline now. Returns whether it existed.
     pub fn expire(&self, id: &str) -> bool {
-        match self.engine.get(id) {
-            Some(sb) => {
-                sb.expire_now();
-                true
-            }
-            None => false,
-        }
+        self.engine.get(id).map(|sb| sb.expire_now()).is_some()
     }
 
     fn new_id(&self) -> String {
@@ -238,11 +222,9 @@ impl FakeBackend {
 
     fn base_env(id: &str, workdir: &str, uid: u32) -> BTreeMap<String, String> {
         let home = if uid == 0 { "/root" } else { "/home/sandbox" };
+        let path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
         BTreeMap::from([
-            (
-                "PATH".to_string(),
-                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
-            ),
+            ("PATH".to_string(), path.to_string()),
             ("HOME".to_string(), home.to_string()),
             ("HOSTNAME".to_string(), id.chars().take(12).collect()),
             ("PWD".to_string(), workdir.to_string()),
@@ -255,20 +237,17 @@ impl FakeBackend {
 fn spawn_lifetime(sb: &Arc<SandboxInner>) {
     let weak = Arc::downgrade(sb);
     tokio::spawn(async move {
-        loop {
-            let deadline = match weak.upgrade() {
-                Some(sb) if sb.life() != Life::Gone => sb.deadline(),
-                _ => return,
-            };
+        // The deadline may move (`expire_now`): re-read it after every wake-up.
+        while let Some(deadline) = weak
+            .upgrade()
+            .filter(|sb| sb.life() != Life::Gone)
+            .map(|sb| sb.deadline())
+        {
             tokio::time::sleep_until(deadline).await;
-            match weak.upgrade() {
-                Some(sb) => {
-                    if tokio::time::Instant::now() >= sb.deadline() {
-                        sb.terminate();
-                        return;
-                    }
-                }
-                None => return,
+            if let Some(sb) = weak.upgrade()
+                && Instant::now() >= sb.deadline()
+            {
+                sb.terminate();
             }
         }
     });
@@ -289,50 +268,41 @@ impl Backend for FakeBackend {
     }
 
     async fn create(&self, options: CreateOptions) -> Result<Box<dyn Sandbox>> {
-        let resources = match sandbox_core::policy::check_create(
+        let config = &self.config;
+        let resources = sandbox_core::policy::check_create(
             BACKEND_NAME,
-            self.config.capabilities,
-            self.config.isolation,
+            config.capabilities,
+            config.isolation,
             &options,
-        ) {
-            Ok(r) => r,
-            Err(e) => {
-                self.record_create(&options, None, Err(e.code()));
-                return Err(e);
-            }
-        };
+        )
+        .inspect_err(|e| self.record_create(&options, None, Err(e.code())))?;
+        let refused =
+            |e: &SandboxError| self.record_create(&options, Some(resources), Err(e.code()));
         let template = options
             .template
             .clone()
-            .unwrap_or_else(|| self.config.default_template.clone());
-        let delay = match self.faults.before_create(BACKEND_NAME).and_then(|d| {
-            if self.config.template_exists(&template) {
-                Ok(d)
-            } else {
-                Err(SandboxError::creation(
+            .unwrap_or_else(|| config.default_template.clone());
+        let delay = self
+            .faults
+            .before_create(BACKEND_NAME)
+            .and_then(|d| match config.template_exists(&template) {
+                true => Ok(d),
+                false => Err(SandboxError::creation(
                     BACKEND_NAME,
                     format!("template `{template}` does not exist"),
-                ))
-            }
-        }) {
-            Ok(d) => d,
-            Err(e) => {
-                self.record_create(&options, Some(resources), Err(e.code()));
-                return Err(e);
-            }
-        };
-        let bound = self.config.create_timeout;
+                )),
+            })
+            .inspect_err(refused)?;
+        let bound = config.create_timeout;
         if self.faults.state().create_stall {
             // The engine never answers: the create bound is what ends the wait, and
             // nothing was provisioned.
             tokio::time::sleep(bound).await;
-            let e = SandboxError::create_timeout(BACKEND_NAME, bound);
-            self.record_create(&options, Some(resources), Err(e.code()));
-            return Err(e);
+            return Err(SandboxError::create_timeout(BACKEND_NAME, bound)).inspect_err(refused);
         }
         let id = self.new_id();
         let workdir = options.effective_workdir().to_string();
-        let mut env = Self::base_env(&id, &workdir, self.config.uid);
+        let mut env = Self::base_env(&id, &workdir, config.uid);
         env.extend(options.env.clone());
         let clock = self.engine.clock;
         let inner = Arc::new(SandboxInner::new(
@@ -343,7 +313,7 @@ impl Backend for FakeBackend {
                     &options.metadata,
                 ),
                 id: id.clone(),
-                has_python: self.config.template_has_python(&template),
+                has_python: config.template_has_python(&template),
                 template,
                 policy: options.network.clone(),
                 resources,
@@ -351,8 +321,8 @@ impl Backend for FakeBackend {
                 secrets: options.secrets.clone(),
                 workdir,
                 lifetime: options.timeout,
-                capabilities: self.config.capabilities,
-                isolation: self.config.isolation,
+                capabilities: config.capabilities,
+                isolation: config.isolation,
                 clock,
             },
             Arc::downgrade(&self.engine),

@@ -5,8 +5,10 @@
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use sandbox_core::Result;
+use tokio::task::AbortHandle;
 
 use crate::exec::{BROKEN_PIPE_EXIT, Proc};
+use crate::processes::INIT_PID;
 use crate::vocabulary::FORM_NOT_IN_VOCABULARY_EXIT;
 
 /// A command's body: runs as `proc` with `argv`, returns the exit status.
@@ -18,7 +20,7 @@ async fn emit(p: &Proc, s: impl Into<Bytes>) -> Result<i64> {
 }
 
 /// Writes an error line to stderr and returns `code`.
-async fn fail(p: &Proc, msg: impl Into<String>, code: i64) -> Result<i64> {
+pub(crate) async fn fail(p: &Proc, msg: impl Into<String>, code: i64) -> Result<i64> {
     let mut m = msg.into();
     m.push('\n');
     p.err(m).await;
@@ -26,7 +28,7 @@ async fn fail(p: &Proc, msg: impl Into<String>, code: i64) -> Result<i64> {
 }
 
 /// The answer to a vocabulary command used in a form the vocabulary does not list.
-async fn form_not_in_vocabulary(p: &Proc, argv: &[String]) -> Result<i64> {
+pub(crate) async fn form_not_in_vocabulary(p: &Proc, argv: &[String]) -> Result<i64> {
     let msg = format!("fake: form not in vocabulary: {}", argv.join(" "));
     p.sb.outside_vocabulary(msg.clone());
     fail(p, msg, FORM_NOT_IN_VOCABULARY_EXIT).await
@@ -136,14 +138,16 @@ pub(crate) async fn sleep(p: Proc, a: Vec<String>) -> Result<i64> {
         return form_not_in_vocabulary(&p, &a).await;
     };
     match secs.parse::<f64>() {
-        Ok(s) if s.is_finite() && s >= 0.0 => {
-            // Capped at a year: longer is "forever" for any test, and `from_secs_f64`
-            // would panic past `Duration::MAX`.
-            tokio::time::sleep(std::time::Duration::from_secs_f64(s.min(31_536_000.0))).await;
-            Ok(0)
-        }
+        Ok(s) if s.is_finite() && s >= 0.0 => sleep_secs(s).await,
         _ => fail(&p, format!("sleep: invalid number '{secs}'"), 1).await,
     }
+}
+
+/// Sleeps `secs` (finite, not negative) seconds of tokio time, capped at a year: longer is
+/// "forever" for any test, and `from_secs_f64` would panic past `Duration::MAX`.
+pub(crate) async fn sleep_secs(secs: f64) -> Result<i64> {
+    tokio::time::sleep(std::time::Duration::from_secs_f64(secs.min(31_536_000.0))).await;
+    Ok(0)
 }
 
 pub(crate) async fn seq(p: Proc, a: Vec<String>) -> Result<i64> {
@@ -175,73 +179,46 @@ pub(crate) async fn seq(p: Proc, a: Vec<String>) -> Result<i64> {
 }
 
 pub(crate) async fn kill(p: Proc, a: Vec<String>) -> Result<i64> {
-    let (probe, pid) = match a.as_slice() {
+    let (probe, target) = match a.as_slice() {
         [_, flag, pid] if flag == "-0" => (true, pid),
         [_, flag, pid] if flag == "-9" || flag == "-KILL" => (false, pid),
         [_, pid] => (false, pid),
         _ => return form_not_in_vocabulary(&p, &a).await,
     };
-    if let Some(group) = pid.strip_prefix('-')
-        && !probe
-    {
-        let Ok(pgid) = group.parse::<u32>() else {
-            return fail(&p, format!("kill: invalid number '{pid}'"), 1).await;
-        };
-        // Take the entries out under the lock, abort outside it (as below).
-        let handles = p.sb.procs().kill_group(pgid);
-        if handles.is_empty() {
-            return fail(
-                &p,
-                format!("kill: can't kill pid -{pgid}: No such process"),
-                1,
-            )
-            .await;
-        }
-        for h in handles {
-            h.abort();
-        }
+    // `-PGID` names a process group (not for the `-0` probe).
+    let group = target.strip_prefix('-').filter(|_| !probe);
+    let Ok(pid) = group.unwrap_or(target).parse::<u32>() else {
+        return fail(&p, format!("kill: invalid number '{target}'"), 1).await;
+    };
+    if pid == INIT_PID && !probe && group.is_none() {
+        let msg = format!("kill: can't kill pid {pid}: Operation not permitted");
+        return fail(&p, msg, 1).await;
+    }
+    // Take the entries out under the lock, abort outside it (the tasks' exit guards lock).
+    let found = if probe {
+        p.sb.procs().alive(pid)
+    } else if group.is_some() {
+        let handles = p.sb.procs().kill_group(pid);
+        handles.iter().for_each(AbortHandle::abort);
+        !handles.is_empty()
+    } else {
+        let killed = p.sb.procs().kill(pid);
+        killed.iter().flatten().for_each(AbortHandle::abort);
+        killed.is_some()
+    };
+    if found {
         return Ok(0);
     }
-    let Ok(pid) = pid.parse::<u32>() else {
-        return fail(&p, format!("kill: invalid number '{pid}'"), 1).await;
-    };
-    let no_such = format!("kill: can't kill pid {pid}: No such process");
-    if probe {
-        let alive = p.sb.procs().alive(pid);
-        return if alive {
-            Ok(0)
-        } else {
-            fail(&p, no_such, 1).await
-        };
-    }
-    if pid == crate::processes::INIT_PID {
-        return fail(
-            &p,
-            format!("kill: can't kill pid {pid}: Operation not permitted"),
-            1,
-        )
-        .await;
-    }
-    // Take the entry out under the lock, abort outside it (the task's exit guard locks).
-    let killed = p.sb.procs().kill(pid);
-    match killed {
-        Some(abort) => {
-            if let Some(h) = abort {
-                h.abort();
-            }
-            Ok(0)
-        }
-        None => fail(&p, no_such, 1).await,
-    }
+    let sign = if group.is_some() { "-" } else { "" };
+    let msg = format!("kill: can't kill pid {sign}{pid}: No such process");
+    fail(&p, msg, 1).await
 }
 
 pub(crate) async fn test(p: Proc, a: Vec<String>) -> Result<i64> {
-    let [_, flag, path] = a.as_slice() else {
-        return form_not_in_vocabulary(&p, &a).await;
+    let path = match a.as_slice() {
+        [_, flag, path] if flag == "-e" => path,
+        _ => return form_not_in_vocabulary(&p, &a).await,
     };
-    if flag != "-e" {
-        return form_not_in_vocabulary(&p, &a).await;
-    }
     let exists = p.sb.fs().get_followed(&p.path(path)).is_some();
     Ok(if exists { 0 } else { 1 })
 }
@@ -276,12 +253,10 @@ pub(crate) async fn dd(p: Proc, a: Vec<String>) -> Result<i64> {
 }
 
 pub(crate) async fn ln(p: Proc, a: Vec<String>) -> Result<i64> {
-    let [_, flag, target, link] = a.as_slice() else {
-        return form_not_in_vocabulary(&p, &a).await;
+    let (target, link) = match a.as_slice() {
+        [_, flag, target, link] if flag == "-s" => (target, link),
+        _ => return form_not_in_vocabulary(&p, &a).await,
     };
-    if flag != "-s" {
-        return form_not_in_vocabulary(&p, &a).await;
-    }
     let path = p.path(link);
     let now = p.sb.now();
     let made = p.sb.fs().symlink(&path, target, now);

@@ -12,6 +12,7 @@ use sandbox_core::{
     KILLED_EXIT_CODE, OutputChunk, Result, SandboxError, StartFuture, StartedExec, StreamKind,
 };
 use tokio::sync::{mpsc, oneshot};
+use tokio::task::AbortHandle;
 
 use crate::memfs::FsError;
 use crate::processes::{SpawnError, spawn_process};
@@ -101,10 +102,7 @@ impl Proc {
     /// The next piece of input as it arrives; `None` at its end.
     pub(crate) async fn next_stdin(&self) -> Option<Bytes> {
         match &*self.stdin {
-            Stdin::Given(m) => {
-                let taken = std::mem::take(&mut *m.lock().unwrap_or_else(|p| p.into_inner()));
-                (!taken.is_empty()).then_some(taken)
-            }
+            Stdin::Given(m) => Some(std::mem::take(&mut *crate::lock(m))).filter(|b| !b.is_empty()),
             Stdin::Live(rx) => rx.lock().await.recv().await.flatten(),
         }
     }
@@ -211,26 +209,19 @@ pub(crate) fn start(
                 let _ = code_tx.send(result);
             })
         });
-        let pid = match spawned {
-            Ok((pid, _join)) => pid,
-            Err(SpawnError::PidsLimit) => {
-                return Err(SandboxError::resource_limit(
-                    format!("pids ({})", sb.resources.pids),
-                    Some("raise Resources::pids, or let running processes finish".into()),
-                ));
-            }
-        };
+        let (pid, _join) = spawned.map_err(|SpawnError::PidsLimit| {
+            SandboxError::resource_limit(
+                format!("pids ({})", sb.resources.pids),
+                Some("raise Resources::pids, or let running processes finish".into()),
+            )
+        })?;
         let output = futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).map(Ok);
         let exit_sb = sb.clone();
         let exit_code = Box::pin(async move {
-            match code_rx.await {
-                Ok(r) => r,
-                // The task was aborted: by the exec's killer, or because the sandbox died.
-                Err(_) => match exit_sb.alive() {
-                    Ok(()) => Ok(KILLED_EXIT_CODE),
-                    Err(e) => Err(e),
-                },
-            }
+            // No code: the task was aborted, by the exec's killer or because the sandbox died.
+            code_rx
+                .await
+                .unwrap_or_else(|_| exit_sb.alive().map(|()| KILLED_EXIT_CODE))
         });
         Ok(StartedExec {
             output: Box::pin(output),
@@ -247,10 +238,9 @@ fn group_killer(sb: Arc<SandboxInner>, pgid: u32) -> Killer {
         let sb = sb.clone();
         Box::pin(async move {
             sb.alive()?;
+            // Take the entries out under the lock, abort outside it (exit guards lock).
             let handles = sb.procs().kill_group(pgid);
-            for h in handles {
-                h.abort();
-            }
+            handles.iter().for_each(AbortHandle::abort);
             Ok(())
         })
     })

@@ -47,7 +47,7 @@ impl std::fmt::Debug for FaultInjector {
 
 impl FaultInjector {
     fn lock(&self) -> MutexGuard<'_, FaultState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        crate::lock(&self.state)
     }
 
     /// A snapshot of the injected faults.

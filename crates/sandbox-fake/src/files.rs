@@ -2,6 +2,7 @@
 //! host files in 1 MiB pieces, so memory stays bounded by the file itself plus one piece.
 
 use std::path::{Component, Path, PathBuf};
+use std::time::SystemTime;
 
 use bytes::Bytes;
 use sandbox_core::policy::require;
@@ -10,7 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::BACKEND_NAME;
 use crate::calls::{Call, FileOp};
-use crate::memfs::{self, FsError, Node};
+use crate::memfs::{self, FsError, MemFs, Node};
 use crate::sandbox::{FakeSandbox, SandboxInner};
 
 /// Size of one transfer piece.
@@ -22,6 +23,18 @@ pub(crate) fn fs_error(path: &str, e: FsError) -> SandboxError {
         FsError::NotFound => SandboxError::path_not_found(path.to_string()),
         FsError::IsADirectory => SandboxError::is_a_directory(path.to_string()),
         other => SandboxError::file_system(path, other.errno_text()),
+    }
+}
+
+impl SandboxInner {
+    /// Runs `op` on the filesystem at the current virtual time, its error typed for `path`.
+    pub(crate) fn fs_op<T>(
+        &self,
+        path: &str,
+        op: impl FnOnce(&mut MemFs, SystemTime) -> std::result::Result<T, FsError>,
+    ) -> Result<T> {
+        let now = self.now();
+        op(&mut self.fs(), now).map_err(|e| fs_error(path, e))
     }
 }
 
@@ -62,13 +75,11 @@ async fn upload_file(sb: &SandboxInner, local: &Path, dest: &str, len: u64) -> R
     let mut file = tokio::fs::File::open(local)
         .await
         .map_err(|e| host_error(local, e))?;
-    {
-        let now = sb.now();
-        let mut fs = sb.fs();
-        fs.write(dest, Vec::new(), true, now)
-            .map_err(|e| fs_error(dest, e))?;
+    sb.fs_op(dest, |fs, now| {
+        fs.write(dest, Vec::new(), true, now)?;
         fs.reserve(dest, usize::try_from(len).unwrap_or(0));
-    }
+        Ok(())
+    })?;
     let mut buf = vec![0u8; PIECE];
     loop {
         let n = file
@@ -79,20 +90,14 @@ async fn upload_file(sb: &SandboxInner, local: &Path, dest: &str, len: u64) -> R
             return Ok(());
         }
         sb.alive()?;
-        let now = sb.now();
-        sb.fs()
-            .append(dest, &buf[..n], now)
-            .map_err(|e| fs_error(dest, e))?;
+        sb.fs_op(dest, |fs, now| fs.append(dest, &buf[..n], now))?;
     }
 }
 
 async fn upload_dir(sb: &SandboxInner, local: &Path, dest: &str) -> Result<()> {
     let mut stack = vec![(local.to_path_buf(), dest.to_string())];
     while let Some((host_dir, sandbox_dir)) = stack.pop() {
-        let now = sb.now();
-        sb.fs()
-            .mkdir(&sandbox_dir, true, now)
-            .map_err(|e| fs_error(&sandbox_dir, e))?;
+        sb.fs_op(&sandbox_dir, |fs, now| fs.mkdir(&sandbox_dir, true, now))?;
         let mut entries = tokio::fs::read_dir(&host_dir)
             .await
             .map_err(|e| host_error(&host_dir, e))?;
@@ -153,17 +158,20 @@ fn link_stays_inside(entry: &str, target: &str) -> bool {
         .is_ok_and(|r| r == ROOT || r.starts_with(&format!("{ROOT}/")))
 }
 
+/// Whether a host path is itself a symlink.
+async fn is_symlink(path: &Path) -> bool {
+    let meta = tokio::fs::symlink_metadata(path).await;
+    meta.is_ok_and(|m| m.file_type().is_symlink())
+}
+
 /// Refuses to write through a host symlink below `root` (an existing link could point
 /// anywhere on the host).
 async fn no_symlink_below(root: &Path, rel: &Path, entry: &str) -> Result<()> {
     let mut cur = root.to_path_buf();
     for c in rel.components() {
         cur.push(c);
-        match tokio::fs::symlink_metadata(&cur).await {
-            Ok(m) if m.file_type().is_symlink() => {
-                return Err(SandboxError::unsafe_archive_entry(entry.to_string()));
-            }
-            _ => {}
+        if is_symlink(&cur).await {
+            return Err(SandboxError::unsafe_archive_entry(entry.to_string()));
         }
     }
     Ok(())
@@ -176,10 +184,7 @@ async fn download_file(sb: &SandboxInner, src: &str, target: &Path) -> Result<()
     let mut offset = 0usize;
     loop {
         sb.alive()?;
-        let piece = sb
-            .fs()
-            .read_range(src, offset, PIECE)
-            .map_err(|e| fs_error(src, e))?;
+        let piece = sb.fs_op(src, |fs, _| fs.read_range(src, offset, PIECE))?;
         if piece.is_empty() {
             break;
         }
@@ -195,7 +200,7 @@ async fn download_file(sb: &SandboxInner, src: &str, target: &Path) -> Result<()
 impl FileSystem for FakeSandbox {
     async fn read(&self, path: &str) -> Result<Bytes> {
         let p = self.file_op(Capability::FILESYSTEM, FileOp::Read, path)?;
-        self.inner().fs().read(&p).map_err(|e| fs_error(&p, e))
+        self.inner().fs_op(&p, |fs, _| fs.read(&p))
     }
 
     async fn write(&self, path: &str, data: Bytes) -> Result<()> {
@@ -205,10 +210,7 @@ impl FileSystem for FakeSandbox {
             path,
         )?;
         let sb = self.inner();
-        let now = sb.now();
-        sb.fs()
-            .write(&p, data.to_vec(), true, now)
-            .map_err(|e| fs_error(&p, e))
+        sb.fs_op(&p, |fs, now| fs.write(&p, data.to_vec(), true, now))
     }
 
     async fn upload(&self, local: &Path, remote: &str) -> Result<()> {
@@ -252,24 +254,18 @@ impl FileSystem for FakeSandbox {
                     Ok(m) if m.is_dir() => local.join(memfs::base_name(&src)),
                     _ => local.to_path_buf(),
                 };
-                if let Ok(m) = tokio::fs::symlink_metadata(&target).await
-                    && m.file_type().is_symlink()
-                {
-                    return Err(SandboxError::unsafe_archive_entry(
-                        memfs::base_name(&src).to_string(),
-                    ));
+                if is_symlink(&target).await {
+                    let name = memfs::base_name(&src).to_string();
+                    return Err(SandboxError::unsafe_archive_entry(name));
                 }
                 download_file(sb, &src, &target).await
             }
             Some(true) => {
-                if let Ok(m) = tokio::fs::symlink_metadata(local).await
-                    && m.file_type().is_symlink()
-                {
-                    return Err(SandboxError::unsafe_archive_entry(
-                        local.display().to_string(),
-                    ));
+                if is_symlink(local).await {
+                    let name = local.display().to_string();
+                    return Err(SandboxError::unsafe_archive_entry(name));
                 }
-                let src = sb.fs().follow(&src).map_err(|e| fs_error(&src, e))?;
+                let src = sb.fs_op(&src, |fs, _| fs.follow(&src))?;
                 let strip = if src == "/" { 1 } else { src.len() + 1 };
                 let entries = sb.fs().walk(&src);
                 // Vet every link before writing anything.
@@ -325,16 +321,12 @@ impl FileSystem for FakeSandbox {
     async fn mkdir(&self, path: &str, parents: bool) -> Result<()> {
         let p = self.file_op(Capability::FILESYSTEM, FileOp::Mkdir { parents }, path)?;
         let sb = self.inner();
-        let now = sb.now();
-        sb.fs().mkdir(&p, parents, now).map_err(|e| fs_error(&p, e))
+        sb.fs_op(&p, |fs, now| fs.mkdir(&p, parents, now))
     }
 
     async fn remove(&self, path: &str) -> Result<()> {
         let p = self.file_op(Capability::FILESYSTEM, FileOp::Remove, path)?;
-        self.inner()
-            .fs()
-            .remove(&p, true)
-            .map_err(|e| fs_error(&p, e))
+        self.inner().fs_op(&p, |fs, _| fs.remove(&p, true))
     }
 
     async fn stat(&self, path: &str) -> Result<FileInfo> {

@@ -30,3 +30,9 @@ pub use script::{CodeMatch, Response, RunMatch, Step};
 
 /// The backend name (and DSN scheme) of the fake.
 pub const BACKEND_NAME: &str = "fake";
+
+/// Locks `m`, ignoring poisoning: a panicking test must not cascade into every later use
+/// of the fake.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -14,9 +14,9 @@ use std::time::SystemTime;
 use bytes::Bytes;
 
 /// Default permission bits of a regular file.
-pub(crate) const FILE_MODE: u32 = 0o644;
+const FILE_MODE: u32 = 0o644;
 /// Default permission bits of a directory.
-pub(crate) const DIR_MODE: u32 = 0o755;
+const DIR_MODE: u32 = 0o755;
 
 /// What a node is.
 #[derive(Debug, Clone)]
@@ -62,6 +62,8 @@ pub(crate) enum FsError {
     Loop,
 }
 
+type FsResult<T = ()> = Result<T, FsError>;
+
 impl FsError {
     /// The errno text a busybox tool would print.
     pub(crate) fn errno_text(self) -> &'static str {
@@ -78,20 +80,15 @@ impl FsError {
 }
 
 /// The tree.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct MemFs {
     nodes: BTreeMap<String, Node>,
 }
 
+/// The parent directory of a normalised path (`None` for the root).
 fn parent_of(path: &str) -> Option<&str> {
-    if path == "/" {
-        return None;
-    }
-    match path.rfind('/') {
-        Some(0) => Some("/"),
-        Some(i) => Some(&path[..i]),
-        None => None,
-    }
+    let (parent, _) = path.rsplit_once('/').filter(|_| path != "/")?;
+    Some(if parent.is_empty() { "/" } else { parent })
 }
 
 fn child_prefix(dir: &str) -> String {
@@ -109,33 +106,26 @@ pub(crate) fn base_name(path: &str) -> &str {
 
 /// `dir` joined with `name`.
 pub(crate) fn join(dir: &str, name: &str) -> String {
-    if dir == "/" {
-        format!("/{name}")
-    } else {
-        format!("{dir}/{name}")
-    }
+    child_prefix(dir) + name
 }
 
 impl MemFs {
     /// The skeleton every fake sandbox starts with, including `workdir`.
     pub(crate) fn skeleton(workdir: &str, now: SystemTime) -> MemFs {
-        let mut fs = MemFs {
-            nodes: BTreeMap::new(),
-        };
-        let dir = |now| Node {
-            kind: NodeKind::Dir,
-            mode: DIR_MODE,
-            mtime: now,
-        };
-        fs.nodes.insert("/".into(), dir(now));
-        for d in ["/bin", "/etc", "/home", "/root", "/tmp", "/usr", "/var"] {
-            fs.nodes.insert(d.into(), dir(now));
-        }
-        if let Some(tmp) = fs.nodes.get_mut("/tmp") {
-            tmp.mode = 0o1777;
+        let mut fs = MemFs::default();
+        for d in [
+            "/", "/bin", "/etc", "/home", "/root", "/tmp", "/usr", "/var",
+        ] {
+            let mode = if d == "/tmp" { 0o1777 } else { DIR_MODE };
+            fs.insert(d, NodeKind::Dir, mode, now);
         }
         let _ = fs.mkdir(workdir, true, now);
         fs
+    }
+
+    fn insert(&mut self, path: &str, kind: NodeKind, mode: u32, mtime: SystemTime) {
+        self.nodes
+            .insert(path.to_string(), Node { kind, mode, mtime });
     }
 
     /// The node at `path` (a symlink itself, not its target).
@@ -144,7 +134,7 @@ impl MemFs {
     }
 
     /// `path` with symlinks in its last component followed (at most 8 hops).
-    pub(crate) fn follow(&self, path: &str) -> Result<String, FsError> {
+    pub(crate) fn follow(&self, path: &str) -> FsResult<String> {
         let mut cur = path.to_string();
         for _ in 0..8 {
             match self.nodes.get(&cur).map(|n| &n.kind) {
@@ -164,33 +154,16 @@ impl MemFs {
     }
 
     /// Creates a symbolic link at `path` pointing to `target`.
-    pub(crate) fn symlink(
-        &mut self,
-        path: &str,
-        target: &str,
-        now: SystemTime,
-    ) -> Result<(), FsError> {
+    pub(crate) fn symlink(&mut self, path: &str, target: &str, now: SystemTime) -> FsResult {
         if self.nodes.contains_key(path) {
             return Err(FsError::Exists);
         }
         self.require_parent_dir(path, false, now)?;
-        self.nodes.insert(
-            path.to_string(),
-            Node {
-                kind: NodeKind::Symlink(target.to_string()),
-                mode: 0o777,
-                mtime: now,
-            },
-        );
+        self.insert(path, NodeKind::Symlink(target.to_string()), 0o777, now);
         Ok(())
     }
 
-    fn require_parent_dir(
-        &mut self,
-        path: &str,
-        create: bool,
-        now: SystemTime,
-    ) -> Result<(), FsError> {
+    fn require_parent_dir(&mut self, path: &str, create: bool, now: SystemTime) -> FsResult {
         let Some(parent) = parent_of(path) else {
             return Err(FsError::Busy);
         };
@@ -203,26 +176,14 @@ impl MemFs {
     }
 
     /// `mkdir` / `mkdir -p`.
-    pub(crate) fn mkdir(
-        &mut self,
-        path: &str,
-        parents: bool,
-        now: SystemTime,
-    ) -> Result<(), FsError> {
+    pub(crate) fn mkdir(&mut self, path: &str, parents: bool, now: SystemTime) -> FsResult {
         match self.nodes.get(path) {
             Some(n) if n.is_dir() && parents => return Ok(()),
             Some(_) => return Err(FsError::Exists),
             None => {}
         }
         self.require_parent_dir(path, parents, now)?;
-        self.nodes.insert(
-            path.to_string(),
-            Node {
-                kind: NodeKind::Dir,
-                mode: DIR_MODE,
-                mtime: now,
-            },
-        );
+        self.insert(path, NodeKind::Dir, DIR_MODE, now);
         Ok(())
     }
 
@@ -233,17 +194,12 @@ impl MemFs {
         data: Vec<u8>,
         parents: bool,
         now: SystemTime,
-    ) -> Result<(), FsError> {
+    ) -> FsResult {
         self.put(path, parents, now, |b| *b = data)
     }
 
     /// Appends to a regular file, creating it when missing (its directory must exist).
-    pub(crate) fn append(
-        &mut self,
-        path: &str,
-        data: &[u8],
-        now: SystemTime,
-    ) -> Result<(), FsError> {
+    pub(crate) fn append(&mut self, path: &str, data: &[u8], now: SystemTime) -> FsResult {
         self.put(path, false, now, |b| b.extend_from_slice(data))
     }
 
@@ -255,7 +211,7 @@ impl MemFs {
         parents: bool,
         now: SystemTime,
         fill: impl FnOnce(&mut Vec<u8>),
-    ) -> Result<(), FsError> {
+    ) -> FsResult {
         let path = &self.follow(path)?;
         match self.nodes.get_mut(path) {
             Some(n) => match &mut n.kind {
@@ -272,9 +228,7 @@ impl MemFs {
                 self.require_parent_dir(path, parents, now)?;
                 let mut data = Vec::new();
                 fill(&mut data);
-                let (kind, mode, mtime) = (NodeKind::File(data), FILE_MODE, now);
-                self.nodes
-                    .insert(path.to_string(), Node { kind, mode, mtime });
+                self.insert(path, NodeKind::File(data), FILE_MODE, now);
                 Ok(())
             }
         }
@@ -292,24 +246,12 @@ impl MemFs {
     }
 
     /// The content of the regular file at `path`.
-    pub(crate) fn read(&self, path: &str) -> Result<Bytes, FsError> {
-        match self.nodes.get(&self.follow(path)?) {
-            None => Err(FsError::NotFound),
-            Some(n) => match &n.kind {
-                NodeKind::Symlink(_) => Err(FsError::Loop),
-                NodeKind::Dir => Err(FsError::IsADirectory),
-                NodeKind::File(b) => Ok(Bytes::copy_from_slice(b)),
-            },
-        }
+    pub(crate) fn read(&self, path: &str) -> FsResult<Bytes> {
+        self.read_range(path, 0, usize::MAX)
     }
 
     /// Up to `len` bytes of a regular file from `offset`; empty at the end.
-    pub(crate) fn read_range(
-        &self,
-        path: &str,
-        offset: usize,
-        len: usize,
-    ) -> Result<Bytes, FsError> {
+    pub(crate) fn read_range(&self, path: &str, offset: usize, len: usize) -> FsResult<Bytes> {
         match self.nodes.get(&self.follow(path)?).map(|n| &n.kind) {
             None => Err(FsError::NotFound),
             Some(NodeKind::File(b)) => {
@@ -322,48 +264,45 @@ impl MemFs {
         }
     }
 
+    /// Every entry strictly below `dir`, in path order (parents before children), each
+    /// with its path relative to `dir`.
+    fn below<'a>(&'a self, dir: &str) -> impl Iterator<Item = (&'a str, &'a String, &'a Node)> {
+        let prefix = child_prefix(dir);
+        let len = prefix.len();
+        self.nodes
+            .range(prefix.clone()..)
+            .take_while(move |(k, _)| k.starts_with(&prefix))
+            .filter(move |(k, _)| k.len() > len)
+            .map(move |(k, n)| (&k[len..], k, n))
+    }
+
     /// Direct children of a directory, sorted by name.
-    pub(crate) fn list(&self, dir: &str) -> Result<Vec<(String, Node)>, FsError> {
+    pub(crate) fn list(&self, dir: &str) -> FsResult<Vec<(String, Node)>> {
         match self.nodes.get(dir) {
             None => return Err(FsError::NotFound),
             Some(n) if !n.is_dir() => return Err(FsError::NotADirectory),
             Some(_) => {}
         }
-        let prefix = child_prefix(dir);
         Ok(self
-            .nodes
-            .range(prefix.clone()..)
-            .take_while(|(k, _)| k.starts_with(&prefix))
-            .filter(|(k, _)| k.len() > prefix.len() && !k[prefix.len()..].contains('/'))
-            .map(|(k, n)| (k[prefix.len()..].to_string(), n.clone()))
+            .below(dir)
+            .filter(|(name, _, _)| !name.contains('/'))
+            .map(|(name, _, n)| (name.to_string(), n.clone()))
             .collect())
     }
 
     /// Every entry under `dir` (excluding `dir`), parents before children: its path, and
     /// for a symlink its target (`None` for a directory or a file, told apart by `is_dir`).
     pub(crate) fn walk(&self, dir: &str) -> Vec<(String, bool, Option<String>)> {
-        let prefix = child_prefix(dir);
-        self.nodes
-            .range(prefix.clone()..)
-            .take_while(|(k, _)| k.starts_with(&prefix))
-            .filter(|(k, _)| k.len() > prefix.len())
-            .map(|(k, n)| match &n.kind {
+        self.below(dir)
+            .map(|(_, k, n)| match &n.kind {
                 NodeKind::Symlink(t) => (k.clone(), false, Some(t.clone())),
                 _ => (k.clone(), n.is_dir(), None),
             })
             .collect()
     }
 
-    fn has_children(&self, dir: &str) -> bool {
-        let prefix = child_prefix(dir);
-        self.nodes
-            .range(prefix.clone()..)
-            .next()
-            .is_some_and(|(k, _)| k.starts_with(&prefix) && k.len() > prefix.len())
-    }
-
     /// Removes a file, or a directory (its whole tree when `recursive`).
-    pub(crate) fn remove(&mut self, path: &str, recursive: bool) -> Result<(), FsError> {
+    pub(crate) fn remove(&mut self, path: &str, recursive: bool) -> FsResult {
         let Some(node) = self.nodes.get(path) else {
             return Err(FsError::NotFound);
         };
@@ -371,7 +310,7 @@ impl MemFs {
             return Err(FsError::Busy);
         }
         if node.is_dir() {
-            if self.has_children(path) && !recursive {
+            if !recursive && self.below(path).next().is_some() {
                 return Err(FsError::NotEmpty);
             }
             for (k, _, _) in self.walk(path) {

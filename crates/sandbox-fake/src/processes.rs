@@ -96,15 +96,11 @@ impl ProcTable {
 
     /// Removes every process of group `pgid`; returns their abort handles.
     pub(crate) fn kill_group(&mut self, pgid: u32) -> Vec<AbortHandle> {
-        let pids: Vec<u32> = self
-            .entries
-            .iter()
-            .filter(|(_, e)| e.pgid == pgid)
-            .map(|(p, _)| *p)
-            .collect();
-        pids.into_iter()
-            .filter_map(|p| self.entries.remove(&p).and_then(|e| e.abort))
-            .collect()
+        let (group, rest): (BTreeMap<_, _>, _) = std::mem::take(&mut self.entries)
+            .into_iter()
+            .partition(|(_, e)| e.pgid == pgid);
+        self.entries = rest;
+        group.into_values().filter_map(|e| e.abort).collect()
     }
 
     /// Removes every process; returns their abort handles.

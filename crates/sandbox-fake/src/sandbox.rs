@@ -3,20 +3,21 @@
 //! that implements `Sandbox`.
 
 use std::any::Any;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+use sandbox_core::options::DEFAULT_OUTPUT_CAP;
 use sandbox_core::policy::require;
 use sandbox_core::teardown::{Killer, OrphanInfo, TeardownGuard};
 use sandbox_core::{
     Capability, CodeOptions, Command, EffectiveResources, ExecResult, FileSystem, IsolationTier,
     Language, NetworkPolicy, Process, Result, RunOptions, Sandbox, SandboxError, Secret,
 };
+use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use crate::BACKEND_NAME;
 use crate::backend::Engine;
 use crate::calls::Call;
 use crate::clock::Clock;
@@ -26,6 +27,7 @@ use crate::memfs::MemFs;
 use crate::processes::{ProcTable, ProcessInfo};
 use crate::script::Response;
 use crate::snippets::Vars;
+use crate::{BACKEND_NAME, lock};
 
 /// Lifecycle of a fake sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,7 +49,7 @@ pub(crate) struct SandboxInner {
     life: Mutex<Life>,
     fs: Mutex<MemFs>,
     procs: Mutex<ProcTable>,
-    contexts: Mutex<HashMap<String, Vars>>,
+    contexts: Mutex<BTreeMap<String, Vars>>,
     engine: Weak<Engine>,
 }
 
@@ -77,10 +79,6 @@ pub(crate) struct Spec {
     pub(crate) clock: Clock,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl SandboxInner {
     pub(crate) fn new(spec: Spec, engine: Weak<Engine>) -> Self {
         let now = spec.clock.now();
@@ -89,7 +87,7 @@ impl SandboxInner {
             procs: Mutex::new(ProcTable::new(spec.resources.pids)),
             deadline: Mutex::new(Instant::now() + spec.lifetime),
             life: Mutex::new(Life::Creating),
-            contexts: Mutex::new(HashMap::new()),
+            contexts: Mutex::new(BTreeMap::new()),
             created_at: now,
             spec,
             engine,
@@ -124,29 +122,25 @@ impl SandboxInner {
         }
     }
 
-    /// `Ok` while the sandbox exists; past its deadline it is torn down here.
+    /// `Ok` while the sandbox is creating or running; past its deadline it is torn down here.
     pub(crate) fn alive(&self) -> Result<()> {
-        if matches!(self.life(), Life::Gone | Life::Stopped) {
-            return Err(self.gone());
+        match self.life() {
+            Life::Creating | Life::Running if self.held() => Ok(()),
+            _ => Err(self.gone()),
         }
-        if Instant::now() >= self.deadline() {
-            self.terminate();
-            return Err(self.gone());
-        }
-        Ok(())
     }
 
     /// Whether the engine still holds it (creating, running or stopped); past its
     /// deadline it is torn down here.
     pub(crate) fn held(&self) -> bool {
-        if self.life() == Life::Stopped {
-            if Instant::now() >= self.deadline() {
-                self.terminate();
-                return false;
-            }
-            return true;
+        if self.life() == Life::Gone {
+            return false;
         }
-        self.alive().is_ok()
+        if Instant::now() >= self.deadline() {
+            self.terminate();
+            return false;
+        }
+        true
     }
 
     pub(crate) fn gone(&self) -> SandboxError {
@@ -187,9 +181,7 @@ impl SandboxInner {
             }
             *l = to;
         }
-        for h in self.procs().kill_all() {
-            h.abort();
-        }
+        self.procs().kill_all().iter().for_each(AbortHandle::abort);
         lock(&self.contexts).clear();
         true
     }
@@ -229,9 +221,7 @@ impl SandboxInner {
         for (k, v) in &self.secrets {
             env.insert(k.clone(), v.expose().to_string());
         }
-        for (k, v) in extra {
-            env.insert(k.clone(), v.clone());
-        }
+        env.extend(extra.clone());
         env
     }
 
@@ -314,9 +304,7 @@ impl SandboxHandle {
     }
     /// Ids of the persistent interpreter contexts.
     pub fn contexts(&self) -> Vec<String> {
-        let mut v: Vec<String> = lock(&self.0.contexts).keys().cloned().collect();
-        v.sort();
-        v
+        lock(&self.0.contexts).keys().cloned().collect()
     }
     /// The environment as stored engine-side (`KEY=VALUE`), like `docker inspect`
     /// `Config.Env`: secrets are not in it.
@@ -326,19 +314,13 @@ impl SandboxHandle {
     /// Reads a sandbox file directly (no call is recorded).
     pub fn read_file(&self, path: &str) -> Result<Bytes> {
         let p = sandbox_core::resolve_path(&self.0.workdir, path)?;
-        self.0
-            .fs()
-            .read(&p)
-            .map_err(|e| crate::files::fs_error(&p, e))
+        self.0.fs_op(&p, |fs, _| fs.read(&p))
     }
     /// Writes a sandbox file directly, creating parents (no call is recorded).
     pub fn write_file(&self, path: &str, data: impl Into<Bytes>) -> Result<()> {
         let p = sandbox_core::resolve_path(&self.0.workdir, path)?;
-        let now = self.0.now();
-        self.0
-            .fs()
-            .write(&p, data.into().to_vec(), true, now)
-            .map_err(|e| crate::files::fs_error(&p, e))
+        let data = data.into().to_vec();
+        self.0.fs_op(&p, |fs, now| fs.write(&p, data, true, now))
     }
     /// Fault injection: the sandbox reaches its deadline now (everything in it dies; later
     /// use returns `SandboxGone`; it disappears from `list_managed`).
@@ -496,9 +478,7 @@ impl Sandbox for FakeSandbox {
     }
 
     async fn run(&self, cmd: Command, options: RunOptions) -> Result<ExecResult> {
-        let cap = options
-            .output_cap
-            .unwrap_or(sandbox_core::options::DEFAULT_OUTPUT_CAP);
+        let cap = options.output_cap.unwrap_or(DEFAULT_OUTPUT_CAP);
         self.command_process(cmd, options, false)?
             .collect(cap)
             .await
@@ -536,9 +516,7 @@ impl Sandbox for FakeSandbox {
                 sb.template.clone(),
             ));
         }
-        let cap = options
-            .output_cap
-            .unwrap_or(sandbox_core::options::DEFAULT_OUTPUT_CAP);
+        let cap = options.output_cap.unwrap_or(DEFAULT_OUTPUT_CAP);
         let job = Job::Code {
             code: code.to_string(),
             vars: sb.context(options.context_id.as_deref()),
@@ -565,14 +543,10 @@ impl Sandbox for FakeSandbox {
 
     async fn kill(&self) -> Result<()> {
         let mut guard = self.guard.lock().await;
-        match guard.kill_now().await {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                // Still running: a later kill (or the drop) tries again.
-                *guard = TeardownGuard::new(self.info.clone(), self.killer.clone());
-                Err(e)
-            }
-        }
+        // On failure it still runs: a fresh guard lets a later kill (or the drop) retry.
+        guard.kill_now().await.inspect_err(|_| {
+            *guard = TeardownGuard::new(self.info.clone(), self.killer.clone());
+        })
     }
 
     fn native(&self) -> &dyn Any {

@@ -40,11 +40,7 @@ impl std::fmt::Debug for RunMatch {
     }
 }
 
-fn strings<I, S>(v: I) -> Vec<String>
-where
-    I: IntoIterator<Item = S>,
-    S: Into<String>,
-{
+fn strings(v: impl IntoIterator<Item = impl Into<String>>) -> Vec<String> {
     v.into_iter().map(Into::into).collect()
 }
 
@@ -218,18 +214,9 @@ impl std::fmt::Debug for Response {
 impl Response {
     /// Exit `exit_code` after writing `stdout` then `stderr`.
     pub fn output(exit_code: i64, stdout: impl Into<Bytes>, stderr: impl Into<Bytes>) -> Self {
-        let (out, err) = (stdout.into(), stderr.into());
-        let mut steps = Vec::new();
-        if !out.is_empty() {
-            steps.push(Step::Chunk(OutputChunk::stdout(out)));
-        }
-        if !err.is_empty() {
-            steps.push(Step::Chunk(OutputChunk::stderr(err)));
-        }
-        Response {
-            steps,
-            end: End::Exit(exit_code),
-        }
+        let chunks = [OutputChunk::stdout(stdout), OutputChunk::stderr(stderr)];
+        let steps = chunks.into_iter().filter(|c| !c.data.is_empty());
+        Response::steps(steps.map(Step::Chunk)).exit_code(exit_code)
     }
     /// Exit 0 with this stdout.
     pub fn ok(stdout: impl Into<Bytes>) -> Self {
@@ -249,17 +236,12 @@ impl Response {
     }
     /// Never completes (until killed or timed out).
     pub fn hang() -> Self {
-        Response {
-            steps: vec![],
-            end: End::Hang,
-        }
+        Response::steps([]).then_hang()
     }
     /// Fails the whole call with the error `f` builds (called once per use).
     pub fn error(f: impl Fn() -> SandboxError + Send + Sync + 'static) -> Self {
-        Response {
-            steps: vec![],
-            end: End::Error(Arc::new(f)),
-        }
+        let end = End::Error(Arc::new(f));
+        Response { steps: vec![], end }
     }
     /// Sets the exit code played after the steps.
     pub fn exit_code(mut self, code: i64) -> Self {
@@ -320,25 +302,20 @@ fn take<M>(rules: &mut [Rule<M>], is_match: impl Fn(&M) -> bool) -> Option<Respo
     Some(rule.response.clone())
 }
 
+fn add<M>(rules: &mut Vec<Rule<M>>, matcher: M, response: Response, remaining: Option<usize>) {
+    rules.push(Rule {
+        matcher,
+        response,
+        remaining,
+    });
+}
+
 impl Script {
-    pub(crate) fn add_run(&mut self, matcher: RunMatch, response: Response, times: Option<usize>) {
-        self.run.push(Rule {
-            matcher,
-            response,
-            remaining: times,
-        });
+    pub(crate) fn add_run(&mut self, m: RunMatch, response: Response, times: Option<usize>) {
+        add(&mut self.run, m, response, times);
     }
-    pub(crate) fn add_code(
-        &mut self,
-        matcher: CodeMatch,
-        response: Response,
-        times: Option<usize>,
-    ) {
-        self.code.push(Rule {
-            matcher,
-            response,
-            remaining: times,
-        });
+    pub(crate) fn add_code(&mut self, m: CodeMatch, response: Response, times: Option<usize>) {
+        add(&mut self.code, m, response, times);
     }
     pub(crate) fn match_run(&mut self, argv: &[String]) -> Option<Response> {
         take(&mut self.run, |m| m.matches(argv))

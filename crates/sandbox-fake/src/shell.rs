@@ -1,6 +1,6 @@
 //! `sh -c` in exactly the forms of [`crate::vocabulary::SHELL_FORMS`]: lists (`;`, newline,
 //! `&&`, `||`), background jobs (`&`), `exec`, `exit`, comments, output redirections,
-//! quotes and `$NAME ${NAME} $$ $! $?`. Anything else is refused with a message naming the
+//! quotes and `$NAME $$ $! $?`. Anything else is refused with a message naming the
 //! construct and exit status 2 — never silently misread.
 
 use std::collections::BTreeMap;
@@ -65,6 +65,14 @@ struct AndOr {
 
 fn refuse(what: &str) -> String {
     format!("not in the fake's vocabulary: {what}")
+}
+
+/// Answers a refused construct: records it and writes `sh: MSG` to `stderr`.
+async fn refused(proc: &Proc, stderr: &Sink, msg: &str) -> i64 {
+    proc.sb.outside_vocabulary(format!("sh: {msg}"));
+    proc.write(stderr, Bytes::from(format!("sh: {msg}\n")))
+        .await;
+    FORM_NOT_IN_VOCABULARY_EXIT
 }
 
 fn is_name_char(c: char) -> bool {
@@ -139,15 +147,13 @@ fn lex(src: &str) -> std::result::Result<Vec<Tok>, String> {
             }
             '>' => {
                 // `2>` / `1>`: the word so far is the descriptor.
-                let fd = match &word {
-                    Some(Word {
-                        segs,
-                        quoted: false,
-                    }) if segs == &[Seg::Lit("2".into())] => 2,
-                    Some(Word {
-                        segs,
-                        quoted: false,
-                    }) if segs == &[Seg::Lit("1".into())] => 1,
+                let digit = word
+                    .as_ref()
+                    .filter(|w| !w.quoted)
+                    .map(|w| w.segs.as_slice());
+                let fd = match digit {
+                    Some([Seg::Lit(d)]) if d == "2" => 2,
+                    Some([Seg::Lit(d)]) if d == "1" => 1,
                     _ => {
                         flush(&mut word, &mut toks);
                         1
@@ -311,6 +317,7 @@ enum Flow {
 }
 
 /// One shell process.
+#[derive(Clone)]
 pub(crate) struct Shell {
     vars: BTreeMap<String, String>,
     last: i64,
@@ -337,12 +344,7 @@ impl Shell {
     pub(crate) async fn run(&mut self, proc: &Proc, src: &str) -> Result<i64> {
         let items = match parse(src) {
             Ok(items) => items,
-            Err(msg) => {
-                proc.sb.outside_vocabulary(format!("sh: {msg}"));
-                proc.write(&self.stderr, Bytes::from(format!("sh: {msg}\n")))
-                    .await;
-                return Ok(FORM_NOT_IN_VOCABULARY_EXIT);
-            }
+            Err(msg) => return Ok(refused(proc, &self.stderr, &msg).await),
         };
         for item in items {
             if item.background {
@@ -360,14 +362,7 @@ impl Shell {
     /// it), with its redirections applied before it starts, like a forked subshell — so a
     /// job whose output goes elsewhere does not hold the exec's output open.
     async fn spawn_background(&mut self, proc: &Proc, item: AndOr) {
-        let mut child = Shell {
-            vars: self.vars.clone(),
-            last: self.last,
-            last_bg: self.last_bg,
-            shell_pid: self.shell_pid,
-            stdout: self.stdout.clone(),
-            stderr: self.stderr.clone(),
-        };
+        let mut child = self.clone();
         if item.rest.is_empty()
             && let Ok((out, err)) = self.redirect(proc, &item.first.redirs)
         {
@@ -472,7 +467,7 @@ impl Shell {
 
     async fn simple(&mut self, proc: &Proc, cmd: &Simple) -> Result<Flow> {
         let argv: Vec<String> = cmd.words.iter().flat_map(|w| self.expand(w)).collect();
-        let refused = match argv.first() {
+        let refusal = match argv.first() {
             Some(w) if KEYWORDS.contains(&w.as_str()) && !cmd.words[0].quoted => {
                 Some(refuse(&format!("`{w}`")))
             }
@@ -486,11 +481,8 @@ impl Shell {
             None => Some(refuse("a redirection without a command")),
             _ => None,
         };
-        if let Some(msg) = refused {
-            proc.sb.outside_vocabulary(format!("sh: {msg}"));
-            proc.write(&self.stderr, Bytes::from(format!("sh: {msg}\n")))
-                .await;
-            return Ok(Flow::Exit(FORM_NOT_IN_VOCABULARY_EXIT));
+        if let Some(msg) = refusal {
+            return Ok(Flow::Exit(refused(proc, &self.stderr, &msg).await));
         }
         let (stdout, stderr) = match self.redirect(proc, &cmd.redirs) {
             Ok(io) => io,
@@ -526,10 +518,8 @@ impl Shell {
                 Ok(Flow::Exit(code))
             }
             "exec" => {
-                let msg = format!("sh: {}", refuse("`exec` without a command"));
-                child.sb.outside_vocabulary(msg.clone());
-                child.err(format!("{msg}\n")).await;
-                Ok(Flow::Exit(FORM_NOT_IN_VOCABULARY_EXIT))
+                let msg = refuse("`exec` without a command");
+                Ok(Flow::Exit(refused(&child, &child.stderr, &msg).await))
             }
             _ => {
                 self.last = run_program(child, argv).await?;

@@ -4,10 +4,10 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use sandbox_core::Result;
 
+use crate::commands::sleep_secs;
 use crate::exec::Proc;
 use crate::vocabulary::{SNIPPET_NOT_IN_TABLE_EXIT, SNIPPETS};
 
@@ -124,12 +124,7 @@ pub(crate) async fn run(p: Proc, code: String, vars: Vars) -> Result<i64> {
         .iter()
         .enumerate()
         .find_map(|(i, s)| match_form(s.form, code).map(|caps| (i, caps)));
-    let get = |name: &str| {
-        vars.lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(name)
-            .copied()
-    };
+    let get = |name: &str| crate::lock(&vars).get(name).copied();
     use Cap::{Int, Name, Num, Text};
     let Some((row, caps)) = found else {
         if !balanced(code) {
@@ -166,9 +161,7 @@ pub(crate) async fn run(p: Proc, code: String, vars: Vars) -> Result<i64> {
         },
         (5 | 6, [Text(t)]) => print(&p, t.clone()).await,
         (7, [Name(n), Int(v)]) => {
-            vars.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(n.clone(), *v);
+            crate::lock(&vars).insert(n.clone(), *v);
             Ok(0)
         }
         (8, [Text(t)]) => {
@@ -176,10 +169,7 @@ pub(crate) async fn run(p: Proc, code: String, vars: Vars) -> Result<i64> {
             Ok(0)
         }
         (9, []) => print(&p, p.cwd.clone()).await,
-        (10, [Num(s)]) => {
-            tokio::time::sleep(Duration::from_secs_f64(s.min(31_536_000.0))).await;
-            Ok(0)
-        }
+        (10, [Num(s)]) => sleep_secs(*s).await,
         (11, [Text(path), Num(s)]) => {
             let path = p.path(path);
             let now = p.sb.now();
@@ -189,8 +179,7 @@ pub(crate) async fn run(p: Proc, code: String, vars: Vars) -> Result<i64> {
             if let Err(e) = written {
                 return raise(&p, format!("OSError: {}: '{path}'", e.errno_text())).await;
             }
-            tokio::time::sleep(Duration::from_secs_f64(s.min(31_536_000.0))).await;
-            Ok(0)
+            sleep_secs(*s).await
         }
         (12, [Int(_)]) => raise(&p, "ZeroDivisionError: division by zero".into()).await,
         (13, [Name(n), Text(t)]) => raise(&p, format!("{n}: {t}")).await,

@@ -1006,3 +1006,27 @@ async fn endless_output_to_dev_null_still_times_out() {
     assert!(started.elapsed() < Duration::from_secs(10));
     assert!(handle(&*sb).running_processes().is_empty());
 }
+
+/// `VOCABULARY.md` lists every command form and snippet form of the tables.
+#[test]
+fn vocabulary_md_matches_the_tables() {
+    use sandbox_fake::vocabulary::{COMMANDS, SNIPPETS, is_command};
+    let md = include_str!("../VOCABULARY.md");
+    for c in COMMANDS {
+        for form in c.forms {
+            assert!(
+                md.contains(&format!("`{form}`")),
+                "VOCABULARY.md lacks `{form}`"
+            );
+        }
+    }
+    for s in SNIPPETS {
+        let shown = s.form.replace('\n', "⏎");
+        assert!(
+            md.contains(&format!("`{shown}`")),
+            "VOCABULARY.md lacks `{shown}`"
+        );
+    }
+    assert!(is_command("/bin/echo") && is_command("/usr/bin/echo"));
+    assert!(!is_command("bash") && !is_command("python3") && !is_command("ls"));
+}
