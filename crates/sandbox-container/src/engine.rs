@@ -313,6 +313,22 @@ impl ContainerSpec {
             .disk_mb
             .map(|mb| mb.saturating_mul(1024 * 1024))
     }
+
+    /// The memory limit in bytes, saturating (never wrapping to a negative = unlimited).
+    pub fn memory_bytes(&self) -> i64 {
+        i64::try_from(self.resources.memory_mb)
+            .unwrap_or(i64::MAX)
+            .saturating_mul(1024 * 1024)
+    }
+
+    /// The engine pids limit for this spec under `runtime` (`None`: the engine's default
+    /// runtime, no headroom), clamped (see [`crate::runtime::pids_limit`]).
+    pub fn pids_limit(&self, runtime: Option<crate::Runtime>) -> i64 {
+        match runtime {
+            Some(r) => r.pids_limit(self.resources.pids),
+            None => crate::runtime::pids_limit(self.resources.pids),
+        }
+    }
 }
 
 /// The writable temporary directory every sandbox with a disk limit keeps.

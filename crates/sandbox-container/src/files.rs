@@ -306,9 +306,15 @@ impl<E: ContainerEngine> FileSystem for ContainerFiles<E> {
         let producer =
             tokio::task::spawn_blocking(move || tar_stream::stream_local(tx, &local_owned, &name));
         let body = futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).boxed();
-        // Not bounded by the call timeout: an upload takes as long as its size needs; the
-        // engine answering nothing is still caught by the body ending.
-        let sent = self.sh.engine.put_archive(&self.sh.id, &parent, body).await;
+        // Not bounded by the call timeout as a whole (an upload takes as long as its size
+        // needs), but an engine that stops reading for that long fails it.
+        let sent = crate::transfer::bounded_upload(
+            "archive upload",
+            body,
+            self.sh.config.call_timeout,
+            |b| self.sh.engine.put_archive(&self.sh.id, &parent, b),
+        )
+        .await;
         let produced = producer
             .await
             .map_err(|e| error::internal(backend, format!("archive producer failed: {e}")))?;
@@ -444,7 +450,9 @@ pub(crate) async fn download_archive(
     let _cancel = CancelOnDrop(cancelled.clone());
     // Dropped with this future: the body ends at once even while the engine is silent.
     let (_stop, stopped) = futures::channel::oneshot::channel::<()>();
-    let body = idle_bounded(body, idle).take_until(stopped).boxed();
+    let body = crate::transfer::idle_bounded(body, idle)
+        .take_until(stopped)
+        .boxed();
     let reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(body));
     let local = local.to_path_buf();
     tokio::task::spawn_blocking(move || staging.unpack(reader, &local, limits, &cancelled))
@@ -570,26 +578,6 @@ fn mask_modes(root: &Path) -> std::io::Result<()> {
         }
     }
     Ok(())
-}
-
-/// Bounds each wait for the next chunk by `idle` (a wedged engine ends the stream with
-/// `TimedOut` instead of hanging the transfer).
-fn idle_bounded(body: ArchiveBody, idle: Duration) -> ArchiveBody {
-    futures::stream::unfold(Some(body), move |state| async move {
-        let mut body = state?;
-        match tokio::time::timeout(idle, body.next()).await {
-            Ok(Some(item)) => Some((item, Some(body))),
-            Ok(None) => None,
-            Err(_) => Some((
-                Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("the engine sent no archive data for {idle:?}"),
-                )),
-                None,
-            )),
-        }
-    })
-    .boxed()
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ mod agent;
 pub mod agent_trials;
 mod archive;
 mod backend;
+pub mod copy_in;
 pub mod discovery;
 pub mod egress;
 pub mod engine;
@@ -16,10 +17,13 @@ mod exec;
 mod files;
 mod files_agent;
 mod forward;
+pub mod hooks;
 pub mod image;
 mod ingress;
 mod interpreter;
 mod kill;
+pub mod linux_capability;
+pub mod mounts;
 pub mod runtime;
 mod sandbox;
 mod settings;
@@ -30,6 +34,7 @@ mod sweep;
 #[doc(hidden)]
 pub mod testing;
 pub mod time;
+pub mod transfer;
 
 pub use agent::{AGENT_ENV, AGENT_PATH, agent_enabled_in};
 pub use backend::{
@@ -48,6 +53,7 @@ pub use files::{LS_SCRIPT, MKDIR_SCRIPT, REMOVE_SCRIPT};
 pub use image::{CredentialStore, ImageRef, PullProgress, PullProgressHook, RegistryAuth};
 pub use interpreter::DRIVER;
 pub use kill::KILL_SCRIPT;
+pub use linux_capability::{GRANTABLE_CAPABILITIES, LinuxCapability, NEVER_GRANTABLE};
 pub use runtime::{LABEL_RUNTIME, RUNSC_PIDS_HEADROOM, Runtime};
 pub use sandbox::{ContainerNative, ContainerSandbox, ExecPath};
 pub use time::parse_rfc3339;

@@ -29,6 +29,15 @@ pub enum Runtime {
     Krun,
 }
 
+/// The largest value the kernel accepts in `pids.max` (`PID_MAX_LIMIT`, 2^22): no
+/// container can hold more processes, so a larger request means this.
+pub const MAX_PIDS: u64 = 4_194_304;
+
+/// An engine pids limit for `n` processes, clamped to `1..=`[`MAX_PIDS`].
+pub fn pids_limit(n: u64) -> i64 {
+    n.clamp(1, MAX_PIDS) as i64
+}
+
 impl Runtime {
     /// Every runtime, in tier order.
     pub const ALL: [Runtime; 4] = [Runtime::Runc, Runtime::Crun, Runtime::Runsc, Runtime::Krun];
@@ -62,10 +71,10 @@ impl Runtime {
     }
 
     /// The engine pids limit for `requested` sandbox processes under this runtime,
-    /// saturating (a value that does not fit an `i64` is clamped, never "unlimited").
+    /// clamped to `1..=`[`MAX_PIDS`] (a larger value could wrap to a negative `int64`,
+    /// which engines read as "unlimited").
     pub fn pids_limit(self, requested: u64) -> i64 {
-        let n = requested.saturating_add(self.pids_headroom());
-        i64::try_from(n).unwrap_or(i64::MAX)
+        pids_limit(requested.saturating_add(self.pids_headroom()))
     }
 
     /// Parses a runtime name, case-insensitively (`gvisor` is accepted for runsc); a path or
@@ -108,8 +117,9 @@ mod tests {
         assert_eq!(Runtime::Runsc.pids_limit(64), 64 + 256);
         assert_eq!(
             Runtime::Runc.pids_limit(u64::MAX),
-            i64::MAX,
+            MAX_PIDS as i64,
             "clamped, not unlimited"
         );
+        assert_eq!(pids_limit(0), 1);
     }
 }

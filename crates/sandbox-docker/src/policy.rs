@@ -84,9 +84,7 @@ pub(crate) fn create_body(spec: &ContainerSpec, runtime: Runtime) -> ContainerCr
 
 fn host_config(spec: &ContainerSpec, runtime: Runtime, publish: &[u16]) -> HostConfig {
     let r = &spec.resources;
-    let memory = i64::try_from(r.memory_mb)
-        .unwrap_or(i64::MAX)
-        .saturating_mul(1024 * 1024);
+    let memory = spec.memory_bytes();
     // Every mode is named: a new one must be handled here, never fall back to a bridge.
     let (network_mode, dns) = match &spec.network {
         NetworkMode::None => ("none".to_string(), None),

@@ -4,17 +4,11 @@
 //!
 //! podman-api 0.11's frame decoder `panic!`s on a stream number it does not know
 //! (`containers_api::conn::tty::decode_chunk`); every crate call the engine makes goes
-//! through [`call`] (futures, also bounded in time) or the engine's `unwind_safe` (streams),
-//! which turn such a panic into an error.
+//! through `sandbox_container::transfer` (`bounded_call` for futures, also bounded in
+//! time; `unwind_safe` for streams), which turns such a panic into an error.
 
-use std::future::Future;
-use std::panic::AssertUnwindSafe;
-
-use std::time::Duration;
-
-use futures::FutureExt;
 use sandbox_container::engine::engine_text as bounded;
-use sandbox_container::{EngineError, EngineErrorKind, EngineResult};
+use sandbox_container::{EngineError, EngineErrorKind};
 use sandbox_core::{BoxError, SandboxError};
 
 use crate::rest::RestError;
@@ -126,36 +120,6 @@ pub(crate) fn refused(what: &str, e: SandboxError) -> EngineError {
     .with_source(e)
 }
 
-/// Runs one engine call bounded by `limit`, with a panic inside podman-api turned into an
-/// [`EngineError`] (its frame decoder panics on unexpected frames). A wedged engine fails
-/// the call with [`EngineErrorKind::Timeout`] instead of hanging the caller.
-pub(crate) async fn call<T, F>(what: &str, limit: Duration, fut: F) -> EngineResult<T>
-where
-    F: Future<Output = EngineResult<T>>,
-{
-    match tokio::time::timeout(limit, AssertUnwindSafe(fut).catch_unwind()).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(_)) => Err(engine_panicked(what)),
-        Err(_) => Err(EngineError::new(
-            EngineErrorKind::Timeout,
-            format!("{what}: the engine did not answer within {limit:?}"),
-        )),
-    }
-}
-
-/// A podman-api panic as an [`EngineError`] (logged once).
-pub(crate) fn engine_panicked(what: &str) -> EngineError {
-    tracing::error!(
-        backend = BACKEND,
-        operation = what,
-        "podman-api panicked; mapped to an engine error"
-    );
-    EngineError::new(
-        EngineErrorKind::Other,
-        format!("{what}: the podman-api client panicked (unexpected engine data)"),
-    )
-}
-
 /// An engine error outside the container layer (connect's ping, `engine_env`) as a
 /// `SandboxError`: unreachable or wedged engine → `EngineUnavailable` with the start
 /// command, anything else → `Engine`, the source kept.
@@ -171,24 +135,6 @@ pub(crate) fn to_sandbox_error(endpoint: &str, what: &str, e: EngineError) -> Sa
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[tokio::test]
-    async fn engine_call_panic_and_hang_are_engine_errors() {
-        let r: EngineResult<()> = call("exec start", Duration::from_secs(5), async {
-            panic!("invalid stream number from podman daemon: '7'")
-        })
-        .await;
-        assert_eq!(r.unwrap_err().kind, EngineErrorKind::Other);
-        let t = std::time::Instant::now();
-        let r: EngineResult<()> = call(
-            "container create",
-            Duration::from_millis(50),
-            std::future::pending(),
-        )
-        .await;
-        assert_eq!(r.unwrap_err().kind, EngineErrorKind::Timeout);
-        assert!(t.elapsed() < Duration::from_secs(2));
-    }
 
     #[test]
     fn rest_errors_map_to_kinds() {

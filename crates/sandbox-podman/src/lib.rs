@@ -4,7 +4,6 @@
 
 mod backend;
 mod config;
-mod copy_in;
 mod engine;
 mod error;
 mod policy;

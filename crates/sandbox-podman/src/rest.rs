@@ -205,7 +205,7 @@ impl Rest {
             .headers()
             .get("x-docker-container-path-stat")
             .ok_or_else(|| RestError::Invalid("archive stat header missing".into()))?;
-        let json = base64_decode(header.as_bytes())
+        let json = decode_stat_header(header.as_bytes())
             .ok_or_else(|| RestError::Invalid("archive stat header is not base64".into()))?;
         serde_json::from_slice(&json)
             .map(Some)
@@ -290,37 +290,15 @@ pub(crate) fn encode(s: &str) -> String {
     out
 }
 
-fn base64_decode(input: &[u8]) -> Option<Vec<u8>> {
-    fn val(c: u8) -> Option<u32> {
-        match c {
-            b'A'..=b'Z' => Some((c - b'A') as u32),
-            b'a'..=b'z' => Some((c - b'a' + 26) as u32),
-            b'0'..=b'9' => Some((c - b'0' + 52) as u32),
-            b'+' | b'-' => Some(62),
-            b'/' | b'_' => Some(63),
-            _ => None,
-        }
-    }
-    let clean: Vec<u8> = input
+/// The archive stat header: base64 of JSON — the URL-safe alphabet in Docker's API, the
+/// standard one from some engines — with or without padding.
+fn decode_stat_header(h: &[u8]) -> Option<Vec<u8>> {
+    use base64::Engine as _;
+    use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+    let cfg = GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent);
+    [base64::alphabet::URL_SAFE, base64::alphabet::STANDARD]
         .iter()
-        .copied()
-        .filter(|c| !c.is_ascii_whitespace() && *c != b'=')
-        .collect();
-    let mut out = Vec::with_capacity(clean.len() * 3 / 4);
-    for chunk in clean.chunks(4) {
-        let mut acc = 0u32;
-        for (i, c) in chunk.iter().enumerate() {
-            acc |= val(*c)? << (18 - 6 * i);
-        }
-        let bytes = acc.to_be_bytes();
-        match chunk.len() {
-            4 => out.extend_from_slice(&bytes[1..4]),
-            3 => out.extend_from_slice(&bytes[1..3]),
-            2 => out.push(bytes[1]),
-            _ => return None,
-        }
-    }
-    Some(out)
+        .find_map(|a| GeneralPurpose::new(a, cfg).decode(h.trim_ascii()).ok())
 }
 
 #[cfg(test)]
@@ -330,8 +308,11 @@ mod tests {
     #[test]
     fn decodes_the_archive_stat_header() {
         let h = b"eyJuYW1lIjoicGFzc3dkIiwic2l6ZSI6ODIsIm1vZGUiOjQyMCwibXRpbWUiOiIyMDI2LTExLTI5VDIyOjUwOjA5WiIsImlzRGlyIjpmYWxzZSwibGlua1RhcmdldCI6Ii9ldGMvcGFzc3dkIn0=";
-        let s: PathStat = serde_json::from_slice(&base64_decode(h).unwrap()).unwrap();
+        let s: PathStat = serde_json::from_slice(&decode_stat_header(h).unwrap()).unwrap();
         assert_eq!(s.name, "passwd");
+        let unpadded = decode_stat_header(&h[..h.len() - 1]).unwrap();
+        assert_eq!(serde_json::from_slice::<PathStat>(&unpadded).unwrap(), s);
+        assert!(decode_stat_header(b"not base64!").is_none());
         assert_eq!(s.size, 82);
         assert!(!s.is_dir());
         assert_eq!(s.perm(), 0o644);

@@ -1,12 +1,60 @@
-//! The sealed copy-in of [`MountMode::Copy`](crate::MountMode::Copy) mounts: the tar stream
-//! that lands a host tree at its sandbox target before the container starts.
+//! The sealed copy-in of [`MountMode::Copy`](crate::mounts::MountMode::Copy) mounts: the
+//! host tree lands at its sandbox target in a created container, before it starts, through
+//! the engine's archive upload; missing parents become directories, existing ones keep
+//! their modes, and no bind mount is left behind.
 
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
-use sandbox_container::ArchiveBody;
 use sandbox_core::tar_stream::{CHUNKS_IN_FLIGHT, ChannelWriter};
 use tokio::sync::mpsc;
+
+use crate::engine::{ArchiveBody, ContainerEngine, EngineError, EngineErrorKind, EngineResult};
+use crate::mounts::Mount;
+
+/// Injects `mount`'s host tree into the created (not started) container `id`. Host path
+/// and target are vetted again here, so the upload never carries a path other than the
+/// one checked.
+pub async fn copy_in<E: ContainerEngine + ?Sized>(
+    engine: &E,
+    id: &str,
+    mount: &Mount,
+) -> EngineResult<()> {
+    let refused = |e: sandbox_core::SandboxError| {
+        EngineError::new(
+            EngineErrorKind::InvalidRequest,
+            format!("copy mount: {e}; {}", e.hint()),
+        )
+        .with_source(e)
+    };
+    let host = mount.resolved_host().map_err(refused)?;
+    let target = mount.normalized_target().map_err(refused)?;
+    // Deepest existing ancestor: only missing components get directory entries, so
+    // existing directories keep their modes.
+    let mut missing: Vec<String> = Vec::new();
+    let mut anchor = target;
+    loop {
+        match engine
+            .stat_path(id, if anchor.is_empty() { "/" } else { &anchor })
+            .await
+        {
+            Ok(_) => break,
+            Err(e) if e.kind == EngineErrorKind::NotFound && !anchor.is_empty() => {}
+            Err(e) => return Err(e),
+        }
+        let Some((parent, name)) = anchor.rsplit_once('/') else {
+            break;
+        };
+        missing.insert(0, name.to_string());
+        anchor = parent.to_string();
+    }
+    let anchor = if anchor.is_empty() {
+        "/".into()
+    } else {
+        anchor
+    };
+    engine.put_archive(id, &anchor, tar_of(host, missing)).await
+}
 
 /// The archive to extract at the deepest existing ancestor of the target: a directory
 /// entry (mode 0755) for each `missing` component but the last of a file, then the host
@@ -15,7 +63,7 @@ use tokio::sync::mpsc;
 /// Built on a blocking thread through a bounded channel (bounded memory for any tree).
 /// Symlinks are copied as links, never followed. A host read error poisons the stream, so
 /// the engine sees a broken upload instead of accepting a truncated tree as complete.
-pub(crate) fn tar_of(host: PathBuf, missing: Vec<String>) -> ArchiveBody {
+fn tar_of(host: PathBuf, missing: Vec<String>) -> ArchiveBody {
     let (tx, mut rx) = mpsc::channel::<std::io::Result<Bytes>>(CHUNKS_IN_FLIGHT);
     tokio::task::spawn_blocking(move || {
         let mut b = tar::Builder::new(ChannelWriter::new(tx));
