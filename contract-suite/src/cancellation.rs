@@ -163,8 +163,7 @@ async fn drop_mid_stream_kills_process(ctx: Arc<Ctx>) -> anyhow::Result<()> {
         .await
         .context("no output from the streamed process")?;
     ensure!(matches!(first, Some(Ok(_))), "first item: {first:?}");
-    wait_for_file(&*sb, "/work/spid", Duration::from_secs(10)).await?;
-    let pid = read_pid(&*sb, "/work/spid").await?;
+    let pid = wait_for_pid(&*sb, "/work/spid", Duration::from_secs(10)).await?;
     drop(p);
     assert_pid_gone(&*sb, &pid, "process dropped mid-stream").await?;
     sb.kill().await

@@ -10,8 +10,7 @@ use libtest_mimic::Trial;
 use sandbox_core::{Capability as C, ErrorCode, RunOptions};
 
 use crate::ctx::{
-    Ctx, Need, assert_pid_gone, must_code, pid_alive, read_pid, run, run_ok, sbx, wait_for_file,
-    wait_for_pid,
+    Ctx, Need, assert_pid_gone, must_code, pid_alive, read_pid, run, run_ok, sbx, wait_for_pid,
 };
 
 const AREA: &str = "run";
@@ -306,8 +305,7 @@ async fn timeout_kills_only_that_process(ctx: Arc<Ctx>) -> anyhow::Result<()> {
         RunOptions::default().timeout(Duration::from_secs(120)),
     );
     let checks = async {
-        wait_for_file(&*sb, "/work/bg", Duration::from_secs(20)).await?;
-        let bg = read_pid(&*sb, "/work/bg").await?;
+        let bg = wait_for_pid(&*sb, "/work/bg", Duration::from_secs(20)).await?;
         let started = Instant::now();
         let r = tokio::time::timeout(
             Duration::from_secs(30),

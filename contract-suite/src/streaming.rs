@@ -10,7 +10,7 @@ use libtest_mimic::Trial;
 use sandbox_core::{Capability as C, ErrorCode, Process, RunOptions, Sandbox, StreamKind};
 
 use crate::ctx::{
-    Ctx, Need, assert_pid_gone, must_code, pid_alive, read_pid, run, run_ok, sbx, wait_for_file,
+    Ctx, Need, assert_pid_gone, must_code, pid_alive, read_pid, run, run_ok, sbx, wait_for_pid,
 };
 
 const AREA: &str = "streaming";
@@ -399,8 +399,7 @@ async fn cleanup_after_early_break(ctx: Arc<Ctx>) -> anyhow::Result<()> {
         // Iterates until `ready`, then breaks out; `p` is dropped at the end of the block.
         until_ready(&mut p).await?;
     }
-    wait_for_file(&*sb, "/work/cpid", Duration::from_secs(5)).await?;
-    let pid = read_pid(&*sb, "/work/cpid").await?;
+    let pid = wait_for_pid(&*sb, "/work/cpid", Duration::from_secs(5)).await?;
     assert_pid_gone(&*sb, &pid, "stream left by an early break").await?;
     sb.kill().await
 }
@@ -431,8 +430,7 @@ async fn cleanup_after_drop(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let sb = ctx.sandbox(&case("cleanup_after_drop")).await?;
     let mut p = stream(&*sb, READY, Duration::from_secs(120))?;
     sbx(p.start().await, "start")?;
-    wait_for_file(&*sb, "/work/cpid", Duration::from_secs(20)).await?;
-    let pid = read_pid(&*sb, "/work/cpid").await?;
+    let pid = wait_for_pid(&*sb, "/work/cpid", Duration::from_secs(20)).await?;
     drop(p);
     assert_pid_gone(&*sb, &pid, "dropped process").await?;
     sb.kill().await

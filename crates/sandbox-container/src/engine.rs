@@ -676,6 +676,18 @@ pub fn state_from_status(status: Option<&str>) -> SandboxState {
     }
 }
 
+/// Where a published port is reached from this host, from the engine's host binding:
+/// an unspecified or missing host address is loopback (ports are published there only);
+/// port 0 or an unparsable address is none.
+pub fn published_address(host_ip: Option<&str>, host_port: Option<u16>) -> Option<SocketAddr> {
+    let port = host_port.filter(|p| *p != 0)?;
+    let ip = match host_ip.map(str::trim).unwrap_or("") {
+        "" | "0.0.0.0" | "::" => "127.0.0.1",
+        other => other,
+    };
+    Some(SocketAddr::new(ip.parse().ok()?, port))
+}
+
 /// Engine text as an [`EngineError`] message may quote it (the engine may echo what the
 /// sandbox or the caller sent): one line, control characters blanked, at most 300
 /// characters.
@@ -717,6 +729,17 @@ mod tests {
             assert_eq!(state_from_status(Some(word)), state, "{word}");
         }
         assert_eq!(state_from_status(None), SandboxState::Unknown);
+    }
+
+    #[test]
+    fn published_ports_are_reached_on_loopback() {
+        let lo = Some(SocketAddr::from(([127, 0, 0, 1], 40000)));
+        for ip in [Some("127.0.0.1"), Some(""), Some("0.0.0.0"), None] {
+            assert_eq!(published_address(ip, Some(40000)), lo, "{ip:?}");
+        }
+        assert_eq!(published_address(Some("127.0.0.1"), Some(0)), None);
+        assert_eq!(published_address(Some("127.0.0.1"), None), None);
+        assert_eq!(published_address(Some("not an ip"), Some(1)), None);
     }
 
     #[test]

@@ -8,6 +8,7 @@ mod agent;
 pub mod agent_trials;
 mod archive;
 mod backend;
+pub mod cdi;
 pub mod copy_in;
 pub mod discovery;
 pub mod egress;

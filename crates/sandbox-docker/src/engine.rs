@@ -196,13 +196,8 @@ fn published_ports(ports: Option<PortMap>) -> BTreeMap<u16, SocketAddr> {
             continue;
         };
         let addr = bindings.iter().flatten().find_map(|b| {
-            let ip = b
-                .host_ip
-                .as_deref()
-                .filter(|i| !i.is_empty())
-                .unwrap_or("127.0.0.1");
-            let host_port = b.host_port.as_deref()?.parse::<u16>().ok()?;
-            format!("{ip}:{host_port}").parse::<SocketAddr>().ok()
+            let port = b.host_port.as_deref().and_then(|p| p.parse().ok());
+            sandbox_container::engine::published_address(b.host_ip.as_deref(), port)
         });
         if let Some(addr) = addr {
             out.insert(port, addr);

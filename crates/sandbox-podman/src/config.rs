@@ -25,15 +25,14 @@ pub const DEFAULT_ENDPOINT: &str = "unix:///run/podman/podman.sock";
 pub const CONTAINER_HOST_ENV: &str = "CONTAINER_HOST";
 /// Template used when `CreateOptions::template` is `None`.
 pub const DEFAULT_TEMPLATE: &str = "sandbox-rs/python:3.11";
-/// Directories where CDI device specs live (checked before a CDI device is requested).
-pub const CDI_SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
+pub use sandbox_container::cdi::CDI_SPEC_DIRS;
 
 /// OCI annotation keys a caller may set. Annotations are privileged configuration read by
 /// runtimes and hooks; anything else is refused.
 pub const ANNOTATION_ALLOWLIST: [&str; 2] = ["krun.cpus", "krun.ram_mib"];
 
 /// Where the engine is and what every sandbox of a backend defaults to.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct PodmanConfig {
     pub(crate) endpoint: String,
     pub(crate) endpoint_source: EndpointSource,
@@ -64,19 +63,6 @@ impl Default for PodmanConfig {
             options: PodmanOptions::default(),
             layer: ContainerConfig::new(DEFAULT_TEMPLATE),
         }
-    }
-}
-
-impl fmt::Debug for PodmanConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PodmanConfig")
-            .field("endpoint", &self.endpoint)
-            .field("endpoint_source", &self.endpoint_source)
-            .field("allow_plain_tcp", &self.allow_plain_tcp)
-            .field("ssh_config", &self.ssh_config)
-            .field("options", &self.options)
-            .field("layer", &self.layer)
-            .finish()
     }
 }
 
@@ -311,15 +297,7 @@ impl PodmanOptions {
         for (k, v) in &self.annotations {
             validate_annotation(k, v)?;
         }
-        for d in &self.cdi_devices {
-            validate_cdi_name(d)?;
-        }
-        if !self.cdi_devices.is_empty() && !host_has_cdi_specs(cdi_dirs) {
-            return Err(SandboxError::config(
-                "a CDI GPU device was requested but this host has no CDI specs in /etc/cdi or /var/run/cdi",
-                "generate one, e.g. `sudo nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml`, or drop cdi_device",
-            ));
-        }
+        sandbox_container::cdi::validate(&self.cdi_devices, cdi_dirs)?;
         Ok(())
     }
 }
@@ -347,47 +325,4 @@ fn validate_annotation(k: &str, v: &str) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-fn validate_cdi_name(d: &str) -> Result<()> {
-    // vendor/class=name, e.g. nvidia.com/gpu=0 or nvidia.com/gpu=all
-    let ok = d.len() <= 253
-        && d.split_once('=').is_some_and(|(kind, name)| {
-            kind.split_once('/').is_some_and(|(vendor, class)| {
-                !vendor.is_empty()
-                    && !class.is_empty()
-                    && vendor
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || ".-".contains(c))
-                    && class
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || "_-".contains(c))
-            }) && !name.is_empty()
-                && name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "_.:-".contains(c))
-        });
-    if !ok {
-        return Err(SandboxError::config(
-            format!(
-                "{:?} is not a CDI device name",
-                d.chars().take(64).collect::<String>()
-            ),
-            "use vendor/class=name, e.g. nvidia.com/gpu=0",
-        ));
-    }
-    Ok(())
-}
-
-/// Whether any of `dirs` holds a CDI spec file (`*.json`, `*.yaml`, `*.yml`).
-pub(crate) fn host_has_cdi_specs(dirs: &[&Path]) -> bool {
-    dirs.iter().any(|d| {
-        std::fs::read_dir(d).is_ok_and(|rd| {
-            rd.flatten().any(|e| {
-                let n = e.file_name();
-                let n = n.to_string_lossy();
-                n.ends_with(".json") || n.ends_with(".yaml") || n.ends_with(".yml")
-            })
-        })
-    })
 }

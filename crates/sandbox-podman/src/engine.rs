@@ -9,7 +9,6 @@
 //! for every engine.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -21,7 +20,7 @@ use podman_api::opts::{
     ContainerDeleteOpts, ContainerListFilter, ContainerListOpts, ExecCreateOpts, ExecStartOpts,
     PullOpts,
 };
-use sandbox_container::engine::{engine_text as bounded, state_from_status};
+use sandbox_container::engine::{engine_text as bounded, published_address, state_from_status};
 use sandbox_container::transfer::{
     bounded_call, bounded_upload, demultiplex, panicked, unwind_safe,
 };
@@ -230,29 +229,6 @@ fn system_time(secs: i64) -> Option<SystemTime> {
         .map(|s| UNIX_EPOCH + Duration::from_secs(s))
 }
 
-fn loopback(ip: Option<&str>, port: Option<u16>) -> Option<SocketAddr> {
-    let port = port.filter(|p| *p != 0)?;
-    let ip = match ip.unwrap_or("") {
-        "" | "0.0.0.0" => "127.0.0.1",
-        other => other,
-    };
-    Some(SocketAddr::new(ip.parse().ok()?, port))
-}
-
-/// The SpecGenerator of an agent-mode container: its main process (the agent) keeps stdin
-/// open across attaches and is not logged — its output is the agent's channel, and a log
-/// driver would copy every byte of every command's output to the engine's disk.
-fn open_agent_channel(body: &mut serde_json::Value) {
-    if let Some(obj) = body.as_object_mut() {
-        obj.insert("stdin".into(), serde_json::Value::Bool(true));
-        obj.insert("terminal".into(), serde_json::Value::Bool(false));
-        obj.insert(
-            "log_configuration".into(),
-            serde_json::json!({ "driver": "none" }),
-        );
-    }
-}
-
 #[sandbox_core::async_trait]
 impl ContainerEngine for PodmanEngine {
     fn backend(&self) -> &'static str {
@@ -317,11 +293,8 @@ impl ContainerEngine for PodmanEngine {
     }
 
     async fn create(&self, spec: &ContainerSpec) -> EngineResult<String> {
-        let mut body =
+        let body =
             crate::policy::create_body(spec, &self.options).map_err(|e| refused("create", e))?;
-        if spec.attach_stdin {
-            open_agent_channel(&mut body);
-        }
         // The create runs in a task of its own: if the caller drops `create` while the
         // engine is still creating (a cancelled create, a create timeout), the task removes
         // the container once its id arrives, however long the engine took. A removal by
@@ -391,7 +364,7 @@ impl ContainerEngine for PodmanEngine {
                 continue;
             };
             let addr = hosts.unwrap_or_default().into_iter().find_map(|h| {
-                loopback(
+                published_address(
                     h.host_ip.as_deref(),
                     h.host_port.as_deref().and_then(|p| p.parse().ok()),
                 )
@@ -462,7 +435,7 @@ impl ContainerEngine for PodmanEngine {
                 for p in c.ports.unwrap_or_default() {
                     if let (Some(cp), Some(a)) = (
                         p.container_port,
-                        loopback(p.host_ip.as_deref(), p.host_port),
+                        published_address(p.host_ip.as_deref(), p.host_port),
                     ) {
                         info.published.insert(cp, a);
                     }
@@ -574,10 +547,15 @@ impl ContainerEngine for PodmanEngine {
     async fn stat_path(&self, id: &str, path: &str) -> EngineResult<PathStat> {
         let st = self
             .rest_call("archive stat", self.rest.stat_path(id, path))
-            .await?
-            .ok_or_else(|| {
-                EngineError::new(EngineErrorKind::NotFound, "archive stat: no such path")
-            })?;
+            .await?;
+        // A 404 is a missing path or a missing container; the container layer tells them
+        // apart (it checks the container), so no extra round-trip here.
+        let Some(st) = st else {
+            return Err(EngineError::new(
+                EngineErrorKind::NotFound,
+                "archive stat: no such path or container",
+            ));
+        };
         let mut out = PathStat::new(st.size.max(0) as u64, st.perm(), st.is_dir());
         out.modified = st.modified();
         out.link_target = Some(st.link_target).filter(|t| !t.is_empty());
@@ -699,24 +677,5 @@ impl ContainerEngine for PodmanEngine {
 
     fn images_hint(&self) -> String {
         "sudo cargo xtask setup podman".to_string()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn published_ports_are_loopback_addresses() {
-        assert_eq!(
-            loopback(Some("127.0.0.1"), Some(40000)),
-            Some(SocketAddr::from(([127, 0, 0, 1], 40000)))
-        );
-        assert_eq!(
-            loopback(Some(""), Some(40000)),
-            Some(SocketAddr::from(([127, 0, 0, 1], 40000)))
-        );
-        assert_eq!(loopback(Some("127.0.0.1"), Some(0)), None);
-        assert_eq!(loopback(Some("not an ip"), Some(1)), None);
     }
 }

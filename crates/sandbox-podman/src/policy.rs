@@ -146,6 +146,14 @@ pub(crate) fn create_body(spec: &ContainerSpec, podman: &PodmanOptions) -> Resul
     let Some(o) = body.as_object_mut() else {
         return Ok(body);
     };
+    if spec.attach_stdin {
+        // An agent-mode container: its main process (the agent) keeps stdin open across
+        // attaches and is not logged — its output is the agent's channel, and a log
+        // driver would copy every byte of every command's output to the engine's disk.
+        o.insert("stdin".into(), true.into());
+        o.insert("terminal".into(), false.into());
+        o.insert("log_configuration".into(), json!({ "driver": "none" }));
+    }
     if let Some(bytes) = spec.scratch_bytes() {
         o.insert(
             "shm_size".into(),

@@ -172,7 +172,8 @@ impl Rest {
         Ok(c.id)
     }
 
-    /// `HEAD /containers/{id}/archive?path=`: `Ok(None)` when the path does not exist.
+    /// `HEAD /containers/{id}/archive?path=`: `Ok(None)` on a 404 (no such path, or no
+    /// such container).
     pub(crate) async fn stat_path(
         &self,
         id: &str,
@@ -187,18 +188,8 @@ impl Rest {
         let resp = self.send(req).await?;
         match resp.status() {
             StatusCode::OK => {}
-            StatusCode::NOT_FOUND => {
-                // 404 means either "no such path" or "no such container": tell them apart.
-                let container = self.container_exists(id).await?;
-                return if container {
-                    Ok(None)
-                } else {
-                    Err(RestError::Status {
-                        status: 404,
-                        message: "no such container".into(),
-                    })
-                };
-            }
+            // "No such path" or "no such container": the caller tells them apart.
+            StatusCode::NOT_FOUND => return Ok(None),
             _ => return Err(Self::error_of(resp).await),
         }
         let header = resp
@@ -257,21 +248,6 @@ impl Rest {
             s if s.is_success() => Err(RestError::Invalid(format!(
                 "the engine answered the attach with {s} instead of upgrading the connection"
             ))),
-            _ => Err(Self::error_of(resp).await),
-        }
-    }
-
-    /// `GET /libpod/containers/{id}/exists`.
-    pub(crate) async fn container_exists(&self, id: &str) -> std::result::Result<bool, RestError> {
-        let req = Request::builder()
-            .method(Method::GET)
-            .uri(self.uri(&format!("/libpod/containers/{}/exists", encode(id))))
-            .body(Body::empty())
-            .map_err(|e| RestError::Invalid(e.to_string()))?;
-        let resp = self.send(req).await?;
-        match resp.status() {
-            StatusCode::NO_CONTENT | StatusCode::OK => Ok(true),
-            StatusCode::NOT_FOUND => Ok(false),
             _ => Err(Self::error_of(resp).await),
         }
     }

@@ -80,6 +80,15 @@ fn hardening_is_always_in_the_body() {
     assert_eq!(v["env"]["PLAIN"], "visible");
     assert_eq!(v["labels"]["io.sandbox-rs.managed"], "true");
     assert!(v.get("portmappings").is_none());
+    assert!(v.get("stdin").is_none(), "no agent channel unless asked");
+    let mut agent = spec_with(Resources::default(), NetworkMode::None);
+    agent.attach_stdin = true;
+    let v = body(&agent, &PodmanOptions::default());
+    assert_eq!((&v["stdin"], &v["terminal"]), (&json!(true), &json!(false)));
+    assert_eq!(
+        v["log_configuration"]["driver"], "none",
+        "agent output is not logged"
+    );
 }
 
 #[test]
