@@ -37,6 +37,10 @@ const HOLDER_POLL: Duration = Duration::from_secs(2);
 const LIST_TIMEOUT: Duration = Duration::from_secs(10);
 /// The acknowledgement the parent sends once it printed the id.
 const ACK: &str = "ok";
+/// How long the holder keeps trying to remove its sandbox once a kill outlasted the
+/// teardown grace (a loaded engine): it is detached and about to exit, and whatever it
+/// leaves unfinished would outlive it.
+const HOLDER_RELEASE_BOUND: Duration = Duration::from_secs(60);
 
 /// What the holder reports on its stdout: one JSON line.
 #[derive(Debug, Serialize, Deserialize)]
@@ -164,7 +168,7 @@ pub async fn hold(args: CreateArgs) -> u8 {
     let mut ack = String::new();
     let acked = BufReader::new(tokio::io::stdin()).read_line(&mut ack).await;
     if !matches!(acked, Ok(n) if n > 0 && ack.trim() == ACK) {
-        let _ = sb.kill().await;
+        release(&backend, sb).await;
         return crate::EXIT_INTERRUPTED;
     }
     loop {
@@ -179,8 +183,29 @@ pub async fn hold(args: CreateArgs) -> u8 {
             }
         }
     }
-    let _ = sb.kill().await;
+    release(&backend, sb).await;
     crate::EXIT_OK
+}
+
+/// Kills the held sandbox for good before the holder exits. A kill that outlasts the
+/// teardown grace leaves its removal to a background task, which this process's exit
+/// would abandon (a leaked container, seen under load in CI): the removal is then retried
+/// through the reaper until the engine confirms it, for at most [`HOLDER_RELEASE_BOUND`].
+async fn release(backend: &Arc<dyn Backend>, sb: Box<dyn Sandbox>) {
+    let id = sb.id().to_string();
+    let killed = sb.kill().await;
+    drop(sb);
+    if let (Err(e), Some(reaper)) = (killed, backend.as_reapable()) {
+        tracing::debug!(error = %e, sandbox_id = %id, "holder kill failed; retrying through the reaper");
+        let _ = tokio::time::timeout(HOLDER_RELEASE_BOUND, async {
+            while reaper.kill_managed(&id).await.is_err() {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        })
+        .await;
+    }
+    let grace = sandbox::teardown::teardown_grace() + Duration::from_secs(1);
+    sandbox::teardown::wait_for_teardowns(grace).await;
 }
 
 /// Whether the engine still lists the sandbox as running. An engine that does not answer
