@@ -307,14 +307,9 @@ impl<E: ContainerEngine> FileSystem for ContainerFiles<E> {
             tokio::task::spawn_blocking(move || tar_stream::stream_local(tx, &local_owned, &name));
         let body = futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).boxed();
         // Not bounded by the call timeout as a whole (an upload takes as long as its size
-        // needs), but an engine that stops reading for that long fails it.
-        let sent = crate::transfer::bounded_upload(
-            "archive upload",
-            body,
-            self.sh.config.call_timeout,
-            |b| self.sh.engine.put_archive(&self.sh.id, &parent, b),
-        )
-        .await;
+        // needs); every engine fails an upload it stops reading (`transfer::bounded_upload`
+        // in its `put_archive`), so the stall bound is applied once, there.
+        let sent = self.sh.engine.put_archive(&self.sh.id, &parent, body).await;
         let produced = producer
             .await
             .map_err(|e| error::internal(backend, format!("archive producer failed: {e}")))?;

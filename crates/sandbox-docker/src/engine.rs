@@ -552,10 +552,15 @@ impl ContainerEngine for DockerEngine {
             path: dir.to_string(),
             ..Default::default()
         };
-        self.client
-            .upload_to_container(id, Some(opts), bollard::body_try_stream(body))
-            .await
-            .map_err(during("archive upload"))
+        // An engine that stops reading fails the upload (a slow source does not).
+        let limit = self.config.layer.call_timeout;
+        sandbox_container::transfer::bounded_upload("archive upload", body, limit, |b| async {
+            self.client
+                .upload_to_container(id, Some(opts), bollard::body_try_stream(b))
+                .await
+                .map_err(during("archive upload"))
+        })
+        .await
     }
 
     async fn get_archive(&self, id: &str, path: &str) -> EngineResult<ArchiveBody> {
