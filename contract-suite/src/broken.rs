@@ -141,6 +141,9 @@ pub enum Flaw {
     /// `download` writes an archive's escaping symlinks as they are instead of refusing
     /// them.
     UnsafeUnpack,
+    /// `stat` drops the setuid, setgid and sticky bits (an engine's Go file mode read as
+    /// if it were a Unix one).
+    DropSpecialModeBits,
     /// `read` of a file past the read cap returns (here: empty) data instead of
     /// `ResourceLimitExceeded`.
     UncappedRead,
@@ -151,7 +154,7 @@ pub enum Flaw {
 
 impl Flaw {
     /// Every flaw.
-    pub const ALL: [Flaw; 48] = [
+    pub const ALL: [Flaw; 49] = [
         Flaw::SwallowTimeouts,
         Flaw::PretendNetworkPolicy,
         Flaw::LeakSecrets,
@@ -198,6 +201,7 @@ impl Flaw {
         Flaw::UnboundedStreamBuffer,
         Flaw::UploadFollowsLinks,
         Flaw::UnsafeUnpack,
+        Flaw::DropSpecialModeBits,
         Flaw::UncappedRead,
         Flaw::DropStdin,
     ];
@@ -287,6 +291,7 @@ impl Flaw {
             Flaw::UnboundedStreamBuffer => &["contract::streaming::large_output_bounded_memory"],
             Flaw::UploadFollowsLinks => &["contract::files::upload_never_follows_links_out"],
             Flaw::UnsafeUnpack => &["contract::files::download_rejects_tar_path_escape"],
+            Flaw::DropSpecialModeBits => &["contract::files::stat_keeps_special_mode_bits"],
             Flaw::UncappedRead => {
                 &["contract::hostile::huge_sparse_file_read_and_download_refused"]
             }
@@ -1062,6 +1067,11 @@ impl FileSystem for BrokenSandbox {
             stale.mode = 0;
             stale.modified = None;
             return Ok(stale);
+        }
+        if self.flaw == Flaw::DropSpecialModeBits {
+            let mut masked = info;
+            masked.mode &= 0o777;
+            return Ok(masked);
         }
         Ok(info)
     }

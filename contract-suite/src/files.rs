@@ -48,6 +48,12 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
         ctx.trial(AREA, "stat_mode_and_modified", &[f], stat_mode_and_modified),
         ctx.trial(
             AREA,
+            "stat_keeps_special_mode_bits",
+            &[fr],
+            stat_keeps_special_mode_bits,
+        ),
+        ctx.trial(
+            AREA,
             "missing_read_is_path_not_found",
             &[f],
             missing_read_is_path_not_found,
@@ -258,6 +264,38 @@ async fn stat_mode_and_modified(ctx: Arc<Ctx>) -> anyhow::Result<()> {
         age < Duration::from_secs(300),
         "modification time {modified:?} is {age:?} away from now"
     );
+    sb.kill().await
+}
+
+/// `stat` reports the setuid, setgid and sticky bits a command set (`chmod 4755`, `2755`,
+/// `1777`): an engine reports them at other bit positions than Unix, and a mode read
+/// without converting them hides a setuid binary from the caller.
+async fn stat_keeps_special_mode_bits(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let sb = ctx.sandbox(&case("stat_keeps_special_mode_bits")).await?;
+    let f = fs(&sb)?;
+    sbx(f.write("/work/modes/suid", Bytes::from("x")).await, "write")?;
+    sbx(f.write("/work/modes/sgid", Bytes::from("x")).await, "write")?;
+    sbx(f.mkdir("/work/modes/sticky", false).await, "mkdir")?;
+    for (mode, path) in [
+        ("4755", "/work/modes/suid"),
+        ("2755", "/work/modes/sgid"),
+        ("1777", "/work/modes/sticky"),
+    ] {
+        let r = run(&*sb, ["chmod", mode, path]).await?;
+        ensure!(
+            r.exit_code == 0,
+            "`chmod {mode} {path}` failed ({}): {}",
+            r.exit_code,
+            r.stderr_text()
+        );
+        let want = u32::from_str_radix(mode, 8)?;
+        let info = sbx(f.stat(path).await, "stat")?;
+        ensure!(
+            info.mode & 0o7777 == want,
+            "stat of {path} after `chmod {mode}` reports mode {:o}",
+            info.mode & 0o7777
+        );
+    }
     sb.kill().await
 }
 

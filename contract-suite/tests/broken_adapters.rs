@@ -239,6 +239,7 @@ caught! {
     unbounded_stream_buffer_is_caught => UnboundedStreamBuffer,
     upload_following_links_is_caught => UploadFollowsLinks,
     unsafe_unpack_is_caught => UnsafeUnpack,
+    dropped_special_mode_bits_are_caught => DropSpecialModeBits,
     uncapped_read_is_caught => UncappedRead,
     dropped_stdin_is_caught => DropStdin,
 }

@@ -44,6 +44,21 @@ pub enum EngineErrorKind {
     Other,
 }
 
+impl EngineErrorKind {
+    /// The kind of an engine's HTTP error status, as Docker's and Podman's APIs use them:
+    /// 404 `NotFound`, 409 `Conflict`, 400 `InvalidRequest`, anything else `Other` (a 500
+    /// is read from its message by the adapter, if at all; a 401/403 comes from the
+    /// engine's own authorisation, not a registry, so it is not `Unauthorized`).
+    pub fn from_status(status: u16) -> EngineErrorKind {
+        match status {
+            404 => EngineErrorKind::NotFound,
+            409 => EngineErrorKind::Conflict,
+            400 => EngineErrorKind::InvalidRequest,
+            _ => EngineErrorKind::Other,
+        }
+    }
+}
+
 /// An engine failure, as the adapter's `error.rs` describes it. Never shown to users as
 /// is: the container layer wraps it into a `SandboxError` and keeps it as the `source`.
 pub struct EngineError {
@@ -473,35 +488,7 @@ impl ContainerInfo {
 /// A streamed archive body (a tar stream).
 pub type ArchiveBody = BoxStream<'static, std::io::Result<Bytes>>;
 
-/// What the engine knows about one path inside a container without running anything in
-/// it (Docker's and Podman's archive `HEAD`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct PathStat {
-    /// Size in bytes.
-    pub size: u64,
-    /// Unix permission bits, including setuid/setgid/sticky (`0o7777`).
-    pub mode: u32,
-    /// Whether it is a directory.
-    pub is_dir: bool,
-    /// Last modification time, when the engine reports one.
-    pub modified: Option<SystemTime>,
-    /// The target, when the path is a symbolic link.
-    pub link_target: Option<String>,
-}
-
-impl PathStat {
-    /// A stat record without modification time or link target.
-    pub fn new(size: u64, mode: u32, is_dir: bool) -> Self {
-        PathStat {
-            size,
-            mode,
-            is_dir,
-            modified: None,
-            link_target: None,
-        }
-    }
-}
+pub use crate::path_stat::PathStat;
 
 /// The narrow engine trait. One implementation per container engine; a third-party engine
 /// implements this and gets the whole sandbox (and passes the contract suite) for free.

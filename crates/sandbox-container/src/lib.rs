@@ -25,6 +25,7 @@ mod interpreter;
 mod kill;
 pub mod linux_capability;
 pub mod mounts;
+pub mod path_stat;
 pub mod runtime;
 mod sandbox;
 mod settings;

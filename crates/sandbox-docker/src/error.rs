@@ -15,18 +15,10 @@ pub(crate) fn engine_error(op: &str, e: bollard::errors::Error) -> EngineError {
         B::DockerResponseServerError {
             status_code,
             message,
-        } => {
-            let kind = match status_code {
-                404 => EngineErrorKind::NotFound,
-                409 => EngineErrorKind::Conflict,
-                400 => EngineErrorKind::InvalidRequest,
-                _ => EngineErrorKind::Other,
-            };
-            (
-                kind,
-                format!("{op}: HTTP {status_code}: {}", bounded(message)),
-            )
-        }
+        } => (
+            EngineErrorKind::from_status(*status_code),
+            format!("{op}: HTTP {status_code}: {}", bounded(message)),
+        ),
         B::RequestTimeoutError => (EngineErrorKind::Timeout, format!("{op}: timed out")),
         B::IOError { .. }
         | B::HyperLegacyError { .. }

@@ -266,6 +266,21 @@ pub(crate) async fn ln(p: Proc, a: Vec<String>) -> Result<i64> {
     }
 }
 
+pub(crate) async fn chmod(p: Proc, a: Vec<String>) -> Result<i64> {
+    let (mode, path) = match a.as_slice() {
+        [_, mode, path] => match u32::from_str_radix(mode, 8) {
+            Ok(m) if m <= 0o7777 => (m, path),
+            _ => return form_not_in_vocabulary(&p, &a).await,
+        },
+        _ => return form_not_in_vocabulary(&p, &a).await,
+    };
+    let changed = p.sb.fs().chmod(&p.path(path), mode);
+    match changed {
+        Ok(()) => Ok(0),
+        Err(e) => fail(&p, format!("chmod: {path}: {}", e.errno_text()), 1).await,
+    }
+}
+
 pub(crate) async fn sh(p: Proc, a: Vec<String>) -> Result<i64> {
     match a.as_slice() {
         [_, flag, script] if flag == "-c" => crate::shell::Shell::new(&p).run(&p, script).await,

@@ -153,6 +153,14 @@ impl MemFs {
         self.nodes.get(&self.follow(path).ok()?)
     }
 
+    /// Sets the permission bits (`0o7777`) of what `path` names, links followed.
+    pub(crate) fn chmod(&mut self, path: &str, mode: u32) -> FsResult {
+        let target = self.follow(path)?;
+        let node = self.nodes.get_mut(&target).ok_or(FsError::NotFound)?;
+        node.mode = mode & 0o7777;
+        Ok(())
+    }
+
     /// Creates a symbolic link at `path` pointing to `target`.
     pub(crate) fn symlink(&mut self, path: &str, target: &str, now: SystemTime) -> FsResult {
         if self.nodes.contains_key(path) {

@@ -128,6 +128,13 @@ pub const COMMANDS: &[CommandSpec] = &[
         |p, a| Box::pin(commands::ln(p, a)),
     ),
     cmd(
+        "chmod",
+        &["chmod OCTAL PATH"],
+        "sets the permission bits (up to `7777`, setuid/setgid/sticky included) of PATH, \
+         links followed",
+        |p, a| Box::pin(commands::chmod(p, a)),
+    ),
+    cmd(
         "nc",
         &["nc -w SECONDS HOST PORT"],
         "egress probe: under Deny `Network is unreachable` (`bad address` for a name), \

@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
@@ -382,23 +382,10 @@ impl ContainerEngine for PodmanEngine {
             .timeout(0)
             .build();
         let c = self.client.containers().get(id);
-        let r = self.api("container delete", c.delete(&opts)).await;
-        match r {
+        // A removal already in flight (409) is waited for by the container layer.
+        match self.api("container delete", c.delete(&opts)).await {
             Ok(()) => Ok(true),
             Err(e) if e.kind == EngineErrorKind::NotFound => Ok(false),
-            Err(e) if e.kind == EngineErrorKind::Conflict => {
-                // Another removal is in flight (auto-remove at the deadline, a second
-                // kill): done once the container is gone, within the same bound.
-                let deadline = Instant::now() + self.limit;
-                while Instant::now() < deadline {
-                    let exists = self.api("container exists", c.exists()).await?;
-                    if !exists {
-                        return Ok(true);
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Err(e)
-            }
             Err(e) => Err(e),
         }
     }
@@ -550,16 +537,12 @@ impl ContainerEngine for PodmanEngine {
             .await?;
         // A 404 is a missing path or a missing container; the container layer tells them
         // apart (it checks the container), so no extra round-trip here.
-        let Some(st) = st else {
-            return Err(EngineError::new(
+        st.ok_or_else(|| {
+            EngineError::new(
                 EngineErrorKind::NotFound,
                 "archive stat: no such path or container",
-            ));
-        };
-        let mut out = PathStat::new(st.size.max(0) as u64, st.perm(), st.is_dir());
-        out.modified = st.modified();
-        out.link_target = Some(st.link_target).filter(|t| !t.is_empty());
-        Ok(out)
+            )
+        })
     }
 
     fn credential_store(&self) -> CredentialStore {

@@ -58,11 +58,8 @@ fn is_transport(e: &podman_api::Error) -> bool {
 /// The [`EngineErrorKind`] of a podman-api error.
 pub(crate) fn kind_of(e: &podman_api::Error) -> EngineErrorKind {
     match status_of(e) {
-        Some(404) => EngineErrorKind::NotFound,
-        Some(409) => EngineErrorKind::Conflict,
-        Some(400) => EngineErrorKind::InvalidRequest,
         Some(500) if is_gone(e) => EngineErrorKind::Conflict,
-        Some(_) => EngineErrorKind::Other,
+        Some(status) => EngineErrorKind::from_status(status),
         None if is_transport(e) => EngineErrorKind::Unavailable,
         None => EngineErrorKind::Other,
     }
@@ -90,10 +87,8 @@ pub(crate) fn from_conn(what: &str, e: podman_api::conn::Error) -> EngineError {
 /// A REST bypass error as an [`EngineError`], the source kept.
 pub(crate) fn from_rest(what: &str, e: RestError) -> EngineError {
     let kind = match &e {
-        RestError::Status { status: 404, .. } => EngineErrorKind::NotFound,
-        RestError::Status { status: 409, .. } => EngineErrorKind::Conflict,
-        RestError::Status { status: 400, .. } => EngineErrorKind::InvalidRequest,
-        RestError::Status { .. } | RestError::Invalid(_) => EngineErrorKind::Other,
+        RestError::Status { status, .. } => EngineErrorKind::from_status(*status),
+        RestError::Invalid(_) => EngineErrorKind::Other,
         RestError::Transport(_) => EngineErrorKind::Unavailable,
     };
     EngineError::new(kind, bounded(&format!("{what}: {e}"))).with_source(e)

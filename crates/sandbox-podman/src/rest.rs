@@ -19,9 +19,9 @@
 //!   `create` costs beyond the engine's own create and start.
 
 use std::path::PathBuf;
-use std::time::SystemTime;
 
 use hyper::{Body, Method, Request, StatusCode};
+use sandbox_container::PathStat;
 use sandbox_core::{Result, SandboxError};
 use serde::Deserialize;
 
@@ -44,30 +44,6 @@ enum Transport {
 #[derive(Clone, Debug)]
 pub(crate) struct Rest {
     transport: Transport,
-}
-
-/// What the archive HEAD reports about one path.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub(crate) struct PathStat {
-    pub name: String,
-    pub size: i64,
-    /// Go `os.FileMode` bits (directory = 1 << 31, symlink = 1 << 27).
-    pub mode: u32,
-    pub mtime: String,
-    #[serde(rename = "linkTarget", default)]
-    pub link_target: String,
-}
-
-impl PathStat {
-    pub(crate) fn is_dir(&self) -> bool {
-        self.mode & (1 << 31) != 0
-    }
-    pub(crate) fn perm(&self) -> u32 {
-        self.mode & 0o7777
-    }
-    pub(crate) fn modified(&self) -> Option<SystemTime> {
-        sandbox_container::parse_rfc3339(&self.mtime)
-    }
 }
 
 /// An engine answer with a status, or a transport failure.
@@ -196,11 +172,9 @@ impl Rest {
             .headers()
             .get("x-docker-container-path-stat")
             .ok_or_else(|| RestError::Invalid("archive stat header missing".into()))?;
-        let json = decode_stat_header(header.as_bytes())
-            .ok_or_else(|| RestError::Invalid("archive stat header is not base64".into()))?;
-        serde_json::from_slice(&json)
+        PathStat::from_archive_header(header.as_bytes())
             .map(Some)
-            .map_err(|e| RestError::Invalid(e.to_string()))
+            .ok_or_else(|| RestError::Invalid("archive stat header is not base64 JSON".into()))
     }
 
     /// `GET /containers/{id}/archive?path=`: the tar stream of `path` (`Status 404` for a
@@ -266,52 +240,9 @@ pub(crate) fn encode(s: &str) -> String {
     out
 }
 
-/// The archive stat header: base64 of JSON — the URL-safe alphabet in Docker's API, the
-/// standard one from some engines — with or without padding.
-fn decode_stat_header(h: &[u8]) -> Option<Vec<u8>> {
-    use base64::Engine as _;
-    use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
-    let cfg = GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent);
-    [base64::alphabet::URL_SAFE, base64::alphabet::STANDARD]
-        .iter()
-        .find_map(|a| GeneralPurpose::new(a, cfg).decode(h.trim_ascii()).ok())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn decodes_the_archive_stat_header() {
-        let h = b"eyJuYW1lIjoicGFzc3dkIiwic2l6ZSI6ODIsIm1vZGUiOjQyMCwibXRpbWUiOiIyMDI2LTExLTI5VDIyOjUwOjA5WiIsImlzRGlyIjpmYWxzZSwibGlua1RhcmdldCI6Ii9ldGMvcGFzc3dkIn0=";
-        let s: PathStat = serde_json::from_slice(&decode_stat_header(h).unwrap()).unwrap();
-        assert_eq!(s.name, "passwd");
-        let unpadded = decode_stat_header(&h[..h.len() - 1]).unwrap();
-        assert_eq!(serde_json::from_slice::<PathStat>(&unpadded).unwrap(), s);
-        assert!(decode_stat_header(b"not base64!").is_none());
-        assert_eq!(s.size, 82);
-        assert!(!s.is_dir());
-        assert_eq!(s.perm(), 0o644);
-        let t = s.modified().unwrap();
-        assert_eq!(
-            t.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs(),
-            1_795_992_609
-        );
-    }
-
-    #[test]
-    fn directory_bit_is_read() {
-        let s = PathStat {
-            name: "etc".into(),
-            size: 4096,
-            mode: 2_147_484_141,
-            mtime: "2026-11-29T22:59:12.063721484Z".into(),
-            link_target: String::new(),
-        };
-        assert!(s.is_dir());
-        assert_eq!(s.perm(), 0o755);
-        assert!(s.modified().is_some());
-    }
 
     #[test]
     fn encodes_query_values() {
