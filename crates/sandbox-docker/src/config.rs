@@ -6,8 +6,9 @@ use bollard::Docker;
 use sandbox_container::discovery::{
     DiscoveredEndpoint, DiscoveryError, EndpointSource, EnvSnapshot, discover_docker,
 };
+use sandbox_container::engine::NetworkSpec;
 use sandbox_container::ssh::SshTarget;
-use sandbox_container::{ContainerConfig, Runtime};
+use sandbox_container::{ContainerConfig, ContainerSpec, Runtime};
 use sandbox_core::{Result, SandboxError};
 
 /// Environment variable naming the engine endpoint (`unix://…`, `tcp://…`, `https://…`).
@@ -179,6 +180,20 @@ impl DockerConfig {
         self.runtime
     }
 
+    /// The create body the adapter sends for `spec` under this configuration, as the
+    /// Engine API's JSON: every hardening field, limit and mount is visible in it, for an
+    /// audit or a test.
+    pub fn create_body(&self, spec: &ContainerSpec) -> serde_json::Value {
+        serde_json::to_value(crate::policy::create_body(spec, self.runtime))
+            .unwrap_or(serde_json::Value::Null)
+    }
+
+    /// The network create body the adapter sends for the library's egress network.
+    pub fn network_body(&self, spec: &NetworkSpec) -> serde_json::Value {
+        serde_json::to_value(crate::policy::network_request(spec))
+            .unwrap_or(serde_json::Value::Null)
+    }
+
     /// The endpoint in effect: the configured or discovered host, else discovered from the
     /// environment now.
     pub fn endpoint(&self) -> String {
@@ -201,9 +216,12 @@ impl DockerConfig {
         self.clone().discover(&EnvSnapshot::capture())
     }
 
-    /// How to reach the engine, refused before any connection when it would be insecure
-    /// or unsupported.
-    pub(crate) fn transport(&self) -> Result<Transport> {
+    /// How `connect` will reach the engine, decided without connecting: refused
+    /// (`Configuration`, naming the fix) when it would be insecure or unsupported — plain
+    /// `tcp://` unless [`DockerConfig::allow_plain_tcp`], TLS without the `tls` feature or
+    /// with a certificate file missing, a malformed `ssh://` endpoint, a selected context
+    /// that does not resolve. TLS is never downgraded to plain HTTP.
+    pub fn transport(&self) -> Result<Transport> {
         if let Some(e) = &self.discovery_error {
             return Err(e.to_error());
         }
@@ -276,9 +294,10 @@ impl DockerConfig {
     }
 }
 
-/// How the engine is reached, decided before connecting.
+/// How the engine is reached, decided before connecting ([`DockerConfig::transport`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Transport {
+#[non_exhaustive]
+pub enum Transport {
     /// A local socket (`unix://`, or a scheme bollard resolves itself).
     Local(String),
     /// `tcp://` without TLS, explicitly allowed.
@@ -289,9 +308,13 @@ pub(crate) enum Transport {
     Ssh(SshTarget),
     /// TLS with client certificates.
     Tls {
+        /// The endpoint, as configured.
         endpoint: String,
+        /// The CA certificate the engine's certificate must chain to.
         ca: PathBuf,
+        /// The client certificate.
         cert: PathBuf,
+        /// The client certificate's key.
         key: PathBuf,
     },
 }
@@ -362,192 +385,5 @@ pub(crate) fn redact_endpoint(endpoint: &str) -> String {
             None => endpoint.to_string(),
         },
         None => endpoint.to_string(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn builder_and_endpoint() {
-        let c = DockerConfig::default()
-            .host("unix:///tmp/x.sock")
-            .runtime(Runtime::Runsc)
-            .default_template("img:1");
-        assert_eq!(c.endpoint(), "unix:///tmp/x.sock");
-        assert_eq!(c.layer.default_template, "img:1");
-        assert_eq!(c.runtime_kind(), Runtime::Runsc);
-        assert_eq!(
-            DockerConfig::default().layer.default_template,
-            DEFAULT_TEMPLATE
-        );
-    }
-
-    use sandbox_core::ErrorCode;
-
-    fn env() -> EnvSnapshot {
-        EnvSnapshot::empty()
-    }
-
-    /// A config error's message and hint, for checking what it names.
-    fn config_text(e: &SandboxError) -> String {
-        assert_eq!(e.code(), ErrorCode::Configuration, "{e:?}");
-        match e {
-            SandboxError::Configuration { message, hint, .. } => {
-                format!("{message} {}", hint.clone().unwrap_or_default())
-            }
-            _ => String::new(),
-        }
-    }
-
-    fn cert_dir(files: &[&str]) -> tempfile::TempDir {
-        let d = tempfile::tempdir().expect("tempdir");
-        for f in files {
-            std::fs::write(d.path().join(f), "x").expect("write");
-        }
-        d
-    }
-
-    #[test]
-    fn plain_tcp_refused_unless_allowed() {
-        let c = DockerConfig::from_env_snapshot(&env().var("DOCKER_HOST", "tcp://10.0.0.1:2375"));
-        let e = c.transport().unwrap_err();
-        assert!(config_text(&e).contains("allow_plain_tcp"));
-        assert_eq!(
-            c.allow_plain_tcp(true).transport().unwrap(),
-            Transport::PlainTcp("tcp://10.0.0.1:2375".into())
-        );
-    }
-
-    #[test]
-    fn unix_socket_needs_no_tls() {
-        let c = DockerConfig::from_env_snapshot(&env().var("DOCKER_TLS_VERIFY", "1"));
-        assert_eq!(
-            c.transport().unwrap(),
-            Transport::Local(DEFAULT_DOCKER_HOST.into())
-        );
-    }
-
-    #[test]
-    fn tls_verify_is_never_downgraded_to_plain_http() {
-        let d = cert_dir(&["ca.pem", "cert.pem", "key.pem"]);
-        let c = DockerConfig::from_env_snapshot(
-            &env()
-                .var("DOCKER_HOST", "tcp://10.0.0.1:2376")
-                .var("DOCKER_TLS_VERIFY", "1")
-                .var("DOCKER_CERT_PATH", d.path().to_string_lossy()),
-        )
-        // Allowing plain TCP must not turn a TLS request into plain HTTP either.
-        .allow_plain_tcp(true);
-        let t = c.transport();
-        if cfg!(feature = "tls") {
-            assert!(matches!(t, Ok(Transport::Tls { .. })), "{t:?}");
-        } else {
-            assert!(config_text(&t.unwrap_err()).contains("`tls` feature"));
-        }
-    }
-
-    #[test]
-    fn https_without_tls_feature_refused() {
-        let d = cert_dir(&["ca.pem", "cert.pem", "key.pem"]);
-        let t = DockerConfig::default()
-            .host("https://10.0.0.1:2376")
-            .tls(d.path())
-            .transport();
-        if cfg!(feature = "tls") {
-            assert!(matches!(t, Ok(Transport::Tls { .. })), "{t:?}");
-        } else {
-            assert!(config_text(&t.unwrap_err()).contains("`tls` feature"));
-        }
-    }
-
-    #[cfg(feature = "tls")]
-    #[test]
-    fn tls_uses_cert_path_files() {
-        let d = cert_dir(&["ca.pem", "cert.pem", "key.pem"]);
-        let c = DockerConfig::from_env_snapshot(
-            &env()
-                .var("DOCKER_HOST", "tcp://10.0.0.1:2376")
-                .var("DOCKER_TLS_VERIFY", "1")
-                .var("DOCKER_CERT_PATH", d.path().to_string_lossy()),
-        );
-        assert_eq!(
-            c.transport().unwrap(),
-            Transport::Tls {
-                endpoint: "tcp://10.0.0.1:2376".into(),
-                ca: d.path().join("ca.pem"),
-                cert: d.path().join("cert.pem"),
-                key: d.path().join("key.pem"),
-            }
-        );
-    }
-
-    #[cfg(feature = "tls")]
-    #[test]
-    fn tls_cert_path_defaults_to_home_docker() {
-        let home = tempfile::tempdir().unwrap();
-        std::fs::create_dir(home.path().join(".docker")).unwrap();
-        for f in ["ca.pem", "cert.pem", "key.pem"] {
-            std::fs::write(home.path().join(".docker").join(f), "x").unwrap();
-        }
-        let c = DockerConfig::from_env_snapshot(
-            &env()
-                .var("HOME", home.path().to_string_lossy())
-                .var("DOCKER_HOST", "tcp://10.0.0.1:2376")
-                .var("DOCKER_TLS_VERIFY", "1"),
-        );
-        assert!(
-            matches!(c.transport(), Ok(Transport::Tls { ca, .. }) if ca == home.path().join(".docker/ca.pem"))
-        );
-    }
-
-    #[cfg(feature = "tls")]
-    #[test]
-    fn tls_missing_file_names_the_path() {
-        for missing in ["ca.pem", "cert.pem", "key.pem"] {
-            let present: Vec<&str> = ["ca.pem", "cert.pem", "key.pem"]
-                .into_iter()
-                .filter(|f| *f != missing)
-                .collect();
-            let d = cert_dir(&present);
-            let e = DockerConfig::default()
-                .host("tcp://10.0.0.1:2376")
-                .tls(d.path())
-                .transport()
-                .unwrap_err();
-            let want = d.path().join(missing).display().to_string();
-            assert!(config_text(&e).contains(&want), "{e:?} should name {want}");
-        }
-    }
-
-    #[test]
-    fn ssh_goes_through_a_tunnel_and_bad_ssh_urls_are_refused() {
-        let c = DockerConfig::from_env_snapshot(&env().var("DOCKER_HOST", "ssh://me@host:2222"));
-        match c.transport().unwrap() {
-            Transport::Ssh(t) => {
-                assert_eq!((t.user.as_deref(), t.host.as_str()), (Some("me"), "host"));
-                assert_eq!(
-                    (t.port, t.remote_socket.as_str()),
-                    (Some(2222), "/var/run/docker.sock")
-                );
-            }
-            other => panic!("not a tunnel: {other:?}"),
-        }
-        let c =
-            DockerConfig::from_env_snapshot(&env().var("DOCKER_HOST", "ssh://-oProxyCommand=x"));
-        assert!(config_text(&c.transport().unwrap_err()).contains("invalid ssh endpoint"));
-    }
-
-    #[test]
-    fn endpoint_credentials_redacted() {
-        assert_eq!(
-            redact_endpoint("tcp://user:pw@host:2376"),
-            "tcp://host:2376"
-        );
-        assert_eq!(
-            redact_endpoint("unix:///var/run/docker.sock"),
-            "unix:///var/run/docker.sock"
-        );
     }
 }

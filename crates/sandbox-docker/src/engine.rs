@@ -206,24 +206,6 @@ fn published_ports(ports: Option<PortMap>) -> BTreeMap<u16, SocketAddr> {
     out
 }
 
-/// The create body of an agent-mode container: its main process (the agent) keeps stdin
-/// open across attaches and is not logged — its output is the agent's channel, and a log
-/// driver would copy every byte of every command's output to the engine's disk.
-fn open_agent_channel(body: &mut bollard::models::ContainerCreateBody) {
-    body.open_stdin = Some(true);
-    body.stdin_once = Some(false);
-    body.tty = Some(false);
-    body.attach_stdin = Some(true);
-    body.attach_stdout = Some(true);
-    body.attach_stderr = Some(true);
-    if let Some(h) = body.host_config.as_mut() {
-        h.log_config = Some(bollard::models::HostConfigLogConfig {
-            typ: Some("none".into()),
-            config: None,
-        });
-    }
-}
-
 /// Demultiplexed output of an attach or exec as chunks.
 fn output_chunks(
     output: std::pin::Pin<
@@ -243,25 +225,6 @@ fn output_chunks(
             }))
         })
         .boxed()
-}
-
-/// Unix permission bits from a Go `os.FileMode` (what the archive HEAD reports).
-pub(crate) fn unix_mode(go: u32) -> (u32, bool) {
-    const DIR: u32 = 1 << 31;
-    const SETUID: u32 = 1 << 23;
-    const SETGID: u32 = 1 << 22;
-    const STICKY: u32 = 1 << 20;
-    let mut m = go & 0o777;
-    if go & SETUID != 0 {
-        m |= 0o4000;
-    }
-    if go & SETGID != 0 {
-        m |= 0o2000;
-    }
-    if go & STICKY != 0 {
-        m |= 0o1000;
-    }
-    (m, go & DIR != 0)
 }
 
 #[async_trait]
@@ -326,10 +289,7 @@ impl ContainerEngine for DockerEngine {
             name: Some(spec.name.clone()),
             platform: String::new(),
         };
-        let mut body = policy::create_body(spec, self.config.runtime);
-        if spec.attach_stdin {
-            open_agent_channel(&mut body);
-        }
+        let body = policy::create_body(spec, self.config.runtime);
         let created = self
             .client
             .create_container(Some(opts), body)
@@ -483,21 +443,9 @@ impl ContainerEngine for DockerEngine {
                 "the engine started the exec detached",
             ));
         };
-        let output = output
-            .map_err(during("exec output"))
-            .try_filter_map(|item| {
-                futures::future::ready(Ok(match item {
-                    LogOutput::StdOut { message } | LogOutput::Console { message } => {
-                        Some(OutputChunk::stdout(message))
-                    }
-                    LogOutput::StdErr { message } => Some(OutputChunk::stderr(message)),
-                    LogOutput::StdIn { .. } => None,
-                }))
-            })
-            .boxed();
         Ok(ExecStream {
             exec_id: created.id,
-            output,
+            output: output_chunks(output, "exec output"),
             input: request.stdin.then_some(input),
         })
     }
@@ -589,8 +537,7 @@ impl ContainerEngine for DockerEngine {
             .get_container_archive_info(id, Some(opts))
             .await
             .map_err(during("archive stat"))?;
-        let (mode, is_dir) = unix_mode(s.file_mode);
-        let mut stat = PathStat::new(u64::try_from(s.size).unwrap_or(0), mode, is_dir);
+        let mut stat = PathStat::from_go_mode(u64::try_from(s.size).unwrap_or(0), s.file_mode);
         stat.modified = s.modification_time.as_deref().and_then(parse_rfc3339);
         stat.link_target = Some(s.link_target).filter(|t| !t.is_empty());
         Ok(stat)
@@ -698,13 +645,6 @@ mod tests {
         let c = docker_credentials(&a);
         assert_eq!(c.password.as_deref(), Some("hunter2"));
         assert!(!format!("{a:?}").contains("hunter2"));
-    }
-
-    #[test]
-    fn go_modes() {
-        assert_eq!(unix_mode(0o755 | 1 << 31), (0o755, true));
-        assert_eq!(unix_mode(0o777 | 1 << 20), (0o1777, false));
-        assert_eq!(unix_mode(0o755 | 1 << 23), (0o4755, false));
     }
 
     #[test]

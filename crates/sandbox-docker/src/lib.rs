@@ -14,7 +14,7 @@ use sandbox_core::Result;
 
 pub use config::{
     DEFAULT_DOCKER_HOST, DEFAULT_TEMPLATE, DOCKER_CERT_PATH_ENV, DOCKER_HOST_ENV,
-    DOCKER_TLS_VERIFY_ENV, DockerConfig, TEST_IMAGES,
+    DOCKER_TLS_VERIFY_ENV, DockerConfig, TEST_IMAGES, Transport,
 };
 pub use engine::DockerEngine;
 pub use sandbox_container::discovery::{EndpointSource, EnvSnapshot};
