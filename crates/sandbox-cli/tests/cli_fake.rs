@@ -339,6 +339,29 @@ fn doctor_reports_an_unreachable_engine_with_its_fix() {
     assert!(stdout(&o).contains("unreachable") && stdout(&o).contains("fix:"));
 }
 
+/// A machine with neither the engine's socket nor its binaries has the engine missing,
+/// not down: both adapters say `BackendNotInstalled` with the install command.
+#[test]
+fn doctor_reports_a_missing_engine_as_not_installed_on_both_engines() {
+    for (engine, var, binary) in [
+        ("docker", "DOCKER_HOST", "docker"),
+        ("podman", "CONTAINER_HOST", "podman"),
+    ] {
+        let o = sandbox(&["doctor", "--json", "--engine", engine])
+            .env("PATH", "/nonexistent/sandbox-rs-empty-path")
+            .env(var, "unix:///nonexistent/sandbox-rs-test.sock")
+            .output()
+            .unwrap();
+        assert_eq!(code(&o), 1, "{}", stdout(&o));
+        let v = json(&o);
+        let p = &v["engines"][0]["problems"][0];
+        let problem = p["problem"].as_str().unwrap_or_default();
+        assert!(problem.contains("SBX_E1002"), "{engine}: {p}");
+        let fix = p["fix"].as_str().unwrap_or_default();
+        assert!(fix.contains("install") && fix.contains(binary), "{engine}: {fix}");
+    }
+}
+
 #[test]
 fn doctor_never_prints_credentials_from_the_endpoint() {
     let o = sandbox(&["doctor", "--json", "--engine", "docker"])

@@ -184,6 +184,41 @@ pub fn discover_docker(
     ))
 }
 
+/// Whether an engine that did not answer at `endpoint` is missing from this machine
+/// rather than down: a local socket that does not exist, and none of `binaries` in a
+/// directory of `PATH` as `env` has it. A remote endpoint, an existing socket or an
+/// installed binary is an engine that is down (`EngineUnavailable`, with the start
+/// command), never "not installed".
+pub fn engine_missing(endpoint: &str, binaries: &[&str], env: &EnvSnapshot) -> bool {
+    let Some(socket) = endpoint.strip_prefix("unix://") else {
+        return false;
+    };
+    if Path::new(socket).exists() {
+        return false;
+    }
+    let path = env.get("PATH").unwrap_or_default();
+    !std::env::split_paths(path).any(|dir| binaries.iter().any(|b| dir.join(b).is_file()))
+}
+
+/// `e` as `BackendNotInstalled` (hint: `install`) when it says the engine did not answer
+/// and the engine is missing from this machine ([`engine_missing`], read from the
+/// process environment now); otherwise `e` unchanged. Both adapters call it on connect,
+/// so a missing engine reads the same on either.
+pub fn unavailable_or_missing(
+    e: SandboxError,
+    backend: &str,
+    endpoint: &str,
+    binaries: &[&str],
+    install: &str,
+) -> SandboxError {
+    if e.code() == sandbox_core::ErrorCode::EngineUnavailable
+        && engine_missing(endpoint, binaries, &EnvSnapshot::capture())
+    {
+        return SandboxError::backend_not_installed(backend, install);
+    }
+    e
+}
+
 /// Podman's discovery order (see the module docs).
 pub fn discover_podman(env: &EnvSnapshot) -> DiscoveredEndpoint {
     if let Some(h) = env.get("CONTAINER_HOST") {
@@ -275,6 +310,29 @@ pub fn context_dir_name(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_socket_and_binary_is_a_missing_engine() {
+        let bin = tempfile::tempdir().unwrap();
+        let path = bin.path().to_string_lossy().to_string();
+        let env = EnvSnapshot::empty().var("PATH", &path);
+        let gone = "unix:///nonexistent/sbx.sock";
+        assert!(engine_missing(gone, &["podman"], &env));
+        assert!(engine_missing(gone, &["podman"], &EnvSnapshot::empty()));
+        std::fs::write(bin.path().join("dockerd"), "").unwrap();
+        assert!(
+            !engine_missing(gone, &["docker", "dockerd"], &env),
+            "installed, down"
+        );
+        let sock = bin.path().join("engine.sock");
+        std::fs::write(&sock, "").unwrap();
+        let here = format!("unix://{}", sock.display());
+        assert!(!engine_missing(&here, &["podman"], &env), "socket exists");
+        assert!(
+            !engine_missing("tcp://127.0.0.1:2375", &["podman"], &env),
+            "remote"
+        );
+    }
 
     #[test]
     fn context_dir_name_is_sha256_hex() {

@@ -675,6 +675,45 @@ pub fn published_address(host_ip: Option<&str>, host_port: Option<u16>) -> Optio
     Some(SocketAddr::new(ip.parse().ok()?, port))
 }
 
+/// The published ports of an inspect, from the engine's port map (`"8080/tcp"` → its host
+/// bindings, each an address and a port): the first binding that is reachable
+/// ([`published_address`]) per TCP port; other protocols and unparsable keys are skipped.
+pub fn published_ports<'a, B>(
+    ports: impl IntoIterator<Item = (&'a str, B)>,
+) -> BTreeMap<u16, SocketAddr>
+where
+    B: IntoIterator<Item = (Option<&'a str>, Option<u16>)>,
+{
+    let mut out = BTreeMap::new();
+    for (key, bindings) in ports {
+        let Some(port) = key.strip_suffix("/tcp").and_then(|p| p.parse::<u16>().ok()) else {
+            continue;
+        };
+        if let Some(a) = bindings
+            .into_iter()
+            .find_map(|(ip, p)| published_address(ip, p))
+        {
+            out.insert(port, a);
+        }
+    }
+    out
+}
+
+/// A container's addresses from an inspect's address strings, parsed and without
+/// duplicates (an address may be listed per network and at the top level); unparsable
+/// or empty ones are skipped.
+pub fn container_addresses<'a>(
+    candidates: impl IntoIterator<Item = &'a str>,
+) -> Vec<std::net::IpAddr> {
+    let mut out = Vec::new();
+    for ip in candidates.into_iter().filter_map(|a| a.parse().ok()) {
+        if !out.contains(&ip) {
+            out.push(ip);
+        }
+    }
+    out
+}
+
 /// Engine text as an [`EngineError`] message may quote it (the engine may echo what the
 /// sandbox or the caller sent): one line, control characters blanked, at most 300
 /// characters.
@@ -727,6 +766,28 @@ mod tests {
         assert_eq!(published_address(Some("127.0.0.1"), Some(0)), None);
         assert_eq!(published_address(Some("127.0.0.1"), None), None);
         assert_eq!(published_address(Some("not an ip"), Some(1)), None);
+        let map = published_ports([
+            ("8080/tcp", vec![(Some("0.0.0.0"), Some(49153))]),
+            (
+                "9090/tcp",
+                vec![(Some("127.0.0.1"), Some(0)), (None, Some(49154))],
+            ),
+            ("53/udp", vec![(Some("127.0.0.1"), Some(5353))]),
+            ("7070/tcp", vec![]),
+        ]);
+        let want = BTreeMap::from([
+            (8080, "127.0.0.1:49153".parse().unwrap()),
+            (9090, "127.0.0.1:49154".parse().unwrap()),
+        ]);
+        assert_eq!(map, want);
+    }
+
+    #[test]
+    fn container_addresses_are_parsed_once_each() {
+        let a = container_addresses(["172.17.0.2", "", "fd00::2", "172.17.0.2", "bogus"]);
+        let want: Vec<std::net::IpAddr> =
+            vec!["172.17.0.2".parse().unwrap(), "fd00::2".parse().unwrap()];
+        assert_eq!(a, want);
     }
 
     #[test]

@@ -25,6 +25,7 @@ use sandbox_core::{Capability, IsolationTier, OutputChunk, Problem, SandboxError
 use crate::config::{DockerConfig, redact_endpoint};
 use crate::error::{BACKEND, during, engine_error, pull_error, start_hint};
 use crate::policy;
+use sandbox_container::discovery::unavailable_or_missing;
 use sandbox_container::engine::state_from_status;
 
 /// The Docker engine behind a [`DockerBackend`](crate::DockerBackend).
@@ -72,6 +73,9 @@ fn docker_credentials(auth: &RegistryAuth) -> DockerCredentials {
     }
 }
 
+/// The install command for a machine without Docker.
+const INSTALL: &str = "install Docker Engine: `sudo cargo xtask setup` (Debian/Ubuntu), or see https://docs.docker.com/engine/install/";
+
 /// How long connecting (version negotiation, ping, runtime check) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -83,8 +87,10 @@ impl DockerEngine {
         let raw_endpoint = config.endpoint();
         let endpoint = redact_endpoint(&raw_endpoint);
         let unavailable = |e: EngineError| {
-            SandboxError::engine_unavailable(BACKEND, endpoint.clone(), start_hint(&endpoint))
-                .with_source(e)
+            let e = SandboxError::engine_unavailable(BACKEND, &endpoint, start_hint(&endpoint))
+                .with_source(e);
+            // No socket and no Docker on this machine: say how to install it.
+            unavailable_or_missing(e, BACKEND, &raw_endpoint, &["docker", "dockerd"], INSTALL)
         };
         // Insecure or unsupported endpoints are refused here, before any connection.
         let transport = config.transport()?;
@@ -190,20 +196,15 @@ pub(crate) fn runtime_fix(runtime: Runtime) -> String {
 
 /// Published ports as the engine reports them (`"8080/tcp"` → host address).
 fn published_ports(ports: Option<PortMap>) -> BTreeMap<u16, SocketAddr> {
-    let mut out = BTreeMap::new();
-    for (key, bindings) in ports.unwrap_or_default() {
-        let Some(port) = key.strip_suffix("/tcp").and_then(|p| p.parse::<u16>().ok()) else {
-            continue;
-        };
-        let addr = bindings.iter().flatten().find_map(|b| {
+    let ports = ports.unwrap_or_default();
+    sandbox_container::engine::published_ports(ports.iter().map(|(key, bindings)| {
+        let bindings = bindings.iter().flatten();
+        let pairs = bindings.map(|b| {
             let port = b.host_port.as_deref().and_then(|p| p.parse().ok());
-            sandbox_container::engine::published_address(b.host_ip.as_deref(), port)
+            (b.host_ip.as_deref(), port)
         });
-        if let Some(addr) = addr {
-            out.insert(port, addr);
-        }
-    }
-    out
+        (key.as_str(), pairs)
+    }))
 }
 
 /// Demultiplexed output of an attach or exec as chunks.
@@ -645,21 +646,5 @@ mod tests {
         let c = docker_credentials(&a);
         assert_eq!(c.password.as_deref(), Some("hunter2"));
         assert!(!format!("{a:?}").contains("hunter2"));
-    }
-
-    #[test]
-    fn published_ports_parse() {
-        let mut m: PortMap = HashMap::new();
-        m.insert(
-            "8080/tcp".into(),
-            Some(vec![bollard::models::PortBinding {
-                host_ip: Some("127.0.0.1".into()),
-                host_port: Some("49153".into()),
-            }]),
-        );
-        m.insert("53/udp".into(), None);
-        let p = published_ports(Some(m));
-        assert_eq!(p.len(), 1);
-        assert_eq!(p[&8080], "127.0.0.1:49153".parse().unwrap());
     }
 }

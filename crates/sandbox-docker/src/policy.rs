@@ -309,24 +309,13 @@ pub(crate) async fn remove_network(client: &Docker, name: &str) -> EngineResult<
 
 /// The container's addresses on all its networks.
 pub(crate) fn container_addresses(settings: Option<&NetworkSettings>) -> Vec<IpAddr> {
-    let mut out = Vec::new();
-    for ep in settings
-        .and_then(|s| s.networks.as_ref())
-        .into_iter()
-        .flat_map(|n| n.values())
-    {
-        for a in [&ep.ip_address, &ep.global_ipv6_address]
-            .into_iter()
-            .flatten()
-        {
-            if let Ok(ip) = a.parse::<IpAddr>()
-                && !out.contains(&ip)
-            {
-                out.push(ip);
-            }
-        }
-    }
-    out
+    let endpoints = settings.and_then(|s| s.networks.as_ref()).into_iter();
+    sandbox_container::engine::container_addresses(
+        endpoints
+            .flat_map(|n| n.values())
+            .flat_map(|ep| [&ep.ip_address, &ep.global_ipv6_address])
+            .filter_map(|a| a.as_deref()),
+    )
 }
 
 #[cfg(test)]

@@ -2,14 +2,14 @@
 //! what only Podman has: per-sandbox [`PodmanOptions`] (typed mounts with sealed copy-in,
 //! vetted runtime, capabilities and annotations, lifecycle hooks, CDI devices).
 
-use std::path::Path;
 use std::sync::Arc;
 
 use podman_api::Podman;
+use sandbox_container::discovery::unavailable_or_missing;
 use sandbox_container::{
     ContainerBackend, ContainerConfig, ContainerEngine, ContainerNative, ContainerSandbox,
 };
-use sandbox_core::{CreateOptions, Result, SandboxError};
+use sandbox_core::{CreateOptions, Result};
 
 use crate::config::{PodmanConfig, PodmanOptions};
 use crate::engine::PodmanEngine;
@@ -39,11 +39,6 @@ impl std::fmt::Debug for PodmanBackend {
     }
 }
 
-fn podman_installed() -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join("podman").is_file()))
-}
-
 /// The engine-independent settings the container layer gets from a [`PodmanConfig`].
 fn layer_config(config: &PodmanConfig) -> ContainerConfig {
     config.layer.clone()
@@ -57,20 +52,13 @@ impl PodmanBackend {
         let engine = PodmanEngine::connect(&config).await?;
         if let Err(e) = engine.ping().await {
             let e = to_sandbox_error(&config.endpoint, "ping", e);
-            let local_socket_missing = config
-                .endpoint
-                .strip_prefix("unix://")
-                .is_some_and(|p| !Path::new(p).exists());
-            if matches!(e, SandboxError::EngineUnavailable { .. })
-                && local_socket_missing
-                && !podman_installed()
-            {
-                return Err(SandboxError::backend_not_installed(
-                    BACKEND,
-                    "sudo apt-get install -y podman && sudo cargo xtask setup podman",
-                ));
-            }
-            return Err(e);
+            return Err(unavailable_or_missing(
+                e,
+                BACKEND,
+                &config.endpoint,
+                &["podman"],
+                "sudo apt-get install -y podman && sudo cargo xtask setup podman",
+            ));
         }
         let inner = ContainerBackend::new(engine, layer_config(&config)).await;
         Ok(PodmanBackend {

@@ -20,7 +20,9 @@ use podman_api::opts::{
     ContainerDeleteOpts, ContainerListFilter, ContainerListOpts, ExecCreateOpts, ExecStartOpts,
     PullOpts,
 };
-use sandbox_container::engine::{engine_text as bounded, published_address, state_from_status};
+use sandbox_container::engine::{
+    engine_text as bounded, published_address, published_ports, state_from_status,
+};
 use sandbox_container::transfer::{
     bounded_call, bounded_upload, demultiplex, panicked, unwind_safe,
 };
@@ -359,20 +361,14 @@ impl ContainerEngine for PodmanEngine {
         info.workdir = workdir.filter(|w| w.starts_with('/'));
         info.pid = pid;
         info.addresses = addresses;
-        for (port, hosts) in i.network_settings.and_then(|n| n.ports).unwrap_or_default() {
-            let Some(p) = port.split('/').next().and_then(|p| p.parse::<u16>().ok()) else {
-                continue;
-            };
-            let addr = hosts.unwrap_or_default().into_iter().find_map(|h| {
-                published_address(
-                    h.host_ip.as_deref(),
-                    h.host_port.as_deref().and_then(|p| p.parse().ok()),
-                )
+        let ports = i.network_settings.and_then(|n| n.ports).unwrap_or_default();
+        info.published = published_ports(ports.iter().map(|(key, hosts)| {
+            let hosts = hosts.iter().flatten().map(|h| {
+                let port = h.host_port.as_deref().and_then(|p| p.parse().ok());
+                (h.host_ip.as_deref(), port)
             });
-            if let Some(a) = addr {
-                info.published.insert(p, a);
-            }
-        }
+            (key.as_str(), hosts)
+        }));
         Ok(info)
     }
 

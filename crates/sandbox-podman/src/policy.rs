@@ -292,22 +292,15 @@ pub(crate) fn network_info(n: models::Network) -> NetworkInfo {
 pub(crate) fn container_addresses(
     settings: Option<&models::InspectNetworkSettings>,
 ) -> Vec<IpAddr> {
-    let mut out = Vec::new();
-    let Some(s) = settings else { return out };
-    let direct = [&s.ip_address, &s.global_i_pv_6_address];
+    let Some(s) = settings else { return vec![] };
     let nets = s.networks.iter().flat_map(|n| n.values());
-    let candidates = direct
-        .into_iter()
-        .cloned()
-        .chain(nets.flat_map(|n| [n.ip_address.clone(), n.global_i_pv_6_address.clone()]));
-    for a in candidates.flatten() {
-        if let Ok(ip) = a.parse::<IpAddr>()
-            && !out.contains(&ip)
-        {
-            out.push(ip);
-        }
-    }
-    out
+    let per_network = nets.flat_map(|n| [&n.ip_address, &n.global_i_pv_6_address]);
+    sandbox_container::engine::container_addresses(
+        [&s.ip_address, &s.global_i_pv_6_address]
+            .into_iter()
+            .chain(per_network)
+            .filter_map(|a| a.as_deref()),
+    )
 }
 
 #[cfg(test)]
