@@ -358,7 +358,10 @@ fn doctor_reports_a_missing_engine_as_not_installed_on_both_engines() {
         let problem = p["problem"].as_str().unwrap_or_default();
         assert!(problem.contains("SBX_E1002"), "{engine}: {p}");
         let fix = p["fix"].as_str().unwrap_or_default();
-        assert!(fix.contains("install") && fix.contains(binary), "{engine}: {fix}");
+        assert!(
+            fix.contains("install") && fix.contains(binary),
+            "{engine}: {fix}"
+        );
     }
 }
 

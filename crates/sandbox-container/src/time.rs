@@ -1,7 +1,14 @@
-//! RFC 3339 timestamps as engines report them (`2024-01-02T03:04:05.123456789Z`,
-//! `…+01:00`): the one parser every adapter uses.
+//! Timestamps as engines report them: RFC 3339 (`2024-01-02T03:04:05.123456789Z`,
+//! `…+01:00`) and seconds since the epoch: the one reading every adapter uses.
 
 use std::time::{Duration, SystemTime};
+
+/// Seconds since the Unix epoch as a `SystemTime`; `None` before the epoch.
+pub fn from_unix_secs(secs: i64) -> Option<SystemTime> {
+    u64::try_from(secs)
+        .ok()
+        .map(|s| SystemTime::UNIX_EPOCH + Duration::from_secs(s))
+}
 
 /// Parses an RFC 3339 timestamp; `None` for anything malformed or out of range.
 pub fn parse_rfc3339(s: &str) -> Option<SystemTime> {
@@ -83,6 +90,15 @@ mod tests {
     fn secs(t: SystemTime) -> (u64, u32) {
         let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap();
         (d.as_secs(), d.subsec_nanos())
+    }
+
+    #[test]
+    fn epoch_seconds() {
+        assert_eq!(
+            from_unix_secs(1_700_000_000).map(secs),
+            Some((1_700_000_000, 0))
+        );
+        assert_eq!(from_unix_secs(-1), None);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use bollard::Docker;
 use bollard::auth::DockerCredentials;
@@ -27,6 +27,8 @@ use crate::error::{BACKEND, during, engine_error, pull_error, start_hint};
 use crate::policy;
 use sandbox_container::discovery::unavailable_or_missing;
 use sandbox_container::engine::state_from_status;
+use sandbox_container::time::from_unix_secs;
+use sandbox_container::transfer::bounded_call;
 
 /// The Docker engine behind a [`DockerBackend`](crate::DockerBackend).
 pub struct DockerEngine {
@@ -394,10 +396,7 @@ impl ContainerEngine for DockerEngine {
                 let status = c.state.map(|s| s.to_string());
                 let state = state_from_status(status.as_deref());
                 let mut info = ContainerInfo::new(id, name, state, labels);
-                info.created_at = c
-                    .created
-                    .and_then(|s| u64::try_from(s).ok())
-                    .map(|s| SystemTime::UNIX_EPOCH + Duration::from_secs(s));
+                info.created_at = c.created.and_then(from_unix_secs);
                 info.image = c.image.unwrap_or_default();
                 Some(info)
             })
@@ -595,15 +594,22 @@ impl ContainerEngine for DockerEngine {
     async fn facts(&self) -> EngineFacts {
         let mut f = EngineFacts::default();
         let bound = self.config.layer.call_timeout;
-        match tokio::time::timeout(bound, self.client.version()).await {
-            Ok(Ok(v)) => f.version = v.version,
-            _ => f.problems.push(Problem::new(
-                "engine version unavailable",
-                "check `docker version`",
+        // A check that cannot answer says why: the engine's error is in the problem.
+        let version = bounded_call("version", bound, async {
+            self.client.version().await.map_err(during("version"))
+        });
+        match version.await {
+            Ok(v) => f.version = v.version,
+            Err(e) => f.problems.push(Problem::new(
+                format!("the Docker API did not give its version: {e}"),
+                start_hint(&self.endpoint),
             )),
         }
-        match tokio::time::timeout(bound, self.client.info()).await {
-            Ok(Ok(info)) => {
+        let info = bounded_call("info", bound, async {
+            self.client.info().await.map_err(during("info"))
+        });
+        match info.await {
+            Ok(info) => {
                 let mut rts: Vec<String> = info.runtimes.unwrap_or_default().into_keys().collect();
                 rts.sort();
                 if !rts.iter().any(|n| n == self.config.runtime.as_str()) {
@@ -617,9 +623,9 @@ impl ContainerEngine for DockerEngine {
                 }
                 f.runtimes = rts;
             }
-            _ => f.problems.push(Problem::new(
-                "engine info unavailable",
-                "check `docker info`",
+            Err(e) => f.problems.push(Problem::new(
+                format!("the Docker API did not give its info: {e}"),
+                start_hint(&self.endpoint),
             )),
         }
         f

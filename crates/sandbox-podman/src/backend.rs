@@ -6,9 +6,7 @@ use std::sync::Arc;
 
 use podman_api::Podman;
 use sandbox_container::discovery::unavailable_or_missing;
-use sandbox_container::{
-    ContainerBackend, ContainerConfig, ContainerEngine, ContainerNative, ContainerSandbox,
-};
+use sandbox_container::{ContainerBackend, ContainerEngine, ContainerNative, ContainerSandbox};
 use sandbox_core::{CreateOptions, Result};
 
 use crate::config::{PodmanConfig, PodmanOptions};
@@ -39,11 +37,6 @@ impl std::fmt::Debug for PodmanBackend {
     }
 }
 
-/// The engine-independent settings the container layer gets from a [`PodmanConfig`].
-fn layer_config(config: &PodmanConfig) -> ContainerConfig {
-    config.layer.clone()
-}
-
 impl PodmanBackend {
     /// Connects to the engine (a bounded ping), checks the backend-wide [`PodmanOptions`],
     /// and runs the startup sweep when the config asks for it.
@@ -60,7 +53,7 @@ impl PodmanBackend {
                 "sudo apt-get install -y podman && sudo cargo xtask setup podman",
             ));
         }
-        let inner = ContainerBackend::new(engine, layer_config(&config)).await;
+        let inner = ContainerBackend::new(engine, config.layer.clone()).await;
         Ok(PodmanBackend {
             inner,
             config: Arc::new(config),
@@ -93,7 +86,7 @@ impl PodmanBackend {
         podman.validate()?;
         let engine = self.inner.engine().with_options(podman);
         let layer =
-            ContainerBackend::new(engine, layer_config(&self.config).startup_sweep(false)).await;
+            ContainerBackend::new(engine, self.config.layer.clone().startup_sweep(false)).await;
         layer.create_container(options).await
     }
 

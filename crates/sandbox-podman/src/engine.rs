@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
@@ -23,6 +23,7 @@ use podman_api::opts::{
 use sandbox_container::engine::{
     engine_text as bounded, published_address, published_ports, state_from_status,
 };
+use sandbox_container::time::from_unix_secs;
 use sandbox_container::transfer::{
     bounded_call, bounded_upload, demultiplex, panicked, unwind_safe,
 };
@@ -224,13 +225,6 @@ fn pull_opts(image: &str, auth: Option<&RegistryAuth>) -> PullOpts {
     b.build()
 }
 
-/// Seconds since the epoch (podman-api's `DateTime::timestamp`) as a `SystemTime`.
-fn system_time(secs: i64) -> Option<SystemTime> {
-    u64::try_from(secs)
-        .ok()
-        .map(|s| UNIX_EPOCH + Duration::from_secs(s))
-}
-
 #[sandbox_core::async_trait]
 impl ContainerEngine for PodmanEngine {
     fn backend(&self) -> &'static str {
@@ -356,7 +350,7 @@ impl ContainerEngine for PodmanEngine {
             state,
             labels,
         );
-        info.created_at = i.created.and_then(|t| system_time(t.timestamp()));
+        info.created_at = i.created.and_then(|t| from_unix_secs(t.timestamp()));
         info.image = i.image_name.or(image).unwrap_or_default();
         info.workdir = workdir.filter(|w| w.starts_with('/'));
         info.pid = pid;
@@ -413,7 +407,7 @@ impl ContainerEngine for PodmanEngine {
                     state_from_status(c.state.as_deref()),
                     labels,
                 );
-                info.created_at = c.created.and_then(|t| system_time(t.timestamp()));
+                info.created_at = c.created.and_then(|t| from_unix_secs(t.timestamp()));
                 info.image = c.image.unwrap_or_default();
                 for p in c.ports.unwrap_or_default() {
                     if let (Some(cp), Some(a)) = (
@@ -636,7 +630,7 @@ impl ContainerEngine for PodmanEngine {
         {
             f.runtimes.push(format!("{rt} (configured)"));
         }
-        if let Ok(conf) = std::fs::read_to_string("/etc/containers/containers.conf") {
+        if let Ok(conf) = tokio::fs::read_to_string("/etc/containers/containers.conf").await {
             let delay = conf
                 .lines()
                 .map(str::trim)

@@ -107,9 +107,7 @@ impl Rest {
 
     async fn error_of(resp: hyper::Response<Body>) -> RestError {
         let status = resp.status().as_u16();
-        let body = hyper::body::to_bytes(resp.into_body())
-            .await
-            .unwrap_or_default();
+        let body = read_capped(resp.into_body()).await.unwrap_or_default();
         let message = serde_json::from_slice::<serde_json::Value>(&body)
             .ok()
             .and_then(|v| {
@@ -137,7 +135,7 @@ impl Rest {
         if resp.status() != StatusCode::CREATED && resp.status() != StatusCode::OK {
             return Err(Self::error_of(resp).await);
         }
-        let body = hyper::body::to_bytes(resp.into_body()).await?;
+        let body = read_capped(resp.into_body()).await?;
         #[derive(Deserialize)]
         struct Created {
             #[serde(rename = "Id")]
@@ -227,6 +225,24 @@ impl Rest {
     }
 }
 
+/// Longest answer body read into memory (a create's id and warnings, an error's
+/// message): an engine message may echo what a sandbox wrote, so it is capped.
+const ANSWER_CAP: usize = 64 * 1024;
+
+/// The first [`ANSWER_CAP`] bytes of an answer body; the rest is not read.
+async fn read_capped(mut body: Body) -> std::result::Result<Vec<u8>, hyper::Error> {
+    use hyper::body::HttpBody as _;
+    let mut out = Vec::new();
+    while out.len() < ANSWER_CAP {
+        match body.data().await {
+            Some(chunk) => out.extend_from_slice(&chunk?),
+            None => break,
+        }
+    }
+    out.truncate(ANSWER_CAP);
+    Ok(out)
+}
+
 /// Percent-encodes a query/path component (RFC 3986 unreserved characters and `/` kept).
 pub(crate) fn encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -243,6 +259,14 @@ pub(crate) fn encode(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn answers_are_read_up_to_the_cap() {
+        let big = Body::from(vec![b'x'; ANSWER_CAP * 3]);
+        assert_eq!(read_capped(big).await.unwrap().len(), ANSWER_CAP);
+        let small = Body::from("{\"Id\":\"abc\"}");
+        assert_eq!(read_capped(small).await.unwrap(), b"{\"Id\":\"abc\"}");
+    }
 
     #[test]
     fn encodes_query_values() {
