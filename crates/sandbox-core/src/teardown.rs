@@ -3,7 +3,9 @@
 //! Dropping a future never runs async code, so every cleanup that must survive a drop is
 //! *spawned* on the current tokio runtime and bounded by [`teardown_grace`]. When it cannot
 //! finish, an "orphaned sandbox" warning event is emitted through `tracing` naming the id,
-//! backend and labels; the sandbox's lifetime timeout remains the backstop.
+//! backend and labels, and the kill goes on in the background (bounded by
+//! [`BACKGROUND_KILL_LIMIT`]) instead of being dropped; the sandbox's lifetime timeout
+//! remains the backstop.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -109,24 +111,45 @@ fn warn_orphan(info: &OrphanInfo, reason: &str) {
     );
 }
 
-/// Runs `kill` bounded by the grace. `SandboxGone` counts as success (kill is idempotent).
+/// Longest a kill goes on in the background once its grace has expired. The caller
+/// stops waiting at the grace; the removal itself is not abandoned there (dropping it
+/// could leave a request unsent on a busy engine, and the sandbox running until its
+/// lifetime ends), but it is not kept forever either.
+pub const BACKGROUND_KILL_LIMIT: Duration = Duration::from_secs(120);
+
+/// Runs `kill` in a task of its own and waits for it up to the grace. `SandboxGone`
+/// counts as success (kill is idempotent). When the grace expires, the orphan warning is
+/// emitted and the error returned, while the kill goes on in the background (bounded by
+/// [`BACKGROUND_KILL_LIMIT`], not counted by [`pending_teardowns`]).
 async fn run_bounded(info: &OrphanInfo, kill: KillFuture, grace: Duration) -> Result<()> {
-    match tokio::time::timeout(grace, kill).await {
-        Ok(Ok(())) | Ok(Err(SandboxError::SandboxGone { .. })) => Ok(()),
-        Ok(Err(e)) => {
+    let mut task = tokio::spawn(tokio::time::timeout(BACKGROUND_KILL_LIMIT, kill));
+    let outcome = match tokio::time::timeout(grace, &mut task).await {
+        Ok(Ok(Ok(r))) => r,
+        Ok(Ok(Err(_))) | Err(_) => {
+            warn_orphan(info, "teardown grace expired");
+            return Err(SandboxError::Connect {
+                id: info.id.clone(),
+                message: format!(
+                    "kill did not finish within the teardown grace ({grace:?}); it goes on in \
+                     the background for up to {BACKGROUND_KILL_LIMIT:?}"
+                ),
+                source: None,
+            });
+        }
+        Ok(Err(join)) => Err(SandboxError::Engine {
+            backend: info.backend.clone(),
+            message: "the kill task failed".into(),
+            source: Some(Box::new(join)),
+        }),
+    };
+    match outcome {
+        Ok(()) | Err(SandboxError::SandboxGone { .. }) => Ok(()),
+        Err(e) => {
             warn_orphan(info, "kill failed");
             Err(SandboxError::Connect {
                 id: info.id.clone(),
                 message: "kill failed; the sandbox may still be running".into(),
                 source: Some(Box::new(e)),
-            })
-        }
-        Err(_) => {
-            warn_orphan(info, "teardown grace expired");
-            Err(SandboxError::Connect {
-                id: info.id.clone(),
-                message: format!("kill did not finish within the teardown grace ({grace:?})"),
-                source: None,
             })
         }
     }
@@ -258,6 +281,26 @@ mod tests {
         drop(g);
         assert!(wait_for_teardowns(Duration::from_secs(2)).await);
         assert!(killed.load(Ordering::SeqCst));
+    }
+
+    /// A kill slower than the grace is reported, but not abandoned: it finishes in the
+    /// background (a busy engine's removal would otherwise never be sent).
+    #[tokio::test]
+    async fn a_kill_past_the_grace_goes_on_in_the_background() {
+        let done = Arc::new(AtomicBool::new(false));
+        let d = done.clone();
+        let kill: KillFuture = Box::pin(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            d.store(true, Ordering::SeqCst);
+            Ok(())
+        });
+        let r = run_bounded(&info(), kill, Duration::from_millis(50)).await;
+        let e = r.unwrap_err();
+        assert_eq!(e.code(), crate::ErrorCode::Connect);
+        assert!(e.to_string().contains("goes on in the background"), "{e}");
+        assert!(!done.load(Ordering::SeqCst));
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert!(done.load(Ordering::SeqCst), "the kill was abandoned");
     }
 
     #[tokio::test]
