@@ -37,6 +37,14 @@ fn config_text(e: &SandboxError) -> String {
     }
 }
 
+/// `DOCKER_HOST` on TCP with `DOCKER_TLS_VERIFY=1` and the certificates in `dir`.
+fn tls_env(dir: &std::path::Path) -> EnvSnapshot {
+    env()
+        .var("DOCKER_HOST", "tcp://10.0.0.1:2376")
+        .var("DOCKER_TLS_VERIFY", "1")
+        .var("DOCKER_CERT_PATH", dir.to_string_lossy())
+}
+
 fn cert_dir(files: &[&str]) -> tempfile::TempDir {
     let d = tempfile::tempdir().expect("tempdir");
     for f in files {
@@ -68,14 +76,9 @@ fn unix_socket_needs_no_tls() {
 #[test]
 fn tls_verify_is_never_downgraded_to_plain_http() {
     let d = cert_dir(&["ca.pem", "cert.pem", "key.pem"]);
-    let c = DockerConfig::from_env_snapshot(
-        &env()
-            .var("DOCKER_HOST", "tcp://10.0.0.1:2376")
-            .var("DOCKER_TLS_VERIFY", "1")
-            .var("DOCKER_CERT_PATH", d.path().to_string_lossy()),
-    )
-    // Allowing plain TCP must not turn a TLS request into plain HTTP either.
-    .allow_plain_tcp(true);
+    let c = DockerConfig::from_env_snapshot(&tls_env(d.path()))
+        // Allowing plain TCP must not turn a TLS request into plain HTTP either.
+        .allow_plain_tcp(true);
     let t = c.transport();
     if cfg!(feature = "tls") {
         assert!(matches!(t, Ok(Transport::Tls { .. })), "{t:?}");
@@ -102,12 +105,7 @@ fn https_without_tls_feature_refused() {
 #[test]
 fn tls_uses_cert_path_files() {
     let d = cert_dir(&["ca.pem", "cert.pem", "key.pem"]);
-    let c = DockerConfig::from_env_snapshot(
-        &env()
-            .var("DOCKER_HOST", "tcp://10.0.0.1:2376")
-            .var("DOCKER_TLS_VERIFY", "1")
-            .var("DOCKER_CERT_PATH", d.path().to_string_lossy()),
-    );
+    let c = DockerConfig::from_env_snapshot(&tls_env(d.path()));
     assert_eq!(
         c.transport().unwrap(),
         Transport::Tls {
