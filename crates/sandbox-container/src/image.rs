@@ -610,6 +610,19 @@ pub fn pull_failure_kind(message: &str) -> Option<EngineErrorKind> {
     }
 }
 
+/// A failed pull's error with its kind read from the message ([`pull_failure_kind`]),
+/// unless the engine itself could not be reached or did not answer: what both adapters
+/// return from [`ContainerEngine::pull`](crate::ContainerEngine::pull).
+pub fn classify_pull_failure(mut e: crate::EngineError) -> crate::EngineError {
+    if !matches!(
+        e.kind,
+        EngineErrorKind::Unavailable | EngineErrorKind::Timeout
+    ) {
+        e.kind = pull_failure_kind(&e.message).unwrap_or(e.kind);
+    }
+    e
+}
+
 /// An engine error shared by every create waiting on one pull.
 #[derive(Debug, Clone)]
 struct SharedError(Arc<EngineError>);

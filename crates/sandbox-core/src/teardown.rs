@@ -117,39 +117,33 @@ fn warn_orphan(info: &OrphanInfo, reason: &str) {
 /// lifetime ends), but it is not kept forever either.
 pub const BACKGROUND_KILL_LIMIT: Duration = Duration::from_secs(120);
 
-/// Runs `kill` in a task of its own and waits for it up to the grace. `SandboxGone`
-/// counts as success (kill is idempotent). When the grace expires, the orphan warning is
-/// emitted and the error returned, while the kill goes on in the background (bounded by
+/// Runs `kill` bounded by the grace. `SandboxGone` counts as success (kill is
+/// idempotent). When the grace expires, the orphan warning is emitted and the error
+/// returned, while the kill goes on in a task of its own (bounded by
 /// [`BACKGROUND_KILL_LIMIT`], not counted by [`pending_teardowns`]).
-async fn run_bounded(info: &OrphanInfo, kill: KillFuture, grace: Duration) -> Result<()> {
-    let mut task = tokio::spawn(tokio::time::timeout(BACKGROUND_KILL_LIMIT, kill));
-    let outcome = match tokio::time::timeout(grace, &mut task).await {
-        Ok(Ok(Ok(r))) => r,
-        Ok(Ok(Err(_))) | Err(_) => {
+async fn run_bounded(info: &OrphanInfo, mut kill: KillFuture, grace: Duration) -> Result<()> {
+    match tokio::time::timeout(grace, &mut kill).await {
+        Ok(Ok(())) | Ok(Err(SandboxError::SandboxGone { .. })) => Ok(()),
+        Ok(Err(e)) => {
+            warn_orphan(info, "kill failed");
+            Err(SandboxError::Connect {
+                id: info.id.clone(),
+                message: "kill failed; the sandbox may still be running".into(),
+                source: Some(Box::new(e)),
+            })
+        }
+        Err(_) => {
+            // Only a kill that outlived the grace is moved to a task: the fast path
+            // spawns nothing.
+            tokio::spawn(tokio::time::timeout(BACKGROUND_KILL_LIMIT, kill));
             warn_orphan(info, "teardown grace expired");
-            return Err(SandboxError::Connect {
+            Err(SandboxError::Connect {
                 id: info.id.clone(),
                 message: format!(
                     "kill did not finish within the teardown grace ({grace:?}); it goes on in \
                      the background for up to {BACKGROUND_KILL_LIMIT:?}"
                 ),
                 source: None,
-            });
-        }
-        Ok(Err(join)) => Err(SandboxError::Engine {
-            backend: info.backend.clone(),
-            message: "the kill task failed".into(),
-            source: Some(Box::new(join)),
-        }),
-    };
-    match outcome {
-        Ok(()) | Err(SandboxError::SandboxGone { .. }) => Ok(()),
-        Err(e) => {
-            warn_orphan(info, "kill failed");
-            Err(SandboxError::Connect {
-                id: info.id.clone(),
-                message: "kill failed; the sandbox may still be running".into(),
-                source: Some(Box::new(e)),
             })
         }
     }

@@ -39,14 +39,7 @@ pub(crate) fn engine_error(op: &str, e: bollard::errors::Error) -> EngineError {
 /// daemon's text (it reports both as a stream error or a 404/500 with a message), so the
 /// container layer can name the fix.
 pub(crate) fn pull_error(e: bollard::errors::Error) -> EngineError {
-    let mut err = engine_error("pull image", e);
-    if !matches!(
-        err.kind,
-        EngineErrorKind::Unavailable | EngineErrorKind::Timeout
-    ) {
-        err.kind = sandbox_container::image::pull_failure_kind(&err.message).unwrap_or(err.kind);
-    }
-    err
+    sandbox_container::image::classify_pull_failure(engine_error("pull image", e))
 }
 
 /// A closure for `map_err` naming `op`.

@@ -23,6 +23,7 @@ use podman_api::opts::{
 use sandbox_container::engine::{
     engine_text as bounded, published_address, published_ports, state_from_status,
 };
+use sandbox_container::image::classify_pull_failure;
 use sandbox_container::time::from_unix_secs;
 use sandbox_container::transfer::{
     bounded_call, bounded_upload, demultiplex, panicked, unwind_safe,
@@ -36,7 +37,7 @@ use sandbox_core::{Capability, IsolationTier, OutputChunk, Problem, SandboxError
 use tokio_util::compat::FuturesAsyncWriteCompatExt;
 
 use crate::config::{PodmanConfig, PodmanOptions};
-use crate::error::{BACKEND, START_HINT, from_api, from_rest, pull_failed, refused};
+use crate::error::{BACKEND, START_HINT, from_api, from_rest, refused};
 use crate::rest::Rest;
 use sandbox_container::copy_in::copy_in;
 use sandbox_container::hooks::HookEvent;
@@ -567,11 +568,11 @@ impl ContainerEngine for PodmanEngine {
             let next = sandbox_container::image::next_pull_item(&mut stream, PULL_IDLE).await?;
             let report = match next {
                 None => break,
-                Some(Err(e)) => return Err(pull_failed(e)),
+                Some(Err(e)) => return Err(classify_pull_failure(e)),
                 Some(Ok(r)) => r,
             };
             if let Some(err) = report.error.filter(|e| !e.is_empty()) {
-                return Err(pull_failed(EngineError::new(
+                return Err(classify_pull_failure(EngineError::new(
                     EngineErrorKind::Other,
                     bounded(&format!("image pull: {err}")),
                 )));

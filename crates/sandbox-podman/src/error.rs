@@ -94,18 +94,6 @@ pub(crate) fn from_rest(what: &str, e: RestError) -> EngineError {
     EngineError::new(kind, bounded(&format!("{what}: {e}"))).with_source(e)
 }
 
-/// A failed pull with its kind read from the registry's answer as Podman words it (it
-/// reports refusals and missing images as text, in a stream error or a 500).
-pub(crate) fn pull_failed(mut e: EngineError) -> EngineError {
-    if !matches!(
-        e.kind,
-        EngineErrorKind::Unavailable | EngineErrorKind::Timeout
-    ) {
-        e.kind = sandbox_container::image::pull_failure_kind(&e.message).unwrap_or(e.kind);
-    }
-    e
-}
-
 /// A refusal of this adapter's own checks (options, spec assembly) as an [`EngineError`].
 pub(crate) fn refused(what: &str, e: SandboxError) -> EngineError {
     EngineError::new(
