@@ -219,6 +219,17 @@ pub fn unavailable_or_missing(
     e
 }
 
+/// Whether `endpoint` is plain HTTP over TCP (`tcp://` or `http://`, any case): exec
+/// bodies, secrets included, would cross the network in the clear, so both adapters
+/// refuse it unless the caller allows it for a trusted loopback.
+pub fn is_plain_tcp(endpoint: &str) -> bool {
+    let e = endpoint.trim();
+    ["tcp://", "http://"].iter().any(|scheme| {
+        e.get(..scheme.len())
+            .is_some_and(|s| s.eq_ignore_ascii_case(scheme))
+    })
+}
+
 /// Podman's discovery order (see the module docs).
 pub fn discover_podman(env: &EnvSnapshot) -> DiscoveredEndpoint {
     if let Some(h) = env.get("CONTAINER_HOST") {
@@ -310,6 +321,23 @@ pub fn context_dir_name(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn plain_tcp_is_told_apart_from_other_schemes() {
+        for e in ["tcp://h:2375", " HTTP://h", "Tcp://127.0.0.1:1"] {
+            assert!(is_plain_tcp(e), "{e}");
+        }
+        for e in [
+            "https://h",
+            "unix:///run/x.sock",
+            "ssh://h",
+            "tcp:/",
+            "",
+            "é",
+        ] {
+            assert!(!is_plain_tcp(e), "{e}");
+        }
+    }
 
     #[test]
     fn a_missing_socket_and_binary_is_a_missing_engine() {

@@ -458,16 +458,18 @@ pub struct ContainerInfo {
 }
 
 impl ContainerInfo {
-    /// A record with no ports and no workdir.
+    /// A record with no ports and no workdir; a leading `/` of `name` (as engines report
+    /// names) is dropped.
     pub fn new(
         id: impl Into<String>,
         name: impl Into<String>,
         state: SandboxState,
         labels: BTreeMap<String, String>,
     ) -> Self {
+        let name: String = name.into();
         ContainerInfo {
             id: id.into(),
-            name: name.into(),
+            name: name.strip_prefix('/').map(str::to_string).unwrap_or(name),
             state,
             created_at: None,
             labels,
@@ -530,7 +532,9 @@ pub trait ContainerEngine: Send + Sync + fmt::Debug + 'static {
     /// Force-removes a container (with its anonymous volumes only when the adapter created
     /// them). `Ok(false)` when it was already gone.
     async fn remove(&self, id: &str) -> EngineResult<bool>;
-    /// Containers (running or not) carrying every label in `labels` (`key=value`).
+    /// Containers (running or not) carrying every label in `labels` (`key=value`): id,
+    /// name, state, creation time, labels and image are read; ports, pid, addresses and
+    /// workdir come from [`ContainerEngine::inspect`] only.
     async fn list(&self, labels: &BTreeMap<String, String>) -> EngineResult<Vec<ContainerInfo>>;
 
     /// Creates and starts an exec with attached output (and stdin when asked).

@@ -234,3 +234,44 @@ pub fn validate_all(mounts: &[Mount]) -> Result<()> {
     }
     Ok(())
 }
+
+/// What `mounts` cannot keep for `spec`, refused before anything is provisioned: with a
+/// disk limit, a writable bind mount (host disk the limit cannot bound) or a sealed
+/// copy-in under one of the spec's scratch paths (the scratch filesystem would hide it).
+pub fn check_against_spec(mounts: &[Mount], spec: &crate::ContainerSpec) -> Result<()> {
+    if spec.resources.disk_mb.is_none() {
+        return Ok(());
+    }
+    if let Some(m) = mounts
+        .iter()
+        .find(|m| m.mode == MountMode::Bind && !m.read_only)
+    {
+        return Err(SandboxError::config(
+            format!(
+                "the writable bind mount at {} writes to the host's disk, which \
+                 resources.disk_mb cannot bound",
+                m.container
+            ),
+            "make the bind mount read-only (Mount::read_only(true)) or leave disk_mb unset",
+        ));
+    }
+    for m in mounts.iter().filter(|m| m.mode == MountMode::Copy) {
+        let target = m.normalized_target()?;
+        if let Some(scratch) = spec.scratch_paths().into_iter().find(|p| under(&target, p)) {
+            return Err(SandboxError::config(
+                format!(
+                    "the copied mount {target} lies under {scratch}, which resources.disk_mb \
+                     turns into an empty scratch filesystem"
+                ),
+                "copy it elsewhere (e.g. /data), use MountMode::Bind, or leave disk_mb unset",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `path` is `dir` or lies below it (both normalised, absolute).
+fn under(path: &str, dir: &str) -> bool {
+    let dir = dir.trim_end_matches('/');
+    path == dir || dir.is_empty() || path.starts_with(&format!("{dir}/"))
+}

@@ -47,6 +47,24 @@ pub struct SshTarget {
 }
 
 impl SshTarget {
+    /// The target of `endpoint` when it is an `ssh://` one (any case), with `config_file`
+    /// as its ssh config; `None` for every other scheme. A malformed `ssh://` endpoint is
+    /// a `Configuration` error, as in [`SshTarget::parse`].
+    pub fn of_endpoint(
+        endpoint: &str,
+        default_socket: &str,
+        config_file: Option<PathBuf>,
+    ) -> Result<Option<SshTarget>> {
+        let scheme = endpoint.trim().get(..6).unwrap_or_default();
+        if !scheme.eq_ignore_ascii_case("ssh://") {
+            return Ok(None);
+        }
+        let mut target =
+            SshTarget::parse(&format!("ssh://{}", &endpoint.trim()[6..]), default_socket)?;
+        target.config_file = config_file;
+        Ok(Some(target))
+    }
+
     /// Parses `ssh://[user@]host[:port][/path]`; without a path the engine's default
     /// socket `default_socket` is forwarded.
     pub fn parse(endpoint: &str, default_socket: &str) -> Result<SshTarget> {
@@ -309,6 +327,20 @@ mod tests {
 
     fn t(e: &str) -> Result<SshTarget> {
         SshTarget::parse(e, "/var/run/docker.sock")
+    }
+
+    #[test]
+    fn only_ssh_endpoints_have_a_target() {
+        let of = |e: &str| SshTarget::of_endpoint(e, "/run/e.sock", Some("/cfg".into()));
+        let target = of(" SSH://me@host:2222").unwrap().unwrap();
+        assert_eq!(target.host, "host");
+        assert_eq!(target.port, Some(2222));
+        assert_eq!(target.remote_socket, "/run/e.sock");
+        assert_eq!(target.config_file, Some(PathBuf::from("/cfg")));
+        for other in ["unix:///run/e.sock", "tcp://h:1", "ss", "", "sshx://h"] {
+            assert_eq!(of(other).unwrap(), None, "{other}");
+        }
+        assert!(of("ssh://-oProxyCommand=x").is_err());
     }
 
     #[test]

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use bollard::Docker;
 use sandbox_container::discovery::{
-    DiscoveredEndpoint, DiscoveryError, EndpointSource, EnvSnapshot, discover_docker,
+    DiscoveredEndpoint, DiscoveryError, EndpointSource, EnvSnapshot, discover_docker, is_plain_tcp,
 };
 use sandbox_container::engine::NetworkSpec;
 use sandbox_container::ssh::SshTarget;
@@ -226,16 +226,14 @@ impl DockerConfig {
             return Err(e.to_error());
         }
         let endpoint = self.endpoint();
-        let lower = endpoint.to_ascii_lowercase();
-        if lower.starts_with("ssh://") {
-            let mut target = SshTarget::parse(&endpoint, "/var/run/docker.sock")?;
-            target.config_file = self.ssh_config.clone();
+        let ssh =
+            SshTarget::of_endpoint(&endpoint, "/var/run/docker.sock", self.ssh_config.clone());
+        if let Some(target) = ssh? {
             return Ok(Transport::Ssh(target));
         }
         let shown = redact_endpoint(&endpoint);
-        if lower.starts_with("https://")
-            || (self.tls_verify && (lower.starts_with("tcp://") || lower.starts_with("http://")))
-        {
+        let plain = is_plain_tcp(&endpoint);
+        if endpoint.to_ascii_lowercase().starts_with("https://") || (self.tls_verify && plain) {
             if !cfg!(feature = "tls") {
                 return Err(SandboxError::config(
                     format!(
@@ -246,7 +244,7 @@ impl DockerConfig {
             }
             return self.tls_transport(&endpoint);
         }
-        if lower.starts_with("tcp://") || lower.starts_with("http://") {
+        if plain {
             if !self.allow_plain_tcp {
                 return Err(SandboxError::config(
                     format!(

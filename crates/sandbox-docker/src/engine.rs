@@ -327,11 +327,7 @@ impl ContainerEngine for DockerEngine {
             .and_then(|p| u32::try_from(p).ok());
         let status = c.state.and_then(|s| s.status).map(|s| s.to_string());
         let state = state_from_status(status.as_deref());
-        let name = c
-            .name
-            .unwrap_or_default()
-            .trim_start_matches('/')
-            .to_string();
+        let name = c.name.unwrap_or_default();
         let mut info =
             ContainerInfo::new(c.id.unwrap_or_else(|| id.to_string()), name, state, labels);
         info.created_at = c.created.as_deref().and_then(parse_rfc3339);
@@ -385,17 +381,12 @@ impl ContainerEngine for DockerEngine {
             .into_iter()
             .filter_map(|c| {
                 let id = c.id?;
-                let name = c
-                    .names
-                    .and_then(|n| n.into_iter().next())
-                    .unwrap_or_default()
-                    .trim_start_matches('/')
-                    .to_string();
+                let name = c.names.and_then(|n| n.into_iter().next());
                 let labels: BTreeMap<String, String> =
                     c.labels.unwrap_or_default().into_iter().collect();
                 let status = c.state.map(|s| s.to_string());
                 let state = state_from_status(status.as_deref());
-                let mut info = ContainerInfo::new(id, name, state, labels);
+                let mut info = ContainerInfo::new(id, name.unwrap_or_default(), state, labels);
                 info.created_at = c.created.and_then(from_unix_secs);
                 info.image = c.image.unwrap_or_default();
                 Some(info)

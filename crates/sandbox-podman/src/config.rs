@@ -9,7 +9,7 @@ use std::fmt;
 use std::path::Path;
 
 use sandbox_container::ContainerConfig;
-use sandbox_container::discovery::{EndpointSource, EnvSnapshot, discover_podman};
+use sandbox_container::discovery::{EndpointSource, EnvSnapshot, discover_podman, is_plain_tcp};
 use sandbox_container::ssh::SshTarget;
 use sandbox_core::{IsolationTier, Result, SandboxError};
 
@@ -111,11 +111,8 @@ impl PodmanConfig {
     /// (`tcp://` unless [`PodmanConfig::allow_plain_tcp`]); an `ssh://` endpoint must be
     /// well-formed (its tunnel is opened by `PodmanEngine::connect`).
     pub(crate) fn check_endpoint(&self) -> Result<()> {
-        if self.ssh_target()?.is_some() {
-            return Ok(());
-        }
-        let lower = self.endpoint.trim().to_ascii_lowercase();
-        if (lower.starts_with("tcp://") || lower.starts_with("http://")) && !self.allow_plain_tcp {
+        self.ssh_target()?;
+        if is_plain_tcp(&self.endpoint) && !self.allow_plain_tcp {
             return Err(SandboxError::config(
                 "tcp:// Podman endpoints are plain HTTP: exec bodies (secrets included) would cross the network in the clear",
                 "reach the engine over SSH instead (CONTAINER_HOST=ssh://user@host/run/podman/podman.sock), or PodmanConfig::allow_plain_tcp(true) for a trusted loopback",
@@ -127,17 +124,11 @@ impl PodmanConfig {
     /// Where an `ssh://` endpoint points (`None` for other schemes); a malformed one is
     /// a `Configuration` error. Without a path, the rootful socket is forwarded.
     pub(crate) fn ssh_target(&self) -> Result<Option<SshTarget>> {
-        if !self
-            .endpoint
-            .trim()
-            .to_ascii_lowercase()
-            .starts_with("ssh://")
-        {
-            return Ok(None);
-        }
-        let mut target = SshTarget::parse(&self.endpoint, "/run/podman/podman.sock")?;
-        target.config_file = self.ssh_config.clone();
-        Ok(Some(target))
+        SshTarget::of_endpoint(
+            &self.endpoint,
+            "/run/podman/podman.sock",
+            self.ssh_config.clone(),
+        )
     }
 
     /// Uses `path` as the ssh config of an `ssh://` endpoint's tunnel (`ssh -F`), instead

@@ -20,9 +20,7 @@ use podman_api::opts::{
     ContainerDeleteOpts, ContainerListFilter, ContainerListOpts, ExecCreateOpts, ExecStartOpts,
     PullOpts,
 };
-use sandbox_container::engine::{
-    engine_text as bounded, published_address, published_ports, state_from_status,
-};
+use sandbox_container::engine::{engine_text as bounded, published_ports, state_from_status};
 use sandbox_container::image::classify_pull_failure;
 use sandbox_container::time::from_unix_secs;
 use sandbox_container::transfer::{
@@ -37,7 +35,7 @@ use sandbox_core::{Capability, IsolationTier, OutputChunk, Problem, SandboxError
 use tokio_util::compat::FuturesAsyncWriteCompatExt;
 
 use crate::config::{PodmanConfig, PodmanOptions};
-use crate::error::{BACKEND, START_HINT, from_api, from_rest, refused};
+use crate::error::{BACKEND, START_HINT, from_api, refused};
 use crate::rest::Rest;
 use sandbox_container::copy_in::copy_in;
 use sandbox_container::hooks::HookEvent;
@@ -161,16 +159,13 @@ impl PodmanEngine {
         .await
     }
 
-    /// One REST bypass call, bounded and panic-safe.
+    /// One REST bypass call, bounded.
     async fn rest_call<T>(
         &self,
         what: &'static str,
-        fut: impl std::future::Future<Output = Result<T, crate::rest::RestError>>,
+        fut: impl std::future::Future<Output = EngineResult<T>>,
     ) -> EngineResult<T> {
-        bounded_call(what, self.limit, async move {
-            fut.await.map_err(|e| from_rest(what, e))
-        })
-        .await
+        bounded_call(what, self.limit, fut).await
     }
 
     /// Copy mounts and `pre_start`, on a created container; `post_start` is kept for
@@ -345,12 +340,8 @@ impl ContainerEngine for PodmanEngine {
             .and_then(|p| u32::try_from(p).ok())
             .filter(|p| *p > 0);
         let addresses = crate::policy::container_addresses(i.network_settings.as_ref());
-        let mut info = ContainerInfo::new(
-            i.id.unwrap_or_else(|| id.to_string()),
-            name.trim_start_matches('/'),
-            state,
-            labels,
-        );
+        let mut info =
+            ContainerInfo::new(i.id.unwrap_or_else(|| id.to_string()), name, state, labels);
         info.created_at = i.created.and_then(|t| from_unix_secs(t.timestamp()));
         info.image = i.image_name.or(image).unwrap_or_default();
         info.workdir = workdir.filter(|w| w.starts_with('/'));
@@ -395,29 +386,12 @@ impl ContainerEngine for PodmanEngine {
         Ok(list
             .into_iter()
             .filter_map(|c| {
-                let id = c.id?;
-                let labels: BTreeMap<String, String> =
-                    c.labels.unwrap_or_default().into_iter().collect();
-                let name = c
-                    .names
-                    .and_then(|n| n.into_iter().next())
-                    .unwrap_or_default();
-                let mut info = ContainerInfo::new(
-                    id,
-                    name.trim_start_matches('/'),
-                    state_from_status(c.state.as_deref()),
-                    labels,
-                );
+                let name = c.names.and_then(|n| n.into_iter().next());
+                let labels = c.labels.unwrap_or_default().into_iter().collect();
+                let state = state_from_status(c.state.as_deref());
+                let mut info = ContainerInfo::new(c.id?, name.unwrap_or_default(), state, labels);
                 info.created_at = c.created.and_then(|t| from_unix_secs(t.timestamp()));
                 info.image = c.image.unwrap_or_default();
-                for p in c.ports.unwrap_or_default() {
-                    if let (Some(cp), Some(a)) = (
-                        p.container_port,
-                        published_address(p.host_ip.as_deref(), p.host_port),
-                    ) {
-                        info.published.insert(cp, a);
-                    }
-                }
                 Some(info)
             })
             .collect())
@@ -523,17 +497,8 @@ impl ContainerEngine for PodmanEngine {
     }
 
     async fn stat_path(&self, id: &str, path: &str) -> EngineResult<PathStat> {
-        let st = self
-            .rest_call("archive stat", self.rest.stat_path(id, path))
-            .await?;
-        // A 404 is a missing path or a missing container; the container layer tells them
-        // apart (it checks the container), so no extra round-trip here.
-        st.ok_or_else(|| {
-            EngineError::new(
-                EngineErrorKind::NotFound,
-                "archive stat: no such path or container",
-            )
-        })
+        self.rest_call("archive stat", self.rest.stat_path(id, path))
+            .await
     }
 
     fn credential_store(&self) -> CredentialStore {

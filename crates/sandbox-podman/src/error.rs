@@ -1,4 +1,5 @@
-//! The only place that sees `podman-api` (and REST bypass) errors: mapping them into
+//! The only place that sees `podman-api` errors (the REST bypass makes its own
+//! [`EngineError`]s): mapping them into
 //! `sandbox-container`'s [`EngineError`], and keeping the crate's panics from ever reaching
 //! a caller.
 //!
@@ -10,8 +11,6 @@
 use sandbox_container::engine::engine_text as bounded;
 use sandbox_container::{EngineError, EngineErrorKind};
 use sandbox_core::{BoxError, SandboxError};
-
-use crate::rest::RestError;
 
 /// Backend name used in every error.
 pub(crate) const BACKEND: &str = "podman";
@@ -84,16 +83,6 @@ pub(crate) fn from_conn(what: &str, e: podman_api::conn::Error) -> EngineError {
     }
 }
 
-/// A REST bypass error as an [`EngineError`], the source kept.
-pub(crate) fn from_rest(what: &str, e: RestError) -> EngineError {
-    let kind = match &e {
-        RestError::Status { status, .. } => EngineErrorKind::from_status(*status),
-        RestError::Invalid(_) => EngineErrorKind::Other,
-        RestError::Transport(_) => EngineErrorKind::Unavailable,
-    };
-    EngineError::new(kind, bounded(&format!("{what}: {e}"))).with_source(e)
-}
-
 /// A refusal of this adapter's own checks (options, spec assembly) as an [`EngineError`].
 pub(crate) fn refused(what: &str, e: SandboxError) -> EngineError {
     EngineError::new(
@@ -112,37 +101,5 @@ pub(crate) fn to_sandbox_error(endpoint: &str, what: &str, e: EngineError) -> Sa
             SandboxError::engine_unavailable(BACKEND, endpoint, START_HINT).with_source(e)
         }
         _ => SandboxError::engine(BACKEND, format!("{what} failed")).with_source(e),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rest_errors_map_to_kinds() {
-        let k = |status| {
-            from_rest(
-                "x",
-                RestError::Status {
-                    status,
-                    message: "m".into(),
-                },
-            )
-            .kind
-        };
-        assert_eq!(k(404), EngineErrorKind::NotFound);
-        assert_eq!(k(409), EngineErrorKind::Conflict);
-        assert_eq!(k(400), EngineErrorKind::InvalidRequest);
-        assert_eq!(k(500), EngineErrorKind::Other);
-        let long = "y".repeat(10_000);
-        let e = from_rest(
-            "x",
-            RestError::Status {
-                status: 500,
-                message: long,
-            },
-        );
-        assert!(e.message.chars().count() <= 300);
     }
 }

@@ -28,55 +28,21 @@ pub(crate) fn capabilities_for(podman: &PodmanOptions) -> Capability {
 }
 
 /// What Podman cannot enforce for `spec` with these options, refused before anything is
-/// provisioned: more GPUs than named CDI devices; with a disk limit, a writable bind mount
-/// (host disk the limit cannot bound) or a sealed copy-in under a scratch path (the scratch
-/// mount would hide it); and any option outside the vetted allowlists.
+/// provisioned: mounts the disk limit cannot keep (`mounts::check_against_spec`), more
+/// GPUs than named CDI devices, and any option outside the vetted allowlists.
 pub(crate) fn check_spec(spec: &ContainerSpec, podman: &PodmanOptions) -> Result<()> {
-    let res = &spec.resources;
-    if let Some(m) = podman
-        .mounts
-        .iter()
-        .find(|m| m.mode == MountMode::Bind && !m.read_only)
-        .filter(|_| res.disk_mb.is_some())
-    {
+    sandbox_container::mounts::check_against_spec(&podman.mounts, spec)?;
+    let gpus = spec.resources.gpu as usize;
+    if gpus > podman.cdi_devices.len() {
         return Err(SandboxError::config(
             format!(
-                "the writable bind mount at {} writes to the host's disk, which \
-                 resources.disk_mb cannot bound",
-                m.container
-            ),
-            "make the bind mount read-only (Mount::read_only(true)) or leave disk_mb unset",
-        ));
-    }
-    for m in podman.mounts.iter().filter(|m| m.mode == MountMode::Copy) {
-        let target = m.normalized_target()?;
-        if let Some(scratch) = spec.scratch_paths().into_iter().find(|p| under(&target, p)) {
-            return Err(SandboxError::config(
-                format!(
-                    "the copied mount {target} lies under {scratch}, which resources.disk_mb \
-                     turns into an empty scratch filesystem"
-                ),
-                "copy it elsewhere (e.g. /data), use MountMode::Bind, or leave disk_mb unset",
-            ));
-        }
-    }
-    if res.gpu > 0 && (res.gpu as usize) > podman.cdi_devices.len() {
-        return Err(SandboxError::config(
-            format!(
-                "{} GPU(s) requested but only {} CDI device(s) named",
-                res.gpu,
+                "{gpus} GPU(s) requested but only {} CDI device(s) named",
                 podman.cdi_devices.len()
             ),
             "name one CDI device per GPU with PodmanOptions::cdi_device(\"nvidia.com/gpu=N\")",
         ));
     }
     podman.validate()
-}
-
-/// Whether `path` is `dir` or lies below it (both normalised, absolute).
-fn under(path: &str, dir: &str) -> bool {
-    let dir = dir.trim_end_matches('/');
-    path == dir || dir.is_empty() || path.starts_with(&format!("{dir}/"))
 }
 
 /// The labels of the body: the spec's plus the runtime label, so a reattached handle

@@ -21,7 +21,8 @@
 use std::path::PathBuf;
 
 use hyper::{Body, Method, Request, StatusCode};
-use sandbox_container::PathStat;
+use sandbox_container::engine::engine_text;
+use sandbox_container::{EngineError, EngineErrorKind, EngineResult, PathStat};
 use sandbox_core::{Result, SandboxError};
 use serde::Deserialize;
 
@@ -46,15 +47,21 @@ pub(crate) struct Rest {
     transport: Transport,
 }
 
-/// An engine answer with a status, or a transport failure.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum RestError {
-    #[error("engine answered {status}: {message}")]
-    Status { status: u16, message: String },
-    #[error("cannot reach the engine: {0}")]
-    Transport(#[from] hyper::Error),
-    #[error("invalid engine answer: {0}")]
-    Invalid(String),
+/// An answer this client cannot use (a malformed body or header) as an [`EngineError`].
+fn invalid(what: &str, why: impl std::fmt::Display) -> EngineError {
+    EngineError::new(
+        EngineErrorKind::Other,
+        engine_text(&format!("{what}: invalid engine answer: {why}")),
+    )
+}
+
+/// A failure to reach the engine (or to read its answer) as an [`EngineError`].
+fn unreachable(what: &str, e: hyper::Error) -> EngineError {
+    EngineError::new(
+        EngineErrorKind::Unavailable,
+        engine_text(&format!("{what}: cannot reach the engine: {e}")),
+    )
+    .with_source(e)
 }
 
 impl Rest {
@@ -94,18 +101,24 @@ impl Rest {
         }
     }
 
+    /// Sends `method ep` with `body`; a failure to build or send it is an [`EngineError`].
     async fn send(
         &self,
-        req: Request<Body>,
-    ) -> std::result::Result<hyper::Response<Body>, RestError> {
-        let r = match &self.transport {
-            Transport::Unix { client, .. } => client.request(req).await?,
-            Transport::Tcp { client, .. } => client.request(req).await?,
-        };
-        Ok(r)
+        what: &str,
+        req: hyper::http::request::Builder,
+        body: Body,
+    ) -> EngineResult<hyper::Response<Body>> {
+        let req = req.body(body).map_err(|e| invalid(what, e))?;
+        match &self.transport {
+            Transport::Unix { client, .. } => client.request(req).await,
+            Transport::Tcp { client, .. } => client.request(req).await,
+        }
+        .map_err(|e| unreachable(what, e))
     }
 
-    async fn error_of(resp: hyper::Response<Body>) -> RestError {
+    /// An answer with an unexpected status as an [`EngineError`] of that status's kind,
+    /// with the engine's message (capped).
+    async fn error_of(what: &str, resp: hyper::Response<Body>) -> EngineError {
         let status = resp.status().as_u16();
         let body = read_capped(resp.into_body()).await.unwrap_or_default();
         let message = serde_json::from_slice::<serde_json::Value>(&body)
@@ -115,92 +128,77 @@ impl Rest {
                     .or_else(|| v.get("cause"))
                     .and_then(|m| m.as_str().map(str::to_string))
             })
-            .unwrap_or_else(|| String::from_utf8_lossy(&body).chars().take(512).collect());
-        RestError::Status { status, message }
+            .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
+        EngineError::new(
+            EngineErrorKind::from_status(status),
+            engine_text(&format!("{what}: engine answered {status}: {message}")),
+        )
     }
 
     /// `POST /libpod/containers/create` with a JSON SpecGenerator body; returns the id.
-    pub(crate) async fn create_container(
-        &self,
-        spec: &serde_json::Value,
-    ) -> std::result::Result<String, RestError> {
-        let body = serde_json::to_vec(spec).map_err(|e| RestError::Invalid(e.to_string()))?;
+    pub(crate) async fn create_container(&self, spec: &serde_json::Value) -> EngineResult<String> {
+        const WHAT: &str = "container create";
+        let body = serde_json::to_vec(spec).map_err(|e| invalid(WHAT, e))?;
         let req = Request::builder()
             .method(Method::POST)
             .uri(self.uri("/libpod/containers/create"))
-            .header("content-type", "application/json")
-            .body(Body::from(body))
-            .map_err(|e| RestError::Invalid(e.to_string()))?;
-        let resp = self.send(req).await?;
+            .header("content-type", "application/json");
+        let resp = self.send(WHAT, req, Body::from(body)).await?;
         if resp.status() != StatusCode::CREATED && resp.status() != StatusCode::OK {
-            return Err(Self::error_of(resp).await);
+            return Err(Self::error_of(WHAT, resp).await);
         }
-        let body = read_capped(resp.into_body()).await?;
+        let body = read_capped(resp.into_body())
+            .await
+            .map_err(|e| unreachable(WHAT, e))?;
         #[derive(Deserialize)]
         struct Created {
             #[serde(rename = "Id")]
             id: String,
         }
-        let c: Created =
-            serde_json::from_slice(&body).map_err(|e| RestError::Invalid(e.to_string()))?;
+        let c: Created = serde_json::from_slice(&body).map_err(|e| invalid(WHAT, e))?;
         Ok(c.id)
     }
 
-    /// `HEAD /containers/{id}/archive?path=`: `Ok(None)` on a 404 (no such path, or no
-    /// such container).
-    pub(crate) async fn stat_path(
-        &self,
-        id: &str,
-        path: &str,
-    ) -> std::result::Result<Option<PathStat>, RestError> {
+    /// `HEAD /containers/{id}/archive?path=`. A 404 is `NotFound` for a missing path and
+    /// a missing container alike: the container layer tells them apart (it checks the
+    /// container), so no extra round-trip here.
+    pub(crate) async fn stat_path(&self, id: &str, path: &str) -> EngineResult<PathStat> {
+        const WHAT: &str = "archive stat";
         let ep = format!("/containers/{}/archive?path={}", encode(id), encode(path));
-        let req = Request::builder()
-            .method(Method::HEAD)
-            .uri(self.uri(&ep))
-            .body(Body::empty())
-            .map_err(|e| RestError::Invalid(e.to_string()))?;
-        let resp = self.send(req).await?;
-        match resp.status() {
-            StatusCode::OK => {}
-            // "No such path" or "no such container": the caller tells them apart.
-            StatusCode::NOT_FOUND => return Ok(None),
-            _ => return Err(Self::error_of(resp).await),
+        let req = Request::builder().method(Method::HEAD).uri(self.uri(&ep));
+        let resp = self.send(WHAT, req, Body::empty()).await?;
+        if resp.status() != StatusCode::OK {
+            // A HEAD answer has no body: the status says it all.
+            return Err(EngineError::new(
+                EngineErrorKind::from_status(resp.status().as_u16()),
+                format!("{WHAT}: engine answered {}", resp.status()),
+            ));
         }
         let header = resp
             .headers()
             .get("x-docker-container-path-stat")
-            .ok_or_else(|| RestError::Invalid("archive stat header missing".into()))?;
+            .ok_or_else(|| invalid(WHAT, "the stat header is missing"))?;
         PathStat::from_archive_header(header.as_bytes())
-            .map(Some)
-            .ok_or_else(|| RestError::Invalid("archive stat header is not base64 JSON".into()))
+            .ok_or_else(|| invalid(WHAT, "the stat header is not base64 JSON"))
     }
 
-    /// `GET /containers/{id}/archive?path=`: the tar stream of `path` (`Status 404` for a
+    /// `GET /containers/{id}/archive?path=`: the tar stream of `path` (`NotFound` for a
     /// missing path or container alike; the container layer tells them apart).
-    pub(crate) async fn get_archive(
-        &self,
-        id: &str,
-        path: &str,
-    ) -> std::result::Result<Body, RestError> {
+    pub(crate) async fn get_archive(&self, id: &str, path: &str) -> EngineResult<Body> {
+        const WHAT: &str = "archive download";
         let ep = format!("/containers/{}/archive?path={}", encode(id), encode(path));
-        let req = Request::builder()
-            .method(Method::GET)
-            .uri(self.uri(&ep))
-            .body(Body::empty())
-            .map_err(|e| RestError::Invalid(e.to_string()))?;
-        let resp = self.send(req).await?;
+        let req = Request::builder().method(Method::GET).uri(self.uri(&ep));
+        let resp = self.send(WHAT, req, Body::empty()).await?;
         match resp.status() {
             StatusCode::OK => Ok(resp.into_body()),
-            _ => Err(Self::error_of(resp).await),
+            _ => Err(Self::error_of(WHAT, resp).await),
         }
     }
 
     /// `POST /libpod/containers/{id}/attach` (stdin, stdout, stderr; no logs; detaching
     /// off), upgraded to the raw connection that carries the multiplexed stream.
-    pub(crate) async fn attach(
-        &self,
-        id: &str,
-    ) -> std::result::Result<hyper::upgrade::Upgraded, RestError> {
+    pub(crate) async fn attach(&self, id: &str) -> EngineResult<hyper::upgrade::Upgraded> {
+        const WHAT: &str = "container attach";
         // An empty `detachKeys` (present, not omitted) turns detaching off: otherwise
         // ctrl-p ctrl-q in the protocol's bytes would end the attach.
         let ep = format!(
@@ -211,16 +209,17 @@ impl Rest {
             .method(Method::POST)
             .uri(self.uri(&ep))
             .header(hyper::header::CONNECTION, "Upgrade")
-            .header(hyper::header::UPGRADE, "tcp")
-            .body(Body::empty())
-            .map_err(|e| RestError::Invalid(e.to_string()))?;
-        let resp = self.send(req).await?;
+            .header(hyper::header::UPGRADE, "tcp");
+        let resp = self.send(WHAT, req, Body::empty()).await?;
         match resp.status() {
-            StatusCode::SWITCHING_PROTOCOLS => Ok(hyper::upgrade::on(resp).await?),
-            s if s.is_success() => Err(RestError::Invalid(format!(
-                "the engine answered the attach with {s} instead of upgrading the connection"
-            ))),
-            _ => Err(Self::error_of(resp).await),
+            StatusCode::SWITCHING_PROTOCOLS => hyper::upgrade::on(resp)
+                .await
+                .map_err(|e| unreachable(WHAT, e)),
+            s if s.is_success() => Err(invalid(
+                WHAT,
+                format!("{s} instead of an upgraded connection"),
+            )),
+            _ => Err(Self::error_of(WHAT, resp).await),
         }
     }
 }
@@ -266,6 +265,36 @@ mod tests {
         assert_eq!(read_capped(big).await.unwrap().len(), ANSWER_CAP);
         let small = Body::from("{\"Id\":\"abc\"}");
         assert_eq!(read_capped(small).await.unwrap(), b"{\"Id\":\"abc\"}");
+    }
+
+    #[tokio::test]
+    async fn unexpected_answers_map_to_kinds_with_a_capped_message() {
+        let answer = |status: u16, body: String| {
+            let resp = hyper::Response::builder()
+                .status(status)
+                .body(Body::from(body))
+                .unwrap();
+            Rest::error_of("x", resp)
+        };
+        let json = |m: &str| format!("{{\"message\":\"{m}\"}}");
+        assert_eq!(
+            answer(404, json("gone")).await.kind,
+            EngineErrorKind::NotFound
+        );
+        assert_eq!(
+            answer(409, json("busy")).await.kind,
+            EngineErrorKind::Conflict
+        );
+        assert_eq!(
+            answer(400, json("bad")).await.kind,
+            EngineErrorKind::InvalidRequest
+        );
+        let e = answer(500, json("boom")).await;
+        assert_eq!(e.kind, EngineErrorKind::Other);
+        assert!(e.message.contains("boom"), "{}", e.message);
+        let e = answer(500, "y\n".repeat(10_000)).await;
+        assert!(e.message.chars().count() <= 300);
+        assert!(!e.message.contains('\n'));
     }
 
     #[test]
