@@ -518,6 +518,19 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             info,
             container_killer(self.engine.clone(), self.config.call_timeout, id.clone()),
         );
+        // Copy mounts and the pre_start hook see the created, not yet started, container.
+        let hooks = eng.hooks();
+        let event = crate::hooks::HookEvent::new(&id, &spec.image);
+        let prepared = async {
+            for m in eng.copy_mounts() {
+                crate::copy_in::copy_in(eng, &id, &m).await?;
+            }
+            hooks.run_pre_start(&event).await
+        };
+        if let Err(e) = prepared.await {
+            let _ = guard.kill_now().await;
+            return Err(create_err("provision container", e));
+        }
         // The agent goes in before start: it is the container's main process (unless the
         // engine bind-mounts it).
         if spec.attach_stdin && spec.agent_mount.is_none() {
@@ -545,6 +558,10 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                 )));
             }
             return Err(err);
+        }
+        if let Err(e) = hooks.run_post_start(&event).await {
+            let _ = guard.kill_now().await;
+            return Err(create_err("post_start hook", e));
         }
         // Egress rules before anything of the user's runs; a failure removes the container.
         if let Some(net) = egress_net

@@ -521,10 +521,21 @@ pub trait ContainerEngine: Send + Sync + fmt::Debug + 'static {
         let _ = spec;
         Ok(())
     }
-    /// Creates (does not start) a container; returns its id. The adapter may do
-    /// engine-specific provisioning here (sealed copy-in, hooks) as long as the container is
-    /// not started.
+    /// Creates (does not start) a container; returns its id. Copy mounts and hooks are
+    /// the container layer's ([`Self::copy_mounts`], [`Self::hooks`]): an adapter only
+    /// creates.
     async fn create(&self, spec: &ContainerSpec) -> EngineResult<String>;
+    /// Host trees the container layer copies into every new container between create and
+    /// start, through [`Self::put_archive`] (`copy_in::copy_in`; sealed: no bind mount is
+    /// left). Default: none.
+    fn copy_mounts(&self) -> Vec<crate::mounts::Mount> {
+        Vec::new()
+    }
+    /// Lifecycle hooks the container layer runs around every start: `pre_start` after the
+    /// copy mounts, `post_start` once the container runs. Default: none.
+    fn hooks(&self) -> crate::hooks::Hooks {
+        crate::hooks::Hooks::default()
+    }
     /// Starts a created container.
     async fn start(&self, id: &str) -> EngineResult<()>;
     /// Inspects a container by id or name.

@@ -9,7 +9,7 @@
 //! for every engine.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -37,9 +37,8 @@ use tokio_util::compat::FuturesAsyncWriteCompatExt;
 use crate::config::{PodmanConfig, PodmanOptions};
 use crate::error::{BACKEND, START_HINT, from_api, refused};
 use crate::rest::Rest;
-use sandbox_container::copy_in::copy_in;
-use sandbox_container::hooks::HookEvent;
-use sandbox_container::mounts::MountMode;
+use sandbox_container::hooks::Hooks;
+use sandbox_container::mounts::{Mount, MountMode};
 
 /// The Podman engine: one shared podman-api client plus the REST bypass, and the Podman
 /// options (mounts, runtime, capabilities, hooks…) every container it creates gets.
@@ -50,8 +49,6 @@ pub struct PodmanEngine {
     endpoint: String,
     options: PodmanOptions,
     limit: Duration,
-    /// `post_start` events of created containers not yet started, by container id.
-    pending_post_start: Arc<Mutex<HashMap<String, HookEvent>>>,
     /// The ssh tunnel an `ssh://` endpoint goes through; it lives as long as the last
     /// clone of this engine.
     _tunnel: Option<Arc<sandbox_container::ssh::SshTunnel>>,
@@ -115,7 +112,6 @@ impl PodmanEngine {
             endpoint: config.endpoint.clone(),
             options: config.options.clone(),
             limit: config.layer.call_timeout,
-            pending_post_start: Arc::default(),
             _tunnel: tunnel,
         })
     }
@@ -124,7 +120,6 @@ impl PodmanEngine {
     pub fn with_options(&self, options: PodmanOptions) -> PodmanEngine {
         PodmanEngine {
             options,
-            pending_post_start: Arc::default(),
             ..self.clone()
         }
     }
@@ -166,31 +161,6 @@ impl PodmanEngine {
         fut: impl std::future::Future<Output = EngineResult<T>>,
     ) -> EngineResult<T> {
         bounded_call(what, self.limit, fut).await
-    }
-
-    /// Copy mounts and `pre_start`, on a created container; `post_start` is kept for
-    /// [`ContainerEngine::start`].
-    async fn provision(&self, id: &str, image: &str) -> EngineResult<()> {
-        for m in self
-            .options
-            .mounts
-            .iter()
-            .filter(|m| m.mode == MountMode::Copy)
-        {
-            copy_in(self, id, m).await?;
-        }
-        let event = HookEvent::new(id, image);
-        self.options.hooks.run_pre_start(&event).await?;
-        if self.options.hooks.has_post_start() {
-            self.pending().insert(id.to_string(), event);
-        }
-        Ok(())
-    }
-
-    fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<String, HookEvent>> {
-        self.pending_post_start
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -301,26 +271,26 @@ impl ContainerEngine for PodmanEngine {
                 let _ = engine.remove(&id).await;
             }
         });
-        let id = rx.await.map_err(|_| {
+        rx.await.map_err(|_| {
             EngineError::new(EngineErrorKind::Other, "the container create task ended")
-        })??;
-        if let Err(e) = self.provision(&id, &spec.image).await {
-            // Nothing of a half-provisioned container is left; the caller's error wins.
-            self.pending().remove(&id);
-            let _ = self.remove(&id).await;
-            return Err(e);
-        }
-        Ok(id)
+        })?
+    }
+
+    fn copy_mounts(&self) -> Vec<Mount> {
+        let copies = self.options.mounts.iter();
+        copies
+            .filter(|m| m.mode == MountMode::Copy)
+            .cloned()
+            .collect()
+    }
+
+    fn hooks(&self) -> Hooks {
+        self.options.hooks.clone()
     }
 
     async fn start(&self, id: &str) -> EngineResult<()> {
         let c = self.client.containers().get(id);
-        self.api("container start", c.start(None)).await?;
-        let event = self.pending().remove(id);
-        if let Some(event) = event {
-            self.options.hooks.run_post_start(&event).await?;
-        }
-        Ok(())
+        self.api("container start", c.start(None)).await
     }
 
     async fn inspect(&self, id: &str) -> EngineResult<ContainerInfo> {

@@ -520,6 +520,15 @@ async fn podman_options_mounts_hooks_and_caps() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), ErrorCode::Creation);
+    assert!(e.to_string().contains("pre_start hook failed: nope"), "{e}");
+    // A failing post_start hook (the container already runs) removes it as well.
+    let po = PodmanOptions::new().hooks(Hooks::new().post_start(|_| async { panic!("boom") }));
+    let e = b
+        .create_with(opts("hookfail").template(BUSYBOX), po)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Creation);
+    assert!(e.to_string().contains("post_start hook panicked"), "{e}");
     let after = b
         .list_managed(&BTreeMap::from([(
             "test".to_string(),
