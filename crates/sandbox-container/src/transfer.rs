@@ -208,14 +208,24 @@ pub const MAX_FRAME: usize = 4 << 20;
 
 /// Reads an engine's multiplexed attach or exec stream (no TTY): frames of an 8-byte
 /// header — stream (0 stdin, 1 stdout, 2 stderr), three zero bytes, u32 BE length — and
-/// the data. Echoed stdin is dropped; a broken frame ends the stream with one error.
+/// the data. Echoed stdin is dropped; a broken frame ends the stream with one error. A
+/// read error is `Unavailable` with the I/O error itself as its source, so the container
+/// layer can tell the engine's reset of the connection from other failures.
 pub fn demultiplex<R>(reader: R) -> BoxStream<'static, EngineResult<OutputChunk>>
 where
     R: tokio::io::AsyncRead + Unpin + Send + 'static,
 {
     use tokio::io::AsyncReadExt as _;
-    let broken =
-        |why: String| EngineError::new(EngineErrorKind::Other, format!("attach output: {why}"));
+    let broken = |why: String| {
+        EngineError::new(EngineErrorKind::Other, format!("multiplexed output: {why}"))
+    };
+    let failed = |e: std::io::Error| {
+        EngineError::new(
+            EngineErrorKind::Unavailable,
+            format!("multiplexed output: {e}"),
+        )
+        .with_source(e)
+    };
     futures::stream::unfold(Some(reader), move |state| async move {
         let mut r = state?;
         loop {
@@ -224,15 +234,19 @@ where
                 Ok(_) => {}
                 // The end of the stream between frames is the end of the container's output.
                 Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return None,
-                Err(e) => return Some((Err(broken(e.to_string())), None)),
+                Err(e) => return Some((Err(failed(e)), None)),
             }
             let len = u32::from_be_bytes([header[4], header[5], header[6], header[7]]) as usize;
             if len > MAX_FRAME {
                 return Some((Err(broken(format!("a frame of {len} bytes"))), None));
             }
             let mut data = vec![0u8; len];
-            if let Err(e) = r.read_exact(&mut data).await {
-                return Some((Err(broken(format!("truncated frame: {e}"))), None));
+            match r.read_exact(&mut data).await {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    return Some((Err(broken(format!("truncated frame: {e}"))), None));
+                }
+                Err(e) => return Some((Err(failed(e)), None)),
             }
             let chunk = match header[0] {
                 1 => OutputChunk::stdout(Bytes::from(data)),
@@ -295,6 +309,35 @@ mod tests {
         assert!(got.len() == 1 && got[0].is_err(), "{got:?}");
         let got = demuxed(frame(7, b"x")).await;
         assert!(got.len() == 1 && got[0].is_err(), "{got:?}");
+    }
+
+    /// A reset connection keeps its I/O error as the source (the exec layer reads the
+    /// reset of a stdin-fed exec as the end of its output).
+    #[tokio::test]
+    async fn a_reset_keeps_the_io_error_as_source() {
+        let reset = failing_reader(std::io::ErrorKind::ConnectionReset);
+        let got: Vec<_> = demultiplex(reset).collect().await;
+        let e = got[0].as_ref().unwrap_err();
+        assert_eq!(e.kind, EngineErrorKind::Unavailable);
+        let io = std::error::Error::source(e)
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .expect("the I/O error is the source");
+        assert_eq!(io.kind(), std::io::ErrorKind::ConnectionReset);
+    }
+
+    /// A reader that fails at once with `kind`.
+    fn failing_reader(kind: std::io::ErrorKind) -> impl tokio::io::AsyncRead + Unpin + Send {
+        struct Failing(std::io::ErrorKind);
+        impl tokio::io::AsyncRead for Failing {
+            fn poll_read(
+                self: std::pin::Pin<&mut Self>,
+                _: &mut std::task::Context<'_>,
+                _: &mut tokio::io::ReadBuf<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                std::task::Poll::Ready(Err(self.0.into()))
+            }
+        }
+        Failing(kind)
     }
 
     #[tokio::test]

@@ -3,36 +3,29 @@
 //!
 //! Every call is bounded by [`PodmanConfig::call_timeout`] (a wedged service fails a call
 //! instead of hanging it) and runs under `sandbox_container::transfer::bounded_call`, which
-//! also turns a panic inside podman-api (its frame decoder panics on unexpected frames)
-//! into an error. An upload fails once the engine stops reading for that long. Archive
-//! downloads and exec output are bounded by the container layer, as
-//! for every engine.
+//! also turns a panic inside podman-api into an error. An upload fails once the engine
+//! stops reading for that long. Archive downloads and exec output are bounded by the
+//! container layer, as for every engine.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use podman_api::Podman;
-use podman_api::conn::TtyChunk;
 use podman_api::opts::{
-    ContainerDeleteOpts, ContainerListFilter, ContainerListOpts, ExecCreateOpts, ExecStartOpts,
-    PullOpts,
+    ContainerDeleteOpts, ContainerListFilter, ContainerListOpts, ExecCreateOpts, PullOpts,
 };
 use sandbox_container::engine::{engine_text as bounded, published_ports, state_from_status};
 use sandbox_container::image::classify_pull_failure;
 use sandbox_container::time::from_unix_secs;
-use sandbox_container::transfer::{
-    bounded_call, bounded_upload, demultiplex, panicked, unwind_safe,
-};
+use sandbox_container::transfer::{bounded_call, bounded_upload, demultiplex, panicked};
 use sandbox_container::{
     ArchiveBody, AttachStream, ContainerEngine, ContainerInfo, ContainerSpec, CredentialStore,
     EngineError, EngineErrorKind, EngineFacts, EngineResult, ExecInput, ExecRequest, ExecState,
     ExecStream, ImageRef, PathStat, PullProgress, RegistryAuth,
 };
-use sandbox_core::{Capability, IsolationTier, OutputChunk, Problem, SandboxError};
-use tokio_util::compat::FuturesAsyncWriteCompatExt;
+use sandbox_core::{Capability, IsolationTier, Problem, SandboxError};
 
 use crate::config::{PodmanConfig, PodmanOptions};
 use crate::error::{BACKEND, START_HINT, from_api, refused};
@@ -379,37 +372,18 @@ impl ContainerEngine for PodmanEngine {
         }
         let opts = b.build();
         let container = self.client.containers().get(id);
-        // The handle from `create_exec` must be the one started: a handle from
-        // `execs().get(id)` is "unchecked" in podman-api and refuses to start.
         let exec = self
             .api("exec create", container.create_exec(&opts))
             .await?;
         let exec_id = exec.id().to_string();
-        let start_opts = ExecStartOpts::builder().build();
-        let mux = self
-            .api("exec start", exec.start(&start_opts))
-            .await?
-            .ok_or_else(|| {
-                EngineError::new(EngineErrorKind::Other, "exec start returned no stream")
-            })?;
-        let (reader, writer) = mux.split();
-        let output = reader
-            .map_err(|e| crate::error::from_conn("exec output", e))
-            .try_filter_map(|c| {
-                futures::future::ready(Ok(match c {
-                    TtyChunk::StdOut(v) => Some(OutputChunk::stdout(Bytes::from(v))),
-                    TtyChunk::StdErr(v) => Some(OutputChunk::stderr(Bytes::from(v))),
-                    TtyChunk::StdIn(_) => None,
-                }))
-            });
-        // podman-api's writer is a `futures` one; the container layer writes tokio's.
-        let input: Option<ExecInput> = request
-            .stdin
-            .then(|| Box::pin(writer.compat_write()) as ExecInput);
+        let upgraded = self
+            .rest_call("exec start", self.rest.start_exec(&exec_id))
+            .await?;
+        let (reader, writer) = tokio::io::split(upgraded);
         Ok(ExecStream {
             exec_id,
-            output: unwind_safe("exec output", output),
-            input,
+            output: demultiplex(reader),
+            input: request.stdin.then(|| Box::pin(writer) as ExecInput),
         })
     }
 

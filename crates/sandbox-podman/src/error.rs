@@ -4,9 +4,10 @@
 //! a caller.
 //!
 //! podman-api 0.11's frame decoder `panic!`s on a stream number it does not know
-//! (`containers_api::conn::tty::decode_chunk`); every crate call the engine makes goes
-//! through `sandbox_container::transfer` (`bounded_call` for futures, also bounded in
-//! time; `unwind_safe` for streams), which turns such a panic into an error.
+//! (`containers_api::conn::tty::decode_chunk`): the multiplexed streams (exec, attach) go
+//! through the REST bypass and the container layer's own demultiplexer instead, and every
+//! other crate call runs under `sandbox_container::transfer::bounded_call` (also bounded
+//! in time), which turns a panic into an error.
 
 use sandbox_container::engine::engine_text as bounded;
 use sandbox_container::{EngineError, EngineErrorKind};
@@ -23,64 +24,43 @@ fn boxed(e: podman_api::Error) -> BoxError {
     Box::new(e)
 }
 
-/// HTTP status of a podman-api error, when the engine answered with one.
-fn status_of(e: &podman_api::Error) -> Option<u16> {
-    match e {
-        podman_api::Error::Fault { code, .. } => Some(code.as_u16()),
-        _ => None,
-    }
+/// Whether an engine message says the container exists no more or is no longer running
+/// (Podman answers an exec create on such a container with 409 or 500 and this text).
+fn says_gone(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    [
+        "not running",
+        "stopped",
+        "no such container",
+        "exited",
+        "improper state",
+        "being removed",
+    ]
+    .iter()
+    .any(|gone| m.contains(gone))
 }
 
-/// Whether the error means the container exists no more or is no longer running:
-/// 404, or 409/500 "container is not running / stopped" from exec create.
-fn is_gone(e: &podman_api::Error) -> bool {
-    match status_of(e) {
-        Some(404) => true,
-        Some(409) | Some(500) => {
-            let m = e.to_string().to_ascii_lowercase();
-            m.contains("not running")
-                || m.contains("stopped")
-                || m.contains("no such container")
-                || m.contains("exited")
-                || m.contains("improper state")
-                || m.contains("being removed")
-        }
-        _ => false,
+/// The [`EngineErrorKind`] of an engine answer with `status` and `message`: a 500 saying
+/// the container is gone is a `Conflict`, as a 409 is.
+pub(crate) fn answer_kind(status: u16, message: &str) -> EngineErrorKind {
+    match status {
+        500 if says_gone(message) => EngineErrorKind::Conflict,
+        status => EngineErrorKind::from_status(status),
     }
-}
-
-/// Whether the engine could not be reached at all (transport error).
-fn is_transport(e: &podman_api::Error) -> bool {
-    matches!(e, podman_api::Error::Error(_) | podman_api::Error::IO(_))
 }
 
 /// The [`EngineErrorKind`] of a podman-api error.
-pub(crate) fn kind_of(e: &podman_api::Error) -> EngineErrorKind {
-    match status_of(e) {
-        Some(500) if is_gone(e) => EngineErrorKind::Conflict,
-        Some(status) => EngineErrorKind::from_status(status),
-        None if is_transport(e) => EngineErrorKind::Unavailable,
-        None => EngineErrorKind::Other,
+fn kind_of(e: &podman_api::Error) -> EngineErrorKind {
+    match e {
+        podman_api::Error::Fault { code, .. } => answer_kind(code.as_u16(), &e.to_string()),
+        podman_api::Error::Error(_) | podman_api::Error::IO(_) => EngineErrorKind::Unavailable,
+        _ => EngineErrorKind::Other,
     }
 }
 
 /// A podman-api error as an [`EngineError`], the source kept.
 pub(crate) fn from_api(what: &str, e: podman_api::Error) -> EngineError {
     EngineError::new(kind_of(&e), bounded(&format!("{what}: {e}"))).with_source(boxed(e))
-}
-
-/// An error of a multiplexed connection (exec output) as an [`EngineError`]. An I/O
-/// error is kept as the source itself (podman-api's wrappers are transparent and would
-/// hide it), so the container layer can tell a peer's reset from other failures.
-pub(crate) fn from_conn(what: &str, e: podman_api::conn::Error) -> EngineError {
-    match e {
-        podman_api::conn::Error::IO(io) => EngineError::new(
-            EngineErrorKind::Unavailable,
-            bounded(&format!("{what}: {io}")),
-        )
-        .with_source(io),
-        e => from_api(what, podman_api::Error::from(e)),
-    }
 }
 
 /// A refusal of this adapter's own checks (options, spec assembly) as an [`EngineError`].

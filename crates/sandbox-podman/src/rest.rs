@@ -17,6 +17,10 @@
 //!   container before every attach (to learn whether it has a TTY, which this adapter's
 //!   containers never have): one more round-trip on every create, about a third of what
 //!   `create` costs beyond the engine's own create and start.
+//! - **exec start** (`POST /libpod/exec/{id}/start`): podman-api's frame decoder panics on
+//!   a stream number it does not know, and its stdin writer is a `futures` one; the
+//!   upgraded connection goes through the container layer's own bounded demultiplexer
+//!   instead, as the attach does.
 
 use std::path::PathBuf;
 
@@ -130,7 +134,7 @@ impl Rest {
             })
             .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
         EngineError::new(
-            EngineErrorKind::from_status(status),
+            crate::error::answer_kind(status, &message),
             engine_text(&format!("{what}: engine answered {status}: {message}")),
         )
     }
@@ -198,28 +202,46 @@ impl Rest {
     /// `POST /libpod/containers/{id}/attach` (stdin, stdout, stderr; no logs; detaching
     /// off), upgraded to the raw connection that carries the multiplexed stream.
     pub(crate) async fn attach(&self, id: &str) -> EngineResult<hyper::upgrade::Upgraded> {
-        const WHAT: &str = "container attach";
         // An empty `detachKeys` (present, not omitted) turns detaching off: otherwise
         // ctrl-p ctrl-q in the protocol's bytes would end the attach.
         let ep = format!(
             "/libpod/containers/{}/attach?detachKeys=&stderr=true&stdin=true&stdout=true&stream=true",
             encode(id)
         );
+        self.upgrade("container attach", &ep, Body::empty()).await
+    }
+
+    /// `POST /libpod/exec/{id}/start` (attached, no TTY), upgraded to the raw connection
+    /// that carries the exec's multiplexed stream and its stdin.
+    pub(crate) async fn start_exec(&self, exec_id: &str) -> EngineResult<hyper::upgrade::Upgraded> {
+        let ep = format!("/libpod/exec/{}/start", encode(exec_id));
+        let body = Body::from(r#"{"Detach":false,"Tty":false}"#);
+        self.upgrade("exec start", &ep, body).await
+    }
+
+    /// `POST ep` asking for the connection to be upgraded to a raw stream.
+    async fn upgrade(
+        &self,
+        what: &str,
+        ep: &str,
+        body: Body,
+    ) -> EngineResult<hyper::upgrade::Upgraded> {
         let req = Request::builder()
             .method(Method::POST)
-            .uri(self.uri(&ep))
+            .uri(self.uri(ep))
+            .header("content-type", "application/json")
             .header(hyper::header::CONNECTION, "Upgrade")
             .header(hyper::header::UPGRADE, "tcp");
-        let resp = self.send(WHAT, req, Body::empty()).await?;
+        let resp = self.send(what, req, body).await?;
         match resp.status() {
             StatusCode::SWITCHING_PROTOCOLS => hyper::upgrade::on(resp)
                 .await
-                .map_err(|e| unreachable(WHAT, e)),
+                .map_err(|e| unreachable(what, e)),
             s if s.is_success() => Err(invalid(
-                WHAT,
+                what,
                 format!("{s} instead of an upgraded connection"),
             )),
-            _ => Err(Self::error_of(WHAT, resp).await),
+            _ => Err(Self::error_of(what, resp).await),
         }
     }
 }
