@@ -751,9 +751,39 @@ pub struct EngineFacts {
     pub problems: Vec<Problem>,
 }
 
+impl EngineFacts {
+    /// The value of a fact-finding call, or `None` with a problem naming the `fact` the
+    /// engine did not give, its error and `fix`: a check that cannot answer is reported,
+    /// never taken as "not provided".
+    pub fn answer<T>(&mut self, fact: &str, r: EngineResult<T>, fix: &str) -> Option<T> {
+        match r {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.problems.push(Problem::new(
+                    format!("the engine did not give its {fact}: {e}"),
+                    fix,
+                ));
+                None
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fact_the_engine_did_not_give_is_a_problem() {
+        let mut f = EngineFacts::default();
+        assert_eq!(f.answer("version", Ok(3), "start it"), Some(3));
+        assert!(f.problems.is_empty());
+        let down = EngineError::new(EngineErrorKind::Unavailable, "version: connection refused");
+        assert_eq!(f.answer::<u8>("version", Err(down), "start it"), None);
+        assert_eq!(f.problems.len(), 1);
+        assert!(f.problems[0].problem.contains("connection refused"));
+        assert_eq!(f.problems[0].fix, "start it");
+    }
 
     #[test]
     fn both_engines_status_words_map_to_states() {

@@ -585,39 +585,29 @@ impl ContainerEngine for DockerEngine {
     async fn facts(&self) -> EngineFacts {
         let mut f = EngineFacts::default();
         let bound = self.config.layer.call_timeout;
-        // A check that cannot answer says why: the engine's error is in the problem.
+        let fix = start_hint(&self.endpoint);
         let version = bounded_call("version", bound, async {
             self.client.version().await.map_err(during("version"))
         });
-        match version.await {
-            Ok(v) => f.version = v.version,
-            Err(e) => f.problems.push(Problem::new(
-                format!("the Docker API did not give its version: {e}"),
-                start_hint(&self.endpoint),
-            )),
-        }
+        f.version = f
+            .answer("version", version.await, &fix)
+            .and_then(|v| v.version);
         let info = bounded_call("info", bound, async {
             self.client.info().await.map_err(during("info"))
         });
-        match info.await {
-            Ok(info) => {
-                let mut rts: Vec<String> = info.runtimes.unwrap_or_default().into_keys().collect();
-                rts.sort();
-                if !rts.iter().any(|n| n == self.config.runtime.as_str()) {
-                    f.problems.push(Problem::new(
-                        format!(
-                            "runtime `{}` is not registered with the engine",
-                            self.config.runtime
-                        ),
-                        runtime_fix(self.config.runtime),
-                    ));
-                }
-                f.runtimes = rts;
+        if let Some(info) = f.answer("info", info.await, &fix) {
+            let mut rts: Vec<String> = info.runtimes.unwrap_or_default().into_keys().collect();
+            rts.sort();
+            if !rts.iter().any(|n| n == self.config.runtime.as_str()) {
+                f.problems.push(Problem::new(
+                    format!(
+                        "runtime `{}` is not registered with the engine",
+                        self.config.runtime
+                    ),
+                    runtime_fix(self.config.runtime),
+                ));
             }
-            Err(e) => f.problems.push(Problem::new(
-                format!("the Docker API did not give its info: {e}"),
-                start_hint(&self.endpoint),
-            )),
+            f.runtimes = rts;
         }
         f
     }

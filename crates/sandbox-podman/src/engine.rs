@@ -519,22 +519,15 @@ impl ContainerEngine for PodmanEngine {
     async fn facts(&self) -> EngineFacts {
         let mut f = EngineFacts::default();
         let c = self.client.clone();
-        match self.api("version", c.version()).await {
-            Ok(v) => f.version = v.version,
-            Err(e) => f.problems.push(Problem::new(
-                format!("the Podman API did not give its version: {e}"),
-                START_HINT,
-            )),
-        }
-        match self.api("info", c.info()).await {
-            Ok(info) => f
-                .runtimes
-                .extend(info.host.and_then(|h| h.oci_runtime).and_then(|o| o.name)),
-            Err(e) => f.problems.push(Problem::new(
-                format!("the Podman API did not give its info: {e}"),
-                START_HINT,
-            )),
-        }
+        let version = self.api("version", c.version()).await;
+        f.version = f
+            .answer("version", version, START_HINT)
+            .and_then(|v| v.version);
+        let info = self.api("info", c.info()).await;
+        let runtime = f
+            .answer("info", info, START_HINT)
+            .and_then(|i| i.host?.oci_runtime);
+        f.runtimes.extend(runtime.and_then(|o| o.name));
         if let Some(rt) = self.options.runtime
             && !f.runtimes.iter().any(|x| x == rt.as_str())
         {
