@@ -514,21 +514,25 @@ async fn podman_options_mounts_hooks_and_caps() {
         .unwrap()
         .len();
     assert_eq!(before, 0);
-    let po = PodmanOptions::new().hooks(Hooks::new().pre_start(|_| async { Err("nope".into()) }));
-    let e = b
-        .create_with(opts("hookfail").template(BUSYBOX), po)
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), ErrorCode::Creation);
-    assert!(e.to_string().contains("pre_start hook failed: nope"), "{e}");
-    // A failing post_start hook (the container already runs) removes it as well.
-    let po = PodmanOptions::new().hooks(Hooks::new().post_start(|_| async { panic!("boom") }));
-    let e = b
-        .create_with(opts("hookfail").template(BUSYBOX), po)
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), ErrorCode::Creation);
-    assert!(e.to_string().contains("post_start hook panicked"), "{e}");
+    // ... and a panicking post_start hook (the container already runs) as well.
+    for (hooks, says) in [
+        (
+            Hooks::new().pre_start(|_| async { Err("nope".into()) }),
+            "pre_start hook failed: nope",
+        ),
+        (
+            Hooks::new().post_start(|_| async { panic!("boom") }),
+            "post_start hook panicked",
+        ),
+    ] {
+        let po = PodmanOptions::new().hooks(hooks);
+        let e = b
+            .create_with(opts("hookfail").template(BUSYBOX), po)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Creation);
+        assert!(e.to_string().contains(says), "{e}");
+    }
     let after = b
         .list_managed(&BTreeMap::from([(
             "test".to_string(),
