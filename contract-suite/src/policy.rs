@@ -99,6 +99,12 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
         ),
         ctx.trial(
             AREA,
+            "ingress_port_listed_twice_refused",
+            &[],
+            ingress_port_listed_twice_refused,
+        ),
+        ctx.trial(
+            AREA,
             "require_isolation_above_tier_refused_before_provisioning",
             &[],
             require_isolation_above_tier_refused_before_provisioning,
@@ -447,6 +453,26 @@ async fn zero_resources_refused(ctx: Arc<Ctx>) -> anyhow::Result<()> {
         )
         .await?;
     }
+    Ok(())
+}
+
+/// An ingress port listed twice is a `Configuration` error before provisioning, on
+/// every backend (whether or not it publishes ports): an engine would publish it twice,
+/// or silently once.
+async fn ingress_port_listed_twice_refused(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let c = case("ingress_port_listed_twice_refused");
+    let network = NetworkPolicy::deny().ingress_port(8080).ingress_port(8080);
+    let e = refused_before_provisioning(
+        &ctx,
+        &c,
+        ctx.opts(&c).network(network),
+        ErrorCode::Configuration,
+    )
+    .await?;
+    ensure!(
+        e.to_string().contains("8080"),
+        "the error names the port: {e}"
+    );
     Ok(())
 }
 

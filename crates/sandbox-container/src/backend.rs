@@ -354,7 +354,6 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         let backend = self.engine.backend();
         let tier = self.engine.tier();
         let resources = sandbox_core::policy::check_create(backend, self.caps(), tier, &options)?;
-        refuse_duplicate_ports(&options.network.ingress_ports)?;
         refuse_root_scratch(&options, resources)?;
         // The library network is ensured before the spec is checked, so a refusal still
         // provisions no container (a network is not a sandbox; the sweep removes it).
@@ -773,26 +772,6 @@ fn container_name() -> String {
     format!("{NAME_PREFIX}{}-{n}", sandbox_core::labels::session_id())
 }
 
-/// A port listed twice would be published or forwarded twice (or silently once): refused.
-pub(crate) fn refuse_duplicate_ports(ports: &[u16]) -> Result<()> {
-    let mut seen = std::collections::BTreeSet::new();
-    for p in ports {
-        if *p == 0 {
-            return Err(SandboxError::config(
-                "ingress port 0 is not a port",
-                "list container ports between 1 and 65535",
-            ));
-        }
-        if !seen.insert(*p) {
-            return Err(SandboxError::config(
-                format!("ingress port {p} is listed twice"),
-                "list each container port once in NetworkPolicy::ingress_ports",
-            ));
-        }
-    }
-    Ok(())
-}
-
 #[async_trait]
 impl<E: ContainerEngine> Backend for ContainerBackend<E> {
     fn name(&self) -> &str {
@@ -933,16 +912,6 @@ impl<E: ContainerEngine> ReapableBackend for ContainerBackend<E> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn duplicate_and_zero_ports_refused() {
-        assert!(refuse_duplicate_ports(&[80, 8080]).is_ok());
-        assert_eq!(
-            refuse_duplicate_ports(&[80, 80]).unwrap_err().code(),
-            sandbox_core::ErrorCode::Configuration
-        );
-        assert!(refuse_duplicate_ports(&[0]).is_err());
-    }
 
     #[test]
     fn lifetime_rounds_up() {

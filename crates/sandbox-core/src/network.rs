@@ -266,13 +266,21 @@ impl NetworkPolicy {
         self
     }
 
-    /// Validates ports and allowlist entries.
+    /// Validates ports and allowlist entries. A port listed twice is refused: it would be
+    /// published twice, or silently once, depending on the engine.
     pub fn validate(&self) -> Result<()> {
+        let mut seen = std::collections::BTreeSet::new();
         for p in &self.ingress_ports {
             if *p == 0 {
                 return Err(SandboxError::config(
                     "ingress port 0 is not a port",
                     "publish ports in 1..=65535",
+                ));
+            }
+            if !seen.insert(*p) {
+                return Err(SandboxError::config(
+                    format!("ingress port {p} is listed twice"),
+                    "list each container port once in NetworkPolicy::ingress_ports",
                 ));
             }
         }
@@ -289,6 +297,24 @@ mod tests {
     fn refused(entry: &str) {
         let e = EgressRule::parse(entry).expect_err(entry);
         assert_eq!(e.code(), ErrorCode::Configuration, "{entry}");
+    }
+
+    #[test]
+    fn zero_and_repeated_ingress_ports_are_refused() {
+        assert!(
+            NetworkPolicy::deny()
+                .ingress_port(80)
+                .ingress_port(8080)
+                .validate()
+                .is_ok()
+        );
+        for bad in [
+            NetworkPolicy::deny().ingress_port(0),
+            NetworkPolicy::allow().ingress_port(80).ingress_port(80),
+        ] {
+            let e = bad.validate().unwrap_err();
+            assert_eq!(e.code(), ErrorCode::Configuration, "{bad:?}");
+        }
     }
 
     #[test]
