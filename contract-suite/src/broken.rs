@@ -150,11 +150,14 @@ pub enum Flaw {
     /// Declares `STDIN` but drops `RunOptions::stdin` and `interactive`: the command reads
     /// end of input at once and takes no live input.
     DropStdin,
+    /// `ls` reads its listing line by line: a name with a newline in it becomes several
+    /// entries (the helper-script listings the adapters once printed one per line).
+    SplitNamesOnNewline,
 }
 
 impl Flaw {
     /// Every flaw.
-    pub const ALL: [Flaw; 49] = [
+    pub const ALL: [Flaw; 50] = [
         Flaw::SwallowTimeouts,
         Flaw::PretendNetworkPolicy,
         Flaw::LeakSecrets,
@@ -204,6 +207,7 @@ impl Flaw {
         Flaw::DropSpecialModeBits,
         Flaw::UncappedRead,
         Flaw::DropStdin,
+        Flaw::SplitNamesOnNewline,
     ];
 
     /// The trials that must fail on a backend with this flaw (each passes without it).
@@ -300,6 +304,7 @@ impl Flaw {
                 "contract::streaming::stdin_streams_through",
                 "contract::streaming::live_input_is_read_as_it_is_written",
             ],
+            Flaw::SplitNamesOnNewline => &["contract::files::ls_name_with_a_newline_is_one_entry"],
         }
     }
 }
@@ -1051,7 +1056,23 @@ impl FileSystem for BrokenSandbox {
         }
     }
     async fn ls(&self, path: &str) -> Result<Vec<FileInfo>> {
-        self.inner.files()?.ls(path).await
+        let entries = self.inner.files()?.ls(path).await?;
+        if self.flaw != Flaw::SplitNamesOnNewline {
+            return Ok(entries);
+        }
+        Ok(entries
+            .into_iter()
+            .flat_map(|e| {
+                e.name
+                    .split('\n')
+                    .map(|part| {
+                        let mut piece = e.clone();
+                        piece.name = part.to_string();
+                        piece
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect())
     }
     async fn mkdir(&self, path: &str, parents: bool) -> Result<()> {
         let parents = parents || self.flaw == Flaw::MkdirAlwaysParents;

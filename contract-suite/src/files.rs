@@ -42,6 +42,12 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
             relative_path_is_run_workdir,
         ),
         ctx.trial(AREA, "ls_lists_entries", &[f], ls_lists_entries),
+        ctx.trial(
+            AREA,
+            "ls_name_with_a_newline_is_one_entry",
+            &[f],
+            ls_name_with_a_newline_is_one_entry,
+        ),
         ctx.trial(AREA, "mkdir_parents", &[f], mkdir_parents),
         ctx.trial(AREA, "remove_file_and_tree", &[f], remove_file_and_tree),
         ctx.trial(AREA, "stat_size_and_kind", &[f], stat_size_and_kind),
@@ -200,6 +206,37 @@ async fn ls_lists_entries(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     );
     ensure!(entries[1].is_dir, "{:?}", entries[1]);
     must_code(f.ls("/work/no-such-dir").await, ErrorCode::PathNotFound)?;
+    sb.kill().await
+}
+
+/// A name with a newline in it is one entry with that name: a file named like a listing
+/// line (`"x\n0 41ed 0 .."`) never forges a `..` entry or a second file, and a name
+/// with a trailing newline keeps it.
+async fn ls_name_with_a_newline_is_one_entry(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let sb = ctx
+        .sandbox(&case("ls_name_with_a_newline_is_one_entry"))
+        .await?;
+    let f = fs(&sb)?;
+    sbx(f.mkdir("/work/lsn", true).await, "mkdir")?;
+    let odd = ["x\n0 41ed 0 ..", "y\n", "plain"];
+    for (i, name) in odd.iter().enumerate() {
+        let body = Bytes::from(vec![b'a'; i + 1]);
+        sbx(f.write(&format!("/work/lsn/{name}"), body).await, "write")?;
+    }
+    let mut entries = sbx(f.ls("/work/lsn").await, "ls")?;
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    let names: Vec<_> = entries.iter().map(|e| e.name.as_str()).collect();
+    ensure!(
+        names == ["plain", "x\n0 41ed 0 ..", "y\n"],
+        "ls names {names:?}"
+    );
+    for e in &entries {
+        let i = odd.iter().position(|n| *n == e.name).unwrap_or(usize::MAX);
+        ensure!(
+            !e.is_dir && e.size == i as u64 + 1 && e.path == format!("/work/lsn/{}", e.name),
+            "{e:?}"
+        );
+    }
     sb.kill().await
 }
 

@@ -242,4 +242,5 @@ caught! {
     dropped_special_mode_bits_are_caught => DropSpecialModeBits,
     uncapped_read_is_caught => UncappedRead,
     dropped_stdin_is_caught => DropStdin,
+    newline_split_listing_is_caught => SplitNamesOnNewline,
 }
