@@ -7,7 +7,7 @@
 //! while the adapter's own HTTP client and error mapping stay in the path.
 //!
 //! The engine tests both adapters run are written here once, generic over the backend or
-//! engine: [`egress`] and [`pull`] (against a [`registry::TestRegistry`]); each adapter's
+//! engine: [`egress`], [`pull`] (against a [`registry::TestRegistry`]) and [`sweep`]; each adapter's
 //! test file lists them as `#[tokio::test]`s. [`skip`] is what they do without an engine.
 
 pub mod caps;
@@ -17,6 +17,7 @@ pub mod reap;
 pub mod registry;
 pub mod skip;
 pub mod ssh;
+pub mod sweep;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use sandbox_container::testing::skip::unless_connected;
 use sandbox_container::testing::{managed_ids, test_options};
-use sandbox_core::labels::{LABEL_MANAGED, LABEL_OWNER};
 use sandbox_core::{
     Backend, CodeOptions, Command, ErrorCode, NetworkPolicy, ReapableBackend, Resources,
     RunOptions, SandboxExt,
@@ -438,49 +437,21 @@ async fn reaping_the_last_networked_sandbox_removes_the_network() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn startup_sweep_removes_dead_owners_containers() {
+async fn startup_sweep_removes_gone_owners_and_expired() {
+    let Some(_b) = backend().await else { return };
+    sandbox_container::testing::sweep::startup_sweep_removes_gone_owners_and_expired(
+        "docker",
+        "docker",
+        DockerBackend::connect(DockerConfig::from_env()),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_managed_refuses_an_unmanaged_container() {
     let Some(b) = backend().await else { return };
-    // A container that claims a dead owner on this host (same pid, other start time).
-    let me = sandbox_core::labels::Owner::current();
-    let dead = sandbox_core::labels::Owner {
-        start_time: me.start_time + 12345,
-        ..me.clone()
-    };
-    let mut labels = std::collections::HashMap::new();
-    labels.insert(LABEL_MANAGED.to_string(), "true".to_string());
-    labels.insert(LABEL_OWNER.to_string(), dead.to_label());
-    labels.insert("io.sandbox-rs.meta.test".to_string(), "sweep".to_string());
-    labels.insert("io.sandbox-rs.backend".to_string(), "docker".to_string());
-    let client = b.client().clone();
-    // Our name prefix: the sweep only touches containers with sandbox-rs provenance.
-    let name = format!("sbx-sweeptest-{}", std::process::id());
-    let c = client
-        .create_container(
-            Some(bollard::query_parameters::CreateContainerOptions {
-                name: Some(name),
-                platform: String::new(),
-            }),
-            bollard::models::ContainerCreateBody {
-                image: Some(BUSYBOX.into()),
-                cmd: Some(vec!["sleep".into(), "60".into()]),
-                labels: Some(labels),
-                host_config: Some(bollard::models::HostConfig {
-                    network_mode: Some("none".into()),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    assert!(
-        managed_ids(&b, "sweep").await.contains(&c.id),
-        "stopped ones are listed"
-    );
-    let _b2 = DockerBackend::connect(DockerConfig::from_env())
-        .await
-        .unwrap();
-    assert!(!managed_ids(&b, "sweep").await.contains(&c.id), "swept");
+    sandbox_container::testing::sweep::kill_managed_refuses_an_unmanaged_container(&b, "docker")
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -434,6 +434,24 @@ async fn lifetime_backstop_and_reaping() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_sweep_removes_gone_owners_and_expired() {
+    let Some(_b) = backend().await else { return };
+    sandbox_container::testing::sweep::startup_sweep_removes_gone_owners_and_expired(
+        "podman",
+        "podman",
+        PodmanBackend::connect(PodmanConfig::from_env()),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_managed_refuses_an_unmanaged_container() {
+    let Some(b) = backend().await else { return };
+    sandbox_container::testing::sweep::kill_managed_refuses_an_unmanaged_container(&b, "podman")
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_reattaches_and_unknown_is_connect_error() {
     let Some(b) = backend().await else { return };
     let sb = b.create(opts("connect").template(BUSYBOX)).await.unwrap();

@@ -1,0 +1,201 @@
+//! The startup sweep and `kill_managed`, on a real engine, the same for every adapter
+//! (issue 9: Docker's sweep removed owner-gone-or-expired leftovers while Podman's removed
+//! only running owner-gone ones, and `kill_managed` of a container sandbox-rs does not
+//! manage was `Configuration` on one engine and `Ok(false)` on the other).
+//!
+//! The containers these trials start from are made with the engine CLI (`docker` /
+//! `podman`), as another process, a crashed run or a user would have left them, and
+//! removed by a guard when the trial ends, whatever its outcome.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::process::{Command, Stdio};
+
+use sandbox_core::labels::{LABEL_DEADLINE, LABEL_OWNER, Owner, sandbox_labels, unix_now};
+use sandbox_core::{ErrorCode, ReapableBackend};
+
+use crate::backend::{NAME_PREFIX, SWEEP_PAST_DEADLINE};
+
+/// The image the leftovers run (built by `cargo xtask setup`).
+const IMAGE: &str = "sandbox-rs/busybox:latest";
+
+/// Containers made through the CLI; each is removed (`rm -f`) when this is dropped.
+pub struct Leftovers {
+    cli: &'static str,
+    names: Vec<String>,
+}
+
+impl Leftovers {
+    /// None yet, on the engine `cli` drives.
+    pub fn new(cli: &'static str) -> Leftovers {
+        Leftovers {
+            cli,
+            names: Vec::new(),
+        }
+    }
+
+    /// Makes a container `name` (removing one of that name left by an earlier run) with
+    /// `labels`, no network, running `sleep 300` when `running`, else created only.
+    /// Returns its id.
+    pub fn add(&mut self, name: &str, labels: &BTreeMap<String, String>, running: bool) -> String {
+        remove(self.cli, name);
+        self.names.push(name.to_string());
+        let mut cmd = Command::new(self.cli);
+        cmd.args(["create", "--name", name, "--network", "none"]);
+        for (k, v) in labels {
+            cmd.arg("--label").arg(format!("{k}={v}"));
+        }
+        let id = cli_out(cmd.args([IMAGE, "sleep", "300"]));
+        if running {
+            cli_out(Command::new(self.cli).args(["start", &id]));
+        }
+        id
+    }
+
+    /// Whether the engine still holds `id`, asked through the CLI (not the adapter).
+    pub fn exists(&self, id: &str) -> bool {
+        Command::new(self.cli)
+            .args(["container", "inspect", id])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+}
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        for n in &self.names {
+            remove(self.cli, n);
+        }
+    }
+}
+
+fn remove(cli: &str, name: &str) {
+    let _ = Command::new(cli)
+        .args(["rm", "-f", name])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// Runs `cmd`; its trimmed stdout, or a panic naming the command and its stderr.
+fn cli_out(cmd: &mut Command) -> String {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// An owner on this host that is proven gone: this process's pid with another start
+/// time (the pid was reused, so the process that wrote the label has ended).
+fn gone_owner() -> Owner {
+    let me = Owner::current();
+    Owner {
+        start_time: me.start_time + 12_345,
+        ..me.clone()
+    }
+}
+
+/// Leftovers of `backend` made through `cli`, then a backend connected with `connect`
+/// (whose startup sweep runs before it is returned). Swept, on every engine: a stopped
+/// and a running container whose owner is gone, and a running one past its deadline
+/// (by more than [`SWEEP_PAST_DEADLINE`]) although its owner, this process, is alive.
+/// Kept: a live owner's container within its deadline, and an expired one that only
+/// claims to be managed (not named by sandbox-rs, as an image's labels can claim).
+pub async fn startup_sweep_removes_gone_owners_and_expired<B, F>(
+    cli: &'static str,
+    backend: &str,
+    connect: F,
+) where
+    F: Future<Output = sandbox_core::Result<B>>,
+{
+    let pid = std::process::id();
+    let now = unix_now();
+    let meta = BTreeMap::from([("test".to_string(), "sweep".to_string())]);
+    let live = sandbox_labels(backend, now + 600, &meta);
+    let mut gone = live.clone();
+    gone.insert(LABEL_OWNER.into(), gone_owner().to_label());
+    let mut expired = live.clone();
+    let past = now - SWEEP_PAST_DEADLINE.as_secs() - 60;
+    expired.insert(LABEL_DEADLINE.into(), past.to_string());
+
+    let mut left = Leftovers::new(cli);
+    let name = |case: &str| format!("{NAME_PREFIX}sweeptest-{pid}-{case}");
+    let swept = [
+        (
+            "stopped, owner gone",
+            left.add(&name("stopped-gone"), &gone, false),
+        ),
+        (
+            "running, owner gone",
+            left.add(&name("running-gone"), &gone, true),
+        ),
+        (
+            "running, expired",
+            left.add(&name("expired"), &expired, true),
+        ),
+    ];
+    let kept = [
+        ("running, owner alive", left.add(&name("live"), &live, true)),
+        (
+            "expired, not named by sandbox-rs",
+            left.add(&format!("sweeptest-{pid}-foreign"), &expired, true),
+        ),
+    ];
+    match connect.await {
+        Ok(b) => drop(b),
+        Err(e) => panic!("connect: {}", e.render()),
+    }
+    for (what, id) in &swept {
+        assert!(
+            !left.exists(id),
+            "the startup sweep kept a leftover ({what})"
+        );
+    }
+    for (what, id) in &kept {
+        assert!(
+            left.exists(id),
+            "the startup sweep removed a container ({what})"
+        );
+    }
+}
+
+/// `kill_managed` refuses a container sandbox-rs does not manage (`Configuration`, and
+/// the container is untouched: a typo never looks like success nor removes a user's
+/// container), and answers `Ok(false)` for an id the engine does not hold.
+pub async fn kill_managed_refuses_an_unmanaged_container(
+    b: &dyn ReapableBackend,
+    cli: &'static str,
+) {
+    let mut left = Leftovers::new(cli);
+    let id = left.add(
+        &format!("sweeptest-{}-unmanaged", std::process::id()),
+        &BTreeMap::new(),
+        true,
+    );
+    let e = b
+        .kill_managed(&id)
+        .await
+        .expect_err("kill_managed of an unmanaged container");
+    assert_eq!(e.code(), ErrorCode::Configuration, "{}", e.render());
+    assert!(
+        left.exists(&id),
+        "kill_managed touched an unmanaged container"
+    );
+    let missing = "0000000000000000000000000000000000000000000000000000000000000000";
+    assert!(
+        !b.kill_managed(missing)
+            .await
+            .expect("kill_managed of a missing id"),
+        "nothing to remove"
+    );
+}
