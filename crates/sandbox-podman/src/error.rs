@@ -41,9 +41,11 @@ fn says_gone(message: &str) -> bool {
 }
 
 /// The [`EngineErrorKind`] of an engine answer with `status` and `message`: a 500 saying
-/// the container is gone is a `Conflict`, as a 409 is.
+/// the container is gone is a `Conflict`, as a 409 is; a 500 saying the image is unknown
+/// (libpod's create answers a missing image so, Docker with a 404) is `NotFound`.
 pub(crate) fn answer_kind(status: u16, message: &str) -> EngineErrorKind {
     match status {
+        500 if message.contains("image not known") => EngineErrorKind::NotFound,
         500 if says_gone(message) => EngineErrorKind::Conflict,
         status => EngineErrorKind::from_status(status),
     }

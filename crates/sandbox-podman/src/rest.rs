@@ -311,6 +311,13 @@ mod tests {
             answer(400, json("bad")).await.kind,
             EngineErrorKind::InvalidRequest
         );
+        assert_eq!(
+            answer(500, json("sandbox-rs/nope:1: image not known"))
+                .await
+                .kind,
+            EngineErrorKind::NotFound,
+            "libpod's create answers a missing image with 500"
+        );
         let e = answer(500, json("boom")).await;
         assert_eq!(e.kind, EngineErrorKind::Other);
         assert!(e.message.contains("boom"), "{}", e.message);
