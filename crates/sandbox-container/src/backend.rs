@@ -392,19 +392,47 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         tier: IsolationTier,
         egress_net: Option<&crate::engine::NetworkInfo>,
     ) -> Result<ContainerSandbox<E>> {
-        let backend = self.engine.backend();
         let agent = self.wants_agent();
         let spec = self.spec(options, resources, egress_net, agent);
         self.engine.check_spec(&spec).map_err(error::refused_spec)?;
         // Before the create bound: a first pull may take minutes (it has its own bound).
-        crate::image::ensure(
-            &self.engine,
-            &spec.image,
-            options.pull,
-            self.config.pull_progress.as_ref(),
-            self.config.call_timeout,
-        )
-        .await?;
+        let ensure = || {
+            crate::image::ensure(
+                &self.engine,
+                &spec.image,
+                options.pull,
+                self.config.pull_progress.as_ref(),
+                self.config.call_timeout,
+            )
+        };
+        let ensured = ensure().await?;
+        let first = self
+            .provision_bounded(spec.clone(), options, resources, tier, egress_net)
+            .await;
+        match first {
+            // The image was only remembered, and the engine no longer has it (removed
+            // since): forgotten, ensured as the pull policy says, one more attempt.
+            Err(e) if ensured == crate::image::Ensured::Remembered && error::says_not_found(&e) => {
+                crate::image::forget(&*self.engine, &spec.image);
+                ensure().await?;
+                self.provision_bounded(spec, options, resources, tier, egress_net)
+                    .await
+            }
+            r => r,
+        }
+    }
+
+    /// Provisions `spec` (after its image is ensured), bounded by the create timeout: the
+    /// agent mounted or uploaded, falling back to the engine's exec path.
+    async fn provision_bounded(
+        &self,
+        spec: ContainerSpec,
+        options: &CreateOptions,
+        resources: sandbox_core::EffectiveResources,
+        tier: IsolationTier,
+        egress_net: Option<&crate::engine::NetworkInfo>,
+    ) -> Result<ContainerSandbox<E>> {
+        let backend = self.engine.backend();
         // The agent bind-mounted from a host file where the engine can (no 1.5 MiB upload
         // into every container), else uploaded.
         let mut spec = spec;

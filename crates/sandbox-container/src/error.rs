@@ -89,6 +89,15 @@ pub(crate) fn on_create<E: ContainerEngine + ?Sized>(
     SandboxError::creation(eng.backend(), message).with_source(e)
 }
 
+/// Whether `e` is a create failure whose engine error is `NotFound` (the image, or a
+/// network, the engine no longer has).
+pub(crate) fn says_not_found(e: &SandboxError) -> bool {
+    e.code() == sandbox_core::ErrorCode::Creation
+        && std::error::Error::source(e)
+            .and_then(|s| s.downcast_ref::<EngineError>())
+            .is_some_and(|s| s.kind == EngineErrorKind::NotFound)
+}
+
 /// What the engine refused before anything was provisioned.
 pub(crate) fn refused_spec(e: EngineError) -> SandboxError {
     SandboxError::config(

@@ -14,7 +14,7 @@
 //! image`), which the CLI turns into a progress bar. Credentials never appear in either:
 //! [`RegistryAuth`]'s `Debug` shows the user name only.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -674,6 +674,45 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Images this process has seen on an engine (by backend, endpoint and image). A create
+/// of one skips the existence check, which would otherwise cost a round-trip on every
+/// create. An image removed since is reported by the create itself (`NotFound`): the
+/// caller then [`forget`]s it and ensures it again.
+static PRESENT: LazyLock<Mutex<HashSet<FlightKey>>> = LazyLock::new(|| Mutex::new(HashSet::new()));
+
+/// Bound on [`PRESENT`]: past it the memory is dropped (it is only a shortcut).
+const PRESENT_LIMIT: usize = 1024;
+
+fn key<E: ContainerEngine + ?Sized>(engine: &E, image: &str) -> FlightKey {
+    (
+        engine.backend().to_string(),
+        engine.endpoint().to_string(),
+        image.to_string(),
+    )
+}
+
+fn remember(key: FlightKey) {
+    let mut present = lock(&PRESENT);
+    if present.len() >= PRESENT_LIMIT {
+        present.clear();
+    }
+    present.insert(key);
+}
+
+/// Forgets that the engine held `image`: a create found it missing.
+pub(crate) fn forget<E: ContainerEngine + ?Sized>(engine: &E, image: &str) {
+    lock(&PRESENT).remove(&key(engine, image));
+}
+
+/// How [`ensure`] knew that the engine holds the image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ensured {
+    /// Asked the engine (or pulled) just now.
+    Checked,
+    /// Remembered from an earlier create in this process; not asked again.
+    Remembered,
+}
+
 /// Makes sure the engine holds `image` as `policy` asks, before anything is provisioned.
 /// `call_timeout` bounds the existence check; [`DEFAULT_PULL_TIMEOUT`] the pull.
 pub(crate) async fn ensure<E: ContainerEngine>(
@@ -682,13 +721,17 @@ pub(crate) async fn ensure<E: ContainerEngine>(
     policy: PullPolicy,
     hook: Option<&PullProgressHook>,
     call_timeout: Duration,
-) -> Result<()> {
+) -> Result<Ensured> {
     let parsed = ImageRef::parse(image).ok_or_else(|| {
         SandboxError::config(
             format!("template {image:?} is not an image reference"),
             "use a name like `sandbox-rs/python:3.11` or `registry:5000/team/app:tag`",
         )
     })?;
+    let key = key(&**engine, image);
+    if policy != PullPolicy::Always && lock(&PRESENT).contains(&key) {
+        return Ok(Ensured::Remembered);
+    }
     if policy != PullPolicy::Always {
         let exists =
             crate::sandbox::bounded(call_timeout, "image exists", engine.image_exists(image))
@@ -703,7 +746,8 @@ pub(crate) async fn ensure<E: ContainerEngine>(
                     }
                 })?;
         if exists {
-            return Ok(());
+            remember(key);
+            return Ok(Ensured::Checked);
         }
         if policy == PullPolicy::Never {
             return Err(SandboxError::image_unavailable(
@@ -738,7 +782,10 @@ pub(crate) async fn ensure<E: ContainerEngine>(
         }
     };
     match outcome {
-        Outcome::Pulled => Ok(()),
+        Outcome::Pulled => {
+            remember(key);
+            Ok(Ensured::Checked)
+        }
         Outcome::Credentials(message, hint) => Err(SandboxError::config(message, hint)),
         Outcome::Failed {
             error,
@@ -760,11 +807,7 @@ async fn join_pull<E: ContainerEngine>(
     parsed: &ImageRef,
     hook: Option<&PullProgressHook>,
 ) -> Outcome {
-    let key = (
-        engine.backend().to_string(),
-        engine.endpoint().to_string(),
-        image.to_string(),
-    );
+    let key = key(&**engine, image);
     let (id, pull) = {
         let mut flights = lock(&IN_FLIGHT);
         match flights.get(&key) {
@@ -1252,16 +1295,21 @@ mod tests {
         for (_, n) in &hooks {
             assert!(n.load(Ordering::SeqCst) >= 1, "every waiter saw progress");
         }
-        // Present now: Missing does not pull again, Always does.
-        ensure(
-            &engine,
-            image,
-            PullPolicy::Missing,
-            None,
-            Duration::from_secs(5),
-        )
-        .await
-        .unwrap();
+        // Present now: Missing does not pull again, nor even ask (until forgotten), and
+        // Always pulls.
+        let missing = || {
+            ensure(
+                &engine,
+                image,
+                PullPolicy::Missing,
+                None,
+                Duration::from_secs(5),
+            )
+        };
+        assert_eq!(missing().await.unwrap(), Ensured::Remembered);
+        forget(&*engine, image);
+        assert_eq!(missing().await.unwrap(), Ensured::Checked);
+        assert_eq!(missing().await.unwrap(), Ensured::Remembered);
         assert_eq!(engine.pulls.load(Ordering::SeqCst), 1);
         ensure(
             &engine,

@@ -52,6 +52,12 @@ async fn missing_image_is_pulled_with_progress() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn an_image_removed_since_a_create_is_ensured_again() {
+    let Some(e) = engine().await else { return };
+    trials::an_image_removed_since_a_create_is_ensured_again(e, CLI, archive()).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn never_policy_refuses_a_missing_image() {
     let Some(e) = engine().await else { return };
     trials::never_policy_refuses_a_missing_image(e, CLI, archive()).await;

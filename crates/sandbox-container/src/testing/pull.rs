@@ -209,6 +209,45 @@ pub async fn never_policy_refuses_a_missing_image<E: ContainerEngine>(
     assert!(!image_present(cli, &image));
 }
 
+/// An image removed from the engine after a create used it: the backend remembers that
+/// the engine had it (no existence check on every create), so the next create finds it
+/// missing itself, and must still end as the pull policy says: `Missing` pulls it again
+/// and runs it, `Never` is `ImageUnavailable` (never a generic creation error).
+pub async fn an_image_removed_since_a_create_is_ensured_again<E: ContainerEngine>(
+    engine: E,
+    cli: &'static str,
+    archive: &[u8],
+) {
+    let reg = TestRegistry::start(archive, &[("sbx-pull/removed", "1")], None)
+        .await
+        .expect("registry");
+    let image = format!("{}/sbx-pull/removed:1", reg.host());
+    let _cleanup = Cleanup::new(cli, vec![image.clone()]);
+    let b = backend(engine, &Events::default()).await;
+    let create = |policy: PullPolicy| b.create_container(options(&image, "removed").pull(policy));
+    for round in ["first pull", "pulled again"] {
+        let sb = create(PullPolicy::Missing)
+            .await
+            .unwrap_or_else(|e| panic!("create ({round}) of {image}: {}", e.render()));
+        check_and_kill(sb, &reg).await;
+        remove_image(cli, &image);
+        assert!(!image_present(cli, &image), "removed ({round})");
+    }
+    assert!(
+        reg.manifest_requests("sbx-pull/removed") >= 2,
+        "the removed image was pulled again"
+    );
+    let sb = create(PullPolicy::Missing)
+        .await
+        .unwrap_or_else(|e| panic!("create after a removal: {}", e.render()));
+    check_and_kill(sb, &reg).await;
+    remove_image(cli, &image);
+    let e = create(PullPolicy::Never)
+        .await
+        .expect_err("Never, with the remembered image removed");
+    assert_eq!(e.code(), ErrorCode::ImageUnavailable, "{}", e.render());
+}
+
 /// An image the registry does not have: `ImageUnavailable` naming the image and the
 /// registry, with a fix.
 pub async fn unknown_image_names_image_and_registry<E: ContainerEngine>(
