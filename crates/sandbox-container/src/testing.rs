@@ -31,6 +31,19 @@ use tokio::task::JoinHandle;
 
 use sandbox_core::{CreateOptions, ReapableBackend};
 
+/// Runs the engine CLI `cli` (`docker` / `podman`) with `args`, its output discarded:
+/// whether it ran and succeeded. The trials use it to look at, or clean up, the engine
+/// independently of the adapter under test.
+pub fn cli_succeeds(cli: &str, args: &[&str]) -> bool {
+    std::process::Command::new(cli)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 /// Options for a test's sandbox: `template`, a 120 s lifetime, and the metadata
 /// `test=<test>` that [`managed_ids`] finds it by.
 pub fn test_options(template: &str, test: &str) -> CreateOptions {

@@ -14,6 +14,7 @@ use sandbox_core::{CreateOptions, ErrorCode, PullPolicy, Sandbox, SandboxExt};
 
 use crate::engine::ContainerEngine;
 use crate::image::{PullProgress, PullProgressHook};
+use crate::testing::cli_succeeds;
 use crate::testing::registry::TestRegistry;
 use crate::{ContainerBackend, ContainerConfig, ContainerSandbox};
 
@@ -49,23 +50,12 @@ pub fn source_archive(cli: &str) -> Result<Vec<u8>, String> {
 
 /// Removes `image` from the engine (the tag, and the image when no other tag holds it).
 pub fn remove_image(cli: &str, image: &str) {
-    let _ = Command::new(cli)
-        .args(["rmi", "-f", image])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
+    cli_succeeds(cli, &["rmi", "-f", image]);
 }
 
 /// Whether the engine holds `image`, asked through its CLI (independent of the adapter).
 pub fn image_present(cli: &str, image: &str) -> bool {
-    Command::new(cli)
-        .args(["image", "inspect", image])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+    cli_succeeds(cli, &["image", "inspect", image])
 }
 
 /// Removes the images a trial may have pulled, also when it fails.

@@ -15,6 +15,7 @@ use sandbox_core::labels::{LABEL_DEADLINE, LABEL_OWNER, Owner, sandbox_labels, u
 use sandbox_core::{ErrorCode, ReapableBackend};
 
 use crate::backend::{NAME_PREFIX, SWEEP_PAST_DEADLINE};
+use crate::testing::cli_succeeds;
 
 /// The image the leftovers run (built by `cargo xtask setup`).
 const IMAGE: &str = "sandbox-rs/busybox:latest";
@@ -54,13 +55,7 @@ impl Leftovers {
 
     /// Whether the engine still holds `id`, asked through the CLI (not the adapter).
     pub fn exists(&self, id: &str) -> bool {
-        Command::new(self.cli)
-            .args(["container", "inspect", id])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
+        cli_succeeds(self.cli, &["container", "inspect", id])
     }
 }
 
@@ -73,12 +68,7 @@ impl Drop for Leftovers {
 }
 
 fn remove(cli: &str, name: &str) {
-    let _ = Command::new(cli)
-        .args(["rm", "-f", name])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
+    cli_succeeds(cli, &["rm", "-f", name]);
 }
 
 /// Runs `cmd`; its trimmed stdout, or a panic naming the command and its stderr.
