@@ -176,7 +176,8 @@ impl FaultProxy {
     }
 
     /// With `Some(image)`: every image is missing (the engine's image inspect /
-    /// `exists` is answered 404) and every pull (Docker `POST …/images/create`, Podman
+    /// `exists`, and a container create, are answered 404 as for an image the engine
+    /// does not have) and every pull (Docker `POST …/images/create`, Podman
     /// `POST …/libpod/images/pull`) is relayed to the engine for `image` instead, without
     /// TLS verification (a loopback test registry). Pointed at a registry that demands
     /// credentials, a create then meets a real registry refusal through the real engine,
@@ -256,7 +257,7 @@ async fn relay(
         let redirect = pulls.lock().unwrap_or_else(|p| p.into_inner()).clone();
         if let Some(to) = redirect {
             match pull_step(&head) {
-                Some(PullStep::Inspect) => {
+                Some(PullStep::Inspect | PullStep::Create) => {
                     down.abort();
                     return not_found(&cw).await;
                 }
@@ -375,6 +376,9 @@ async fn answer(
 enum PullStep {
     /// Docker `GET …/images/<name>/json`, Podman `GET …/libpod/images/<name>/exists`.
     Inspect,
+    /// `POST …/containers/create` (both engines): it names an image, so with every image
+    /// missing it fails as the engine fails a create of a missing image.
+    Create,
     /// Docker `POST …/images/create`, Podman `POST …/libpod/images/pull`.
     Pull,
 }
@@ -396,6 +400,7 @@ fn pull_step(head: &[u8]) -> Option<PullStep> {
         "POST" if path.ends_with("/images/create") || path.ends_with("/libpod/images/pull") => {
             Some(PullStep::Pull)
         }
+        "POST" if path.ends_with("/containers/create") => Some(PullStep::Create),
         _ => None,
     }
 }
@@ -559,6 +564,15 @@ mod tests {
             Some(PullStep::Inspect)
         );
         assert_eq!(step("GET /v1.41/containers/abc/json HTTP/1.1"), None);
+        assert_eq!(
+            step("POST /v1.41/containers/create?name=sbx-1 HTTP/1.1"),
+            Some(PullStep::Create)
+        );
+        assert_eq!(
+            step("POST /v4.3.1/libpod/containers/create HTTP/1.1"),
+            Some(PullStep::Create)
+        );
+        assert_eq!(step("POST /v1.41/containers/abc/start HTTP/1.1"), None);
         assert_eq!(step("DELETE /v1.41/images/x/json HTTP/1.1"), None);
 
         let docker = "POST /v1.41/images/create?fromImage=sandbox-rs%2Fbusybox&tag=latest HTTP/1.1";
