@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use sandbox_core::{Backend, Command, CreateOptions, RunOptions, Sandbox};
 
-use crate::backend::{ContainerBackend, ContainerConfig};
 use crate::engine::{ContainerEngine, EngineErrorKind};
+use crate::provision::backend::{ContainerBackend, ContainerConfig};
 use crate::sandbox::{ContainerNative, ExecPath};
 
 type Trial = std::result::Result<(), String>;
@@ -361,17 +361,17 @@ pub async fn agent_is_mounted_read_only_or_uploaded<E: ContainerEngine>(
         return Err("sandboxed root overwrote the mounted agent".into());
     }
     // An engine that cannot see the host file: the create still gets an agent, uploaded.
-    let Some(path) = crate::agent::host_copy().await else {
+    let Some(path) = crate::sandbox::agent::host_copy().await else {
         return Err("no host copy of the agent although the engine mounts it".into());
     };
-    let bin = crate::agent::binary().ok_or("no agent binary")?;
+    let bin = crate::sandbox::agent::binary().ok_or("no agent binary")?;
     std::fs::remove_file(&path).map_err(|e| format!("remove {}: {e}", path.display()))?;
     let second = create(b, options).await;
     let restored = path
         .parent()
         .ok_or_else(|| "the host copy has no directory".to_string())
         .and_then(|dir| {
-            crate::agent::write_host_copy(dir, bin).map_err(|e| format!("restore: {e}"))
+            crate::sandbox::agent::write_host_copy(dir, bin).map_err(|e| format!("restore: {e}"))
         });
     let s = second?;
     let uploaded = sh(&*s, mounts).await;

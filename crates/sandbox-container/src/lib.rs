@@ -2,62 +2,45 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
-mod agent;
 // Attacks on the agent, run by the adapters' tests against real engines; not the API.
 #[doc(hidden)]
 pub mod agent_trials;
-mod archive;
-mod backend;
-pub mod cdi;
-pub mod copy_in;
-pub mod discovery;
 pub mod egress;
+pub mod endpoint;
 pub mod engine;
 mod error;
-mod exec;
 mod files;
-mod files_agent;
 mod forward;
-pub mod hooks;
 pub mod image;
-mod ingress;
-mod interpreter;
-mod kill;
-pub mod linux_capability;
-pub mod mounts;
-pub mod path_stat;
-pub mod runtime;
+pub mod provision;
 mod sandbox;
 mod settings;
-pub mod ssh;
-mod stdin_feed;
-mod sweep;
+pub mod spec;
 // Test support for the adapters' tests (the shared fault proxy); not part of the API.
 #[doc(hidden)]
 pub mod testing;
 pub mod time;
-pub mod transfer;
 
-pub use agent::{AGENT_ENV, AGENT_PATH, agent_enabled_in};
-pub use backend::{
-    ContainerBackend, ContainerConfig, DEFAULT_CALL_TIMEOUT, DEFAULT_CREATE_TIMEOUT,
-    DEFAULT_DOWNLOAD_CAP, DEFAULT_DOWNLOAD_ENTRIES, DEFAULT_MAX_CONTEXTS,
-    DEFAULT_MAX_INGRESS_CONNECTIONS, DEFAULT_READ_CAP, LAYER_CAPABILITIES, NAME_PREFIX,
-    SWEEP_PAST_DEADLINE,
-};
 pub use engine::{
     ArchiveBody, AttachStream, ContainerEngine, ContainerInfo, ContainerSpec, EngineError,
     EngineErrorKind, EngineFacts, EngineResult, ExecInput, ExecRequest, ExecState, ExecStream,
     NetworkMode, PathStat,
 };
-pub use exec::EXEC_TOKEN_ENV;
 pub use files::{LS_SCRIPT, MKDIR_SCRIPT, REMOVE_SCRIPT};
 pub use image::{CredentialStore, ImageRef, PullProgress, PullProgressHook, RegistryAuth};
-pub use interpreter::DRIVER;
-pub use kill::KILL_SCRIPT;
-pub use linux_capability::{GRANTABLE_CAPABILITIES, LinuxCapability, NEVER_GRANTABLE};
-pub use runtime::{LABEL_RUNTIME, RUNSC_PIDS_HEADROOM, Runtime};
+pub use provision::backend::{
+    ContainerBackend, ContainerConfig, DEFAULT_CALL_TIMEOUT, DEFAULT_CREATE_TIMEOUT,
+    DEFAULT_DOWNLOAD_CAP, DEFAULT_DOWNLOAD_ENTRIES, DEFAULT_MAX_CONTEXTS,
+    DEFAULT_MAX_INGRESS_CONNECTIONS, DEFAULT_READ_CAP, LAYER_CAPABILITIES, NAME_PREFIX,
+    SWEEP_PAST_DEADLINE,
+};
+pub use sandbox::agent::{AGENT_ENV, AGENT_PATH, agent_enabled_in};
+pub use sandbox::exec::EXEC_TOKEN_ENV;
+pub use sandbox::interpreter::DRIVER;
+pub use sandbox::kill::KILL_SCRIPT;
 pub use sandbox::{ContainerNative, ContainerSandbox, ExecPath};
+pub use spec::linux_capability::{GRANTABLE_CAPABILITIES, LinuxCapability, NEVER_GRANTABLE};
+pub use spec::runtime::{LABEL_RUNTIME, RUNSC_PIDS_HEADROOM, Runtime};
 pub use time::parse_rfc3339;
 
 // What `forward_backend!` expands to, reachable from the adapters' crates.

@@ -25,7 +25,6 @@ mod sandbox;
 mod secret;
 #[cfg(feature = "serde")]
 mod serialization;
-pub mod tar_stream;
 pub mod teardown;
 
 pub use backend::{Backend, ReapableBackend};

@@ -3,11 +3,11 @@
 use std::path::{Path, PathBuf};
 
 use bollard::Docker;
-use sandbox_container::discovery::{
+use sandbox_container::endpoint::discovery::{
     DiscoveredEndpoint, DiscoveryError, EndpointSource, EnvSnapshot, discover_docker, is_plain_tcp,
 };
 use sandbox_container::engine::NetworkSpec;
-use sandbox_container::ssh::SshTarget;
+use sandbox_container::endpoint::ssh::SshTarget;
 use sandbox_container::{ContainerConfig, ContainerSpec, Runtime};
 use sandbox_core::{Result, SandboxError};
 
@@ -301,7 +301,7 @@ pub enum Transport {
     /// `tcp://` without TLS, explicitly allowed.
     PlainTcp(String),
     /// `ssh://`: the remote engine's socket, forwarded by the OpenSSH client
-    /// ([`sandbox_container::ssh`]); the engine opens the tunnel, then speaks to its local
+    /// ([`sandbox_container::endpoint::ssh`]); the engine opens the tunnel, then speaks to its local
     /// end as to a [`Transport::Local`] socket.
     Ssh(SshTarget),
     /// TLS with client certificates.

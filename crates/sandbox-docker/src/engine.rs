@@ -25,10 +25,10 @@ use sandbox_core::{Capability, IsolationTier, OutputChunk, Problem, SandboxError
 use crate::config::{DockerConfig, redact_endpoint};
 use crate::error::{BACKEND, during, engine_error, pull_error, start_hint};
 use crate::policy;
-use sandbox_container::discovery::unavailable_or_missing;
+use sandbox_container::endpoint::discovery::unavailable_or_missing;
 use sandbox_container::engine::state_from_status;
 use sandbox_container::time::from_unix_secs;
-use sandbox_container::transfer::bounded_call;
+use sandbox_container::engine::transfer::bounded_call;
 
 /// The Docker engine behind a [`DockerBackend`](crate::DockerBackend).
 pub struct DockerEngine {
@@ -39,7 +39,7 @@ pub struct DockerEngine {
     /// no sandbox can get a network: egress `Allow` is refused instead of ignored.
     runtime_forces_no_network: bool,
     /// The ssh tunnel an `ssh://` endpoint goes through; it lives as long as the engine.
-    _tunnel: Option<std::sync::Arc<sandbox_container::ssh::SshTunnel>>,
+    _tunnel: Option<std::sync::Arc<sandbox_container::endpoint::ssh::SshTunnel>>,
 }
 
 impl std::fmt::Debug for DockerEngine {
@@ -98,7 +98,7 @@ impl DockerEngine {
         let transport = config.transport()?;
         let (transport, tunnel) = match transport {
             crate::config::Transport::Ssh(target) => {
-                let t = sandbox_container::ssh::SshTunnel::open(BACKEND, &target).await?;
+                let t = sandbox_container::endpoint::ssh::SshTunnel::open(BACKEND, &target).await?;
                 (
                     crate::config::Transport::Local(t.endpoint()),
                     Some(std::sync::Arc::new(t)),
@@ -493,7 +493,7 @@ impl ContainerEngine for DockerEngine {
         };
         // An engine that stops reading fails the upload (a slow source does not).
         let limit = self.config.layer.call_timeout;
-        sandbox_container::transfer::bounded_upload("archive upload", body, limit, |b| async {
+        sandbox_container::engine::transfer::bounded_upload("archive upload", body, limit, |b| async {
             self.client
                 .upload_to_container(id, Some(opts), bollard::body_try_stream(b))
                 .await

@@ -17,7 +17,7 @@ pub use config::{
     DOCKER_TLS_VERIFY_ENV, DockerConfig, TEST_IMAGES, Transport,
 };
 pub use engine::DockerEngine;
-pub use sandbox_container::discovery::{EndpointSource, EnvSnapshot};
+pub use sandbox_container::endpoint::discovery::{EndpointSource, EnvSnapshot};
 pub use sandbox_container::{RUNSC_PIDS_HEADROOM, Runtime};
 
 /// A Docker sandbox: the shared container sandbox on [`DockerEngine`].
@@ -43,7 +43,7 @@ impl DockerBackend {
     /// proven gone, or long past their deadline).
     ///
     /// `ssh://[user@]host[:port][/socket]` goes through the OpenSSH client, which forwards
-    /// the remote socket (see `sandbox_container::ssh`; `BatchMode`, the user's keys and
+    /// the remote socket (see `sandbox_container::endpoint::ssh`; `BatchMode`, the user's keys and
     /// known hosts). Refused with `Configuration` before connecting: malformed `ssh://`
     /// endpoints, TLS endpoints
     /// without the `tls` feature or with missing certificate files, plain `tcp://` unless

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use podman_api::Podman;
-use sandbox_container::discovery::unavailable_or_missing;
+use sandbox_container::endpoint::discovery::unavailable_or_missing;
 use sandbox_container::{ContainerBackend, ContainerEngine, ContainerNative, ContainerSandbox};
 use sandbox_core::{CreateOptions, Result};
 

@@ -9,15 +9,15 @@ use std::fmt;
 use std::path::Path;
 
 use sandbox_container::ContainerConfig;
-use sandbox_container::discovery::{EndpointSource, EnvSnapshot, discover_podman, is_plain_tcp};
-use sandbox_container::ssh::SshTarget;
+use sandbox_container::endpoint::discovery::{EndpointSource, EnvSnapshot, discover_podman, is_plain_tcp};
+use sandbox_container::endpoint::ssh::SshTarget;
 use sandbox_core::{IsolationTier, Result, SandboxError};
 
-pub use sandbox_container::hooks::{HookEvent, HookFn, Hooks};
-pub use sandbox_container::linux_capability::{
+pub use sandbox_container::spec::hooks::{HookEvent, HookFn, Hooks};
+pub use sandbox_container::spec::linux_capability::{
     GRANTABLE_CAPABILITIES, LinuxCapability, NEVER_GRANTABLE,
 };
-pub use sandbox_container::mounts::{ENGINE_PATHS, Mount, MountMode, REFUSED_HOST_PATHS, Sharing};
+pub use sandbox_container::spec::mounts::{ENGINE_PATHS, Mount, MountMode, REFUSED_HOST_PATHS, Sharing};
 
 /// Default libpod endpoint (rootful service).
 pub const DEFAULT_ENDPOINT: &str = "unix:///run/podman/podman.sock";
@@ -25,7 +25,7 @@ pub const DEFAULT_ENDPOINT: &str = "unix:///run/podman/podman.sock";
 pub const CONTAINER_HOST_ENV: &str = "CONTAINER_HOST";
 /// Template used when `CreateOptions::template` is `None`.
 pub const DEFAULT_TEMPLATE: &str = "sandbox-rs/python:3.11";
-pub use sandbox_container::cdi::CDI_SPEC_DIRS;
+pub use sandbox_container::spec::cdi::CDI_SPEC_DIRS;
 
 /// OCI annotation keys a caller may set. Annotations are privileged configuration read by
 /// runtimes and hooks; anything else is refused.
@@ -284,11 +284,11 @@ impl PodmanOptions {
 
     /// [`PodmanOptions::validate`] with explicit CDI spec directories (for tests).
     pub fn validate_with_cdi_dirs(&self, cdi_dirs: &[&Path]) -> Result<()> {
-        sandbox_container::mounts::validate_all(&self.mounts)?;
+        sandbox_container::spec::mounts::validate_all(&self.mounts)?;
         for (k, v) in &self.annotations {
             validate_annotation(k, v)?;
         }
-        sandbox_container::cdi::validate(&self.cdi_devices, cdi_dirs)?;
+        sandbox_container::spec::cdi::validate(&self.cdi_devices, cdi_dirs)?;
         Ok(())
     }
 }

@@ -2,7 +2,7 @@
 //! and the small REST bypass in `rest.rs`.
 //!
 //! Every call is bounded by [`PodmanConfig::call_timeout`] (a wedged service fails a call
-//! instead of hanging it) and runs under `sandbox_container::transfer::bounded_call`, which
+//! instead of hanging it) and runs under `sandbox_container::engine::transfer::bounded_call`, which
 //! also turns a panic inside podman-api into an error. An upload fails once the engine
 //! stops reading for that long. Archive downloads and exec output are bounded by the
 //! container layer, as for every engine.
@@ -19,7 +19,7 @@ use podman_api::opts::{
 use sandbox_container::engine::{engine_text as bounded, published_ports, state_from_status};
 use sandbox_container::image::classify_pull_failure;
 use sandbox_container::time::from_unix_secs;
-use sandbox_container::transfer::{bounded_call, bounded_upload, demultiplex, panicked};
+use sandbox_container::engine::transfer::{bounded_call, bounded_upload, demultiplex, panicked};
 use sandbox_container::{
     ArchiveBody, AttachStream, ContainerEngine, ContainerInfo, ContainerSpec, CredentialStore,
     EngineError, EngineErrorKind, EngineFacts, EngineResult, ExecInput, ExecRequest, ExecState,
@@ -30,8 +30,8 @@ use sandbox_core::{Capability, IsolationTier, Problem, SandboxError};
 use crate::config::{PodmanConfig, PodmanOptions};
 use crate::error::{BACKEND, START_HINT, from_api, refused};
 use crate::rest::Rest;
-use sandbox_container::hooks::Hooks;
-use sandbox_container::mounts::{Mount, MountMode};
+use sandbox_container::spec::hooks::Hooks;
+use sandbox_container::spec::mounts::{Mount, MountMode};
 
 /// The Podman engine: one shared podman-api client plus the REST bypass, and the Podman
 /// options (mounts, runtime, capabilities, hooks…) every container it creates gets.
@@ -44,7 +44,7 @@ pub struct PodmanEngine {
     limit: Duration,
     /// The ssh tunnel an `ssh://` endpoint goes through; it lives as long as the last
     /// clone of this engine.
-    _tunnel: Option<Arc<sandbox_container::ssh::SshTunnel>>,
+    _tunnel: Option<Arc<sandbox_container::endpoint::ssh::SshTunnel>>,
 }
 
 impl std::fmt::Debug for PodmanEngine {
@@ -73,12 +73,12 @@ impl PodmanEngine {
     }
 
     /// An engine for `config`, opening the ssh tunnel first for an `ssh://` endpoint
-    /// (see `sandbox_container::ssh`); otherwise the same as [`PodmanEngine::new`].
+    /// (see `sandbox_container::endpoint::ssh`); otherwise the same as [`PodmanEngine::new`].
     pub async fn connect(config: &PodmanConfig) -> sandbox_core::Result<PodmanEngine> {
         config.check_endpoint()?;
         match config.ssh_target()? {
             Some(target) => {
-                let tunnel = sandbox_container::ssh::SshTunnel::open(BACKEND, &target).await?;
+                let tunnel = sandbox_container::endpoint::ssh::SshTunnel::open(BACKEND, &target).await?;
                 let local = tunnel.endpoint();
                 Self::on(config, &local, Some(Arc::new(tunnel)))
             }
@@ -90,7 +90,7 @@ impl PodmanEngine {
     fn on(
         config: &PodmanConfig,
         address: &str,
-        tunnel: Option<Arc<sandbox_container::ssh::SshTunnel>>,
+        tunnel: Option<Arc<sandbox_container::endpoint::ssh::SshTunnel>>,
     ) -> sandbox_core::Result<PodmanEngine> {
         let rest = Rest::new(address)?;
         let client = Podman::new(address).map_err(|e| {

@@ -6,7 +6,7 @@
 //! podman-api 0.11's frame decoder `panic!`s on a stream number it does not know
 //! (`containers_api::conn::tty::decode_chunk`): the multiplexed streams (exec, attach) go
 //! through the REST bypass and the container layer's own demultiplexer instead, and every
-//! other crate call runs under `sandbox_container::transfer::bounded_call` (also bounded
+//! other crate call runs under `sandbox_container::engine::transfer::bounded_call` (also bounded
 //! in time), which turns a panic into an error.
 
 use sandbox_container::engine::engine_text as bounded;

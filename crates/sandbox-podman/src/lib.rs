@@ -17,4 +17,4 @@ pub use config::{
     PodmanRuntime, REFUSED_HOST_PATHS, Sharing,
 };
 pub use engine::PodmanEngine;
-pub use sandbox_container::discovery::{EndpointSource, EnvSnapshot};
+pub use sandbox_container::endpoint::discovery::{EndpointSource, EnvSnapshot};

@@ -31,7 +31,7 @@ pub(crate) fn capabilities_for(podman: &PodmanOptions) -> Capability {
 /// provisioned: mounts the disk limit cannot keep (`mounts::check_against_spec`), more
 /// GPUs than named CDI devices, and any option outside the vetted allowlists.
 pub(crate) fn check_spec(spec: &ContainerSpec, podman: &PodmanOptions) -> Result<()> {
-    sandbox_container::mounts::check_against_spec(&podman.mounts, spec)?;
+    sandbox_container::spec::mounts::check_against_spec(&podman.mounts, spec)?;
     let gpus = spec.resources.gpu as usize;
     if gpus > podman.cdi_devices.len() {
         return Err(SandboxError::config(

@@ -133,7 +133,7 @@ fn options_map_to_the_body() {
 /// `pids` of 2^63 or more wrapped to a negative int64, which Podman reads as unlimited.
 #[test]
 fn huge_pids_and_memory_never_become_unlimited() {
-    let max = sandbox_container::runtime::MAX_PIDS;
+    let max = sandbox_container::spec::runtime::MAX_PIDS;
     for pids in [1u64 << 63, u64::MAX, (1u64 << 63) + 512, max + 1] {
         for p in [
             PodmanOptions::default(),

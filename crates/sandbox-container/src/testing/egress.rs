@@ -11,12 +11,12 @@ use std::time::{Duration, Instant};
 
 use sandbox_core::{Backend, Capability, ErrorCode, NetworkPolicy, ReapableBackend, Sandbox};
 
-use crate::backend::{ContainerBackend, ContainerConfig};
 use crate::egress::{NETWORK_NAME, TABLE, lab};
 use crate::engine::{
     ArchiveBody, AttachStream, ContainerEngine, ContainerInfo, ContainerSpec, EngineErrorKind,
     EngineResult, ExecRequest, ExecState, ExecStream, NetworkInfo, NetworkSpec, PathStat,
 };
+use crate::provision::backend::{ContainerBackend, ContainerConfig};
 use crate::testing::{managed_ids, test_options};
 
 /// The image the tests create.

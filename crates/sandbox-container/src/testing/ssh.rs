@@ -34,7 +34,8 @@ impl TestSshd {
             .into_iter()
             .find(|p| Path::new(p).exists())
             .ok_or("no sshd (apt-get install openssh-server; `cargo xtask setup` does)")?;
-        let dir = std::env::temp_dir().join(format!("sbx-sshd-{}", crate::exec::new_token()));
+        let dir =
+            std::env::temp_dir().join(format!("sbx-sshd-{}", crate::sandbox::exec::new_token()));
         std::fs::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         match Self::start_in(sshd, &dir) {
             Ok((child, port)) => Ok(TestSshd { child, dir, port }),

@@ -456,7 +456,7 @@ mod tests {
     #[tokio::test]
     async fn file_dir_link_and_empty() {
         let data: Vec<u8> = (0..=255u8).collect();
-        let tar = sandbox_core::tar_stream::single_file("f", &data, 0o644).unwrap();
+        let tar = crate::files::tar_stream::single_file("f", &data, 0o644).unwrap();
         let got = reader(tar, 7).first_entry(1024).await.unwrap();
         assert_eq!(got, FirstEntry::File(Bytes::from(data)));
 
@@ -530,7 +530,7 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
-        let tar = sandbox_core::tar_stream::single_file("f", b"abcdef", 0o644).unwrap();
+        let tar = crate::files::tar_stream::single_file("f", b"abcdef", 0o644).unwrap();
         let e = reader(tar[..515].to_vec(), 512)
             .first_entry(10)
             .await

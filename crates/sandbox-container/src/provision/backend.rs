@@ -16,9 +16,9 @@ use sandbox_core::{
 
 use crate::engine::{ContainerEngine, ContainerInfo, ContainerSpec, EngineErrorKind, NetworkMode};
 use crate::error;
-use crate::ingress::Ingress;
-use crate::runtime::{LABEL_RUNTIME, Runtime};
+use crate::sandbox::ingress::Ingress;
 use crate::sandbox::{ContainerSandbox, Shared, bounded, container_killer, remove_container};
+use crate::spec::runtime::{LABEL_RUNTIME, Runtime};
 
 /// What the container layer implements; a sandbox declares this intersected with the
 /// engine's [`ContainerEngine::capabilities`].
@@ -276,7 +276,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
     /// or not: the stricter of the two behaviours the adapters had). Only containers with
     /// this crate's provenance (our name prefix and this backend's label) are touched.
     pub async fn sweep(&self) -> usize {
-        crate::sweep::sweep(self).await
+        crate::provision::sweep::sweep(self).await
     }
 
     pub(crate) async fn list_raw(
@@ -316,7 +316,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         // the container. The agent cannot be stopped from inside; `sleep` can (kill -STOP),
         // so on the exec path the sweep past the deadline is the last resort.
         let command = if agent {
-            crate::agent::command(deadline)
+            crate::sandbox::agent::command(deadline)
         } else {
             vec!["sleep".into(), format!("{:.3}", lifetime.as_secs_f64())]
         };
@@ -347,7 +347,9 @@ impl<E: ContainerEngine> ContainerBackend<E> {
     /// Whether new sandboxes start with the agent: configured, the engine can attach, and
     /// a binary ships for this architecture.
     fn wants_agent(&self) -> bool {
-        self.config.agent && self.engine.supports_attach() && crate::agent::binary().is_some()
+        self.config.agent
+            && self.engine.supports_attach()
+            && crate::sandbox::agent::binary().is_some()
     }
 
     async fn create_sandbox(&self, options: CreateOptions) -> Result<ContainerSandbox<E>> {
@@ -440,7 +442,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             && self.engine.supports_agent_mount()
             && !self.agent_mount_failed.load(Ordering::Relaxed)
         {
-            spec.agent_mount = crate::agent::host_copy().await;
+            spec.agent_mount = crate::sandbox::agent::host_copy().await;
         }
         let limit = self.config.create_timeout;
         let provision = async {
@@ -547,10 +549,10 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         );
         // Copy mounts and the pre_start hook see the created, not yet started, container.
         let hooks = eng.hooks();
-        let event = crate::hooks::HookEvent::new(&id, &spec.image);
+        let event = crate::spec::hooks::HookEvent::new(&id, &spec.image);
         let prepared = async {
             for m in eng.copy_mounts() {
-                crate::copy_in::copy_in(eng, &id, &m).await?;
+                crate::provision::copy_in::copy_in(eng, &id, &m).await?;
             }
             hooks.run_pre_start(&event).await
         };
@@ -561,7 +563,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         // The agent goes in before start: it is the container's main process (unless the
         // engine bind-mounts it).
         if spec.attach_stdin && spec.agent_mount.is_none() {
-            let put = match crate::agent::binary().map(crate::agent::archive) {
+            let put = match crate::sandbox::agent::binary().map(crate::sandbox::agent::archive) {
                 Some(Ok(tar)) => self
                     .call("agent upload", eng.put_archive(&id, "/", tar))
                     .await
@@ -599,7 +601,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         }
         // Nothing of the user's runs before the hello: the agent only spawns on request.
         let agent = if spec.attach_stdin {
-            match crate::agent::connect(eng, &id, self.config.call_timeout).await {
+            match crate::sandbox::agent::connect(eng, &id, self.config.call_timeout).await {
                 Ok(client) => Some(client),
                 Err(reason) => {
                     let _ = guard.kill_now().await;
@@ -644,8 +646,8 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         let ports = &options.network.ingress_ports;
         let ingress = match &spec.network {
             _ if ports.is_empty() => Ok(Ingress::default()),
-            NetworkMode::None => crate::ingress::forward(&shared, ports).await,
-            _ => crate::ingress::published(&shared, ports).await,
+            NetworkMode::None => crate::sandbox::ingress::forward(&shared, ports).await,
+            _ => crate::sandbox::ingress::published(&shared, ports).await,
         };
         match ingress {
             Ok(ingress) => Ok(Provisioned::Ready(Box::new(ContainerSandbox::new(

@@ -32,9 +32,9 @@ use tokio::io::AsyncWriteExt;
 
 use crate::engine::{ContainerEngine, ExecInput};
 use crate::error;
-use crate::exec::{ExecPlan, HELPER_TIMEOUT, exit_code, helper_argv, launch};
 use crate::sandbox::Shared;
-use crate::stdin_feed::Stdin;
+use crate::sandbox::exec::{ExecPlan, HELPER_TIMEOUT, exit_code, helper_argv, launch};
+use crate::sandbox::stdin::Stdin;
 use sandbox_agent::client::StdinWriter;
 use sandbox_agent::protocol::SpawnSpec;
 
@@ -271,7 +271,7 @@ impl CodeContext {
             return Ok(CodeContext {
                 name: "agent interpreter".into(),
                 input: ContextInput::Agent(input),
-                output: crate::agent::events(p, client.clone(), tx),
+                output: crate::sandbox::agent::events(p, client.clone(), tx),
                 exit: ContextExit::Agent(rx),
                 buf: BytesMut::new(),
                 killer,
@@ -389,7 +389,7 @@ async fn ensure_interpreter<E: ContainerEngine>(
                 Some(client) => {
                     let argv = ["sh", "-c", &check].map(String::from).to_vec();
                     let none = Default::default();
-                    crate::agent::process(
+                    crate::sandbox::agent::process(
                         sh,
                         client,
                         argv,

@@ -23,8 +23,8 @@ use sandbox_core::{
 
 use crate::engine::{ArchiveBody, ContainerEngine};
 use crate::error;
+use crate::sandbox::stdin::Stdin;
 use crate::sandbox::{Shared, bounded};
-use crate::stdin_feed::Stdin;
 
 /// Where the agent binary is put in every agent-mode container (the root directory always
 /// exists, whatever the image; the dot keeps it out of a plain `ls /`).
@@ -66,7 +66,7 @@ impl std::fmt::Display for ExecPath {
 pub const AGENT_ENV: &str = "SBX_AGENT";
 
 /// Whether `env` leaves the agent on ([`AGENT_ENV`] unset or anything but off).
-pub fn agent_enabled_in(env: &crate::discovery::EnvSnapshot) -> bool {
+pub fn agent_enabled_in(env: &crate::endpoint::discovery::EnvSnapshot) -> bool {
     !env.get(AGENT_ENV).is_some_and(|v| {
         ["off", "0", "false", "no"]
             .iter()
@@ -89,7 +89,7 @@ pub(crate) async fn host_copy() -> Option<PathBuf> {
     static COPY: tokio::sync::OnceCell<Option<PathBuf>> = tokio::sync::OnceCell::const_new();
     COPY.get_or_init(|| async {
         let bin = binary()?;
-        let dir = cache_dir(&crate::discovery::EnvSnapshot::capture())?;
+        let dir = cache_dir(&crate::endpoint::discovery::EnvSnapshot::capture())?;
         match tokio::task::spawn_blocking(move || write_host_copy(&dir, bin)).await {
             Ok(Ok(path)) => Some(path),
             Ok(Err(e)) => {
@@ -105,7 +105,7 @@ pub(crate) async fn host_copy() -> Option<PathBuf> {
 
 /// `$XDG_CACHE_HOME/sandbox-rs/agent`, else `$HOME/.cache/sandbox-rs/agent` (absolute
 /// paths only: a relative one would depend on the working directory).
-fn cache_dir(env: &crate::discovery::EnvSnapshot) -> Option<PathBuf> {
+fn cache_dir(env: &crate::endpoint::discovery::EnvSnapshot) -> Option<PathBuf> {
     let base = env
         .get("XDG_CACHE_HOME")
         .map(PathBuf::from)
@@ -307,7 +307,7 @@ fn start<E: ContainerEngine>(
         let exit_code = Box::pin(async move { rx.await.map_err(|_| error::gone(&id)) });
         let mut output = events(p, client, tx);
         if let Some((stdin, data)) = feed {
-            crate::stdin_feed::beside(
+            crate::sandbox::stdin::beside(
                 &mut output,
                 Box::pin(async move {
                     stdin.write(&data).await.map_err(std::io::Error::other)?;
@@ -400,7 +400,7 @@ mod tests {
 
     #[test]
     fn sbx_agent_off_switches_the_agent_off() {
-        use crate::discovery::EnvSnapshot;
+        use crate::endpoint::discovery::EnvSnapshot;
         assert!(agent_enabled_in(&EnvSnapshot::empty()));
         assert!(agent_enabled_in(&EnvSnapshot::empty().var(AGENT_ENV, "on")));
         for off in ["off", "OFF", "0", "false", "no"] {
@@ -454,7 +454,7 @@ mod tests {
 
     #[test]
     fn cache_dir_prefers_xdg_and_refuses_relative_paths() {
-        use crate::discovery::EnvSnapshot;
+        use crate::endpoint::discovery::EnvSnapshot;
         let env = |pairs: &[(&str, &str)]| {
             pairs
                 .iter()

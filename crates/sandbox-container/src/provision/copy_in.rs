@@ -1,16 +1,16 @@
-//! The sealed copy-in of [`MountMode::Copy`](crate::mounts::MountMode::Copy) mounts: the
+//! The sealed copy-in of [`MountMode::Copy`](crate::spec::mounts::MountMode::Copy) mounts: the
 //! host tree lands at its sandbox target in a created container, before it starts, through
 //! the engine's archive upload; missing parents become directories, existing ones keep
 //! their modes, and no bind mount is left behind.
 
 use std::path::{Path, PathBuf};
 
+use crate::files::tar_stream::{CHUNKS_IN_FLIGHT, ChannelWriter};
 use bytes::Bytes;
-use sandbox_core::tar_stream::{CHUNKS_IN_FLIGHT, ChannelWriter};
 use tokio::sync::mpsc;
 
 use crate::engine::{ArchiveBody, ContainerEngine, EngineError, EngineErrorKind, EngineResult};
-use crate::mounts::Mount;
+use crate::spec::mounts::Mount;
 
 /// Injects `mount`'s host tree into the created (not started) container `id`. Host path
 /// and target are vetted again here, so the upload never carries a path other than the

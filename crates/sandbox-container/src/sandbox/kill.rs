@@ -24,8 +24,8 @@ use sandbox_core::teardown::Killer;
 
 use crate::engine::ContainerEngine;
 use crate::error;
-use crate::exec::{ExecPlan, helper};
 use crate::sandbox::Shared;
+use crate::sandbox::exec::{ExecPlan, helper};
 
 /// `sh -c KILL_SCRIPT sbx-kill <root pid or 0> <token>`.
 pub const KILL_SCRIPT: &str = r#"root=$1; tok="SBX_EXEC=$2"; me=$$; found=" "
@@ -139,7 +139,7 @@ mod tests {
         if !std::path::Path::new("/proc/self/environ").exists() {
             return;
         }
-        let token = crate::exec::new_token();
+        let token = crate::sandbox::exec::new_token();
         // `sh -c 'sleep 301 & sleep 302 & (sleep 303 &) ; sleep 304'` with the token in env.
         let mut tree = Command::new("sh")
             .args([

@@ -1,5 +1,12 @@
 //! `ContainerSandbox`: one container, its lifetime, its teardown, and the `Sandbox` port.
 
+pub(crate) mod agent;
+pub(crate) mod exec;
+pub(crate) mod ingress;
+pub(crate) mod interpreter;
+pub(crate) mod kill;
+pub(crate) mod stdin;
+
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -10,22 +17,22 @@ use std::time::{Duration, SystemTime};
 
 use sandbox_core::options::DEFAULT_OUTPUT_CAP;
 
-use crate::stdin_feed::Stdin;
+use crate::sandbox::stdin::Stdin;
 use sandbox_core::teardown::{Killer, OrphanInfo, TeardownGuard, shielded_kill};
 use sandbox_core::{
     Capability, CodeOptions, Command, ExecResult, FileSystem, IsolationTier, Process, Result,
     RunOptions, Sandbox, SandboxError, Secret, async_trait,
 };
 
-use crate::backend::ContainerConfig;
 use crate::engine::{ContainerEngine, EngineError, EngineErrorKind, EngineResult};
 use crate::error;
 use crate::files::ContainerFiles;
-use crate::ingress::Ingress;
-use crate::interpreter::ContextSlot;
+use crate::provision::backend::ContainerConfig;
+use crate::sandbox::ingress::Ingress;
+use crate::sandbox::interpreter::ContextSlot;
 use sandbox_agent::client::AgentClient;
 
-pub use crate::agent::ExecPath;
+pub use crate::sandbox::agent::ExecPath;
 
 /// The engine and container id behind a [`ContainerSandbox`].
 ///
@@ -126,8 +133,10 @@ impl<E: ContainerEngine> Shared<E> {
         stdin: Stdin,
     ) -> Result<Process> {
         match &self.agent {
-            Some(client) => crate::agent::process(self, client, argv, env, workdir, timeout, stdin),
-            None => crate::exec::process(self, argv, env, workdir, timeout, stdin),
+            Some(client) => {
+                crate::sandbox::agent::process(self, client, argv, env, workdir, timeout, stdin)
+            }
+            None => crate::sandbox::exec::process(self, argv, env, workdir, timeout, stdin),
         }
     }
 
@@ -340,7 +349,7 @@ impl<E: ContainerEngine> Sandbox for ContainerSandbox<E> {
     }
 
     async fn run_code(&self, code: &str, options: CodeOptions) -> Result<ExecResult> {
-        crate::interpreter::run_code(&self.shared, code, options).await
+        crate::sandbox::interpreter::run_code(&self.shared, code, options).await
     }
 
     fn stream(&self, cmd: Command, options: RunOptions) -> Result<Process> {

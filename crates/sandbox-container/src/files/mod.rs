@@ -9,6 +9,10 @@
 //! one containing `/` cannot come from the script, so a listing holding one is refused as
 //! forged instead of trusted.
 
+mod agent;
+mod archive;
+pub(crate) mod tar_stream;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,16 +20,14 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use futures::StreamExt;
-use sandbox_core::{
-    FileInfo, FileSystem, Result, SandboxError, async_trait, resolve_path, tar_stream,
-};
+use sandbox_core::{FileInfo, FileSystem, Result, SandboxError, async_trait, resolve_path};
 
-use crate::archive::{ArchiveReader, DownloadLimits, FirstEntry, GuardedReader, Refusal};
 use crate::engine::{ArchiveBody, ContainerEngine, EngineError, EngineErrorKind};
 use crate::error;
-use crate::exec::helper_argv;
-use crate::files_agent::AgentFiles;
+use crate::files::agent::AgentFiles;
+use crate::files::archive::{ArchiveReader, DownloadLimits, FirstEntry, GuardedReader, Refusal};
 use crate::sandbox::Shared;
+use crate::sandbox::exec::helper_argv;
 
 /// `ls`: busybox `stat` is preferred when present: GNU stat uses statx(2), which gVisor
 /// (runsc) releases before 2023 reject with EINVAL.
@@ -445,7 +447,7 @@ pub(crate) async fn download_archive(
     let _cancel = CancelOnDrop(cancelled.clone());
     // Dropped with this future: the body ends at once even while the engine is silent.
     let (_stop, stopped) = futures::channel::oneshot::channel::<()>();
-    let body = crate::transfer::idle_bounded(body, idle)
+    let body = crate::engine::transfer::idle_bounded(body, idle)
         .take_until(stopped)
         .boxed();
     let reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(body));
@@ -811,7 +813,7 @@ mod tests {
         assert_eq!(mode_of(&out.join("sgid")), 0o755);
         assert_eq!(dir.names(), vec!["d"]);
 
-        let single = sandbox_core::tar_stream::single_file("f", b"data", 0o6777).unwrap();
+        let single = crate::files::tar_stream::single_file("f", b"data", 0o6777).unwrap();
         let f = dir.0.join("f");
         download(single, &f, LIMITS).await.unwrap();
         assert_eq!(mode_of(&f), 0o755);
@@ -826,7 +828,7 @@ mod tests {
         let other = dir.0.join("other-link");
         std::fs::write(&target, b"precious").unwrap();
         std::fs::hard_link(&target, &other).unwrap();
-        let single = sandbox_core::tar_stream::single_file("t", b"new", 0o644).unwrap();
+        let single = crate::files::tar_stream::single_file("t", b"new", 0o644).unwrap();
         download(single, &target, LIMITS).await.unwrap();
         assert_eq!(std::fs::read(&target).unwrap(), b"new");
         assert_eq!(std::fs::read(&other).unwrap(), b"precious");

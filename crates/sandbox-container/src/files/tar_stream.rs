@@ -1,8 +1,8 @@
 //! Tar archives for the engines' archive APIs, with no engine code: built on the fly for
 //! uploads with bounded memory, and unpacked safely on download.
 //!
-//! Upload: a blocking thread archives the host path ([`stream_local`], or [`append_local`]
-//! into a [`ChannelWriter`]); the writer hands [`CHUNK`]-sized pieces to a bounded tokio
+//! Upload: a blocking thread archives the host path ([`stream_local`] into a
+//! [`ChannelWriter`]); the writer hands [`CHUNK`]-sized pieces to a bounded tokio
 //! channel that becomes the HTTP body. At most [`CHUNKS_IN_FLIGHT`] chunks wait in the
 //! channel, so memory stays bounded whatever the size of the tree.
 //!
@@ -21,7 +21,7 @@ use std::path::{Component, Path, PathBuf};
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use crate::{Result, SandboxError};
+use sandbox_core::{Result, SandboxError};
 
 /// Size of the chunks an upload stream carries (256 KiB).
 pub const CHUNK: usize = 256 * 1024;
@@ -125,7 +125,8 @@ fn append_tree<W: Write>(b: &mut tar::Builder<W>, local: &Path, name: &str) -> s
 /// Symlinks are stored as links and never followed, `local` itself included, so an upload
 /// never pulls in host files from outside the named path. Modes and mtimes come from the
 /// host.
-pub fn append_local<W: Write>(w: W, local: &Path, name: &str) -> std::io::Result<W> {
+#[cfg(test)]
+fn append_local<W: Write>(w: W, local: &Path, name: &str) -> std::io::Result<W> {
     let mut b = tar::Builder::new(w);
     append_tree(&mut b, local, name)?;
     let mut w = b.into_inner()?;
@@ -134,7 +135,7 @@ pub fn append_local<W: Write>(w: W, local: &Path, name: &str) -> std::io::Result
 }
 
 /// The producer of an upload body, to run on a blocking thread: archives `local` as
-/// `name` (see [`append_local`]) through a [`ChannelWriter`] into `tx`.
+/// `name` through a [`ChannelWriter`] into `tx`.
 ///
 /// On failure the error is also sent into the channel, so the engine sees a broken
 /// upload instead of a silently truncated archive; the same error is returned for the
@@ -163,7 +164,7 @@ pub fn single_file(name: &str, data: &[u8], mode: u32) -> std::io::Result<Vec<u8
     h.set_size(data.len() as u64);
     h.set_mode(mode);
     h.set_entry_type(tar::EntryType::Regular);
-    h.set_mtime(crate::labels::unix_now());
+    h.set_mtime(sandbox_core::labels::unix_now());
     h.set_uid(0);
     h.set_gid(0);
     b.append_data(&mut h, name, data)?;
@@ -171,17 +172,11 @@ pub fn single_file(name: &str, data: &[u8], mode: u32) -> std::io::Result<Vec<u8
 }
 
 fn unsafe_entry(entry: &Path) -> SandboxError {
-    SandboxError::UnsafeArchiveEntry {
-        entry: entry.display().to_string(),
-    }
+    SandboxError::unsafe_archive_entry(entry.display().to_string())
 }
 
 fn local_io(path: &Path, op: &str, e: std::io::Error) -> SandboxError {
-    SandboxError::FileSystem {
-        path: path.display().to_string(),
-        message: format!("{op} failed"),
-        source: Some(Box::new(e)),
-    }
+    SandboxError::file_system(path.display().to_string(), format!("{op} failed")).with_source(e)
 }
 
 /// An archive name split into its first component (the root entry's name) and the rest;
@@ -390,11 +385,10 @@ pub fn unpack_safely<R: Read>(reader: R, local: &Path) -> Result<()> {
         }
     }
     if root.is_none() {
-        return Err(SandboxError::FileSystem {
-            path: local.display().to_string(),
-            message: "the engine sent an empty archive".into(),
-            source: None,
-        });
+        return Err(SandboxError::file_system(
+            local.display().to_string(),
+            "the engine sent an empty archive",
+        ));
     }
     Ok(())
 }
@@ -420,11 +414,10 @@ fn unpack_root<R: Read>(
             write_file(entry, local, mode)
         }
         tar::EntryType::Symlink | tar::EntryType::Link => Err(unsafe_entry(raw)),
-        _ => Err(SandboxError::FileSystem {
-            path: local.display().to_string(),
-            message: "the download is neither a regular file nor a directory".into(),
-            source: None,
-        }),
+        _ => Err(SandboxError::file_system(
+            local.display().to_string(),
+            "the download is neither a regular file nor a directory",
+        )),
     }
 }
 
@@ -460,7 +453,7 @@ fn hard_link_source(local: &Path, root: &Root, target: &Path, raw: &Path) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ErrorCode;
+    use sandbox_core::ErrorCode;
     use tar::EntryType::{Directory as D, Link as H, Regular as F, Symlink as L};
 
     /// An archive entry with a raw name and link name, bypassing the tar crate's own path

@@ -6,6 +6,9 @@
 //! trip (or one streamed request); retries, timeouts, kill semantics and the mapping of
 //! [`EngineErrorKind`] to `SandboxError` in context are done once, by this crate.
 
+pub mod path_stat;
+pub mod transfer;
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
@@ -337,11 +340,11 @@ impl ContainerSpec {
     }
 
     /// The engine pids limit for this spec under `runtime` (`None`: the engine's default
-    /// runtime, no headroom), clamped (see [`crate::runtime::pids_limit`]).
+    /// runtime, no headroom), clamped (see [`crate::spec::runtime::pids_limit`]).
     pub fn pids_limit(&self, runtime: Option<crate::Runtime>) -> i64 {
         match runtime {
             Some(r) => r.pids_limit(self.resources.pids),
-            None => crate::runtime::pids_limit(self.resources.pids),
+            None => crate::spec::runtime::pids_limit(self.resources.pids),
         }
     }
 }
@@ -490,7 +493,7 @@ impl ContainerInfo {
 /// A streamed archive body (a tar stream).
 pub type ArchiveBody = BoxStream<'static, std::io::Result<Bytes>>;
 
-pub use crate::path_stat::PathStat;
+pub use crate::engine::path_stat::PathStat;
 
 /// The narrow engine trait. One implementation per container engine; a third-party engine
 /// implements this and gets the whole sandbox (and passes the contract suite) for free.
@@ -528,13 +531,13 @@ pub trait ContainerEngine: Send + Sync + fmt::Debug + 'static {
     /// Host trees the container layer copies into every new container between create and
     /// start, through [`Self::put_archive`] (`copy_in::copy_in`; sealed: no bind mount is
     /// left). Default: none.
-    fn copy_mounts(&self) -> Vec<crate::mounts::Mount> {
+    fn copy_mounts(&self) -> Vec<crate::spec::mounts::Mount> {
         Vec::new()
     }
     /// Lifecycle hooks the container layer runs around every start: `pre_start` after the
     /// copy mounts, `post_start` once the container runs. Default: none.
-    fn hooks(&self) -> crate::hooks::Hooks {
-        crate::hooks::Hooks::default()
+    fn hooks(&self) -> crate::spec::hooks::Hooks {
+        crate::spec::hooks::Hooks::default()
     }
     /// Starts a created container.
     async fn start(&self, id: &str) -> EngineResult<()>;

@@ -27,9 +27,9 @@ use tokio::io::AsyncWriteExt;
 
 use crate::engine::{ContainerEngine, ExecInput, ExecRequest};
 use crate::error;
-use crate::kill::exec_killer;
 use crate::sandbox::Shared;
-use crate::stdin_feed::Stdin;
+use crate::sandbox::kill::exec_killer;
+use crate::sandbox::stdin::Stdin;
 
 /// Environment variable carrying each exec's token.
 pub const EXEC_TOKEN_ENV: &str = "SBX_EXEC";
@@ -427,7 +427,7 @@ fn start_future<E: ContainerEngine>(
         };
         let mut live = None;
         match (stdin, attached) {
-            (Stdin::Given(data), Some(mut input)) => crate::stdin_feed::beside(
+            (Stdin::Given(data), Some(mut input)) => crate::sandbox::stdin::beside(
                 &mut l.output,
                 Box::pin(async move {
                     input.write_all(&data).await?;
@@ -435,7 +435,7 @@ fn start_future<E: ContainerEngine>(
                 }),
             ),
             (Stdin::Live, Some(input)) => {
-                live = Some(crate::stdin_feed::live(&mut l.output, input));
+                live = Some(crate::sandbox::stdin::live(&mut l.output, input));
             }
             // Terminals are the agent's (the layer refuses them here first).
             (Stdin::Terminal(_), _) => {

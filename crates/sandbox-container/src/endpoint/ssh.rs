@@ -300,7 +300,10 @@ fn private_dir() -> Result<PathBuf> {
         .filter(|p| p.is_absolute() && p.is_dir())
         .unwrap_or_else(std::env::temp_dir);
     for _ in 0..8 {
-        let dir = base.join(format!("sandbox-rs-ssh-{}", crate::exec::new_token()));
+        let dir = base.join(format!(
+            "sandbox-rs-ssh-{}",
+            crate::sandbox::exec::new_token()
+        ));
         match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
             Ok(()) => return Ok(dir),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,

@@ -1,0 +1,8 @@
+//! Bringing sandboxes into being and out again: the engine-independent configuration, the
+//! backend that creates, connects, lists and kills managed sandboxes, the sealed copy-in
+//! of copy mounts, and the startup sweep of leftovers. What a live sandbox does once it
+//! exists is in [`crate::sandbox`].
+
+pub(crate) mod backend;
+pub mod copy_in;
+pub(crate) mod sweep;
