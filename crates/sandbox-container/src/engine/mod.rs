@@ -6,351 +6,21 @@
 //! trip (or one streamed request); retries, timeouts, kill semantics and the mapping of
 //! [`EngineErrorKind`] to `SandboxError` in context are done once, by this crate.
 
+pub(crate) mod error;
 pub mod path_stat;
+pub mod pull;
 pub mod transfer;
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::BoxStream;
-use sandbox_core::{
-    BoxError, Capability, EffectiveResources, IsolationTier, OutputChunk, Problem, SandboxState,
-};
-
-/// Result of one engine call.
-pub type EngineResult<T> = std::result::Result<T, EngineError>;
-
-/// What kind of failure an engine call met; the container layer turns it into the right
-/// `SandboxError` for the operation (a `NotFound` on exec is `SandboxGone`, on an archive
-/// read it is `PathNotFound`, on create it is a missing image).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum EngineErrorKind {
-    /// The container, exec, path or image does not exist.
-    NotFound,
-    /// The object is in a state that refuses the call (already removing, not running…).
-    Conflict,
-    /// The engine cannot be reached (socket missing, connection refused or reset).
-    Unavailable,
-    /// The engine did not answer in time.
-    Timeout,
-    /// The engine refused the request as invalid (bad create body, unknown runtime…).
-    InvalidRequest,
-    /// A registry refused the pull's credentials, or demanded some and got none.
-    Unauthorized,
-    /// Anything else; the message and source say what.
-    Other,
-}
-
-impl EngineErrorKind {
-    /// The kind of an engine's HTTP error status, as Docker's and Podman's APIs use them:
-    /// 404 `NotFound`, 409 `Conflict`, 400 `InvalidRequest`, anything else `Other` (a 500
-    /// is read from its message by the adapter, if at all; a 401/403 comes from the
-    /// engine's own authorisation, not a registry, so it is not `Unauthorized`).
-    pub fn from_status(status: u16) -> EngineErrorKind {
-        match status {
-            404 => EngineErrorKind::NotFound,
-            409 => EngineErrorKind::Conflict,
-            400 => EngineErrorKind::InvalidRequest,
-            _ => EngineErrorKind::Other,
-        }
-    }
-}
-
-/// An engine failure, as the adapter's `error.rs` describes it. Never shown to users as
-/// is: the container layer wraps it into a `SandboxError` and keeps it as the `source`.
-pub struct EngineError {
-    /// The kind, which decides the `SandboxError` variant.
-    pub kind: EngineErrorKind,
-    /// The engine's message (bounded by the adapter; never contains secrets).
-    pub message: String,
-    /// The engine crate's error, kept for the source chain.
-    pub source: Option<BoxError>,
-}
-
-impl EngineError {
-    /// An error of `kind` with a message.
-    pub fn new(kind: EngineErrorKind, message: impl Into<String>) -> Self {
-        EngineError {
-            kind,
-            message: message.into(),
-            source: None,
-        }
-    }
-
-    /// The same error with the engine crate's error as its source.
-    pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
-        self.source = Some(source.into());
-        self
-    }
-}
-
-impl fmt::Debug for EngineError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EngineError")
-            .field("kind", &self.kind)
-            .field("message", &self.message)
-            .finish()
-    }
-}
-
-impl fmt::Display for EngineError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?}: {}", self.kind, self.message)
-    }
-}
-
-impl std::error::Error for EngineError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source
-            .as_deref()
-            .map(|e| e as &(dyn std::error::Error + 'static))
-    }
-}
-
-/// How the container is networked. Decided by the container layer from the
-/// `NetworkPolicy`; the adapter applies it or refuses the create.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum NetworkMode {
-    /// No network at all (only loopback).
-    None,
-    /// A network the engine provides, with `publish` ports published on the host's
-    /// loopback at engine-chosen ports.
-    Bridge {
-        /// Container ports to publish on 127.0.0.1.
-        publish: Vec<u16>,
-    },
-    /// The library's own network (created with [`ContainerEngine::create_network`]:
-    /// labelled, inter-container traffic off), with `dns` as the container's name servers
-    /// and `publish` ports published on the host's loopback. Used for egress `Allow` and
-    /// `AllowList`; the egress rules are loaded into the container's namespace after start.
-    Isolated {
-        /// The network's name.
-        network: String,
-        /// Container ports to publish on 127.0.0.1.
-        publish: Vec<u16>,
-        /// Name servers written into the container's resolver configuration.
-        dns: Vec<std::net::IpAddr>,
-    },
-}
-
-impl NetworkMode {
-    /// The ports to publish on the host's loopback (none without a network).
-    pub fn published(&self) -> &[u16] {
-        match self {
-            NetworkMode::None => &[],
-            NetworkMode::Bridge { publish } | NetworkMode::Isolated { publish, .. } => publish,
-        }
-    }
-}
-
-/// A network the container layer asks the engine for (see [`ContainerEngine::create_network`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct NetworkSpec {
-    /// The network's name.
-    pub name: String,
-    /// Labels, including `io.sandbox-rs.managed=true` and the backend.
-    pub labels: BTreeMap<String, String>,
-}
-
-impl NetworkSpec {
-    /// A spec named `name` with `labels`.
-    pub fn new(name: impl Into<String>, labels: BTreeMap<String, String>) -> Self {
-        NetworkSpec {
-            name: name.into(),
-            labels,
-        }
-    }
-}
-
-/// One subnet of a network: its address range and the host's address on it (the gateway).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Subnet {
-    /// The network address.
-    pub addr: std::net::IpAddr,
-    /// Prefix length.
-    pub prefix: u8,
-    /// The gateway (the host's address on the bridge), when the engine reports one.
-    pub gateway: Option<std::net::IpAddr>,
-}
-
-impl Subnet {
-    /// A subnet; `None` when `cidr` is not `addr/prefix`.
-    pub fn parse(cidr: &str, gateway: Option<&str>) -> Option<Subnet> {
-        let (a, p) = cidr.split_once('/')?;
-        let addr: std::net::IpAddr = a.parse().ok()?;
-        let prefix: u8 = p.parse().ok()?;
-        if prefix > if addr.is_ipv4() { 32 } else { 128 } {
-            return None;
-        }
-        Some(Subnet {
-            addr,
-            prefix,
-            gateway: gateway.and_then(|g| g.split('/').next()?.parse().ok()),
-        })
-    }
-}
-
-/// What the engine reports about one network.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct NetworkInfo {
-    /// The network's name.
-    pub name: String,
-    /// The engine's id for it (empty when unknown): containers join by id, since Docker
-    /// allows two networks of one name (two processes creating it at once).
-    pub id: String,
-    /// Its subnets (IPv4 and IPv6).
-    pub subnets: Vec<Subnet>,
-    /// Its labels.
-    pub labels: BTreeMap<String, String>,
-    /// Whether it keeps its containers apart the way [`ContainerEngine::create_network`]
-    /// creates it (Docker: inter-container traffic off; Podman: `isolate`). A network of
-    /// the library's name without it is foreign and refused.
-    pub isolated: bool,
-}
-
-impl NetworkInfo {
-    /// A record (not isolated, no id).
-    pub fn new(
-        name: impl Into<String>,
-        subnets: Vec<Subnet>,
-        labels: BTreeMap<String, String>,
-    ) -> Self {
-        NetworkInfo {
-            name: name.into(),
-            id: String::new(),
-            subnets,
-            labels,
-            isolated: false,
-        }
-    }
-}
-
-/// Everything the container layer asks the engine to create. The adapter translates it into
-/// its create body and MUST apply every field, or refuse the create with
-/// [`EngineErrorKind::InvalidRequest`]: a field silently dropped is a security bug.
-///
-/// Always applied, whatever the fields say (SPEC §5): all capabilities dropped,
-/// `no-new-privileges`, swap disabled (memory+swap == memory), no privileged mode, no
-/// auto-published ports.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct ContainerSpec {
-    /// Container name (the guard removes by name while a create is in flight).
-    pub name: String,
-    /// Image reference.
-    pub image: String,
-    /// The main process (entrypoint + args): the lifetime backstop; it ends at the
-    /// deadline, which ends the container.
-    pub command: Vec<String>,
-    /// Whether the engine's init should be PID 1 (reaps zombies).
-    pub init: bool,
-    /// Non-secret environment (secrets are injected per exec, never stored here).
-    pub env: Vec<(String, String)>,
-    /// Working directory, created at start.
-    pub workdir: String,
-    /// Labels, including the `io.sandbox-rs.*` ones.
-    pub labels: BTreeMap<String, String>,
-    /// Resource limits to apply (cpu, memory, pids, disk).
-    pub resources: EffectiveResources,
-    /// Networking.
-    pub network: NetworkMode,
-    /// The sandbox lifetime (the deadline is `now + lifetime`).
-    pub lifetime: Duration,
-    /// The main process is the in-sandbox agent, whose channel is its stdin and stdout
-    /// ([`ContainerEngine::attach`]): keep its stdin open across attaches (`OpenStdin` on,
-    /// `StdinOnce` off, no TTY), and do not log its output — it is the channel, not a log,
-    /// and a log driver would copy every byte of every command's output to the engine's
-    /// disk.
-    pub attach_stdin: bool,
-    /// A host file holding the agent binary, to bind-mount read-only at the agent's path
-    /// (`/.sandbox-agent`) instead of uploading it before start. Set only when
-    /// [`ContainerEngine::supports_agent_mount`] says the engine applies it.
-    pub agent_mount: Option<std::path::PathBuf>,
-}
-
-impl ContainerSpec {
-    /// A spec for `image` running `command` with `resources` for `lifetime`: init as PID 1,
-    /// workdir `/work`, no env, no labels, no network. The other fields are public, so an
-    /// adapter's tests (and a third-party engine's) can build any spec without the layer.
-    pub fn new(
-        name: impl Into<String>,
-        image: impl Into<String>,
-        command: Vec<String>,
-        resources: EffectiveResources,
-        lifetime: Duration,
-    ) -> Self {
-        ContainerSpec {
-            name: name.into(),
-            image: image.into(),
-            command,
-            init: true,
-            env: Vec::new(),
-            workdir: sandbox_core::options::DEFAULT_WORKDIR.to_string(),
-            labels: BTreeMap::new(),
-            resources,
-            network: NetworkMode::None,
-            lifetime,
-            attach_stdin: false,
-            agent_mount: None,
-        }
-    }
-
-    /// With `resources.disk_mb` set: the only writable places, each a RAM-backed
-    /// filesystem of [`scratch_bytes`](Self::scratch_bytes) mounted over a **read-only**
-    /// root filesystem — the workdir and `/tmp` (once if they are the same). An adapter
-    /// whose engine cannot apply all of it does not declare `DISK_LIMIT`. Empty without a
-    /// disk limit.
-    ///
-    /// RAM-backed on purpose: writes never reach the engine's disk, and the pages are
-    /// charged to the container's memory limit, so several of them cannot add up beyond it.
-    pub fn scratch_paths(&self) -> Vec<&str> {
-        if self.resources.disk_mb.is_none() {
-            return Vec::new();
-        }
-        let mut paths = vec![self.workdir.as_str()];
-        if self.workdir.trim_end_matches('/') != SCRATCH_TMP {
-            paths.push(SCRATCH_TMP);
-        }
-        paths
-    }
-
-    /// The size of each of [`scratch_paths`](Self::scratch_paths) in bytes (also the cap
-    /// on `/dev/shm`); `None` without a disk limit.
-    pub fn scratch_bytes(&self) -> Option<u64> {
-        self.resources
-            .disk_mb
-            .map(|mb| mb.saturating_mul(1024 * 1024))
-    }
-
-    /// The memory limit in bytes, saturating (never wrapping to a negative = unlimited).
-    pub fn memory_bytes(&self) -> i64 {
-        i64::try_from(self.resources.memory_mb)
-            .unwrap_or(i64::MAX)
-            .saturating_mul(1024 * 1024)
-    }
-
-    /// The engine pids limit for this spec under `runtime` (`None`: the engine's default
-    /// runtime, no headroom), clamped (see [`crate::spec::runtime::pids_limit`]).
-    pub fn pids_limit(&self, runtime: Option<crate::Runtime>) -> i64 {
-        match runtime {
-            Some(r) => r.pids_limit(self.resources.pids),
-            None => crate::spec::runtime::pids_limit(self.resources.pids),
-        }
-    }
-}
-
-/// The writable temporary directory every sandbox with a disk limit keeps.
-const SCRATCH_TMP: &str = "/tmp";
+use sandbox_core::{Capability, IsolationTier, OutputChunk, Problem, SandboxState};
 
 /// What one exec runs.
 #[derive(Clone, Default)]
@@ -493,7 +163,9 @@ impl ContainerInfo {
 /// A streamed archive body (a tar stream).
 pub type ArchiveBody = BoxStream<'static, std::io::Result<Bytes>>;
 
-pub use crate::engine::path_stat::PathStat;
+pub use crate::spec::{ContainerSpec, NetworkInfo, NetworkMode, NetworkSpec, Subnet};
+pub use error::{EngineError, EngineErrorKind, EngineResult, engine_text};
+pub use path_stat::PathStat;
 
 /// The narrow engine trait. One implementation per container engine; a third-party engine
 /// implements this and gets the whole sandbox (and passes the contract suite) for free.
@@ -625,8 +297,8 @@ pub trait ContainerEngine: Send + Sync + fmt::Debug + 'static {
 
     /// Where this engine's own CLI reads registry credentials from; the container layer
     /// looks the image's registry up there and hands the result to [`Self::pull`].
-    fn credential_store(&self) -> crate::image::CredentialStore {
-        crate::image::CredentialStore::Docker
+    fn credential_store(&self) -> crate::engine::pull::CredentialStore {
+        crate::engine::pull::CredentialStore::Docker
     }
     /// Whether the engine holds `image`. The default says yes: an engine that cannot pull
     /// keeps failing `create` with "image not found", as before pulls existed.
@@ -642,8 +314,8 @@ pub trait ContainerEngine: Send + Sync + fmt::Debug + 'static {
     async fn pull(
         &self,
         image: &str,
-        auth: Option<&crate::image::RegistryAuth>,
-        progress: &(dyn Fn(crate::image::PullProgress) + Send + Sync),
+        auth: Option<&crate::engine::pull::RegistryAuth>,
+        progress: &(dyn Fn(crate::engine::pull::PullProgress) + Send + Sync),
     ) -> EngineResult<()> {
         let _ = (auth, progress);
         Err(EngineError::new(
@@ -730,16 +402,6 @@ pub fn container_addresses<'a>(
         }
     }
     out
-}
-
-/// Engine text as an [`EngineError`] message may quote it (the engine may echo what the
-/// sandbox or the caller sent): one line, control characters blanked, at most 300
-/// characters.
-pub fn engine_text(s: &str) -> String {
-    s.chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .take(300)
-        .collect()
 }
 
 /// An engine's own contribution to `sandbox doctor` ([`ContainerEngine::facts`]).

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use sandbox_core::BoxError;
 
-use crate::engine::{EngineError, EngineErrorKind, EngineResult, engine_text};
+use crate::engine::error::{EngineError, EngineErrorKind, EngineResult, engine_text};
 
 /// What a lifecycle hook is told.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,8 +3,133 @@
 //! options and the engine trait carries them in its create spec; nothing here talks to an
 //! engine.
 
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use sandbox_core::EffectiveResources;
+
 pub mod cdi;
 pub mod hooks;
 pub mod linux_capability;
 pub mod mounts;
+mod network;
 pub mod runtime;
+
+pub use network::{NetworkInfo, NetworkMode, NetworkSpec, Subnet};
+
+/// Everything the container layer asks the engine to create. The adapter translates it into
+/// its create body and MUST apply every field, or refuse the create with
+/// [`EngineErrorKind::InvalidRequest`]: a field silently dropped is a security bug.
+///
+/// Always applied, whatever the fields say (SPEC §5): all capabilities dropped,
+/// `no-new-privileges`, swap disabled (memory+swap == memory), no privileged mode, no
+/// auto-published ports.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ContainerSpec {
+    /// Container name (the guard removes by name while a create is in flight).
+    pub name: String,
+    /// Image reference.
+    pub image: String,
+    /// The main process (entrypoint + args): the lifetime backstop; it ends at the
+    /// deadline, which ends the container.
+    pub command: Vec<String>,
+    /// Whether the engine's init should be PID 1 (reaps zombies).
+    pub init: bool,
+    /// Non-secret environment (secrets are injected per exec, never stored here).
+    pub env: Vec<(String, String)>,
+    /// Working directory, created at start.
+    pub workdir: String,
+    /// Labels, including the `io.sandbox-rs.*` ones.
+    pub labels: BTreeMap<String, String>,
+    /// Resource limits to apply (cpu, memory, pids, disk).
+    pub resources: EffectiveResources,
+    /// Networking.
+    pub network: NetworkMode,
+    /// The sandbox lifetime (the deadline is `now + lifetime`).
+    pub lifetime: Duration,
+    /// The main process is the in-sandbox agent, whose channel is its stdin and stdout
+    /// ([`ContainerEngine::attach`]): keep its stdin open across attaches (`OpenStdin` on,
+    /// `StdinOnce` off, no TTY), and do not log its output — it is the channel, not a log,
+    /// and a log driver would copy every byte of every command's output to the engine's
+    /// disk.
+    pub attach_stdin: bool,
+    /// A host file holding the agent binary, to bind-mount read-only at the agent's path
+    /// (`/.sandbox-agent`) instead of uploading it before start. Set only when
+    /// [`ContainerEngine::supports_agent_mount`] says the engine applies it.
+    pub agent_mount: Option<std::path::PathBuf>,
+}
+
+impl ContainerSpec {
+    /// A spec for `image` running `command` with `resources` for `lifetime`: init as PID 1,
+    /// workdir `/work`, no env, no labels, no network. The other fields are public, so an
+    /// adapter's tests (and a third-party engine's) can build any spec without the layer.
+    pub fn new(
+        name: impl Into<String>,
+        image: impl Into<String>,
+        command: Vec<String>,
+        resources: EffectiveResources,
+        lifetime: Duration,
+    ) -> Self {
+        ContainerSpec {
+            name: name.into(),
+            image: image.into(),
+            command,
+            init: true,
+            env: Vec::new(),
+            workdir: sandbox_core::options::DEFAULT_WORKDIR.to_string(),
+            labels: BTreeMap::new(),
+            resources,
+            network: NetworkMode::None,
+            lifetime,
+            attach_stdin: false,
+            agent_mount: None,
+        }
+    }
+
+    /// With `resources.disk_mb` set: the only writable places, each a RAM-backed
+    /// filesystem of [`scratch_bytes`](Self::scratch_bytes) mounted over a **read-only**
+    /// root filesystem — the workdir and `/tmp` (once if they are the same). An adapter
+    /// whose engine cannot apply all of it does not declare `DISK_LIMIT`. Empty without a
+    /// disk limit.
+    ///
+    /// RAM-backed on purpose: writes never reach the engine's disk, and the pages are
+    /// charged to the container's memory limit, so several of them cannot add up beyond it.
+    pub fn scratch_paths(&self) -> Vec<&str> {
+        if self.resources.disk_mb.is_none() {
+            return Vec::new();
+        }
+        let mut paths = vec![self.workdir.as_str()];
+        if self.workdir.trim_end_matches('/') != SCRATCH_TMP {
+            paths.push(SCRATCH_TMP);
+        }
+        paths
+    }
+
+    /// The size of each of [`scratch_paths`](Self::scratch_paths) in bytes (also the cap
+    /// on `/dev/shm`); `None` without a disk limit.
+    pub fn scratch_bytes(&self) -> Option<u64> {
+        self.resources
+            .disk_mb
+            .map(|mb| mb.saturating_mul(1024 * 1024))
+    }
+
+    /// The memory limit in bytes, saturating (never wrapping to a negative = unlimited).
+    pub fn memory_bytes(&self) -> i64 {
+        i64::try_from(self.resources.memory_mb)
+            .unwrap_or(i64::MAX)
+            .saturating_mul(1024 * 1024)
+    }
+
+    /// The engine pids limit for this spec under `runtime` (`None`: the engine's default
+    /// runtime, no headroom), clamped (see [`crate::spec::runtime::pids_limit`]).
+    pub fn pids_limit(&self, runtime: Option<crate::Runtime>) -> i64 {
+        match runtime {
+            Some(r) => r.pids_limit(self.resources.pids),
+            None => crate::spec::runtime::pids_limit(self.resources.pids),
+        }
+    }
+}
+
+/// The writable temporary directory every sandbox with a disk limit keeps.
+const SCRATCH_TMP: &str = "/tmp";

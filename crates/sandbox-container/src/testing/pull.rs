@@ -6,6 +6,7 @@
 //! The engine CLI (`docker` / `podman`) is used only around the trials: to export the
 //! local busybox image the registry serves, and to remove pulled images.
 
+use base64::Engine as _;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -385,7 +386,7 @@ pub const CHILD_SECRET_ENV: &str = "SBX_PULL_CHILD_SECRET";
 /// Writes a credential file (Docker's `config.json` or a containers `auth.json`: the same
 /// `auths` shape) holding `user:password` for `registry`.
 pub fn write_auth_file(file: &std::path::Path, registry: &str, user: &str, password: &str) {
-    let auth = crate::image::base64_encode(format!("{user}:{password}").as_bytes());
+    let auth = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
     if let Some(dir) = file.parent() {
         std::fs::create_dir_all(dir).expect("credential dir");
     }

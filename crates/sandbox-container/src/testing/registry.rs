@@ -9,6 +9,7 @@
 //! With credentials configured every route answers 401 with a `Basic` challenge until
 //! the request carries them.
 
+use base64::Engine as _;
 use std::collections::HashMap;
 use std::io::Read;
 use std::net::SocketAddr;
@@ -217,7 +218,7 @@ impl TestRegistry {
             authorization: credentials.map(|(u, p)| {
                 format!(
                     "Basic {}",
-                    crate::image::base64_encode(format!("{u}:{p}").as_bytes())
+                    base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"))
                 )
             }),
             counters: counters.clone(),
