@@ -1,8 +1,9 @@
-//! The fake engine (shared state) and [`FakeBackend`], its `Backend` / `ReapableBackend`.
+//! [`FakeBackend`], the fake's `Backend` / `ReapableBackend`: admission, create (with its
+//! injected delays and stalls), connect, the lifetime backstop, and the scripting and
+//! call-inspection API tests drive. The engine it stands on is in `state`.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use sandbox_core::labels::{metadata_filter, sandbox_labels};
 use sandbox_core::teardown::shielded_kill;
@@ -12,47 +13,13 @@ use sandbox_core::{
 };
 use tokio::time::Instant;
 
+use crate::BACKEND_NAME;
 use crate::calls::{Call, redact};
-use crate::clock::Clock;
 use crate::config::{FakeBuilder, FakeConfig};
 use crate::faults::FaultInjector;
-use crate::sandbox::{FakeSandbox, Life, SandboxHandle, SandboxInner, Spec};
+use crate::sandbox::{FakeSandbox, SandboxHandle};
 use crate::script::{CodeMatch, Response, RunMatch, Script};
-use crate::{BACKEND_NAME, lock};
-
-/// The in-memory "engine": every sandbox, the recorded calls and the scripted rules.
-pub(crate) struct Engine {
-    sandboxes: Mutex<BTreeMap<String, Arc<SandboxInner>>>,
-    calls: Mutex<Vec<Call>>,
-    scripts: Mutex<Script>,
-    next_id: AtomicU64,
-    clock: Clock,
-}
-
-impl Engine {
-    pub(crate) fn record(&self, call: Call) {
-        lock(&self.calls).push(call);
-    }
-
-    pub(crate) fn scripts(&self) -> MutexGuard<'_, Script> {
-        lock(&self.scripts)
-    }
-
-    pub(crate) fn forget(&self, id: &str) {
-        lock(&self.sandboxes).remove(id);
-    }
-
-    fn get(&self, id: &str) -> Option<Arc<SandboxInner>> {
-        let sb = lock(&self.sandboxes).get(id).cloned()?;
-        // Applies the deadline lazily (the lifetime task may not have run yet).
-        sb.held().then_some(sb)
-    }
-
-    fn all(&self) -> Vec<Arc<SandboxInner>> {
-        let all: Vec<_> = lock(&self.sandboxes).values().cloned().collect();
-        all.into_iter().filter(|sb| sb.held()).collect()
-    }
-}
+use crate::state::{Engine, Life, SandboxInner, Spec};
 
 /// The in-memory, deterministic backend (name `"fake"`).
 ///
@@ -70,7 +37,7 @@ impl std::fmt::Debug for FakeBackend {
         f.debug_struct("FakeBackend")
             .field("capabilities", &self.config.capabilities)
             .field("isolation", &self.config.isolation)
-            .field("sandboxes", &lock(&self.engine.sandboxes).len())
+            .field("sandboxes", &self.engine.sandbox_count())
             .field("faults", &self.faults)
             .finish()
     }
@@ -95,14 +62,7 @@ impl FakeBackend {
 
     /// A backend with this configuration.
     pub fn with_config(config: FakeConfig) -> Self {
-        let engine = Arc::new(Engine {
-            sandboxes: Mutex::new(BTreeMap::new()),
-            calls: Mutex::new(Vec::new()),
-            scripts: Mutex::new(Script::default()),
-            next_id: AtomicU64::new(1),
-            clock: Clock::new(),
-        });
-        FakeBackend::on_engine(engine, Arc::new(config))
+        FakeBackend::on_engine(Arc::new(Engine::new()), Arc::new(config))
     }
 
     /// A handle on `engine` with fault toggles of its own.
@@ -166,12 +126,13 @@ impl FakeBackend {
 
     /// Every call received so far, in order (secrets redacted).
     pub fn calls(&self) -> Vec<Call> {
-        lock(&self.engine.calls).clone()
+        self.engine.calls().clone()
     }
 
     /// The calls concerning one sandbox.
     pub fn calls_for(&self, sandbox_id: &str) -> Vec<Call> {
-        lock(&self.engine.calls)
+        self.engine
+            .calls()
             .iter()
             .filter(|c| c.sandbox_id() == Some(sandbox_id))
             .cloned()
@@ -180,7 +141,7 @@ impl FakeBackend {
 
     /// Forgets the recorded calls.
     pub fn clear_calls(&self) {
-        lock(&self.engine.calls).clear();
+        self.engine.calls().clear();
     }
 
     /// The inspection handle of a live sandbox.
@@ -196,13 +157,6 @@ impl FakeBackend {
     /// Fault injection: sandbox `id` reaches its deadline now. Returns whether it existed.
     pub fn expire(&self, id: &str) -> bool {
         self.engine.get(id).map(|sb| sb.expire_now()).is_some()
-    }
-
-    fn new_id(&self) -> String {
-        format!(
-            "fake-{:04}",
-            self.engine.next_id.fetch_add(1, Ordering::SeqCst)
-        )
     }
 
     fn record_create(
@@ -300,11 +254,11 @@ impl Backend for FakeBackend {
             tokio::time::sleep(bound).await;
             return Err(SandboxError::create_timeout(BACKEND_NAME, bound)).inspect_err(refused);
         }
-        let id = self.new_id();
+        let id = self.engine.new_id();
         let workdir = options.effective_workdir().to_string();
         let mut env = Self::base_env(&id, &workdir, config.uid);
         env.extend(options.env.clone());
-        let clock = self.engine.clock;
+        let clock = self.engine.clock();
         let inner = Arc::new(SandboxInner::new(
             Spec {
                 labels: sandbox_labels(
@@ -327,7 +281,7 @@ impl Backend for FakeBackend {
             },
             Arc::downgrade(&self.engine),
         ));
-        lock(&self.engine.sandboxes).insert(id.clone(), inner.clone());
+        self.engine.insert(inner.clone());
         // From here on the sandbox exists: the handle's guard kills it if this future is
         // dropped while it is "starting".
         let sandbox = FakeSandbox::new(inner.clone(), self.faults.clone());

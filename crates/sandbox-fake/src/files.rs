@@ -12,7 +12,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::BACKEND_NAME;
 use crate::calls::{Call, FileOp};
 use crate::memfs::{self, FsError, MemFs, Node};
-use crate::sandbox::{FakeSandbox, SandboxInner};
+use crate::sandbox::FakeSandbox;
+use crate::state::SandboxInner;
 
 /// Size of one transfer piece.
 const PIECE: usize = 1024 * 1024;

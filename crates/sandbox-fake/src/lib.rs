@@ -2,6 +2,11 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+// Layout, from the bottom up: the leaves (`config`, `faults`, `calls`, `clock`, `script`,
+// and `policy` for egress verdicts), the state everything shares (`state`, holding
+// `memfs` trees and `processes` tables), one running program (`program`) and the programs
+// themselves (`commands/`, listed in the public `vocabulary`), an exec (`exec`), the
+// sandbox handles (`sandbox`, `files`), and the backend that provisions them (`backend`).
 mod backend;
 mod calls;
 mod clock;
@@ -11,13 +16,12 @@ mod exec;
 mod faults;
 mod files;
 mod memfs;
-mod netcat;
 mod policy;
 mod processes;
+mod program;
 mod sandbox;
 mod script;
-mod shell;
-mod snippets;
+mod state;
 pub mod vocabulary;
 
 pub use backend::FakeBackend;

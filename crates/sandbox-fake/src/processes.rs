@@ -1,14 +1,10 @@
 //! The process table of one fake sandbox: every running exec, background job and
 //! interpreter has a pid, so `kill -0 PID`, `$$` and `$!` work and a test can assert that
-//! nothing was left running.
+//! nothing was left running. Only the bookkeeping: starting a process task is `program`'s.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
-use futures::future::BoxFuture;
-use tokio::task::{AbortHandle, JoinHandle};
-
-use crate::sandbox::SandboxInner;
+use tokio::task::AbortHandle;
 
 /// PID of the (simulated) init process; it lives as long as the sandbox.
 pub const INIT_PID: u32 = 1;
@@ -53,7 +49,11 @@ impl ProcTable {
         }
     }
 
-    fn register(&mut self, pgid: Option<u32>, command: String) -> Result<u32, SpawnError> {
+    pub(crate) fn register(
+        &mut self,
+        pgid: Option<u32>,
+        command: String,
+    ) -> Result<u32, SpawnError> {
         // init counts as one process.
         if self.entries.len() as u64 + 1 >= self.limit {
             return Err(SpawnError::PidsLimit);
@@ -71,7 +71,7 @@ impl ProcTable {
         Ok(pid)
     }
 
-    fn set_abort(&mut self, pid: u32, handle: AbortHandle) {
+    pub(crate) fn set_abort(&mut self, pid: u32, handle: AbortHandle) {
         match self.entries.get_mut(&pid) {
             Some(e) => e.abort = Some(handle),
             // Already exited or killed before the handle was known: make sure it stops.
@@ -122,41 +122,4 @@ impl ProcTable {
             })
             .collect()
     }
-}
-
-/// Removes the pid when the process task ends or is aborted.
-struct ExitGuard {
-    sb: Arc<SandboxInner>,
-    pid: u32,
-}
-
-impl Drop for ExitGuard {
-    fn drop(&mut self) {
-        self.sb.procs().exited(self.pid);
-    }
-}
-
-/// Starts a process task in `sb` (in group `pgid`, or a new group named after its pid).
-pub(crate) fn spawn_process<T, F>(
-    sb: &Arc<SandboxInner>,
-    pgid: Option<u32>,
-    command: String,
-    body: F,
-) -> Result<(u32, JoinHandle<T>), SpawnError>
-where
-    T: Send + 'static,
-    F: FnOnce(u32) -> BoxFuture<'static, T>,
-{
-    let pid = sb.procs().register(pgid, command)?;
-    let guard = ExitGuard {
-        sb: sb.clone(),
-        pid,
-    };
-    let fut = body(pid);
-    let handle = tokio::spawn(async move {
-        let _guard = guard;
-        fut.await
-    });
-    sb.procs().set_abort(pid, handle.abort_handle());
-    Ok((pid, handle))
 }

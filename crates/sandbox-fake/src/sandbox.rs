@@ -1,10 +1,11 @@
-//! One fake sandbox: its state ([`SandboxInner`], shared by every handle), the public
-//! inspection handle ([`SandboxHandle`], what `native()` returns) and the [`FakeSandbox`]
-//! that implements `Sandbox`.
+//! The handles of one live fake sandbox: the public inspection handle ([`SandboxHandle`],
+//! what `native()` returns) and the [`FakeSandbox`] that implements `Sandbox` (capability
+//! checks, recorded calls, the start of each exec). The state they share is
+//! [`SandboxInner`]; running the work is `exec`'s job, files are `files`'s.
 
 use std::any::Any;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -13,230 +14,15 @@ use sandbox_core::policy::require;
 use sandbox_core::teardown::{Killer, OrphanInfo, TeardownGuard};
 use sandbox_core::{
     Capability, CodeOptions, Command, EffectiveResources, ExecResult, FileSystem, IsolationTier,
-    Language, NetworkPolicy, Process, Result, RunOptions, Sandbox, SandboxError, Secret,
+    Language, NetworkPolicy, Process, Result, RunOptions, Sandbox, SandboxError,
 };
-use tokio::task::AbortHandle;
-use tokio::time::Instant;
 
-use crate::backend::Engine;
+use crate::BACKEND_NAME;
 use crate::calls::Call;
-use crate::clock::Clock;
 use crate::exec::{self, Job};
 use crate::faults::FaultInjector;
-use crate::memfs::MemFs;
-use crate::processes::{ProcTable, ProcessInfo};
-use crate::script::Response;
-use crate::snippets::Vars;
-use crate::{BACKEND_NAME, lock};
-
-/// Lifecycle of a fake sandbox.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Life {
-    Creating,
-    Running,
-    /// Its processes ended but the engine still holds it (listed as `Stopped` until it
-    /// is killed or its deadline passes), like an exited container.
-    Stopped,
-    Gone,
-}
-
-/// Everything that makes up one sandbox, shared by all its handles and tasks: what it
-/// was created with (its [`Spec`], reached through `Deref`) and its live state.
-pub(crate) struct SandboxInner {
-    spec: Spec,
-    pub(crate) created_at: SystemTime,
-    deadline: Mutex<Instant>,
-    life: Mutex<Life>,
-    fs: Mutex<MemFs>,
-    procs: Mutex<ProcTable>,
-    contexts: Mutex<BTreeMap<String, Vars>>,
-    engine: Weak<Engine>,
-}
-
-impl std::ops::Deref for SandboxInner {
-    type Target = Spec;
-    fn deref(&self) -> &Spec {
-        &self.spec
-    }
-}
-
-/// What [`SandboxInner::new`] needs.
-pub(crate) struct Spec {
-    pub(crate) id: String,
-    pub(crate) template: String,
-    pub(crate) labels: BTreeMap<String, String>,
-    pub(crate) policy: NetworkPolicy,
-    pub(crate) resources: EffectiveResources,
-    /// The environment as "stored by the engine" (no secrets).
-    pub(crate) env: BTreeMap<String, String>,
-    /// Secrets: injected into each command's environment, stored nowhere else.
-    pub(crate) secrets: BTreeMap<String, Secret>,
-    pub(crate) workdir: String,
-    pub(crate) lifetime: Duration,
-    pub(crate) capabilities: Capability,
-    pub(crate) isolation: IsolationTier,
-    pub(crate) has_python: bool,
-    pub(crate) clock: Clock,
-}
-
-impl SandboxInner {
-    pub(crate) fn new(spec: Spec, engine: Weak<Engine>) -> Self {
-        let now = spec.clock.now();
-        SandboxInner {
-            fs: Mutex::new(MemFs::skeleton(&spec.workdir, now)),
-            procs: Mutex::new(ProcTable::new(spec.resources.pids)),
-            deadline: Mutex::new(Instant::now() + spec.lifetime),
-            life: Mutex::new(Life::Creating),
-            contexts: Mutex::new(BTreeMap::new()),
-            created_at: now,
-            spec,
-            engine,
-        }
-    }
-
-    pub(crate) fn fs(&self) -> MutexGuard<'_, MemFs> {
-        lock(&self.fs)
-    }
-
-    pub(crate) fn procs(&self) -> MutexGuard<'_, ProcTable> {
-        lock(&self.procs)
-    }
-
-    /// Virtual wall time.
-    pub(crate) fn now(&self) -> SystemTime {
-        self.clock.now()
-    }
-
-    pub(crate) fn deadline(&self) -> Instant {
-        *lock(&self.deadline)
-    }
-
-    pub(crate) fn life(&self) -> Life {
-        *lock(&self.life)
-    }
-
-    pub(crate) fn set_running(&self) {
-        let mut l = lock(&self.life);
-        if *l == Life::Creating {
-            *l = Life::Running;
-        }
-    }
-
-    /// `Ok` while the sandbox is creating or running; past its deadline it is torn down here.
-    pub(crate) fn alive(&self) -> Result<()> {
-        match self.life() {
-            Life::Creating | Life::Running if self.held() => Ok(()),
-            _ => Err(self.gone()),
-        }
-    }
-
-    /// Whether the engine still holds it (creating, running or stopped); past its
-    /// deadline it is torn down here.
-    pub(crate) fn held(&self) -> bool {
-        if self.life() == Life::Gone {
-            return false;
-        }
-        if Instant::now() >= self.deadline() {
-            self.terminate();
-            return false;
-        }
-        true
-    }
-
-    pub(crate) fn gone(&self) -> SandboxError {
-        SandboxError::gone(self.id.clone())
-    }
-
-    /// Lifetime left.
-    pub(crate) fn remaining(&self) -> Duration {
-        self.deadline().saturating_duration_since(Instant::now())
-    }
-
-    /// Kills every process and context and removes the sandbox from its engine.
-    /// Idempotent.
-    pub(crate) fn terminate(&self) {
-        if !self.end(Life::Gone) {
-            return;
-        }
-        // Free the memory of the files; nothing can read them any more.
-        *self.fs() = MemFs::skeleton("/", self.now());
-        if let Some(engine) = self.engine.upgrade() {
-            engine.forget(&self.id);
-        }
-        tracing::debug!(sandbox_id = %self.id, backend = BACKEND_NAME, "fake sandbox terminated");
-    }
-
-    /// Ends every process and context but keeps the sandbox in its engine (`Stopped`).
-    pub(crate) fn stop(&self) {
-        self.end(Life::Stopped);
-    }
-
-    /// Moves to `to` (`Gone`, or `Stopped` from a live state) and ends every process and
-    /// context; `false` when it was already there (or gone).
-    fn end(&self, to: Life) -> bool {
-        {
-            let mut l = lock(&self.life);
-            if *l == Life::Gone || *l == to {
-                return false;
-            }
-            *l = to;
-        }
-        self.procs().kill_all().iter().for_each(AbortHandle::abort);
-        lock(&self.contexts).clear();
-        true
-    }
-
-    /// Moves the deadline to now and tears the sandbox down.
-    pub(crate) fn expire_now(&self) {
-        *lock(&self.deadline) = Instant::now();
-        self.terminate();
-    }
-
-    /// Records that something outside the vocabulary was refused (see
-    /// [`Call::OutsideVocabulary`]).
-    pub(crate) fn outside_vocabulary(&self, what: impl Into<String>) {
-        self.record(Call::OutsideVocabulary {
-            sandbox_id: self.id.clone(),
-            what: what.into(),
-        });
-    }
-
-    pub(crate) fn record(&self, call: Call) {
-        if let Some(engine) = self.engine.upgrade() {
-            engine.record(call);
-        }
-    }
-
-    pub(crate) fn scripted_run(&self, argv: &[String]) -> Option<Response> {
-        self.engine.upgrade()?.scripts().match_run(argv)
-    }
-
-    pub(crate) fn scripted_code(&self, code: &str) -> Option<Response> {
-        self.engine.upgrade()?.scripts().match_code(code)
-    }
-
-    /// The environment a command sees: base env, secrets, then per-call env.
-    pub(crate) fn command_env(&self, extra: &BTreeMap<String, String>) -> BTreeMap<String, String> {
-        let mut env = self.env.clone();
-        for (k, v) in &self.secrets {
-            env.insert(k.clone(), v.expose().to_string());
-        }
-        env.extend(extra.clone());
-        env
-    }
-
-    /// The variables of context `context_id` (created on first use), or a fresh set for
-    /// a context-less run.
-    pub(crate) fn context(&self, context_id: Option<&str>) -> Vars {
-        match context_id {
-            Some(id) => lock(&self.contexts)
-                .entry(id.to_string())
-                .or_default()
-                .clone(),
-            None => Vars::default(),
-        }
-    }
-}
+use crate::processes::ProcessInfo;
+use crate::state::{Life, SandboxInner};
 
 /// Inspection handle of one fake sandbox: what `Sandbox::native()` returns (downcast it with
 /// `sandbox.native().downcast_ref::<SandboxHandle>()`) and what
@@ -304,7 +90,7 @@ impl SandboxHandle {
     }
     /// Ids of the persistent interpreter contexts.
     pub fn contexts(&self) -> Vec<String> {
-        lock(&self.0.contexts).keys().cloned().collect()
+        self.0.context_ids()
     }
     /// The environment as stored engine-side (`KEY=VALUE`), like `docker inspect`
     /// `Config.Env`: secrets are not in it.

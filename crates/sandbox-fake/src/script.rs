@@ -3,14 +3,15 @@
 //! Rules are consulted before the built-in commands, for the top-level command *and* for
 //! every program a `sh -c` string runs, so scripting `python3` also works inside shell
 //! strings. The most recently registered matching rule wins.
+//!
+//! This module holds the rules and responses as data; a program plays a response
+//! (`Proc::play`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use sandbox_core::{ExecResult, OutputChunk, Result, SandboxError, StreamKind};
-
-use crate::exec::Proc;
+use sandbox_core::{ExecResult, OutputChunk, SandboxError};
 
 type ArgvPredicate = Arc<dyn Fn(&[String]) -> bool + Send + Sync>;
 type CodePredicate = Arc<dyn Fn(&str) -> bool + Send + Sync>;
@@ -186,12 +187,13 @@ impl Step {
 /// What a scripted command or snippet does.
 #[derive(Clone)]
 pub struct Response {
-    steps: Vec<Step>,
-    end: End,
+    pub(crate) steps: Vec<Step>,
+    pub(crate) end: End,
 }
 
+/// How a scripted response ends, once its steps are played.
 #[derive(Clone)]
-enum End {
+pub(crate) enum End {
     Exit(i64),
     Hang,
     Error(ErrorFactory),
@@ -252,29 +254,6 @@ impl Response {
     pub fn then_hang(mut self) -> Self {
         self.end = End::Hang;
         self
-    }
-
-    /// Plays the response as the program `proc` runs.
-    pub(crate) async fn play(&self, proc: &Proc) -> Result<i64> {
-        for step in &self.steps {
-            match step {
-                Step::Chunk(c) => {
-                    let ok = match c.stream {
-                        StreamKind::Stdout => proc.out(c.data.clone()).await,
-                        StreamKind::Stderr => proc.err(c.data.clone()).await,
-                    };
-                    if !ok {
-                        return Ok(crate::exec::BROKEN_PIPE_EXIT);
-                    }
-                }
-                Step::Sleep(d) => tokio::time::sleep(*d).await,
-            }
-        }
-        match &self.end {
-            End::Exit(c) => Ok(*c),
-            End::Hang => futures::future::pending().await,
-            End::Error(f) => Err(f()),
-        }
     }
 }
 

@@ -19,20 +19,12 @@
 //! assert!(SNIPPETS.iter().any(|s| s.form == "print({int} * {int})"));
 //! ```
 
-use crate::commands::{self, Program};
-
-/// Exit status of a command outside the vocabulary (like a shell's "not found").
-pub const NOT_IN_VOCABULARY_EXIT: i64 = 127;
-/// Exit status of a vocabulary command given a form outside its documented forms, and of
-/// a `sh -c` script using a construct outside [`SHELL_FORMS`] (like a shell's usage error).
-pub const FORM_NOT_IN_VOCABULARY_EXIT: i64 = 2;
-/// Exit status of a `run_code` snippet outside [`SNIPPETS`].
-pub const SNIPPET_NOT_IN_TABLE_EXIT: i64 = 127;
-
-/// The stderr line of a command outside the vocabulary.
-pub fn not_in_vocabulary_message(name: &str) -> String {
-    format!("fake: command not in vocabulary: {name}\n")
-}
+use crate::commands::builtins;
+pub use crate::commands::refusal::{
+    FORM_NOT_IN_VOCABULARY_EXIT, NOT_IN_VOCABULARY_EXIT, SNIPPET_NOT_IN_TABLE_EXIT,
+    not_in_vocabulary_message,
+};
+use crate::program::Program;
 
 /// One command of the vocabulary.
 #[derive(Debug, Clone, Copy)]
@@ -59,13 +51,13 @@ pub const COMMANDS: &[CommandSpec] = &[
         "echo",
         &["echo [WORD...]"],
         "prints the words joined by spaces and a newline (no options, no escapes)",
-        |p, a| Box::pin(commands::echo(p, a)),
+        |p, a| Box::pin(builtins::echo(p, a)),
     ),
     cmd(
         "printf",
         &["printf FORMAT [ARG...]"],
         "prints FORMAT with `%s %d %%` and the escapes `\\n \\t \\r \\\\ \\a \\e \\NNN` (octal)",
-        |p, a| Box::pin(commands::printf(p, a)),
+        |p, a| Box::pin(builtins::printf(p, a)),
     ),
     cmd(
         "cat",
@@ -73,28 +65,28 @@ pub const COMMANDS: &[CommandSpec] = &[
         "prints its input (`RunOptions::stdin`; none: nothing; `interactive`: each piece as \
          it is written, until the input ends), or the files' bytes; a missing file or a \
          directory: message, exit 1",
-        |p, a| Box::pin(commands::cat(p, a)),
+        |p, a| Box::pin(builtins::cat(p, a)),
     ),
     cmd("pwd", &["pwd"], "prints the working directory", |p, a| {
-        Box::pin(commands::pwd(p, a))
+        Box::pin(builtins::pwd(p, a))
     }),
     cmd(
         "printenv",
         &["printenv NAME"],
         "prints the variable's value (create env, secrets, per-call env); unset: exit 1",
-        |p, a| Box::pin(commands::printenv(p, a)),
+        |p, a| Box::pin(builtins::printenv(p, a)),
     ),
     cmd(
         "sleep",
         &["sleep SECONDS"],
         "waits on tokio time (fractions allowed; instant under a paused clock)",
-        |p, a| Box::pin(commands::sleep(p, a)),
+        |p, a| Box::pin(builtins::sleep(p, a)),
     ),
     cmd(
         "seq",
         &["seq LAST", "seq FIRST LAST"],
         "prints the integers FIRST (default 1) to LAST, one per line",
-        |p, a| Box::pin(commands::seq(p, a)),
+        |p, a| Box::pin(builtins::seq(p, a)),
     ),
     cmd(
         "kill",
@@ -107,32 +99,32 @@ pub const COMMANDS: &[CommandSpec] = &[
         ],
         "`-0` exits 0 iff PID runs in the process table; otherwise ends PID, or with `-PGID` \
          every process of that group (an exec's pid names its group)",
-        |p, a| Box::pin(commands::kill(p, a)),
+        |p, a| Box::pin(builtins::kill(p, a)),
     ),
     cmd(
         "test",
         &["test -e PATH"],
         "exits 0 iff PATH exists in the in-memory filesystem (links followed)",
-        |p, a| Box::pin(commands::test(p, a)),
+        |p, a| Box::pin(builtins::test(p, a)),
     ),
     cmd(
         "dd",
         &["dd if=/dev/zero bs=BYTES count=N"],
         "prints BYTES*N zero bytes, then the record counts on stderr",
-        |p, a| Box::pin(commands::dd(p, a)),
+        |p, a| Box::pin(builtins::dd(p, a)),
     ),
     cmd(
         "ln",
         &["ln -s TARGET LINK"],
         "creates a symbolic link (followed in the last path component)",
-        |p, a| Box::pin(commands::ln(p, a)),
+        |p, a| Box::pin(builtins::ln(p, a)),
     ),
     cmd(
         "chmod",
         &["chmod OCTAL PATH"],
         "sets the permission bits (up to `7777`, setuid/setgid/sticky included) of PATH, \
          links followed",
-        |p, a| Box::pin(commands::chmod(p, a)),
+        |p, a| Box::pin(builtins::chmod(p, a)),
     ),
     cmd(
         "nc",
@@ -140,20 +132,20 @@ pub const COMMANDS: &[CommandSpec] = &[
         "egress probe: under Deny `Network is unreachable` (`bad address` for a name), \
                     exit 1; where the policy allows HOST, a real TCP connection whose received \
                     bytes are printed (point it at a loopback server)",
-        |p, a| Box::pin(crate::netcat::nc(p, a)),
+        |p, a| Box::pin(crate::commands::netcat::nc(p, a)),
     ),
     cmd(
         "setsid",
         &["setsid CMD [ARG...]"],
         "runs CMD (the fake has no sessions: CMD stays part of the exec, so a timeout or a \
          dropped stream still ends it, as a real adapter must)",
-        |p, a| Box::pin(commands::setsid(p, a)),
+        |p, a| Box::pin(crate::commands::setsid(p, a)),
     ),
     cmd(
         "sh",
         &["sh -c SCRIPT"],
         "runs SCRIPT in the shell subset of SHELL_FORMS",
-        |p, a| Box::pin(commands::sh(p, a)),
+        |p, a| Box::pin(crate::commands::shell::sh(p, a)),
     ),
 ];
 

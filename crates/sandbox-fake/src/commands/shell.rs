@@ -8,9 +8,18 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use sandbox_core::Result;
 
-use crate::exec::{Proc, Sink, run_program};
-use crate::processes::{SpawnError, spawn_process};
-use crate::vocabulary::FORM_NOT_IN_VOCABULARY_EXIT;
+use crate::commands::refusal::{FORM_NOT_IN_VOCABULARY_EXIT, form_not_in_vocabulary};
+use crate::commands::run_program;
+use crate::processes::SpawnError;
+use crate::program::{Proc, Sink, spawn_process};
+
+/// `sh -c SCRIPT`, the only form of `sh`.
+pub(crate) async fn sh(p: Proc, a: Vec<String>) -> Result<i64> {
+    match a.as_slice() {
+        [_, flag, script] if flag == "-c" => Shell::new(&p).run(&p, script).await,
+        _ => form_not_in_vocabulary(&p, &a).await,
+    }
+}
 
 /// A piece of a word: literal text, or a parameter to expand (`$NAME`, `$$`, `$!`, `$?`).
 #[derive(Debug, Clone, PartialEq)]

@@ -1,37 +1,19 @@
-//! The commands of the vocabulary ([`crate::vocabulary::COMMANDS`]), each in exactly the
-//! forms listed there. A form outside the list is answered with a usage error, never
-//! guessed at.
+//! The simple commands of the vocabulary (the `COMMANDS` table of `vocabulary`), each in
+//! exactly the forms listed there. A form outside the list is answered with a usage error,
+//! never guessed at. The commands that run other programs (`sh`, `setsid`) and the egress
+//! probe (`nc`) live beside this module.
 
 use bytes::Bytes;
-use futures::future::BoxFuture;
 use sandbox_core::Result;
 use tokio::task::AbortHandle;
 
-use crate::exec::{BROKEN_PIPE_EXIT, Proc};
+use crate::commands::refusal::form_not_in_vocabulary;
 use crate::processes::INIT_PID;
-use crate::vocabulary::FORM_NOT_IN_VOCABULARY_EXIT;
-
-/// A command's body: runs as `proc` with `argv`, returns the exit status.
-pub(crate) type Program = fn(Proc, Vec<String>) -> BoxFuture<'static, Result<i64>>;
+use crate::program::{BROKEN_PIPE_EXIT, MAX_CHUNK, Proc, fail};
 
 /// Writes to stdout and exits 0 (or with the broken-pipe status).
 async fn emit(p: &Proc, s: impl Into<Bytes>) -> Result<i64> {
     Ok(if p.out(s).await { 0 } else { BROKEN_PIPE_EXIT })
-}
-
-/// Writes an error line to stderr and returns `code`.
-pub(crate) async fn fail(p: &Proc, msg: impl Into<String>, code: i64) -> Result<i64> {
-    let mut m = msg.into();
-    m.push('\n');
-    p.err(m).await;
-    Ok(code)
-}
-
-/// The answer to a vocabulary command used in a form the vocabulary does not list.
-pub(crate) async fn form_not_in_vocabulary(p: &Proc, argv: &[String]) -> Result<i64> {
-    let msg = format!("fake: form not in vocabulary: {}", argv.join(" "));
-    p.sb.outside_vocabulary(msg.clone());
-    fail(p, msg, FORM_NOT_IN_VOCABULARY_EXIT).await
 }
 
 pub(crate) async fn echo(p: Proc, a: Vec<String>) -> Result<i64> {
@@ -237,7 +219,7 @@ pub(crate) async fn dd(p: Proc, a: Vec<String>) -> Result<i64> {
         return form_not_in_vocabulary(&p, &a).await;
     };
     let total = bs.saturating_mul(count);
-    let piece = Bytes::from(vec![0u8; total.min(crate::exec::MAX_CHUNK)]);
+    let piece = Bytes::from(vec![0u8; total.min(MAX_CHUNK)]);
     let mut left = total;
     while left > 0 {
         let n = left.min(piece.len());
@@ -279,18 +261,4 @@ pub(crate) async fn chmod(p: Proc, a: Vec<String>) -> Result<i64> {
         Ok(()) => Ok(0),
         Err(e) => fail(&p, format!("chmod: {path}: {}", e.errno_text()), 1).await,
     }
-}
-
-pub(crate) async fn sh(p: Proc, a: Vec<String>) -> Result<i64> {
-    match a.as_slice() {
-        [_, flag, script] if flag == "-c" => crate::shell::Shell::new(&p).run(&p, script).await,
-        _ => form_not_in_vocabulary(&p, &a).await,
-    }
-}
-
-pub(crate) async fn setsid(p: Proc, a: Vec<String>) -> Result<i64> {
-    if a.len() < 2 {
-        return form_not_in_vocabulary(&p, &a).await;
-    }
-    crate::exec::run_program(p, a[1..].to_vec()).await
 }

@@ -9,13 +9,13 @@ use bytes::Bytes;
 use sandbox_core::{Egress, Result};
 use tokio::io::AsyncReadExt;
 
-use crate::commands::form_not_in_vocabulary;
-use crate::exec::{BROKEN_PIPE_EXIT, Proc};
+use crate::commands::refusal::form_not_in_vocabulary;
 use crate::policy::{Verdict, egress_verdict};
+use crate::program::{BROKEN_PIPE_EXIT, Proc};
 
 /// Writes an error line to stderr and exits 1.
 async fn fail(p: &Proc, msg: String) -> Result<i64> {
-    crate::commands::fail(p, msg, 1).await
+    crate::program::fail(p, msg, 1).await
 }
 
 fn unreachable(host: &str) -> String {

@@ -1,18 +1,14 @@
 //! `run_code` without an interpreter: the code is matched against the forms of
 //! [`crate::vocabulary::SNIPPETS`] and answered as the table says. Contexts keep the
-//! integers bound by `NAME = INT`.
-
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+//! integers bound by `NAME = INT` (their variables are sandbox state, `state::Vars`).
 
 use sandbox_core::Result;
 
-use crate::commands::sleep_secs;
-use crate::exec::Proc;
-use crate::vocabulary::{SNIPPET_NOT_IN_TABLE_EXIT, SNIPPETS};
-
-/// The variables of one persistent context.
-pub(crate) type Vars = Arc<Mutex<BTreeMap<String, i64>>>;
+use crate::commands::builtins::sleep_secs;
+use crate::commands::refusal::SNIPPET_NOT_IN_TABLE_EXIT;
+use crate::program::Proc;
+use crate::state::Vars;
+use crate::vocabulary::SNIPPETS;
 
 /// A value captured by a placeholder.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,0 +1,309 @@
+//! The fake's shared state: the in-memory engine ([`Engine`]: every sandbox, the recorded
+//! calls, the scripted rules) and each sandbox's state ([`SandboxInner`]: what it was
+//! created with, its lifecycle, files, processes and interpreter contexts), shared by every
+//! handle and task. Everything that acts on a sandbox reads and changes it through here;
+//! this module runs nothing itself.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, SystemTime};
+
+use sandbox_core::{
+    Capability, EffectiveResources, IsolationTier, NetworkPolicy, Result, SandboxError, Secret,
+};
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+use crate::calls::Call;
+use crate::clock::Clock;
+use crate::memfs::MemFs;
+use crate::processes::ProcTable;
+use crate::script::{Response, Script};
+use crate::{BACKEND_NAME, lock};
+
+/// The in-memory "engine": every sandbox, the recorded calls and the scripted rules.
+/// Sandboxes point back at it weakly, so nothing is recorded or scripted once every
+/// backend handle is gone.
+pub(crate) struct Engine {
+    sandboxes: Mutex<BTreeMap<String, Arc<SandboxInner>>>,
+    calls: Mutex<Vec<Call>>,
+    scripts: Mutex<Script>,
+    next_id: AtomicU64,
+    clock: Clock,
+}
+
+impl Engine {
+    pub(crate) fn new() -> Self {
+        Engine {
+            sandboxes: Mutex::new(BTreeMap::new()),
+            calls: Mutex::new(Vec::new()),
+            scripts: Mutex::new(Script::default()),
+            next_id: AtomicU64::new(1),
+            clock: Clock::new(),
+        }
+    }
+
+    pub(crate) fn clock(&self) -> Clock {
+        self.clock
+    }
+
+    /// A fresh sandbox id (`fake-0001`, `fake-0002`, …).
+    pub(crate) fn new_id(&self) -> String {
+        format!("fake-{:04}", self.next_id.fetch_add(1, Ordering::SeqCst))
+    }
+
+    pub(crate) fn record(&self, call: Call) {
+        lock(&self.calls).push(call);
+    }
+
+    /// Every call recorded so far, in order.
+    pub(crate) fn calls(&self) -> MutexGuard<'_, Vec<Call>> {
+        lock(&self.calls)
+    }
+
+    pub(crate) fn scripts(&self) -> MutexGuard<'_, Script> {
+        lock(&self.scripts)
+    }
+
+    pub(crate) fn insert(&self, sb: Arc<SandboxInner>) {
+        lock(&self.sandboxes).insert(sb.id.clone(), sb);
+    }
+
+    pub(crate) fn forget(&self, id: &str) {
+        lock(&self.sandboxes).remove(id);
+    }
+
+    /// How many sandboxes the engine holds, expired ones not yet swept included.
+    pub(crate) fn sandbox_count(&self) -> usize {
+        lock(&self.sandboxes).len()
+    }
+
+    pub(crate) fn get(&self, id: &str) -> Option<Arc<SandboxInner>> {
+        let sb = lock(&self.sandboxes).get(id).cloned()?;
+        // Applies the deadline lazily (the lifetime task may not have run yet).
+        sb.held().then_some(sb)
+    }
+
+    pub(crate) fn all(&self) -> Vec<Arc<SandboxInner>> {
+        let all: Vec<_> = lock(&self.sandboxes).values().cloned().collect();
+        all.into_iter().filter(|sb| sb.held()).collect()
+    }
+}
+
+/// The variables of one persistent interpreter context.
+pub(crate) type Vars = Arc<Mutex<BTreeMap<String, i64>>>;
+
+/// Lifecycle of a fake sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Life {
+    Creating,
+    Running,
+    /// Its processes ended but the engine still holds it (listed as `Stopped` until it
+    /// is killed or its deadline passes), like an exited container.
+    Stopped,
+    Gone,
+}
+
+/// Everything that makes up one sandbox, shared by all its handles and tasks: what it
+/// was created with (its [`Spec`], reached through `Deref`) and its live state.
+pub(crate) struct SandboxInner {
+    spec: Spec,
+    pub(crate) created_at: SystemTime,
+    deadline: Mutex<Instant>,
+    life: Mutex<Life>,
+    fs: Mutex<MemFs>,
+    procs: Mutex<ProcTable>,
+    contexts: Mutex<BTreeMap<String, Vars>>,
+    engine: Weak<Engine>,
+}
+
+impl std::ops::Deref for SandboxInner {
+    type Target = Spec;
+    fn deref(&self) -> &Spec {
+        &self.spec
+    }
+}
+
+/// What [`SandboxInner::new`] needs.
+pub(crate) struct Spec {
+    pub(crate) id: String,
+    pub(crate) template: String,
+    pub(crate) labels: BTreeMap<String, String>,
+    pub(crate) policy: NetworkPolicy,
+    pub(crate) resources: EffectiveResources,
+    /// The environment as "stored by the engine" (no secrets).
+    pub(crate) env: BTreeMap<String, String>,
+    /// Secrets: injected into each command's environment, stored nowhere else.
+    pub(crate) secrets: BTreeMap<String, Secret>,
+    pub(crate) workdir: String,
+    pub(crate) lifetime: Duration,
+    pub(crate) capabilities: Capability,
+    pub(crate) isolation: IsolationTier,
+    pub(crate) has_python: bool,
+    pub(crate) clock: Clock,
+}
+
+impl SandboxInner {
+    pub(crate) fn new(spec: Spec, engine: Weak<Engine>) -> Self {
+        let now = spec.clock.now();
+        SandboxInner {
+            fs: Mutex::new(MemFs::skeleton(&spec.workdir, now)),
+            procs: Mutex::new(ProcTable::new(spec.resources.pids)),
+            deadline: Mutex::new(Instant::now() + spec.lifetime),
+            life: Mutex::new(Life::Creating),
+            contexts: Mutex::new(BTreeMap::new()),
+            created_at: now,
+            spec,
+            engine,
+        }
+    }
+
+    pub(crate) fn fs(&self) -> MutexGuard<'_, MemFs> {
+        lock(&self.fs)
+    }
+
+    pub(crate) fn procs(&self) -> MutexGuard<'_, ProcTable> {
+        lock(&self.procs)
+    }
+
+    /// Virtual wall time.
+    pub(crate) fn now(&self) -> SystemTime {
+        self.clock.now()
+    }
+
+    pub(crate) fn deadline(&self) -> Instant {
+        *lock(&self.deadline)
+    }
+
+    pub(crate) fn life(&self) -> Life {
+        *lock(&self.life)
+    }
+
+    pub(crate) fn set_running(&self) {
+        let mut l = lock(&self.life);
+        if *l == Life::Creating {
+            *l = Life::Running;
+        }
+    }
+
+    /// `Ok` while the sandbox is creating or running; past its deadline it is torn down here.
+    pub(crate) fn alive(&self) -> Result<()> {
+        match self.life() {
+            Life::Creating | Life::Running if self.held() => Ok(()),
+            _ => Err(self.gone()),
+        }
+    }
+
+    /// Whether the engine still holds it (creating, running or stopped); past its
+    /// deadline it is torn down here.
+    pub(crate) fn held(&self) -> bool {
+        if self.life() == Life::Gone {
+            return false;
+        }
+        if Instant::now() >= self.deadline() {
+            self.terminate();
+            return false;
+        }
+        true
+    }
+
+    pub(crate) fn gone(&self) -> SandboxError {
+        SandboxError::gone(self.id.clone())
+    }
+
+    /// Lifetime left.
+    pub(crate) fn remaining(&self) -> Duration {
+        self.deadline().saturating_duration_since(Instant::now())
+    }
+
+    /// Kills every process and context and removes the sandbox from its engine.
+    /// Idempotent.
+    pub(crate) fn terminate(&self) {
+        if !self.end(Life::Gone) {
+            return;
+        }
+        // Free the memory of the files; nothing can read them any more.
+        *self.fs() = MemFs::skeleton("/", self.now());
+        if let Some(engine) = self.engine.upgrade() {
+            engine.forget(&self.id);
+        }
+        tracing::debug!(sandbox_id = %self.id, backend = BACKEND_NAME, "fake sandbox terminated");
+    }
+
+    /// Ends every process and context but keeps the sandbox in its engine (`Stopped`).
+    pub(crate) fn stop(&self) {
+        self.end(Life::Stopped);
+    }
+
+    /// Moves to `to` (`Gone`, or `Stopped` from a live state) and ends every process and
+    /// context; `false` when it was already there (or gone).
+    fn end(&self, to: Life) -> bool {
+        {
+            let mut l = lock(&self.life);
+            if *l == Life::Gone || *l == to {
+                return false;
+            }
+            *l = to;
+        }
+        self.procs().kill_all().iter().for_each(AbortHandle::abort);
+        lock(&self.contexts).clear();
+        true
+    }
+
+    /// Moves the deadline to now and tears the sandbox down.
+    pub(crate) fn expire_now(&self) {
+        *lock(&self.deadline) = Instant::now();
+        self.terminate();
+    }
+
+    /// Records that something outside the vocabulary was refused (see
+    /// [`Call::OutsideVocabulary`]).
+    pub(crate) fn outside_vocabulary(&self, what: impl Into<String>) {
+        self.record(Call::OutsideVocabulary {
+            sandbox_id: self.id.clone(),
+            what: what.into(),
+        });
+    }
+
+    pub(crate) fn record(&self, call: Call) {
+        if let Some(engine) = self.engine.upgrade() {
+            engine.record(call);
+        }
+    }
+
+    pub(crate) fn scripted_run(&self, argv: &[String]) -> Option<Response> {
+        self.engine.upgrade()?.scripts().match_run(argv)
+    }
+
+    pub(crate) fn scripted_code(&self, code: &str) -> Option<Response> {
+        self.engine.upgrade()?.scripts().match_code(code)
+    }
+
+    /// The environment a command sees: base env, secrets, then per-call env.
+    pub(crate) fn command_env(&self, extra: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+        let mut env = self.env.clone();
+        for (k, v) in &self.secrets {
+            env.insert(k.clone(), v.expose().to_string());
+        }
+        env.extend(extra.clone());
+        env
+    }
+
+    /// Ids of the persistent interpreter contexts.
+    pub(crate) fn context_ids(&self) -> Vec<String> {
+        lock(&self.contexts).keys().cloned().collect()
+    }
+
+    /// The variables of context `context_id` (created on first use), or a fresh set for
+    /// a context-less run.
+    pub(crate) fn context(&self, context_id: Option<&str>) -> Vars {
+        match context_id {
+            Some(id) => lock(&self.contexts)
+                .entry(id.to_string())
+                .or_default()
+                .clone(),
+            None => Vars::default(),
+        }
+    }
+}
