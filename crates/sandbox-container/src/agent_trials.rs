@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use sandbox_core::{Backend, Command, CreateOptions, RunOptions, Sandbox};
 
 use crate::engine::{ContainerEngine, EngineErrorKind};
-use crate::provision::backend::{ContainerBackend, ContainerConfig};
+use crate::provision::backend::ContainerBackend;
+use crate::provision::config::ContainerConfig;
 use crate::sandbox::{ContainerNative, ExecPath};
 
 type Trial = std::result::Result<(), String>;

@@ -28,11 +28,11 @@ pub use engine::{
 };
 pub use files::{LS_SCRIPT, MKDIR_SCRIPT, REMOVE_SCRIPT};
 pub use image::{CredentialStore, ImageRef, PullProgress, PullProgressHook, RegistryAuth};
-pub use provision::backend::{
-    ContainerBackend, ContainerConfig, DEFAULT_CALL_TIMEOUT, DEFAULT_CREATE_TIMEOUT,
-    DEFAULT_DOWNLOAD_CAP, DEFAULT_DOWNLOAD_ENTRIES, DEFAULT_MAX_CONTEXTS,
-    DEFAULT_MAX_INGRESS_CONNECTIONS, DEFAULT_READ_CAP, LAYER_CAPABILITIES, NAME_PREFIX,
-    SWEEP_PAST_DEADLINE,
+pub use provision::backend::{ContainerBackend, LAYER_CAPABILITIES};
+pub use provision::config::{
+    ContainerConfig, DEFAULT_CALL_TIMEOUT, DEFAULT_CREATE_TIMEOUT, DEFAULT_DOWNLOAD_CAP,
+    DEFAULT_DOWNLOAD_ENTRIES, DEFAULT_MAX_CONTEXTS, DEFAULT_MAX_INGRESS_CONNECTIONS,
+    DEFAULT_READ_CAP, NAME_PREFIX, SWEEP_PAST_DEADLINE,
 };
 pub use sandbox::agent::{AGENT_ENV, AGENT_PATH, agent_enabled_in};
 pub use sandbox::exec::EXEC_TOKEN_ENV;

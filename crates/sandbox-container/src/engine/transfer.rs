@@ -260,6 +260,21 @@ where
     .boxed()
 }
 
+/// Bounds one engine call by `limit`.
+pub async fn bounded<T>(
+    limit: Duration,
+    op: &str,
+    fut: impl Future<Output = EngineResult<T>>,
+) -> EngineResult<T> {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(EngineError::new(
+            EngineErrorKind::Timeout,
+            format!("{op} did not answer within {limit:?}"),
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -26,8 +26,8 @@ use crate::engine::{ArchiveBody, ContainerEngine, EngineError, EngineErrorKind};
 use crate::error;
 use crate::files::agent::AgentFiles;
 use crate::files::archive::{ArchiveReader, DownloadLimits, FirstEntry, GuardedReader, Refusal};
-use crate::sandbox::Shared;
 use crate::sandbox::exec::helper_argv;
+use crate::sandbox::shared::Shared;
 
 /// `ls`: busybox `stat` is preferred when present: GNU stat uses statx(2), which gVisor
 /// (runsc) releases before 2023 reject with EINVAL.

@@ -2,15 +2,14 @@
 //! (`auth.json`, `~/.docker/config.json`) and the credential helpers they name, run with a
 //! bound. A broken file is a configuration error that never quotes its content.
 
-use crate::error::bounded_text;
-use crate::image::DEFAULT_REGISTRY;
-
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use sandbox_core::{Result, SandboxError, Secret};
 
 use crate::engine::pull::{CredentialStore, RegistryAuth};
+use crate::error::bounded_text;
+use crate::image::DEFAULT_REGISTRY;
 use crate::image::ImageRef;
 
 impl CredentialStore {

@@ -2,8 +2,6 @@
 //! create, the engine's pull stream bounded and turned into progress events, and pull
 //! failures classified into typed errors naming the image and the registry.
 
-use crate::engine::pull::{CredentialStore, PullProgress, PullProgressHook};
-use crate::image::ImageRef;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,8 +12,10 @@ use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use sandbox_core::{PullPolicy, Result, SandboxError};
 
+use crate::engine::pull::{CredentialStore, PullProgress, PullProgressHook};
 use crate::engine::{ContainerEngine, EngineError, EngineErrorKind, EngineResult};
 use crate::error::bounded_text;
+use crate::image::ImageRef;
 
 /// The `tracing` target of pull events (`pulling image`, `pull progress`, `pulled image`).
 pub const PULL_TARGET: &str = "sandbox_container::pull";
@@ -193,18 +193,21 @@ pub(crate) async fn ensure<E: ContainerEngine>(
         return Ok(Ensured::Remembered);
     }
     if policy != PullPolicy::Always {
-        let exists =
-            crate::sandbox::bounded(call_timeout, "image exists", engine.image_exists(image))
-                .await
-                .map_err(|e| {
-                    // A wedged engine at the first step of a create is a create timeout,
-                    // as it is at every later step.
-                    if e.kind == EngineErrorKind::Timeout {
-                        crate::error::create_timeout(engine.backend(), call_timeout)
-                    } else {
-                        crate::error::engine(&**engine, "check the image", e)
-                    }
-                })?;
+        let exists = crate::engine::transfer::bounded(
+            call_timeout,
+            "image exists",
+            engine.image_exists(image),
+        )
+        .await
+        .map_err(|e| {
+            // A wedged engine at the first step of a create is a create timeout,
+            // as it is at every later step.
+            if e.kind == EngineErrorKind::Timeout {
+                crate::error::create_timeout(engine.backend(), call_timeout)
+            } else {
+                crate::error::engine(&**engine, "check the image", e)
+            }
+        })?;
         if exists {
             remember(key);
             return Ok(Ensured::Checked);

@@ -4,5 +4,7 @@
 //! exists is in [`crate::sandbox`].
 
 pub(crate) mod backend;
+pub(crate) mod config;
 pub mod copy_in;
 pub(crate) mod sweep;
+pub(crate) mod teardown;

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use sandbox_core::labels::{LABEL_BACKEND, LABEL_DEADLINE, LABEL_OWNER, Owner};
 
 use crate::engine::{ContainerEngine, ContainerInfo};
-use crate::provision::backend::{ContainerBackend, NAME_PREFIX, SWEEP_PAST_DEADLINE};
+use crate::provision::backend::ContainerBackend;
+use crate::provision::config::{NAME_PREFIX, SWEEP_PAST_DEADLINE};
 
 /// Why a container is swept, or `None` to keep it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

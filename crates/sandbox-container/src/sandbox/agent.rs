@@ -21,10 +21,11 @@ use sandbox_core::{
     InputSink, OutputChunk, Process, PtySize, Result, StartFuture, StartedExec, StreamKind,
 };
 
+use crate::engine::transfer::bounded;
 use crate::engine::{ArchiveBody, ContainerEngine};
 use crate::error;
+use crate::sandbox::shared::Shared;
 use crate::sandbox::stdin::Stdin;
-use crate::sandbox::{Shared, bounded};
 
 /// Where the agent binary is put in every agent-mode container (the root directory always
 /// exists, whatever the image; the dot keeps it out of a plain `ls /`).

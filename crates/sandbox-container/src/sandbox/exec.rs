@@ -27,8 +27,8 @@ use tokio::io::AsyncWriteExt;
 
 use crate::engine::{ContainerEngine, ExecInput, ExecRequest};
 use crate::error;
-use crate::sandbox::Shared;
-use crate::sandbox::kill::exec_killer;
+use crate::sandbox::kill::kill_argv;
+use crate::sandbox::shared::Shared;
 use crate::sandbox::stdin::Stdin;
 
 /// Environment variable carrying each exec's token.
@@ -305,6 +305,43 @@ fn watch_container<E: ContainerEngine>(
     })
     .filter_map(futures::future::ready);
     output.take_until(watchdog).chain(gone).boxed()
+}
+
+/// A killer for exec `exec_id` (root `pid` when known, `token` always).
+pub(crate) fn exec_killer<E: ContainerEngine>(
+    sh: &Arc<Shared<E>>,
+    exec_id: String,
+    pid: Option<u32>,
+    token: String,
+) -> Killer {
+    let sh = sh.clone();
+    Arc::new(move || {
+        let sh = sh.clone();
+        let exec_id = exec_id.clone();
+        let token = token.clone();
+        Box::pin(async move {
+            let root = match pid {
+                Some(pid) => {
+                    let state = sh
+                        .call("exec inspect", sh.engine.exec_state(&exec_id))
+                        .await
+                        .map_err(|e| error::on_sandbox(&*sh.engine, &sh.id, "exec inspect", e))?;
+                    state.running.then_some(pid)
+                }
+                None => None,
+            };
+            let mut plan = ExecPlan::helper(kill_argv(root, &token));
+            plan.guarded = false;
+            let r = helper(&sh, plan).await?;
+            if r.exit_code != 0 {
+                return Err(error::internal(
+                    sh.engine.backend(),
+                    format!("killing exec {exec_id} exited {}", r.exit_code),
+                ));
+            }
+            Ok(())
+        })
+    })
 }
 
 /// The exit code of an exec, once the engine reports it no longer running. A container

@@ -20,8 +20,8 @@ use tokio::task::JoinHandle;
 
 use crate::engine::ContainerEngine;
 use crate::error;
-use crate::sandbox::Shared;
 use crate::sandbox::exec::{ExecPlan, launch};
+use crate::sandbox::shared::Shared;
 
 /// Host addresses of a sandbox's ingress ports, and the forwarders behind them.
 #[derive(Default)]

@@ -22,24 +22,21 @@ use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use futures::StreamExt;
-use futures::stream::BoxStream;
+use sandbox_agent::protocol::SpawnSpec;
 use sandbox_core::options::DEFAULT_OUTPUT_CAP;
 use sandbox_core::teardown::{Killer, OrphanInfo, TeardownGuard};
-use sandbox_core::{
-    Capability, CodeOptions, ExecResult, OutputChunk, Result, SandboxError, StreamKind,
-};
+use sandbox_core::{Capability, CodeOptions, ExecResult, Result, SandboxError, StreamKind};
 use tokio::io::AsyncWriteExt;
 
-use crate::engine::{ContainerEngine, ExecInput};
+use crate::engine::ContainerEngine;
 use crate::error;
-use crate::sandbox::Shared;
+use crate::sandbox::context::CodeContext;
+use crate::sandbox::context::ContextExit;
+use crate::sandbox::context::ContextInput;
+use crate::sandbox::context::ContextSlot;
 use crate::sandbox::exec::{ExecPlan, HELPER_TIMEOUT, exit_code, helper_argv, launch};
+use crate::sandbox::shared::Shared;
 use crate::sandbox::stdin::Stdin;
-use sandbox_agent::client::StdinWriter;
-use sandbox_agent::protocol::SpawnSpec;
-
-/// One context's slot; `None` until started, or after its interpreter was lost.
-pub(crate) type ContextSlot = Arc<tokio::sync::Mutex<Option<CodeContext>>>;
 
 /// Response frame magic.
 pub const MAGIC: &[u8; 4] = b"SBX1";
@@ -192,24 +189,6 @@ pub(crate) fn request_frame(code: &str) -> Result<Vec<u8>> {
     Ok(frame)
 }
 
-/// A live interpreter.
-pub(crate) struct CodeContext {
-    /// What orphan warnings name: the engine's exec id, or the agent's request.
-    name: String,
-    input: ContextInput,
-    output: BoxStream<'static, Result<OutputChunk>>,
-    /// The interpreter's exit code, once its output ended.
-    exit: ContextExit,
-    buf: BytesMut,
-    killer: Killer,
-}
-
-/// Where requests go: the engine exec's attached stdin, or the agent's stdin stream.
-enum ContextInput {
-    Engine(ExecInput),
-    Agent(StdinWriter),
-}
-
 impl ContextInput {
     async fn send(&mut self, backend: &str, frame: &[u8]) -> Result<()> {
         match self {
@@ -221,14 +200,6 @@ impl ContextInput {
             ContextInput::Agent(stdin) => stdin.write(frame).await,
         }
     }
-}
-
-/// How the interpreter's exit code is learned once its output ended.
-enum ContextExit {
-    /// Inspect the engine's exec.
-    Engine(String),
-    /// The agent reported it with the end of the output.
-    Agent(tokio::sync::oneshot::Receiver<i64>),
 }
 
 enum Outcome {

@@ -18,15 +18,6 @@
 //! environment and was re-parented away from the exec's tree, group and session before the
 //! kill. The in-sandbox agent (PID 1) closes that gap.
 
-use std::sync::Arc;
-
-use sandbox_core::teardown::Killer;
-
-use crate::engine::ContainerEngine;
-use crate::error;
-use crate::sandbox::Shared;
-use crate::sandbox::exec::{ExecPlan, helper};
-
 /// `sh -c KILL_SCRIPT sbx-kill <root pid or 0> <token>`.
 pub const KILL_SCRIPT: &str = r#"root=$1; tok="SBX_EXEC=$2"; me=$$; found=" "
 case "$root" in ''|*[!0-9]*) root=0;; esac
@@ -70,43 +61,6 @@ pub(crate) fn kill_argv(root: Option<u32>, token: &str) -> Vec<String> {
         root.unwrap_or(0).to_string(),
         token.into(),
     ]
-}
-
-/// A killer for exec `exec_id` (root `pid` when known, `token` always).
-pub(crate) fn exec_killer<E: ContainerEngine>(
-    sh: &Arc<Shared<E>>,
-    exec_id: String,
-    pid: Option<u32>,
-    token: String,
-) -> Killer {
-    let sh = sh.clone();
-    Arc::new(move || {
-        let sh = sh.clone();
-        let exec_id = exec_id.clone();
-        let token = token.clone();
-        Box::pin(async move {
-            let root = match pid {
-                Some(pid) => {
-                    let state = sh
-                        .call("exec inspect", sh.engine.exec_state(&exec_id))
-                        .await
-                        .map_err(|e| error::on_sandbox(&*sh.engine, &sh.id, "exec inspect", e))?;
-                    state.running.then_some(pid)
-                }
-                None => None,
-            };
-            let mut plan = ExecPlan::helper(kill_argv(root, &token));
-            plan.guarded = false;
-            let r = helper(&sh, plan).await?;
-            if r.exit_code != 0 {
-                return Err(error::internal(
-                    sh.engine.backend(),
-                    format!("killing exec {exec_id} exited {}", r.exit_code),
-                ));
-            }
-            Ok(())
-        })
-    })
 }
 
 #[cfg(test)]

@@ -1,36 +1,35 @@
 //! `ContainerSandbox`: one container, its lifetime, its teardown, and the `Sandbox` port.
 
+use crate::provision::teardown::container_killer;
+use crate::sandbox::shared::Shared;
+
 pub(crate) mod agent;
+pub(crate) mod context;
 pub(crate) mod exec;
 pub(crate) mod ingress;
 pub(crate) mod interpreter;
 pub(crate) mod kill;
+mod process;
+pub(crate) mod shared;
 pub(crate) mod stdin;
 
 use std::any::Any;
-use std::collections::{BTreeMap, HashMap};
-use std::future::Future;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
 
 use sandbox_core::options::DEFAULT_OUTPUT_CAP;
 
-use crate::sandbox::stdin::Stdin;
-use sandbox_core::teardown::{Killer, OrphanInfo, TeardownGuard, shielded_kill};
+use sandbox_core::teardown::{Killer, TeardownGuard, shielded_kill};
 use sandbox_core::{
     Capability, CodeOptions, Command, ExecResult, FileSystem, IsolationTier, Process, Result,
-    RunOptions, Sandbox, SandboxError, Secret, async_trait,
+    RunOptions, Sandbox, SandboxError, async_trait,
 };
 
-use crate::engine::{ContainerEngine, EngineError, EngineErrorKind, EngineResult};
-use crate::error;
+use crate::engine::ContainerEngine;
 use crate::files::ContainerFiles;
-use crate::provision::backend::ContainerConfig;
 use crate::sandbox::ingress::Ingress;
-use crate::sandbox::interpreter::ContextSlot;
-use sandbox_agent::client::AgentClient;
 
 pub use crate::sandbox::agent::ExecPath;
 
@@ -59,184 +58,6 @@ impl<E> std::fmt::Debug for ContainerNative<E> {
             .field("exec_path", &self.exec_path)
             .finish_non_exhaustive()
     }
-}
-
-/// State shared by a sandbox handle, its processes, files, contexts and teardown.
-pub(crate) struct Shared<E> {
-    pub engine: Arc<E>,
-    pub config: Arc<ContainerConfig>,
-    pub id: String,
-    pub template: String,
-    pub workdir: String,
-    pub labels: BTreeMap<String, String>,
-    pub deadline: SystemTime,
-    pub tier: IsolationTier,
-    pub caps: Capability,
-    /// Injected into every user exec's environment, never into the container config.
-    pub secrets: Vec<(String, Secret)>,
-    /// Whether the template has the interpreter, by interpreter name (checked once).
-    pub interpreters: Mutex<HashMap<String, bool>>,
-    /// Persistent interpreters by context id.
-    pub contexts: Mutex<HashMap<String, ContextSlot>>,
-    /// The in-sandbox agent, when it is this container's PID 1 and answered its hello;
-    /// `None` on the engine's exec path.
-    pub agent: Option<AgentClient>,
-}
-
-impl<E: ContainerEngine> Shared<E> {
-    /// One engine call, bounded by the configured call timeout: a wedged engine fails the
-    /// call instead of hanging it.
-    pub(crate) async fn call<T>(
-        &self,
-        op: &str,
-        fut: impl Future<Output = EngineResult<T>>,
-    ) -> EngineResult<T> {
-        bounded(self.config.call_timeout, op, fut).await
-    }
-
-    /// Which path user commands take.
-    pub(crate) fn exec_path(&self) -> ExecPath {
-        if self.agent.is_some() {
-            ExecPath::Agent
-        } else {
-            ExecPath::Engine
-        }
-    }
-
-    /// A user command as a [`Process`], through the agent when there is one.
-    pub(crate) fn user_process(
-        self: &Arc<Self>,
-        argv: Vec<String>,
-        options: &RunOptions,
-        timeout: Duration,
-    ) -> Result<Process> {
-        let workdir = options.workdir.as_deref();
-        let stdin = Stdin::of(options);
-        if matches!(stdin, Stdin::Terminal(_)) && !self.caps.contains(Capability::PTY) {
-            // Terminals come from the agent; the engine's exec path does not declare them.
-            return Err(SandboxError::unsupported(
-                Capability::PTY,
-                self.engine.backend(),
-            ));
-        }
-        self.process(argv, &options.env, workdir, timeout, stdin)
-    }
-
-    /// A process of `argv` reading `stdin`, through the agent when there is one, else the
-    /// engine's exec path.
-    pub(crate) fn process(
-        self: &Arc<Self>,
-        argv: Vec<String>,
-        env: &BTreeMap<String, String>,
-        workdir: Option<&str>,
-        timeout: Duration,
-        stdin: Stdin,
-    ) -> Result<Process> {
-        match &self.agent {
-            Some(client) => {
-                crate::sandbox::agent::process(self, client, argv, env, workdir, timeout, stdin)
-            }
-            None => crate::sandbox::exec::process(self, argv, env, workdir, timeout, stdin),
-        }
-    }
-
-    /// What orphan warnings name.
-    pub(crate) fn info(&self) -> OrphanInfo {
-        OrphanInfo::new(self.id.clone(), self.engine.backend(), self.labels.clone())
-    }
-
-    /// Time left before the lifetime backstop; `SandboxGone` once it passed.
-    pub(crate) fn remaining(&self) -> Result<Duration> {
-        match self.deadline.duration_since(SystemTime::now()) {
-            Ok(d) if !d.is_zero() => Ok(d),
-            _ => Err(error::gone(&self.id)),
-        }
-    }
-
-    /// Secrets plus per-call env (the container's own env is inherited by every exec).
-    pub(crate) fn exec_env(&self, extra: &BTreeMap<String, String>) -> Vec<(String, String)> {
-        self.secrets
-            .iter()
-            .map(|(k, v)| (k.clone(), v.expose().to_string()))
-            .chain(extra.iter().map(|(k, v)| (k.clone(), v.clone())))
-            .collect()
-    }
-
-    /// Whether the container still runs (a failed inspect counts as not running).
-    pub(crate) async fn container_running(&self) -> bool {
-        match self.call("inspect", self.engine.inspect(&self.id)).await {
-            Ok(c) => c.is_running(),
-            Err(e) => {
-                tracing::debug!(sandbox_id = %self.id, error = %e, "container check failed");
-                false
-            }
-        }
-    }
-}
-
-/// Bounds one engine call by `limit`.
-pub(crate) async fn bounded<T>(
-    limit: Duration,
-    op: &str,
-    fut: impl Future<Output = EngineResult<T>>,
-) -> EngineResult<T> {
-    match tokio::time::timeout(limit, fut).await {
-        Ok(r) => r,
-        Err(_) => Err(EngineError::new(
-            EngineErrorKind::Timeout,
-            format!("{op} did not answer within {limit:?}"),
-        )),
-    }
-}
-
-/// Force-removes a container; one already gone counts as removed. A removal someone else
-/// started (a concurrent kill, reap or sweep) is waited for, bounded.
-pub(crate) async fn remove_container<E: ContainerEngine>(
-    engine: &E,
-    call_timeout: Duration,
-    id: &str,
-) -> Result<()> {
-    match bounded(call_timeout, "remove", engine.remove(id)).await {
-        Ok(_) => Ok(()),
-        Err(e) if e.kind == EngineErrorKind::NotFound => Ok(()),
-        Err(e) if e.kind == EngineErrorKind::Conflict => {
-            let deadline = tokio::time::Instant::now() + REMOVAL_WAIT;
-            loop {
-                match bounded(call_timeout, "inspect", engine.inspect(id)).await {
-                    Err(e) if e.kind == EngineErrorKind::NotFound => return Ok(()),
-                    Err(e) if e.kind != EngineErrorKind::Conflict => {
-                        return Err(error::engine(engine, "inspect during removal", e));
-                    }
-                    _ => {}
-                }
-                if tokio::time::Instant::now() >= deadline {
-                    return Err(error::connect(
-                        id,
-                        format!("container still being removed after {REMOVAL_WAIT:?}"),
-                        None,
-                    ));
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-        Err(e) => Err(error::engine(engine, "remove container", e)),
-    }
-}
-
-/// Longest [`remove_container`] waits for a removal someone else started.
-const REMOVAL_WAIT: Duration = Duration::from_secs(10);
-
-/// A killer that force-removes the container.
-pub(crate) fn container_killer<E: ContainerEngine>(
-    engine: Arc<E>,
-    call_timeout: Duration,
-    id: String,
-) -> Killer {
-    Arc::new(move || {
-        let engine = engine.clone();
-        let id = id.clone();
-        Box::pin(async move { remove_container(&*engine, call_timeout, &id).await })
-    })
 }
 
 /// A container sandbox on any [`ContainerEngine`].

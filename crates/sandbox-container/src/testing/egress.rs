@@ -16,7 +16,8 @@ use crate::engine::{
     ArchiveBody, AttachStream, ContainerEngine, ContainerInfo, ContainerSpec, EngineErrorKind,
     EngineResult, ExecRequest, ExecState, ExecStream, NetworkInfo, NetworkSpec, PathStat,
 };
-use crate::provision::backend::{ContainerBackend, ContainerConfig};
+use crate::provision::backend::ContainerBackend;
+use crate::provision::config::ContainerConfig;
 use crate::testing::{managed_ids, test_options};
 
 /// The image the tests create.

@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use sandbox_core::labels::{LABEL_DEADLINE, LABEL_OWNER, Owner, sandbox_labels, unix_now};
 use sandbox_core::{ErrorCode, ReapableBackend};
 
-use crate::provision::backend::{NAME_PREFIX, SWEEP_PAST_DEADLINE};
+use crate::provision::config::{NAME_PREFIX, SWEEP_PAST_DEADLINE};
 use crate::testing::cli_succeeds;
 
 /// The image the leftovers run (built by `cargo xtask setup`).

@@ -1,0 +1,63 @@
+//! Removing a container for good: a forced removal that counts one already gone as
+//! removed and waits, bounded, for a removal someone else started; and the [`Killer`]
+//! every teardown guard and sandbox handle holds.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sandbox_core::Result;
+use sandbox_core::teardown::Killer;
+
+use crate::engine::transfer::bounded;
+use crate::engine::{ContainerEngine, EngineErrorKind};
+use crate::error;
+
+/// Force-removes a container; one already gone counts as removed. A removal someone else
+/// started (a concurrent kill, reap or sweep) is waited for, bounded.
+pub(crate) async fn remove_container<E: ContainerEngine>(
+    engine: &E,
+    call_timeout: Duration,
+    id: &str,
+) -> Result<()> {
+    match bounded(call_timeout, "remove", engine.remove(id)).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind == EngineErrorKind::NotFound => Ok(()),
+        Err(e) if e.kind == EngineErrorKind::Conflict => {
+            let deadline = tokio::time::Instant::now() + REMOVAL_WAIT;
+            loop {
+                match bounded(call_timeout, "inspect", engine.inspect(id)).await {
+                    Err(e) if e.kind == EngineErrorKind::NotFound => return Ok(()),
+                    Err(e) if e.kind != EngineErrorKind::Conflict => {
+                        return Err(error::engine(engine, "inspect during removal", e));
+                    }
+                    _ => {}
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(error::connect(
+                        id,
+                        format!("container still being removed after {REMOVAL_WAIT:?}"),
+                        None,
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        Err(e) => Err(error::engine(engine, "remove container", e)),
+    }
+}
+
+/// Longest [`remove_container`] waits for a removal someone else started.
+const REMOVAL_WAIT: Duration = Duration::from_secs(10);
+
+/// A killer that force-removes the container.
+pub(crate) fn container_killer<E: ContainerEngine>(
+    engine: Arc<E>,
+    call_timeout: Duration,
+    id: String,
+) -> Killer {
+    Arc::new(move || {
+        let engine = engine.clone();
+        let id = id.clone();
+        Box::pin(async move { remove_container(&*engine, call_timeout, &id).await })
+    })
+}

@@ -1,0 +1,89 @@
+//! The state one sandbox's handle, processes, files, contexts and teardown share
+//! ([`Shared`]), and the small questions every part asks of it: bounded engine calls,
+//! time left, the environment of an exec, whether the container still runs.
+
+use std::collections::BTreeMap;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+use std::time::SystemTime;
+
+use sandbox_agent::client::AgentClient;
+use sandbox_core::teardown::OrphanInfo;
+use sandbox_core::{Capability, IsolationTier, Result, Secret};
+
+use crate::engine::ContainerEngine;
+use crate::engine::EngineResult;
+use crate::engine::transfer::bounded;
+use crate::error;
+use crate::provision::config::ContainerConfig;
+use crate::sandbox::context::ContextSlot;
+
+/// State shared by a sandbox handle, its processes, files, contexts and teardown.
+pub(crate) struct Shared<E> {
+    pub engine: Arc<E>,
+    pub config: Arc<ContainerConfig>,
+    pub id: String,
+    pub template: String,
+    pub workdir: String,
+    pub labels: BTreeMap<String, String>,
+    pub deadline: SystemTime,
+    pub tier: IsolationTier,
+    pub caps: Capability,
+    /// Injected into every user exec's environment, never into the container config.
+    pub secrets: Vec<(String, Secret)>,
+    /// Whether the template has the interpreter, by interpreter name (checked once).
+    pub interpreters: Mutex<HashMap<String, bool>>,
+    /// Persistent interpreters by context id.
+    pub contexts: Mutex<HashMap<String, ContextSlot>>,
+    /// The in-sandbox agent, when it is this container's PID 1 and answered its hello;
+    /// `None` on the engine's exec path.
+    pub agent: Option<AgentClient>,
+}
+
+impl<E: ContainerEngine> Shared<E> {
+    /// One engine call, bounded by the configured call timeout: a wedged engine fails the
+    /// call instead of hanging it.
+    pub(crate) async fn call<T>(
+        &self,
+        op: &str,
+        fut: impl Future<Output = EngineResult<T>>,
+    ) -> EngineResult<T> {
+        bounded(self.config.call_timeout, op, fut).await
+    }
+
+    /// What orphan warnings name.
+    pub(crate) fn info(&self) -> OrphanInfo {
+        OrphanInfo::new(self.id.clone(), self.engine.backend(), self.labels.clone())
+    }
+
+    /// Time left before the lifetime backstop; `SandboxGone` once it passed.
+    pub(crate) fn remaining(&self) -> Result<Duration> {
+        match self.deadline.duration_since(SystemTime::now()) {
+            Ok(d) if !d.is_zero() => Ok(d),
+            _ => Err(error::gone(&self.id)),
+        }
+    }
+
+    /// Secrets plus per-call env (the container's own env is inherited by every exec).
+    pub(crate) fn exec_env(&self, extra: &BTreeMap<String, String>) -> Vec<(String, String)> {
+        self.secrets
+            .iter()
+            .map(|(k, v)| (k.clone(), v.expose().to_string()))
+            .chain(extra.iter().map(|(k, v)| (k.clone(), v.clone())))
+            .collect()
+    }
+
+    /// Whether the container still runs (a failed inspect counts as not running).
+    pub(crate) async fn container_running(&self) -> bool {
+        match self.call("inspect", self.engine.inspect(&self.id)).await {
+            Ok(c) => c.is_running(),
+            Err(e) => {
+                tracing::debug!(sandbox_id = %self.id, error = %e, "container check failed");
+                false
+            }
+        }
+    }
+}
