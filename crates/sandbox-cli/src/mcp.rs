@@ -23,6 +23,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use crate::exit_code;
 use crate::output::error_json;
 
 /// Bytes of stdout and of stderr a tool result carries; the rest is counted and dropped
@@ -681,9 +682,9 @@ pub async fn serve(policy: Policy) -> sandbox::Result<u8> {
         );
     }
     Ok(match (interrupted, failed) {
-        (true, _) => crate::EXIT_INTERRUPTED,
-        (false, 0) => crate::EXIT_OK,
-        _ => crate::EXIT_FAILURE,
+        (true, _) => exit_code::INTERRUPTED,
+        (false, 0) => exit_code::OK,
+        _ => exit_code::FAILURE,
     })
 }
 

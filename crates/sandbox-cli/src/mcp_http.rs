@@ -34,6 +34,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tower_service::Service;
 
+use crate::exit_code;
 use crate::mcp::{Policy, SandboxServer, kill_all};
 
 /// The path the MCP endpoint is served on.
@@ -239,7 +240,7 @@ pub async fn serve(policy: Policy, options: HttpOptions) -> sandbox::Result<u8> 
             "some sandboxes of the MCP server could not be killed; see `sandbox reap`"
         );
     }
-    Ok(crate::EXIT_INTERRUPTED)
+    Ok(exit_code::INTERRUPTED)
 }
 
 #[cfg(test)]
