@@ -13,6 +13,7 @@ mod mcp_http;
 mod output;
 mod reap;
 mod run;
+mod secret_env;
 mod session;
 mod signals;
 mod stdin;

@@ -88,7 +88,7 @@ impl HttpOptions {
     ) -> sandbox::Result<Self> {
         let token = match token_env {
             None => None,
-            Some(name) => match crate::cli::check_env_name("--token-env", name)
+            Some(name) => match crate::secret_env::check_name("--token-env", name)
                 .map(|()| env(name))?
             {
                 Some(v) if !v.trim().is_empty() => Some(Token(v.trim().into())),

@@ -57,7 +57,7 @@ pub async fn run(args: RunArgs, out: Out) -> sandbox::Result<u8> {
         .metadata("command", "run");
     let (target, mut options) = crate::target::resolve(&args.dsn, &args.sandbox, base)?;
     for name in &args.secrets {
-        options = options.secret(name.clone(), crate::target::secret_from_env(name)?);
+        options = options.secret(name.clone(), crate::secret_env::read(name)?);
     }
     // Read before creating, so a bad or oversized stdin costs no sandbox. (With a
     // terminal, stdin is typed in live instead.)

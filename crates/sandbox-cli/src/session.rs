@@ -352,7 +352,7 @@ pub async fn exec(args: ExecArgs, out: Out) -> sandbox::Result<u8> {
     // Secrets and stdin first: a usage error must not wait for engines.
     let mut secrets = Vec::new();
     for name in &args.secrets {
-        secrets.push((name.clone(), crate::target::secret_from_env(name)?));
+        secrets.push((name.clone(), crate::secret_env::read(name)?));
     }
     let input = if crate::stdin::wanted(args.interactive) {
         crate::stdin::read_all().await?
