@@ -6,6 +6,10 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+/// Where `sandbox mcp --http` listens when given no address: loopback, so only this
+/// machine can reach a server that runs code.
+const MCP_HTTP_DEFAULT_ADDR: &str = "127.0.0.1:8931";
+
 /// Printed after `--help`.
 const EXIT_CODES: &str = "Every command takes --json (one JSON object on stdout; errors as {\"error\": {code, message, hint, url}}).\nColor only on a terminal and when NO_COLOR is unset.\n\nExit codes:\n  0    ok\n  1    failure (engine error, unhealthy default engine, failed demo step, failed kill)\n  2    usage or configuration error (bad flags, bad DSN, unknown backend)\n  124  `run`: the command timed out (and was killed)\n  130  interrupted by Ctrl-C (after teardown)\n  `run` otherwise exits with the command's own exit code.";
 
@@ -242,7 +246,7 @@ pub struct McpArgs {
     /// Serve MCP over streamable HTTP at http://ADDR/mcp instead of stdin/stdout (ADDR
     /// defaults to 127.0.0.1:8931; port 0 picks a free one). The URL is printed on stdout
     /// once listening. Sandboxes belong to the server: all are killed when it stops.
-    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = crate::mcp_http::DEFAULT_ADDR)]
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = MCP_HTTP_DEFAULT_ADDR)]
     pub http: Option<SocketAddr>,
     /// Let --http listen on a non-loopback address. Refused without --token-env: whoever
     /// reaches the port can run code.

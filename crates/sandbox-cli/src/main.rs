@@ -9,7 +9,6 @@ mod doctor;
 mod egress;
 mod exit_code;
 mod mcp;
-mod mcp_http;
 mod output;
 mod reap;
 mod run;
@@ -151,14 +150,7 @@ async fn dispatch(cmd: Cmd, out: Out) -> sandbox::Result<u8> {
 
 /// `sandbox mcp`: stdio, or streamable HTTP with `--http`.
 async fn serve_mcp(args: &cli::McpArgs) -> sandbox::Result<u8> {
-    let policy = mcp::Policy::from(args);
-    if args.http.is_some() {
-        // Validated before anything binds: a refused address never listens.
-        let options = mcp_http::HttpOptions::try_from(args)?;
-        mcp_http::serve(policy, options).await
-    } else {
-        mcp::serve(policy).await
-    }
+    mcp::serve(mcp::McpOptions::try_from(args)?).await
 }
 
 /// Warnings (e.g. "orphaned sandbox") go to stderr; `SANDBOX_LOG` (an env-filter) raises

@@ -35,12 +35,10 @@ use tokio_util::sync::CancellationToken;
 use tower_service::Service;
 
 use crate::exit_code;
-use crate::mcp::{Policy, SandboxServer, kill_all};
+use crate::mcp::server::{Policy, SandboxServer, kill_all};
 
 /// The path the MCP endpoint is served on.
 pub const ENDPOINT_PATH: &str = "/mcp";
-/// `--http` without an address.
-pub const DEFAULT_ADDR: &str = "127.0.0.1:8931";
 
 /// A bearer token. Its `Debug` never shows it, so it cannot reach a log by accident.
 #[derive(Clone)]
@@ -120,21 +118,6 @@ impl HttpOptions {
             }
         }
         Ok(HttpOptions { addr, token })
-    }
-}
-
-impl TryFrom<&crate::cli::McpArgs> for HttpOptions {
-    type Error = SandboxError;
-
-    fn try_from(a: &crate::cli::McpArgs) -> sandbox::Result<Self> {
-        let addr = a.http.unwrap_or_else(|| {
-            DEFAULT_ADDR
-                .parse()
-                .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 8931)))
-        });
-        HttpOptions::new(addr, a.allow_non_loopback, a.token_env.as_deref(), |name| {
-            std::env::var(name).ok()
-        })
     }
 }
 
