@@ -1,4 +1,8 @@
-//! Command-line grammar (clap derive).
+//! Command-line grammar (clap derive): every subcommand, flag and value parser of
+//! `sandbox`, and the text `--help` prints. It imports nothing else of this crate: the
+//! commands depend on the grammar, never the reverse. What the parsed values mean is left
+//! to them; checks that must not echo a value (secret names, in `secret_env`) run after
+//! parsing, and the exit codes the help lists are returned through `exit_code`.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -10,7 +14,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 /// machine can reach a server that runs code.
 const MCP_HTTP_DEFAULT_ADDR: &str = "127.0.0.1:8931";
 
-/// Printed after `--help`.
+/// Printed after `--help`. Keep in step with `exit_code`, which this file cannot import.
 const EXIT_CODES: &str = "Every command takes --json (one JSON object on stdout; errors as {\"error\": {code, message, hint, url}}).\nColor only on a terminal and when NO_COLOR is unset.\n\nExit codes:\n  0    ok\n  1    failure (engine error, unhealthy default engine, failed demo step, failed kill)\n  2    usage or configuration error (bad flags, bad DSN, unknown backend)\n  124  `run`: the command timed out (and was killed)\n  130  interrupted by Ctrl-C (after teardown)\n  `run` otherwise exits with the command's own exit code.";
 
 /// Run untrusted code in sandboxes (Docker, Podman, fake).
