@@ -1,4 +1,8 @@
-//! Command-line grammar (clap derive).
+//! Command-line grammar (clap derive): every subcommand, flag and value parser of
+//! `sandbox`, and the text `--help` prints. It imports nothing else of this crate: the
+//! commands depend on the grammar, never the reverse. What the parsed values mean is left
+//! to them; checks that must not echo a value (secret names, in `secret_env`) run after
+//! parsing, and the exit codes the help lists are returned through `exit_code`.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -6,7 +10,11 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-/// Printed after `--help`.
+/// Where `sandbox mcp --http` listens when given no address: loopback, so only this
+/// machine can reach a server that runs code.
+const MCP_HTTP_DEFAULT_ADDR: &str = "127.0.0.1:8931";
+
+/// Printed after `--help`. Keep in step with `exit_code`, which this file cannot import.
 const EXIT_CODES: &str = "Every command takes --json (one JSON object on stdout; errors as {\"error\": {code, message, hint, url}}).\nColor only on a terminal and when NO_COLOR is unset.\n\nExit codes:\n  0    ok\n  1    failure (engine error, unhealthy default engine, failed demo step, failed kill)\n  2    usage or configuration error (bad flags, bad DSN, unknown backend)\n  124  `run`: the command timed out (and was killed)\n  130  interrupted by Ctrl-C (after teardown)\n  `run` otherwise exits with the command's own exit code.";
 
 /// Run untrusted code in sandboxes (Docker, Podman, fake).
@@ -242,7 +250,7 @@ pub struct McpArgs {
     /// Serve MCP over streamable HTTP at http://ADDR/mcp instead of stdin/stdout (ADDR
     /// defaults to 127.0.0.1:8931; port 0 picks a free one). The URL is printed on stdout
     /// once listening. Sandboxes belong to the server: all are killed when it stops.
-    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = crate::mcp_http::DEFAULT_ADDR)]
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = MCP_HTTP_DEFAULT_ADDR)]
     pub http: Option<SocketAddr>,
     /// Let --http listen on a non-loopback address. Refused without --token-env: whoever
     /// reaches the port can run code.
@@ -397,26 +405,6 @@ fn parse_key_value(s: &str) -> Result<(String, String), String> {
     }
 }
 
-/// Checks that `flag`'s argument is an environment variable name: letters, digits and
-/// `_`, not starting with a digit. Checked here rather than by a clap value parser because
-/// clap echoes a rejected value, and a value pasted by mistake is a secret that must not
-/// reach the scrollback or a CI log.
-pub fn check_env_name(flag: &str, s: &str) -> sandbox::Result<()> {
-    let valid = !s.is_empty()
-        && !s.starts_with(|c: char| c.is_ascii_digit())
-        && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if valid {
-        Ok(())
-    } else {
-        Err(sandbox::SandboxError::config(
-            format!(
-                "{flag} takes the NAME of an environment variable; what was given is not one (not shown: it may be a secret)"
-            ),
-            format!("export NAME=<value> and pass {flag} NAME"),
-        ))
-    }
-}
-
 fn parse_positive_secs(s: &str) -> Result<Duration, String> {
     match s.parse::<f64>() {
         Ok(v) if v.is_finite() && v > 0.0 && v <= 86_400.0 => Ok(Duration::from_secs_f64(v)),
@@ -460,18 +448,6 @@ mod tests {
         assert_eq!(parse_key_value("A=b=c"), Ok(("A".into(), "b=c".into())));
         assert!(parse_key_value("=x").is_err());
         assert!(parse_key_value("novalue").is_err());
-    }
-
-    #[test]
-    fn secret_takes_a_name_never_a_value() {
-        assert!(check_env_name("--secret", "API_KEY").is_ok());
-        assert!(check_env_name("--secret", "_X1").is_ok());
-        for bad in ["", "A=b", "1X", "sk-live-123", "A B"] {
-            let e = check_env_name("--secret", bad).expect_err(bad);
-            assert_eq!(e.code(), sandbox::ErrorCode::Configuration);
-            let shown = format!("{} {}", e.render(), e.hint());
-            assert!(bad.is_empty() || !shown.contains(bad), "{shown}");
-        }
     }
 
     #[test]

@@ -9,8 +9,8 @@ use serde::Serialize;
 
 use crate::cli::DemoArgs;
 use crate::egress::{self, EgressProof};
+use crate::exit_code;
 use crate::output::{Out, ms};
-use crate::{EXIT_FAILURE, EXIT_OK};
 
 /// One timed step.
 #[derive(Debug, Serialize)]
@@ -243,5 +243,9 @@ fn finish(mut report: DemoReport, total: Instant, out: &Out) -> sandbox::Result<
             report.total_ms
         ));
     }
-    Ok(if report.ok { EXIT_OK } else { EXIT_FAILURE })
+    Ok(if report.ok {
+        exit_code::OK
+    } else {
+        exit_code::FAILURE
+    })
 }

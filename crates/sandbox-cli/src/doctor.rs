@@ -10,8 +10,8 @@ use sandbox::{EngineReport, SandboxError};
 use serde::Serialize;
 
 use crate::cli::DoctorArgs;
+use crate::exit_code;
 use crate::output::{Out, redact_endpoint};
-use crate::{EXIT_FAILURE, EXIT_OK};
 
 /// How long one engine may take to answer.
 pub const ENGINE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -101,7 +101,11 @@ pub async fn doctor(args: DoctorArgs, out: Out) -> sandbox::Result<u8> {
     } else {
         print_human(&report, &out);
     }
-    Ok(if ok { EXIT_OK } else { EXIT_FAILURE })
+    Ok(if ok {
+        exit_code::OK
+    } else {
+        exit_code::FAILURE
+    })
 }
 
 /// `--engine` names (validated against what this build has), or every scheme.

@@ -7,11 +7,12 @@ mod cli;
 mod demo;
 mod doctor;
 mod egress;
+mod exit_code;
 mod mcp;
-mod mcp_http;
 mod output;
 mod reap;
 mod run;
+mod secret_env;
 mod session;
 mod signals;
 mod stdin;
@@ -23,22 +24,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use sandbox::{ErrorCode, SandboxError};
+use sandbox::SandboxError;
 
 use crate::cli::{Cli, Cmd};
 use crate::output::Out;
-
-/// Success.
-pub const EXIT_OK: u8 = 0;
-/// A failure (engine error, unhealthy engine, failed demo step, failed kill).
-pub const EXIT_FAILURE: u8 = 1;
-/// Bad usage: clap parse errors, and configuration errors (bad DSN, unknown scheme, bad
-/// option values).
-pub const EXIT_USAGE: u8 = 2;
-/// `sandbox run`: the command ran past `--timeout` and was killed.
-pub const EXIT_TIMEOUT: u8 = 124;
-/// Interrupted by Ctrl-C, SIGTERM or SIGHUP (after the sandbox was torn down).
-pub const EXIT_INTERRUPTED: u8 = 130;
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -46,7 +35,11 @@ fn main() -> ExitCode {
         Err(e) => {
             // Help and version are exit 0; usage errors exit 2.
             let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { EXIT_USAGE } else { EXIT_OK });
+            return ExitCode::from(if e.use_stderr() {
+                exit_code::USAGE
+            } else {
+                exit_code::OK
+            });
         }
     };
     if let Cmd::Completions(args) = &cli.command {
@@ -65,7 +58,7 @@ fn main() -> ExitCode {
                 "cli",
                 format!("cannot start the async runtime: {e}"),
             ));
-            return ExitCode::from(EXIT_FAILURE);
+            return ExitCode::from(exit_code::FAILURE);
         }
     };
     let code = runtime.block_on(async move {
@@ -77,7 +70,7 @@ fn main() -> ExitCode {
                     Ok(code) => code,
                     Err(e) => {
                         out.error(&e);
-                        exit_code_for(&e)
+                        exit_code::for_error(&e)
                     }
                 };
                 let grace = sandbox::teardown::teardown_grace() + Duration::from_secs(1);
@@ -104,7 +97,7 @@ async fn run_command(command: Cmd, out: Out) -> u8 {
                 Ok(code) => code,
                 Err(e) => {
                     out.error(&e);
-                    exit_code_for(&e)
+                    exit_code::for_error(&e)
                 }
             },
             _ = interrupted => {
@@ -115,7 +108,7 @@ async fn run_command(command: Cmd, out: Out) -> u8 {
                 } else {
                     out.note("interrupted; tearing down");
                 }
-                EXIT_INTERRUPTED
+                exit_code::INTERRUPTED
             }
         };
         let grace = sandbox::teardown::teardown_grace() + Duration::from_secs(1);
@@ -135,7 +128,7 @@ fn completions(shell: clap_complete::Shell) -> ExitCode {
     let mut script = Vec::new();
     clap_complete::generate(shell, &mut cmd, "sandbox", &mut script);
     let _ = std::io::stdout().lock().write_all(&script);
-    ExitCode::from(EXIT_OK)
+    ExitCode::from(exit_code::OK)
 }
 
 async fn dispatch(cmd: Cmd, out: Out) -> sandbox::Result<u8> {
@@ -151,29 +144,13 @@ async fn dispatch(cmd: Cmd, out: Out) -> sandbox::Result<u8> {
         Cmd::Kill(args) => session::kill(args, out).await,
         // Handled before dispatch.
         Cmd::Mcp(args) => serve_mcp(&args).await,
-        Cmd::Completions(_) => Ok(EXIT_OK),
+        Cmd::Completions(_) => Ok(exit_code::OK),
     }
 }
 
 /// `sandbox mcp`: stdio, or streamable HTTP with `--http`.
 async fn serve_mcp(args: &cli::McpArgs) -> sandbox::Result<u8> {
-    let policy = mcp::Policy::from(args);
-    if args.http.is_some() {
-        // Validated before anything binds: a refused address never listens.
-        let options = mcp_http::HttpOptions::try_from(args)?;
-        mcp_http::serve(policy, options).await
-    } else {
-        mcp::serve(policy).await
-    }
-}
-
-/// Configuration errors are usage errors (2); everything else is a failure (1).
-pub(crate) fn exit_code_for(e: &SandboxError) -> u8 {
-    match e.code() {
-        ErrorCode::Configuration | ErrorCode::BackendNotFound => EXIT_USAGE,
-        ErrorCode::ExecutionTimeout => EXIT_TIMEOUT,
-        _ => EXIT_FAILURE,
-    }
+    mcp::serve(mcp::McpOptions::try_from(args)?).await
 }
 
 /// Warnings (e.g. "orphaned sandbox") go to stderr; `SANDBOX_LOG` (an env-filter) raises

@@ -30,9 +30,9 @@ use tokio::time::Instant;
 
 use crate::cli::ReapArgs;
 use crate::doctor::{ENGINE_TIMEOUT, selected_engines};
+use crate::exit_code;
 use crate::output::Out;
 use crate::terminal::escape_text;
-use crate::{EXIT_FAILURE, EXIT_OK};
 
 /// The whole `reap` (connecting, listing and killing on every engine) ends within this;
 /// what is not done by then is reported as not done.
@@ -147,7 +147,11 @@ pub async fn reap(args: ReapArgs, out: Out) -> sandbox::Result<u8> {
     } else {
         print_human(&report, &out);
     }
-    Ok(if failed { EXIT_FAILURE } else { EXIT_OK })
+    Ok(if failed {
+        exit_code::FAILURE
+    } else {
+        exit_code::OK
+    })
 }
 
 /// Selects, judges and (with `--kill`) removes. Returns the report and whether the

@@ -9,9 +9,9 @@ use sandbox::{Command, CreateOptions, ErrorCode, RunOptions, SandboxError, Strea
 use serde::Serialize;
 
 use crate::cli::RunArgs;
+use crate::exit_code;
 use crate::output::{Out, ms};
 use crate::terminal::TerminalEscaper;
-use crate::{EXIT_FAILURE, EXIT_TIMEOUT};
 
 /// Default command timeout.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -57,7 +57,7 @@ pub async fn run(args: RunArgs, out: Out) -> sandbox::Result<u8> {
         .metadata("command", "run");
     let (target, mut options) = crate::target::resolve(&args.dsn, &args.sandbox, base)?;
     for name in &args.secrets {
-        options = options.secret(name.clone(), crate::target::secret_from_env(name)?);
+        options = options.secret(name.clone(), crate::secret_env::read(name)?);
     }
     // Read before creating, so a bad or oversized stdin costs no sandbox. (With a
     // terminal, stdin is typed in live instead.)
@@ -110,7 +110,7 @@ pub(crate) fn report(
         Err(e) if e.code() == ErrorCode::ExecutionTimeout => {
             if !out.json {
                 out.error(&e);
-                return Ok(EXIT_TIMEOUT);
+                return Ok(exit_code::TIMEOUT);
             }
             (None, true, Captured::default())
         }
@@ -128,8 +128,8 @@ pub(crate) fn report(
         });
     }
     Ok(match exit_code {
-        None => EXIT_TIMEOUT,
-        Some(c) => u8::try_from(c).unwrap_or(EXIT_FAILURE),
+        None => exit_code::TIMEOUT,
+        Some(c) => u8::try_from(c).unwrap_or(exit_code::FAILURE),
     })
 }
 

@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use crate::cli::{CpArgs, CreateArgs, ExecArgs, KillArgs, LsArgs};
+use crate::exit_code;
 use crate::output::{Out, error_json};
 use crate::run::{SandboxInfo, execute, report};
 
@@ -90,7 +91,7 @@ pub async fn create(args: CreateArgs, out: Out) -> sandbox::Result<u8> {
             )));
         }
     };
-    if report.exit == crate::EXIT_OK {
+    if report.exit == exit_code::OK {
         // From here on the holder keeps the sandbox; failing to ack makes it kill it.
         stdin
             .write_all(format!("{ACK}\n").as_bytes())
@@ -100,7 +101,7 @@ pub async fn create(args: CreateArgs, out: Out) -> sandbox::Result<u8> {
     drop(stdin);
     if out.json {
         out.json_value(&report.body);
-    } else if report.exit == crate::EXIT_OK {
+    } else if report.exit == exit_code::OK {
         out.line(&report.text);
     } else {
         out.note(format!("{} {}", out.red("error:"), report.text));
@@ -144,7 +145,7 @@ pub async fn hold(args: CreateArgs) -> u8 {
     let (backend, sb) = match created.await {
         Ok(v) => v,
         Err(e) => {
-            let code = crate::exit_code_for(&e);
+            let code = exit_code::for_error(&e);
             send_report(&HolderReport {
                 exit: code,
                 body: error_json(&e),
@@ -157,7 +158,7 @@ pub async fn hold(args: CreateArgs) -> u8 {
     let info = SandboxInfo::of(&*sb);
     let deadline_unix = sandbox::labels::unix_now().saturating_add(lifetime.as_secs());
     send_report(&HolderReport {
-        exit: crate::EXIT_OK,
+        exit: exit_code::OK,
         body: serde_json::json!({
             "sandbox": info,
             "timeout_s": lifetime.as_secs(),
@@ -169,7 +170,7 @@ pub async fn hold(args: CreateArgs) -> u8 {
     let acked = BufReader::new(tokio::io::stdin()).read_line(&mut ack).await;
     if !matches!(acked, Ok(n) if n > 0 && ack.trim() == ACK) {
         release(&backend, sb).await;
-        return crate::EXIT_INTERRUPTED;
+        return exit_code::INTERRUPTED;
     }
     loop {
         tokio::select! {
@@ -178,13 +179,13 @@ pub async fn hold(args: CreateArgs) -> u8 {
             _ = tokio::time::sleep(HOLDER_POLL) => {
                 if !still_there(&backend, sb.id()).await {
                     // Killed by `sandbox kill` (or the engine): nothing left to hold.
-                    return crate::EXIT_OK;
+                    return exit_code::OK;
                 }
             }
         }
     }
     release(&backend, sb).await;
-    crate::EXIT_OK
+    exit_code::OK
 }
 
 /// Kills the held sandbox for good before the holder exits. A kill that outlasts the
@@ -351,7 +352,7 @@ pub async fn exec(args: ExecArgs, out: Out) -> sandbox::Result<u8> {
     // Secrets and stdin first: a usage error must not wait for engines.
     let mut secrets = Vec::new();
     for name in &args.secrets {
-        secrets.push((name.clone(), crate::target::secret_from_env(name)?));
+        secrets.push((name.clone(), crate::secret_env::read(name)?));
     }
     let input = if crate::stdin::wanted(args.interactive) {
         crate::stdin::read_all().await?
@@ -431,7 +432,7 @@ pub async fn cp(args: CpArgs, out: Out) -> sandbox::Result<u8> {
             to: &args.dest,
         });
     }
-    Ok(crate::EXIT_OK)
+    Ok(exit_code::OK)
 }
 
 /// One line of `sandbox ls`.
@@ -506,7 +507,7 @@ pub async fn ls(args: LsArgs, out: Out) -> sandbox::Result<u8> {
         .sort_by(|a, b| (&a.backend, a.created_at).cmp(&(&b.backend, b.created_at)));
     if out.json {
         out.json_value(&report);
-        return Ok(crate::EXIT_OK);
+        return Ok(exit_code::OK);
     }
     for s in &report.skipped {
         // Engines that are not running are normal here; say so on stderr only.
@@ -519,7 +520,7 @@ pub async fn ls(args: LsArgs, out: Out) -> sandbox::Result<u8> {
     }
     if report.sandboxes.is_empty() {
         out.note("no live sandboxes");
-        return Ok(crate::EXIT_OK);
+        return Ok(exit_code::OK);
     }
     out.line(format!(
         "{:<14} {:<8} {:>6} {:>9}  {}",
@@ -543,7 +544,7 @@ pub async fn ls(args: LsArgs, out: Out) -> sandbox::Result<u8> {
             crate::terminal::escape_text(tool),
         ));
     }
-    Ok(crate::EXIT_OK)
+    Ok(exit_code::OK)
 }
 
 fn human_secs(s: u64) -> String {
@@ -574,7 +575,7 @@ pub async fn kill(args: KillArgs, out: Out) -> sandbox::Result<u8> {
     } else {
         out.line(&found.id);
     }
-    Ok(crate::EXIT_OK)
+    Ok(exit_code::OK)
 }
 
 #[cfg(test)]

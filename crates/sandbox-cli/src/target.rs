@@ -70,25 +70,6 @@ fn apply_sandbox_args(args: &SandboxArgs, base: CreateOptions) -> sandbox::Resul
     Ok(o)
 }
 
-/// The value of the caller's environment variable `name`; the error names the variable,
-/// never a value.
-pub fn secret_from_env(name: &str) -> sandbox::Result<String> {
-    crate::cli::check_env_name("--secret", name)?;
-    match std::env::var(name) {
-        Ok(v) => Ok(v),
-        Err(std::env::VarError::NotPresent) => Err(SandboxError::config(
-            format!("--secret {name}: the environment variable {name} is not set"),
-            format!(
-                "export {name}=… in the calling shell (the value is never passed on the command line)"
-            ),
-        )),
-        Err(std::env::VarError::NotUnicode(_)) => Err(SandboxError::config(
-            format!("--secret {name}: the environment variable {name} is not valid UTF-8"),
-            "secrets must be UTF-8 text",
-        )),
-    }
-}
-
 fn runtime_target(scheme: &str, runtime: RuntimeArg) -> sandbox::Result<Target> {
     #[cfg(any(feature = "docker", feature = "podman"))]
     let rt = match runtime {

@@ -1,10 +1,9 @@
-//! `sandbox mcp`: a Model Context Protocol server over stdio (rmcp), so any MCP host
-//! (Claude Desktop, IDE agents) can create sandboxes and run code in them without Rust.
-//!
-//! The server session owns every sandbox it creates: they are killed when the session
-//! ends (stdin EOF, SIGTERM, SIGHUP, Ctrl-C), and each is bounded by its lifetime
-//! `timeout` should the server itself be killed. stdout carries only the protocol; logs
-//! go to stderr through `tracing`.
+//! The MCP server's tools (rmcp's tool router): `sandbox_create`, `sandbox_run`,
+//! `sandbox_run_code`, `sandbox_write_file`, `sandbox_read_file`, `sandbox_list_files`,
+//! `sandbox_kill`, with the bounds a model's requests are held to (lifetime, resources,
+//! sandbox count, output size) and the operator's [`Policy`]. The server keeps a registry
+//! of every sandbox it created so that the transport serving it (the sibling `stdio` and
+//! `http` modules) can kill them all when it stops.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -14,7 +13,7 @@ use futures::StreamExt;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, ContentBlock, ServerCapabilities, ServerConfig};
-use rmcp::{ServerHandler, ServiceExt, tool, tool_handler, tool_router};
+use rmcp::{ServerHandler, tool, tool_handler, tool_router};
 use sandbox::{
     CodeOptions, Command, CreateOptions, NetworkPolicy, Resources, RunOptions, Sandbox,
     SandboxError, StreamKind,
@@ -51,14 +50,6 @@ const MAX_CPUS: f64 = 4.0;
 pub struct Policy {
     /// `--allow-egress`: network `allow` and allowlists are permitted.
     pub allow_egress: bool,
-}
-
-impl From<&crate::cli::McpArgs> for Policy {
-    fn from(a: &crate::cli::McpArgs) -> Self {
-        Policy {
-            allow_egress: a.allow_egress,
-        }
-    }
 }
 
 /// Egress policy of `sandbox_create`.
@@ -653,38 +644,6 @@ pub async fn kill_all(registry: &Registry) -> usize {
         .into_iter()
         .filter(|failed| *failed)
         .count()
-}
-
-/// Serves MCP on stdin/stdout until the client goes away or a termination signal arrives,
-/// then tears every sandbox of the session down.
-pub async fn serve(policy: Policy) -> sandbox::Result<u8> {
-    let server = SandboxServer::new(policy);
-    let registry = server.registry();
-    let service = server
-        .serve(rmcp::transport::stdio())
-        .await
-        .map_err(|e| SandboxError::engine("mcp", format!("MCP initialisation failed: {e}")))?;
-    let cancel = service.cancellation_token();
-    let waiting = tokio::spawn(service.waiting());
-    let signal = crate::signals::terminated();
-    let interrupted = tokio::select! {
-        _ = waiting => false,
-        _ = signal => true,
-    };
-    // Stops the protocol loop (no new tool calls) before the sandboxes go.
-    cancel.cancel();
-    let failed = kill_all(&registry).await;
-    if failed > 0 {
-        tracing::warn!(
-            failed,
-            "some sandboxes of the MCP session could not be killed; see `sandbox reap`"
-        );
-    }
-    Ok(match (interrupted, failed) {
-        (true, _) => crate::EXIT_INTERRUPTED,
-        (false, 0) => crate::EXIT_OK,
-        _ => crate::EXIT_FAILURE,
-    })
 }
 
 #[cfg(test)]

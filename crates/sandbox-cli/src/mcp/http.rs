@@ -34,12 +34,11 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tower_service::Service;
 
-use crate::mcp::{Policy, SandboxServer, kill_all};
+use crate::exit_code;
+use crate::mcp::server::{Policy, SandboxServer, kill_all};
 
 /// The path the MCP endpoint is served on.
 pub const ENDPOINT_PATH: &str = "/mcp";
-/// `--http` without an address.
-pub const DEFAULT_ADDR: &str = "127.0.0.1:8931";
 
 /// A bearer token. Its `Debug` never shows it, so it cannot reach a log by accident.
 #[derive(Clone)]
@@ -87,7 +86,7 @@ impl HttpOptions {
     ) -> sandbox::Result<Self> {
         let token = match token_env {
             None => None,
-            Some(name) => match crate::cli::check_env_name("--token-env", name)
+            Some(name) => match crate::secret_env::check_name("--token-env", name)
                 .map(|()| env(name))?
             {
                 Some(v) if !v.trim().is_empty() => Some(Token(v.trim().into())),
@@ -119,21 +118,6 @@ impl HttpOptions {
             }
         }
         Ok(HttpOptions { addr, token })
-    }
-}
-
-impl TryFrom<&crate::cli::McpArgs> for HttpOptions {
-    type Error = SandboxError;
-
-    fn try_from(a: &crate::cli::McpArgs) -> sandbox::Result<Self> {
-        let addr = a.http.unwrap_or_else(|| {
-            DEFAULT_ADDR
-                .parse()
-                .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 8931)))
-        });
-        HttpOptions::new(addr, a.allow_non_loopback, a.token_env.as_deref(), |name| {
-            std::env::var(name).ok()
-        })
     }
 }
 
@@ -239,7 +223,7 @@ pub async fn serve(policy: Policy, options: HttpOptions) -> sandbox::Result<u8> 
             "some sandboxes of the MCP server could not be killed; see `sandbox reap`"
         );
     }
-    Ok(crate::EXIT_INTERRUPTED)
+    Ok(exit_code::INTERRUPTED)
 }
 
 #[cfg(test)]

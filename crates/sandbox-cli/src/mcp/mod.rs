@@ -1,0 +1,56 @@
+//! `sandbox mcp`: a Model Context Protocol server, so any MCP host (Claude Desktop, IDE
+//! agents) can create sandboxes and run code in them without Rust.
+//!
+//! The server owns every sandbox its clients create: they are killed when it stops, and
+//! each is bounded by its lifetime should the server itself be killed. The tools and
+//! their limits are in [`server`]; the transports that carry them are [`stdio`] (one
+//! client, the process that started us) and [`http`] (streamable HTTP, for hosts that
+//! connect to a URL). This module turns the command line into [`McpOptions`] and picks
+//! the transport.
+
+mod http;
+mod server;
+mod stdio;
+
+use crate::cli::McpArgs;
+use crate::mcp::http::HttpOptions;
+use crate::mcp::server::Policy;
+
+/// How `sandbox mcp` serves, checked before anything binds: a refused address never
+/// listens.
+#[derive(Debug, Clone)]
+pub struct McpOptions {
+    /// What tool calls may ask for.
+    pub policy: Policy,
+    /// Streamable HTTP with these options, or stdio when `None`.
+    pub http: Option<HttpOptions>,
+}
+
+impl TryFrom<&McpArgs> for McpOptions {
+    type Error = sandbox::SandboxError;
+
+    fn try_from(a: &McpArgs) -> sandbox::Result<Self> {
+        let policy = Policy {
+            allow_egress: a.allow_egress,
+        };
+        let http = match a.http {
+            None => None,
+            Some(addr) => Some(HttpOptions::new(
+                addr,
+                a.allow_non_loopback,
+                a.token_env.as_deref(),
+                |name| std::env::var(name).ok(),
+            )?),
+        };
+        Ok(McpOptions { policy, http })
+    }
+}
+
+/// Serves MCP until the client goes away (stdio) or a termination signal arrives, then
+/// tears every sandbox down; returns the exit code.
+pub async fn serve(options: McpOptions) -> sandbox::Result<u8> {
+    match options.http {
+        Some(http) => http::serve(options.policy, http).await,
+        None => stdio::serve(options.policy).await,
+    }
+}
