@@ -16,23 +16,12 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 
 use crate::ctx::{Canary, Ctx, Need, Skip, must_code, run, token};
+use crate::probes::EgressNames;
 
 const AREA: &str = "egress";
 
 /// Longest a blocked connect may take (issue 13: rejected, not dropped).
 const FAST_FAILURE: Duration = Duration::from_secs(1);
-
-/// Two names only this test run knows, for the allowlist trials: `listed` resolves (for
-/// the backend's sandboxes) to the canary's dial address and is put on the allowlist;
-/// `unlisted` resolves to the same address and is not, so its refusal is the resolver's
-/// doing, not the firewall's.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EgressNames {
-    /// The allowlisted name.
-    pub listed: String,
-    /// A name the backend could resolve but must refuse.
-    pub unlisted: String,
-}
 
 /// The trials of this area.
 pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {

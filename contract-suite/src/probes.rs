@@ -48,7 +48,7 @@ pub trait Probes: Send + Sync {
     /// the canary's dial address (taught to the adapter's egress resolver by the test, or
     /// in the host's `/etc/hosts`; never a public name), for the `egress` trials. `None`
     /// (the default) → those trials are ignored.
-    fn egress_names(&self) -> Option<crate::egress::EgressNames> {
+    fn egress_names(&self) -> Option<EgressNames> {
         None
     }
 
@@ -181,6 +181,18 @@ pub struct CanarySpec {
     pub bind: SocketAddr,
     /// Host name or IP a sandbox with egress `Allow` dials to reach the server.
     pub dial_host: String,
+}
+
+/// Two names only this test run knows, for the allowlist trials: `listed` resolves (for
+/// the backend's sandboxes) to the canary's dial address and is put on the allowlist;
+/// `unlisted` resolves to the same address and is not, so its refusal is the resolver's
+/// doing, not the firewall's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EgressNames {
+    /// The allowlisted name.
+    pub listed: String,
+    /// A name the backend could resolve but must refuse.
+    pub unlisted: String,
 }
 
 /// Fault injection on a backend that shares the engine of the one under test.
