@@ -1,4 +1,4 @@
-//! Contract trials: egress allowlists and the always-blocked set (SPEC §5, issue 13).
+//! Contract trials: egress allowlists and the always-blocked set.
 //!
 //! Every server a trial dials is one the suite started on this machine (the canary, or a
 //! listener a trial binds itself); every name is one only the adapter's test resolver
@@ -20,7 +20,8 @@ use crate::probes::EgressNames;
 
 const AREA: &str = "egress";
 
-/// Longest a blocked connect may take (issue 13: rejected, not dropped).
+/// Longest a blocked connect may take: a blocked connect is rejected, not dropped, so a
+/// caller learns at once instead of waiting out its own timeout.
 const FAST_FAILURE: Duration = Duration::from_secs(1);
 
 /// The trials of this area.

@@ -1,6 +1,6 @@
-//! Contract trials: observability (SPEC §6) — every operation of the backend under test,
-//! through core's enforcement layer, emits its `tracing` span and exactly one audit
-//! record, and no secret or env value reaches a span field, a log line or a record.
+//! Contract trials: observability — every operation of the backend under test, through
+//! core's enforcement layer, emits its `tracing` span and exactly one audit record, and no
+//! secret or env value reaches a span field, a log line or a record.
 //!
 //! Spans and events are captured by [`SpanCapture`], which the capture module installs
 //! into the suite's global subscriber. Trials run concurrently, so they find their own

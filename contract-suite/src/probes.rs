@@ -155,7 +155,8 @@ pub struct EngineLimits {
     /// Memory limit in bytes (Docker `HostConfig.Memory`).
     pub memory_bytes: u64,
     /// Memory + swap limit in bytes (Docker `HostConfig.MemorySwap`); equal to
-    /// `memory_bytes` when swap is disabled, as SPEC §5 requires.
+    /// `memory_bytes` when swap is disabled, as a sandbox must have it (swap would let it
+    /// exceed its memory limit).
     pub memory_swap_bytes: u64,
     /// Engine pids limit (Docker `HostConfig.PidsLimit`).
     pub pids: u64,
@@ -171,7 +172,7 @@ pub struct EngineLimits {
 }
 
 /// The largest runtime pids headroom the limit trials accept: beyond it, the engine limit
-/// no longer bounds the sandbox in the sense of SPEC §5.
+/// no longer bounds the sandbox's processes in any useful sense.
 pub const MAX_PIDS_HEADROOM: u64 = 1024;
 
 /// Where the canary server listens and how a sandbox reaches it.
