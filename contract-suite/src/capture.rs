@@ -1,5 +1,6 @@
-//! A global `tracing` layer that records teardown events, so trials can assert the
-//! "orphaned sandbox" warning (target `sandbox::teardown`).
+//! The suite's global `tracing` subscriber and what it records for the trials to assert:
+//! teardown events (the "orphaned sandbox" warning, target `sandbox::teardown`) and, through
+//! [`SpanCapture`], every span and event with all its fields (the observability trials).
 //!
 //! Installed once per process by [`install`] (from [`crate::run`] / [`crate::build`]). When
 //! another global subscriber was installed first, capture is unavailable and the trials
@@ -11,9 +12,11 @@ use std::sync::{Mutex, OnceLock};
 
 use sandbox_core::teardown::TEARDOWN_TARGET;
 use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::Layer;
 use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::registry::LookupSpan;
 
 /// One recorded event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,7 +46,7 @@ pub fn install() -> bool {
         });
         let subscriber = tracing_subscriber::registry()
             .with(CaptureLayer)
-            .with(crate::observability::SpanCapture)
+            .with(SpanCapture)
             .with(fmt);
         tracing::subscriber::set_global_default(subscriber).is_ok()
     })
@@ -122,6 +125,130 @@ impl Visit for FieldVisitor {
             self.message = s;
         } else {
             self.fields.insert(field.name().to_string(), s);
+        }
+    }
+}
+
+/// A closed span as the capture saw it.
+#[derive(Debug, Clone)]
+pub struct CapturedSpan {
+    /// Span name (`sandbox.run`).
+    pub name: &'static str,
+    /// `tracing` target.
+    pub target: String,
+    /// Every field recorded at creation or later, rendered.
+    pub fields: BTreeMap<String, String>,
+}
+
+/// An event (log line) as the capture saw it: target, message and every field.
+#[derive(Debug, Clone)]
+pub struct CapturedLine {
+    /// `tracing` target.
+    pub target: String,
+    /// Message and fields, rendered.
+    pub fields: BTreeMap<String, String>,
+}
+
+/// Bound on what the capture keeps: a runaway adapter must not grow the suite's memory.
+const CAPTURE_LIMIT: usize = 500_000;
+
+static SPANS: Mutex<Vec<CapturedSpan>> = Mutex::new(Vec::new());
+static LINES: Mutex<Vec<CapturedLine>> = Mutex::new(Vec::new());
+
+/// Closed spans captured so far.
+pub fn spans() -> Vec<CapturedSpan> {
+    SPANS.lock().map(|s| s.clone()).unwrap_or_default()
+}
+
+/// Events captured so far (every target and level).
+pub fn lines() -> Vec<CapturedLine> {
+    LINES.lock().map(|s| s.clone()).unwrap_or_default()
+}
+
+/// How many spans have closed so far (what [`spans`] would return, without copying it).
+pub(crate) fn closed_span_count() -> usize {
+    SPANS.lock().map(|s| s.len()).unwrap_or(0)
+}
+
+/// Records every span (on close) and every event, with all their fields.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SpanCapture;
+
+struct OpenSpan {
+    name: &'static str,
+    target: String,
+    fields: BTreeMap<String, String>,
+}
+
+struct Fields<'a>(&'a mut BTreeMap<String, String>);
+
+impl Visit for Fields<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().to_string(), value.to_string());
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        let mut s = String::new();
+        let _ = write!(s, "{value:?}");
+        self.0.insert(field.name().to_string(), s);
+    }
+}
+
+fn push<T>(store: &Mutex<Vec<T>>, item: T) {
+    if let Ok(mut v) = store.lock()
+        && v.len() < CAPTURE_LIMIT
+    {
+        v.push(item);
+    }
+}
+
+impl<S> tracing_subscriber::Layer<S> for SpanCapture
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let mut fields = BTreeMap::new();
+        attrs.record(&mut Fields(&mut fields));
+        if let Some(span) = ctx.span(id) {
+            span.extensions_mut().insert(OpenSpan {
+                name: attrs.metadata().name(),
+                target: attrs.metadata().target().to_string(),
+                fields,
+            });
+        }
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        if let Some(span) = ctx.span(id)
+            && let Some(open) = span.extensions_mut().get_mut::<OpenSpan>()
+        {
+            values.record(&mut Fields(&mut open.fields));
+        }
+    }
+
+    fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
+        let mut fields = BTreeMap::new();
+        event.record(&mut Fields(&mut fields));
+        push(
+            &LINES,
+            CapturedLine {
+                target: event.metadata().target().to_string(),
+                fields,
+            },
+        );
+    }
+
+    fn on_close(&self, id: Id, ctx: Context<'_, S>) {
+        if let Some(span) = ctx.span(&id)
+            && let Some(open) = span.extensions_mut().remove::<OpenSpan>()
+        {
+            push(
+                &SPANS,
+                CapturedSpan {
+                    name: open.name,
+                    target: open.target,
+                    fields: open.fields,
+                },
+            );
         }
     }
 }

@@ -1,4 +1,4 @@
-//! Contract trials: egress allowlists and the always-blocked set (SPEC §5, issue 13).
+//! Contract trials: egress allowlists and the always-blocked set.
 //!
 //! Every server a trial dials is one the suite started on this machine (the canary, or a
 //! listener a trial binds itself); every name is one only the adapter's test resolver
@@ -16,23 +16,13 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 
 use crate::ctx::{Canary, Ctx, Need, Skip, must_code, run, token};
+use crate::probes::EgressNames;
 
 const AREA: &str = "egress";
 
-/// Longest a blocked connect may take (issue 13: rejected, not dropped).
+/// Longest a blocked connect may take: a blocked connect is rejected, not dropped, so a
+/// caller learns at once instead of waiting out its own timeout.
 const FAST_FAILURE: Duration = Duration::from_secs(1);
-
-/// Two names only this test run knows, for the allowlist trials: `listed` resolves (for
-/// the backend's sandboxes) to the canary's dial address and is put on the allowlist;
-/// `unlisted` resolves to the same address and is not, so its refusal is the resolver's
-/// doing, not the firewall's.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EgressNames {
-    /// The allowlisted name.
-    pub listed: String,
-    /// A name the backend could resolve but must refuse.
-    pub unlisted: String,
-}
 
 /// The trials of this area.
 pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {

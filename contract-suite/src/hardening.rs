@@ -1,5 +1,5 @@
-//! Contract trials: the security defaults of SPEC §5, verified from inside the sandbox
-//! (no-new-privileges, no effective capabilities, limits, interfaces, secrets).
+//! Contract trials: the security defaults every sandbox gets, verified from inside the
+//! sandbox (no-new-privileges, no effective capabilities, limits, interfaces, secrets).
 
 use std::sync::Arc;
 

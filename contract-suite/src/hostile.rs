@@ -1,4 +1,4 @@
-//! Contract trials: hostile code (issue 11). Everything inside a sandbox is assumed to be
+//! Contract trials: hostile code. Everything inside a sandbox is assumed to be
 //! written by an attacker; each trial runs one attack and proves the promise it targets
 //! still holds — limits bound it, a timeout ends all of it, the sandbox (or at least the
 //! caller) survives it, and this process's memory and disk stay bounded.

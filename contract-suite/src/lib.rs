@@ -42,9 +42,8 @@ use sandbox_core::{
 use tokio::io::AsyncWriteExt;
 
 pub use crate::ctx::{Ctx, Need, NotApplicable, Skip};
-pub use crate::egress::EgressNames;
 pub use crate::probes::{
-    CanarySpec, EngineLimits, Faults, Injection, MAX_PIDS_HEADROOM, NoProbes, Probes,
+    CanarySpec, EgressNames, EngineLimits, Faults, Injection, MAX_PIDS_HEADROOM, NoProbes, Probes,
 };
 pub use anyhow;
 pub use libtest_mimic;

@@ -1,5 +1,5 @@
-//! How the suite proves a sandbox's memory and pids limits (SPEC §5: "applied settings are
-//! verified … from inside the sandbox").
+//! How the suite proves a sandbox's memory and pids limits: applied settings are verified
+//! from inside the sandbox, because an engine that accepted a setting may not have applied it.
 //!
 //! The first evidence is always the cgroup view inside the sandbox (`memory.max` /
 //! `memory.limit_in_bytes`, `pids.max`), which must equal the request exactly. Only when

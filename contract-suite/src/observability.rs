@@ -1,28 +1,25 @@
-//! Contract trials: observability (SPEC §6) — every operation of the backend under test,
-//! through core's enforcement layer, emits its `tracing` span and exactly one audit
-//! record, and no secret or env value reaches a span field, a log line or a record.
+//! Contract trials: observability — every operation of the backend under test, through
+//! core's enforcement layer, emits its `tracing` span and exactly one audit record, and no
+//! secret or env value reaches a span field, a log line or a record.
 //!
-//! Spans and events are captured by [`SpanCapture`], a `tracing` layer installed into the
-//! suite's global subscriber by [`crate::capture::install`]. Trials run concurrently, so
-//! they find their own spans by sandbox id and their own values by unique tokens.
+//! Spans and events are captured by [`SpanCapture`], which the capture module installs
+//! into the suite's global subscriber. Trials run concurrently, so they find their own
+//! spans by sandbox id and their own values by unique tokens.
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use anyhow::{Context as _, bail, ensure};
 use bytes::Bytes;
 use libtest_mimic::Trial;
 use sandbox_core::layer::{AuditRecord, AuditSink, JsonLinesSink, Layer, MemorySink};
 use sandbox_core::{Backend, BoxError, Capability as C, CodeOptions, ErrorCode, RunOptions};
-use tracing::field::{Field, Visit};
-use tracing::span::{Attributes, Id, Record};
-use tracing::{Event, Subscriber};
-use tracing_subscriber::layer::Context;
-use tracing_subscriber::registry::LookupSpan;
 
+use crate::capture;
 use crate::ctx::{CASE_LABEL, Ctx, Sbx, must_code, sbx, token};
+
+// Public paths of the span capture, which lives with the suite's subscriber in `capture`.
+pub use crate::capture::{CapturedLine, CapturedSpan, SpanCapture, lines, spans};
 
 const AREA: &str = "observability";
 
@@ -54,130 +51,10 @@ fn case(name: &str) -> String {
     format!("{AREA}::{name}")
 }
 
-/// A closed span as the capture saw it.
-#[derive(Debug, Clone)]
-pub struct CapturedSpan {
-    /// Span name (`sandbox.run`).
-    pub name: &'static str,
-    /// `tracing` target.
-    pub target: String,
-    /// Every field recorded at creation or later, rendered.
-    pub fields: BTreeMap<String, String>,
-}
-
-/// An event (log line) as the capture saw it: target, message and every field.
-#[derive(Debug, Clone)]
-pub struct CapturedLine {
-    /// `tracing` target.
-    pub target: String,
-    /// Message and fields, rendered.
-    pub fields: BTreeMap<String, String>,
-}
-
-/// Bound on what the capture keeps: a runaway adapter must not grow the suite's memory.
-const CAPTURE_LIMIT: usize = 500_000;
-
-static SPANS: Mutex<Vec<CapturedSpan>> = Mutex::new(Vec::new());
-static LINES: Mutex<Vec<CapturedLine>> = Mutex::new(Vec::new());
-
-/// Closed spans captured so far.
-pub fn spans() -> Vec<CapturedSpan> {
-    SPANS.lock().map(|s| s.clone()).unwrap_or_default()
-}
-
-/// Events captured so far (every target and level).
-pub fn lines() -> Vec<CapturedLine> {
-    LINES.lock().map(|s| s.clone()).unwrap_or_default()
-}
-
-/// Records every span (on close) and every event, with all their fields.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct SpanCapture;
-
-struct OpenSpan {
-    name: &'static str,
-    target: String,
-    fields: BTreeMap<String, String>,
-}
-
-struct Fields<'a>(&'a mut BTreeMap<String, String>);
-
-impl Visit for Fields<'_> {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.insert(field.name().to_string(), value.to_string());
-    }
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        let mut s = String::new();
-        let _ = write!(s, "{value:?}");
-        self.0.insert(field.name().to_string(), s);
-    }
-}
-
-fn push<T>(store: &Mutex<Vec<T>>, item: T) {
-    if let Ok(mut v) = store.lock()
-        && v.len() < CAPTURE_LIMIT
-    {
-        v.push(item);
-    }
-}
-
-impl<S> tracing_subscriber::Layer<S> for SpanCapture
-where
-    S: Subscriber + for<'a> LookupSpan<'a>,
-{
-    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
-        let mut fields = BTreeMap::new();
-        attrs.record(&mut Fields(&mut fields));
-        if let Some(span) = ctx.span(id) {
-            span.extensions_mut().insert(OpenSpan {
-                name: attrs.metadata().name(),
-                target: attrs.metadata().target().to_string(),
-                fields,
-            });
-        }
-    }
-
-    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
-        if let Some(span) = ctx.span(id)
-            && let Some(open) = span.extensions_mut().get_mut::<OpenSpan>()
-        {
-            values.record(&mut Fields(&mut open.fields));
-        }
-    }
-
-    fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
-        let mut fields = BTreeMap::new();
-        event.record(&mut Fields(&mut fields));
-        push(
-            &LINES,
-            CapturedLine {
-                target: event.metadata().target().to_string(),
-                fields,
-            },
-        );
-    }
-
-    fn on_close(&self, id: Id, ctx: Context<'_, S>) {
-        if let Some(span) = ctx.span(&id)
-            && let Some(open) = span.extensions_mut().remove::<OpenSpan>()
-        {
-            push(
-                &SPANS,
-                CapturedSpan {
-                    name: open.name,
-                    target: open.target,
-                    fields: open.fields,
-                },
-            );
-        }
-    }
-}
-
-/// The layer's spans of one sandbox, in the order they closed.
 /// How many spans have closed so far: spans of an earlier run in the same process (the fake
 /// numbers its sandboxes per backend, so ids repeat across backends) come before it.
 fn span_mark() -> usize {
-    SPANS.lock().map(|s| s.len()).unwrap_or(0)
+    capture::closed_span_count()
 }
 
 /// Spans of sandbox `id` that closed after `mark`.

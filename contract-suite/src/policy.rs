@@ -416,9 +416,9 @@ async fn spawning_past_the_limit_fails(sb: &dyn Sandbox, engine_pids: u64) -> an
     Ok(())
 }
 
-/// SPEC §2 default memory limit (MiB) when none is requested.
+/// The documented default memory limit (MiB) when none is requested.
 const SPEC_DEFAULT_MEMORY_MB: u64 = 512;
-/// SPEC §2 default pids limit when none is requested.
+/// The documented default pids limit when none is requested.
 const SPEC_DEFAULT_PIDS: u64 = 512;
 
 /// Default resources are concrete limits inside (512 MiB, 512 pids), never "max" (with

@@ -48,7 +48,7 @@ pub trait Probes: Send + Sync {
     /// the canary's dial address (taught to the adapter's egress resolver by the test, or
     /// in the host's `/etc/hosts`; never a public name), for the `egress` trials. `None`
     /// (the default) → those trials are ignored.
-    fn egress_names(&self) -> Option<crate::egress::EgressNames> {
+    fn egress_names(&self) -> Option<EgressNames> {
         None
     }
 
@@ -155,7 +155,8 @@ pub struct EngineLimits {
     /// Memory limit in bytes (Docker `HostConfig.Memory`).
     pub memory_bytes: u64,
     /// Memory + swap limit in bytes (Docker `HostConfig.MemorySwap`); equal to
-    /// `memory_bytes` when swap is disabled, as SPEC §5 requires.
+    /// `memory_bytes` when swap is disabled, as a sandbox must have it (swap would let it
+    /// exceed its memory limit).
     pub memory_swap_bytes: u64,
     /// Engine pids limit (Docker `HostConfig.PidsLimit`).
     pub pids: u64,
@@ -171,7 +172,7 @@ pub struct EngineLimits {
 }
 
 /// The largest runtime pids headroom the limit trials accept: beyond it, the engine limit
-/// no longer bounds the sandbox in the sense of SPEC §5.
+/// no longer bounds the sandbox's processes in any useful sense.
 pub const MAX_PIDS_HEADROOM: u64 = 1024;
 
 /// Where the canary server listens and how a sandbox reaches it.
@@ -181,6 +182,18 @@ pub struct CanarySpec {
     pub bind: SocketAddr,
     /// Host name or IP a sandbox with egress `Allow` dials to reach the server.
     pub dial_host: String,
+}
+
+/// Two names only this test run knows, for the allowlist trials: `listed` resolves (for
+/// the backend's sandboxes) to the canary's dial address and is put on the allowlist;
+/// `unlisted` resolves to the same address and is not, so its refusal is the resolver's
+/// doing, not the firewall's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EgressNames {
+    /// The allowlisted name.
+    pub listed: String,
+    /// A name the backend could resolve but must refuse.
+    pub unlisted: String,
 }
 
 /// Fault injection on a backend that shares the engine of the one under test.

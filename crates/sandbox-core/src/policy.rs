@@ -1,9 +1,9 @@
 //! Admission checks before provisioning: option validity, required isolation, and the
 //! capabilities the requested policy needs.
 //!
-//! The enforcement layer ([`crate::layer`]) runs [`check_create`] before every `create`
-//! reaches an adapter, so adapters need not call it; calling it again (some adapters do, to
-//! get the effective resources) is harmless.
+//! The enforcement layer runs [`check_create`] before every `create` reaches an adapter,
+//! and [`require`] before every later call; where admission runs, and why first-party
+//! adapters run it again, is written down once in [`crate::layer`]'s module doc.
 
 use crate::{
     Capability, CreateOptions, EffectiveResources, Egress, IsolationTier, Result, SandboxError,

@@ -1,10 +1,23 @@
 //! The layer against a tiny in-test backend that records every call it receives.
 
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
 use std::sync::Mutex;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use super::op::sha256_hex;
 use super::*;
-use crate::{ErrorCode, NetworkPolicy, Resources};
+use crate::options::MAX_SANDBOX_TIMEOUT;
+use crate::{
+    Capability, CodeOptions, Command, CreateOptions, ErrorCode, ExecResult, FileInfo, FileSystem,
+    IsolationTier, NetworkPolicy, Process, Resources, Result, RunOptions, Sandbox, SandboxError,
+};
 
 /// Serialises the tests that hit the layer's span callsites: `tracing` caches a callsite's
 /// interest when it is first hit, and a test registering a callsite on another thread while

@@ -1,0 +1,194 @@
+//! The broken backend: the flaws of create (options silently changed, refusals that
+//! provision first, errors mistyped), of connect (a dead id revived) and of the reap
+//! listing (stopped sandboxes hidden). Every sandbox it hands out is a broken sandbox with
+//! the same flaw.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sandbox_core::{
+    Backend, Capability, CreateOptions, Egress, ErrorCode, IsolationTier, ManagedSandbox,
+    NetworkPolicy, ReapableBackend, Resources, Result, Sandbox, SandboxError,
+};
+
+use super::abandoned::abandon;
+use super::flaw::{Flaw, adjust_caps};
+use super::sandbox::BrokenSandbox;
+
+/// Wraps `inner` so that it has `flaw`.
+pub fn wrap(inner: Arc<dyn Backend>, flaw: Flaw) -> Arc<dyn Backend> {
+    Arc::new(BrokenBackend {
+        inner,
+        flaw,
+        last_options: Mutex::new(None),
+    })
+}
+
+/// A backend with a flaw.
+#[derive(Debug)]
+pub struct BrokenBackend {
+    inner: Arc<dyn Backend>,
+    flaw: Flaw,
+    /// The last options a create succeeded with (`ConnectRevives` creates from them).
+    last_options: Mutex<Option<CreateOptions>>,
+}
+
+impl BrokenBackend {
+    fn sandbox(
+        &self,
+        inner: Box<dyn Sandbox>,
+        secrets: Vec<String>,
+        ingress: Vec<u16>,
+    ) -> Box<dyn Sandbox> {
+        Box::new(BrokenSandbox::new(inner, self.flaw, secrets, ingress))
+    }
+
+    /// Options with the same metadata that the inner backend accepts.
+    fn plain(options: &CreateOptions) -> CreateOptions {
+        let mut plain = CreateOptions::default();
+        plain.template = options.template.clone();
+        plain.metadata = options.metadata.clone();
+        plain
+    }
+}
+
+#[async_trait]
+impl Backend for BrokenBackend {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn capabilities(&self) -> Capability {
+        adjust_caps(self.flaw, self.inner.capabilities())
+    }
+    fn isolation(&self) -> IsolationTier {
+        self.inner.isolation()
+    }
+    async fn create(&self, mut options: CreateOptions) -> Result<Box<dyn Sandbox>> {
+        match self.flaw {
+            Flaw::PretendNetworkPolicy if options.network.egress == Egress::Deny => {
+                options.network.egress = Egress::Allow;
+            }
+            Flaw::SilentlyDenyAllow if options.network.egress == Egress::Allow => {
+                options.network = NetworkPolicy::deny();
+            }
+            Flaw::DeclareUnhonoured if matches!(options.network.egress, Egress::AllowList(_)) => {
+                // Says it filters, gives full egress.
+                options.network.egress = Egress::Allow;
+            }
+            Flaw::IgnoreLimits => {
+                options.resources = Resources::default();
+            }
+            Flaw::IgnoreLifetime => {
+                options.timeout = Duration::from_secs(3600);
+            }
+            Flaw::SecretsInEngineEnv => {
+                for (k, v) in std::mem::take(&mut options.secrets) {
+                    options.env.insert(k, v.expose().to_string());
+                }
+            }
+            Flaw::IgnoreWorkdir => {
+                options.workdir = None;
+            }
+            Flaw::UncheckedLabelKeys => {
+                // The keys the engine would receive, control characters and all: the
+                // inner backend only sees them cleaned, as if the engine took them.
+                let bad = options
+                    .metadata
+                    .keys()
+                    .any(|k| k.chars().any(char::is_control));
+                if bad {
+                    options.metadata = options
+                        .metadata
+                        .into_iter()
+                        .map(|(k, v)| (k.chars().filter(|c| !c.is_control()).collect(), v))
+                        .collect();
+                }
+            }
+            _ => {}
+        }
+        let ingress = if self.flaw == Flaw::PretendIngress {
+            std::mem::take(&mut options.network.ingress_ports)
+        } else {
+            vec![]
+        };
+        let secrets: Vec<String> = options
+            .secrets
+            .values()
+            .map(|s| s.expose().to_string())
+            .collect();
+        let created = self.inner.create(options.clone()).await;
+        let inner = match created {
+            Ok(inner) => inner,
+            Err(e) if self.flaw == Flaw::RefuseAfterProvisioning => {
+                // Provisions first, then refuses, and leaves what it provisioned.
+                if let Ok(provisioned) = self.inner.create(Self::plain(&options)).await {
+                    abandon(provisioned);
+                }
+                return Err(e);
+            }
+            Err(e) if self.flaw == Flaw::RawEngineErrors => {
+                return Err(SandboxError::engine(
+                    self.inner.name(),
+                    format!("raw engine error: {e}"),
+                ));
+            }
+            Err(e)
+                if (self.flaw == Flaw::CauselessCreationError
+                    && e.code() == ErrorCode::Creation)
+                    || (self.flaw == Flaw::CreateTimeoutAsCreation
+                        && e.code() == ErrorCode::CreateTimeout)
+                    || (self.flaw == Flaw::AuthAsCreation && e.code() == ErrorCode::Auth) =>
+            {
+                return Err(SandboxError::creation(self.inner.name(), "create failed"));
+            }
+            Err(e) => return Err(e),
+        };
+        if let Ok(mut last) = self.last_options.lock() {
+            *last = Some(Self::plain(&options));
+        }
+        Ok(self.sandbox(inner, secrets, ingress))
+    }
+    async fn connect(&self, id: &str) -> Result<Box<dyn Sandbox>> {
+        match self.inner.connect(id).await {
+            Ok(inner) => Ok(self.sandbox(inner, vec![], vec![])),
+            Err(e) if self.flaw == Flaw::ConnectRevives && e.code() == ErrorCode::Connect => {
+                let options = self
+                    .last_options
+                    .lock()
+                    .ok()
+                    .and_then(|o| o.clone())
+                    .unwrap_or_default();
+                let inner = self.inner.create(options).await?;
+                Ok(self.sandbox(inner, vec![], vec![]))
+            }
+            Err(e) => Err(e),
+        }
+    }
+    fn as_reapable(&self) -> Option<&dyn ReapableBackend> {
+        self.inner
+            .as_reapable()
+            .map(|_| self as &dyn ReapableBackend)
+    }
+}
+
+#[async_trait]
+impl ReapableBackend for BrokenBackend {
+    async fn list_managed(&self, labels: &BTreeMap<String, String>) -> Result<Vec<ManagedSandbox>> {
+        let mut listed = match self.inner.as_reapable() {
+            Some(r) => r.list_managed(labels).await?,
+            None => return Err(SandboxError::unsupported(Capability::empty(), self.name())),
+        };
+        if self.flaw == Flaw::HideStopped {
+            listed.retain(|m| m.state != sandbox_core::SandboxState::Stopped);
+        }
+        Ok(listed)
+    }
+    async fn kill_managed(&self, id: &str) -> Result<bool> {
+        match self.inner.as_reapable() {
+            Some(r) => r.kill_managed(id).await,
+            None => Err(SandboxError::unsupported(Capability::empty(), self.name())),
+        }
+    }
+}

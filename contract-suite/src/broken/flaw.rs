@@ -1,0 +1,293 @@
+//! The catalogue of flaws: every way an adapter is deliberately broken, and the trials
+//! that must catch each one. What each flaw does lives with what it breaks (`backend`,
+//! `sandbox`, `exec`, `evidence`, `files`).
+
+use sandbox_core::Capability;
+
+/// One way an adapter can be broken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Flaw {
+    /// `run`/`run_code` ignore the timeout (they inherit the lifetime instead) and turn
+    /// `ExecutionTimeout` into a successful exit 0.
+    SwallowTimeouts,
+    /// Declares `NETWORK_POLICY` but creates with egress `Allow` when `Deny` was asked.
+    PretendNetworkPolicy,
+    /// `Debug` of a sandbox prints the secret values it was created with.
+    LeakSecrets,
+    /// A failing kill surfaces as a raw `Engine` error instead of `Connect` (no reap hint).
+    LeakKillError,
+    /// Processes are never killed: a dropped `run` future or `Process` leaves the remote
+    /// process running.
+    OrphanProcesses,
+    /// Declares `INGRESS_PORTS` and accepts ingress ports at create, but publishes nothing:
+    /// `ingress_address` names a loopback port where no sandbox program answers.
+    PretendIngress,
+    /// `run_code` returns its printed output a second time as an untyped rich result.
+    UntypedRichResults,
+    /// A stream ends after one second without output, reporting exit 0 while the
+    /// process still runs.
+    StreamEndsOnPause,
+    /// After a refused kill, every later call reports that kill's failure instead of its
+    /// own outcome.
+    PoisonAfterFailedKill,
+    /// `mkdir` always creates missing parents, even without `parents`.
+    MkdirAlwaysParents,
+    /// Capabilities are not dropped: the sandbox's processes keep root's bounding and
+    /// permitted sets (modelled on what `/proc/<pid>/status` reports).
+    KeepCapabilities,
+    /// A sandbox reports a different isolation tier than its backend.
+    TierMismatch,
+    /// Memory and pids limits are ignored: the sandbox gets the defaults.
+    IgnoreLimits,
+    /// Without explicit limits the sandbox is unlimited (modelled on the cgroup files
+    /// reading `max`).
+    UnlimitedDefaults,
+    /// Dropping a handle without `kill()` leaves the sandbox running.
+    LeakOnDrop,
+    /// Declares `EGRESS_ALLOWLIST` without honouring it.
+    DeclareUnhonoured,
+    /// Does not declare `STATEFUL_CODE` but still runs code in contexts.
+    EmulateUndeclared,
+    /// An exec timeout kills the whole sandbox, not just that process.
+    TimeoutKillsSandbox,
+    /// An exec timeout kills only the exec's pid, not its process group: background
+    /// children survive.
+    KillOnlyExecPid,
+    /// An exec timeout also kills what earlier commands left running in the background
+    /// (every process group any command started), not just the timed-out command's.
+    TimeoutKillsStrays,
+    /// `stream()` ignores the timeout it was given.
+    IgnoreStreamTimeout,
+    /// Egress `Allow` is silently turned into `Deny`.
+    SilentlyDenyAllow,
+    /// The sandbox lifetime is ignored (the sandbox lives for an hour).
+    IgnoreLifetime,
+    /// An argv command is joined into a `sh -c` string.
+    ArgvViaShell,
+    /// A missing executable exits 126 with its message on stdout.
+    MissingBinary126,
+    /// Secrets are passed as plain environment, so the engine stores them.
+    SecretsInEngineEnv,
+    /// `connect` of a dead id creates a new sandbox instead of failing.
+    ConnectRevives,
+    /// A create that is refused provisions a sandbox first (and leaves it).
+    RefuseAfterProvisioning,
+    /// Output past `output_cap` is silently truncated instead of refused.
+    TruncateSilently,
+    /// `stream()` starts the process at once, before the first poll.
+    EagerStream,
+    /// A dropped handle is never reported when its teardown cannot happen: no orphan
+    /// warning (the handle's drop does nothing).
+    NoOrphanWarning,
+    /// `read` of a directory returns empty data instead of `IsADirectory`.
+    ReadDirReturnsData,
+    /// Engine errors escape unmapped: a failed create is a raw `Engine` error.
+    RawEngineErrors,
+    /// `stat` reports no modification time and mode 0.
+    StaleFileInfo,
+    /// `CreateOptions::workdir` is ignored: commands run in the default directory.
+    IgnoreWorkdir,
+    /// Metadata keys are not checked: a key with control characters reaches the engine.
+    UncheckedLabelKeys,
+    /// No init as PID 1: the main process is a plain `sleep` (modelled on `/proc/1/comm`).
+    NoInit,
+    /// Swap is left on (modelled on `memory.swap.max` reading `max`).
+    SwapEnabled,
+    /// No CPU quota (modelled on `cpu.max` reading `max`).
+    NoCpuQuota,
+    /// `list_managed` shows running sandboxes only: a stopped one the engine still holds
+    /// is never found by `reap`.
+    HideStopped,
+    /// A provider's failure becomes a `Creation` error without its cause.
+    CauselessCreationError,
+    /// A create past its bound is reported as a plain `Creation` failure, not
+    /// `CreateTimeout`.
+    CreateTimeoutAsCreation,
+    /// A missing credential is reported as a plain `Creation` failure, not `Auth`.
+    AuthAsCreation,
+    /// `stream()` reads the process's output as fast as it comes into an unbounded
+    /// buffer, however slowly the consumer reads it.
+    UnboundedStreamBuffer,
+    /// `upload` copies what a local tree's symlinks point at (outside the tree, too).
+    UploadFollowsLinks,
+    /// `download` writes an archive's escaping symlinks as they are instead of refusing
+    /// them.
+    UnsafeUnpack,
+    /// `stat` drops the setuid, setgid and sticky bits (an engine's Go file mode read as
+    /// if it were a Unix one).
+    DropSpecialModeBits,
+    /// `read` of a file past the read cap returns (here: empty) data instead of
+    /// `ResourceLimitExceeded`.
+    UncappedRead,
+    /// Declares `STDIN` but drops `RunOptions::stdin` and `interactive`: the command reads
+    /// end of input at once and takes no live input.
+    DropStdin,
+    /// `ls` reads its listing line by line: a name with a newline in it becomes several
+    /// entries (the helper-script listings the adapters once printed one per line).
+    SplitNamesOnNewline,
+}
+
+impl Flaw {
+    /// Every flaw.
+    pub const ALL: [Flaw; 50] = [
+        Flaw::SwallowTimeouts,
+        Flaw::PretendNetworkPolicy,
+        Flaw::LeakSecrets,
+        Flaw::LeakKillError,
+        Flaw::OrphanProcesses,
+        Flaw::PretendIngress,
+        Flaw::UntypedRichResults,
+        Flaw::StreamEndsOnPause,
+        Flaw::PoisonAfterFailedKill,
+        Flaw::MkdirAlwaysParents,
+        Flaw::KeepCapabilities,
+        Flaw::TierMismatch,
+        Flaw::IgnoreLimits,
+        Flaw::UnlimitedDefaults,
+        Flaw::LeakOnDrop,
+        Flaw::DeclareUnhonoured,
+        Flaw::EmulateUndeclared,
+        Flaw::TimeoutKillsSandbox,
+        Flaw::KillOnlyExecPid,
+        Flaw::TimeoutKillsStrays,
+        Flaw::IgnoreStreamTimeout,
+        Flaw::SilentlyDenyAllow,
+        Flaw::IgnoreLifetime,
+        Flaw::ArgvViaShell,
+        Flaw::MissingBinary126,
+        Flaw::SecretsInEngineEnv,
+        Flaw::ConnectRevives,
+        Flaw::RefuseAfterProvisioning,
+        Flaw::TruncateSilently,
+        Flaw::EagerStream,
+        Flaw::NoOrphanWarning,
+        Flaw::ReadDirReturnsData,
+        Flaw::RawEngineErrors,
+        Flaw::StaleFileInfo,
+        Flaw::IgnoreWorkdir,
+        Flaw::UncheckedLabelKeys,
+        Flaw::NoInit,
+        Flaw::SwapEnabled,
+        Flaw::NoCpuQuota,
+        Flaw::HideStopped,
+        Flaw::CauselessCreationError,
+        Flaw::CreateTimeoutAsCreation,
+        Flaw::AuthAsCreation,
+        Flaw::UnboundedStreamBuffer,
+        Flaw::UploadFollowsLinks,
+        Flaw::UnsafeUnpack,
+        Flaw::DropSpecialModeBits,
+        Flaw::UncappedRead,
+        Flaw::DropStdin,
+        Flaw::SplitNamesOnNewline,
+    ];
+
+    /// The trials that must fail on a backend with this flaw (each passes without it).
+    pub fn caught_by(self) -> &'static [&'static str] {
+        match self {
+            Flaw::SwallowTimeouts => &["contract::run::timeout_kills_only_that_process"],
+            Flaw::PretendNetworkPolicy => &[
+                "contract::policy::egress_deny_really_denies",
+                "contract::policy::deny_leaves_only_loopback",
+            ],
+            Flaw::LeakSecrets => &["contract::lifecycle::debug_shows_id_never_secrets"],
+            Flaw::LeakKillError => {
+                &["contract::cancellation::failing_kill_is_connect_error_with_reap_hint"]
+            }
+            Flaw::OrphanProcesses => &[
+                "contract::cancellation::drop_mid_run_kills_process",
+                "contract::streaming::cleanup_after_drop",
+            ],
+            Flaw::PretendIngress => &["contract::policy::ingress_published_or_refused"],
+            Flaw::UntypedRichResults => &["contract::run_code::rich_results_typed_or_absent"],
+            Flaw::StreamEndsOnPause => &["contract::streaming::cleanup_after_full_iteration"],
+            Flaw::PoisonAfterFailedKill => {
+                &["contract::cancellation::teardown_failure_never_hides_callers_error"]
+            }
+            Flaw::MkdirAlwaysParents => &["contract::files::mkdir_parents"],
+            Flaw::KeepCapabilities => &[
+                "contract::hardening::cap_eff_zero_pid1",
+                "contract::hardening::cap_eff_zero_self",
+            ],
+            Flaw::TierMismatch => &["contract::lifecycle::sandbox_tier_equals_backend_tier"],
+            Flaw::IgnoreLimits => &[
+                "contract::hardening::limits_as_requested",
+                "contract::hostile::fork_bomb_bounded_by_pids",
+                "contract::hostile::memory_hog_killed_sandbox_survives",
+            ],
+            Flaw::UnlimitedDefaults => &["contract::policy::caps_cannot_be_unset"],
+            Flaw::LeakOnDrop => &["contract::lifecycle::drop_without_kill_tears_down"],
+            Flaw::DeclareUnhonoured => &["contract::policy::allowlist_enforced_or_refused"],
+            Flaw::EmulateUndeclared => &["contract::capabilities::every_undeclared_flag_refuses"],
+            Flaw::TimeoutKillsSandbox => &[
+                "contract::run::timeout_kills_only_that_process",
+                "contract::hostile::junk_in_shm_tmp_run_cannot_break_the_timeout",
+            ],
+            Flaw::KillOnlyExecPid => &[
+                "contract::run::timeout_kills_process_tree",
+                "contract::hostile::timeout_kills_background_and_setsid_children",
+            ],
+            Flaw::TimeoutKillsStrays => &["contract::run::detached_child_survives_another_timeout"],
+            Flaw::IgnoreStreamTimeout => &["contract::streaming::timeout_from_iteration"],
+            Flaw::SilentlyDenyAllow => &["contract::policy::allow_adds_an_interface"],
+            Flaw::IgnoreLifetime => &[
+                "contract::lifecycle::lifetime_backstop_ends_sandbox",
+                "contract::lifecycle::default_lifetime_is_applied",
+            ],
+            Flaw::ArgvViaShell => &["contract::run::list_not_via_shell"],
+            Flaw::MissingBinary126 => &["contract::run::missing_binary_argv_is_127"],
+            Flaw::SecretsInEngineEnv => &["contract::hardening::secrets_not_in_engine_env"],
+            Flaw::ConnectRevives => &["contract::lifecycle::connect_dead_is_connect_error"],
+            Flaw::RefuseAfterProvisioning => &["contract::policy::gpu_refused_without_capability"],
+            Flaw::TruncateSilently => &[
+                "contract::run::output_cap_exceeded_is_typed",
+                "contract::hostile::huge_output_capped",
+            ],
+            Flaw::EagerStream => &["contract::streaming::starts_on_first_poll"],
+            Flaw::NoOrphanWarning => &[
+                "contract::cancellation::grace_expiry_warns_orphan_with_id",
+                "contract::cancellation::failing_teardown_only_warns",
+            ],
+            Flaw::ReadDirReturnsData => &["contract::files::read_of_dir_is_typed_error"],
+            Flaw::RawEngineErrors => &["contract::errors::no_raw_engine_error_escapes"],
+            Flaw::StaleFileInfo => &["contract::files::stat_mode_and_modified"],
+            Flaw::IgnoreWorkdir => &["contract::run::create_workdir_applies"],
+            Flaw::UncheckedLabelKeys => &["contract::policy::label_key_with_control_chars_refused"],
+            Flaw::NoInit => &["contract::hardening::pid1_is_an_init"],
+            Flaw::SwapEnabled => &["contract::hardening::swap_disabled_and_follows_memory"],
+            Flaw::NoCpuQuota => &["contract::hardening::cpu_quota_read_back"],
+            Flaw::HideStopped => &["contract::lifecycle::list_managed_shows_stopped"],
+            Flaw::CauselessCreationError => {
+                &["contract::errors::provider_failure_is_creation_error"]
+            }
+            Flaw::CreateTimeoutAsCreation => {
+                &["contract::errors::stalled_create_is_create_timeout"]
+            }
+            Flaw::AuthAsCreation => &["contract::errors::missing_credential_is_auth_error"],
+            Flaw::UnboundedStreamBuffer => &["contract::streaming::large_output_bounded_memory"],
+            Flaw::UploadFollowsLinks => &["contract::files::upload_never_follows_links_out"],
+            Flaw::UnsafeUnpack => &["contract::files::download_rejects_tar_path_escape"],
+            Flaw::DropSpecialModeBits => &["contract::files::stat_keeps_special_mode_bits"],
+            Flaw::UncappedRead => {
+                &["contract::hostile::huge_sparse_file_read_and_download_refused"]
+            }
+            Flaw::DropStdin => &[
+                "contract::run::stdin_reaches_the_command",
+                "contract::streaming::stdin_streams_through",
+                "contract::streaming::live_input_is_read_as_it_is_written",
+            ],
+            Flaw::SplitNamesOnNewline => &["contract::files::ls_name_with_a_newline_is_one_entry"],
+        }
+    }
+}
+
+/// The capabilities a backend (or sandbox) with `flaw` declares, given what the unbroken
+/// one declares.
+pub(super) fn adjust_caps(flaw: Flaw, caps: Capability) -> Capability {
+    match flaw {
+        Flaw::PretendIngress => caps | Capability::INGRESS_PORTS,
+        Flaw::DeclareUnhonoured => caps | Capability::EGRESS_ALLOWLIST,
+        Flaw::EmulateUndeclared => caps - Capability::STATEFUL_CODE,
+        _ => caps,
+    }
+}

@@ -1,0 +1,251 @@
+//! The broken sandbox handle: routes each call to the flaw that changes it (runs and
+//! streams to `exec`, kernel evidence to `evidence`, files to `files`) and holds the
+//! flaws of the handle itself — a kill that leaks its error or poisons later calls, a drop
+//! that tears nothing down, a `Debug` that shows secrets, a wrong tier, pretended ingress.
+
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sandbox_core::teardown::OrphanInfo;
+use sandbox_core::{
+    Capability, CodeOptions, Command, ErrorCode, ExecResult, FileSystem, IsolationTier, Process,
+    Result, RichResult, RunOptions, Sandbox, SandboxError,
+};
+
+use super::abandoned::abandon;
+use super::evidence::rewrite_evidence;
+use super::exec::{
+    buffer_eagerly, orphaning_stream, rewrap, run_killing_every_group, run_killing_only_the_pid,
+    swallow,
+};
+use super::flaw::{Flaw, adjust_caps};
+
+/// A sandbox with a flaw.
+pub(super) struct BrokenSandbox {
+    pub(super) inner: Arc<dyn Sandbox>,
+    pub(super) flaw: Flaw,
+    secrets: Vec<String>,
+    /// Ingress ports asked for (and silently dropped) under `PretendIngress`.
+    ingress: Vec<u16>,
+    /// Under `PoisonAfterFailedKill`: the failed kill every later call reports.
+    poisoned: Mutex<Option<String>>,
+}
+
+impl std::fmt::Debug for BrokenSandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("BrokenSandbox");
+        d.field("inner", &self.inner);
+        if self.flaw == Flaw::LeakSecrets {
+            d.field("secrets", &self.secrets);
+        }
+        d.finish()
+    }
+}
+
+impl Drop for BrokenSandbox {
+    fn drop(&mut self) {
+        // The handle's own teardown never runs: the sandbox is neither killed nor, when
+        // that matters (a hanging engine), reported as orphaned.
+        if matches!(self.flaw, Flaw::LeakOnDrop | Flaw::NoOrphanWarning) {
+            abandon(self.inner.clone());
+        }
+    }
+}
+
+impl BrokenSandbox {
+    /// `inner` with `flaw`; `secrets` are the values it was created with (what
+    /// `LeakSecrets` shows), `ingress` the ports `PretendIngress` dropped.
+    pub(super) fn new(
+        inner: Box<dyn Sandbox>,
+        flaw: Flaw,
+        secrets: Vec<String>,
+        ingress: Vec<u16>,
+    ) -> Self {
+        BrokenSandbox {
+            inner: Arc::from(inner),
+            flaw,
+            secrets,
+            ingress,
+            poisoned: Mutex::new(None),
+        }
+    }
+
+    fn info(&self) -> OrphanInfo {
+        OrphanInfo::new(self.inner.id(), self.inner.backend(), BTreeMap::new())
+    }
+
+    fn poison(&self) -> Result<()> {
+        match self.poisoned.lock().ok().and_then(|p| p.clone()) {
+            Some(msg) => Err(SandboxError::connect(self.inner.id(), msg)),
+            None => Ok(()),
+        }
+    }
+}
+
+#[async_trait]
+impl Sandbox for BrokenSandbox {
+    fn id(&self) -> &str {
+        self.inner.id()
+    }
+    fn backend(&self) -> &str {
+        self.inner.backend()
+    }
+    fn capabilities(&self) -> Capability {
+        adjust_caps(self.flaw, self.inner.capabilities())
+    }
+    fn isolation(&self) -> IsolationTier {
+        match (self.flaw, self.inner.isolation()) {
+            (Flaw::TierMismatch, IsolationTier::Gvisor) => IsolationTier::Container,
+            (Flaw::TierMismatch, _) => IsolationTier::Gvisor,
+            (_, tier) => tier,
+        }
+    }
+    async fn run(&self, cmd: Command, mut options: RunOptions) -> Result<ExecResult> {
+        self.poison()?;
+        match self.flaw {
+            Flaw::SwallowTimeouts => {
+                options.timeout = None;
+                swallow(self.inner.run(cmd, options).await)
+            }
+            Flaw::OrphanProcesses => {
+                let cap = options.output_cap.unwrap_or(64 << 20);
+                orphaning_stream(&*self.inner, cmd, options, self.info())?
+                    .collect(cap)
+                    .await
+            }
+            Flaw::TimeoutKillsSandbox => {
+                let r = self.inner.run(cmd, options).await;
+                if matches!(&r, Err(e) if e.code() == ErrorCode::ExecutionTimeout) {
+                    self.inner.kill().await?;
+                }
+                r
+            }
+            Flaw::TimeoutKillsStrays => run_killing_every_group(&*self.inner, cmd, options).await,
+            Flaw::KillOnlyExecPid => match cmd {
+                Command::Shell(script) => {
+                    run_killing_only_the_pid(&*self.inner, &script, options).await
+                }
+                cmd => self.inner.run(cmd, options).await,
+            },
+            Flaw::ArgvViaShell => {
+                let cmd = match cmd {
+                    Command::Argv(v) => Command::Shell(v.join(" ")),
+                    cmd => cmd,
+                };
+                self.inner.run(cmd, options).await
+            }
+            Flaw::DropStdin => {
+                options.stdin = None;
+                self.inner.run(cmd, options).await
+            }
+            Flaw::MissingBinary126 => {
+                let mut r = self.inner.run(cmd, options).await?;
+                if r.exit_code == 127 {
+                    r.exit_code = 126;
+                    r.stdout = std::mem::take(&mut r.stderr);
+                }
+                Ok(r)
+            }
+            Flaw::TruncateSilently => {
+                // The cap asked for, or the documented 64 MiB default, applied by cutting
+                // the output instead of refusing it.
+                let cap = options.output_cap.take().unwrap_or(64 << 20);
+                options.output_cap = Some(1 << 30);
+                let mut r = self.inner.run(cmd, options).await?;
+                r.stdout.truncate(cap);
+                r.stderr.truncate(cap.saturating_sub(r.stdout.len()));
+                Ok(r)
+            }
+            Flaw::KeepCapabilities
+            | Flaw::UnlimitedDefaults
+            | Flaw::NoInit
+            | Flaw::SwapEnabled
+            | Flaw::NoCpuQuota => {
+                let r = self.inner.run(cmd.clone(), options).await?;
+                Ok(rewrite_evidence(self.flaw, &cmd, r))
+            }
+            _ => self.inner.run(cmd, options).await,
+        }
+    }
+    async fn run_code(&self, code: &str, mut options: CodeOptions) -> Result<ExecResult> {
+        self.poison()?;
+        match self.flaw {
+            Flaw::SwallowTimeouts => {
+                options.timeout = None;
+                swallow(self.inner.run_code(code, options).await)
+            }
+            Flaw::UntypedRichResults => {
+                let mut r = self.inner.run_code(code, options).await?;
+                let out = r.stdout.clone();
+                r.results.push(RichResult::new("", out));
+                Ok(r)
+            }
+            _ => self.inner.run_code(code, options).await,
+        }
+    }
+    fn stream(&self, cmd: Command, mut options: RunOptions) -> Result<Process> {
+        self.poison()?;
+        match self.flaw {
+            Flaw::OrphanProcesses => orphaning_stream(&*self.inner, cmd, options, self.info()),
+            Flaw::StreamEndsOnPause => {
+                let timeout = options.timeout.unwrap_or(Duration::from_secs(300));
+                let p = self.inner.stream(cmd, options)?;
+                Ok(rewrap(p, timeout, self.info(), true))
+            }
+            Flaw::IgnoreStreamTimeout => {
+                options.timeout = Some(Duration::from_secs(300));
+                self.inner.stream(cmd, options)
+            }
+            Flaw::UnboundedStreamBuffer => {
+                let timeout = options.timeout.unwrap_or(Duration::from_secs(300));
+                let p = self.inner.stream(cmd, options)?;
+                Ok(buffer_eagerly(p, timeout, self.info()))
+            }
+            Flaw::EagerStream => {
+                // Starts a copy at once, whether or not the process is ever polled.
+                let inner = self.inner.clone();
+                let (c, o) = (cmd.clone(), options.clone());
+                tokio::spawn(async move {
+                    let _ = inner.run(c, o).await;
+                });
+                self.inner.stream(cmd, options)
+            }
+            Flaw::DropStdin => {
+                options.stdin = None;
+                options.interactive = false;
+                self.inner.stream(cmd, options)
+            }
+            _ => self.inner.stream(cmd, options),
+        }
+    }
+    fn files(&self) -> Result<&dyn FileSystem> {
+        self.inner.files()?;
+        Ok(self)
+    }
+    fn ingress_address(&self, port: u16) -> Result<std::net::SocketAddr> {
+        if self.flaw == Flaw::PretendIngress && self.ingress.contains(&port) {
+            return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+        }
+        self.inner.ingress_address(port)
+    }
+    async fn kill(&self) -> Result<()> {
+        match self.inner.kill().await {
+            Err(e) if self.flaw == Flaw::LeakKillError && e.code() == ErrorCode::Connect => Err(
+                SandboxError::engine(self.inner.backend(), format!("raw engine error: {e}")),
+            ),
+            Err(e) if self.flaw == Flaw::PoisonAfterFailedKill => {
+                if let Ok(mut p) = self.poisoned.lock() {
+                    *p = Some(format!("kill failed: {e}"));
+                }
+                Err(e)
+            }
+            r => r,
+        }
+    }
+    fn native(&self) -> &dyn Any {
+        self.inner.native()
+    }
+}

@@ -1,0 +1,173 @@
+//! The sandbox wrapper ([`EnforcedSandbox`]): each call on a wrapped sandbox — run,
+//! run_code, stream, files, kill, ingress — is checked (the shared state's gate), spanned
+//! and audited (its operation), then forwarded to the adapter. A kill is idempotent, and
+//! nothing reaches the adapter after a successful one.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use async_trait::async_trait;
+use tracing::Instrument as _;
+
+use crate::{
+    Capability, CodeOptions, Command, ExecResult, FileSystem, IsolationTier, Process, Result,
+    RunOptions, Sandbox,
+};
+
+use super::files::EnforcedFiles;
+use super::op::{op_span, output_bytes, sha256_hex};
+use super::shared::Shared;
+
+/// A sandbox wrapped in the enforcement layer.
+pub struct EnforcedSandbox {
+    pub(super) shared: Arc<Shared>,
+    files: EnforcedFiles,
+}
+
+impl EnforcedSandbox {
+    /// The wrapped sandbox of `shared`, with its file system.
+    pub(super) fn new(shared: Arc<Shared>) -> Self {
+        EnforcedSandbox {
+            files: EnforcedFiles::new(shared.clone()),
+            shared,
+        }
+    }
+}
+
+impl fmt::Debug for EnforcedSandbox {
+    // The adapter's own `Debug` (which shows the id and never secrets): the layer adds
+    // nothing a reader needs, and must not hide an adapter that leaks.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.shared.inner, f)
+    }
+}
+
+#[async_trait]
+impl Sandbox for EnforcedSandbox {
+    fn id(&self) -> &str {
+        &self.shared.id
+    }
+    fn backend(&self) -> &str {
+        &self.shared.backend
+    }
+    fn capabilities(&self) -> Capability {
+        self.shared.inner.capabilities()
+    }
+    fn isolation(&self) -> IsolationTier {
+        self.shared.inner.isolation()
+    }
+
+    async fn run(&self, cmd: Command, options: RunOptions) -> Result<ExecResult> {
+        let s = &self.shared;
+        let span = op_span!("sandbox.run", s.backend, s.tier);
+        let mut op = s.op(span.clone(), "sandbox.run").command(&cmd);
+        let redactor = s.redactor.with(options.env.values().map(String::as_str));
+        async move {
+            let checked = s
+                .require(Capability::RUN_COMMAND)
+                .and_then(|()| s.alive())
+                .and_then(|()| s.run_options(&cmd, options));
+            let r = match checked {
+                Ok(options) => s.inner.run(cmd, options).await,
+                Err(e) => Err(e),
+            };
+            if let Ok(r) = &r {
+                op.exit_code(r.exit_code);
+                op.bytes(output_bytes(r));
+            }
+            op.end(&s.layer, &redactor, r)
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn run_code(&self, code: &str, options: CodeOptions) -> Result<ExecResult> {
+        let s = &self.shared;
+        let span = op_span!("sandbox.run_code", s.backend, s.tier);
+        let mut op = s.op(span.clone(), "sandbox.run_code");
+        let digest = sha256_hex(code.as_bytes());
+        op.span.record("code_sha256", digest.as_str());
+        op.record.code_sha256 = Some(digest);
+        if s.layer.record_code {
+            op.record.code = Some(code.to_string());
+        }
+        async move {
+            let checked = s.alive().and_then(|()| s.code_options(options));
+            let r = match checked {
+                Ok(options) => s.inner.run_code(code, options).await,
+                Err(e) => Err(e),
+            };
+            if let Ok(r) = &r {
+                op.exit_code(r.exit_code);
+                op.bytes(output_bytes(r));
+            }
+            op.end(&s.layer, &s.redactor, r)
+        }
+        .instrument(span)
+        .await
+    }
+
+    fn stream(&self, cmd: Command, options: RunOptions) -> Result<Process> {
+        let s = &self.shared;
+        let span = op_span!("sandbox.stream", s.backend, s.tier);
+        let _entered = span.enter();
+        let op = s.op(span.clone(), "sandbox.stream").command(&cmd);
+        let redactor = s.redactor.with(options.env.values().map(String::as_str));
+        // The span covers starting the stream; the process runs after this returns, and
+        // its output is the caller's (it starts on first poll).
+        let r = s
+            .require(Capability::STREAMING)
+            .and_then(|()| s.alive())
+            .and_then(|()| s.run_options(&cmd, options))
+            .and_then(|options| s.inner.stream(cmd, options));
+        op.end(&s.layer, &redactor, r)
+    }
+
+    fn files(&self) -> Result<&dyn FileSystem> {
+        let s = &self.shared;
+        match s.require(Capability::FILESYSTEM) {
+            Ok(()) => Ok(&self.files),
+            Err(e) => {
+                // A refused `files()` is an operation too: it gets its span and record.
+                let span = op_span!("sandbox.files", s.backend, s.tier);
+                let _entered = span.enter();
+                let op = s.op(span.clone(), "sandbox.files");
+                op.end(&s.layer, &s.redactor, Err(e))
+            }
+        }
+    }
+
+    async fn kill(&self) -> Result<()> {
+        let s = &self.shared;
+        let span = op_span!("sandbox.kill", s.backend, s.tier);
+        let mut op = s.op(span.clone(), "sandbox.kill");
+        async move {
+            let _serial = s.kill_lock.lock().await;
+            if s.killed.load(Ordering::SeqCst) {
+                op.noop();
+                return op.end(&s.layer, &s.redactor, Ok(()));
+            }
+            let r = s.inner.kill().await;
+            if r.is_ok() {
+                s.killed.store(true, Ordering::SeqCst);
+            }
+            op.end(&s.layer, &s.redactor, r)
+        }
+        .instrument(span)
+        .await
+    }
+
+    fn ingress_address(&self, port: u16) -> Result<std::net::SocketAddr> {
+        let s = &self.shared;
+        s.require(Capability::INGRESS_PORTS)
+            .and_then(|()| s.alive())
+            .and_then(|()| s.inner.ingress_address(port))
+            .map_err(|e| s.layer.fill_support(e))
+    }
+
+    fn native(&self) -> &dyn Any {
+        self.shared.inner.native()
+    }
+}
