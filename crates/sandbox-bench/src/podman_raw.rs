@@ -35,7 +35,7 @@ pub struct PodmanRaw {
 
 /// The endpoint the adapter uses: `CONTAINER_HOST`, else the default socket.
 pub fn endpoint() -> String {
-    std::env::var(sandbox_podman::CONTAINER_HOST_ENV)
+    std::env::var(sandbox_podman::ENDPOINT_ENV)
         .ok()
         .map(|h| h.trim().to_string())
         .filter(|h| !h.is_empty())

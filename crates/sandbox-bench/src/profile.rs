@@ -161,10 +161,10 @@ async fn proxy(
 
 fn upstream_socket(backend: &str) -> PathBuf {
     let endpoint = match backend {
-        "docker" => std::env::var(sandbox_docker::DOCKER_HOST_ENV)
+        "docker" => std::env::var(sandbox_docker::ENDPOINT_ENV)
             .ok()
             .filter(|h| h.starts_with("unix://"))
-            .unwrap_or_else(|| sandbox_docker::DEFAULT_DOCKER_HOST.to_string()),
+            .unwrap_or_else(|| sandbox_docker::DEFAULT_ENDPOINT.to_string()),
         _ => crate::podman_raw::endpoint(),
     };
     PathBuf::from(endpoint.trim_start_matches("unix://"))
@@ -308,7 +308,7 @@ async fn profile_through(plan: &Plan, sock: &Path, log: &SharedLog) -> Result<Ve
         "docker" => {
             let b = sandbox_docker::DockerBackend::connect(
                 sandbox_docker::DockerConfig::from_env()
-                    .host(endpoint.clone())
+                    .endpoint(endpoint.clone())
                     .startup_sweep(false),
             )
             .await?;

@@ -9,9 +9,9 @@ use crate::cli::{NetworkArg, PullArg, RuntimeArg, SandboxArgs, TierArg};
 
 // One enum shared by both engines (sandbox-container's), reachable through either.
 #[cfg(feature = "docker")]
-use sandbox::docker::Runtime as EngineRuntime;
+use sandbox::docker::Runtime;
 #[cfg(all(feature = "podman", not(feature = "docker")))]
-use sandbox::podman::PodmanRuntime as EngineRuntime;
+use sandbox::podman::Runtime;
 
 /// The target and the options of a new sandbox. The DSN's template and `?timeout=` are
 /// applied on top of `options` here, so they win over the defaults as with `sandbox::create`.
@@ -73,10 +73,10 @@ fn apply_sandbox_args(args: &SandboxArgs, base: CreateOptions) -> sandbox::Resul
 fn runtime_target(scheme: &str, runtime: RuntimeArg) -> sandbox::Result<Target> {
     #[cfg(any(feature = "docker", feature = "podman"))]
     let rt = match runtime {
-        RuntimeArg::Runc => EngineRuntime::Runc,
-        RuntimeArg::Crun => EngineRuntime::Crun,
-        RuntimeArg::Runsc => EngineRuntime::Runsc,
-        RuntimeArg::Krun => EngineRuntime::Krun,
+        RuntimeArg::Runc => Runtime::Runc,
+        RuntimeArg::Crun => Runtime::Crun,
+        RuntimeArg::Runsc => Runtime::Runsc,
+        RuntimeArg::Krun => Runtime::Krun,
     };
     match scheme {
         #[cfg(feature = "docker")]

@@ -6,21 +6,20 @@ use bollard::Docker;
 use sandbox_container::endpoint::discovery::{
     DiscoveredEndpoint, DiscoveryError, EndpointSource, EnvSnapshot, discover_docker, is_plain_tcp,
 };
-use sandbox_container::engine::NetworkSpec;
 use sandbox_container::endpoint::ssh::SshTarget;
-use sandbox_container::{ContainerConfig, ContainerSpec, Runtime};
+use sandbox_container::{ContainerConfig, Runtime};
 use sandbox_core::{Result, SandboxError};
 
 /// Environment variable naming the engine endpoint (`unix://…`, `tcp://…`, `https://…`).
-pub const DOCKER_HOST_ENV: &str = "DOCKER_HOST";
+pub const ENDPOINT_ENV: &str = "DOCKER_HOST";
 /// Environment variable that, when set to a non-empty value other than `0`, requires TLS
 /// with client certificates for `tcp://` endpoints (as the Docker CLI reads it).
 pub const DOCKER_TLS_VERIFY_ENV: &str = "DOCKER_TLS_VERIFY";
 /// Environment variable naming the directory of `ca.pem`, `cert.pem` and `key.pem`
 /// (default `~/.docker`, as for the Docker CLI).
 pub const DOCKER_CERT_PATH_ENV: &str = "DOCKER_CERT_PATH";
-/// Endpoint used when `DOCKER_HOST` is unset.
-pub const DEFAULT_DOCKER_HOST: &str = "unix:///var/run/docker.sock";
+/// Endpoint used when `DOCKER_HOST` is unset and discovery finds nothing else.
+pub const DEFAULT_ENDPOINT: &str = "unix:///var/run/docker.sock";
 /// Template used when `CreateOptions::template` is `None`.
 pub const DEFAULT_TEMPLATE: &str = "sandbox-rs/python:3.11";
 /// Test images `sandbox doctor` checks for.
@@ -31,7 +30,7 @@ pub const TEST_IMAGES: [&str; 2] = ["sandbox-rs/python:3.11", "sandbox-rs/busybo
 /// ```
 /// use sandbox_docker::{DockerConfig, Runtime};
 /// let cfg = DockerConfig::default()
-///     .host("unix:///var/run/docker.sock")
+///     .endpoint("unix:///var/run/docker.sock")
 ///     .runtime(Runtime::Runc)
 ///     .default_template("sandbox-rs/python:3.11");
 /// assert_eq!(cfg.runtime_kind(), Runtime::Runc);
@@ -41,9 +40,10 @@ pub const TEST_IMAGES: [&str; 2] = ["sandbox-rs/python:3.11", "sandbox-rs/busybo
 pub struct DockerConfig {
     /// Engine endpoint; `None` means discovered from the environment at connect time
     /// (`DOCKER_HOST`, the current Docker context, the rootless socket, then
-    /// [`DEFAULT_DOCKER_HOST`]).
-    pub host: Option<String>,
-    /// Why `host` is what it is ([`EndpointSource::Configured`] for [`DockerConfig::host`]).
+    /// [`DEFAULT_ENDPOINT`]).
+    pub endpoint: Option<String>,
+    /// Why `endpoint` is what it is ([`EndpointSource::Configured`] for
+    /// [`DockerConfig::endpoint`]).
     pub endpoint_source: EndpointSource,
     /// Require TLS with client certificates on `tcp://`/`http://` endpoints
     /// (`DOCKER_TLS_VERIFY`). `https://` always requires TLS.
@@ -74,7 +74,7 @@ sandbox_container::layer_settings!(DockerConfig, layer);
 impl Default for DockerConfig {
     fn default() -> Self {
         DockerConfig {
-            host: None,
+            endpoint: None,
             endpoint_source: EndpointSource::Default,
             tls_verify: false,
             cert_path: None,
@@ -98,7 +98,7 @@ impl DockerConfig {
     /// The default configuration with the endpoint discovered from `env`, in the Docker
     /// CLI's order: `DOCKER_HOST`; the current context (`DOCKER_CONTEXT`, else
     /// `currentContext` of `~/.docker/config.json`); `$XDG_RUNTIME_DIR/docker.sock` if it
-    /// exists; [`DEFAULT_DOCKER_HOST`]. TLS settings come from `DOCKER_TLS_VERIFY` and
+    /// exists; [`DEFAULT_ENDPOINT`]. TLS settings come from `DOCKER_TLS_VERIFY` and
     /// `DOCKER_CERT_PATH`. A selected context that does not resolve fails at connect.
     /// `SBX_AGENT=off` forces the engine's exec path ([`DockerConfig::agent`]).
     pub fn from_env_snapshot(env: &EnvSnapshot) -> Self {
@@ -109,12 +109,12 @@ impl DockerConfig {
 
     /// Fills the endpoint (when not configured) and TLS settings from `env`.
     fn discover(mut self, env: &EnvSnapshot) -> Self {
-        if self.host.is_none() {
+        if self.endpoint.is_none() {
             match discover_docker(env) {
                 Ok(DiscoveredEndpoint {
                     endpoint, source, ..
                 }) => {
-                    self.host = Some(endpoint);
+                    self.endpoint = Some(endpoint);
                     self.endpoint_source = source;
                 }
                 Err(e) => self.discovery_error = Some(e),
@@ -135,8 +135,8 @@ impl DockerConfig {
     }
 
     /// Sets the engine endpoint (`unix:///path`, `tcp://host:2376`, `https://…`).
-    pub fn host(mut self, host: impl Into<String>) -> Self {
-        self.host = Some(host.into());
+    pub fn endpoint(mut self, endpoint: impl Into<String>) -> Self {
+        self.endpoint = Some(endpoint.into());
         self.endpoint_source = EndpointSource::Configured;
         self.discovery_error = None;
         self
@@ -180,29 +180,15 @@ impl DockerConfig {
         self.runtime
     }
 
-    /// The create body the adapter sends for `spec` under this configuration, as the
-    /// Engine API's JSON: every hardening field, limit and mount is visible in it, for an
-    /// audit or a test.
-    pub fn create_body(&self, spec: &ContainerSpec) -> serde_json::Value {
-        serde_json::to_value(crate::policy::create_body(spec, self.runtime))
-            .unwrap_or(serde_json::Value::Null)
-    }
-
-    /// The network create body the adapter sends for the library's egress network.
-    pub fn network_body(&self, spec: &NetworkSpec) -> serde_json::Value {
-        serde_json::to_value(crate::policy::network_request(spec))
-            .unwrap_or(serde_json::Value::Null)
-    }
-
-    /// The endpoint in effect: the configured or discovered host, else discovered from the
+    /// The endpoint in effect: the configured or discovered one, else discovered from the
     /// environment now.
-    pub fn endpoint(&self) -> String {
+    pub fn resolved_endpoint(&self) -> String {
         self.resolved()
-            .host
-            .unwrap_or_else(|| DEFAULT_DOCKER_HOST.to_string())
+            .endpoint
+            .unwrap_or_else(|| DEFAULT_ENDPOINT.to_string())
     }
 
-    /// Why [`DockerConfig::endpoint`] is what it is.
+    /// Why [`DockerConfig::resolved_endpoint`] is what it is.
     pub fn endpoint_source(&self) -> EndpointSource {
         self.resolved().endpoint_source
     }
@@ -210,7 +196,7 @@ impl DockerConfig {
     /// This configuration with the endpoint discovered when it was left unset: what
     /// `connect` uses.
     pub(crate) fn resolved(&self) -> DockerConfig {
-        if self.host.is_some() || self.discovery_error.is_some() {
+        if self.endpoint.is_some() || self.discovery_error.is_some() {
             return self.clone();
         }
         self.clone().discover(&EnvSnapshot::capture())
@@ -225,7 +211,7 @@ impl DockerConfig {
         if let Some(e) = &self.discovery_error {
             return Err(e.to_error());
         }
-        let endpoint = self.endpoint();
+        let endpoint = self.resolved_endpoint();
         let ssh =
             SshTarget::of_endpoint(&endpoint, "/var/run/docker.sock", self.ssh_config.clone());
         if let Some(target) = ssh? {

@@ -15,10 +15,11 @@ use bollard::query_parameters::{
     RemoveContainerOptions, UploadToContainerOptions,
 };
 use futures::{StreamExt, TryStreamExt};
+use sandbox_container::engine::{NetworkInfo, NetworkSpec};
 use sandbox_container::{
     ArchiveBody, AttachStream, ContainerEngine, ContainerInfo, ContainerSpec, EngineError,
     EngineErrorKind, EngineFacts, EngineResult, ExecRequest, ExecState, ExecStream, ImageRef,
-    LAYER_CAPABILITIES, PathStat, PullProgress, RegistryAuth, Runtime, parse_rfc3339,
+    PathStat, PullProgress, RegistryAuth, Runtime, parse_rfc3339,
 };
 use sandbox_core::{Capability, IsolationTier, OutputChunk, Problem, SandboxError, async_trait};
 
@@ -35,8 +36,8 @@ pub struct DockerEngine {
     client: Docker,
     config: DockerConfig,
     endpoint: String,
-    /// The runtime is registered with `--network=none` (as SPEC §12 configures runsc), so
-    /// no sandbox can get a network: egress `Allow` is refused instead of ignored.
+    /// The runtime is registered with `--network=none` (as `cargo xtask setup` registers
+    /// runsc), so no sandbox can get a network: egress `Allow` is refused instead of ignored.
     runtime_forces_no_network: bool,
     /// The ssh tunnel an `ssh://` endpoint goes through; it lives as long as the engine.
     _tunnel: Option<std::sync::Arc<sandbox_container::endpoint::ssh::SshTunnel>>,
@@ -82,11 +83,11 @@ const INSTALL: &str = "install Docker Engine: `sudo cargo xtask setup` (Debian/U
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl DockerEngine {
-    /// Connects (`config.host`, else `DOCKER_HOST`, else the default socket), negotiates the
+    /// Connects (`config.endpoint`, else `DOCKER_HOST`, else the default socket), negotiates the
     /// API version, pings, and checks the runtime is registered. An engine that does not
     /// answer is `EngineUnavailable` with the start command as hint.
     pub async fn connect(config: DockerConfig) -> sandbox_core::Result<DockerEngine> {
-        let raw_endpoint = config.endpoint();
+        let raw_endpoint = config.resolved_endpoint();
         let endpoint = redact_endpoint(&raw_endpoint);
         let unavailable = |e: EngineError| {
             let e = SandboxError::engine_unavailable(BACKEND, &endpoint, start_hint(&endpoint))
@@ -146,6 +147,17 @@ impl DockerEngine {
     /// The configuration in effect.
     pub fn config(&self) -> &DockerConfig {
         &self.config
+    }
+
+    /// The engine-side configured environment of a container (`Config.Env`), for proving
+    /// that secrets are not stored there.
+    pub async fn engine_env(&self, id: &str) -> EngineResult<Vec<String>> {
+        let limit = self.config.layer.call_timeout;
+        let c = bounded_call("container inspect", limit, async {
+            let c = self.client.inspect_container(id, None).await;
+            c.map_err(during("container inspect"))
+        });
+        Ok(c.await?.config.and_then(|c| c.env).unwrap_or_default())
     }
 
     /// Checks the runtime is registered; returns whether it forces `--network=none`.
@@ -241,38 +253,45 @@ impl ContainerEngine for DockerEngine {
     }
 
     fn capabilities(&self) -> Capability {
-        // The container layer declares the allowlist only where it can load the rules.
-        // A disk limit is a read-only root with tmpfs-backed scratch volumes (policy.rs).
-        let caps = LAYER_CAPABILITIES | Capability::DISK_LIMIT;
-        if self.runtime_forces_no_network {
-            caps
-        } else {
-            caps | Capability::EGRESS_ALLOWLIST
-        }
+        policy::capabilities(self.runtime_forces_no_network)
     }
 
     fn is_local(&self) -> bool {
-        self.config.endpoint().starts_with("unix://")
+        self.config.resolved_endpoint().starts_with("unix://")
     }
 
     fn netfilter_applies(&self) -> bool {
-        // gVisor's netstack sends through a packet socket, past the namespace's hooks.
-        self.config.runtime != Runtime::Runsc
+        policy::netfilter_applies(self.config.runtime)
     }
 
-    async fn create_network(
-        &self,
-        spec: &sandbox_container::engine::NetworkSpec,
-    ) -> EngineResult<()> {
-        policy::create_network(&self.client, spec).await
+    async fn create_network(&self, spec: &NetworkSpec) -> EngineResult<()> {
+        let body = policy::network_body(spec);
+        let created = self.client.create_network(body).await;
+        created.map(|_| ()).map_err(during("create network"))
     }
 
-    async fn networks(&self) -> EngineResult<Vec<sandbox_container::engine::NetworkInfo>> {
-        policy::networks(&self.client).await
+    async fn networks(&self) -> EngineResult<Vec<NetworkInfo>> {
+        let list = self.client.list_networks(None).await;
+        let list = list.map_err(during("list networks"))?;
+        Ok(list.into_iter().map(policy::network_info).collect())
     }
 
+    /// `Ok(false)` when missing, `Conflict` while in use (Docker answers 403 "has active
+    /// endpoints").
     async fn remove_network(&self, name: &str) -> EngineResult<bool> {
-        policy::remove_network(&self.client, name).await
+        match self.client.remove_network(name).await {
+            Ok(()) => Ok(true),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 403, ..
+            }) => Err(EngineError::new(
+                EngineErrorKind::Conflict,
+                format!("network {name} is in use"),
+            )),
+            Err(e) => match engine_error("remove network", e) {
+                e if e.kind == EngineErrorKind::NotFound => Ok(false),
+                e => Err(e),
+            },
+        }
     }
 
     fn endpoint(&self) -> &str {
@@ -284,7 +303,7 @@ impl ContainerEngine for DockerEngine {
     }
 
     fn check_spec(&self, spec: &ContainerSpec) -> EngineResult<()> {
-        policy::refuse_unenforceable(spec, self.config.runtime, self.runtime_forces_no_network)
+        policy::check_spec(spec, self.config.runtime, self.runtime_forces_no_network)
     }
 
     async fn create(&self, spec: &ContainerSpec) -> EngineResult<String> {

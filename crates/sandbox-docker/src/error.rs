@@ -1,6 +1,7 @@
-//! Mapping of bollard errors into [`EngineError`]. The only module that looks inside
-//! `bollard::errors::Error`; the container layer decides what each kind means for the
-//! operation, and keeps the bollard error as the source.
+//! The only place that sees bollard errors: mapping them into `sandbox-container`'s
+//! [`EngineError`] (the container layer decides what each kind means for the operation,
+//! and keeps the bollard error as the source), and the start hint of an engine that does
+//! not answer.
 
 use sandbox_container::engine::engine_text as bounded;
 use sandbox_container::{EngineError, EngineErrorKind};

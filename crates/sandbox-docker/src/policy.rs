@@ -1,7 +1,8 @@
-//! Turning a [`ContainerSpec`] into Docker's create body, and refusing what Docker cannot
-//! enforce.
+//! Turning a [`ContainerSpec`] into Docker's create body, refusing what Docker cannot
+//! enforce, and what its sandboxes can declare ([`CAPABILITIES`]); also the network bodies
+//! and the reading of the engine's network answers. The engine calls are `engine.rs`'s.
 //!
-//! Every container gets the hardening of SPEC §5, with no opt-out: `cap_drop ALL`,
+//! Every container gets the same hardening, with no opt-out: `cap_drop ALL`,
 //! `no-new-privileges`, not privileged, a pids limit, memory == memory+swap, a CPU quota,
 //! Docker's init as PID 1, network `none` unless the spec asks for a network, ports
 //! published on loopback only, and `auto_remove`, so the container is deleted when its
@@ -14,21 +15,62 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 
-use bollard::Docker;
 use bollard::models::{
     ContainerCreateBody, HostConfig, HostConfigLogConfig, Ipam, Mount, MountBindOptions, MountType,
-    MountVolumeOptions, MountVolumeOptionsDriverConfig, NetworkCreateRequest, NetworkSettings,
-    PortBinding,
+    MountVolumeOptions, MountVolumeOptionsDriverConfig, Network, NetworkCreateRequest,
+    NetworkSettings, PortBinding,
 };
 use sandbox_container::engine::{NetworkInfo, NetworkSpec, Subnet};
 use sandbox_container::{
-    ContainerSpec, EngineError, EngineErrorKind, EngineResult, LABEL_RUNTIME, NetworkMode, Runtime,
+    ContainerSpec, EngineError, EngineErrorKind, LABEL_RUNTIME, LAYER_CAPABILITIES, NetworkMode,
+    Runtime,
 };
+use sandbox_core::Capability;
 
-use crate::error::during;
+use crate::config::DockerConfig;
+
+/// What a Docker sandbox can declare: the container layer's set, a disk limit (a
+/// read-only root with tmpfs-backed scratch volumes), the egress allowlist where the
+/// container layer can load its rules, and terminals where the agent runs.
+pub const CAPABILITIES: Capability = LAYER_CAPABILITIES
+    .union(Capability::DISK_LIMIT)
+    .union(Capability::EGRESS_ALLOWLIST)
+    .union(Capability::PTY);
+
+/// What the engine offers the container layer under this runtime: [`CAPABILITIES`]
+/// without terminals (the agent's, which the container layer adds), and without the
+/// allowlist where the runtime forces `--network=none`.
+pub(crate) fn capabilities(runtime_forces_no_network: bool) -> Capability {
+    let caps = CAPABILITIES.difference(Capability::PTY);
+    if runtime_forces_no_network {
+        caps.difference(Capability::EGRESS_ALLOWLIST)
+    } else {
+        caps
+    }
+}
+
+/// Whether rules in a container's network namespace govern its traffic under `runtime`
+/// (not under gVisor, whose netstack sends through a packet socket, past the hooks).
+pub(crate) fn netfilter_applies(runtime: Runtime) -> bool {
+    runtime != Runtime::Runsc
+}
+
+impl DockerConfig {
+    /// The create body the adapter sends for `spec` under this configuration, as the
+    /// Engine API's JSON: every hardening field, limit and mount is visible in it, for an
+    /// audit or a test.
+    pub fn create_body(&self, spec: &ContainerSpec) -> serde_json::Value {
+        serde_json::to_value(create_body(spec, self.runtime)).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// The network create body the adapter sends for the library's egress network.
+    pub fn network_body(&self, spec: &NetworkSpec) -> serde_json::Value {
+        serde_json::to_value(network_body(spec)).unwrap_or(serde_json::Value::Null)
+    }
+}
 
 /// Refuses what Docker cannot enforce for `spec`, before anything is provisioned.
-pub(crate) fn refuse_unenforceable(
+pub(crate) fn check_spec(
     spec: &ContainerSpec,
     runtime: Runtime,
     runtime_forces_no_network: bool,
@@ -207,20 +249,21 @@ fn mounts(spec: &ContainerSpec) -> Option<Vec<Mount>> {
     (!out.is_empty()).then_some(out)
 }
 
-/// A mode this adapter does not know is refused by `refuse_unenforceable` before the body
+/// A mode this adapter does not know is refused by `check_spec` before the body
 /// is built; should one get here anyway, it gets no network rather than a wrong one.
 fn unreachable_mode(mode: &NetworkMode) -> (String, Option<Vec<String>>) {
     tracing::error!(?mode, "network mode without a Docker mapping; using none");
     ("none".to_string(), None)
 }
 
+/// The bridge option (key, value) that turns inter-container traffic off: set on the
+/// egress network, and read back to tell it from a foreign network of the same name.
+const ISOLATION: (&str, &str) = ("com.docker.network.bridge.enable_icc", "false");
+
 /// The egress network's create request: a bridge without inter-container traffic.
-pub(crate) fn network_request(spec: &NetworkSpec) -> NetworkCreateRequest {
-    let mut options = HashMap::new();
-    options.insert(
-        "com.docker.network.bridge.enable_icc".to_string(),
-        "false".to_string(),
-    );
+pub(crate) fn network_body(spec: &NetworkSpec) -> NetworkCreateRequest {
+    let (key, value) = ISOLATION;
+    let options = HashMap::from([(key.to_string(), value.to_string())]);
     NetworkCreateRequest {
         name: spec.name.clone(),
         driver: Some("bridge".into()),
@@ -250,61 +293,16 @@ fn subnets(ipam: Option<&Ipam>) -> Vec<Subnet> {
         .collect()
 }
 
-/// Creates the egress network (inter-container traffic off, labelled).
-pub(crate) async fn create_network(client: &Docker, spec: &NetworkSpec) -> EngineResult<()> {
-    client
-        .create_network(network_request(spec))
-        .await
-        .map(|_| ())
-        .map_err(during("create network"))
-}
-
-/// Every network: subnets (the host's bridge addresses and other containers), ids, labels,
-/// and whether inter-container traffic is off.
-pub(crate) async fn networks(client: &Docker) -> EngineResult<Vec<NetworkInfo>> {
-    let list = client
-        .list_networks(None)
-        .await
-        .map_err(during("list networks"))?;
-    Ok(list
-        .into_iter()
-        .map(|n| {
-            let mut info = NetworkInfo::new(
-                n.name.clone().unwrap_or_default(),
-                subnets(n.ipam.as_ref()),
-                n.labels.unwrap_or_default().into_iter().collect(),
-            );
-            info.id = n.id.unwrap_or_default();
-            info.isolated = n
-                .options
-                .as_ref()
-                .and_then(|o| o.get("com.docker.network.bridge.enable_icc"))
-                .is_some_and(|v| v == "false");
-            info
-        })
-        .collect())
-}
-
-/// Removes a network: `Ok(false)` when missing, `Conflict` while in use (Docker answers
-/// 403 "has active endpoints").
-pub(crate) async fn remove_network(client: &Docker, name: &str) -> EngineResult<bool> {
-    match client.remove_network(name).await {
-        Ok(()) => Ok(true),
-        Err(bollard::errors::Error::DockerResponseServerError {
-            status_code: 403, ..
-        }) => Err(EngineError::new(
-            EngineErrorKind::Conflict,
-            format!("network {name} is in use"),
-        )),
-        Err(e) => {
-            let e = during("remove network")(e);
-            if e.kind == EngineErrorKind::NotFound {
-                Ok(false)
-            } else {
-                Err(e)
-            }
-        }
-    }
+/// A network as the container layer sees it: subnets (the host's bridge addresses and
+/// other containers), id, labels, and whether inter-container traffic is off.
+pub(crate) fn network_info(n: Network) -> NetworkInfo {
+    let labels = n.labels.unwrap_or_default().into_iter().collect();
+    let mut info = NetworkInfo::new(n.name.unwrap_or_default(), subnets(n.ipam.as_ref()), labels);
+    info.id = n.id.unwrap_or_default();
+    info.isolated = n
+        .options
+        .is_some_and(|o| o.get(ISOLATION.0).is_some_and(|v| v == ISOLATION.1));
+    info
 }
 
 /// The container's addresses on all its networks.
@@ -333,12 +331,9 @@ mod tests {
             Resources::default().effective().unwrap(),
             Duration::from_secs(1),
         );
-        assert!(
-            refuse_unenforceable(&s, Runtime::Runsc, true).is_ok(),
-            "deny is fine"
-        );
+        assert!(check_spec(&s, Runtime::Runsc, true).is_ok(), "deny is fine");
         s.network = NetworkMode::Bridge { publish: vec![] };
-        assert!(refuse_unenforceable(&s, Runtime::Runsc, true).is_err());
-        assert!(refuse_unenforceable(&s, Runtime::Runsc, false).is_ok());
+        assert!(check_spec(&s, Runtime::Runsc, true).is_err());
+        assert!(check_spec(&s, Runtime::Runsc, false).is_ok());
     }
 }

@@ -4,16 +4,16 @@
 
 use sandbox_core::{ErrorCode, SandboxError};
 use sandbox_docker::{
-    DEFAULT_DOCKER_HOST, DEFAULT_TEMPLATE, DockerConfig, EnvSnapshot, Runtime, Transport,
+    DEFAULT_ENDPOINT, DEFAULT_TEMPLATE, DockerConfig, EnvSnapshot, Runtime, Transport,
 };
 
 #[test]
 fn builder_and_endpoint() {
     let c = DockerConfig::default()
-        .host("unix:///tmp/x.sock")
+        .endpoint("unix:///tmp/x.sock")
         .runtime(Runtime::Runsc)
         .default_template("img:1");
-    assert_eq!(c.endpoint(), "unix:///tmp/x.sock");
+    assert_eq!(c.resolved_endpoint(), "unix:///tmp/x.sock");
     assert_eq!(c.layer.default_template, "img:1");
     assert_eq!(c.runtime_kind(), Runtime::Runsc);
     assert_eq!(
@@ -69,7 +69,7 @@ fn unix_socket_needs_no_tls() {
     let c = DockerConfig::from_env_snapshot(&env().var("DOCKER_TLS_VERIFY", "1"));
     assert_eq!(
         c.transport().unwrap(),
-        Transport::Local(DEFAULT_DOCKER_HOST.into())
+        Transport::Local(DEFAULT_ENDPOINT.into())
     );
 }
 
@@ -91,7 +91,7 @@ fn tls_verify_is_never_downgraded_to_plain_http() {
 fn https_without_tls_feature_refused() {
     let d = cert_dir(&["ca.pem", "cert.pem", "key.pem"]);
     let t = DockerConfig::default()
-        .host("https://10.0.0.1:2376")
+        .endpoint("https://10.0.0.1:2376")
         .tls(d.path())
         .transport();
     if cfg!(feature = "tls") {
@@ -146,7 +146,7 @@ fn tls_missing_file_names_the_path() {
             .collect();
         let d = cert_dir(&present);
         let e = DockerConfig::default()
-            .host("tcp://10.0.0.1:2376")
+            .endpoint("tcp://10.0.0.1:2376")
             .tls(d.path())
             .transport()
             .unwrap_err();
@@ -174,7 +174,7 @@ fn ssh_goes_through_a_tunnel_and_bad_ssh_urls_are_refused() {
 
 #[test]
 fn endpoint_credentials_never_reach_an_error() {
-    let c = DockerConfig::default().host("tcp://user:pw@10.0.0.1:2375");
+    let c = DockerConfig::default().endpoint("tcp://user:pw@10.0.0.1:2375");
     let text = config_text(&c.transport().unwrap_err());
     assert!(text.contains("tcp://10.0.0.1:2375"), "{text}");
     assert!(!text.contains("pw"), "{text}");

@@ -148,7 +148,7 @@ impl Probes for DockerProbes {
             .context("start the fault proxy")?;
         let backend = DockerBackend::connect(
             DockerConfig::default()
-                .host(proxy.endpoint())
+                .endpoint(proxy.endpoint())
                 .runtime(self.runtime)
                 .startup_sweep(false)
                 // The stalled-create trial waits this out.

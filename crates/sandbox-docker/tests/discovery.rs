@@ -5,9 +5,7 @@
 use std::path::Path;
 
 use sandbox_core::ErrorCode;
-use sandbox_docker::{
-    DEFAULT_DOCKER_HOST, DockerBackend, DockerConfig, EndpointSource, EnvSnapshot,
-};
+use sandbox_docker::{DEFAULT_ENDPOINT, DockerBackend, DockerConfig, EndpointSource, EnvSnapshot};
 /// The Docker CLI's directory name for a context (hex SHA-256 of the name), precomputed
 /// with an independent tool so a wrong hash in the crate cannot agree with itself.
 fn context_dir(name: &str) -> &'static str {
@@ -54,7 +52,7 @@ fn docker_host_variable_is_used() {
     let c = DockerConfig::from_env_snapshot(
         &EnvSnapshot::empty().var("DOCKER_HOST", "unix:///tmp/x.sock"),
     );
-    assert_eq!(c.endpoint(), "unix:///tmp/x.sock");
+    assert_eq!(c.resolved_endpoint(), "unix:///tmp/x.sock");
     assert_eq!(c.endpoint_source().to_string(), "DOCKER_HOST");
 }
 
@@ -64,7 +62,7 @@ fn docker_context_variable_resolves_through_meta_sha256() {
     write_context(home.path(), "lab", "unix:///tmp/lab.sock");
     let c =
         DockerConfig::from_env_snapshot(&env_with_home(home.path()).var("DOCKER_CONTEXT", "lab"));
-    assert_eq!(c.endpoint(), "unix:///tmp/lab.sock");
+    assert_eq!(c.resolved_endpoint(), "unix:///tmp/lab.sock");
     assert_eq!(
         c.endpoint_source(),
         EndpointSource::DockerContext("lab".into())
@@ -78,7 +76,7 @@ fn current_context_from_config_json() {
     write_context(home.path(), "lab", "unix:///tmp/lab.sock");
     write_current_context(home.path(), "lab");
     let c = DockerConfig::from_env_snapshot(&env_with_home(home.path()));
-    assert_eq!(c.endpoint(), "unix:///tmp/lab.sock");
+    assert_eq!(c.resolved_endpoint(), "unix:///tmp/lab.sock");
     assert_eq!(
         c.endpoint_source(),
         EndpointSource::DockerContext("lab".into())
@@ -104,7 +102,7 @@ fn docker_config_variable_moves_the_config_dir() {
     let c = DockerConfig::from_env_snapshot(
         &EnvSnapshot::empty().var("DOCKER_CONFIG", cfg.path().to_string_lossy()),
     );
-    assert_eq!(c.endpoint(), "unix:///tmp/cfg.sock");
+    assert_eq!(c.resolved_endpoint(), "unix:///tmp/cfg.sock");
 }
 
 #[test]
@@ -112,7 +110,7 @@ fn default_context_means_no_context() {
     let home = tempfile::tempdir().unwrap();
     write_current_context(home.path(), "default");
     let c = DockerConfig::from_env_snapshot(&env_with_home(home.path()));
-    assert_eq!(c.endpoint(), DEFAULT_DOCKER_HOST);
+    assert_eq!(c.resolved_endpoint(), DEFAULT_ENDPOINT);
     assert_eq!(c.endpoint_source(), EndpointSource::Default);
 }
 
@@ -123,7 +121,7 @@ fn rootless_socket_used_when_present() {
         &EnvSnapshot::empty().var("XDG_RUNTIME_DIR", run.path().to_string_lossy()),
     );
     assert_eq!(
-        c.endpoint(),
+        c.resolved_endpoint(),
         format!("unix://{}", run.path().join("docker.sock").display())
     );
     assert_eq!(c.endpoint_source().to_string(), "rootless socket");
@@ -135,13 +133,13 @@ fn rootless_socket_skipped_when_absent() {
     let c = DockerConfig::from_env_snapshot(
         &EnvSnapshot::empty().var("XDG_RUNTIME_DIR", run.path().to_string_lossy()),
     );
-    assert_eq!(c.endpoint(), DEFAULT_DOCKER_HOST);
+    assert_eq!(c.resolved_endpoint(), DEFAULT_ENDPOINT);
 }
 
 #[test]
 fn default_socket_when_nothing_else() {
     let c = DockerConfig::from_env_snapshot(&EnvSnapshot::empty());
-    assert_eq!(c.endpoint(), DEFAULT_DOCKER_HOST);
+    assert_eq!(c.resolved_endpoint(), DEFAULT_ENDPOINT);
     assert_eq!(c.endpoint_source().to_string(), "default");
 }
 
@@ -156,10 +154,10 @@ fn precedence_docker_host_over_context_over_rootless_over_default() {
 
     // config.json's context beats the rootless socket.
     let c = DockerConfig::from_env_snapshot(&base);
-    assert_eq!(c.endpoint(), "unix:///tmp/other.sock");
+    assert_eq!(c.resolved_endpoint(), "unix:///tmp/other.sock");
     // DOCKER_CONTEXT beats config.json's currentContext.
     let c = DockerConfig::from_env_snapshot(&base.clone().var("DOCKER_CONTEXT", "lab"));
-    assert_eq!(c.endpoint(), "unix:///tmp/lab.sock");
+    assert_eq!(c.resolved_endpoint(), "unix:///tmp/lab.sock");
     // DOCKER_HOST beats every context.
     let c = DockerConfig::from_env_snapshot(
         &base
@@ -167,11 +165,11 @@ fn precedence_docker_host_over_context_over_rootless_over_default() {
             .var("DOCKER_CONTEXT", "lab")
             .var("DOCKER_HOST", "unix:///tmp/env.sock"),
     );
-    assert_eq!(c.endpoint(), "unix:///tmp/env.sock");
+    assert_eq!(c.resolved_endpoint(), "unix:///tmp/env.sock");
     assert_eq!(c.endpoint_source().to_string(), "DOCKER_HOST");
     // An explicit host beats discovery.
-    let c = DockerConfig::from_env_snapshot(&base).host("unix:///tmp/mine.sock");
-    assert_eq!(c.endpoint(), "unix:///tmp/mine.sock");
+    let c = DockerConfig::from_env_snapshot(&base).endpoint("unix:///tmp/mine.sock");
+    assert_eq!(c.resolved_endpoint(), "unix:///tmp/mine.sock");
     assert_eq!(c.endpoint_source(), EndpointSource::Configured);
 }
 

@@ -456,9 +456,10 @@ async fn kill_managed_refuses_an_unmanaged_container() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn unreachable_engine_is_engine_unavailable() {
-    let e = DockerBackend::connect(DockerConfig::default().host("unix:///tmp/sbx-no-such.sock"))
-        .await
-        .unwrap_err();
+    let e =
+        DockerBackend::connect(DockerConfig::default().endpoint("unix:///tmp/sbx-no-such.sock"))
+            .await
+            .unwrap_err();
     assert_eq!(e.code(), ErrorCode::EngineUnavailable);
     assert!(e.hint().contains("sudo cargo xtask setup"), "{}", e.hint());
     assert!(std::error::Error::source(&e).is_some());
@@ -748,7 +749,7 @@ async fn wedged_engine_fails_calls_in_bounded_time() {
     let sock = wedged_engine().await;
     let b = DockerBackend::connect(
         DockerConfig::default()
-            .host(format!("unix://{}", sock.display()))
+            .endpoint(format!("unix://{}", sock.display()))
             .startup_sweep(false)
             .call_timeout(Duration::from_secs(1))
             .create_timeout(Duration::from_secs(2)),

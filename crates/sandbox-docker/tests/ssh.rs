@@ -13,7 +13,7 @@ const SOCKET: &str = "/var/run/docker.sock";
 async fn a_sandbox_runs_through_an_ssh_endpoint() {
     let Some(sshd) = server_or_skip() else { return };
     let config = DockerConfig::default()
-        .host(sshd.endpoint(SOCKET))
+        .endpoint(sshd.endpoint(SOCKET))
         .ssh_config(sshd.ssh_config())
         .startup_sweep(false);
     let Some(b) = unless_connected("Docker", DockerBackend::connect(config).await) else {
@@ -28,7 +28,7 @@ async fn a_sandbox_runs_through_an_ssh_endpoint() {
 async fn an_unknown_host_key_is_refused() {
     let Some(sshd) = server_or_skip() else { return };
     let config = DockerConfig::default()
-        .host(sshd.endpoint(SOCKET))
+        .endpoint(sshd.endpoint(SOCKET))
         .ssh_config(sshd.ssh_config_with_unknown_host_key())
         .startup_sweep(false);
     ssh::unknown_host_key_is_refused(DockerBackend::connect(config)).await;

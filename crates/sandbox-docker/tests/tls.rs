@@ -251,7 +251,7 @@ async fn tls_engine_runs_sandboxes_and_refuses_a_foreign_client_certificate() {
     let started = Instant::now();
     let backend = loop {
         let config = DockerConfig::default()
-            .host(host.clone())
+            .endpoint(host.clone())
             .tls(&good)
             .startup_sweep(false);
         match DockerBackend::connect(config).await {
@@ -303,7 +303,7 @@ async fn tls_engine_runs_sandboxes_and_refuses_a_foreign_client_certificate() {
 
     let e = DockerBackend::connect(
         DockerConfig::default()
-            .host(host.clone())
+            .endpoint(host.clone())
             .tls(&foreign)
             .startup_sweep(false),
     )
@@ -312,7 +312,7 @@ async fn tls_engine_runs_sandboxes_and_refuses_a_foreign_client_certificate() {
     assert_eq!(e.code(), ErrorCode::EngineUnavailable, "{}", e.render());
 
     // Plain TCP to the same port is refused by the adapter before connecting.
-    let e = DockerBackend::connect(DockerConfig::default().host(host).startup_sweep(false))
+    let e = DockerBackend::connect(DockerConfig::default().endpoint(host).startup_sweep(false))
         .await
         .expect_err("plain tcp is refused");
     assert_eq!(e.code(), ErrorCode::Configuration, "{}", e.render());

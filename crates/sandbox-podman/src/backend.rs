@@ -5,13 +5,11 @@
 use std::sync::Arc;
 
 use podman_api::Podman;
-use sandbox_container::endpoint::discovery::unavailable_or_missing;
 use sandbox_container::{ContainerBackend, ContainerEngine, ContainerNative, ContainerSandbox};
 use sandbox_core::{CreateOptions, Result};
 
 use crate::config::{PodmanConfig, PodmanOptions};
 use crate::engine::PodmanEngine;
-use crate::error::{BACKEND, to_sandbox_error};
 
 /// One Podman sandbox (a container). Dropping it without `kill()` removes the container in
 /// the background, bounded by the teardown grace.
@@ -38,21 +36,12 @@ impl std::fmt::Debug for PodmanBackend {
 }
 
 impl PodmanBackend {
-    /// Connects to the engine (a bounded ping), checks the backend-wide [`PodmanOptions`],
+    /// Checks the backend-wide [`PodmanOptions`], connects to the engine (opening the ssh
+    /// tunnel of an `ssh://` endpoint, then a bounded ping: see [`PodmanEngine::connect`]),
     /// and runs the startup sweep when the config asks for it.
     pub async fn connect(config: PodmanConfig) -> Result<PodmanBackend> {
         config.options.validate()?;
         let engine = PodmanEngine::connect(&config).await?;
-        if let Err(e) = engine.ping().await {
-            let e = to_sandbox_error(&config.endpoint, "ping", e);
-            return Err(unavailable_or_missing(
-                e,
-                BACKEND,
-                &config.endpoint,
-                &["podman"],
-                "sudo apt-get install -y podman && sudo cargo xtask setup podman",
-            ));
-        }
         let inner = ContainerBackend::new(engine, config.layer.clone()).await;
         Ok(PodmanBackend {
             inner,
@@ -60,19 +49,29 @@ impl PodmanBackend {
         })
     }
 
-    /// The podman-api client (outside semver).
+    /// The configuration in effect.
+    pub fn config(&self) -> &PodmanConfig {
+        &self.config
+    }
+
+    /// The engine endpoint.
+    pub fn endpoint(&self) -> &str {
+        self.inner.engine().endpoint()
+    }
+
+    /// The podman-api client. **Outside the semver contract.**
     pub fn client(&self) -> &Podman {
         self.inner.engine().client()
     }
 
-    /// The engine (outside semver).
-    pub fn engine(&self) -> &PodmanEngine {
+    /// The engine.
+    pub fn engine(&self) -> &Arc<PodmanEngine> {
         self.inner.engine()
     }
 
-    /// The configuration in effect.
-    pub fn config(&self) -> &PodmanConfig {
-        &self.config
+    /// The generic container backend this wraps.
+    pub fn container_backend(&self) -> &ContainerBackend<PodmanEngine> {
+        &self.inner
     }
 
     /// Creates a sandbox with explicit [`PodmanOptions`] (outside the portable contract)
@@ -88,21 +87,6 @@ impl PodmanBackend {
         let layer =
             ContainerBackend::new(engine, self.config.layer.clone().startup_sweep(false)).await;
         layer.create_container(options).await
-    }
-
-    /// Removes leftovers whose owner is proven gone or that are long past their deadline
-    /// (see `ContainerBackend::sweep`); returns how many were removed.
-    pub async fn sweep(&self) -> usize {
-        self.inner.sweep().await
-    }
-
-    /// The engine-side configured environment of a container (`Config.Env`), for proving
-    /// that secrets are not stored there.
-    pub async fn engine_env(&self, id: &str) -> Result<Vec<String>> {
-        self.engine()
-            .engine_env(id)
-            .await
-            .map_err(|e| to_sandbox_error(&self.config.endpoint, "container inspect", e))
     }
 }
 

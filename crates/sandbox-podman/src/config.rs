@@ -8,9 +8,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 
-use sandbox_container::ContainerConfig;
 use sandbox_container::endpoint::discovery::{EndpointSource, EnvSnapshot, discover_podman, is_plain_tcp};
 use sandbox_container::endpoint::ssh::SshTarget;
+use sandbox_container::{ContainerConfig, Runtime};
 use sandbox_core::{IsolationTier, Result, SandboxError};
 
 pub use sandbox_container::spec::hooks::{HookEvent, HookFn, Hooks};
@@ -19,10 +19,11 @@ pub use sandbox_container::spec::linux_capability::{
 };
 pub use sandbox_container::spec::mounts::{ENGINE_PATHS, Mount, MountMode, REFUSED_HOST_PATHS, Sharing};
 
-/// Default libpod endpoint (rootful service).
+/// Endpoint used when `CONTAINER_HOST` is unset and discovery finds nothing else (the
+/// rootful libpod service).
 pub const DEFAULT_ENDPOINT: &str = "unix:///run/podman/podman.sock";
 /// Environment variable naming the endpoint, as Podman's own remote client reads it.
-pub const CONTAINER_HOST_ENV: &str = "CONTAINER_HOST";
+pub const ENDPOINT_ENV: &str = "CONTAINER_HOST";
 /// Template used when `CreateOptions::template` is `None`.
 pub const DEFAULT_TEMPLATE: &str = "sandbox-rs/python:3.11";
 pub use sandbox_container::spec::cdi::CDI_SPEC_DIRS;
@@ -102,9 +103,9 @@ impl PodmanConfig {
         self
     }
 
-    /// Why [`PodmanConfig::endpoint_str`] is what it is.
-    pub fn endpoint_source(&self) -> &EndpointSource {
-        &self.endpoint_source
+    /// Why [`PodmanConfig::resolved_endpoint`] is what it is.
+    pub fn endpoint_source(&self) -> EndpointSource {
+        self.endpoint_source.clone()
     }
 
     /// Refuses, before any connection, endpoints that would send secrets in the clear
@@ -145,15 +146,12 @@ impl PodmanConfig {
         self
     }
 
-    /// The endpoint in effect.
-    pub fn endpoint_str(&self) -> &str {
-        &self.endpoint
+    /// The endpoint in effect: the configured one, else the one discovered when this
+    /// configuration was made.
+    pub fn resolved_endpoint(&self) -> String {
+        self.endpoint.clone()
     }
 }
-
-/// OCI runtime, chosen from a vetted set by name (never a path): the shared enum of
-/// `sandbox-container`, so Docker and Podman parse and label runtimes alike.
-pub use sandbox_container::Runtime as PodmanRuntime;
 
 /// Podman-specific options of one sandbox. **Outside the portable contract**: other
 /// backends have no equivalent, and these may change in minor releases.
@@ -163,7 +161,7 @@ pub struct PodmanOptions {
     /// Host trees made visible in the sandbox.
     pub mounts: Vec<Mount>,
     /// OCI runtime (`None`: the engine's default, reported as `Container`).
-    pub runtime: Option<PodmanRuntime>,
+    pub runtime: Option<Runtime>,
     /// Extra capabilities (only vetted ones can be named).
     pub capabilities: Vec<LinuxCapability>,
     /// OCI annotations, keys from [`ANNOTATION_ALLOWLIST`].
@@ -220,7 +218,7 @@ impl PodmanOptions {
         self
     }
     /// Selects the OCI runtime.
-    pub fn runtime(mut self, r: PodmanRuntime) -> Self {
+    pub fn runtime(mut self, r: Runtime) -> Self {
         self.runtime = Some(r);
         self
     }
@@ -254,25 +252,9 @@ impl PodmanOptions {
     /// adapter verifies the guest kernel itself: a tier is a promise.
     pub fn tier(&self) -> IsolationTier {
         match self.runtime {
-            Some(PodmanRuntime::Krun) | None => IsolationTier::Container,
+            Some(Runtime::Krun) | None => IsolationTier::Container,
             Some(r) => r.tier(),
         }
-    }
-
-    /// The libpod SpecGenerator body the adapter sends for `spec` under these options:
-    /// every hardening field, limit and mount is visible in it, for an audit or a test.
-    pub fn create_body(
-        &self,
-        spec: &sandbox_container::ContainerSpec,
-    ) -> Result<serde_json::Value> {
-        crate::policy::create_body(spec, self)
-    }
-
-    /// What these options cannot enforce for `spec` (a writable bind mount or a copy
-    /// under a disk-limited scratch path, more GPUs than CDI devices, any option outside
-    /// the allowlists), refused before anything is provisioned.
-    pub fn check_spec(&self, spec: &sandbox_container::ContainerSpec) -> Result<()> {
-        crate::policy::check_spec(spec, self)
     }
 
     /// Checks every option against the allowlists and the host (mount paths, CDI specs in

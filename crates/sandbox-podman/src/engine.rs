@@ -16,7 +16,10 @@ use podman_api::Podman;
 use podman_api::opts::{
     ContainerDeleteOpts, ContainerListFilter, ContainerListOpts, ExecCreateOpts, PullOpts,
 };
-use sandbox_container::engine::{engine_text as bounded, published_ports, state_from_status};
+use sandbox_container::endpoint::discovery::unavailable_or_missing;
+use sandbox_container::engine::{
+    NetworkInfo, NetworkSpec, engine_text as bounded, published_ports, state_from_status,
+};
 use sandbox_container::image::classify_pull_failure;
 use sandbox_container::time::from_unix_secs;
 use sandbox_container::engine::transfer::{bounded_call, bounded_upload, demultiplex, panicked};
@@ -28,7 +31,8 @@ use sandbox_container::{
 use sandbox_core::{Capability, IsolationTier, Problem, SandboxError};
 
 use crate::config::{PodmanConfig, PodmanOptions};
-use crate::error::{BACKEND, START_HINT, from_api, refused};
+use crate::error::{BACKEND, during, engine_error, refused, start_hint, to_sandbox_error};
+use crate::policy;
 use crate::rest::Rest;
 use sandbox_container::spec::hooks::Hooks;
 use sandbox_container::spec::mounts::{Mount, MountMode};
@@ -73,17 +77,25 @@ impl PodmanEngine {
     }
 
     /// An engine for `config`, opening the ssh tunnel first for an `ssh://` endpoint
-    /// (see `sandbox_container::endpoint::ssh`); otherwise the same as [`PodmanEngine::new`].
+    /// (see `sandbox_container::endpoint::ssh`), then pinging it (bounded by the call timeout). An
+    /// engine that does not answer is `EngineUnavailable` with the start command as hint
+    /// (`BackendNotInstalled` where Podman is missing from this machine).
     pub async fn connect(config: &PodmanConfig) -> sandbox_core::Result<PodmanEngine> {
         config.check_endpoint()?;
-        match config.ssh_target()? {
+        let engine = match config.ssh_target()? {
             Some(target) => {
                 let tunnel = sandbox_container::endpoint::ssh::SshTunnel::open(BACKEND, &target).await?;
                 let local = tunnel.endpoint();
                 Self::on(config, &local, Some(Arc::new(tunnel)))
             }
             None => Self::on(config, &config.endpoint, None),
+        }?;
+        if let Err(e) = engine.ping().await {
+            let e = to_sandbox_error(&config.endpoint, "ping", e);
+            let e = unavailable_or_missing(e, BACKEND, &config.endpoint, &["podman"], INSTALL);
+            return Err(e);
         }
+        Ok(engine)
     }
 
     /// An engine speaking to `address` (the endpoint itself, or a tunnel's local end).
@@ -141,10 +153,8 @@ impl PodmanEngine {
         what: &'static str,
         fut: impl std::future::Future<Output = Result<T, podman_api::Error>>,
     ) -> EngineResult<T> {
-        bounded_call(what, self.limit, async move {
-            fut.await.map_err(|e| from_api(what, e))
-        })
-        .await
+        let call = async move { fut.await.map_err(during(what)) };
+        bounded_call(what, self.limit, call).await
     }
 
     /// One REST bypass call, bounded.
@@ -156,6 +166,9 @@ impl PodmanEngine {
         bounded_call(what, self.limit, fut).await
     }
 }
+
+/// The install command for a machine without Podman.
+const INSTALL: &str = "sudo apt-get install -y podman && sudo cargo xtask setup podman";
 
 /// Longest a pull may go without a message. Podman reports per blob, not per byte, so a
 /// large layer on a slow link is silent for a while.
@@ -195,7 +208,7 @@ impl ContainerEngine for PodmanEngine {
     }
 
     fn capabilities(&self) -> Capability {
-        crate::policy::capabilities_for(&self.options)
+        policy::capabilities(&self.options)
     }
 
     fn is_local(&self) -> bool {
@@ -203,25 +216,22 @@ impl ContainerEngine for PodmanEngine {
     }
 
     fn netfilter_applies(&self) -> bool {
-        crate::policy::netfilter_applies(&self.options)
+        policy::netfilter_applies(&self.options)
     }
 
-    async fn create_network(
-        &self,
-        spec: &sandbox_container::engine::NetworkSpec,
-    ) -> EngineResult<()> {
-        let opts = crate::policy::network_create_opts(spec);
+    async fn create_network(&self, spec: &NetworkSpec) -> EngineResult<()> {
+        let opts = policy::network_body(spec);
         self.api("network create", self.client.networks().create(&opts))
             .await
             .map(|_| ())
     }
 
-    async fn networks(&self) -> EngineResult<Vec<sandbox_container::engine::NetworkInfo>> {
+    async fn networks(&self) -> EngineResult<Vec<NetworkInfo>> {
         let opts = podman_api::opts::NetworkListOpts::builder().build();
         let list = self
             .api("network list", self.client.networks().list(&opts))
             .await?;
-        Ok(list.into_iter().map(crate::policy::network_info).collect())
+        Ok(list.into_iter().map(policy::network_info).collect())
     }
 
     async fn remove_network(&self, name: &str) -> EngineResult<bool> {
@@ -240,16 +250,15 @@ impl ContainerEngine for PodmanEngine {
     }
 
     fn unavailable_hint(&self) -> String {
-        START_HINT.to_string()
+        start_hint(&self.endpoint)
     }
 
     fn check_spec(&self, spec: &ContainerSpec) -> EngineResult<()> {
-        crate::policy::check_spec(spec, &self.options).map_err(|e| refused("podman options", e))
+        policy::check_spec(spec, &self.options).map_err(|e| refused("podman options", e))
     }
 
     async fn create(&self, spec: &ContainerSpec) -> EngineResult<String> {
-        let body =
-            crate::policy::create_body(spec, &self.options).map_err(|e| refused("create", e))?;
+        let body = policy::create_body(spec, &self.options).map_err(|e| refused("create", e))?;
         // The create runs in a task of its own: if the caller drops `create` while the
         // engine is still creating (a cancelled create, a create timeout), the task removes
         // the container once its id arrives, however long the engine took. A removal by
@@ -302,7 +311,7 @@ impl ContainerEngine for PodmanEngine {
             .and_then(|s| s.pid)
             .and_then(|p| u32::try_from(p).ok())
             .filter(|p| *p > 0);
-        let addresses = crate::policy::container_addresses(i.network_settings.as_ref());
+        let addresses = policy::container_addresses(i.network_settings.as_ref());
         let mut info =
             ContainerInfo::new(i.id.unwrap_or_else(|| id.to_string()), name, state, labels);
         info.created_at = i.created.and_then(|t| from_unix_secs(t.timestamp()));
@@ -428,7 +437,7 @@ impl ContainerEngine for PodmanEngine {
         bounded_upload("archive upload", body, self.limit, |body| async move {
             c.copy_to(dir, hyper::Body::wrap_stream(body))
                 .await
-                .map_err(|e| from_api("archive upload", e))
+                .map_err(during("archive upload"))
         })
         .await
     }
@@ -468,7 +477,7 @@ impl ContainerEngine for PodmanEngine {
             images.pull(&opts),
         ))
         .map(|item| match item {
-            Ok(r) => r.map_err(|e| from_api("image pull", e)),
+            Ok(r) => r.map_err(|e| engine_error("image pull", e)),
             Err(_) => Err(panicked("image pull")),
         })
         .boxed();
@@ -518,14 +527,13 @@ impl ContainerEngine for PodmanEngine {
 
     async fn facts(&self) -> EngineFacts {
         let mut f = EngineFacts::default();
+        let fix = start_hint(&self.endpoint);
         let c = self.client.clone();
         let version = self.api("version", c.version()).await;
-        f.version = f
-            .answer("version", version, START_HINT)
-            .and_then(|v| v.version);
+        f.version = f.answer("version", version, &fix).and_then(|v| v.version);
         let info = self.api("info", c.info()).await;
         let runtime = f
-            .answer("info", info, START_HINT)
+            .answer("info", info, &fix)
             .and_then(|i| i.host?.oci_runtime);
         f.runtimes.extend(runtime.and_then(|o| o.name));
         if let Some(rt) = self.options.runtime

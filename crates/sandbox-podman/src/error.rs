@@ -16,8 +16,11 @@ use sandbox_core::{BoxError, SandboxError};
 /// Backend name used in every error.
 pub(crate) const BACKEND: &str = "podman";
 
-/// Start command printed in `EngineUnavailable` hints.
-pub(crate) const START_HINT: &str = "sudo cargo xtask setup podman   # or: mkdir -p /run/podman && podman system service --time=0 unix:///run/podman/podman.sock &";
+/// The command that starts the engine, printed in `EngineUnavailable` hints: the same for
+/// every endpoint (a remote one's service is started so on its own host).
+pub(crate) fn start_hint(_endpoint: &str) -> String {
+    "sudo cargo xtask setup podman   # or: mkdir -p /run/podman && podman system service --time=0 unix:///run/podman/podman.sock &".to_string()
+}
 
 /// A podman-api error kept as a `source` (podman-api's error is `Send + Sync`).
 fn boxed(e: podman_api::Error) -> BoxError {
@@ -61,8 +64,13 @@ fn kind_of(e: &podman_api::Error) -> EngineErrorKind {
 }
 
 /// A podman-api error as an [`EngineError`], the source kept.
-pub(crate) fn from_api(what: &str, e: podman_api::Error) -> EngineError {
+pub(crate) fn engine_error(what: &str, e: podman_api::Error) -> EngineError {
     EngineError::new(kind_of(&e), bounded(&format!("{what}: {e}"))).with_source(boxed(e))
+}
+
+/// A closure for `map_err` naming `what`.
+pub(crate) fn during(what: &'static str) -> impl Fn(podman_api::Error) -> EngineError {
+    move |e| engine_error(what, e)
 }
 
 /// A refusal of this adapter's own checks (options, spec assembly) as an [`EngineError`].
@@ -74,13 +82,13 @@ pub(crate) fn refused(what: &str, e: SandboxError) -> EngineError {
     .with_source(e)
 }
 
-/// An engine error outside the container layer (connect's ping, `engine_env`) as a
-/// `SandboxError`: unreachable or wedged engine → `EngineUnavailable` with the start
-/// command, anything else → `Engine`, the source kept.
+/// An engine error outside the container layer (connect's ping) as a `SandboxError`:
+/// unreachable or wedged engine → `EngineUnavailable` with the start command, anything
+/// else → `Engine`, the source kept.
 pub(crate) fn to_sandbox_error(endpoint: &str, what: &str, e: EngineError) -> SandboxError {
     match e.kind {
         EngineErrorKind::Unavailable | EngineErrorKind::Timeout => {
-            SandboxError::engine_unavailable(BACKEND, endpoint, START_HINT).with_source(e)
+            SandboxError::engine_unavailable(BACKEND, endpoint, start_hint(endpoint)).with_source(e)
         }
         _ => SandboxError::engine(BACKEND, format!("{what} failed")).with_source(e),
     }

@@ -11,10 +11,11 @@ mod rest;
 
 pub use backend::{PodmanBackend, PodmanNative, PodmanSandbox};
 pub use config::{
-    ANNOTATION_ALLOWLIST, CDI_SPEC_DIRS, CONTAINER_HOST_ENV, DEFAULT_CALL_TIMEOUT,
-    DEFAULT_ENDPOINT, DEFAULT_TEMPLATE, ENGINE_PATHS, GRANTABLE_CAPABILITIES, HookEvent, HookFn,
-    Hooks, LinuxCapability, Mount, MountMode, NEVER_GRANTABLE, PodmanConfig, PodmanOptions,
-    PodmanRuntime, REFUSED_HOST_PATHS, Sharing,
+    ANNOTATION_ALLOWLIST, CDI_SPEC_DIRS, DEFAULT_CALL_TIMEOUT, DEFAULT_ENDPOINT, DEFAULT_TEMPLATE,
+    ENDPOINT_ENV, ENGINE_PATHS, GRANTABLE_CAPABILITIES, HookEvent, HookFn, Hooks, LinuxCapability,
+    Mount, MountMode, NEVER_GRANTABLE, PodmanConfig, PodmanOptions, REFUSED_HOST_PATHS, Sharing,
 };
 pub use engine::PodmanEngine;
+pub use policy::CAPABILITIES;
+pub use sandbox_container::Runtime;
 pub use sandbox_container::endpoint::discovery::{EndpointSource, EnvSnapshot};

@@ -1,5 +1,7 @@
 //! Turning a [`ContainerSpec`] from the container layer plus [`PodmanOptions`] into a
-//! libpod SpecGenerator, and the refusals that must happen before anything is created.
+//! libpod SpecGenerator, refusing what Podman cannot enforce before anything is created,
+//! and what its sandboxes can declare ([`CAPABILITIES`]); also the network bodies and the
+//! reading of the engine's network answers. The engine calls are `engine.rs`'s.
 //!
 //! The body is written as JSON directly and POSTed through the REST bypass (`rest.rs`).
 
@@ -8,23 +10,47 @@ use std::net::IpAddr;
 use podman_api::models;
 use podman_api::opts::NetworkCreateOpts;
 use sandbox_container::engine::{NetworkInfo, NetworkSpec, Subnet};
-use sandbox_container::{ContainerSpec, LABEL_RUNTIME, NetworkMode, Runtime};
+use sandbox_container::{ContainerSpec, LABEL_RUNTIME, LAYER_CAPABILITIES, NetworkMode, Runtime};
 use sandbox_core::{Capability, Result, SandboxError};
 use serde_json::{Map, Value, json};
 
 use crate::config::{MountMode, PodmanOptions, Sharing};
 
-/// Capabilities of a sandbox created with these Podman options (GPU only with CDI devices,
-/// which `PodmanOptions::validate` has checked against the host; the egress allowlist
-/// where the container layer can load its rules, which it decides).
-pub(crate) fn capabilities_for(podman: &PodmanOptions) -> Capability {
-    let mut c = sandbox_container::LAYER_CAPABILITIES
-        | Capability::EGRESS_ALLOWLIST
-        | Capability::DISK_LIMIT;
-    if !podman.cdi_devices.is_empty() {
-        c |= Capability::GPU;
+/// What a Podman sandbox can declare: the container layer's set, a disk limit (a
+/// read-only root with tmpfs scratch mounts), the egress allowlist where the container
+/// layer can load its rules, terminals where the agent runs, and GPUs for a sandbox
+/// created with CDI devices ([`PodmanOptions::cdi_device`]).
+pub const CAPABILITIES: Capability = LAYER_CAPABILITIES
+    .union(Capability::DISK_LIMIT)
+    .union(Capability::EGRESS_ALLOWLIST)
+    .union(Capability::PTY)
+    .union(Capability::GPU);
+
+/// What the engine offers the container layer under these options: [`CAPABILITIES`]
+/// without terminals (the agent's, which the container layer adds), and GPU only with
+/// CDI devices, which `PodmanOptions::validate` has checked against the host.
+pub(crate) fn capabilities(podman: &PodmanOptions) -> Capability {
+    let caps = CAPABILITIES.difference(Capability::PTY);
+    if podman.cdi_devices.is_empty() {
+        caps.difference(Capability::GPU)
+    } else {
+        caps
     }
-    c
+}
+
+impl PodmanOptions {
+    /// The libpod SpecGenerator body the adapter sends for `spec` under these options:
+    /// every hardening field, limit and mount is visible in it, for an audit or a test.
+    pub fn create_body(&self, spec: &ContainerSpec) -> Result<Value> {
+        create_body(spec, self)
+    }
+
+    /// What these options cannot enforce for `spec` (a writable bind mount or a copy
+    /// under a disk-limited scratch path, more GPUs than CDI devices, any option outside
+    /// the allowlists), refused before anything is provisioned.
+    pub fn check_spec(&self, spec: &ContainerSpec) -> Result<()> {
+        check_spec(spec, self)
+    }
 }
 
 /// What Podman cannot enforce for `spec` with these options, refused before anything is
@@ -62,8 +88,8 @@ fn labels(spec: &ContainerSpec, podman: &PodmanOptions) -> Map<String, Value> {
 /// The libpod SpecGenerator JSON for a [`ContainerSpec`] from the container layer plus
 /// this backend's [`PodmanOptions`], written directly (podman-api 0.11's builder misspells
 /// `no_new_privileges`, which Podman then ignores, and has no OCI-shaped mounts or CDI
-/// devices). Every field of the spec is applied (SPEC §5): a field silently dropped would
-/// be a security bug.
+/// devices). Every field of the spec is applied: a field silently dropped would be a
+/// security bug.
 pub(crate) fn create_body(spec: &ContainerSpec, podman: &PodmanOptions) -> Result<Value> {
     let res = &spec.resources;
     let memory = spec.memory_bytes();
@@ -216,41 +242,36 @@ pub(crate) fn netfilter_applies(podman: &PodmanOptions) -> bool {
     podman.runtime != Some(Runtime::Runsc)
 }
 
+/// The network option (key, value) that isolates a bridge from other networks: set on the
+/// egress network, and read back to tell it from a foreign network of the same name.
+const ISOLATION: (&str, &str) = ("isolate", "true");
+
 /// The egress network: a bridge isolated from other networks (`isolate`), without
 /// aardvark DNS (the library's resolver answers), labelled. netavark 1.4 has no switch for
 /// traffic between containers of one bridge: each sandbox's own rules reject the subnet.
-pub(crate) fn network_create_opts(spec: &NetworkSpec) -> NetworkCreateOpts {
+pub(crate) fn network_body(spec: &NetworkSpec) -> NetworkCreateOpts {
     NetworkCreateOpts::builder()
         .name(&spec.name)
         .driver("bridge")
         .dns_enabled(false)
         .internal(false)
         .labels(spec.labels.clone())
-        .options([("isolate", "true")])
+        .options([ISOLATION])
         .build()
 }
 
 /// A network as the container layer sees it.
 pub(crate) fn network_info(n: models::Network) -> NetworkInfo {
-    let subnets = n
-        .subnets
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|s| Subnet::parse(s.subnet.as_deref()?, s.gateway.as_deref()))
-        .collect();
-    let mut info = NetworkInfo::new(
-        n.name.unwrap_or_default(),
-        subnets,
-        n.labels.unwrap_or_default().into_iter().collect(),
-    );
+    let subnets = n.subnets.unwrap_or_default().into_iter();
+    let subnets = subnets.filter_map(|s| Subnet::parse(s.subnet.as_deref()?, s.gateway.as_deref()));
+    let labels = n.labels.unwrap_or_default().into_iter().collect();
+    let mut info = NetworkInfo::new(n.name.unwrap_or_default(), subnets.collect(), labels);
     // Known ids let a create tell a network re-created under the same name (another
     // process's sweep removed it meanwhile) from the one it ensured.
     info.id = n.id.unwrap_or_default();
     info.isolated = n
         .options
-        .as_ref()
-        .and_then(|o| o.get("isolate"))
-        .is_some_and(|v| v == "true");
+        .is_some_and(|o| o.get(ISOLATION.0).is_some_and(|v| v == ISOLATION.1));
     info
 }
 
@@ -277,7 +298,7 @@ mod tests {
     #[test]
     fn the_egress_network_is_isolated_without_engine_dns() {
         let spec = NetworkSpec::new("sbx-egress", BTreeMap::new());
-        let o = network_create_opts(&spec).serialize().unwrap();
+        let o = network_body(&spec).serialize().unwrap();
         let o: Value = serde_json::from_str(&o).unwrap();
         assert_eq!(o["options"]["isolate"], "true");
         assert_eq!(o["dns_enabled"], false);

@@ -77,9 +77,10 @@ impl Probes for PodmanProbes {
         let env = self
             .backend()
             .await?
+            .engine()
             .engine_env(sandbox_id)
             .await
-            .map_err(|e| anyhow::anyhow!("engine env of {sandbox_id}: {}", e.render()))?;
+            .map_err(|e| anyhow::anyhow!("engine env of {sandbox_id}: {e}"))?;
         Ok(Some(env))
     }
 
@@ -125,7 +126,7 @@ struct FaultProxy {
 impl FaultProxy {
     async fn start() -> anyhow::Result<FaultProxy> {
         let upstream = PodmanConfig::from_env()
-            .endpoint_str()
+            .resolved_endpoint()
             .strip_prefix("unix://")
             .map(PathBuf::from)
             .context("the Podman endpoint is not a unix socket; the fault proxy needs one")?;

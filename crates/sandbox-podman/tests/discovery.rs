@@ -22,7 +22,7 @@ fn container_host_variable_is_used() {
     let c = PodmanConfig::from_env_snapshot(
         &EnvSnapshot::empty().var("CONTAINER_HOST", "unix:///tmp/p.sock"),
     );
-    assert_eq!(c.endpoint_str(), "unix:///tmp/p.sock");
+    assert_eq!(c.resolved_endpoint(), "unix:///tmp/p.sock");
     assert_eq!(c.endpoint_source().to_string(), "CONTAINER_HOST");
 }
 
@@ -32,8 +32,8 @@ fn rootless_socket_used_when_present_and_not_root() {
     let c = PodmanConfig::from_env_snapshot(
         &EnvSnapshot::empty().var("XDG_RUNTIME_DIR", run.path().to_string_lossy()),
     );
-    assert_eq!(c.endpoint_str(), rootless_endpoint(&run));
-    assert_eq!(c.endpoint_source(), &EndpointSource::RootlessSocket);
+    assert_eq!(c.resolved_endpoint(), rootless_endpoint(&run));
+    assert_eq!(c.endpoint_source(), EndpointSource::RootlessSocket);
     assert_eq!(c.endpoint_source().to_string(), "rootless socket");
 }
 
@@ -45,7 +45,7 @@ fn rootless_socket_skipped_for_root() {
             .root(true)
             .var("XDG_RUNTIME_DIR", run.path().to_string_lossy()),
     );
-    assert_eq!(c.endpoint_str(), DEFAULT_ENDPOINT);
+    assert_eq!(c.resolved_endpoint(), DEFAULT_ENDPOINT);
 }
 
 #[test]
@@ -54,13 +54,13 @@ fn rootless_socket_skipped_when_absent() {
     let c = PodmanConfig::from_env_snapshot(
         &EnvSnapshot::empty().var("XDG_RUNTIME_DIR", run.path().to_string_lossy()),
     );
-    assert_eq!(c.endpoint_str(), DEFAULT_ENDPOINT);
+    assert_eq!(c.resolved_endpoint(), DEFAULT_ENDPOINT);
 }
 
 #[test]
 fn default_socket_when_nothing_else() {
     let c = PodmanConfig::from_env_snapshot(&EnvSnapshot::empty());
-    assert_eq!(c.endpoint_str(), DEFAULT_ENDPOINT);
+    assert_eq!(c.resolved_endpoint(), DEFAULT_ENDPOINT);
     assert_eq!(c.endpoint_source().to_string(), "default");
 }
 
@@ -69,16 +69,16 @@ fn precedence_container_host_over_rootless_over_default_and_configured_over_all(
     let run = rootless_dir();
     let base = EnvSnapshot::empty().var("XDG_RUNTIME_DIR", run.path().to_string_lossy());
     assert_eq!(
-        PodmanConfig::from_env_snapshot(&base).endpoint_str(),
+        PodmanConfig::from_env_snapshot(&base).resolved_endpoint(),
         rootless_endpoint(&run)
     );
     let c = PodmanConfig::from_env_snapshot(
         &base.clone().var("CONTAINER_HOST", "unix:///tmp/env.sock"),
     );
-    assert_eq!(c.endpoint_str(), "unix:///tmp/env.sock");
+    assert_eq!(c.resolved_endpoint(), "unix:///tmp/env.sock");
     let c = c.endpoint("unix:///tmp/mine.sock");
-    assert_eq!(c.endpoint_str(), "unix:///tmp/mine.sock");
-    assert_eq!(c.endpoint_source(), &EndpointSource::Configured);
+    assert_eq!(c.resolved_endpoint(), "unix:///tmp/mine.sock");
+    assert_eq!(c.endpoint_source(), EndpointSource::Configured);
 }
 
 /// `PodmanEngine::new` is synchronous and cannot open a tunnel: it refuses ssh:// with

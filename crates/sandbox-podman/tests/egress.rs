@@ -68,7 +68,7 @@ async fn network_removed_during_create_is_recreated() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_foreign_network_of_our_name_is_refused() {
     let Some(b) = backend().await else { return };
-    tests::a_foreign_network_of_our_name_is_refused(b.engine(), "podman --remote").await;
+    tests::a_foreign_network_of_our_name_is_refused(&**b.engine(), "podman --remote").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

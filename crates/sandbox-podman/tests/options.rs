@@ -5,8 +5,8 @@ use std::path::Path;
 
 use sandbox_core::{ErrorCode, IsolationTier, SandboxError};
 use sandbox_podman::{
-    CONTAINER_HOST_ENV, DEFAULT_ENDPOINT, ENGINE_PATHS, GRANTABLE_CAPABILITIES, LinuxCapability,
-    Mount, NEVER_GRANTABLE, PodmanConfig, PodmanOptions, PodmanRuntime, Sharing,
+    DEFAULT_ENDPOINT, ENDPOINT_ENV, ENGINE_PATHS, GRANTABLE_CAPABILITIES, LinuxCapability, Mount,
+    NEVER_GRANTABLE, PodmanConfig, PodmanOptions, Runtime, Sharing,
 };
 
 fn refused(o: PodmanOptions) -> SandboxError {
@@ -28,15 +28,15 @@ fn defaults_are_valid_and_ephemeral() {
 
 #[test]
 fn runtime_maps_to_tier() {
-    assert_eq!(PodmanRuntime::parse("runsc"), Some(PodmanRuntime::Runsc));
-    assert_eq!(PodmanRuntime::parse("/usr/bin/runc"), None);
+    assert_eq!(Runtime::parse("runsc"), Some(Runtime::Runsc));
+    assert_eq!(Runtime::parse("/usr/bin/runc"), None);
     assert_eq!(PodmanOptions::new().tier(), IsolationTier::Container);
     assert_eq!(
-        PodmanOptions::new().runtime(PodmanRuntime::Runsc).tier(),
+        PodmanOptions::new().runtime(Runtime::Runsc).tier(),
         IsolationTier::Gvisor
     );
     assert_eq!(
-        PodmanOptions::new().runtime(PodmanRuntime::Krun).tier(),
+        PodmanOptions::new().runtime(Runtime::Krun).tier(),
         IsolationTier::Container,
         "unverified micro-VM"
     );
@@ -257,10 +257,10 @@ fn mount_targets_are_normalised_before_the_reserved_check() {
 fn from_env_honours_container_host() {
     // Only reads: the variable may or may not be set in the test environment.
     let c = PodmanConfig::from_env();
-    match std::env::var(CONTAINER_HOST_ENV) {
-        Ok(h) if !h.trim().is_empty() => assert_eq!(c.endpoint_str(), h.trim()),
-        _ => assert_eq!(c.endpoint_str(), DEFAULT_ENDPOINT),
+    match std::env::var(ENDPOINT_ENV) {
+        Ok(h) if !h.trim().is_empty() => assert_eq!(c.resolved_endpoint(), h.trim()),
+        _ => assert_eq!(c.resolved_endpoint(), DEFAULT_ENDPOINT),
     }
     let c = PodmanConfig::default().endpoint("tcp://127.0.0.1:8888");
-    assert_eq!(c.endpoint_str(), "tcp://127.0.0.1:8888");
+    assert_eq!(c.resolved_endpoint(), "tcp://127.0.0.1:8888");
 }

@@ -83,7 +83,7 @@ async fn hardening_is_verified_from_inside() {
         "s3cr3t-value\n"
     );
     assert_eq!(sh(&*sb, "pwd").await.stdout_text(), "/work\n");
-    let env = b.engine_env(sb.id()).await.unwrap();
+    let env = b.engine().engine_env(sb.id()).await.unwrap();
     assert!(
         env.iter()
             .all(|e| !e.contains("s3cr3t") && !e.starts_with("API_TOKEN")),
@@ -362,7 +362,7 @@ async fn reaping_the_last_networked_sandbox_removes_the_network() {
     let Some(b) = backend().await else { return };
     sandbox_container::testing::reap::reaping_the_last_networked_sandbox_removes_the_network(
         &b,
-        b.engine(),
+        &**b.engine(),
         BUSYBOX,
     )
     .await;

@@ -8,9 +8,7 @@ use std::time::Duration;
 use sandbox_container::engine::ContainerEngine as _;
 use sandbox_container::{ContainerSpec, LABEL_RUNTIME, NetworkMode};
 use sandbox_core::{EffectiveResources, ErrorCode, Resources};
-use sandbox_podman::{
-    LinuxCapability, Mount, PodmanConfig, PodmanEngine, PodmanOptions, PodmanRuntime,
-};
+use sandbox_podman::{LinuxCapability, Mount, PodmanConfig, PodmanEngine, PodmanOptions, Runtime};
 use serde_json::{Value, json};
 
 fn spec_with(resources: Resources, network: NetworkMode) -> ContainerSpec {
@@ -48,7 +46,7 @@ fn isolated_joins_the_egress_network_with_its_resolver() {
     assert_eq!(v["cap_drop"], json!(["ALL"]), "NET_ADMIN stays dropped");
     let engine = |o: PodmanOptions| PodmanEngine::new(&PodmanConfig::default().options(o)).unwrap();
     assert!(engine(PodmanOptions::default()).netfilter_applies());
-    assert!(!engine(PodmanOptions::default().runtime(PodmanRuntime::Runsc)).netfilter_applies());
+    assert!(!engine(PodmanOptions::default().runtime(Runtime::Runsc)).netfilter_applies());
 }
 
 #[test]
@@ -95,7 +93,7 @@ fn hardening_is_always_in_the_body() {
 fn options_map_to_the_body() {
     let d = tempfile::tempdir().unwrap();
     let p = PodmanOptions::new()
-        .runtime(PodmanRuntime::Runsc)
+        .runtime(Runtime::Runsc)
         .capability(LinuxCapability::Chown)
         .annotation("krun.cpus", "2")
         .ephemeral(false)
@@ -137,7 +135,7 @@ fn huge_pids_and_memory_never_become_unlimited() {
     for pids in [1u64 << 63, u64::MAX, (1u64 << 63) + 512, max + 1] {
         for p in [
             PodmanOptions::default(),
-            PodmanOptions::new().runtime(PodmanRuntime::Runsc),
+            PodmanOptions::new().runtime(Runtime::Runsc),
         ] {
             let s = spec_with(Resources::default().pids(pids), NetworkMode::None);
             let limit = body(&s, &p)["resource_limits"]["pids"]["limit"]

@@ -1,47 +1,87 @@
 //! What the facade knows and core must not: which first-party backends declare which
-//! capability, and the enforcement layer every backend the facade hands out is wrapped in.
+//! capability (asked of the adapters themselves), and the enforcement layer every backend
+//! the facade hands out is wrapped in.
 
 use std::sync::Arc;
 
 use sandbox_core::layer::Layer;
 use sandbox_core::{Backend, Capability};
 
-/// What Docker and Podman sandboxes can declare: the allowlist where the host can load
-/// egress rules (nft, a runtime whose traffic netfilter sees), terminals where the agent
-/// runs (not under runsc), the rest always.
-const CONTAINER: Capability = Capability::RUN_COMMAND
-    .union(Capability::RUN_CODE)
-    .union(Capability::STATEFUL_CODE)
-    .union(Capability::STREAMING)
-    .union(Capability::FILESYSTEM)
-    .union(Capability::UPLOAD_DOWNLOAD)
-    .union(Capability::NETWORK_POLICY)
-    .union(Capability::EGRESS_ALLOWLIST)
-    .union(Capability::INGRESS_PORTS)
-    .union(Capability::STDIN)
-    .union(Capability::DISK_LIMIT)
-    .union(Capability::PTY);
+/// First-party backends and what each can declare, as each adapter declares it:
+/// `sandbox_docker::CAPABILITIES`, `sandbox_podman::CAPABILITIES` (with `GPU` for sandboxes
+/// created with CDI devices), `sandbox_fake::full_capabilities`. An adapter this build
+/// leaves out is still named in refusals, from its declaration as recorded here.
+fn first_party() -> [(&'static str, Capability); 3] {
+    [("docker", DOCKER), ("podman", PODMAN), ("fake", fake())]
+}
 
-/// First-party backends and what each can declare. Podman adds `GPU` for sandboxes created
-/// with CDI devices (`PodmanOptions::cdi_device`); the fake models an egress allowlist but
-/// no ingress ports, no disk and no terminals (`sandbox_fake::full_capabilities`).
-const FIRST_PARTY: &[(&str, Capability)] = &[
-    ("docker", CONTAINER),
-    ("podman", CONTAINER.union(Capability::GPU)),
-    (
-        "fake",
-        CONTAINER
-            .difference(Capability::INGRESS_PORTS)
-            .difference(Capability::DISK_LIMIT)
-            .difference(Capability::PTY),
-    ),
-];
+#[cfg(feature = "docker")]
+const DOCKER: Capability = sandbox_docker::CAPABILITIES;
+#[cfg(not(feature = "docker"))]
+const DOCKER: Capability = recorded::DOCKER;
+
+#[cfg(feature = "podman")]
+const PODMAN: Capability = sandbox_podman::CAPABILITIES;
+#[cfg(not(feature = "podman"))]
+const PODMAN: Capability = recorded::PODMAN;
+
+#[cfg(feature = "fake")]
+fn fake() -> Capability {
+    sandbox_fake::full_capabilities()
+}
+#[cfg(not(feature = "fake"))]
+fn fake() -> Capability {
+    recorded::FAKE
+}
+
+/// The adapters' declarations for builds without them: a build with the `docker` feature
+/// off must still tell a caller that Docker has what it asked for. Tests compare each
+/// record with the adapter's own declaration whenever both are compiled (as
+/// `cargo test -p sandbox-rs` compiles them all), so a record cannot drift unnoticed.
+#[cfg(any(
+    test,
+    not(all(feature = "docker", feature = "podman", feature = "fake"))
+))]
+mod recorded {
+    use sandbox_core::Capability;
+
+    /// What Docker and Podman sandboxes can declare: the container layer's set, the
+    /// egress allowlist, a disk limit and terminals.
+    const CONTAINER: Capability = Capability::RUN_COMMAND
+        .union(Capability::RUN_CODE)
+        .union(Capability::STATEFUL_CODE)
+        .union(Capability::STREAMING)
+        .union(Capability::FILESYSTEM)
+        .union(Capability::UPLOAD_DOWNLOAD)
+        .union(Capability::NETWORK_POLICY)
+        .union(Capability::EGRESS_ALLOWLIST)
+        .union(Capability::INGRESS_PORTS)
+        .union(Capability::STDIN)
+        .union(Capability::DISK_LIMIT)
+        .union(Capability::PTY);
+
+    /// `sandbox_docker::CAPABILITIES`.
+    #[cfg(any(test, not(feature = "docker")))]
+    pub(super) const DOCKER: Capability = CONTAINER;
+
+    /// `sandbox_podman::CAPABILITIES`: Docker's, plus GPUs through CDI devices.
+    #[cfg(any(test, not(feature = "podman")))]
+    pub(super) const PODMAN: Capability = CONTAINER.union(Capability::GPU);
+
+    /// `sandbox_fake::full_capabilities()`: an egress allowlist, but no ingress ports, no
+    /// disk and no terminals.
+    #[cfg(any(test, not(feature = "fake")))]
+    pub(super) const FAKE: Capability = CONTAINER
+        .difference(Capability::INGRESS_PORTS)
+        .difference(Capability::DISK_LIMIT)
+        .difference(Capability::PTY);
+}
 
 /// First-party backends that can declare `capability` (what `CapabilityNotSupported`
 /// errors list in `supported_by`). Empty for an empty or multi-flag set no backend has.
 pub fn first_party_support(capability: Capability) -> Vec<String> {
-    FIRST_PARTY
-        .iter()
+    first_party()
+        .into_iter()
         .filter(|(_, caps)| !capability.is_empty() && caps.contains(capability))
         .map(|(name, _)| name.to_string())
         .collect()
@@ -83,10 +123,21 @@ mod tests {
         assert!(first_party_support(Capability::empty()).is_empty());
     }
 
+    #[cfg(feature = "docker")]
+    #[test]
+    fn dockers_record_is_its_own_declaration() {
+        assert_eq!(recorded::DOCKER, sandbox_docker::CAPABILITIES);
+    }
+
+    #[cfg(feature = "podman")]
+    #[test]
+    fn podmans_record_is_its_own_declaration() {
+        assert_eq!(recorded::PODMAN, sandbox_podman::CAPABILITIES);
+    }
+
     #[cfg(feature = "fake")]
     #[test]
-    fn fake_entry_is_the_fakes_own_declaration() {
-        let fake = FIRST_PARTY.iter().find(|(n, _)| *n == "fake").unwrap().1;
-        assert_eq!(fake, sandbox_fake::full_capabilities());
+    fn the_fakes_record_is_its_own_declaration() {
+        assert_eq!(recorded::FAKE, sandbox_fake::full_capabilities());
     }
 }
