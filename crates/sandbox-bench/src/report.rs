@@ -482,7 +482,7 @@ pub fn markdown(r: &Report) -> String {
         let _ = writeln!(o);
         let _ = writeln!(
             o,
-            "Targets (issue 6; binding on Docker, reported for every backend):\n"
+            "Targets (binding on Docker, reported for every backend):\n"
         );
         let _ = writeln!(o, "| target | value | threshold | result |");
         let _ = writeln!(o, "|---|---:|---|---|");

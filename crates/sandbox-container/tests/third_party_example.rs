@@ -1,5 +1,5 @@
 //! `examples/third-party-engine` is a crate outside the workspace implementing
-//! `ContainerEngine` from the published API alone (issue 9, item 8). Nothing else compiles
+//! `ContainerEngine` from the published API alone. Nothing else compiles
 //! it, so an API change that breaks third-party engines would go unnoticed: this test
 //! builds it (library and its contract test target) and fails when it does not compile.
 //!

@@ -28,8 +28,8 @@ use crate::error::{BACKEND, during, engine_error, pull_error, start_hint};
 use crate::policy;
 use sandbox_container::endpoint::discovery::unavailable_or_missing;
 use sandbox_container::engine::state_from_status;
-use sandbox_container::time::from_unix_secs;
 use sandbox_container::engine::transfer::bounded_call;
+use sandbox_container::time::from_unix_secs;
 
 /// The Docker engine behind a [`DockerBackend`](crate::DockerBackend).
 pub struct DockerEngine {
@@ -512,12 +512,17 @@ impl ContainerEngine for DockerEngine {
         };
         // An engine that stops reading fails the upload (a slow source does not).
         let limit = self.config.layer.call_timeout;
-        sandbox_container::engine::transfer::bounded_upload("archive upload", body, limit, |b| async {
-            self.client
-                .upload_to_container(id, Some(opts), bollard::body_try_stream(b))
-                .await
-                .map_err(during("archive upload"))
-        })
+        sandbox_container::engine::transfer::bounded_upload(
+            "archive upload",
+            body,
+            limit,
+            |b| async {
+                self.client
+                    .upload_to_container(id, Some(opts), bollard::body_try_stream(b))
+                    .await
+                    .map_err(during("archive upload"))
+            },
+        )
         .await
     }
 

@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 
-use sandbox_container::endpoint::discovery::{EndpointSource, EnvSnapshot, discover_podman, is_plain_tcp};
+use sandbox_container::endpoint::discovery::{
+    EndpointSource, EnvSnapshot, discover_podman, is_plain_tcp,
+};
 use sandbox_container::endpoint::ssh::SshTarget;
 use sandbox_container::{ContainerConfig, Runtime};
 use sandbox_core::{IsolationTier, Result, SandboxError};
@@ -17,7 +19,9 @@ pub use sandbox_container::spec::hooks::{HookEvent, HookFn, Hooks};
 pub use sandbox_container::spec::linux_capability::{
     GRANTABLE_CAPABILITIES, LinuxCapability, NEVER_GRANTABLE,
 };
-pub use sandbox_container::spec::mounts::{ENGINE_PATHS, Mount, MountMode, REFUSED_HOST_PATHS, Sharing};
+pub use sandbox_container::spec::mounts::{
+    ENGINE_PATHS, Mount, MountMode, REFUSED_HOST_PATHS, Sharing,
+};
 
 /// Endpoint used when `CONTAINER_HOST` is unset and discovery finds nothing else (the
 /// rootful libpod service).

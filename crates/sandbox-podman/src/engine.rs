@@ -17,12 +17,12 @@ use podman_api::opts::{
     ContainerDeleteOpts, ContainerListFilter, ContainerListOpts, ExecCreateOpts, PullOpts,
 };
 use sandbox_container::endpoint::discovery::unavailable_or_missing;
+use sandbox_container::engine::transfer::{bounded_call, bounded_upload, demultiplex, panicked};
 use sandbox_container::engine::{
     NetworkInfo, NetworkSpec, engine_text as bounded, published_ports, state_from_status,
 };
 use sandbox_container::image::classify_pull_failure;
 use sandbox_container::time::from_unix_secs;
-use sandbox_container::engine::transfer::{bounded_call, bounded_upload, demultiplex, panicked};
 use sandbox_container::{
     ArchiveBody, AttachStream, ContainerEngine, ContainerInfo, ContainerSpec, CredentialStore,
     EngineError, EngineErrorKind, EngineFacts, EngineResult, ExecInput, ExecRequest, ExecState,
@@ -84,7 +84,8 @@ impl PodmanEngine {
         config.check_endpoint()?;
         let engine = match config.ssh_target()? {
             Some(target) => {
-                let tunnel = sandbox_container::endpoint::ssh::SshTunnel::open(BACKEND, &target).await?;
+                let tunnel =
+                    sandbox_container::endpoint::ssh::SshTunnel::open(BACKEND, &target).await?;
                 let local = tunnel.endpoint();
                 Self::on(config, &local, Some(Arc::new(tunnel)))
             }

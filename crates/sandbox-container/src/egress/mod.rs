@@ -279,7 +279,7 @@ pub(crate) fn network_mode(policy: &NetworkPolicy, net: Option<&NetworkInfo>) ->
     match (&policy.egress, net) {
         (Egress::Deny, _) => NetworkMode::None,
         // An engine without networks of its own (a third-party engine that does not
-        // implement them): Allow keeps the engine's bridge, as before issue 13.
+        // implement them): Allow keeps the engine's default bridge.
         (Egress::Allow, None) => NetworkMode::Bridge {
             publish: policy.ingress_ports.clone(),
         },

@@ -21,9 +21,9 @@ pub use network::{NetworkInfo, NetworkMode, NetworkSpec, Subnet};
 /// its create body and MUST apply every field, or refuse the create with
 /// [`EngineErrorKind::InvalidRequest`]: a field silently dropped is a security bug.
 ///
-/// Always applied, whatever the fields say (SPEC §5): all capabilities dropped,
-/// `no-new-privileges`, swap disabled (memory+swap == memory), no privileged mode, no
-/// auto-published ports.
+/// Always applied, whatever the fields say (the security defaults no caller can opt out
+/// of): all capabilities dropped, `no-new-privileges`, swap disabled (memory+swap ==
+/// memory), no privileged mode, no auto-published ports.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ContainerSpec {
