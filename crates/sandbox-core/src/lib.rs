@@ -17,6 +17,7 @@ mod managed;
 mod network;
 pub mod options;
 pub mod policy;
+mod provenance;
 mod pool;
 mod process;
 mod resources;
@@ -39,6 +40,7 @@ pub use managed::{ManagedSandbox, SandboxState};
 pub use network::{Egress, EgressRule, EgressTarget, NetworkPolicy};
 pub use options::{CodeOptions, Command, CreateOptions, Language, PtySize, PullPolicy, RunOptions};
 pub use pool::{Pool, PoolConfig, PoolStats};
+pub use provenance::{CLOCK_SLACK, Provenance};
 pub use process::{
     InputSink, KILLED_EXIT_CODE, Process, ProcessInput, StartFuture, StartedExec, channel_input,
 };
