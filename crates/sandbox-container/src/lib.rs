@@ -3,9 +3,6 @@
 #![forbid(unsafe_code)]
 
 mod agent;
-// Attacks on the agent, run by the adapters' tests against real engines; not the API.
-#[doc(hidden)]
-pub mod agent_trials;
 mod archive;
 mod backend;
 pub mod cdi;
@@ -32,9 +29,6 @@ mod settings;
 pub mod ssh;
 mod stdin_feed;
 mod sweep;
-// Test support for the adapters' tests (the shared fault proxy); not part of the API.
-#[doc(hidden)]
-pub mod testing;
 pub mod time;
 pub mod transfer;
 

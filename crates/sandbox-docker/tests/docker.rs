@@ -7,13 +7,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use sandbox_container::testing::skip::unless_connected;
-use sandbox_container::testing::{managed_ids, test_options};
 use sandbox_core::{
     Backend, CodeOptions, Command, ErrorCode, NetworkPolicy, ReapableBackend, Resources,
     RunOptions, SandboxExt,
 };
 use sandbox_docker::{DockerBackend, DockerConfig, DockerNative};
+use sandbox_testkit::skip::unless_connected;
+use sandbox_testkit::{managed_ids, test_options};
 
 const PY: &str = "sandbox-rs/python:3.11";
 const BUSYBOX: &str = "sandbox-rs/busybox:latest";
@@ -428,7 +428,7 @@ async fn reaping_and_connect() {
 #[tokio::test(flavor = "multi_thread")]
 async fn reaping_the_last_networked_sandbox_removes_the_network() {
     let Some(b) = backend().await else { return };
-    sandbox_container::testing::reap::reaping_the_last_networked_sandbox_removes_the_network(
+    sandbox_testkit::trials::reap::reaping_the_last_networked_sandbox_removes_the_network(
         &b,
         &**b.engine(),
         BUSYBOX,
@@ -439,7 +439,7 @@ async fn reaping_the_last_networked_sandbox_removes_the_network() {
 #[tokio::test(flavor = "multi_thread")]
 async fn startup_sweep_removes_gone_owners_and_expired() {
     let Some(_b) = backend().await else { return };
-    sandbox_container::testing::sweep::startup_sweep_removes_gone_owners_and_expired(
+    sandbox_testkit::trials::sweep::startup_sweep_removes_gone_owners_and_expired(
         "docker",
         "docker",
         DockerBackend::connect(DockerConfig::from_env()),
@@ -450,8 +450,7 @@ async fn startup_sweep_removes_gone_owners_and_expired() {
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_managed_refuses_an_unmanaged_container() {
     let Some(b) = backend().await else { return };
-    sandbox_container::testing::sweep::kill_managed_refuses_an_unmanaged_container(&b, "docker")
-        .await;
+    sandbox_testkit::trials::sweep::kill_managed_refuses_an_unmanaged_container(&b, "docker").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -817,7 +816,7 @@ async fn fifty_concurrent_create_run_kill() {
 /// Issue 11: the `read_cap` and `download_caps` a user sets are the ones enforced.
 #[tokio::test(flavor = "multi_thread")]
 async fn configured_transfer_caps_apply() {
-    use sandbox_container::testing::caps;
+    use sandbox_testkit::trials::caps;
     let Some(b) = unless_connected(
         "Docker",
         DockerBackend::connect(
