@@ -1,4 +1,4 @@
-//! Issue 14, "done means": with the image removed from the engine and present only in a
+//! Pull on create from the CLI: with the image removed from the engine and present only in a
 //! registry on this machine (the tests' loopback registry), `sandbox run
 //! docker://127.0.0.1:<port>/…` and `podman://…` pull it and run it, drawing the pull
 //! bar on a terminal (a pty from `script`) and keeping a piped stderr free of it.

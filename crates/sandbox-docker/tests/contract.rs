@@ -48,7 +48,7 @@ impl Probes for DockerProbes {
     }
 
     /// `false` on a runtime the engine registers with `--network=none` (how `cargo xtask
-    /// setup` registers `runsc`, SPEC §7): the adapter refuses egress `Allow` there.
+    /// setup` registers `runsc`): the adapter refuses egress `Allow` there.
     fn egress_allow(&self) -> bool {
         !self.network_none.get().copied().unwrap_or(false)
     }

@@ -541,7 +541,7 @@ async fn ingress_ports_published_on_loopback() {
     }
 }
 
-/// Issue 11: writing `1` into every file under /dev/shm, /tmp and /run (and pre-creating
+/// Writing `1` into every file under /dev/shm, /tmp and /run (and pre-creating
 /// pidfile-looking directories) cannot redirect a timeout's kill: the timeout kills only
 /// that command, never PID 1, and the sandbox stays usable.
 #[tokio::test(flavor = "multi_thread")]
@@ -572,7 +572,7 @@ async fn forged_pidfiles_cannot_redirect_a_kill() {
     s.kill().await.unwrap();
 }
 
-/// Issue 11: a timeout kills the exec's whole tree, background and `setsid` children
+/// A timeout kills the exec's whole tree, background and `setsid` children
 /// included, and leaves unrelated processes alone.
 #[tokio::test(flavor = "multi_thread")]
 async fn timeout_kills_background_and_setsid_children() {
@@ -603,7 +603,7 @@ async fn timeout_kills_background_and_setsid_children() {
     s.kill().await.unwrap();
 }
 
-/// Issue 11: reading a 3 GiB sparse file is refused by size, with bounded host memory.
+/// Reading a 3 GiB sparse file is refused by size, with bounded host memory.
 #[tokio::test(flavor = "multi_thread")]
 async fn huge_sparse_file_read_is_refused_with_bounded_memory() {
     let Some(b) = backend().await else { return };
@@ -740,7 +740,7 @@ async fn wedged_engine() -> std::path::PathBuf {
     path
 }
 
-/// Issue 11: against an engine that accepts and never answers, `create` fails with
+/// Against an engine that accepts and never answers, `create` fails with
 /// `CreateTimeout` (SBX_E1203) within its bound, and other calls fail within theirs.
 #[tokio::test(flavor = "multi_thread")]
 async fn wedged_engine_fails_calls_in_bounded_time() {
@@ -813,7 +813,7 @@ async fn fifty_concurrent_create_run_kill() {
     assert!(errors.is_empty(), "{errors:#?}");
 }
 
-/// Issue 11: the `read_cap` and `download_caps` a user sets are the ones enforced.
+/// The `read_cap` and `download_caps` a user sets are the ones enforced.
 #[tokio::test(flavor = "multi_thread")]
 async fn configured_transfer_caps_apply() {
     use sandbox_testkit::trials::caps;

@@ -733,7 +733,7 @@ async fn huge_pids_request_is_clamped_never_unlimited() {
     sb.kill().await.unwrap();
 }
 
-/// Issue 11: the `read_cap` and `download_caps` a user sets are the ones enforced.
+/// The `read_cap` and `download_caps` a user sets are the ones enforced.
 #[tokio::test(flavor = "multi_thread")]
 async fn configured_transfer_caps_apply() {
     use sandbox_testkit::trials::caps;

@@ -265,3 +265,203 @@ impl<E: ContainerEngine> ContainerEngine for TrialEngine<E> {
         self.inner.images_hint()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandbox_container::EngineError;
+    use sandbox_core::{Resources, SandboxState};
+
+    /// An engine that runs nothing: it reports pid 7 for every container, lists the
+    /// networks it was told about, and records the network calls it got.
+    #[derive(Debug, Default)]
+    struct Stub {
+        networks: Mutex<Vec<String>>,
+        calls: Mutex<Vec<String>>,
+    }
+
+    impl Stub {
+        fn log(&self, call: String) {
+            self.calls.lock().unwrap().push(call);
+        }
+    }
+
+    fn unsupported<T>() -> EngineResult<T> {
+        Err(EngineError::new(EngineErrorKind::Other, "not in the stub"))
+    }
+
+    #[async_trait::async_trait]
+    impl ContainerEngine for Stub {
+        fn backend(&self) -> &'static str {
+            "stub"
+        }
+        fn tier(&self) -> IsolationTier {
+            IsolationTier::Container
+        }
+        fn capabilities(&self) -> Capability {
+            Capability::empty()
+        }
+        fn endpoint(&self) -> &str {
+            "stub://"
+        }
+        async fn create(&self, spec: &ContainerSpec) -> EngineResult<String> {
+            self.log(format!("create {}", spec.name));
+            Ok(spec.name.clone())
+        }
+        async fn start(&self, _id: &str) -> EngineResult<()> {
+            Ok(())
+        }
+        async fn inspect(&self, id: &str) -> EngineResult<ContainerInfo> {
+            let mut info = ContainerInfo::new(id, id, SandboxState::Running, BTreeMap::new());
+            info.pid = Some(7);
+            Ok(info)
+        }
+        async fn remove(&self, _id: &str) -> EngineResult<bool> {
+            Ok(true)
+        }
+        async fn list(&self, _: &BTreeMap<String, String>) -> EngineResult<Vec<ContainerInfo>> {
+            Ok(Vec::new())
+        }
+        async fn exec(&self, _id: &str, _request: ExecRequest) -> EngineResult<ExecStream> {
+            unsupported()
+        }
+        async fn exec_state(&self, _exec_id: &str) -> EngineResult<ExecState> {
+            unsupported()
+        }
+        async fn put_archive(&self, _id: &str, _dir: &str, _body: ArchiveBody) -> EngineResult<()> {
+            unsupported()
+        }
+        async fn get_archive(&self, _id: &str, _path: &str) -> EngineResult<ArchiveBody> {
+            unsupported()
+        }
+        async fn stat_path(
+            &self,
+            _id: &str,
+            _path: &str,
+        ) -> EngineResult<sandbox_container::PathStat> {
+            unsupported()
+        }
+        async fn create_network(&self, spec: &NetworkSpec) -> EngineResult<()> {
+            self.log(format!("create_network {}", spec.name));
+            self.networks.lock().unwrap().push(spec.name.clone());
+            Ok(())
+        }
+        async fn networks(&self) -> EngineResult<Vec<NetworkInfo>> {
+            let names = self.networks.lock().unwrap().clone();
+            Ok(names
+                .into_iter()
+                .map(|n| NetworkInfo::new(n, Vec::new(), BTreeMap::new()))
+                .collect())
+        }
+        async fn remove_network(&self, name: &str) -> EngineResult<bool> {
+            self.log(format!("remove_network {name}"));
+            Ok(true)
+        }
+        async fn ping(&self) -> EngineResult<()> {
+            Ok(())
+        }
+        async fn facts(&self) -> EngineFacts {
+            EngineFacts::default()
+        }
+    }
+
+    fn spec(name: &str, network: NetworkMode) -> ContainerSpec {
+        let resources = Resources::default().effective().unwrap();
+        let mut s = ContainerSpec::new(name, "img", Vec::new(), resources, Duration::from_secs(1));
+        s.network = network;
+        s
+    }
+
+    async fn pid(e: &TrialEngine<Stub>, id: &str) -> Option<u32> {
+        e.inspect(id).await.unwrap().pid
+    }
+
+    #[tokio::test]
+    async fn an_unenterable_namespace_is_reported_once_for_the_next_started_container() {
+        let e = TrialEngine::new(Stub::default());
+        e.start("before").await.unwrap();
+        e.unenterable_namespace_once();
+        assert_eq!(pid(&e, "before").await, Some(7), "armed after its start");
+        e.start("target").await.unwrap();
+        e.start("later").await.unwrap();
+        assert_eq!(pid(&e, "later").await, Some(7));
+        assert_eq!(pid(&e, "target").await, Some(UNENTERABLE_PID));
+        assert_eq!(pid(&e, "target").await, Some(7), "once");
+    }
+
+    #[tokio::test]
+    async fn the_library_network_is_stolen_before_the_next_create_that_joins_one() {
+        let e = TrialEngine::new(Stub::default());
+        e.steal_network_once();
+        e.create(&spec("offline", NetworkMode::None)).await.unwrap();
+        assert_eq!(
+            e.stolen_networks(),
+            0,
+            "a create without a network is left alone"
+        );
+        let joins = NetworkMode::Bridge {
+            publish: Vec::new(),
+        };
+        e.create(&spec("online", joins.clone())).await.unwrap();
+        e.create(&spec("again", joins)).await.unwrap();
+        assert_eq!(e.stolen_networks(), 1);
+        let calls = e.inner().calls.lock().unwrap().clone();
+        assert_eq!(
+            calls,
+            [
+                "create offline".to_string(),
+                format!("remove_network {NETWORK_NAME}"),
+                "create online".into(),
+                "create again".into(),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_trial_network_name_stands_in_for_the_library_network() {
+        let e = TrialEngine::new(Stub::default()).with_network_name("sbx-egress-trial");
+        e.inner()
+            .networks
+            .lock()
+            .unwrap()
+            .push(NETWORK_NAME.to_string());
+        e.create_network(&NetworkSpec::new(NETWORK_NAME, BTreeMap::new()))
+            .await
+            .unwrap();
+        let seen: Vec<String> = e
+            .networks()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|n| n.name)
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                format!("{NETWORK_NAME} (not this trial's)"),
+                NETWORK_NAME.to_string()
+            ]
+        );
+        assert!(e.remove_network(NETWORK_NAME).await.unwrap());
+        assert!(e.remove_network("other").await.unwrap());
+        let calls = e.inner().calls.lock().unwrap().clone();
+        assert_eq!(
+            calls,
+            [
+                "create_network sbx-egress-trial",
+                "remove_network sbx-egress-trial",
+                "remove_network other",
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn agent_mounts_are_recorded() {
+        let e = TrialEngine::new(Stub::default());
+        let mut s = spec("a", NetworkMode::None);
+        s.agent_mount = Some(PathBuf::from("/cache/sandbox-agent-1"));
+        e.create(&s).await.unwrap();
+        e.create(&spec("b", NetworkMode::None)).await.unwrap();
+        assert_eq!(e.agent_mounts(), [PathBuf::from("/cache/sandbox-agent-1")]);
+    }
+}
