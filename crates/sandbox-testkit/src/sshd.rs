@@ -1,7 +1,7 @@
 //! An `sshd` the ssh:// engine tests start on loopback, with host and client keys they
 //! generate, and the ssh config a tunnel needs to reach it (`known_hosts` pinned to the
 //! generated host key: nothing is accepted blindly). Nothing leaves the machine. The
-//! trials that use it are in [`crate::trials::ssh`].
+//! trials that use it live with the other trials (`trials::ssh`).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
