@@ -1,7 +1,9 @@
 //! `cargo xtask teardown`: stops the daemons `setup` started (their pids are in
 //! `/run/sandbox-rs/*.pid`) and nothing else — an engine someone else runs is left alone —
-//! and removes the egress lab the engine tests leave for the next run (the `sbx-lab`
-//! network namespace and its veth pair, `sandbox_container::egress::lab`).
+//! and removes the egress lab if a test left it (the `sbx-lab` network namespace and its
+//! veth pair, `sandbox_testkit::egress_lab`: a contract run removes it when it ends, but a
+//! run killed midway, or the egress tests of `cargo test`, which have no end-of-run hook,
+//! leave it).
 
 use std::time::Instant;
 
@@ -35,7 +37,7 @@ pub fn run() -> Result<()> {
     Ok(())
 }
 
-/// Removes the egress lab (names as in `sandbox_container::egress::lab`; absent is fine).
+/// Removes the egress lab (names as in `sandbox_testkit::egress_lab`; absent is fine).
 fn remove_egress_lab() {
     let had_ns = std::path::Path::new("/run/netns/sbx-lab").exists();
     let quiet = |args: &[&str]| {

@@ -1,4 +1,4 @@
-//! Issue 14, "done means": with the image removed from the engine and present only in a
+//! Pull on create from the CLI: with the image removed from the engine and present only in a
 //! registry on this machine (the tests' loopback registry), `sandbox run
 //! docker://127.0.0.1:<port>/…` and `podman://…` pull it and run it, drawing the pull
 //! bar on a terminal (a pty from `script`) and keeping a piped stderr free of it.
@@ -8,8 +8,8 @@ mod common;
 use std::process::{Command, Stdio};
 
 use common::*;
-use sandbox_container::testing::pull::{Cleanup, image_present, source_archive};
-use sandbox_container::testing::registry::TestRegistry;
+use sandbox_testkit::engine_cli::{ImageCleanup, image_present};
+use sandbox_testkit::registry::{TestRegistry, source_archive};
 
 fn pull_and_run(engine: &'static str) {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
@@ -23,7 +23,7 @@ fn pull_and_run(engine: &'static str) {
         .expect("registry");
     let plain = format!("{}/sbx-cli/pulled:1", reg.host());
     let tty = format!("{}/sbx-cli/pulled:2", reg.host());
-    let _cleanup = Cleanup::new(engine, vec![plain.clone(), tty.clone()]);
+    let _cleanup = ImageCleanup::new(engine, vec![plain.clone(), tty.clone()]);
     assert!(
         !image_present(engine, &plain),
         "{plain} is not on the engine yet"

@@ -2,9 +2,6 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
-// Attacks on the agent, run by the adapters' tests against real engines; not the API.
-#[doc(hidden)]
-pub mod agent_trials;
 pub mod egress;
 pub mod endpoint;
 pub mod engine;
@@ -16,9 +13,6 @@ pub mod provision;
 mod sandbox;
 mod settings;
 pub mod spec;
-// Test support for the adapters' tests (the shared fault proxy); not part of the API.
-#[doc(hidden)]
-pub mod testing;
 pub mod time;
 
 pub use engine::{

@@ -1,21 +1,21 @@
 //! The sandbox-rs contract suite against the real Docker engine.
 //!
 //! `SBX_DOCKER_RUNTIME=runsc` runs the same suite under gVisor. Fault trials go through
-//! the adapters' shared unix-socket proxy (`sandbox_container::testing::FaultProxy`) in
-//! front of the engine socket, which can make container removals hang or fail with HTTP
-//! 500. The egress canary binds on the docker0 bridge gateway of
-//! this host; nothing leaves the machine.
+//! the adapters' shared unix-socket proxy (`sandbox_testkit::FaultProxy`) in front of the
+//! engine socket, which can make container removals hang or fail with HTTP 500. The
+//! egress canary lives in the egress lab's namespace on this host (removed when the run
+//! ends); nothing leaves the machine.
 
 use std::process::ExitCode;
 use std::sync::{Arc, OnceLock};
 
-use std::net::SocketAddr;
-
-use sandbox_container::testing::{Fault, FaultProxy};
 use sandbox_contract::anyhow::{self, Context as _};
 use sandbox_contract::{CanarySpec, EngineLimits, Faults, Injection, Probes};
 use sandbox_core::{Backend, CreateOptions, async_trait};
 use sandbox_docker::{DockerBackend, DockerConfig, Runtime};
+use sandbox_testkit::FaultProxy;
+use sandbox_testkit::contract::{ProxyFaults, bind_lab_canary, lab_canary, lab_egress_names};
+use sandbox_testkit::egress_lab;
 
 const PY: &str = "sandbox-rs/python:3.11";
 const BUSYBOX: &str = "sandbox-rs/busybox:latest";
@@ -48,7 +48,7 @@ impl Probes for DockerProbes {
     }
 
     /// `false` on a runtime the engine registers with `--network=none` (how `cargo xtask
-    /// setup` registers `runsc`, SPEC §7): the adapter refuses egress `Allow` there.
+    /// setup` registers `runsc`): the adapter refuses egress `Allow` there.
     fn egress_allow(&self) -> bool {
         !self.network_none.get().copied().unwrap_or(false)
     }
@@ -57,28 +57,17 @@ impl Probes for DockerProbes {
         vec![BUSYBOX.to_string()]
     }
 
-    /// The canary binds on the egress lab address (a dummy interface on this host,
-    /// `sandbox_container::egress::lab`): reachable from every sandbox with a network,
-    /// never leaving the machine, and not an engine network's address (those — the host's
-    /// bridge addresses — are blocked by the egress rules, issue 13).
+    /// The egress lab's canary (`sandbox_testkit::contract::lab_canary`).
     async fn canary(&self) -> anyhow::Result<Option<CanarySpec>> {
-        let ip = sandbox_container::egress::lab::install().map_err(anyhow::Error::msg)?;
-        Ok(Some(CanarySpec {
-            bind: SocketAddr::new(ip, 0),
-            dial_host: ip.to_string(),
-        }))
+        lab_canary()
     }
 
-    /// Inside the lab's namespace: the canary is not one of this host's addresses.
     async fn bind_canary(&self, spec: &CanarySpec) -> anyhow::Result<std::net::TcpListener> {
-        sandbox_container::egress::lab::bind(spec.bind).map_err(anyhow::Error::msg)
+        bind_lab_canary(spec)
     }
 
     fn egress_names(&self) -> Option<sandbox_contract::EgressNames> {
-        Some(sandbox_contract::EgressNames {
-            listed: sandbox_container::egress::lab::LISTED.into(),
-            unlisted: sandbox_container::egress::lab::UNLISTED.into(),
-        })
+        lab_egress_names()
     }
 
     async fn engine_env(&self, sandbox_id: &str) -> anyhow::Result<Option<Vec<String>>> {
@@ -156,10 +145,11 @@ impl Probes for DockerProbes {
         )
         .await
         .map_err(|e| anyhow::anyhow!("connect through the fault proxy: {}", e.render()))?;
-        Ok(Some(Arc::new(DockerFaults {
-            backend: Arc::new(backend),
+        Ok(Some(Arc::new(ProxyFaults::new(
             proxy,
-        })))
+            Arc::new(backend),
+            "docker",
+        ))))
     }
 }
 
@@ -168,49 +158,6 @@ impl DockerProbes {
         self.backend
             .get()
             .context("the Docker backend was not created before its probes ran")
-    }
-}
-
-struct DockerFaults {
-    backend: Arc<dyn Backend>,
-    proxy: FaultProxy,
-}
-
-#[async_trait]
-impl Faults for DockerFaults {
-    fn backend(&self) -> Arc<dyn Backend> {
-        self.backend.clone()
-    }
-    async fn hang_kills(&self) {
-        self.proxy.set(Fault::Hang);
-    }
-    async fn fail_kills(&self) {
-        self.proxy.set(Fault::Fail);
-    }
-    async fn heal(&self) {
-        self.proxy.set(Fault::Pass);
-        self.proxy.set_create(Fault::Pass);
-        self.proxy.redirect_pulls(None);
-    }
-    async fn fail_creates(&self) -> Injection {
-        self.proxy.set_create(Fault::Fail);
-        Injection::Injected
-    }
-    async fn stall_creates(&self) -> Injection {
-        self.proxy.set_create(Fault::Hang);
-        Injection::Injected
-    }
-    /// Every pull goes to a loopback registry that demands a credential this backend is
-    /// not given, and every image reads as missing (`FaultProxy::lock_pulls`), so the
-    /// create pulls and the real engine meets a real registry refusal.
-    async fn withhold_credential(&self) -> Injection {
-        match self.proxy.lock_pulls("docker").await {
-            Ok(()) => Injection::Injected,
-            Err(e) => {
-                eprintln!("withhold_credential: {e}");
-                Injection::NotProvided
-            }
-        }
     }
 }
 
@@ -223,6 +170,9 @@ fn engine_socket() -> String {
 }
 
 fn main() -> ExitCode {
+    // Dropped after the suite's summary: removes the egress lab unless another test
+    // process still uses it, and says so in the run's last line.
+    let _lab = egress_lab::Teardown::at_end_of_run();
     let runtime = runtime();
     let probes = Arc::new(DockerProbes {
         runtime,

@@ -7,13 +7,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use sandbox_container::testing::skip::unless_connected;
-use sandbox_container::testing::{managed_ids, test_options};
 use sandbox_core::{
     Backend, CodeOptions, Command, ErrorCode, NetworkPolicy, ReapableBackend, Resources,
     RunOptions, SandboxExt,
 };
 use sandbox_docker::{DockerBackend, DockerConfig, DockerNative};
+use sandbox_testkit::skip::unless_connected;
+use sandbox_testkit::{managed_ids, test_options};
 
 const PY: &str = "sandbox-rs/python:3.11";
 const BUSYBOX: &str = "sandbox-rs/busybox:latest";
@@ -428,7 +428,7 @@ async fn reaping_and_connect() {
 #[tokio::test(flavor = "multi_thread")]
 async fn reaping_the_last_networked_sandbox_removes_the_network() {
     let Some(b) = backend().await else { return };
-    sandbox_container::testing::reap::reaping_the_last_networked_sandbox_removes_the_network(
+    sandbox_testkit::trials::reap::reaping_the_last_networked_sandbox_removes_the_network(
         &b,
         &**b.engine(),
         BUSYBOX,
@@ -439,7 +439,7 @@ async fn reaping_the_last_networked_sandbox_removes_the_network() {
 #[tokio::test(flavor = "multi_thread")]
 async fn startup_sweep_removes_gone_owners_and_expired() {
     let Some(_b) = backend().await else { return };
-    sandbox_container::testing::sweep::startup_sweep_removes_gone_owners_and_expired(
+    sandbox_testkit::trials::sweep::startup_sweep_removes_gone_owners_and_expired(
         "docker",
         "docker",
         DockerBackend::connect(DockerConfig::from_env()),
@@ -450,8 +450,7 @@ async fn startup_sweep_removes_gone_owners_and_expired() {
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_managed_refuses_an_unmanaged_container() {
     let Some(b) = backend().await else { return };
-    sandbox_container::testing::sweep::kill_managed_refuses_an_unmanaged_container(&b, "docker")
-        .await;
+    sandbox_testkit::trials::sweep::kill_managed_refuses_an_unmanaged_container(&b, "docker").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -543,7 +542,7 @@ async fn ingress_ports_published_on_loopback() {
     }
 }
 
-/// Issue 11: writing `1` into every file under /dev/shm, /tmp and /run (and pre-creating
+/// Writing `1` into every file under /dev/shm, /tmp and /run (and pre-creating
 /// pidfile-looking directories) cannot redirect a timeout's kill: the timeout kills only
 /// that command, never PID 1, and the sandbox stays usable.
 #[tokio::test(flavor = "multi_thread")]
@@ -574,7 +573,7 @@ async fn forged_pidfiles_cannot_redirect_a_kill() {
     s.kill().await.unwrap();
 }
 
-/// Issue 11: a timeout kills the exec's whole tree, background and `setsid` children
+/// A timeout kills the exec's whole tree, background and `setsid` children
 /// included, and leaves unrelated processes alone.
 #[tokio::test(flavor = "multi_thread")]
 async fn timeout_kills_background_and_setsid_children() {
@@ -605,7 +604,7 @@ async fn timeout_kills_background_and_setsid_children() {
     s.kill().await.unwrap();
 }
 
-/// Issue 11: reading a 3 GiB sparse file is refused by size, with bounded host memory.
+/// Reading a 3 GiB sparse file is refused by size, with bounded host memory.
 #[tokio::test(flavor = "multi_thread")]
 async fn huge_sparse_file_read_is_refused_with_bounded_memory() {
     let Some(b) = backend().await else { return };
@@ -742,7 +741,7 @@ async fn wedged_engine() -> std::path::PathBuf {
     path
 }
 
-/// Issue 11: against an engine that accepts and never answers, `create` fails with
+/// Against an engine that accepts and never answers, `create` fails with
 /// `CreateTimeout` (SBX_E1203) within its bound, and other calls fail within theirs.
 #[tokio::test(flavor = "multi_thread")]
 async fn wedged_engine_fails_calls_in_bounded_time() {
@@ -815,10 +814,10 @@ async fn fifty_concurrent_create_run_kill() {
     assert!(errors.is_empty(), "{errors:#?}");
 }
 
-/// Issue 11: the `read_cap` and `download_caps` a user sets are the ones enforced.
+/// The `read_cap` and `download_caps` a user sets are the ones enforced.
 #[tokio::test(flavor = "multi_thread")]
 async fn configured_transfer_caps_apply() {
-    use sandbox_container::testing::caps;
+    use sandbox_testkit::trials::caps;
     let Some(b) = unless_connected(
         "Docker",
         DockerBackend::connect(

@@ -1,17 +1,11 @@
-//! Images pulled on create (issue 14), against a registry each trial starts on 127.0.0.1
-//! serving the local busybox image plus a marker layer: nothing leaves the machine. They
-//! skip (with a printed reason) when no engine answers, and fail loudly when `CI=true`.
-//! Every image a trial pulls is removed by it.
-#![allow(clippy::print_stdout)]
+//! Images pulled on create, against a registry each trial starts on 127.0.0.1 serving the
+//! local busybox image plus a marker layer: nothing leaves the machine. The trials are
+//! `sandbox_testkit::trials::pull`, written once for every engine. They skip (with a
+//! printed reason) when no engine answers, and fail loudly when `CI=true`. Every image a
+//! trial pulls is removed by it.
 
-use std::sync::OnceLock;
-
-use sandbox_container::testing::pull as trials;
-use sandbox_container::testing::skip::unless_connected;
 use sandbox_docker::{DockerConfig, DockerEngine};
-
-const CLI: &str = "docker";
-const CHILD: &str = "credential_child";
+use sandbox_testkit::skip::unless_connected;
 
 async fn engine() -> Option<DockerEngine> {
     unless_connected(
@@ -20,76 +14,8 @@ async fn engine() -> Option<DockerEngine> {
     )
 }
 
-/// The docker-archive of the local busybox image, exported once per test binary.
-fn archive() -> &'static [u8] {
-    static ARCHIVE: OnceLock<Vec<u8>> = OnceLock::new();
-    ARCHIVE.get_or_init(|| {
-        trials::source_archive(CLI)
-            .unwrap_or_else(|e| panic!("{e}; build the test images with `sudo cargo xtask setup`"))
-    })
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn missing_image_is_pulled_with_progress() {
-    let Some(e) = engine().await else { return };
-    let m = trials::missing_image_is_pulled_with_progress(e, CLI, archive()).await;
-    println!("docker pull on create: {m:?}");
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn an_image_removed_since_a_create_is_ensured_again() {
-    let Some(e) = engine().await else { return };
-    trials::an_image_removed_since_a_create_is_ensured_again(e, CLI, archive()).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn never_policy_refuses_a_missing_image() {
-    let Some(e) = engine().await else { return };
-    trials::never_policy_refuses_a_missing_image(e, CLI, archive()).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn unknown_image_names_image_and_registry() {
-    let Some(e) = engine().await else { return };
-    trials::unknown_image_names_image_and_registry(e, CLI, archive()).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn ten_concurrent_creates_pull_once() {
-    let Some(e) = engine().await else { return };
-    let m = trials::concurrent_creates_pull_once(e, CLI, archive(), 10).await;
-    println!("docker concurrent creates: {m:?}");
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn missing_credentials_are_an_auth_error() {
-    let Some(e) = engine().await else { return };
-    trials::missing_credentials_are_an_auth_error(e, CLI, archive()).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn credentials_from_docker_config_are_used() {
-    if engine().await.is_none() {
-        return;
-    }
-    let file = trials::CredentialFile::DockerConfig;
-    trials::credentials_from_file_are_used(file, CLI, archive(), CHILD).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn wrong_credentials_are_an_auth_error() {
-    if engine().await.is_none() {
-        return;
-    }
-    let file = trials::CredentialFile::DockerConfig;
-    trials::wrong_credentials_are_an_auth_error(file, CLI, archive(), CHILD).await;
-}
-
-/// The child half of the credential trials (credential variables are process-wide, so
-/// those trials run this in a child process with them set).
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "run by the credential trials in a child process"]
-async fn credential_child() {
-    let e = engine().await.expect("engine");
-    trials::child_create(e).await;
+sandbox_testkit::pull_trials! {
+    engine: engine().await,
+    cli: "docker",
+    credentials: credentials_from_docker_config_are_used from DockerConfig,
 }

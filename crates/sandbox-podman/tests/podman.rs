@@ -360,7 +360,7 @@ async fn large_transfer_has_bounded_memory() {
 #[tokio::test(flavor = "multi_thread")]
 async fn reaping_the_last_networked_sandbox_removes_the_network() {
     let Some(b) = backend().await else { return };
-    sandbox_container::testing::reap::reaping_the_last_networked_sandbox_removes_the_network(
+    sandbox_testkit::trials::reap::reaping_the_last_networked_sandbox_removes_the_network(
         &b,
         &**b.engine(),
         BUSYBOX,
@@ -436,7 +436,7 @@ async fn lifetime_backstop_and_reaping() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn startup_sweep_removes_gone_owners_and_expired() {
     let Some(_b) = backend().await else { return };
-    sandbox_container::testing::sweep::startup_sweep_removes_gone_owners_and_expired(
+    sandbox_testkit::trials::sweep::startup_sweep_removes_gone_owners_and_expired(
         "podman",
         "podman",
         PodmanBackend::connect(PodmanConfig::from_env()),
@@ -447,8 +447,7 @@ async fn startup_sweep_removes_gone_owners_and_expired() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_managed_refuses_an_unmanaged_container() {
     let Some(b) = backend().await else { return };
-    sandbox_container::testing::sweep::kill_managed_refuses_an_unmanaged_container(&b, "podman")
-        .await;
+    sandbox_testkit::trials::sweep::kill_managed_refuses_an_unmanaged_container(&b, "podman").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -734,10 +733,10 @@ async fn huge_pids_request_is_clamped_never_unlimited() {
     sb.kill().await.unwrap();
 }
 
-/// Issue 11: the `read_cap` and `download_caps` a user sets are the ones enforced.
+/// The `read_cap` and `download_caps` a user sets are the ones enforced.
 #[tokio::test(flavor = "multi_thread")]
 async fn configured_transfer_caps_apply() {
-    use sandbox_container::testing::caps;
+    use sandbox_testkit::trials::caps;
     if backend().await.is_none() {
         return;
     }

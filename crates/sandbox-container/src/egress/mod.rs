@@ -18,8 +18,6 @@
 
 mod bridge;
 mod dns;
-#[doc(hidden)]
-pub mod lab;
 mod local;
 mod nft;
 mod resolver;
@@ -416,9 +414,6 @@ pub(crate) async fn apply<E: ContainerEngine + ?Sized>(
             backend,
             "this engine's sandboxes cannot get nftables rules from this host".into(),
         ));
-    }
-    if lab::take_injected_failure() {
-        return Err(creation(backend, "injected failure (egress::lab)".into()));
     }
     let info = engine
         .inspect(id)

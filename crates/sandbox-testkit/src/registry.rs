@@ -9,7 +9,6 @@
 //! With credentials configured every route answers 401 with a `Basic` challenge until
 //! the request carries them.
 
-use base64::Engine as _;
 use std::collections::HashMap;
 use std::io::Read;
 use std::net::SocketAddr;
@@ -17,10 +16,43 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
+
+/// The local image the test registries serve (built by `cargo xtask setup`).
+pub const SOURCE_IMAGE: &str = "sandbox-rs/busybox:latest";
+
+/// The docker-archive of [`SOURCE_IMAGE`] exported with `cli save` (`docker` /
+/// `podman`), or why not: what a [`TestRegistry`] serves.
+pub fn source_archive(cli: &str) -> Result<Vec<u8>, String> {
+    let path =
+        std::env::temp_dir().join(format!("sbx-pull-source-{cli}-{}.tar", std::process::id()));
+    let mut cmd = std::process::Command::new(cli);
+    cmd.arg("save");
+    if cli == "podman" {
+        cmd.args(["--format", "docker-archive"]);
+    }
+    let out = cmd
+        .arg("-o")
+        .arg(&path)
+        .arg(SOURCE_IMAGE)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run `{cli} save`: {e}"))?;
+    let bytes = std::fs::read(&path);
+    let _ = std::fs::remove_file(&path);
+    if !out.status.success() {
+        return Err(format!(
+            "`{cli} save {SOURCE_IMAGE}` failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    bytes.map_err(|e| e.to_string())
+}
 
 /// Docker's schema 2 manifest (both engines accept it).
 const MANIFEST_TYPE: &str = "application/vnd.docker.distribution.manifest.v2+json";
@@ -215,12 +247,8 @@ impl TestRegistry {
         let served = Arc::new(Served {
             image,
             repos,
-            authorization: credentials.map(|(u, p)| {
-                format!(
-                    "Basic {}",
-                    base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"))
-                )
-            }),
+            authorization: credentials
+                .map(|(u, p)| format!("Basic {}", BASE64.encode(format!("{u}:{p}").as_bytes()))),
             counters: counters.clone(),
         });
         let listener = TcpListener::bind(("127.0.0.1", 0)).await?;

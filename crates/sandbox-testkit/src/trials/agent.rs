@@ -1,6 +1,6 @@
 //! Attacks on the in-sandbox agent, written once and run by each adapter's tests against
-//! its real engine (`tests/agent.rs` in sandbox-docker and sandbox-podman). Not part of the
-//! API.
+//! its real engine (`tests/agent.rs` in sandbox-docker and sandbox-podman, through
+//! [`agent_trials!`](crate::agent_trials)).
 //!
 //! Each trial runs sandboxed code as root inside an agent-mode sandbox on a [`backend`]
 //! and checks a promise from the host side; it returns `Err` with what it saw when the
@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 
 use sandbox_core::{Backend, Command, CreateOptions, RunOptions, Sandbox};
 
-use crate::engine::{ContainerEngine, EngineErrorKind};
-use crate::provision::backend::ContainerBackend;
-use crate::provision::config::ContainerConfig;
-use crate::sandbox::{ContainerNative, ExecPath};
+use sandbox_container::{
+    ContainerBackend, ContainerConfig, ContainerEngine, ContainerNative, EngineErrorKind, ExecPath,
+};
+
+use crate::trial_engine::TrialEngine;
 
 type Trial = std::result::Result<(), String>;
 
@@ -330,16 +331,16 @@ pub async fn detach_keys_in_the_channel_do_not_detach<E: ContainerEngine>(
 /// the agent is a read-only mount that sandboxed root cannot overwrite, and nothing is
 /// uploaded. When the engine cannot see the host file after all (here: the file is
 /// removed), `create` falls back to uploading it and the sandbox still runs the agent. The
-/// host file is written back afterwards.
-pub async fn agent_is_mounted_read_only_or_uploaded<E: ContainerEngine>(
-    b: &ContainerBackend<E>,
-) -> Trial {
+/// host file is written back afterwards. Builds its own [`backend`] on `engine`, decorated
+/// ([`TrialEngine`]) to learn which host file the library mounts.
+pub async fn agent_is_mounted_read_only_or_uploaded<E: ContainerEngine>(engine: E) -> Trial {
+    let b = backend(TrialEngine::new(engine)).await;
     let options = trial_options("agent_mount", Duration::from_secs(120));
     if !b.engine().supports_agent_mount() {
         return Err("the engine does not bind-mount the agent; nothing to prove here".into());
     }
     let mounts = "grep ' /.sandbox-agent ' /proc/self/mountinfo | wc -l";
-    let s = create(b, options.clone()).await?;
+    let s = create(&b, options.clone()).await?;
     let mounted = sh(&*s, mounts).await;
     let overwrite = sh(&*s, "echo x > /.sandbox-agent && echo overwritten").await;
     let ro = sh(&*s, "grep ' /.sandbox-agent ' /proc/self/mountinfo").await;
@@ -362,18 +363,12 @@ pub async fn agent_is_mounted_read_only_or_uploaded<E: ContainerEngine>(
         return Err("sandboxed root overwrote the mounted agent".into());
     }
     // An engine that cannot see the host file: the create still gets an agent, uploaded.
-    let Some(path) = crate::sandbox::agent::host_copy().await else {
-        return Err("no host copy of the agent although the engine mounts it".into());
+    let Some(path) = b.engine().agent_mounts().pop() else {
+        return Err("no host copy of the agent was mounted although the engine mounts it".into());
     };
-    let bin = crate::sandbox::agent::binary().ok_or("no agent binary")?;
-    std::fs::remove_file(&path).map_err(|e| format!("remove {}: {e}", path.display()))?;
-    let second = create(b, options).await;
-    let restored = path
-        .parent()
-        .ok_or_else(|| "the host copy has no directory".to_string())
-        .and_then(|dir| {
-            crate::sandbox::agent::write_host_copy(dir, bin).map_err(|e| format!("restore: {e}"))
-        });
+    let removed = HostFileRemoved::remove(path)?;
+    let second = create(&b, options).await;
+    let restored = removed.restore();
     let s = second?;
     let uploaded = sh(&*s, mounts).await;
     let _ = s.kill().await;
@@ -385,6 +380,39 @@ pub async fn agent_is_mounted_read_only_or_uploaded<E: ContainerEngine>(
         ));
     }
     Ok(())
+}
+
+/// A host file the trial removed, with its bytes and mode to put it back as it was
+/// (through a temporary file and a rename, so a concurrent process never mounts a
+/// half-written agent).
+struct HostFileRemoved {
+    path: std::path::PathBuf,
+    bytes: Vec<u8>,
+    permissions: std::fs::Permissions,
+}
+
+impl HostFileRemoved {
+    fn remove(path: std::path::PathBuf) -> std::result::Result<Self, String> {
+        let read = |e: std::io::Error| format!("read {}: {e}", path.display());
+        let bytes = std::fs::read(&path).map_err(read)?;
+        let permissions = std::fs::metadata(&path).map_err(read)?.permissions();
+        std::fs::remove_file(&path).map_err(|e| format!("remove {}: {e}", path.display()))?;
+        Ok(HostFileRemoved {
+            path,
+            bytes,
+            permissions,
+        })
+    }
+
+    fn restore(self) -> Trial {
+        let tmp = self
+            .path
+            .with_extension(format!("restore-{}", std::process::id()));
+        let fail = |e: std::io::Error| format!("restore {}: {e}", self.path.display());
+        std::fs::write(&tmp, &self.bytes).map_err(fail)?;
+        std::fs::set_permissions(&tmp, self.permissions.clone()).map_err(fail)?;
+        std::fs::rename(&tmp, &self.path).map_err(fail)
+    }
 }
 
 /// Sandboxed code puts a FIFO where the host will read a result: `files().read` of it
@@ -441,4 +469,99 @@ pub async fn fifo_read_fails_within_the_call_timeout<E: ContainerEngine>(engine:
     .await;
     let _ = s.kill().await;
     out
+}
+
+/// Whether `engine` gives PID 1 the kernel's protection, which two trials need; prints
+/// why `test` is skipped when it does not. gVisor's sentry does not: root inside can stop
+/// or kill PID 1 and open `/proc/1/fd/*` (measured with runsc; docs/agent.md, "gVisor").
+#[allow(clippy::print_stdout)]
+pub fn pid1_is_protected<E: ContainerEngine>(engine: &E, test: &str) -> bool {
+    if engine.tier() == sandbox_core::IsolationTier::Gvisor {
+        println!(
+            "skipping {test} under gVisor: it lets sandboxed root signal PID 1 and open \
+             /proc/1/fd (docs/agent.md, \"gVisor\")"
+        );
+        return false;
+    }
+    true
+}
+
+/// Lists the agent trials as `#[tokio::test]`s of the calling test binary.
+///
+/// `engine:` an expression that, inside an async test, yields `Option<E>` for a
+/// [`ContainerEngine`] `E` (`None`: skip). The trials that need the kernel's PID-1
+/// protection skip under gVisor ([`pid1_is_protected`]).
+#[macro_export]
+macro_rules! agent_trials {
+    (engine: $engine:expr $(,)?) => {
+        #[tokio::test(flavor = "multi_thread")]
+        async fn deadline_survives_stop_and_kill_from_inside() {
+            let Some(e) = $engine else { return };
+            if !$crate::trials::agent::pid1_is_protected(
+                &e,
+                "deadline_survives_stop_and_kill_from_inside",
+            ) {
+                return;
+            }
+            let b = $crate::trials::agent::backend(e).await;
+            $crate::trials::agent::deadline_survives_stop_and_kill_from_inside(&b)
+                .await
+                .unwrap();
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn agent_channel_is_out_of_reach() {
+            let Some(e) = $engine else { return };
+            if !$crate::trials::agent::pid1_is_protected(&e, "agent_channel_is_out_of_reach") {
+                return;
+            }
+            let b = $crate::trials::agent::backend(e).await;
+            $crate::trials::agent::agent_channel_is_out_of_reach(&b)
+                .await
+                .unwrap();
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn forged_frame_on_stdout_is_only_output() {
+            let Some(e) = $engine else { return };
+            let b = $crate::trials::agent::backend(e).await;
+            $crate::trials::agent::forged_frame_on_stdout_is_only_output(&b)
+                .await
+                .unwrap();
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn detach_keys_in_the_channel_do_not_detach() {
+            let Some(e) = $engine else { return };
+            let b = $crate::trials::agent::backend(e).await;
+            $crate::trials::agent::detach_keys_in_the_channel_do_not_detach(&b)
+                .await
+                .unwrap();
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn agent_is_mounted_read_only_or_uploaded() {
+            let Some(e) = $engine else { return };
+            $crate::trials::agent::agent_is_mounted_read_only_or_uploaded(e)
+                .await
+                .unwrap();
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn fifo_read_fails_within_the_call_timeout() {
+            let Some(e) = $engine else { return };
+            $crate::trials::agent::fifo_read_fails_within_the_call_timeout(e)
+                .await
+                .unwrap();
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn forged_interpreter_frames_kill_only_their_context() {
+            let Some(e) = $engine else { return };
+            let b = $crate::trials::agent::backend(e).await;
+            $crate::trials::agent::forged_interpreter_frames_kill_only_their_context(&b)
+                .await
+                .unwrap();
+        }
+    };
 }

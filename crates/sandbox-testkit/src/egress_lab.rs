@@ -1,4 +1,4 @@
-//! Test support for egress trials that never leave the machine (not part of the API).
+//! The egress lab: a canary for egress trials that never leave the machine.
 //!
 //! The canary lives in a network namespace of its own ([`NETNS`]), joined to the host by
 //! a veth pair: the host end [`INTERFACE`] holds [`HOST_SIDE`], the namespace end holds
@@ -6,17 +6,20 @@
 //! internet, and inside no engine's address pool). A sandbox reaches it through its
 //! gateway and the host's forwarding like any outside host, yet the packets never leave
 //! this machine. It is deliberately *not* one of the host's addresses: those are blocked
-//! under every egress policy (issue 13), the canary must not be. [`bind`] opens a
-//! listener inside the namespace; [`Names`] teaches the egress resolver names only the
-//! test knows.
+//! under every egress policy, the canary must not be. [`bind`] opens a listener inside
+//! the namespace; [`Names`] teaches the egress resolver names only the test knows.
+//!
+//! The lab is shared by every test process on the host. Each holds a shared lock
+//! ([`USERS_LOCK`]) from the moment it first ensures the lab until it exits; a run's
+//! [`Teardown`], dropped at its end, removes the lab when no other process holds the
+//! lock, and otherwise says what it kept and why (`cargo xtask teardown` removes it too).
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::Command;
 
 use futures::future::BoxFuture;
-
-use super::{HostLookup, Lookup};
+use sandbox_container::egress::{HostLookup, Lookup};
 
 /// The network namespace the canary lives in (`ip netns`: `/run/netns/sbx-lab`).
 pub const NETNS: &str = "sbx-lab";
@@ -63,10 +66,44 @@ fn ensure_addr(netns: Option<&str>, dev: &str, addr: &str) -> Result<(), String>
     Ok(())
 }
 
+/// The lock file the lab's users hold (under `/run`, cleared at boot like the namespace).
+pub const USERS_LOCK: &str = "/run/sandbox-rs/egress-lab.lock";
+
+/// This process's shared lock on [`USERS_LOCK`], once it used the lab.
+#[cfg(target_os = "linux")]
+static USERS: std::sync::OnceLock<Result<std::fs::File, String>> = std::sync::OnceLock::new();
+
+/// This process's shared lock on [`USERS_LOCK`]: taken (waiting for a teardown under way
+/// to finish) before the process first ensures the lab, held until it exits.
+#[cfg(target_os = "linux")]
+fn users_lock() -> Result<&'static std::fs::File, String> {
+    USERS
+        .get_or_init(|| {
+            let path = std::path::Path::new(USERS_LOCK);
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| format!("create {}: {e}", dir.display()))?;
+            }
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(path)
+                .map_err(|e| format!("open {USERS_LOCK}: {e}"))?;
+            rustix::fs::flock(&file, rustix::fs::FlockOperation::LockShared)
+                .map_err(|e| format!("lock {USERS_LOCK}: {e}"))?;
+            Ok(file)
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
 /// Ensures [`NETNS`] exists with [`CANARY`] reachable from the host through
 /// [`INTERFACE`] (needs root; idempotent, and safe when concurrent test processes call
-/// it). Returns the canary address.
+/// it), this process counted among its users. Returns the canary address.
 pub fn ensure() -> Result<IpAddr, String> {
+    #[cfg(target_os = "linux")]
+    users_lock()?;
     // An earlier layout put the canary on a host-local dummy interface of this name.
     if let Ok(shown) = ip(&["-d", "link", "show", INTERFACE])
         && !shown.contains("veth")
@@ -102,10 +139,48 @@ pub fn ensure() -> Result<IpAddr, String> {
     Ok(IpAddr::V4(CANARY))
 }
 
-/// Removes [`NETNS`] and the veth pair (for `cargo xtask teardown`; absent is fine).
+/// Removes [`NETNS`] and the veth pair (absent is fine), whoever uses them: [`Teardown`]
+/// calls it once no other process does.
 pub fn remove() {
     let _ = ip(&["netns", "del", NETNS]);
     let _ = ip(&["link", "del", INTERFACE]);
+}
+
+/// Held by a run's `main` (a contract binary's): dropped when the run ends, it removes
+/// the lab if this process used it and no other test process still does, and prints in
+/// one line what it removed, or what it kept and why. A process that never used the lab
+/// prints nothing.
+#[derive(Debug)]
+#[must_use = "the lab is removed when the guard is dropped"]
+pub struct Teardown(());
+
+impl Teardown {
+    /// The guard; hold it until the run's last line.
+    pub fn at_end_of_run() -> Teardown {
+        Teardown(())
+    }
+}
+
+impl Drop for Teardown {
+    #[allow(clippy::print_stdout)]
+    fn drop(&mut self) {
+        #[cfg(target_os = "linux")]
+        {
+            // Only a process that used the lab (and so holds the shared lock) decides.
+            let Some(Ok(lock)) = USERS.get() else { return };
+            let what = format!("netns {NETNS}, link {INTERFACE} with {HOST_SIDE}/24");
+            match rustix::fs::flock(lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => {
+                    remove();
+                    println!("egress lab: removed ({what}): no other test process uses it");
+                }
+                Err(_) => println!(
+                    "egress lab: kept ({what}): another test process still uses it; the \
+                     last run to end removes it, or `cargo xtask teardown`"
+                ),
+            }
+        }
+    }
 }
 
 /// A TCP listener bound to `addr` inside [`NETNS`] (non-blocking, ready for
@@ -176,22 +251,9 @@ pub const UNLISTED: &str = "unlisted.sbx-lab.test";
 /// (both → [`CANARY`]; every other name still resolves through the host).
 pub fn install() -> Result<IpAddr, String> {
     let addr = ensure()?;
-    super::set_lookup(std::sync::Arc::new(
+    sandbox_container::egress::set_lookup(std::sync::Arc::new(
         Names::new().with(LISTED, addr).with(UNLISTED, addr),
     ))
     .map_err(|e| e.to_string())?;
     Ok(addr)
-}
-
-static FAIL_NEXT_APPLY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Makes the next egress apply in this process fail after the container started (as a
-/// failing `nft` would), so a test can prove the failure leaves no container behind.
-pub fn fail_next_apply() {
-    FAIL_NEXT_APPLY.store(true, std::sync::atomic::Ordering::SeqCst);
-}
-
-/// Whether an injected failure is due (and consumes it).
-pub(crate) fn take_injected_failure() -> bool {
-    FAIL_NEXT_APPLY.swap(false, std::sync::atomic::Ordering::SeqCst)
 }

@@ -1,7 +1,10 @@
-//! The egress-allowlist tests both adapters run against their real engine, beyond the
-//! contract suite: a failing apply leaves no container, and the rules in force are read
-//! from the host (`nsenter` into the container's network namespace). Nothing leaves the
-//! machine (the canary is the egress lab address, see [`crate::egress::lab`]).
+//! The egress-allowlist trials both adapters run against their real engine, beyond the
+//! contract suite: a failing apply leaves no container, the rules in force are read from
+//! the host (`nsenter` into the container's network namespace), the library network
+//! survives a removal mid-create and is never confused with a foreign one, and the host's
+//! own addresses are out of reach. Nothing leaves the machine (the canary is the egress
+//! lab's, [`crate::egress_lab`]). Faults come from a [`TrialEngine`] around the real
+//! engine.
 //!
 //! What only the engine's own API can tell (the container's pid, the library network's
 //! options and labels) the adapter's test reads and hands over as a [`HostView`].
@@ -9,21 +12,19 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use sandbox_core::{Backend, Capability, ErrorCode, NetworkPolicy, ReapableBackend, Sandbox};
+use sandbox_container::egress::{NETWORK_NAME, TABLE};
+use sandbox_container::{ContainerBackend, ContainerConfig, ContainerEngine};
+use sandbox_core::{Backend, Capability, ErrorCode, NetworkPolicy, Sandbox};
 
-use crate::egress::{NETWORK_NAME, TABLE, lab};
-use crate::engine::{
-    ArchiveBody, AttachStream, ContainerEngine, ContainerInfo, ContainerSpec, EngineErrorKind,
-    EngineResult, ExecRequest, ExecState, ExecStream, NetworkInfo, NetworkSpec, PathStat,
-};
-use crate::provision::backend::ContainerBackend;
-use crate::provision::config::ContainerConfig;
-use crate::testing::{managed_ids, test_options};
+use crate::egress_lab;
+use crate::tagged::{managed_ids, test_options};
+use crate::trial_engine::TrialEngine;
 
 /// The image the tests create.
 const BUSYBOX: &str = "sandbox-rs/busybox:latest";
 
-/// The tests share the process-wide apply-failure switch, so they run one at a time.
+/// The trials share the library network (one removes it mid-create, others count on it),
+/// so they run one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// What the engine's API says about a sandbox created with an allowlist.
@@ -37,12 +38,22 @@ pub struct HostView {
     pub network_labels: HashMap<String, String>,
 }
 
-/// A create whose allowlist fails to apply (the lab's injected failure) is a `Creation`
-/// error, and the container it made is gone within 10 s.
-pub async fn a_failing_apply_leaves_no_container<B: Backend + ReapableBackend>(b: &B) {
+/// A backend on `engine` (decorated for the trial) as the egress trials configure it.
+async fn trial_backend<E: ContainerEngine>(
+    engine: TrialEngine<E>,
+) -> ContainerBackend<TrialEngine<E>> {
+    ContainerBackend::new(engine, ContainerConfig::new(BUSYBOX).startup_sweep(false)).await
+}
+
+/// A create whose allowlist fails to apply (the engine reports a container whose network
+/// namespace cannot be entered, [`TrialEngine::unenterable_namespace_once`]) is a
+/// `Creation` error saying the egress rules could not be applied, and the container it
+/// made is gone within 10 s.
+pub async fn a_failing_apply_leaves_no_container<E: ContainerEngine>(engine: E) {
     let _serial = SERIAL.lock().await;
+    let b = trial_backend(TrialEngine::new(engine)).await;
     assert!(b.capabilities().contains(Capability::EGRESS_ALLOWLIST));
-    lab::fail_next_apply();
+    b.engine().unenterable_namespace_once();
     let e = b
         .create(
             test_options(BUSYBOX, "egress-fail").network(NetworkPolicy::allow_list(["192.0.2.1"])),
@@ -51,9 +62,14 @@ pub async fn a_failing_apply_leaves_no_container<B: Backend + ReapableBackend>(b
         .map(|_| ())
         .unwrap_err();
     assert_eq!(e.code(), ErrorCode::Creation, "{}", e.render());
+    assert!(
+        e.render().contains("egress rules could not be applied"),
+        "the failure is the egress apply's: {}",
+        e.render()
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let left = managed_ids(b, "egress-fail").await;
+        let left = managed_ids(&b, "egress-fail").await;
         if left.is_empty() {
             break;
         }
@@ -62,7 +78,7 @@ pub async fn a_failing_apply_leaves_no_container<B: Backend + ReapableBackend>(b
     }
 }
 
-/// A sandbox allowed [`lab::LISTED`] has the library's table loaded in its network
+/// A sandbox allowed [`egress_lab::LISTED`] has the library's table loaded in its network
 /// namespace (default drop, link-local refused), resolving the listed name pins its
 /// address in the dynamic set, and its network is the library's, isolated (the network
 /// option `isolation` names, e.g. `("isolate", "true")`) and labelled managed.
@@ -75,11 +91,12 @@ pub async fn the_rules_in_force_are_the_ones_loaded<B: Backend>(
     host_view: impl AsyncFnOnce(&dyn Sandbox) -> HostView,
 ) {
     let _serial = SERIAL.lock().await;
-    let ip = lab::install().unwrap();
+    let ip = egress_lab::install().unwrap();
     let t0 = Instant::now();
     let sb = b
         .create(
-            test_options(BUSYBOX, "egress-rules").network(NetworkPolicy::allow_list([lab::LISTED])),
+            test_options(BUSYBOX, "egress-rules")
+                .network(NetworkPolicy::allow_list([egress_lab::LISTED])),
         )
         .await
         .unwrap();
@@ -97,7 +114,7 @@ pub async fn the_rules_in_force_are_the_ones_loaded<B: Backend>(
     // Resolving the listed name pins its address before the answer arrives.
     let r = sb
         .run(
-            sandbox_core::Command::Shell(format!("nslookup {} || true", lab::LISTED)),
+            sandbox_core::Command::Shell(format!("nslookup {} || true", egress_lab::LISTED)),
             Default::default(),
         )
         .await
@@ -124,151 +141,24 @@ pub async fn the_rules_in_force_are_the_ones_loaded<B: Backend>(
     sb.kill().await.unwrap();
 }
 
-/// An engine that removes the library network right before the first container create
-/// that would join it: another process's sweep, which removes the network while nothing
-/// uses it, at the worst moment. Everything else goes to `inner`.
-#[derive(Debug)]
-pub struct NetworkThief<E> {
-    inner: E,
-    armed: std::sync::atomic::AtomicBool,
-    /// Networks removed by the thief.
-    pub stolen: std::sync::atomic::AtomicU64,
-}
-
-impl<E> NetworkThief<E> {
-    /// Wraps `inner`, armed.
-    pub fn new(inner: E) -> Self {
-        NetworkThief {
-            inner,
-            armed: std::sync::atomic::AtomicBool::new(true),
-            stolen: std::sync::atomic::AtomicU64::new(0),
-        }
-    }
-}
-
-#[async_trait::async_trait]
-impl<E: ContainerEngine> ContainerEngine for NetworkThief<E> {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-    fn tier(&self) -> sandbox_core::IsolationTier {
-        self.inner.tier()
-    }
-    fn capabilities(&self) -> Capability {
-        self.inner.capabilities()
-    }
-    fn endpoint(&self) -> &str {
-        self.inner.endpoint()
-    }
-    fn check_spec(&self, spec: &ContainerSpec) -> EngineResult<()> {
-        self.inner.check_spec(spec)
-    }
-    async fn create(&self, spec: &ContainerSpec) -> EngineResult<String> {
-        use std::sync::atomic::Ordering;
-        let joins = !matches!(spec.network, crate::engine::NetworkMode::None);
-        if joins && self.armed.swap(false, Ordering::SeqCst) {
-            // Another test's sandbox may still be on the network for a moment.
-            let until = Instant::now() + Duration::from_secs(20);
-            loop {
-                match self.inner.remove_network(NETWORK_NAME).await {
-                    Ok(_) => {
-                        self.stolen.fetch_add(1, Ordering::SeqCst);
-                        break;
-                    }
-                    Err(e) if e.kind == EngineErrorKind::Conflict && Instant::now() < until => {
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-        }
-        self.inner.create(spec).await
-    }
-    async fn start(&self, id: &str) -> EngineResult<()> {
-        self.inner.start(id).await
-    }
-    async fn inspect(&self, id: &str) -> EngineResult<ContainerInfo> {
-        self.inner.inspect(id).await
-    }
-    async fn remove(&self, id: &str) -> EngineResult<bool> {
-        self.inner.remove(id).await
-    }
-    async fn list(
-        &self,
-        labels: &std::collections::BTreeMap<String, String>,
-    ) -> EngineResult<Vec<ContainerInfo>> {
-        self.inner.list(labels).await
-    }
-    async fn exec(&self, id: &str, request: ExecRequest) -> EngineResult<ExecStream> {
-        self.inner.exec(id, request).await
-    }
-    fn supports_attach(&self) -> bool {
-        self.inner.supports_attach()
-    }
-    fn supports_agent_mount(&self) -> bool {
-        self.inner.supports_agent_mount()
-    }
-    async fn attach(&self, id: &str) -> EngineResult<AttachStream> {
-        self.inner.attach(id).await
-    }
-    async fn exec_state(&self, exec_id: &str) -> EngineResult<ExecState> {
-        self.inner.exec_state(exec_id).await
-    }
-    async fn put_archive(&self, id: &str, dir: &str, body: ArchiveBody) -> EngineResult<()> {
-        self.inner.put_archive(id, dir, body).await
-    }
-    async fn get_archive(&self, id: &str, path: &str) -> EngineResult<ArchiveBody> {
-        self.inner.get_archive(id, path).await
-    }
-    async fn stat_path(&self, id: &str, path: &str) -> EngineResult<PathStat> {
-        self.inner.stat_path(id, path).await
-    }
-    fn is_local(&self) -> bool {
-        self.inner.is_local()
-    }
-    fn netfilter_applies(&self) -> bool {
-        self.inner.netfilter_applies()
-    }
-    async fn create_network(&self, spec: &NetworkSpec) -> EngineResult<()> {
-        self.inner.create_network(spec).await
-    }
-    async fn networks(&self) -> EngineResult<Vec<NetworkInfo>> {
-        self.inner.networks().await
-    }
-    async fn remove_network(&self, name: &str) -> EngineResult<bool> {
-        self.inner.remove_network(name).await
-    }
-    fn credential_store(&self) -> crate::image::CredentialStore {
-        self.inner.credential_store()
-    }
-    async fn image_exists(&self, image: &str) -> EngineResult<bool> {
-        self.inner.image_exists(image).await
-    }
-    async fn ping(&self) -> EngineResult<()> {
-        self.inner.ping().await
-    }
-    async fn facts(&self) -> crate::engine::EngineFacts {
-        self.inner.facts().await
-    }
-}
-
 /// The library network is removed between being ensured and the container create that
-/// joins it (the [`NetworkThief`]): the create re-ensures it and succeeds, on a network
-/// that exists, and the sandbox has its interface.
+/// joins it ([`TrialEngine::steal_network_once`]: another process's sweep, which removes
+/// the network while nothing uses it, at the worst moment): the create re-ensures it and
+/// succeeds, on a network that exists, and the sandbox has its interface.
 pub async fn network_removed_during_create_is_recreated<E: ContainerEngine>(engine: E) {
     let _one = SERIAL.lock().await;
-    let thief = NetworkThief::new(engine);
-    let b = ContainerBackend::new(thief, ContainerConfig::new(BUSYBOX).startup_sweep(false)).await;
-    // The network exists before the create (so the thief has something to remove).
+    let b = trial_backend(TrialEngine::new(engine)).await;
+    b.engine().steal_network_once();
+    // The network exists before the create (so the trial engine has something to remove).
     let first = b
         .create(test_options(BUSYBOX, "egress_network_race").network(NetworkPolicy::allow()))
         .await;
     let s =
         first.unwrap_or_else(|e| panic!("create after the network was removed: {}", e.render()));
     assert_eq!(
-        b.engine().stolen.load(std::sync::atomic::Ordering::SeqCst),
+        b.engine().stolen_networks(),
         1,
-        "the thief removed no network: the trial proved nothing"
+        "no network was removed: the trial proved nothing"
     );
     let r = s
         .run("cat /proc/net/dev".into(), Default::default())
@@ -283,41 +173,89 @@ pub async fn network_removed_during_create_is_recreated<E: ContainerEngine>(engi
     );
 }
 
+/// The error and every source under it, one line: where a refusal's reason is found.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut next = e.source();
+    while let Some(s) = next {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        next = s.source();
+    }
+    text
+}
+
+/// The ids of the engine's networks the library sees as its own.
+async fn library_network_ids<E: ContainerEngine>(engine: &TrialEngine<E>) -> Vec<String> {
+    engine
+        .networks()
+        .await
+        .expect("list networks")
+        .into_iter()
+        .filter(|n| n.name == NETWORK_NAME)
+        .map(|n| n.id)
+        .collect()
+}
+
 /// The library finds, vets and reuses its network the same way on every engine: a network
-/// of the name it wants that lacks its labels or its isolation is refused (`Conflict`,
-/// naming the `rm` command), never joined; once that is gone the network is created, and a
-/// second ensure reuses it (same id). Runs on a network name of its own (`cli` makes the
+/// of the name it wants that lacks its labels or its isolation is refused (an `Engine`
+/// error naming the `rm` command, and no sandbox), never joined; once that is gone the
+/// network is created, isolated, and a second create reuses it (same id, still one). Runs
+/// on a network name of its own ([`TrialEngine::with_network_name`]; `cli` makes the
 /// foreign one: `docker` or `podman --remote`), so it never disturbs `sbx-egress`.
-pub async fn a_foreign_network_of_our_name_is_refused<E: ContainerEngine>(engine: &E, cli: &str) {
+pub async fn a_foreign_network_of_our_name_is_refused<E: ContainerEngine>(engine: E, cli: &str) {
+    let _one = SERIAL.lock().await;
     let name = format!("sbx-egress-test-{}", std::process::id());
-    let mut spec = crate::egress::network_spec(engine.backend());
-    spec.name = name.clone();
+    let b = trial_backend(TrialEngine::new(engine).with_network_name(&name)).await;
     let sh = |args: &str| {
         std::process::Command::new("sh")
             .args(["-c", &format!("{cli} {args}")])
             .output()
             .expect("run the engine's CLI")
     };
+    let create =
+        || b.create(test_options(BUSYBOX, "egress-foreign").network(NetworkPolicy::allow()));
     let _ = sh(&format!("network rm {name}"));
     assert!(
         sh(&format!("network create {name}")).status.success(),
         "foreign network"
     );
-    let e = crate::egress::ensure_network(engine, &spec)
+    let e = create()
         .await
-        .expect_err("a foreign network of our name was accepted");
-    assert_eq!(e.kind, EngineErrorKind::Conflict, "{e}");
-    assert!(e.message.contains("network rm"), "names the fix: {e}");
+        .map(|_| ())
+        .expect_err("a foreign network of our name was joined");
+    assert_eq!(e.code(), ErrorCode::Engine, "{}", e.render());
+    assert!(
+        chain(&e).contains("network rm"),
+        "names the fix: {}",
+        chain(&e)
+    );
+    assert!(managed_ids(&b, "egress-foreign").await.is_empty());
     assert!(sh(&format!("network rm {name}")).status.success());
-    let made = crate::egress::ensure_network(engine, &spec)
+    let first = create()
         .await
-        .expect("created");
-    assert!(made.isolated && !made.id.is_empty(), "{made:?}");
-    let again = crate::egress::ensure_network(engine, &spec)
+        .unwrap_or_else(|e| panic!("create once the foreign network is gone: {}", e.render()));
+    let made = library_network_ids(b.engine()).await;
+    let second = create()
         .await
-        .expect("reused");
-    assert_eq!(again.id, made.id, "the same network is reused");
-    assert!(engine.remove_network(&name).await.expect("removed"));
+        .unwrap_or_else(|e| panic!("second create: {}", e.render()));
+    let again = library_network_ids(b.engine()).await;
+    let isolated = b
+        .engine()
+        .networks()
+        .await
+        .expect("list networks")
+        .into_iter()
+        .any(|n| n.name == NETWORK_NAME && n.isolated);
+    let _ = first.kill().await;
+    let _ = second.kill().await;
+    let _ = b.engine().inner().remove_network(&name).await;
+    assert!(made.len() == 1 && !made[0].is_empty(), "created: {made:?}");
+    assert!(
+        isolated,
+        "the network the library created keeps containers apart"
+    );
+    assert_eq!(again, made, "the same network is reused");
 }
 
 /// The host's own addresses (IPv4, loopback aside) as `ip -4 -o addr show` prints them:
@@ -360,8 +298,8 @@ fn serve(listener: std::net::TcpListener, token: String) -> tokio::task::JoinHan
 #[allow(clippy::print_stdout)]
 pub async fn host_addresses_are_blocked_under_allow<B: Backend>(b: &B) {
     let _serial = SERIAL.lock().await;
-    let canary_ip = lab::install().unwrap();
-    let canary = lab::bind(std::net::SocketAddr::new(canary_ip, 0)).unwrap();
+    let canary_ip = egress_lab::install().unwrap();
+    let canary = egress_lab::bind(std::net::SocketAddr::new(canary_ip, 0)).unwrap();
     let canary_port = canary.local_addr().unwrap().port();
     let canary_task = serve(canary, "sbx-lab-canary".into());
     let host = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
@@ -408,4 +346,58 @@ pub async fn host_addresses_are_blocked_under_allow<B: Backend>(b: &B) {
             "{a}: dropped, not refused ({took:?})"
         );
     }
+}
+
+/// Lists the egress trials as `#[tokio::test]`s of the calling test binary.
+///
+/// `backend:` and `engine:` are expressions that, inside an async test, yield
+/// `Option<B>` (the adapter's backend, no startup sweep) and `Option<E>` (its engine)
+/// (`None`: skip); `cli:` the engine CLI that makes a foreign network (`"docker"`,
+/// `"podman --remote"`); `isolation:` the network option that says containers are kept
+/// apart; `host_view:` an async function `(&B, &dyn Sandbox) -> HostView` reading the
+/// engine's API.
+#[macro_export]
+macro_rules! egress_trials {
+    (
+        backend: $backend:expr,
+        engine: $engine:expr,
+        cli: $cli:expr,
+        isolation: $isolation:expr,
+        host_view: $host_view:path $(,)?
+    ) => {
+        #[tokio::test(flavor = "multi_thread")]
+        async fn a_failing_apply_leaves_no_container() {
+            let Some(e) = $engine else { return };
+            $crate::trials::egress::a_failing_apply_leaves_no_container(e).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn the_rules_in_force_are_the_ones_loaded() {
+            let Some(b) = $backend else { return };
+            $crate::trials::egress::the_rules_in_force_are_the_ones_loaded(
+                &b,
+                $isolation,
+                async |sb| $host_view(&b, sb).await,
+            )
+            .await;
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn network_removed_during_create_is_recreated() {
+            let Some(e) = $engine else { return };
+            $crate::trials::egress::network_removed_during_create_is_recreated(e).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn a_foreign_network_of_our_name_is_refused() {
+            let Some(e) = $engine else { return };
+            $crate::trials::egress::a_foreign_network_of_our_name_is_refused(e, $cli).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn host_addresses_are_blocked_under_allow() {
+            let Some(b) = $backend else { return };
+            $crate::trials::egress::host_addresses_are_blocked_under_allow(&b).await;
+        }
+    };
 }

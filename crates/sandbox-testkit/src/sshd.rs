@@ -1,10 +1,12 @@
 //! An `sshd` the ssh:// engine tests start on loopback, with host and client keys they
 //! generate, and the ssh config a tunnel needs to reach it (`known_hosts` pinned to the
-//! generated host key: nothing is accepted blindly). Nothing leaves the machine.
+//! generated host key: nothing is accepted blindly). Nothing leaves the machine. The
+//! trials that use it live with the other trials (`trials::ssh`).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// A running loopback sshd; killed and its files removed when dropped.
@@ -34,8 +36,7 @@ impl TestSshd {
             .into_iter()
             .find(|p| Path::new(p).exists())
             .ok_or("no sshd (apt-get install openssh-server; `cargo xtask setup` does)")?;
-        let dir =
-            std::env::temp_dir().join(format!("sbx-sshd-{}", crate::sandbox::exec::new_token()));
+        let dir = std::env::temp_dir().join(format!("sbx-sshd-{}", unique_suffix()));
         std::fs::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         match Self::start_in(sshd, &dir) {
             Ok((child, port)) => Ok(TestSshd { child, dir, port }),
@@ -155,6 +156,16 @@ impl TestSshd {
     }
 }
 
+/// `<pid>-<n>`: unique among the servers of this process and of every other one alive.
+fn unique_suffix() -> String {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
 fn free_port() -> Result<u16, String> {
     let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("free port: {e}"))?;
     l.local_addr()
@@ -203,75 +214,4 @@ pub fn tunnel_processes() -> usize {
                 .count()
         })
         .unwrap_or(0)
-}
-
-/// The trial both adapters run: a sandbox created, used and killed through an `ssh://`
-/// endpoint (`backend` connected to [`TestSshd::endpoint`]; the engine is remote as far
-/// as the library knows, so the agent is uploaded, not bind-mounted), and the tunnel gone
-/// once the backend is dropped.
-pub async fn sandbox_through_the_tunnel<B: sandbox_core::Backend>(backend: B) {
-    use sandbox_core::{Command, RunOptions};
-    let s = backend
-        .create(crate::testing::test_options(
-            "sandbox-rs/busybox:latest",
-            "ssh_tunnel",
-        ))
-        .await
-        .unwrap_or_else(|e| panic!("create over ssh: {}", e.render()));
-    let r = s
-        .run(
-            Command::from(vec!["echo", "over ssh"]),
-            RunOptions::default(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(r.stdout_text(), "over ssh\n");
-    let fs = s.files().unwrap();
-    fs.write("/tmp/through-ssh.txt", b"bytes".to_vec().into())
-        .await
-        .unwrap();
-    assert_eq!(
-        &fs.read("/tmp/through-ssh.txt").await.unwrap()[..],
-        b"bytes"
-    );
-    s.kill().await.unwrap();
-    assert!(
-        tunnel_processes() >= 1,
-        "no ssh process: not through the tunnel?"
-    );
-    drop(s);
-    drop(backend);
-    let until = Instant::now() + Duration::from_secs(5);
-    while tunnel_processes() > 0 {
-        assert!(
-            Instant::now() < until,
-            "the ssh tunnel outlived its backend"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// The other trial both adapters run: `connect` (to [`TestSshd::endpoint`] with
-/// [`TestSshd::ssh_config_with_unknown_host_key`]) fails within 10 s as
-/// `EngineUnavailable` carrying ssh's reason: never a prompt, never a key accepted blindly.
-pub async fn unknown_host_key_is_refused<T, F>(connect: F)
-where
-    F: std::future::Future<Output = sandbox_core::Result<T>>,
-{
-    let t = Instant::now();
-    let Err(e) = connect.await else {
-        panic!("connected through a host key that is not in known hosts");
-    };
-    assert_eq!(
-        e.code(),
-        sandbox_core::ErrorCode::EngineUnavailable,
-        "{}",
-        e.render()
-    );
-    assert!(
-        e.render().contains("Host key verification failed"),
-        "{}",
-        e.render()
-    );
-    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
 }

@@ -1,87 +1,22 @@
-//! The pull trials both adapters run against a [`TestRegistry`] (issue 14): a missing
-//! image is pulled with progress, `never` refuses, an unknown image and a refused
-//! credential give their typed errors, ten concurrent creates pull once, and credentials
-//! are read from the files the engines' CLIs use. Each trial removes the images it pulled.
+//! The pull trials both adapters run against a [`TestRegistry`]: a missing image is
+//! pulled with progress, `never` refuses, an unknown image and a refused credential give
+//! their typed errors, ten concurrent creates pull once, and credentials are read from
+//! the files the engines' CLIs use. Each trial removes the images it pulled.
 //!
 //! The engine CLI (`docker` / `podman`) is used only around the trials: to export the
 //! local busybox image the registry serves, and to remove pulled images.
 
-use base64::Engine as _;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use base64::Engine as _;
+use sandbox_container::image::{PullProgress, PullProgressHook};
+use sandbox_container::{ContainerBackend, ContainerConfig, ContainerEngine, ContainerSandbox};
 use sandbox_core::{CreateOptions, ErrorCode, PullPolicy, Sandbox, SandboxExt};
 
-use crate::engine::ContainerEngine;
-use crate::image::{PullProgress, PullProgressHook};
-use crate::testing::cli_succeeds;
-use crate::testing::registry::TestRegistry;
-use crate::{ContainerBackend, ContainerConfig, ContainerSandbox};
-
-/// The local image the test registries serve (built by `cargo xtask setup`).
-pub const SOURCE_IMAGE: &str = "sandbox-rs/busybox:latest";
-
-/// The docker-archive of [`SOURCE_IMAGE`] exported with `cli save`, or why not.
-pub fn source_archive(cli: &str) -> Result<Vec<u8>, String> {
-    let path =
-        std::env::temp_dir().join(format!("sbx-pull-source-{cli}-{}.tar", std::process::id()));
-    let mut cmd = Command::new(cli);
-    cmd.arg("save");
-    if cli == "podman" {
-        cmd.args(["--format", "docker-archive"]);
-    }
-    let out = cmd
-        .arg("-o")
-        .arg(&path)
-        .arg(SOURCE_IMAGE)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run `{cli} save`: {e}"))?;
-    let bytes = std::fs::read(&path);
-    let _ = std::fs::remove_file(&path);
-    if !out.status.success() {
-        return Err(format!(
-            "`{cli} save {SOURCE_IMAGE}` failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    bytes.map_err(|e| e.to_string())
-}
-
-/// Removes `image` from the engine (the tag, and the image when no other tag holds it).
-pub fn remove_image(cli: &str, image: &str) {
-    cli_succeeds(cli, &["rmi", "-f", image]);
-}
-
-/// Whether the engine holds `image`, asked through its CLI (independent of the adapter).
-pub fn image_present(cli: &str, image: &str) -> bool {
-    cli_succeeds(cli, &["image", "inspect", image])
-}
-
-/// Removes the images a trial may have pulled, also when it fails.
-pub struct Cleanup {
-    cli: &'static str,
-    images: Vec<String>,
-}
-
-impl Cleanup {
-    /// Removes `images` now (leftovers of an earlier run) and again when dropped.
-    pub fn new(cli: &'static str, images: Vec<String>) -> Cleanup {
-        for i in &images {
-            remove_image(cli, i);
-        }
-        Cleanup { cli, images }
-    }
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        for i in &self.images {
-            remove_image(self.cli, i);
-        }
-    }
-}
+use crate::engine_cli::{ImageCleanup, image_present, remove_image};
+use crate::registry::{SOURCE_IMAGE, TestRegistry};
 
 /// Collected progress events.
 #[derive(Clone, Default)]
@@ -156,7 +91,7 @@ pub async fn missing_image_is_pulled_with_progress<E: ContainerEngine>(
         .await
         .expect("registry");
     let image = format!("{}/sbx-pull/busybox:1", reg.host());
-    let _cleanup = Cleanup::new(cli, vec![image.clone()]);
+    let _cleanup = ImageCleanup::new(cli, vec![image.clone()]);
     assert!(!image_present(cli, &image));
     let events = Events::default();
     let b = backend(engine, &events).await;
@@ -188,7 +123,7 @@ pub async fn never_policy_refuses_a_missing_image<E: ContainerEngine>(
         .await
         .expect("registry");
     let image = format!("{}/sbx-pull/never:1", reg.host());
-    let _cleanup = Cleanup::new(cli, vec![image.clone()]);
+    let _cleanup = ImageCleanup::new(cli, vec![image.clone()]);
     let b = backend(engine, &Events::default()).await;
     let e = b
         .create_container(options(&image, "never").pull(PullPolicy::Never))
@@ -213,7 +148,7 @@ pub async fn an_image_removed_since_a_create_is_ensured_again<E: ContainerEngine
         .await
         .expect("registry");
     let image = format!("{}/sbx-pull/removed:1", reg.host());
-    let _cleanup = Cleanup::new(cli, vec![image.clone()]);
+    let _cleanup = ImageCleanup::new(cli, vec![image.clone()]);
     let b = backend(engine, &Events::default()).await;
     let create = |policy: PullPolicy| b.create_container(options(&image, "removed").pull(policy));
     for round in ["first pull", "pulled again"] {
@@ -250,7 +185,7 @@ pub async fn unknown_image_names_image_and_registry<E: ContainerEngine>(
         .await
         .expect("registry");
     let image = format!("{}/sbx-pull/absent:9", reg.host());
-    let _cleanup = Cleanup::new(cli, vec![image.clone()]);
+    let _cleanup = ImageCleanup::new(cli, vec![image.clone()]);
     let b = backend(engine, &Events::default()).await;
     let e = b
         .create_container(options(&image, "unknown"))
@@ -297,7 +232,7 @@ pub async fn concurrent_creates_pull_once<E: ContainerEngine>(
         .expect("registry");
     let lone_image = format!("{}/sbx-pull/lone:1", lone.host());
     let many_image = format!("{}/sbx-pull/many:1", many.host());
-    let _cleanup = Cleanup::new(cli, vec![lone_image.clone(), many_image.clone()]);
+    let _cleanup = ImageCleanup::new(cli, vec![lone_image.clone(), many_image.clone()]);
     let b = backend(engine, &Events::default()).await;
     let sb = b
         .create_container(options(&lone_image, "lone"))
@@ -342,7 +277,7 @@ pub async fn missing_credentials_are_an_auth_error<E: ContainerEngine>(
     .await
     .expect("registry");
     let image = format!("{}/sbx-pull/private:1", reg.host());
-    let _cleanup = Cleanup::new(cli, vec![image.clone()]);
+    let _cleanup = ImageCleanup::new(cli, vec![image.clone()]);
     let b = backend(engine, &Events::default()).await;
     let e = b
         .create_container(options(&image, "nocreds"))
@@ -352,26 +287,6 @@ pub async fn missing_credentials_are_an_auth_error<E: ContainerEngine>(
     assert!(e.to_string().contains(&reg.host()), "{}", e.render());
     assert!(reg.unauthorized() >= 1);
     assert!(!image_present(cli, &image));
-}
-
-/// The repository and tag a [`locked_registry`] serves (behind a credential).
-pub const LOCKED_IMAGE: &str = "sbx-contract/locked:1";
-
-/// A registry on loopback that demands a credential nobody is given, serving `cli`'s
-/// export of [`SOURCE_IMAGE`] as [`LOCKED_IMAGE`] (see
-/// [`FaultProxy::lock_pulls`](crate::testing::FaultProxy::lock_pulls)).
-pub async fn locked_registry(cli: &'static str) -> Result<TestRegistry, String> {
-    let archive = tokio::task::spawn_blocking(move || source_archive(cli))
-        .await
-        .map_err(|e| e.to_string())??;
-    let (repo, tag) = LOCKED_IMAGE.split_once(':').unwrap_or((LOCKED_IMAGE, "1"));
-    TestRegistry::start(
-        &archive,
-        &[(repo, tag)],
-        Some(("sbx-nobody", "sbx-never-given")),
-    )
-    .await
-    .map_err(|e| format!("start the locked registry: {e}"))
 }
 
 /// The environment variables a credential trial's child gets.
@@ -386,7 +301,8 @@ pub const CHILD_SECRET_ENV: &str = "SBX_PULL_CHILD_SECRET";
 /// Writes a credential file (Docker's `config.json` or a containers `auth.json`: the same
 /// `auths` shape) holding `user:password` for `registry`.
 pub fn write_auth_file(file: &std::path::Path, registry: &str, user: &str, password: &str) {
-    let auth = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    let auth =
+        base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}").as_bytes());
     if let Some(dir) = file.parent() {
         std::fs::create_dir_all(dir).expect("credential dir");
     }
@@ -473,7 +389,7 @@ pub async fn credentials_from_file_are_used(
         |reg: &TestRegistry, password: &str| file.write(&dir, reg, password)
     })
     .await;
-    let _cleanup = Cleanup::new(cli, vec![image]);
+    let _cleanup = ImageCleanup::new(cli, vec![image]);
     assert!(ok, "child failed:\n{out}");
     assert!(reg.manifest_requests("sbx-pull/creds") >= 1);
 }
@@ -491,7 +407,7 @@ pub async fn wrong_credentials_are_an_auth_error(
         |reg: &TestRegistry, password: &str| file.write(&dir, reg, password)
     })
     .await;
-    let _cleanup = Cleanup::new(cli, vec![image]);
+    let _cleanup = ImageCleanup::new(cli, vec![image]);
     assert!(ok, "child failed:\n{out}");
     assert!(reg.unauthorized() >= 1);
 }
@@ -576,4 +492,155 @@ pub async fn child_create<E: ContainerEngine>(engine: E) {
         }
         (want, Err(e)) => panic!("expected {want}, got {}", e.render()),
     }
+}
+
+/// The name of the ignored test [`pull_trials!`](crate::pull_trials) defines for the
+/// child half of the credential trials.
+pub const CHILD_TEST: &str = "credential_child";
+
+/// [`source_archive`](crate::registry::source_archive) of `cli`, or a panic naming the
+/// command that builds the image.
+pub fn archive_or_panic(cli: &str) -> Vec<u8> {
+    crate::registry::source_archive(cli).unwrap_or_else(|e| {
+        let setup = if cli == "podman" {
+            "sudo cargo xtask setup podman"
+        } else {
+            "sudo cargo xtask setup"
+        };
+        panic!("{e}; build the test images with `{setup}`")
+    })
+}
+
+/// Prints what a trial measured (the engine runs' logs keep it).
+#[allow(clippy::print_stdout)]
+pub fn report(what: &str, measured: &impl std::fmt::Debug) {
+    println!("{what}: {measured:?}");
+}
+
+/// Lists the pull trials as `#[tokio::test]`s of the calling test binary.
+///
+/// `engine:` an expression that, inside an async test, yields `Option<E>` for a
+/// [`ContainerEngine`] `E` (`None`: skip); `cli:` the engine's CLI (`"docker"`);
+/// `credentials:` the name of the credential-file test and the [`CredentialFile`] variant
+/// it writes. Defines the ignored `credential_child` test ([`CHILD_TEST`]) the credential
+/// trials run in a child process.
+#[macro_export]
+macro_rules! pull_trials {
+    (
+        engine: $engine:expr,
+        cli: $cli:literal,
+        credentials: $credentials_test:ident from $file:ident $(,)?
+    ) => {
+        /// The docker-archive of the local busybox image, exported once per test binary.
+        fn pull_source_archive() -> &'static [u8] {
+            static ARCHIVE: ::std::sync::OnceLock<Vec<u8>> = ::std::sync::OnceLock::new();
+            ARCHIVE.get_or_init(|| $crate::trials::pull::archive_or_panic($cli))
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn missing_image_is_pulled_with_progress() {
+            let Some(e) = $engine else { return };
+            let m = $crate::trials::pull::missing_image_is_pulled_with_progress(
+                e,
+                $cli,
+                pull_source_archive(),
+            )
+            .await;
+            $crate::trials::pull::report(concat!($cli, " pull on create"), &m);
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn an_image_removed_since_a_create_is_ensured_again() {
+            let Some(e) = $engine else { return };
+            $crate::trials::pull::an_image_removed_since_a_create_is_ensured_again(
+                e,
+                $cli,
+                pull_source_archive(),
+            )
+            .await;
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn never_policy_refuses_a_missing_image() {
+            let Some(e) = $engine else { return };
+            $crate::trials::pull::never_policy_refuses_a_missing_image(
+                e,
+                $cli,
+                pull_source_archive(),
+            )
+            .await;
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn unknown_image_names_image_and_registry() {
+            let Some(e) = $engine else { return };
+            $crate::trials::pull::unknown_image_names_image_and_registry(
+                e,
+                $cli,
+                pull_source_archive(),
+            )
+            .await;
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn ten_concurrent_creates_pull_once() {
+            let Some(e) = $engine else { return };
+            let m = $crate::trials::pull::concurrent_creates_pull_once(
+                e,
+                $cli,
+                pull_source_archive(),
+                10,
+            )
+            .await;
+            $crate::trials::pull::report(concat!($cli, " concurrent creates"), &m);
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn missing_credentials_are_an_auth_error() {
+            let Some(e) = $engine else { return };
+            $crate::trials::pull::missing_credentials_are_an_auth_error(
+                e,
+                $cli,
+                pull_source_archive(),
+            )
+            .await;
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn $credentials_test() {
+            if $engine.is_none() {
+                return;
+            }
+            $crate::trials::pull::credentials_from_file_are_used(
+                $crate::trials::pull::CredentialFile::$file,
+                $cli,
+                pull_source_archive(),
+                $crate::trials::pull::CHILD_TEST,
+            )
+            .await;
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn wrong_credentials_are_an_auth_error() {
+            if $engine.is_none() {
+                return;
+            }
+            $crate::trials::pull::wrong_credentials_are_an_auth_error(
+                $crate::trials::pull::CredentialFile::$file,
+                $cli,
+                pull_source_archive(),
+                $crate::trials::pull::CHILD_TEST,
+            )
+            .await;
+        }
+
+        /// The child half of the credential trials (credential variables are
+        /// process-wide, so those trials run this in a child process with them set).
+        #[tokio::test(flavor = "multi_thread")]
+        #[ignore = "run by the credential trials in a child process"]
+        async fn credential_child() {
+            let e = $engine.expect("engine");
+            $crate::trials::pull::child_create(e).await;
+        }
+    };
 }

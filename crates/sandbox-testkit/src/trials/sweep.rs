@@ -1,7 +1,8 @@
-//! The startup sweep and `kill_managed`, on a real engine, the same for every adapter
-//! (issue 9: Docker's sweep removed owner-gone-or-expired leftovers while Podman's removed
-//! only running owner-gone ones, and `kill_managed` of a container sandbox-rs does not
-//! manage was `Configuration` on one engine and `Ok(false)` on the other).
+//! The startup sweep and `kill_managed`, on a real engine, the same for every adapter:
+//! the adapters once disagreed (one sweep removed owner-gone-or-expired leftovers while
+//! the other removed only running owner-gone ones, and `kill_managed` of a container
+//! sandbox-rs does not manage was `Configuration` on one engine and `Ok(false)` on the
+//! other), so one trial now holds both to the same rules.
 //!
 //! The containers these trials start from are made with the engine CLI (`docker` /
 //! `podman`), as another process, a crashed run or a user would have left them, and
@@ -9,13 +10,14 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use sandbox_core::labels::{LABEL_DEADLINE, LABEL_OWNER, Owner, sandbox_labels, unix_now};
 use sandbox_core::{ErrorCode, ReapableBackend};
 
-use crate::provision::config::{NAME_PREFIX, SWEEP_PAST_DEADLINE};
-use crate::testing::cli_succeeds;
+use sandbox_container::{NAME_PREFIX, SWEEP_PAST_DEADLINE};
+
+use crate::engine_cli::{cli_out, cli_succeeds};
 
 /// The image the leftovers run (built by `cargo xtask setup`).
 const IMAGE: &str = "sandbox-rs/busybox:latest";
@@ -69,20 +71,6 @@ impl Drop for Leftovers {
 
 fn remove(cli: &str, name: &str) {
     cli_succeeds(cli, &["rm", "-f", name]);
-}
-
-/// Runs `cmd`; its trimmed stdout, or a panic naming the command and its stderr.
-fn cli_out(cmd: &mut Command) -> String {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 /// An owner on this host that is proven gone: this process's pid with another start

@@ -1,11 +1,12 @@
-//! The transfer caps a user configures are the ones enforced (issue 11): an adapter's
-//! `read_cap` and `download_caps` reach the container layer, for `read` and `download`.
+//! The transfer caps a user configures are the ones enforced: an adapter's `read_cap` and
+//! `download_caps` reach the container layer, for `read` and `download` (a cap lost on
+//! the way would silently fall back to the default).
 
 use std::path::PathBuf;
 
 use sandbox_core::{Backend, ErrorCode, SandboxExt};
 
-use crate::testing::test_options;
+use crate::tagged::test_options;
 
 /// The `read_cap` and download byte cap the backend under test is configured with.
 pub const CAPPED_BYTES: u64 = 1024 * 1024;

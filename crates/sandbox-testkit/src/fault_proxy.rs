@@ -1,25 +1,8 @@
-//! Test support shared by the engine adapters' tests. **Not part of the API**: hidden from
-//! the docs and free to change in any release.
-//!
-//! [`FaultProxy`] is the one fault-injecting proxy the Docker and Podman contract suites
-//! put in front of their engine socket (issue 9 item 7: one proxy instead of one per
-//! adapter), so the suite's teardown trials can make container removals hang or fail
-//! while the adapter's own HTTP client and error mapping stay in the path.
-//!
-//! The engine tests both adapters run are written here once, generic over the backend or
-//! engine: [`egress`], [`pull`] (against a [`registry::TestRegistry`]) and [`sweep`]; each adapter's
-//! test file lists them as `#[tokio::test]`s. [`skip`] is what they do without an engine.
+//! The fault-injecting proxy both adapters' contract suites put in front of their engine
+//! socket: one proxy instead of one per adapter, so the suite's fault trials make
+//! container removals and creates hang or fail, and pulls meet a locked registry, while
+//! the adapter's own HTTP client and error mapping stay in the path.
 
-pub mod caps;
-pub mod egress;
-pub mod pull;
-pub mod reap;
-pub mod registry;
-pub mod skip;
-pub mod ssh;
-pub mod sweep;
-
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
@@ -29,41 +12,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinHandle;
 
-use sandbox_core::{CreateOptions, ReapableBackend};
-
-/// Runs the engine CLI `cli` (`docker` / `podman`) with `args`, its output discarded:
-/// whether it ran and succeeded. The trials use it to look at, or clean up, the engine
-/// independently of the adapter under test.
-pub fn cli_succeeds(cli: &str, args: &[&str]) -> bool {
-    std::process::Command::new(cli)
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// Options for a test's sandbox: `template`, a 120 s lifetime, and the metadata
-/// `test=<test>` that [`managed_ids`] finds it by.
-pub fn test_options(template: &str, test: &str) -> CreateOptions {
-    CreateOptions::new(template)
-        .timeout(Duration::from_secs(120))
-        .metadata("test", test)
-}
-
-/// The ids of the managed sandboxes the engine still holds for `test` (see
-/// [`test_options`]).
-pub async fn managed_ids<B: ReapableBackend + ?Sized>(b: &B, test: &str) -> Vec<String> {
-    let mut f = BTreeMap::new();
-    f.insert("test".to_string(), test.to_string());
-    b.list_managed(&f)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|s| s.id)
-        .collect()
-}
+use crate::registry::{self, TestRegistry};
 
 /// What the proxy does with a container removal (`DELETE …/containers/<id>…`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,7 +59,7 @@ pub struct FaultProxy {
     create: Arc<AtomicU8>,
     pulls: PullRedirect,
     /// The registry [`FaultProxy::lock_pulls`] sends pulls to, started once.
-    locked: tokio::sync::OnceCell<registry::TestRegistry>,
+    locked: tokio::sync::OnceCell<TestRegistry>,
     accept: JoinHandle<()>,
 }
 
@@ -192,11 +141,8 @@ impl FaultProxy {
     /// a real registry refusal through the real engine. [`FaultProxy::redirect_pulls`]
     /// with `None` ends it.
     pub async fn lock_pulls(&self, cli: &'static str) -> Result<(), String> {
-        let reg = self
-            .locked
-            .get_or_try_init(|| pull::locked_registry(cli))
-            .await?;
-        self.redirect_pulls(Some(format!("{}/{}", reg.host(), pull::LOCKED_IMAGE)));
+        let reg = self.locked.get_or_try_init(|| locked_registry(cli)).await?;
+        self.redirect_pulls(Some(format!("{}/{}", reg.host(), LOCKED_IMAGE)));
         Ok(())
     }
 
@@ -211,6 +157,26 @@ impl Drop for FaultProxy {
         self.accept.abort();
         let _ = std::fs::remove_file(&self.path);
     }
+}
+
+/// The repository and tag a [`locked_registry`] serves (behind a credential).
+pub const LOCKED_IMAGE: &str = "sbx-contract/locked:1";
+
+/// A registry on loopback that demands a credential nobody is given, serving `cli`'s
+/// export of [`registry::SOURCE_IMAGE`] as [`LOCKED_IMAGE`] (see
+/// [`FaultProxy::lock_pulls`]).
+pub async fn locked_registry(cli: &'static str) -> Result<TestRegistry, String> {
+    let archive = tokio::task::spawn_blocking(move || registry::source_archive(cli))
+        .await
+        .map_err(|e| e.to_string())??;
+    let (repo, tag) = LOCKED_IMAGE.split_once(':').unwrap_or((LOCKED_IMAGE, "1"));
+    TestRegistry::start(
+        &archive,
+        &[(repo, tag)],
+        Some(("sbx-nobody", "sbx-never-given")),
+    )
+    .await
+    .map_err(|e| format!("start the locked registry: {e}"))
 }
 
 async fn relay(

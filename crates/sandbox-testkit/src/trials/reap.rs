@@ -1,11 +1,13 @@
 //! `kill_managed` (what `sandbox reap --kill` calls) leaves nothing of ours behind: the
-//! library's egress network goes with its last sandbox (issue 13).
+//! library's egress network goes with its last sandbox, so reaping never strands a
+//! network no sandbox uses.
 
 use sandbox_core::{NetworkPolicy, ReapableBackend};
 
-use crate::egress::NETWORK_NAME;
-use crate::engine::{ContainerEngine, EngineErrorKind};
-use crate::testing::test_options;
+use sandbox_container::egress::NETWORK_NAME;
+use sandbox_container::{ContainerEngine, EngineErrorKind};
+
+use crate::tagged::test_options;
 
 /// Creates a sandbox with egress `Allow` (on the library network), reaps it with
 /// `kill_managed`, then asks the engine to remove the library network: that must find it
