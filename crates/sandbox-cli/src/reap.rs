@@ -20,11 +20,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
-use sandbox::labels::{
-    LABEL_DEADLINE, LABEL_MANAGED, LABEL_META_PREFIX, LABEL_OWNER, LABEL_SESSION, Owner,
-};
-use sandbox::options::MAX_SANDBOX_TIMEOUT;
-use sandbox::{Backend, ManagedSandbox, SandboxError};
+use sandbox::labels::LABEL_META_PREFIX;
+use sandbox::{Backend, ManagedSandbox, Provenance, SandboxError};
 use serde::Serialize;
 use tokio::time::Instant;
 
@@ -41,9 +38,6 @@ pub const REAP_BUDGET: Duration = Duration::from_secs(60);
 const KILL_TIMEOUT: Duration = Duration::from_secs(20);
 /// Kills in flight at once.
 const KILL_CONCURRENCY: usize = 4;
-/// Clock difference tolerated between the creating client (which computes the deadline)
-/// and the engine (which stamps the creation time).
-const CLOCK_SLACK_S: u64 = 120;
 
 /// Time limits of one reap; tests shrink them.
 #[derive(Debug, Clone, Copy)]
@@ -385,54 +379,15 @@ fn keep_by_age(m: &ManagedSandbox, older_than: Option<Duration>, now: SystemTime
     }
 }
 
-/// The labels sandbox-rs writes, checked as it writes them; `None` when any is missing
-/// or malformed.
-struct Provenance {
-    owner: Owner,
-    deadline: u64,
-}
-
-fn provenance(m: &ManagedSandbox) -> Option<Provenance> {
-    let get = |k: &str| m.labels.get(k).map(String::as_str);
-    if get(LABEL_MANAGED) != Some("true") {
-        return None;
-    }
-    // `labels::session_id` is 16 lowercase hex digits.
-    let session = get(LABEL_SESSION)?;
-    if session.len() != 16
-        || !session
-            .chars()
-            .all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c))
-    {
-        return None;
-    }
-    let owner = Owner::parse(get(LABEL_OWNER)?)?;
-    let deadline: u64 = get(LABEL_DEADLINE)?.parse().ok()?;
-    // We set the deadline to creation time + a lifetime of at most MAX_SANDBOX_TIMEOUT.
-    // A deadline baked into an image's labels does not fit the container's creation time,
-    // so an image cannot mark its containers as expired. Without a creation time the
-    // deadline cannot be checked at all.
-    let created = unix_secs(m.created_at?)?;
-    let earliest = created.saturating_sub(CLOCK_SLACK_S);
-    let latest = created
-        .saturating_add(MAX_SANDBOX_TIMEOUT.as_secs())
-        .saturating_add(CLOCK_SLACK_S);
-    if deadline < earliest || deadline > latest {
-        return None;
-    }
-    Some(Provenance { owner, deadline })
-}
-
+/// The verdict core gives every tool that removes leftovers (the adapters' startup sweep
+/// too), at the deadline itself: `reap` is asked for by a person, the sweep is not.
 fn verdict(m: &ManagedSandbox, now: SystemTime) -> Verdict {
-    let Some(p) = provenance(m) else {
-        return Verdict::Foreign;
-    };
-    if p.owner.is_proven_gone() {
-        Verdict::OwnerGone
-    } else if unix_secs(now).is_some_and(|n| p.deadline <= n) {
-        Verdict::Expired
-    } else {
-        Verdict::Live
+    match Provenance::of(&m.labels, m.created_at, now, Duration::ZERO) {
+        Provenance::OwnerGone => Verdict::OwnerGone,
+        Provenance::Expired => Verdict::Expired,
+        Provenance::Live => Verdict::Live,
+        // Foreign, and any verdict core adds later: never removed.
+        _ => Verdict::Foreign,
     }
 }
 
@@ -557,6 +512,7 @@ mod tests {
     use super::*;
     use crate::cli::{Cli, Cmd};
     use clap::Parser;
+    use sandbox::labels::{LABEL_MANAGED, LABEL_OWNER, Owner};
     use sandbox::labels::{sandbox_labels, unix_now};
     use sandbox::{CreateOptions, ReapableBackend, SandboxState};
 

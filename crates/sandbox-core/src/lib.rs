@@ -17,9 +17,9 @@ mod managed;
 mod network;
 pub mod options;
 pub mod policy;
-mod provenance;
 mod pool;
 mod process;
+mod provenance;
 mod resources;
 mod result;
 mod sandbox;
@@ -40,10 +40,10 @@ pub use managed::{ManagedSandbox, SandboxState};
 pub use network::{Egress, EgressRule, EgressTarget, NetworkPolicy};
 pub use options::{CodeOptions, Command, CreateOptions, Language, PtySize, PullPolicy, RunOptions};
 pub use pool::{Pool, PoolConfig, PoolStats};
-pub use provenance::{CLOCK_SLACK, Provenance};
 pub use process::{
     InputSink, KILLED_EXIT_CODE, Process, ProcessInput, StartFuture, StartedExec, channel_input,
 };
+pub use provenance::{CLOCK_SLACK, Provenance};
 pub use resources::{DEFAULT_CPU, DEFAULT_MEMORY_MB, DEFAULT_PIDS, EffectiveResources, Resources};
 pub use result::{ExecResult, OutputChunk, RichResult, StreamKind};
 pub use sandbox::{Sandbox, SandboxExt};

@@ -3,41 +3,28 @@
 
 use std::collections::BTreeMap;
 
-use sandbox_core::labels::{LABEL_BACKEND, LABEL_DEADLINE, LABEL_OWNER, Owner};
+use std::time::SystemTime;
+
+use sandbox_core::Provenance;
+use sandbox_core::labels::LABEL_BACKEND;
 
 use crate::engine::{ContainerEngine, ContainerInfo};
 use crate::provision::backend::ContainerBackend;
 use crate::provision::config::{NAME_PREFIX, SWEEP_PAST_DEADLINE};
 
-/// Why a container is swept, or `None` to keep it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum SweepReason {
-    OwnerGone,
-    Expired,
-}
-
-/// Decides about one container. Provenance first: only containers named by this crate
-/// and labelled for `backend` are ours to remove (labels alone can come from an image).
-pub(crate) fn verdict(c: &ContainerInfo, backend: &str, now_unix: u64) -> Option<SweepReason> {
+/// Decides about one container: `Some` verdict when the sweep removes it. Provenance
+/// first: only containers named by this crate and labelled for `backend` are ours to judge
+/// (labels alone can come from an image); then the labels' verdict, the one `sandbox reap`
+/// gives, with expiry counted [`SWEEP_PAST_DEADLINE`] after the deadline so the sweep never
+/// races a sandbox's own end.
+pub(crate) fn verdict(c: &ContainerInfo, backend: &str, now: SystemTime) -> Option<Provenance> {
     if !c.name.trim_start_matches('/').starts_with(NAME_PREFIX)
         || c.labels.get(LABEL_BACKEND).map(String::as_str) != Some(backend)
     {
         return None;
     }
-    let expired = c
-        .labels
-        .get(LABEL_DEADLINE)
-        .and_then(|d| d.parse::<u64>().ok())
-        .is_some_and(|d| d.saturating_add(SWEEP_PAST_DEADLINE.as_secs()) < now_unix);
-    if expired {
-        return Some(SweepReason::Expired);
-    }
-    let owner_gone = c
-        .labels
-        .get(LABEL_OWNER)
-        .and_then(|o| Owner::parse(o))
-        .is_some_and(|o| o.is_proven_gone());
-    owner_gone.then_some(SweepReason::OwnerGone)
+    let verdict = Provenance::of(&c.labels, c.created_at, now, SWEEP_PAST_DEADLINE);
+    verdict.is_removable().then_some(verdict)
 }
 
 /// Runs the sweep; returns how many containers it removed. Failures are logged.
@@ -50,17 +37,17 @@ pub(crate) async fn sweep<E: ContainerEngine>(b: &ContainerBackend<E>) -> usize 
         }
     };
     let backend = b.engine().backend();
-    let now = sandbox_core::labels::unix_now();
+    let now = SystemTime::now();
     let mut removed = 0;
     let listed = list.len();
     for c in list {
-        let Some(reason) = verdict(&c, backend, now) else {
+        let Some(verdict) = verdict(&c, backend, now) else {
             continue;
         };
         match b.remove(&c.id).await {
             Ok(()) => {
                 removed += 1;
-                tracing::info!(sandbox_id = %c.id, ?reason, "startup sweep removed a sandbox");
+                tracing::info!(sandbox_id = %c.id, ?verdict, "startup sweep removed a sandbox");
             }
             Err(e) => tracing::warn!(sandbox_id = %c.id, error = %e, "startup sweep failed"),
         }
@@ -75,24 +62,38 @@ pub(crate) async fn sweep<E: ContainerEngine>(b: &ContainerBackend<E>) -> usize 
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::time::{Duration, UNIX_EPOCH};
+
     use sandbox_core::SandboxState;
-    use sandbox_core::labels::{LABEL_MANAGED, sandbox_labels};
+    use sandbox_core::labels::{LABEL_DEADLINE, LABEL_MANAGED, LABEL_OWNER, Owner, sandbox_labels};
+
+    use super::*;
+
+    const CREATED: u64 = 1_000_000;
+
+    fn at(secs: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(secs)
+    }
 
     fn info(name: &str, labels: BTreeMap<String, String>) -> ContainerInfo {
-        ContainerInfo::new("id1", name, SandboxState::Running, labels)
+        let mut c = ContainerInfo::new("id1", name, SandboxState::Running, labels);
+        c.created_at = Some(at(CREATED));
+        c
     }
 
     #[test]
     fn expired_is_swept_even_with_a_live_owner() {
-        let l = sandbox_labels("docker", 1_000, &BTreeMap::new());
-        let c = info("sbx-abc-1", l);
-        assert_eq!(
-            verdict(&c, "docker", 1_000 + 61),
-            Some(SweepReason::Expired)
+        let deadline = CREATED + 300;
+        let c = info(
+            "sbx-abc-1",
+            sandbox_labels("docker", deadline, &BTreeMap::new()),
         );
         assert_eq!(
-            verdict(&c, "docker", 1_000 + 59),
+            verdict(&c, "docker", at(deadline + 61)),
+            Some(Provenance::Expired)
+        );
+        assert_eq!(
+            verdict(&c, "docker", at(deadline + 59)),
             None,
             "own live sandbox kept"
         );
@@ -100,7 +101,7 @@ mod tests {
 
     #[test]
     fn gone_owner_is_swept() {
-        let mut l = sandbox_labels("docker", u64::MAX, &BTreeMap::new());
+        let mut l = sandbox_labels("docker", CREATED + 300, &BTreeMap::new());
         let me = Owner::current();
         let reused = Owner {
             start_time: me.start_time + 1,
@@ -108,8 +109,8 @@ mod tests {
         };
         l.insert(LABEL_OWNER.into(), reused.to_label());
         assert_eq!(
-            verdict(&info("/sbx-x-2", l), "docker", 0),
-            Some(SweepReason::OwnerGone)
+            verdict(&info("/sbx-x-2", l), "docker", at(CREATED)),
+            Some(Provenance::OwnerGone)
         );
     }
 
@@ -121,21 +122,22 @@ mod tests {
         l.insert(LABEL_MANAGED.to_string(), "true".to_string());
         l.insert(LABEL_DEADLINE.to_string(), "1".to_string());
         l.insert(LABEL_BACKEND.to_string(), "docker".to_string());
-        assert_eq!(
-            verdict(&info("postgres", l.clone()), "docker", 10_000),
-            None
-        );
-        assert_eq!(verdict(&info("sbx-a-1", l.clone()), "podman", 10_000), None);
+        let late = at(CREATED + 10_000);
+        assert_eq!(verdict(&info("postgres", l.clone()), "docker", late), None);
+        assert_eq!(verdict(&info("sbx-a-1", l.clone()), "podman", late), None);
+        // Our name and backend, but a deadline an image baked in (far from the creation
+        // time): the labels are not ours either.
+        assert_eq!(verdict(&info("sbx-a-1", l), "docker", late), None);
         let foreign_owner = Owner {
             host: "elsewhere".into(),
             pid: 1,
             start_time: 1,
             ..Owner::current().clone()
         };
-        let mut l = sandbox_labels("docker", u64::MAX, &BTreeMap::new());
+        let mut l = sandbox_labels("docker", CREATED + 300, &BTreeMap::new());
         l.insert(LABEL_OWNER.into(), foreign_owner.to_label());
         assert_eq!(
-            verdict(&info("sbx-a-1", l), "docker", 0),
+            verdict(&info("sbx-a-1", l), "docker", at(CREATED)),
             None,
             "foreign host kept"
         );

@@ -103,7 +103,10 @@ pub async fn startup_sweep_removes_gone_owners_and_expired<B, F>(
     let mut gone = live.clone();
     gone.insert(LABEL_OWNER.into(), gone_owner().to_label());
     let mut expired = live.clone();
-    let past = now - SWEEP_PAST_DEADLINE.as_secs() - 60;
+    // Past the sweep's grace, yet within the clock slack of the creation time (now), as
+    // a deadline sandbox-rs wrote would be: a deadline far from it reads as an image's.
+    let past = now - SWEEP_PAST_DEADLINE.as_secs() - 30;
+    assert!(now - past < sandbox_core::CLOCK_SLACK.as_secs());
     expired.insert(LABEL_DEADLINE.into(), past.to_string());
 
     let mut left = Leftovers::new(cli);
