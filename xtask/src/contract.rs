@@ -8,7 +8,7 @@
 //! out of disk; built for the whole workspace, the suites reuse every artifact.
 //!
 //! An engine that does not answer is a skip with the reason printed locally, and a loud
-//! failure when `CI=true` or `SBX_CONTRACT_REQUIRED=1` (SPEC §10): CI must never go green
+//! failure when `CI=true` or `SBX_CONTRACT_REQUIRED=1`: CI must never go green
 //! because Docker was not there.
 //!
 //! Any ignored trial fails the run (an ignored security trial is an unproven one):

@@ -1,5 +1,5 @@
 //! `cargo xtask docs [--check]`: generates `docs/errors/<CODE>.md` and the index
-//! `docs/errors/README.md` from the error catalog in `sandbox-core` (SPEC §4); `--check`
+//! `docs/errors/README.md` from the error catalog in `sandbox-core`; `--check`
 //! fails when the committed pages drift from the catalog.
 
 use std::collections::BTreeMap;

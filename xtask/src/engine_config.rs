@@ -1,4 +1,4 @@
-//! Engine configuration files (SPEC §12). Files are rewritten only when their content differs,
+//! Engine configuration files (the ones docs/engines.md lists). Files are rewritten only when their content differs,
 //! so a second `setup` changes nothing and restarts nothing.
 
 use std::fs;
@@ -67,7 +67,7 @@ pub fn apply() -> Result<(Applied, String)> {
     Ok((applied, outcome))
 }
 
-/// Registers gVisor as the `runsc` runtime. `--network=none` (SPEC §7) gives the gVisor
+/// Registers gVisor as the `runsc` runtime. `--network=none` gives the gVisor
 /// sandbox no network stack at all, whatever network the container is attached to.
 fn daemon_json(runsc: &Path) -> String {
     format!(

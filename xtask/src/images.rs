@@ -6,7 +6,7 @@
 //! its files: busybox's `printenv`, `passwd`, `group`), so the two paths cannot drift:
 //!
 //! - `sandbox-rs/busybox:latest`: the static busybox with every applet linked, plus a
-//!   `printenv` (busybox 1.35 lacks that applet) — the "no GNU tools" image (SPEC §7).
+//!   `printenv` (busybox 1.35 lacks that applet) — the "no GNU tools" image the adapters must work with.
 //! - `sandbox-rs/python:3.11`: Debian bookworm `minbase` + `python3` via debootstrap, with
 //!   busybox applets filling only the gaps (`ip`, `kill`, `ps`, `nc`, `wget`, …; coreutils
 //!   stay GNU). The rootfs tarball is cached so the second `setup` does not debootstrap.

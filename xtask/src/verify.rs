@@ -1,4 +1,4 @@
-//! Proves the engines really apply the settings every sandbox gets (SPEC §5) by running a
+//! Proves the engines really apply the settings every sandbox gets (the security defaults) by running a
 //! hardened container in each and reading the result back from inside, plus the gVisor
 //! probe. Takes about a second; run at the end of every `setup`.
 
@@ -10,7 +10,7 @@ use crate::images::{BUSYBOX, DOCKER, Engine, PODMAN, PYTHON};
 use crate::process;
 use crate::report::seconds;
 
-/// The flags every sandbox gets (SPEC §5), with test-sized limits.
+/// The flags every sandbox gets (the security defaults), with test-sized limits.
 const HARDENED: &[&str] = &[
     "run",
     "--rm",

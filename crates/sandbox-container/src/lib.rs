@@ -21,7 +21,9 @@ pub use engine::{
     NetworkMode, PathStat,
 };
 pub use files::{LS_SCRIPT, MKDIR_SCRIPT, REMOVE_SCRIPT};
-pub use image::{CredentialStore, ImageRef, PullProgress, PullProgressHook, RegistryAuth};
+pub use image::{
+    CredentialStore, ImageRef, PullProgress, PullProgressHook, PullRequest, RegistryAuth,
+};
 pub use provision::backend::{ContainerBackend, LAYER_CAPABILITIES};
 pub use provision::config::{
     ContainerConfig, DEFAULT_CALL_TIMEOUT, DEFAULT_CREATE_TIMEOUT, DEFAULT_DOWNLOAD_CAP,

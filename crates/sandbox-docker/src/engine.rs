@@ -19,7 +19,7 @@ use sandbox_container::engine::{NetworkInfo, NetworkSpec};
 use sandbox_container::{
     ArchiveBody, AttachStream, ContainerEngine, ContainerInfo, ContainerSpec, EngineError,
     EngineErrorKind, EngineFacts, EngineResult, ExecRequest, ExecState, ExecStream, ImageRef,
-    PathStat, PullProgress, RegistryAuth, Runtime, parse_rfc3339,
+    PathStat, PullProgress, PullRequest, RegistryAuth, Runtime, parse_rfc3339,
 };
 use sandbox_core::{Capability, IsolationTier, OutputChunk, Problem, SandboxError, async_trait};
 
@@ -572,12 +572,13 @@ impl ContainerEngine for DockerEngine {
         }
     }
 
-    async fn pull(
-        &self,
-        image: &str,
-        auth: Option<&RegistryAuth>,
-        progress: &(dyn Fn(PullProgress) + Send + Sync),
-    ) -> EngineResult<()> {
+    async fn pull(&self, request: PullRequest<'_>) -> EngineResult<()> {
+        let PullRequest {
+            image,
+            auth,
+            progress,
+            ..
+        } = request;
         let opts = CreateImageOptions {
             from_image: Some(pull_reference(image)),
             ..Default::default()

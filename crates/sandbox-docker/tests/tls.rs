@@ -1,4 +1,4 @@
-//! Remote Docker over TLS (issue 14): the test starts its own `dockerd` listening only on
+//! Remote Docker over TLS: the test starts its own `dockerd` listening only on
 //! a loopback TLS port with `--tlsverify` and certificates it generates (a CA, a server
 //! certificate for 127.0.0.1, a client certificate), loads the busybox image into it, and
 //! drives a sandbox through the adapter over that port: create, exec (whose bodies carry

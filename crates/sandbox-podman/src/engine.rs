@@ -26,7 +26,7 @@ use sandbox_container::time::from_unix_secs;
 use sandbox_container::{
     ArchiveBody, AttachStream, ContainerEngine, ContainerInfo, ContainerSpec, CredentialStore,
     EngineError, EngineErrorKind, EngineFacts, EngineResult, ExecInput, ExecRequest, ExecState,
-    ExecStream, ImageRef, PathStat, PullProgress, RegistryAuth,
+    ExecStream, ImageRef, PathStat, PullProgress, PullRequest, RegistryAuth,
 };
 use sandbox_core::{Capability, IsolationTier, Problem, SandboxError};
 
@@ -464,12 +464,13 @@ impl ContainerEngine for PodmanEngine {
         self.api("image exists", img.exists()).await
     }
 
-    async fn pull(
-        &self,
-        image: &str,
-        auth: Option<&RegistryAuth>,
-        progress: &(dyn Fn(PullProgress) + Send + Sync),
-    ) -> EngineResult<()> {
+    async fn pull(&self, request: PullRequest<'_>) -> EngineResult<()> {
+        let PullRequest {
+            image,
+            auth,
+            progress,
+            ..
+        } = request;
         let opts = pull_opts(image, auth);
         let images = self.client.images();
         // A panic in podman-api's decoding becomes an error item (it borrows `images`,

@@ -28,8 +28,8 @@ fn wedged_socket(dir: &std::path::Path) -> String {
     format!("unix://{}", path.display())
 }
 
-/// Issue 11: "only ping has a timeout; create, start, copy, list, delete, inspect and
-/// connect can hang forever on a wedged service".
+/// A wedged service must not hang any call: before every call was bounded, only ping had
+/// a timeout, and create, start, copy, list, delete, inspect and connect could hang forever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_engine_call_on_a_wedged_service_fails_within_the_call_timeout() {
     let dir = tempfile::tempdir().unwrap();

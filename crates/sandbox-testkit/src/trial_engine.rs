@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use sandbox_container::egress::NETWORK_NAME;
 use sandbox_container::engine::{NetworkInfo, NetworkSpec};
-use sandbox_container::image::{CredentialStore, PullProgress, RegistryAuth};
+use sandbox_container::image::{CredentialStore, PullRequest};
 use sandbox_container::{
     ArchiveBody, AttachStream, ContainerEngine, ContainerInfo, ContainerSpec, EngineErrorKind,
     EngineFacts, EngineResult, ExecRequest, ExecState, ExecStream, NetworkMode,
@@ -247,13 +247,8 @@ impl<E: ContainerEngine> ContainerEngine for TrialEngine<E> {
     async fn image_exists(&self, image: &str) -> EngineResult<bool> {
         self.inner.image_exists(image).await
     }
-    async fn pull(
-        &self,
-        image: &str,
-        auth: Option<&RegistryAuth>,
-        progress: &(dyn Fn(PullProgress) + Send + Sync),
-    ) -> EngineResult<()> {
-        self.inner.pull(image, auth, progress).await
+    async fn pull(&self, request: PullRequest<'_>) -> EngineResult<()> {
+        self.inner.pull(request).await
     }
     async fn ping(&self) -> EngineResult<()> {
         self.inner.ping().await

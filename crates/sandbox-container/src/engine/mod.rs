@@ -306,23 +306,19 @@ pub trait ContainerEngine: Send + Sync + fmt::Debug + 'static {
         let _ = image;
         Ok(true)
     }
-    /// Pulls `image` from its registry with `auth` (when credentials were found for the
-    /// registry), reporting each engine progress message through `progress`. A registry
+    /// Pulls the request's `image` from its registry with its `auth` (when credentials
+    /// were found for the registry), reporting each engine progress message through its
+    /// `progress`. A registry
     /// that refuses or demands credentials is [`EngineErrorKind::Unauthorized`]; an image
     /// or tag the registry does not have is [`EngineErrorKind::NotFound`]. Single-flight
     /// and the pull policy are the container layer's: this is one engine request.
-    async fn pull(
-        &self,
-        image: &str,
-        auth: Option<&crate::engine::pull::RegistryAuth>,
-        progress: &(dyn Fn(crate::engine::pull::PullProgress) + Send + Sync),
-    ) -> EngineResult<()> {
-        let _ = (auth, progress);
+    async fn pull(&self, request: crate::engine::pull::PullRequest<'_>) -> EngineResult<()> {
         Err(EngineError::new(
             EngineErrorKind::InvalidRequest,
             format!(
-                "the {} engine adapter cannot pull `{image}`",
-                self.backend()
+                "the {} engine adapter cannot pull `{}`",
+                self.backend(),
+                request.image
             ),
         ))
     }

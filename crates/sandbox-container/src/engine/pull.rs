@@ -8,6 +8,40 @@ use std::sync::Arc;
 
 use sandbox_core::Secret;
 
+/// One image pull asked of the engine ([`ContainerEngine::pull`](crate::ContainerEngine::pull)).
+#[non_exhaustive]
+pub struct PullRequest<'a> {
+    /// The image reference as the caller gave it.
+    pub image: &'a str,
+    /// Credentials for its registry, when some were found.
+    pub auth: Option<&'a RegistryAuth>,
+    /// Receives each progress message the engine reports.
+    pub progress: &'a (dyn Fn(PullProgress) + Send + Sync),
+}
+
+impl<'a> PullRequest<'a> {
+    pub(crate) fn new(
+        image: &'a str,
+        auth: Option<&'a RegistryAuth>,
+        progress: &'a (dyn Fn(PullProgress) + Send + Sync),
+    ) -> Self {
+        PullRequest {
+            image,
+            auth,
+            progress,
+        }
+    }
+}
+
+impl fmt::Debug for PullRequest<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PullRequest")
+            .field("image", &self.image)
+            .field("auth", &self.auth)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Credentials for one registry. `Debug` shows the user name and registry only.
 #[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]

@@ -22,7 +22,9 @@ mod credentials;
 mod pull;
 mod reference;
 
-pub use crate::engine::pull::{CredentialStore, PullProgress, PullProgressHook, RegistryAuth};
+pub use crate::engine::pull::{
+    CredentialStore, PullProgress, PullProgressHook, PullRequest, RegistryAuth,
+};
 pub use pull::{
     DEFAULT_PULL_TIMEOUT, PULL_TARGET, classify_pull_failure, next_pull_item, pull_failure_kind,
 };

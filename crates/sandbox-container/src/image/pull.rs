@@ -12,7 +12,7 @@ use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use sandbox_core::{PullPolicy, Result, SandboxError};
 
-use crate::engine::pull::{CredentialStore, PullProgress, PullProgressHook};
+use crate::engine::pull::{CredentialStore, PullProgress, PullProgressHook, PullRequest};
 use crate::engine::{ContainerEngine, EngineError, EngineErrorKind, EngineResult};
 use crate::error::bounded_text;
 use crate::image::ImageRef;
@@ -372,7 +372,9 @@ fn start_pull<E: ContainerEngine>(
                 h.call(&p);
             }
         };
-        let result = engine.pull(&image, auth.as_ref(), &report).await;
+        let result = engine
+            .pull(PullRequest::new(&image, auth.as_ref(), &report))
+            .await;
         let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         match result {
             Ok(()) => {
@@ -547,12 +549,12 @@ mod tests {
         async fn image_exists(&self, image: &str) -> crate::EngineResult<bool> {
             Ok(lock(&self.images).iter().any(|i| i == image))
         }
-        async fn pull(
-            &self,
-            image: &str,
-            auth: Option<&RegistryAuth>,
-            progress: &(dyn Fn(PullProgress) + Send + Sync),
-        ) -> crate::EngineResult<()> {
+        async fn pull(&self, request: PullRequest<'_>) -> crate::EngineResult<()> {
+            let PullRequest {
+                image,
+                auth,
+                progress,
+            } = request;
             assert!(
                 auth.is_none(),
                 "no credentials are configured for 127.0.0.9"

@@ -3,8 +3,10 @@
 //! of copy mounts, and the startup sweep of leftovers. What a live sandbox does once it
 //! exists is in [`crate::sandbox`].
 
+mod attempt;
 pub(crate) mod backend;
 pub(crate) mod config;
+mod create;
 pub mod copy_in;
 pub(crate) mod sweep;
 pub(crate) mod teardown;

@@ -1,0 +1,243 @@
+//! One provisioning attempt: create the container, copy mounts in and run `pre_start`,
+//! put the agent in, start, run `post_start`, load the egress rules, greet the agent,
+//! set up ingress. A teardown guard owns the container from the moment the engine names
+//! it, so any failure or a dropped future removes it. Which attempt comes next, and why,
+//! is `create.rs`'s job.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use sandbox_core::labels::LABEL_DEADLINE;
+use sandbox_core::teardown::{Killer, OrphanInfo, TeardownGuard};
+use sandbox_core::{Capability, CreateOptions, IsolationTier, Result};
+
+use crate::engine::transfer::bounded;
+use crate::engine::{ContainerEngine, ContainerSpec, EngineErrorKind, NetworkMode};
+use crate::error;
+use crate::provision::backend::ContainerBackend;
+use crate::provision::teardown::container_killer;
+use crate::sandbox::ContainerSandbox;
+use crate::sandbox::ingress::Ingress;
+use crate::sandbox::shared::Shared;
+
+
+/// What one provisioning attempt gave.
+pub(super) enum Provisioned<E: ContainerEngine> {
+    /// A usable sandbox.
+    Ready(Box<ContainerSandbox<E>>),
+    /// The agent could not be put in place or did not answer; its container is removed.
+    AgentFailed(String),
+}
+
+/// What a sandbox gains from its agent: terminals, where the agent speaks the protocol
+/// version that has them and the runtime's terminals are whole (see [`terminals_work`]).
+fn agent_capabilities(
+    agent: Option<&sandbox_agent::client::AgentClient>,
+    tier: IsolationTier,
+) -> Capability {
+    match agent {
+        Some(a) if a.version() >= sandbox_agent::protocol::PTY_VERSION && terminals_work(tier) => {
+            Capability::PTY
+        }
+        _ => Capability::empty(),
+    }
+}
+
+/// gVisor's own terminals (runsc 2022-12, what Debian 12 ships) ignore `^D`, so a
+/// line-mode reader never sees end of input (gVisor issue 9333): `PTY` is not declared
+/// there rather than declared half-working.
+fn terminals_work(tier: IsolationTier) -> bool {
+    tier != IsolationTier::Gvisor
+}
+
+impl<E: ContainerEngine> ContainerBackend<E> {
+    /// One attempt: a container created from `spec`, prepared, started, its egress rules
+    /// loaded and its agent greeted, or removed (by the guard) on any failure or drop.
+    pub(super) async fn provision(
+        &self,
+        spec: ContainerSpec,
+        options: &CreateOptions,
+        tier: IsolationTier,
+        egress_net: Option<&crate::engine::NetworkInfo>,
+    ) -> Result<Provisioned<E>> {
+        let eng = &*self.engine;
+        let backend = eng.backend();
+        let limit = self.config.create_timeout;
+        let create_err = |op: &str, e: crate::engine::EngineError| {
+            if e.kind == EngineErrorKind::Timeout {
+                error::create_timeout(backend, limit)
+            } else {
+                error::on_create(eng, &spec.image, op, e)
+            }
+        };
+        // Named before the request, so a create dropped while the engine works on it can
+        // still be found and removed (by name) by the guard.
+        let info = OrphanInfo::new(spec.name.clone(), backend, spec.labels.clone());
+        let mut guard = TeardownGuard::new(info, self.name_killer(spec.name.clone()));
+        let id = match self.call("create", eng.create(&spec)).await {
+            Ok(id) => id,
+            Err(e) => {
+                if !matches!(
+                    e.kind,
+                    EngineErrorKind::Unavailable | EngineErrorKind::Timeout
+                ) {
+                    // The engine answered: nothing was created.
+                    guard.disarm();
+                    if spec.agent_mount.is_some() {
+                        // Perhaps the mount (an engine that cannot see this host's file):
+                        // the caller retries with the agent uploaded.
+                        return Ok(Provisioned::AgentFailed(format!(
+                            "create with the agent mounted failed: {e}"
+                        )));
+                    }
+                }
+                return Err(create_err("create container", e));
+            }
+        };
+        guard.disarm();
+        // From here the container exists: a dropped or failed create removes it.
+        let info = OrphanInfo::new(id.clone(), backend, spec.labels.clone());
+        let mut guard = TeardownGuard::new(
+            info,
+            container_killer(self.engine.clone(), self.config.call_timeout, id.clone()),
+        );
+        // Copy mounts and the pre_start hook see the created, not yet started, container.
+        let hooks = eng.hooks();
+        let event = crate::spec::hooks::HookEvent::new(&id, &spec.image);
+        let prepared = async {
+            for m in eng.copy_mounts() {
+                crate::provision::copy_in::copy_in(eng, &id, &m).await?;
+            }
+            hooks.run_pre_start(&event).await
+        };
+        if let Err(e) = prepared.await {
+            let _ = guard.kill_now().await;
+            return Err(create_err("provision container", e));
+        }
+        // The agent goes in before start: it is the container's main process (unless the
+        // engine bind-mounts it).
+        if spec.attach_stdin && spec.agent_mount.is_none() {
+            let put = match crate::sandbox::agent::binary().map(crate::sandbox::agent::archive) {
+                Some(Ok(tar)) => self
+                    .call("agent upload", eng.put_archive(&id, "/", tar))
+                    .await
+                    .map_err(|e| format!("uploading the agent failed: {e}")),
+                Some(Err(e)) => Err(format!("packing the agent failed: {e}")),
+                None => Err("no agent binary for this architecture".to_string()),
+            };
+            if let Err(reason) = put {
+                let _ = guard.kill_now().await;
+                return Ok(Provisioned::AgentFailed(reason));
+            }
+        }
+        if let Err(e) = self.call("start", eng.start(&id)).await {
+            let timed_out = e.kind == EngineErrorKind::Timeout;
+            let err = create_err("start container", e);
+            let _ = guard.kill_now().await;
+            if spec.agent_mount.is_some() && !timed_out {
+                return Ok(Provisioned::AgentFailed(format!(
+                    "start with the agent mounted failed: {}",
+                    err.render()
+                )));
+            }
+            return Err(err);
+        }
+        if let Err(e) = hooks.run_post_start(&event).await {
+            let _ = guard.kill_now().await;
+            return Err(create_err("post_start hook", e));
+        }
+        // Egress rules before anything of the user's runs; a failure removes the container.
+        if let Some(net) = egress_net
+            && let Err(e) = crate::egress::apply(eng, &id, &options.network, net).await
+        {
+            let _ = guard.kill_now().await;
+            return Err(e);
+        }
+        // Nothing of the user's runs before the hello: the agent only spawns on request.
+        let agent = if spec.attach_stdin {
+            match crate::sandbox::agent::connect(eng, &id, self.config.call_timeout).await {
+                Ok(client) => Some(client),
+                Err(reason) => {
+                    let _ = guard.kill_now().await;
+                    return Ok(Provisioned::AgentFailed(reason));
+                }
+            }
+        } else {
+            None
+        };
+        let shared = Arc::new(Shared {
+            engine: self.engine.clone(),
+            config: self.config.clone(),
+            id,
+            template: spec.image.clone(),
+            workdir: spec.workdir.clone(),
+            labels: spec.labels.clone(),
+            deadline: match (&agent, spec.labels.get(LABEL_DEADLINE)) {
+                // The agent ends at exactly the labelled second.
+                (Some(_), Some(d)) => d
+                    .parse::<u64>()
+                    .map(|d| SystemTime::UNIX_EPOCH + Duration::from_secs(d))
+                    .unwrap_or_else(|_| SystemTime::now() + options.timeout),
+                _ => SystemTime::now() + options.timeout,
+            },
+            tier,
+            caps: self.caps() | agent_capabilities(agent.as_ref(), tier),
+            secrets: options
+                .secrets
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            interpreters: Mutex::new(HashMap::new()),
+            contexts: Mutex::new(HashMap::new()),
+            agent,
+        });
+        tracing::debug!(
+            sandbox_id = %shared.id,
+            backend,
+            exec_path = %shared.exec_path(),
+            "sandbox ready"
+        );
+        let ports = &options.network.ingress_ports;
+        let ingress = match &spec.network {
+            _ if ports.is_empty() => Ok(Ingress::default()),
+            NetworkMode::None => crate::sandbox::ingress::forward(&shared, ports).await,
+            _ => crate::sandbox::ingress::published(&shared, ports).await,
+        };
+        match ingress {
+            Ok(ingress) => Ok(Provisioned::Ready(Box::new(ContainerSandbox::new(
+                shared, guard, ingress,
+            )))),
+            Err(e) => {
+                let _ = guard.kill_now().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Removes a container by name, for the window where a create request is in flight. A
+    /// removal can overtake the create on the engine, so "not found" is retried briefly
+    /// (the guard's grace bounds it).
+    fn name_killer(&self, name: String) -> Killer {
+        let engine = self.engine.clone();
+        let limit = self.config.call_timeout;
+        Arc::new(move || {
+            let engine = engine.clone();
+            let name = name.clone();
+            Box::pin(async move {
+                for _ in 0..15 {
+                    match bounded(limit, "remove", engine.remove(&name)).await {
+                        Ok(true) => return Ok(()),
+                        Ok(false) => tokio::time::sleep(Duration::from_millis(200)).await,
+                        Err(e) if e.kind == EngineErrorKind::NotFound => {
+                            tokio::time::sleep(Duration::from_millis(200)).await
+                        }
+                        Err(e) if e.kind == EngineErrorKind::Conflict => return Ok(()),
+                        Err(e) => return Err(error::engine(&*engine, "remove container", e)),
+                    }
+                }
+                Ok(())
+            })
+        })
+    }
+}
