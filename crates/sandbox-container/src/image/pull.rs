@@ -472,7 +472,6 @@ fn pull_error<E: ContainerEngine + ?Sized>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::pull::RegistryAuth;
 
     #[derive(Debug, Default)]
     struct ImageEngine {

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use sandbox_core::labels::LABEL_DEADLINE;
 use sandbox_core::teardown::{Killer, OrphanInfo, TeardownGuard};
-use sandbox_core::{Capability, CreateOptions, IsolationTier, Result};
+use sandbox_core::{CreateOptions, IsolationTier, Result};
 
 use crate::engine::transfer::bounded;
 use crate::engine::{ContainerEngine, ContainerSpec, EngineErrorKind, NetworkMode};
@@ -21,34 +21,12 @@ use crate::sandbox::ContainerSandbox;
 use crate::sandbox::ingress::Ingress;
 use crate::sandbox::shared::Shared;
 
-
 /// What one provisioning attempt gave.
 pub(super) enum Provisioned<E: ContainerEngine> {
     /// A usable sandbox.
     Ready(Box<ContainerSandbox<E>>),
     /// The agent could not be put in place or did not answer; its container is removed.
     AgentFailed(String),
-}
-
-/// What a sandbox gains from its agent: terminals, where the agent speaks the protocol
-/// version that has them and the runtime's terminals are whole (see [`terminals_work`]).
-fn agent_capabilities(
-    agent: Option<&sandbox_agent::client::AgentClient>,
-    tier: IsolationTier,
-) -> Capability {
-    match agent {
-        Some(a) if a.version() >= sandbox_agent::protocol::PTY_VERSION && terminals_work(tier) => {
-            Capability::PTY
-        }
-        _ => Capability::empty(),
-    }
-}
-
-/// gVisor's own terminals (runsc 2022-12, what Debian 12 ships) ignore `^D`, so a
-/// line-mode reader never sees end of input (gVisor issue 9333): `PTY` is not declared
-/// there rather than declared half-working.
-fn terminals_work(tier: IsolationTier) -> bool {
-    tier != IsolationTier::Gvisor
 }
 
 impl<E: ContainerEngine> ContainerBackend<E> {
@@ -182,7 +160,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                 _ => SystemTime::now() + options.timeout,
             },
             tier,
-            caps: self.caps() | agent_capabilities(agent.as_ref(), tier),
+            caps: self.caps() | crate::sandbox::agent::capabilities(agent.as_ref(), tier),
             secrets: options
                 .secrets
                 .iter()

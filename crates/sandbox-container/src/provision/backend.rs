@@ -1,24 +1,21 @@
 //! `ContainerBackend`: create, connect, list and kill managed sandboxes on any engine.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use sandbox_core::labels::{
-    LABEL_BACKEND, LABEL_DEADLINE, LABEL_MANAGED, metadata_filter, sandbox_labels,
-};
-use sandbox_core::teardown::{Killer, OrphanInfo, TeardownGuard};
+use sandbox_core::labels::{LABEL_BACKEND, LABEL_DEADLINE, LABEL_MANAGED, metadata_filter};
+use sandbox_core::teardown::{OrphanInfo, TeardownGuard};
 use sandbox_core::{
     Backend, Capability, CreateOptions, EngineReport, IsolationTier, ManagedSandbox, Problem,
     ReapableBackend, Result, Sandbox, SandboxError, async_trait,
 };
 
 use crate::engine::transfer::bounded;
-use crate::engine::{ContainerEngine, ContainerInfo, ContainerSpec, EngineErrorKind, NetworkMode};
+use crate::engine::{ContainerEngine, ContainerInfo, EngineErrorKind};
 use crate::error;
 use crate::provision::config::ContainerConfig;
-use crate::provision::config::NAME_PREFIX;
 use crate::provision::teardown::{container_killer, remove_container};
 use crate::sandbox::ContainerSandbox;
 use crate::sandbox::ingress::Ingress;
@@ -36,9 +33,6 @@ pub const LAYER_CAPABILITIES: Capability = Capability::RUN_COMMAND
     .union(Capability::NETWORK_POLICY)
     .union(Capability::INGRESS_PORTS)
     .union(Capability::STDIN);
-
-
-
 
 /// The container backend on engine `E`. Cheap to clone (one shared engine).
 pub struct ContainerBackend<E: ContainerEngine> {
@@ -141,13 +135,6 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         remove_container(&*self.engine, self.config.call_timeout, id).await
     }
 
-
-
-
-
-
-
-
     async fn connect_sandbox(&self, id: &str) -> Result<ContainerSandbox<E>> {
         let eng = &*self.engine;
         if id.is_empty() || id.len() > 256 || id.contains('/') || id.chars().any(|c| c.is_control())
@@ -242,9 +229,6 @@ impl<E: ContainerEngine> ContainerBackend<E> {
     }
 }
 
-
-
-
 #[async_trait]
 impl<E: ContainerEngine> Backend for ContainerBackend<E> {
     fn name(&self) -> &str {
@@ -254,7 +238,7 @@ impl<E: ContainerEngine> Backend for ContainerBackend<E> {
     fn capabilities(&self) -> Capability {
         // Terminals are the agent's: declared when new sandboxes start with it (one that
         // falls back to the exec path does not declare PTY itself).
-        if self.wants_agent() && terminals_work(self.engine.tier()) {
+        if self.wants_agent() && crate::sandbox::agent::terminals_work(self.engine.tier()) {
             self.caps() | Capability::PTY
         } else {
             self.caps()

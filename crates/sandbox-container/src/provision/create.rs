@@ -163,7 +163,10 @@ impl Fallbacks {
 impl<E: ContainerEngine> ContainerBackend<E> {
     /// Creates a sandbox: admission, the library network, then rounds of attempts as
     /// [`Fallbacks`] decides.
-    pub(crate) async fn create_sandbox(&self, options: CreateOptions) -> Result<ContainerSandbox<E>> {
+    pub(crate) async fn create_sandbox(
+        &self,
+        options: CreateOptions,
+    ) -> Result<ContainerSandbox<E>> {
         let backend = self.engine.backend();
         let tier = self.engine.tier();
         let resources = sandbox_core::policy::check_create(backend, self.caps(), tier, &options)?;
@@ -179,7 +182,10 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                 .await;
             let (spec, ensured) = match round {
                 Ok(r) => r,
-                Err(e) => match self.next_after_failure(&mut fallbacks, e, &options, &mut network).await {
+                Err(e) => match self
+                    .next_after_failure(&mut fallbacks, e, &options, &mut network)
+                    .await
+                {
                     Ok(()) => {
                         forget_image = false;
                         continue 'round;
@@ -407,13 +413,12 @@ impl<E: ContainerEngine> ContainerBackend<E> {
 
     /// Whether new sandboxes start with the agent: configured, the engine can attach, and
     /// a binary ships for this architecture.
-    fn wants_agent(&self) -> bool {
+    pub(super) fn wants_agent(&self) -> bool {
         self.config.agent
             && self.engine.supports_attach()
             && crate::sandbox::agent::binary().is_some()
     }
 }
-
 
 /// A disk limit makes the root filesystem read-only and mounts the workdir as a sized
 /// scratch filesystem (ContainerSpec::scratch_paths): that cannot be `/` itself.
@@ -429,7 +434,6 @@ fn refuse_root_scratch(
     }
     Ok(())
 }
-
 
 /// The deadline as whole Unix seconds, rounded up from `now + lifetime`.
 fn deadline_secs(now: SystemTime, lifetime: Duration) -> u64 {
@@ -466,19 +470,28 @@ mod tests {
         let s = f.after::<()>(AgentDelivery::Mounted, Outcome::AgentFailed("mount".into()));
         assert!(matches!(s, Step::Attempt(AgentDelivery::Uploaded)));
         assert_eq!(f.mount_failure.as_deref(), Some("mount"));
-        let s = f.after::<()>(AgentDelivery::Uploaded, Outcome::AgentFailed("hello".into()));
+        let s = f.after::<()>(
+            AgentDelivery::Uploaded,
+            Outcome::AgentFailed("hello".into()),
+        );
         assert!(matches!(s, Step::Attempt(AgentDelivery::ExecPath)));
         assert_eq!(f.agent_failure.as_deref(), Some("hello"));
         let s = f.after::<()>(AgentDelivery::ExecPath, Outcome::AgentFailed("odd".into()));
         assert!(matches!(s, Step::Done(Err(_))));
-        assert!(matches!(f.after(AgentDelivery::ExecPath, Outcome::Ready(7)), Step::Done(Ok(7))));
+        assert!(matches!(
+            f.after(AgentDelivery::ExecPath, Outcome::Ready(7)),
+            Step::Done(Ok(7))
+        ));
     }
 
     #[test]
     fn a_stale_image_is_ensured_again_once_and_only_when_remembered() {
         let mut f = Fallbacks::new("test", false);
         let s = f.after::<()>(AgentDelivery::Uploaded, Outcome::Failed(image_gone()));
-        assert!(matches!(s, Step::Done(Err(_))), "checked with the engine: no retry");
+        assert!(
+            matches!(s, Step::Done(Err(_))),
+            "checked with the engine: no retry"
+        );
         let mut f = Fallbacks::new("test", false);
         f.image_remembered = true;
         let s = f.after::<()>(AgentDelivery::Uploaded, Outcome::Failed(image_gone()));
@@ -507,7 +520,10 @@ mod tests {
         assert!(matches!(s, Step::Done(Err(_))));
         // Setup failures take only the network fallback.
         let mut f = Fallbacks::new("test", true);
-        assert_eq!(f.recovery(&image_gone(), false), Recovery::EnsureNetworkAgain);
+        assert_eq!(
+            f.recovery(&image_gone(), false),
+            Recovery::EnsureNetworkAgain
+        );
         assert_eq!(f.recovery(&image_gone(), false), Recovery::GiveUp);
     }
 

@@ -6,7 +6,7 @@
 mod attempt;
 pub(crate) mod backend;
 pub(crate) mod config;
-mod create;
 pub mod copy_in;
+mod create;
 pub(crate) mod sweep;
 pub(crate) mod teardown;

@@ -18,7 +18,8 @@ use sandbox_agent::client::{AgentClient, ClientOptions, ProcessEvent, RemoteProc
 use sandbox_agent::protocol::{SpawnSpec, WindowSize};
 use sandbox_core::teardown::Killer;
 use sandbox_core::{
-    InputSink, OutputChunk, Process, PtySize, Result, StartFuture, StartedExec, StreamKind,
+    Capability, InputSink, IsolationTier, OutputChunk, Process, PtySize, Result, StartFuture,
+    StartedExec, StreamKind,
 };
 
 use crate::engine::transfer::bounded;
@@ -393,6 +394,27 @@ pub(crate) fn events(
         }
     })
     .boxed()
+}
+
+/// What a sandbox gains from its agent: terminals, where the agent speaks the protocol
+/// version that has them and the runtime's terminals are whole (see [`terminals_work`]).
+pub(crate) fn capabilities(
+    agent: Option<&sandbox_agent::client::AgentClient>,
+    tier: IsolationTier,
+) -> Capability {
+    match agent {
+        Some(a) if a.version() >= sandbox_agent::protocol::PTY_VERSION && terminals_work(tier) => {
+            Capability::PTY
+        }
+        _ => Capability::empty(),
+    }
+}
+
+/// gVisor's own terminals (runsc 2022-12, what Debian 12 ships) ignore `^D`, so a
+/// line-mode reader never sees end of input (gVisor issue 9333): `PTY` is not declared
+/// there rather than declared half-working.
+pub(crate) fn terminals_work(tier: IsolationTier) -> bool {
+    tier != IsolationTier::Gvisor
 }
 
 #[cfg(test)]
