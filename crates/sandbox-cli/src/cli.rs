@@ -53,8 +53,8 @@ pub enum Cmd {
     Kill(KillArgs),
     /// Serve the Model Context Protocol on stdin/stdout, or over streamable HTTP with --http
     /// (tools: sandbox_create, sandbox_run, sandbox_run_code, sandbox_write_file,
-    /// sandbox_read_file, sandbox_list_files, sandbox_kill); every sandbox of the session
-    /// (of the server, with --http) is killed when it ends.
+    /// sandbox_read_file, sandbox_list_files, sandbox_kill); a sandbox belongs to the session
+    /// that created it and is killed when that session ends or the server stops.
     Mcp(McpArgs),
     /// Print a shell completion script: `sandbox completions bash > /etc/bash_completion.d/sandbox`.
     Completions(CompletionsArgs),
@@ -247,18 +247,32 @@ pub struct McpArgs {
     /// data leaves.
     #[arg(long)]
     pub allow_egress: bool,
+    /// Total memory, in MiB, that all live sandboxes of the server may hold together
+    /// (each call may ask for up to 4096). A create past it is refused with SBX_E1402.
+    /// Default: 8192.
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(6..))]
+    pub total_memory_mb: Option<u64>,
+    /// Total CPU quota, in cores, that all live sandboxes of the server may hold together
+    /// (each call may ask for up to 4). A create past it is refused with SBX_E1402.
+    /// Default: 8.
+    #[arg(long, value_name = "CORES", value_parser = parse_positive_cores)]
+    pub total_cpus: Option<f64>,
     /// Serve MCP over streamable HTTP at http://ADDR/mcp instead of stdin/stdout (ADDR
     /// defaults to 127.0.0.1:8931; port 0 picks a free one). The URL is printed on stdout
-    /// once listening. Sandboxes belong to the server: all are killed when it stops.
+    /// once listening. Every request needs a bearer token: without --token-env one is
+    /// generated and stored in $XDG_RUNTIME_DIR/sandbox-rs/mcp-IP-PORT.token (mode 0600,
+    /// removed on exit; the path is printed on stderr, the token itself only when stderr
+    /// is a terminal). A sandbox is usable only by the MCP session that created it; all
+    /// are killed when the server stops.
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = MCP_HTTP_DEFAULT_ADDR)]
     pub http: Option<SocketAddr>,
     /// Let --http listen on a non-loopback address. Refused without --token-env: whoever
     /// reaches the port can run code.
     #[arg(long, requires = "http")]
     pub allow_non_loopback: bool,
-    /// With --http, require `Authorization: Bearer <token>` on every request, the token
-    /// being the value of environment variable NAME (never given on the command line,
-    /// never logged).
+    /// With --http, the bearer token every request must carry (`Authorization: Bearer
+    /// <token>`) is the value of environment variable NAME (never given on the command
+    /// line, never logged) instead of a generated one.
     #[arg(long, value_name = "NAME", requires = "http")]
     pub token_env: Option<String>,
 }
@@ -409,6 +423,16 @@ fn parse_positive_secs(s: &str) -> Result<Duration, String> {
     match s.parse::<f64>() {
         Ok(v) if v.is_finite() && v > 0.0 && v <= 86_400.0 => Ok(Duration::from_secs_f64(v)),
         _ => Err(format!("expected seconds in (0, 86400], got {s:?}")),
+    }
+}
+
+/// A positive, finite number of cores.
+fn parse_positive_cores(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= 1024.0 => Ok(v),
+        _ => Err(format!(
+            "expected a number of cores in (0, 1024], got {s:?}"
+        )),
     }
 }
 

@@ -366,20 +366,39 @@ async fn mcp_sigterm_kills_its_sandboxes_on_docker() {
 
 // ---- streamable HTTP (`sandbox mcp --http`) ----
 
-/// A `sandbox mcp --http 127.0.0.1:0` child, its endpoint URL, and its stderr.
+/// A `sandbox mcp --http 127.0.0.1:0` child, its endpoint URL, its stderr, and the
+/// private directory given to it as `XDG_RUNTIME_DIR` (where a generated token goes).
 struct HttpServer {
     child: tokio::process::Child,
     url: String,
     stderr: tokio::task::JoinHandle<String>,
+    runtime_dir: std::path::PathBuf,
+}
+
+/// A fresh 0700 directory for one server's runtime files.
+fn private_dir() -> std::path::PathBuf {
+    use std::os::unix::fs::DirBuilderExt;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let dir = std::env::temp_dir().join(format!("sbx-mcp-test-{}-{nanos}", std::process::id()));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .expect("private dir");
+    dir
 }
 
 impl HttpServer {
     /// Starts the server with `flags` and `env`; returns once it printed its URL.
     async fn start(flags: &[&str], env: &[(&str, &str)]) -> HttpServer {
         use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+        let runtime_dir = private_dir();
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_sandbox"));
         cmd.args(["mcp", "--http", "127.0.0.1:0"])
             .args(flags)
+            .env("XDG_RUNTIME_DIR", &runtime_dir)
             .envs(env.iter().copied())
             .env("NO_COLOR", "1")
             .env_remove("SANDBOX_LOG")
@@ -407,7 +426,30 @@ impl HttpServer {
             url.starts_with("http://127.0.0.1:") && url.ends_with("/mcp"),
             "{url}"
         );
-        HttpServer { child, url, stderr }
+        HttpServer {
+            child,
+            url,
+            stderr,
+            runtime_dir,
+        }
+    }
+
+    /// Where a server started without token flags stores the token it generated.
+    fn token_file(&self) -> std::path::PathBuf {
+        let authority = self
+            .url
+            .trim_start_matches("http://")
+            .trim_end_matches("/mcp");
+        let (ip, port) = authority.rsplit_once(':').expect("ip:port");
+        self.runtime_dir
+            .join("sandbox-rs")
+            .join(format!("mcp-{ip}-{port}.token"))
+    }
+
+    /// The token the server generated, read from its file.
+    fn generated_token(&self) -> String {
+        let t = std::fs::read_to_string(self.token_file()).expect("the token file");
+        t.trim().to_string()
     }
 
     /// A reqwest client that never goes through a proxy.
@@ -446,7 +488,9 @@ impl HttpServer {
             .await
             .expect("exits in time after SIGTERM")
             .expect("wait");
-        (status.code(), self.stderr.await.expect("stderr"))
+        let stderr = self.stderr.await.expect("stderr");
+        let _ = std::fs::remove_dir_all(&self.runtime_dir);
+        (status.code(), stderr)
     }
 }
 
@@ -570,35 +614,49 @@ fn mcp_http_refuses_non_loopback_and_unset_tokens() {
     assert!(!common::stderr(&o).contains("sk-live-abc"));
 }
 
-/// Over HTTP on Docker: a real container runs `print(6*7)`; SIGTERM to the server kills
-/// the sandboxes its clients left alive.
+/// Over HTTP on Docker: a real container runs `print(6*7)`; a session that closes takes
+/// its sandboxes with it; SIGTERM to the server kills the sandboxes of the sessions still
+/// open.
 #[tokio::test]
 async fn mcp_http_round_trip_and_sigterm_teardown_on_docker() {
     if !common::docker_available("mcp_http_round_trip_and_sigterm_teardown_on_docker") {
         return;
     }
     let server = HttpServer::start(&[], &[]).await;
-    let client = server.client(None).await.expect("initialize");
+    let token = server.generated_token();
+    let client = server.client(Some(&token)).await.expect("initialize");
     let id = round_trip(&client, "docker", Some("sandbox-rs/python:3.11")).await;
     assert_eq!(
         managed_containers("docker", &id),
         "",
         "killed by sandbox_kill"
     );
-    let (failed, created) = call(
-        &client,
-        "sandbox_create",
-        json!({"engine": "docker://sandbox-rs/busybox:latest", "timeout_s": 120}),
-    )
-    .await;
+    let busybox = json!({"engine": "docker://sandbox-rs/busybox:latest", "timeout_s": 120});
+    let (failed, created) = call(&client, "sandbox_create", busybox.clone()).await;
+    assert!(!failed, "{created}");
+    let closed = created["sandbox_id"].as_str().expect("id").to_string();
+    // The client closes its session without killing it: nobody else may use it, so the
+    // server kills it.
+    client.cancel().await.expect("close");
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while !managed_containers("docker", &closed).is_empty() && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        managed_containers("docker", &closed),
+        "",
+        "the closed session left its container"
+    );
+
+    let open = server.client(Some(&token)).await.expect("initialize");
+    let (failed, created) = call(&open, "sandbox_create", busybox).await;
     assert!(!failed, "{created}");
     let left = created["sandbox_id"].as_str().expect("id").to_string();
-    // The client goes away without killing it: the server still owns it.
-    client.cancel().await.expect("close");
     assert_eq!(
         managed_containers("docker", &left),
         left,
-        "alive while the server runs"
+        "alive while its session is"
     );
     let (code, stderr) = server.stop().await;
     assert_eq!(code, Some(130), "{stderr}");
@@ -611,4 +669,311 @@ async fn mcp_http_round_trip_and_sigterm_teardown_on_docker() {
         "",
         "SIGTERM left the container"
     );
+    drop(open);
+}
+
+/// The request an MCP client opens with, as raw HTTP.
+fn initialize_request() -> Value {
+    json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "t", "version": "0"}}
+    })
+}
+
+/// Started with no token flags, the HTTP server is not open to every local user: it
+/// generates a token, stores it in a 0600 file under `XDG_RUNTIME_DIR` (created anew,
+/// removed on exit), names the file on stderr, and refuses every request without it. The
+/// value never reaches stderr when stderr is not a terminal.
+#[tokio::test]
+async fn mcp_http_without_token_flags_requires_a_generated_token() {
+    use std::os::unix::fs::PermissionsExt;
+    let server = HttpServer::start(&[], &[("SANDBOX_LOG", "trace")]).await;
+    for auth in [
+        None,
+        Some("Bearer ".to_string()),
+        Some("Bearer x".to_string()),
+    ] {
+        let mut req = HttpServer::http()
+            .post(&server.url)
+            .header("accept", "application/json, text/event-stream")
+            .header("content-type", "application/json")
+            .body(initialize_request().to_string());
+        if let Some(a) = &auth {
+            req = req.header("authorization", a);
+        }
+        let r = req.send().await.expect("send");
+        assert_eq!(
+            r.status(),
+            401,
+            "{auth:?}: an unauthenticated request got in"
+        );
+    }
+    assert!(server.client(None).await.is_err(), "no token, no session");
+
+    let file = server.token_file();
+    let meta = std::fs::symlink_metadata(&file).expect("token file exists");
+    assert!(meta.is_file());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600, "{file:?}");
+    let token = server.generated_token();
+    assert!(token.len() >= 43, "at least 256 bits: {}", token.len());
+    let client = server
+        .client(Some(&token))
+        .await
+        .expect("the generated token");
+    let (failed, r) = call(&client, "sandbox_create", json!({"engine": "fake"})).await;
+    assert!(!failed, "{r}");
+    client.cancel().await.expect("close");
+
+    // A second server gets another token.
+    let other = HttpServer::start(&[], &[]).await;
+    assert_ne!(other.generated_token(), token);
+    other.stop().await;
+
+    let (code, stderr) = server.stop().await;
+    assert_eq!(code, Some(130), "{stderr}");
+    assert!(
+        stderr.contains(&file.display().to_string()),
+        "the file is named: {stderr}"
+    );
+    assert!(!stderr.contains(&token), "the token leaked into stderr");
+    assert!(!file.exists(), "the token file outlived the server");
+}
+
+/// Two HTTP sessions holding the same token: B cannot run in, read, write or kill A's
+/// sandbox; it gets the answer an unknown id gets, and A's sandbox survives B's kill.
+#[tokio::test]
+async fn mcp_http_sessions_cannot_touch_each_others_sandboxes() {
+    let token = test_token();
+    let server = HttpServer::start(
+        &["--token-env", "SBX_MCP_TEST_TOKEN"],
+        &[("SBX_MCP_TEST_TOKEN", &token)],
+    )
+    .await;
+    let a = server.client(Some(&token)).await.expect("session A");
+    let b = server.client(Some(&token)).await.expect("session B");
+    let (failed, created) = call(&a, "sandbox_create", json!({"engine": "fake"})).await;
+    assert!(!failed, "{created}");
+    let id = created["sandbox_id"].as_str().expect("id").to_string();
+
+    let (_, unknown) = call(
+        &b,
+        "sandbox_run",
+        json!({"sandbox_id": "no-such-sandbox", "command": "true"}),
+    )
+    .await;
+    for (tool, args) in [
+        (
+            "sandbox_run",
+            json!({"sandbox_id": id, "command": ["echo", "hi"]}),
+        ),
+        (
+            "sandbox_run_code",
+            json!({"sandbox_id": id, "code": "print(6*7)"}),
+        ),
+        ("sandbox_read_file", json!({"sandbox_id": id, "path": "."})),
+        ("sandbox_list_files", json!({"sandbox_id": id, "path": "."})),
+        (
+            "sandbox_write_file",
+            json!({"sandbox_id": id, "path": "x", "content": "y"}),
+        ),
+    ] {
+        let (failed, r) = call(&b, tool, args).await;
+        assert!(failed, "{tool}: session B used session A's sandbox: {r}");
+        // Word for word what an unknown id gets, the id it names aside.
+        let expected: Value =
+            serde_json::from_str(&unknown.to_string().replace("no-such-sandbox", &id))
+                .expect("json");
+        assert_eq!(r, expected, "{tool}: not the answer an unknown id gets");
+    }
+    let (failed, r) = call(&b, "sandbox_kill", json!({"sandbox_id": id})).await;
+    assert!(!failed, "{r}");
+    assert_eq!(
+        r["killed"], false,
+        "session B killed session A's sandbox: {r}"
+    );
+
+    let (failed, r) = call(
+        &a,
+        "sandbox_run",
+        json!({"sandbox_id": id, "command": ["echo", "still here"]}),
+    )
+    .await;
+    assert!(!failed, "A's sandbox is alive: {r}");
+    assert_eq!(r["stdout"], "still here\n", "{r}");
+    let (failed, r) = call(&a, "sandbox_kill", json!({"sandbox_id": id})).await;
+    assert!(!failed && r["killed"] == true, "{r}");
+    a.cancel().await.expect("close A");
+    b.cancel().await.expect("close B");
+    server.stop().await;
+}
+
+/// The server holds all its live sandboxes to a total of 8 GiB and 8 CPUs by default,
+/// whatever each call asks within its own bound: creating past it is refused with
+/// `SBX_E1402` naming the limit, and a kill gives the room back.
+#[tokio::test]
+async fn mcp_create_past_the_total_budget_is_refused() {
+    let client = start().await;
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let (failed, r) = call(
+            &client,
+            "sandbox_create",
+            json!({"engine": "fake", "memory_mb": 4096, "cpus": 1.0}),
+        )
+        .await;
+        assert!(!failed, "{r}");
+        ids.push(r["sandbox_id"].as_str().expect("id").to_string());
+    }
+    let (failed, r) = call(
+        &client,
+        "sandbox_create",
+        json!({"engine": "fake", "memory_mb": 64}),
+    )
+    .await;
+    assert!(failed, "a create past 8 GiB in total was accepted: {r}");
+    assert_eq!(r["error"]["code"], "SBX_E1402", "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("memory")),
+        "{r}"
+    );
+    let (failed, r) = call(&client, "sandbox_kill", json!({"sandbox_id": ids[0]})).await;
+    assert!(!failed, "{r}");
+    let (failed, r) = call(
+        &client,
+        "sandbox_create",
+        json!({"engine": "fake", "memory_mb": 64, "cpus": 4.0}),
+    )
+    .await;
+    assert!(!failed, "the kill gave the memory back: {r}");
+    // 1 + 4 CPUs live; 4 more would be 9 of 8.
+    let (failed, r) = call(
+        &client,
+        "sandbox_create",
+        json!({"engine": "fake", "memory_mb": 64, "cpus": 4.0}),
+    )
+    .await;
+    assert!(failed, "a create past 8 CPUs in total was accepted: {r}");
+    assert_eq!(r["error"]["code"], "SBX_E1402", "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("cpu")),
+        "{r}"
+    );
+    client.cancel().await.expect("close");
+}
+
+/// `--total-memory-mb` and `--total-cpus` set the budget; the defaults apply otherwise.
+#[tokio::test]
+async fn mcp_total_budget_flags_set_the_limit() {
+    let client = start_with(&["--total-memory-mb", "1024", "--total-cpus", "1.5"]).await;
+    let (failed, r) = call(
+        &client,
+        "sandbox_create",
+        json!({"engine": "fake", "memory_mb": 1024}),
+    )
+    .await;
+    assert!(!failed, "{r}");
+    let (failed, r) = call(
+        &client,
+        "sandbox_create",
+        json!({"engine": "fake", "memory_mb": 6, "cpus": 0.25}),
+    )
+    .await;
+    assert!(failed, "{r}");
+    assert_eq!(r["error"]["code"], "SBX_E1402", "{r}");
+    client.cancel().await.expect("close");
+    for bad in [
+        &["mcp", "--total-memory-mb", "0"][..],
+        &["mcp", "--total-cpus", "0"][..],
+        &["mcp", "--total-cpus", "nan"][..],
+    ] {
+        let o = common::run(bad);
+        assert_eq!(common::code(&o), 2, "{bad:?}: {}", common::stderr(&o));
+    }
+}
+
+/// A session that closes gives back what its sandboxes held: another session can use the
+/// budget at once (the closed session's sandboxes are killed, nobody else could use them).
+#[tokio::test]
+async fn mcp_http_a_closed_session_gives_its_budget_back() {
+    let token = test_token();
+    let server = HttpServer::start(
+        &[
+            "--token-env",
+            "SBX_MCP_TEST_TOKEN",
+            "--total-memory-mb",
+            "4096",
+        ],
+        &[("SBX_MCP_TEST_TOKEN", &token)],
+    )
+    .await;
+    let big = json!({"engine": "fake", "memory_mb": 4096});
+    let a = server.client(Some(&token)).await.expect("session A");
+    let (failed, r) = call(&a, "sandbox_create", big.clone()).await;
+    assert!(!failed, "{r}");
+    let b = server.client(Some(&token)).await.expect("session B");
+    let (failed, r) = call(&b, "sandbox_create", big.clone()).await;
+    assert!(failed, "the budget is shared by all sessions: {r}");
+    assert_eq!(r["error"]["code"], "SBX_E1402", "{r}");
+    a.cancel().await.expect("close A");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let r = loop {
+        let (failed, r) = call(&b, "sandbox_create", big.clone()).await;
+        if !failed || std::time::Instant::now() > deadline {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        r["sandbox_id"].is_string(),
+        "A's room was not given back: {r}"
+    );
+    b.cancel().await.expect("close B");
+    server.stop().await;
+}
+
+/// A request of the sessionless protocol revision (no `initialize`, no `Mcp-Session-Id`)
+/// has no session to own a sandbox: it is refused, whatever it claims about itself.
+#[tokio::test]
+async fn mcp_http_requests_outside_a_session_create_nothing() {
+    let token = test_token();
+    let server = HttpServer::start(
+        &["--token-env", "SBX_MCP_TEST_TOKEN"],
+        &[("SBX_MCP_TEST_TOKEN", &token)],
+    )
+    .await;
+    let meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "0"}
+    });
+    for params in [
+        json!({"name": "sandbox_create", "arguments": {"engine": "fake"}, "_meta": meta}),
+        json!({"name": "sandbox_create", "arguments": {"engine": "fake"}}),
+    ] {
+        let body = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": params});
+        let r = HttpServer::http()
+            .post(&server.url)
+            .header("authorization", format!("Bearer {token}"))
+            .header("accept", "application/json, text/event-stream")
+            .header("content-type", "application/json")
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "tools/call")
+            .header("mcp-name", "sandbox_create")
+            .body(body.to_string())
+            .send()
+            .await
+            .expect("send");
+        let text = r.text().await.expect("body");
+        assert!(
+            !text.contains("sandbox_id"),
+            "a sessionless request created a sandbox: {text}"
+        );
+        assert!(text.contains("error"), "{text}");
+    }
+    server.stop().await;
 }

@@ -3,19 +3,20 @@
 //! a URL instead of starting a child process.
 //!
 //! Whoever can reach the port can run code, so the defaults are narrow: it listens on
-//! loopback (127.0.0.1:8931); a non-loopback address is refused unless the operator passes
-//! `--allow-non-loopback`, and then only with a bearer token (`--token-env NAME`: the
-//! token is read from that environment variable, never from the command line, and never
-//! logged). On loopback, rmcp's `Host` check refuses DNS-rebinding requests from web
-//! pages.
+//! loopback (127.0.0.1:8931), and every request must carry a bearer token, even there
+//! (other users of this machine reach loopback too). The token is the operator's own
+//! (`--token-env NAME`: read from that environment variable, never from the command line)
+//! or, without that flag, one generated at start and handed over through a 0600 file (see
+//! the sibling `token`); it is never logged. A non-loopback address is refused unless the
+//! operator passes `--allow-non-loopback`, and then only with `--token-env`. On loopback,
+//! rmcp's `Host` check refuses DNS-rebinding requests from web pages.
 //!
-//! The server owns every sandbox its clients create, whichever HTTP session created it
-//! (MCP's newest protocol version has no sessions to hang them on): they are all killed
-//! when the server stops (SIGTERM, SIGHUP, Ctrl-C), and each is bounded by its lifetime
-//! should the server itself be killed.
+//! Every MCP session (one `Mcp-Session-Id`) gets its own handler from the factory below,
+//! so a sandbox belongs to the session that created it; all of them share the server's
+//! registry and budget, and are killed when the server stops (SIGTERM, SIGHUP, Ctrl-C).
+//! Each is bounded by its lifetime should the server itself be killed.
 
 use std::convert::Infallible;
-use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -36,47 +37,24 @@ use tower_service::Service;
 
 use crate::exit_code;
 use crate::mcp::server::{Policy, SandboxServer, kill_all};
+use crate::mcp::token::{Token, TokenFile};
 
 /// The path the MCP endpoint is served on.
 pub const ENDPOINT_PATH: &str = "/mcp";
-
-/// A bearer token. Its `Debug` never shows it, so it cannot reach a log by accident.
-#[derive(Clone)]
-pub struct Token(Arc<str>);
-
-impl fmt::Debug for Token {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Token(***)")
-    }
-}
-
-impl Token {
-    /// Whether an `Authorization` header carries this token. Compared in constant time
-    /// (for equal lengths), so response timing does not reveal a prefix.
-    fn admits(&self, header: Option<&HeaderValue>) -> bool {
-        let Some(given) = header
-            .and_then(|h| h.to_str().ok())
-            .and_then(|h| h.strip_prefix("Bearer "))
-        else {
-            return false;
-        };
-        let (a, b) = (given.as_bytes(), self.0.as_bytes());
-        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-    }
-}
 
 /// How `sandbox mcp --http` listens, checked before anything binds.
 #[derive(Debug, Clone)]
 pub struct HttpOptions {
     /// Where to listen.
     pub addr: SocketAddr,
-    /// The bearer token every request must carry, if any.
+    /// The operator's bearer token (`--token-env`); without one the server generates its
+    /// own when it starts.
     pub token: Option<Token>,
 }
 
 impl HttpOptions {
-    /// Validates the flags: a non-loopback address needs `--allow-non-loopback` and a
-    /// token; a named token variable must be set and non-empty. `env` reads the
+    /// Validates the flags: a non-loopback address needs `--allow-non-loopback` and the
+    /// operator's own token; a named token variable must be set and non-empty. `env` reads the
     /// environment (a parameter so the rules are testable without touching it).
     pub fn new(
         addr: SocketAddr,
@@ -89,7 +67,7 @@ impl HttpOptions {
             Some(name) => match crate::secret_env::check_name("--token-env", name)
                 .map(|()| env(name))?
             {
-                Some(v) if !v.trim().is_empty() => Some(Token(v.trim().into())),
+                Some(v) if !v.trim().is_empty() => Some(Token::new(v.trim())),
                 // The message names the variable, never a value.
                 _ => {
                     return Err(SandboxError::config(
@@ -142,8 +120,18 @@ pub async fn serve(policy: Policy, options: HttpOptions) -> sandbox::Result<u8> 
     let local = listener
         .local_addr()
         .map_err(|e| SandboxError::engine("mcp", format!("listening socket: {e}")))?;
-    // Every session's handler is a clone of this one: they share the sandbox registry
-    // and the per-server limit, so the server can tear all of them down.
+    // Removed when this function returns, whichever way; a token is always required.
+    let (token, _token_file) = match options.token {
+        Some(t) => (t, None),
+        None => {
+            let t = Token::generate()?;
+            let file = TokenFile::write(&t, local, |name| std::env::var_os(name))?;
+            announce_generated(&t, &file, local);
+            (t, Some(file))
+        }
+    };
+    // Each session gets its own handler (and so owns what it creates); all of them share
+    // the sandbox registry and the server's limits, so the server can tear them down.
     let server = SandboxServer::new(policy);
     let registry = server.registry();
     let shutdown = CancellationToken::new();
@@ -156,13 +144,13 @@ pub async fn serve(policy: Policy, options: HttpOptions) -> sandbox::Result<u8> 
         config = config.disable_allowed_hosts();
     }
     let mcp = StreamableHttpService::new(
-        move || Ok(server.clone()),
+        move || Ok(server.for_session()),
         Arc::new(LocalSessionManager::default()),
         config,
     );
     let url = format!("http://{local}{ENDPOINT_PATH}");
     crate::output::Out::new(false).line(&url);
-    tracing::info!(%url, authenticated = options.token.is_some(), "mcp http server listening");
+    tracing::info!(%url, "mcp http server listening");
 
     let signal = crate::signals::terminated();
     tokio::pin!(signal);
@@ -183,7 +171,7 @@ pub async fn serve(policy: Policy, options: HttpOptions) -> sandbox::Result<u8> 
             }
         };
         let mcp = mcp.clone();
-        let token = options.token.clone();
+        let token = token.clone();
         let handler = hyper::service::service_fn(move |req: Request<Incoming>| {
             let mut mcp = mcp.clone();
             let token = token.clone();
@@ -191,9 +179,7 @@ pub async fn serve(policy: Policy, options: HttpOptions) -> sandbox::Result<u8> 
                 if req.uri().path() != ENDPOINT_PATH {
                     return Ok::<_, Infallible>(plain(StatusCode::NOT_FOUND, "not found\n"));
                 }
-                if let Some(token) = &token
-                    && !token.admits(req.headers().get(AUTHORIZATION))
-                {
+                if !token.admits(req.headers().get(AUTHORIZATION)) {
                     let mut r = plain(StatusCode::UNAUTHORIZED, "bearer token required\n");
                     r.headers_mut()
                         .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
@@ -226,6 +212,26 @@ pub async fn serve(policy: Policy, options: HttpOptions) -> sandbox::Result<u8> 
     Ok(exit_code::INTERRUPTED)
 }
 
+/// Hands a generated token to the operator, once: its value on a terminal (never in a
+/// log: a service's stderr usually is one), and always the file it is in, which clients
+/// can read it from.
+fn announce_generated(token: &Token, file: &TokenFile, local: SocketAddr) {
+    use std::io::IsTerminal;
+    let out = crate::output::Out::new(false);
+    let path = crate::terminal::escape_text(&file.path().display().to_string());
+    if std::io::stderr().is_terminal() {
+        out.note(format!(
+            "sandbox mcp: clients of http://{local}{ENDPOINT_PATH} must send the header\n  Authorization: Bearer {}\nThe token is also in {path} (mode 0600, removed when the server stops).",
+            token.reveal()
+        ));
+    } else {
+        out.note(format!(
+            "sandbox mcp: clients of http://{local}{ENDPOINT_PATH} must send `Authorization: Bearer <token>`, the token being in {path} (mode 0600, removed when the server stops)."
+        ));
+    }
+    tracing::info!(path = %file.path().display(), "mcp bearer token generated");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,7 +246,7 @@ mod tests {
     }
 
     #[test]
-    fn loopback_needs_nothing_else() {
+    fn loopback_needs_no_token_flag() {
         for a in ["127.0.0.1:0", "[::1]:8931"] {
             let o = HttpOptions::new(addr(a), false, None, env_with(None)).expect(a);
             assert!(o.token.is_none());
@@ -282,23 +288,5 @@ mod tests {
         )
         .expect("set");
         assert!(!format!("{o:?}").contains("s3cret"), "{o:?}");
-    }
-
-    #[test]
-    fn only_the_exact_bearer_token_is_admitted() {
-        let t = Token("s3cret-token".into());
-        let h = |s: &'static str| HeaderValue::from_static(s);
-        assert!(t.admits(Some(&h("Bearer s3cret-token"))));
-        for bad in [
-            "Bearer s3cret-toke",
-            "Bearer s3cret-token2",
-            "bearer s3cret-token",
-            "Basic s3cret-token",
-            "s3cret-token",
-            "Bearer ",
-        ] {
-            assert!(!t.admits(Some(&h(bad))), "{bad}");
-        }
-        assert!(!t.admits(None));
     }
 }

@@ -1,20 +1,22 @@
 //! `sandbox mcp`: a Model Context Protocol server, so any MCP host (Claude Desktop, IDE
 //! agents) can create sandboxes and run code in them without Rust.
 //!
-//! The server owns every sandbox its clients create: they are killed when it stops, and
-//! each is bounded by its lifetime should the server itself be killed. The tools and
-//! their limits are in [`server`]; the transports that carry them are [`stdio`] (one
-//! client, the process that started us) and [`http`] (streamable HTTP, for hosts that
-//! connect to a URL). This module turns the command line into [`McpOptions`] and picks
-//! the transport.
+//! A sandbox belongs to the client session that created it; the server holds all of them
+//! to a total budget, kills them when it stops, and each is bounded by its lifetime should
+//! the server itself be killed. The tools and their limits are in [`server`]; the
+//! transports that carry them are [`stdio`] (one client, the process that started us)
+//! and [`http`] (streamable HTTP, for hosts that connect to a URL, behind the bearer
+//! [`token`]). This module turns the command line into [`McpOptions`] and picks the
+//! transport.
 
 mod http;
 mod server;
 mod stdio;
+mod token;
 
 use crate::cli::McpArgs;
 use crate::mcp::http::HttpOptions;
-use crate::mcp::server::Policy;
+use crate::mcp::server::{Budget, Policy};
 
 /// How `sandbox mcp` serves, checked before anything binds: a refused address never
 /// listens.
@@ -30,8 +32,13 @@ impl TryFrom<&McpArgs> for McpOptions {
     type Error = sandbox::SandboxError;
 
     fn try_from(a: &McpArgs) -> sandbox::Result<Self> {
+        let defaults = Budget::default();
         let policy = Policy {
             allow_egress: a.allow_egress,
+            budget: Budget {
+                memory_mb: a.total_memory_mb.unwrap_or(defaults.memory_mb),
+                cpus: a.total_cpus.unwrap_or(defaults.cpus),
+            },
         };
         let http = match a.http {
             None => None,

@@ -1,19 +1,26 @@
 //! The MCP server's tools (rmcp's tool router): `sandbox_create`, `sandbox_run`,
 //! `sandbox_run_code`, `sandbox_write_file`, `sandbox_read_file`, `sandbox_list_files`,
 //! `sandbox_kill`, with the bounds a model's requests are held to (lifetime, resources,
-//! sandbox count, output size) and the operator's [`Policy`]. The server keeps a registry
-//! of every sandbox it created so that the transport serving it (the sibling `stdio` and
-//! `http` modules) can kill them all when it stops.
+//! sandbox count, output size), the operator's [`Policy`] with the server's total
+//! [`Budget`], and who may use which sandbox: the session that created it, alone. The
+//! server keeps a registry of every sandbox it created so that the transport serving it
+//! (the sibling `stdio` and `http` modules) can kill them all when it stops.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{CallToolResult, ContentBlock, ServerCapabilities, ServerConfig};
-use rmcp::{ServerHandler, tool, tool_handler, tool_router};
+use rmcp::model::{
+    CallToolResult, ContentBlock, InitializeRequestParams, InitializeResult, ProtocolVersion,
+    ServerCapabilities, ServerConfig,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_handler, tool_router};
 use sandbox::{
     CodeOptions, Command, CreateOptions, NetworkPolicy, Resources, RunOptions, Sandbox,
     SandboxError, StreamKind,
@@ -36,7 +43,7 @@ const RUN_CODE_BUFFER_CAP: usize = 4 * 1024 * 1024;
 const DEFAULT_LIFETIME: Duration = Duration::from_secs(600);
 /// Longest lifetime a tool call may ask for.
 const MAX_LIFETIME: Duration = Duration::from_secs(3600);
-/// At most this many live sandboxes per server session.
+/// At most this many live sandboxes per server, all sessions together.
 const MAX_SANDBOXES: usize = 16;
 /// Most entries `sandbox_list_files` returns.
 const LIST_CAP: usize = 1000;
@@ -45,11 +52,93 @@ const MAX_MEMORY_MB: u64 = 4096;
 /// Largest CPU quota a tool call may ask for, in cores.
 const MAX_CPUS: f64 = 4.0;
 
+/// Default of `--total-memory-mb`: what all live sandboxes of the server may hold
+/// together, in MiB (two sandboxes at the per-call maximum).
+pub const DEFAULT_TOTAL_MEMORY_MB: u64 = 8192;
+/// Default of `--total-cpus`: the CPU quota all live sandboxes of the server may hold
+/// together, in cores.
+pub const DEFAULT_TOTAL_CPUS: f64 = 8.0;
+
 /// What the operator who started the server allows tool calls to ask for.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Policy {
     /// `--allow-egress`: network `allow` and allowlists are permitted.
     pub allow_egress: bool,
+    /// What all live sandboxes may hold together.
+    pub budget: Budget,
+}
+
+/// The server's total budget: the sum over its live sandboxes (and those being created)
+/// of their memory limits and CPU quotas may not exceed it, so a client that may create
+/// 16 sandboxes still cannot claim 16 times the per-call maximum.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Budget {
+    /// Total memory in MiB.
+    pub memory_mb: u64,
+    /// Total CPU quota in cores.
+    pub cpus: f64,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget {
+            memory_mb: DEFAULT_TOTAL_MEMORY_MB,
+            cpus: DEFAULT_TOTAL_CPUS,
+        }
+    }
+}
+
+/// CPU quotas are summed in thousandths of a core, so adding and removing never drifts.
+fn millicores(cpus: f64) -> u64 {
+    (cpus * 1000.0).round() as u64
+}
+
+/// What one sandbox holds of the server's limits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Claim {
+    count: usize,
+    memory_mb: u64,
+    millicores: u64,
+}
+
+impl Claim {
+    fn plus(self, o: Claim) -> Claim {
+        Claim {
+            count: self.count + o.count,
+            memory_mb: self.memory_mb + o.memory_mb,
+            millicores: self.millicores + o.millicores,
+        }
+    }
+
+    fn minus(self, o: Claim) -> Claim {
+        Claim {
+            count: self.count.saturating_sub(o.count),
+            memory_mb: self.memory_mb.saturating_sub(o.memory_mb),
+            millicores: self.millicores.saturating_sub(o.millicores),
+        }
+    }
+}
+
+/// Which MCP session a handler serves. Numbered by the server, never taken from the
+/// client: rmcp hands each session its own handler, so holding the handler is holding the
+/// session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Owner(u64);
+
+impl Owner {
+    fn next() -> Owner {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Owner(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// A live sandbox of the server: the session it belongs to, what it holds of the budget,
+/// and when its lifetime ends.
+struct Entry {
+    sandbox: Arc<dyn Sandbox>,
+    owner: Owner,
+    claim: Claim,
+    deadline: Instant,
 }
 
 /// Egress policy of `sandbox_create`.
@@ -196,15 +285,197 @@ impl Bounded {
     }
 }
 
-/// The sandboxes of one server session.
-pub type Registry = Arc<Mutex<HashMap<String, Arc<dyn Sandbox>>>>;
+/// Every live sandbox of the server, with what they hold together (creations in flight
+/// included).
+#[derive(Default)]
+struct Live {
+    entries: HashMap<String, Entry>,
+    held: Claim,
+}
 
-/// The MCP server: tools over the sandboxes of its session.
+/// The server's sandboxes, shared by all its sessions, for teardown when it stops.
+#[derive(Clone, Default)]
+pub struct Registry(Arc<Mutex<Live>>);
+
+impl Registry {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Live> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes `id` out if `owner` created it. Another session's sandbox is left alone and
+    /// reported as absent, exactly like an unknown id.
+    fn take(&self, id: &str, owner: Owner) -> Option<Arc<dyn Sandbox>> {
+        let mut live = self.lock();
+        if live.entries.get(id).is_none_or(|e| e.owner != owner) {
+            return None;
+        }
+        let entry = live.entries.remove(id)?;
+        live.held = live.held.minus(entry.claim);
+        Some(entry.sandbox)
+    }
+
+    /// Takes out every sandbox `owner` created.
+    fn take_owned(&self, owner: Owner) -> Vec<Arc<dyn Sandbox>> {
+        let mut live = self.lock();
+        let owned: Vec<String> = live
+            .entries
+            .iter()
+            .filter(|(_, e)| e.owner == owner)
+            .map(|(id, _)| id.clone())
+            .collect();
+        owned
+            .iter()
+            .filter_map(|id| {
+                let entry = live.entries.remove(id)?;
+                live.held = live.held.minus(entry.claim);
+                Some(entry.sandbox)
+            })
+            .collect()
+    }
+
+    /// Takes out every sandbox whose lifetime is over: its container ended at its
+    /// deadline, and it should stop counting against the limits. Returned to be killed
+    /// anyway, so a container that outlived its deadline is removed from here too.
+    fn take_expired(&self, now: Instant) -> Vec<Arc<dyn Sandbox>> {
+        let mut live = self.lock();
+        let expired: Vec<String> = live
+            .entries
+            .iter()
+            .filter(|(_, e)| e.deadline <= now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        expired
+            .iter()
+            .filter_map(|id| {
+                let entry = live.entries.remove(id)?;
+                live.held = live.held.minus(entry.claim);
+                Some(entry.sandbox)
+            })
+            .collect()
+    }
+
+    /// Takes out every sandbox, for the server's teardown.
+    fn drain(&self) -> Vec<Arc<dyn Sandbox>> {
+        let mut live = self.lock();
+        live.held = Claim::default();
+        live.entries.drain().map(|(_, e)| e.sandbox).collect()
+    }
+}
+
+/// Room held in the registry for a sandbox being created; given back when dropped,
+/// unless [`Reservation::commit`] turned it into the sandbox's entry.
+struct Reservation {
+    registry: Registry,
+    claim: Claim,
+}
+
+impl Reservation {
+    /// Holds `claim` if it fits beside everything live and in flight, else refuses naming
+    /// the limit it would exceed. Counted before creating, so concurrent calls cannot
+    /// overshoot.
+    fn take(registry: &Registry, claim: Claim, budget: Budget) -> sandbox::Result<Reservation> {
+        let mut live = registry.lock();
+        let after = live.held.plus(claim);
+        if after.count > MAX_SANDBOXES {
+            return Err(SandboxError::resource_limit(
+                format!("live sandboxes of this MCP server ({MAX_SANDBOXES})"),
+                Some("kill one with sandbox_kill first".into()),
+            ));
+        }
+        if after.memory_mb > budget.memory_mb {
+            return Err(SandboxError::resource_limit(
+                format!(
+                    "total memory of this MCP server's sandboxes ({} MiB; {} MiB held, {} MiB asked)",
+                    budget.memory_mb, live.held.memory_mb, claim.memory_mb
+                ),
+                Some(
+                    "kill a sandbox with sandbox_kill or ask for less memory_mb; the operator sets the total with --total-memory-mb"
+                        .into(),
+                ),
+            ));
+        }
+        if after.millicores > millicores(budget.cpus) {
+            return Err(SandboxError::resource_limit(
+                format!(
+                    "total cpus of this MCP server's sandboxes ({} cores; {} held, {} asked)",
+                    budget.cpus,
+                    live.held.millicores as f64 / 1000.0,
+                    claim.millicores as f64 / 1000.0
+                ),
+                Some(
+                    "kill a sandbox with sandbox_kill or ask for fewer cpus; the operator sets the total with --total-cpus"
+                        .into(),
+                ),
+            ));
+        }
+        live.held = after;
+        Ok(Reservation {
+            registry: registry.clone(),
+            claim,
+        })
+    }
+
+    /// Registers the created sandbox; the room it held is now the entry's.
+    fn commit(mut self, id: String, sandbox: Arc<dyn Sandbox>, owner: Owner, deadline: Instant) {
+        // Moved out, so the drop below gives nothing back.
+        let claim = std::mem::take(&mut self.claim);
+        let mut live = self.registry.lock();
+        live.entries.insert(
+            id,
+            Entry {
+                sandbox,
+                owner,
+                claim,
+                deadline,
+            },
+        );
+        drop(live);
+    }
+}
+
+impl std::fmt::Debug for Reservation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reservation")
+            .field("claim", &self.claim)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let mut live = self.registry.lock();
+        live.held = live.held.minus(self.claim);
+    }
+}
+
+/// One MCP session's hold on its sandboxes. Its owner is set when the session's
+/// `initialize` arrives; a handler without one (a request of a sessionless protocol
+/// revision) can use no sandbox. When the session's handler goes (the client closed the
+/// session, it idled out, the transport stopped), the sandboxes it created go too: no
+/// other session may use them, so keeping them would only hold the server's budget.
+struct Session {
+    owner: OnceLock<Owner>,
+    registry: Registry,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if let Some(owner) = self.owner.get() {
+            // A dropped handle kills its sandbox in the background, bounded by the
+            // teardown grace (the library's guarantee); a tool call still running keeps
+            // its own handle until it returns.
+            drop(self.registry.take_owned(*owner));
+        }
+    }
+}
+
+/// The MCP server: tools over the sandboxes of one session, with limits shared by all
+/// sessions of the server.
 #[derive(Clone)]
 pub struct SandboxServer {
     policy: Policy,
     sandboxes: Registry,
-    creating: Arc<std::sync::atomic::AtomicUsize>,
+    session: Arc<Session>,
     tool_router: ToolRouter<Self>,
 }
 
@@ -294,11 +565,12 @@ fn create_options(p: &CreateParams, policy: Policy) -> sandbox::Result<CreateOpt
         (_, Some(NetworkParam::Allow)) => NetworkPolicy::allow(),
         _ => NetworkPolicy::deny(),
     };
-    let lifetime = match p.timeout_s {
+    let mut lifetime = match p.timeout_s {
         None => DEFAULT_LIFETIME,
         Some(s) => secs(s as f64)?,
     };
-    // A DSN's `?timeout=` would override the lifetime: hold it to the same bound.
+    // A DSN's `?timeout=` overrides the lifetime: hold it to the same bound, and keep the
+    // one that applies, which the registry counts the sandbox until.
     if p.engine.contains("://") {
         let dsn = sandbox::Dsn::parse(&p.engine)?;
         if dsn.timeout.is_some_and(|t| t > MAX_LIFETIME) {
@@ -307,6 +579,7 @@ fn create_options(p: &CreateParams, policy: Policy) -> sandbox::Result<CreateOpt
                 "pass timeout_s instead (at most 3600)",
             ));
         }
+        lifetime = dsn.timeout.unwrap_or(lifetime);
     }
     let mut o = CreateOptions::default()
         .resources(resources)
@@ -331,36 +604,78 @@ fn engine_target(engine: &str) -> String {
 
 #[tool_router]
 impl SandboxServer {
-    /// A server with no sandboxes yet.
+    /// A server with no sandboxes yet, serving one session (stdio), or the template
+    /// each HTTP session's handler is made from with [`Self::for_session`].
     pub fn new(policy: Policy) -> Self {
+        let sandboxes = Registry::default();
         SandboxServer {
             policy,
-            sandboxes: Arc::new(Mutex::new(HashMap::new())),
-            creating: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            session: Arc::new(Session {
+                owner: OnceLock::new(),
+                registry: sandboxes.clone(),
+            }),
+            sandboxes,
             tool_router: Self::tool_router(),
         }
     }
 
-    /// The session's sandboxes, for teardown when the session ends.
+    /// A handler for a new session: the same registry and limits, its own sandboxes.
+    pub fn for_session(&self) -> Self {
+        SandboxServer {
+            session: Arc::new(Session {
+                owner: OnceLock::new(),
+                registry: self.sandboxes.clone(),
+            }),
+            ..self.clone()
+        }
+    }
+
+    /// All sandboxes of the server, for teardown when it stops.
     pub fn registry(&self) -> Registry {
         self.sandboxes.clone()
     }
 
-    fn live(&self) -> usize {
-        self.sandboxes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .len()
-    }
-
-    fn get(&self, id: &str) -> sandbox::Result<Arc<dyn Sandbox>> {
-        let map = self.sandboxes.lock().unwrap_or_else(|p| p.into_inner());
-        map.get(id).cloned().ok_or_else(|| {
-            SandboxError::connect(
-                id,
-                "no sandbox with this id in this MCP session; create one with sandbox_create",
+    /// The session this handler serves; none before `initialize`.
+    fn owner(&self) -> sandbox::Result<Owner> {
+        self.session.owner.get().copied().ok_or_else(|| {
+            SandboxError::config(
+                "this request belongs to no MCP session, and a sandbox is only usable by the session that created it",
+                "connect with a protocol revision that opens a session with `initialize` (2025-11-25 or earlier)",
             )
         })
+    }
+
+    /// The sandbox `id` if this session created it. Another session's sandbox gets the
+    /// answer an unknown id gets, so ids cannot be probed across sessions.
+    fn get(&self, id: &str) -> sandbox::Result<Arc<dyn Sandbox>> {
+        let owner = self.owner()?;
+        let live = self.sandboxes.lock();
+        live.entries
+            .get(id)
+            .filter(|e| e.owner == owner)
+            .map(|e| e.sandbox.clone())
+            .ok_or_else(|| {
+                SandboxError::connect(
+                    id,
+                    "no sandbox with this id in this MCP session; create one with sandbox_create",
+                )
+            })
+    }
+
+    /// Stops counting sandboxes whose lifetime is over, and removes them for good.
+    fn release_expired(&self) {
+        for sb in self.sandboxes.take_expired(Instant::now()) {
+            // Idempotent, and bounded by the teardown grace; nobody waits for it.
+            tokio::spawn(async move {
+                if let Err(e) = sb.kill().await {
+                    tracing::debug!(
+                        sandbox_id = sb.id(),
+                        code = e.code().as_str(),
+                        "expired mcp sandbox kill failed"
+                    );
+                }
+            });
+        }
     }
 
     #[tool(
@@ -371,9 +686,17 @@ impl SandboxServer {
     }
 
     async fn create(&self, p: CreateParams) -> sandbox::Result<Value> {
+        let owner = self.owner()?;
         let options = create_options(&p, self.policy)?;
-        // Counted before creating, so concurrent calls cannot overshoot the limit.
-        let _slot = Slot::take(&self.creating, self.live(), MAX_SANDBOXES)?;
+        let asked = options.resources.effective()?;
+        let claim = Claim {
+            count: 1,
+            memory_mb: asked.memory_mb,
+            millicores: millicores(asked.cpu),
+        };
+        self.release_expired();
+        let reservation = Reservation::take(&self.sandboxes, claim, self.policy.budget)?;
+        let lifetime = options.timeout;
         let sb: Arc<dyn Sandbox> =
             Arc::from(sandbox::create(engine_target(&p.engine).as_str(), options).await?);
         let id = sb.id().to_string();
@@ -382,10 +705,8 @@ impl SandboxServer {
             "backend": sb.backend(),
             "isolation": sb.isolation().to_string(),
         });
-        self.sandboxes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, sb);
+        // Measured from now, after the create: never earlier than the sandbox's own end.
+        reservation.commit(id, sb, owner, Instant::now() + lifetime);
         Ok(value)
     }
 
@@ -535,17 +856,14 @@ impl SandboxServer {
     }
 
     async fn kill(&self, p: KillParams) -> sandbox::Result<Value> {
-        let removed = self
-            .sandboxes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&p.sandbox_id);
+        let removed = self.sandboxes.take(&p.sandbox_id, self.owner()?);
         match removed {
             Some(sb) => {
                 sb.kill().await?;
                 Ok(json!({"sandbox_id": p.sandbox_id, "killed": true}))
             }
             // Idempotent: a second kill of a sandbox this session created is not an error.
+            // Another session's sandbox gets the same answer and stays alive.
             None => Ok(json!({"sandbox_id": p.sandbox_id, "killed": false})),
         }
     }
@@ -562,33 +880,25 @@ impl ServerHandler for SandboxServer {
         );
         info
     }
-}
 
-/// A sandbox being created, counted against the session's limit until dropped.
-struct Slot(Arc<std::sync::atomic::AtomicUsize>);
-
-impl Slot {
-    fn take(
-        creating: &Arc<std::sync::atomic::AtomicUsize>,
-        live: usize,
-        max: usize,
-    ) -> sandbox::Result<Slot> {
-        use std::sync::atomic::Ordering;
-        let before = creating.fetch_add(1, Ordering::SeqCst);
-        let slot = Slot(creating.clone());
-        if live + before >= max {
-            return Err(SandboxError::config(
-                format!("this MCP session already has {max} live sandboxes"),
-                "kill one with sandbox_kill first",
-            ));
-        }
-        Ok(slot)
+    /// Only the revisions that open a session with `initialize`: a sandbox belongs to the
+    /// session that created it, and the newest revision has no sessions to hang it on.
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        Cow::Borrowed(ProtocolVersion::known_up_to(
+            &ProtocolVersion::LATEST_WITH_INITIALIZE,
+        ))
     }
-}
 
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    /// rmcp's own `initialize`, which also marks this handler's session as begun: from
+    /// now on it owns what it creates.
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        self.session.owner.get_or_init(Owner::next);
+        context.peer.set_peer_info(request.clone());
+        self.negotiate_initialize(&request)
     }
 }
 
@@ -619,15 +929,10 @@ async fn run_bounded(
     Ok((r.exit_code, out.finish()))
 }
 
-/// Kills every sandbox of the session concurrently, each bounded by the teardown grace.
+/// Kills every sandbox of the server concurrently, each bounded by the teardown grace.
 /// Returns how many kills failed.
 pub async fn kill_all(registry: &Registry) -> usize {
-    let all: Vec<Arc<dyn Sandbox>> = registry
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .drain()
-        .map(|(_, sb)| sb)
-        .collect();
+    let all = registry.drain();
     let kills = all.iter().map(|sb| async move {
         let r = sb.kill().await;
         if let Err(e) = &r {
@@ -670,7 +975,10 @@ mod tests {
             "engine": "fake", "network": "allow", "allow_hosts": ["example.com"]
         }))
         .expect("params");
-        let consent = Policy { allow_egress: true };
+        let consent = Policy {
+            allow_egress: true,
+            ..Policy::default()
+        };
         let e = create_options(&p, consent).expect_err("contradiction");
         assert_eq!(e.code(), ErrorCode::Configuration);
     }
@@ -684,7 +992,11 @@ mod tests {
             let p: CreateParams = serde_json::from_value(args).expect("params");
             let e = create_options(&p, Policy::default()).expect_err("no consent");
             assert_eq!(e.code(), ErrorCode::NetworkPolicyViolation);
-            let o = create_options(&p, Policy { allow_egress: true }).expect("consent");
+            let consent = Policy {
+                allow_egress: true,
+                ..Policy::default()
+            };
+            let o = create_options(&p, consent).expect("consent");
             assert_ne!(o.network, NetworkPolicy::deny());
         }
     }
@@ -749,15 +1061,106 @@ mod tests {
         );
     }
 
+    fn claim(memory_mb: u64, cpus: f64) -> Claim {
+        Claim {
+            count: 1,
+            memory_mb,
+            millicores: millicores(cpus),
+        }
+    }
+
     #[test]
-    fn concurrent_creates_cannot_overshoot_the_limit() {
-        let creating = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let a = Slot::take(&creating, 1, 3).expect("2nd");
-        let b = Slot::take(&creating, 1, 3).expect("3rd");
-        assert!(Slot::take(&creating, 1, 3).is_err(), "4th refused");
+    fn concurrent_creates_cannot_overshoot_the_budget() {
+        let registry = Registry::default();
+        let budget = Budget {
+            memory_mb: 1024,
+            cpus: 2.0,
+        };
+        let a = Reservation::take(&registry, claim(512, 1.0), budget).expect("1st");
+        let b = Reservation::take(&registry, claim(512, 0.5), budget).expect("2nd");
+        let e = Reservation::take(&registry, claim(6, 0.1), budget).expect_err("memory");
+        assert_eq!(e.code(), ErrorCode::ResourceLimitExceeded);
+        assert!(e.to_string().contains("memory"), "{e}");
         drop(a);
-        let _c = Slot::take(&creating, 1, 3).expect("a slot was freed");
-        drop(b);
+        let e = Reservation::take(&registry, claim(6, 1.6), budget).expect_err("cpus");
+        assert!(e.to_string().contains("cpus"), "{e}");
+        let c = Reservation::take(&registry, claim(512, 1.5), budget).expect("room again");
+        drop((b, c));
+        assert_eq!(registry.lock().held, Claim::default());
+    }
+
+    #[test]
+    fn the_sandbox_count_is_bounded() {
+        let registry = Registry::default();
+        let budget = Budget {
+            memory_mb: u64::MAX,
+            cpus: 1e9,
+        };
+        let held: Vec<_> = (0..MAX_SANDBOXES)
+            .map(|_| Reservation::take(&registry, claim(6, 0.1), budget).expect("room"))
+            .collect();
+        let e = Reservation::take(&registry, claim(6, 0.1), budget).expect_err("17th");
+        assert_eq!(e.code(), ErrorCode::ResourceLimitExceeded);
+        drop(held);
+    }
+
+    async fn fake() -> Arc<dyn Sandbox> {
+        Arc::from(
+            sandbox::create("fake://", CreateOptions::default())
+                .await
+                .expect("fake sandbox"),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_session_that_ends_gives_its_room_back() {
+        let root = SandboxServer::new(Policy::default());
+        let (a, b) = (root.for_session(), root.for_session());
+        let (oa, ob) = (Owner::next(), Owner::next());
+        a.session.owner.set(oa).expect("a");
+        b.session.owner.set(ob).expect("b");
+        let registry = root.registry();
+        for (owner, id) in [(oa, "a1"), (oa, "a2"), (ob, "b1")] {
+            let r = Reservation::take(&registry, claim(512, 1.0), Budget::default()).expect("room");
+            r.commit(
+                id.into(),
+                fake().await,
+                owner,
+                Instant::now() + DEFAULT_LIFETIME,
+            );
+        }
+        assert_eq!(registry.lock().held.count, 3);
+        assert!(b.get("a1").is_err(), "another session's sandbox");
+        assert!(a.get("a1").is_ok());
+        drop(a);
+        let live = registry.lock();
+        assert_eq!(live.held, claim(512, 1.0));
+        assert!(live.entries.contains_key("b1"));
+    }
+
+    #[tokio::test]
+    async fn expired_sandboxes_stop_counting() {
+        let registry = Registry::default();
+        let r = Reservation::take(&registry, claim(512, 1.0), Budget::default()).expect("room");
+        let now = Instant::now();
+        r.commit(
+            "x".into(),
+            fake().await,
+            Owner::next(),
+            now + Duration::from_secs(5),
+        );
+        assert!(registry.take_expired(now).is_empty());
+        assert_eq!(registry.take_expired(now + Duration::from_secs(5)).len(), 1);
+        assert_eq!(registry.lock().held, Claim::default());
+    }
+
+    #[test]
+    fn a_handler_outside_a_session_uses_no_sandbox() {
+        let server = SandboxServer::new(Policy::default());
+        assert_eq!(
+            server.get("any").expect_err("no session").code(),
+            ErrorCode::Configuration
+        );
     }
 
     #[test]
