@@ -594,3 +594,205 @@ fn the_embedded_agent_is_a_static_x86_64_elf() {
     });
     assert!(!interp, "the embedded agent has an ELF interpreter");
 }
+
+/// Waits until each file in `dir` holds a pid, and returns them in order.
+async fn pids_in(dir: &std::path::Path, files: &[&str]) -> Vec<u32> {
+    let t = Instant::now();
+    loop {
+        let pids: Vec<Option<u32>> = files
+            .iter()
+            .map(|f| {
+                std::fs::read_to_string(dir.join(f))
+                    .ok()
+                    .and_then(|s| s.trim().parse().ok())
+            })
+            .collect();
+        if pids.iter().all(Option::is_some) {
+            return pids.into_iter().flatten().collect();
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "pids did not appear: {files:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Processes a test leaves below nobody's kill (a leftover it keeps alive on purpose, or
+/// survivors of a kill that failed): SIGKILLed when the test ends, pass or fail.
+struct Reap(Vec<u32>);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        for p in self.0.iter().filter(|p| pid_alive(**p)) {
+            let _ = std::process::Command::new("kill")
+                .args(["-9", &p.to_string()])
+                .status();
+        }
+    }
+}
+
+/// The marker a process carries (the agent's environment variable for its spawn).
+fn marker_of(pid: u32) -> String {
+    let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let prefix = format!("{}=", sandbox_agent::agent::MARKER_VAR);
+    env.split(|b| *b == 0)
+        .find_map(|kv| kv.strip_prefix(prefix.as_bytes()))
+        .map(|v| String::from_utf8(v.to_vec()).unwrap())
+        .expect("a spawned process carries its marker")
+}
+
+fn parent_of(pid: u32) -> Option<u32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    s[s.rfind(')')? + 2..].split(' ').nth(1)?.parse().ok()
+}
+
+/// Kills `p` and waits for its exit, which must say "killed".
+async fn kill_and_wait(p: &mut sandbox_agent::client::RemoteProcess) {
+    p.kill().await.unwrap();
+    loop {
+        match p.next_event().await.unwrap() {
+            Some(ProcessEvent::Exit(st)) => {
+                assert_eq!(st.signal, Some(9), "{st:?}");
+                return;
+            }
+            Some(_) => {}
+            None => panic!("no exit"),
+        }
+    }
+}
+
+/// A process that leaves the group and the session of the spawn and sets the marker of
+/// another spawn — a made-up one, or the real one of a spawn running next to it — is
+/// still a descendant of the killed spawn's root, and parentage decides: it dies.
+#[tokio::test]
+async fn kill_reaches_a_descendant_that_forges_another_spawns_marker() {
+    let a = agent(60).await;
+    let dir = tempfile_dir();
+    let mut bystander = a
+        .client
+        .spawn(spec(&[
+            "sh",
+            "-c",
+            &format!("echo $$ > {}/by; exec sleep 300", dir.display()),
+        ]))
+        .await
+        .unwrap();
+    let by = pids_in(&dir, &["by"]).await[0];
+    let real = marker_of(by);
+    let script = format!(
+        "setsid env SANDBOX_AGENT_SPAWN=x sleep 310 & echo $! > {d}/a; \
+         setsid env SANDBOX_AGENT_SPAWN={real} sleep 311 & echo $! > {d}/b; \
+         sleep 312",
+        d = dir.display()
+    );
+    let mut p = a.client.spawn(spec(&["sh", "-c", &script])).await.unwrap();
+    let pids = pids_in(&dir, &["a", "b"]).await;
+    let _reap = Reap(pids.iter().copied().chain([by]).collect());
+    // Wait until each has become `sleep` with the forged marker (setsid and env exec).
+    let t = Instant::now();
+    while !pids.iter().all(|p| {
+        std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "sleep")
+    }) {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "forgers did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(marker_of(pids[0]), "x");
+    assert_eq!(marker_of(pids[1]), real);
+    kill_and_wait(&mut p).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let alive: Vec<u32> = pids.iter().copied().filter(|p| pid_alive(*p)).collect();
+    assert!(alive.is_empty(), "forgers survived the kill: {alive:?}");
+    assert!(pid_alive(by), "the separate spawn was killed too");
+    kill_and_wait(&mut bystander).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// An orphan (it left the session and its parent exited, so it hangs below the agent)
+/// that sets a marker the agent never issued is judged as if it carried none: started
+/// while the killed spawn was the only one running, it dies with it.
+#[tokio::test]
+async fn kill_reaches_an_orphan_that_forges_an_unissued_marker() {
+    let a = agent(60).await;
+    let agent_pid = a.child.id().unwrap();
+    // An earlier spawn that ended: its marker was issued, but nothing of it runs.
+    let earlier = a
+        .client
+        .spawn(spec(&["sh", "-c", "echo $SANDBOX_AGENT_SPAWN"]))
+        .await
+        .unwrap()
+        .output(1024)
+        .await
+        .unwrap();
+    let ended = String::from_utf8(earlier.stdout.to_vec())
+        .unwrap()
+        .trim()
+        .to_string();
+    assert!(!ended.is_empty());
+    // Start times have a 10 ms resolution: an orphan started in the tick the earlier root
+    // ended in may be that spawn's, and is spared on purpose. Leave that tick behind.
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let dir = tempfile_dir();
+    let script = format!(
+        "setsid sh -c 'env SANDBOX_AGENT_SPAWN=x sleep 320 & echo $! > {d}/a' & \
+         setsid sh -c 'env SANDBOX_AGENT_SPAWN=\"$SANDBOX_AGENT_SPAWN\"0 sleep 321 & echo $! > {d}/b' & \
+         setsid sh -c 'env SANDBOX_AGENT_SPAWN={ended} sleep 322 & echo $! > {d}/c' & \
+         sleep 323",
+        d = dir.display()
+    );
+    let mut p = a.client.spawn(spec(&["sh", "-c", &script])).await.unwrap();
+    let pids = pids_in(&dir, &["a", "b", "c"]).await;
+    let _reap = Reap(pids.clone());
+    // Orphans: their `sh` exited and they were re-parented to the agent.
+    let t = Instant::now();
+    while !pids.iter().all(|p| parent_of(*p) == Some(agent_pid)) {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no orphans: {pids:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    kill_and_wait(&mut p).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let alive: Vec<u32> = pids.iter().copied().filter(|p| pid_alive(*p)).collect();
+    assert!(
+        alive.is_empty(),
+        "forging orphans survived the kill: {alive:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// What an earlier command left running is not the next command's: started back to back
+/// (often within one 10 ms tick of the clock the kill reads start times from), a kill of
+/// the second spares the first's leftover.
+#[tokio::test]
+async fn kill_leaves_an_earlier_spawns_leftover_alone() {
+    let a = agent(60).await;
+    let dir = tempfile_dir();
+    let mut reap = Reap(Vec::new());
+    for i in 0..5 {
+        let f = format!("left{i}");
+        let leftover = format!(
+            "setsid sleep 330 > /dev/null 2>&1 < /dev/null & echo $! > {}/{f}",
+            dir.display()
+        );
+        let earlier = a
+            .client
+            .spawn(spec(&["sh", "-c", &leftover]))
+            .await
+            .unwrap();
+        earlier.output(1024).await.unwrap();
+        let mut p = a.client.spawn(spec(&["sleep", "300"])).await.unwrap();
+        kill_and_wait(&mut p).await;
+        let left = pids_in(&dir, &[&f]).await[0];
+        reap.0.push(left);
+        assert!(
+            pid_alive(left),
+            "round {i}: the earlier command's leftover was killed"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

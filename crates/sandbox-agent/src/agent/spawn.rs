@@ -5,7 +5,7 @@
 //! table lock, and the reaper blocks in `waitid(WNOWAIT)` (which reaps nothing), then
 //! takes the lock and reaps everything reapable with `waitpid(-1, WNOHANG)`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -25,6 +25,10 @@ pub const MARKER_VAR: &str = "SANDBOX_AGENT_SPAWN";
 
 /// Most concurrent spawns; more is refused with a `limit` error.
 const MAX_SPAWNS: usize = 1024;
+
+/// Most ended spawns remembered for the kill's orphan rule (kill.rs); the oldest is
+/// forgotten first. Only spawns that could have overlapped a running one are kept anyway.
+const ENDED_KEPT: usize = 4096;
 
 /// After the root exits, output still arriving within this gap is forwarded; then the exit
 /// is reported even if a background process keeps the pipes open.
@@ -51,6 +55,40 @@ struct Table {
     by_pid: HashMap<u32, u32>,
     credits: HashMap<u32, Arc<Credits>>,
     generation: u64,
+    /// When the roots of spawns that left the table ran: a kill must not attribute an
+    /// orphan to its target when another root ran at the orphan's start, even one that has
+    /// ended since (a leftover of a command that ended within the clock tick the next one
+    /// started in, say).
+    ended: VecDeque<Ended>,
+}
+
+/// The run of a spawn that left the table.
+struct Ended {
+    start_ticks: u64,
+    exit_ticks: u64,
+}
+
+impl Table {
+    fn remember(&mut self, e: &Entry) {
+        let now = kill::now_ticks();
+        self.ended.push_back(Ended {
+            start_ticks: e.start_ticks,
+            exit_ticks: e.exit_ticks.unwrap_or(now),
+        });
+        // A run that ended before every spawn in the table started, and before now (a
+        // later spawn starts at now or after), overlaps no run the kill can be asked about.
+        let horizon = self
+            .by_id
+            .values()
+            .map(|e| e.start_ticks)
+            .min()
+            .unwrap_or(now)
+            .min(now);
+        self.ended.retain(|x| x.exit_ticks >= horizon);
+        while self.ended.len() > ENDED_KEPT {
+            self.ended.pop_front();
+        }
+    }
 }
 
 pub(crate) struct Entry {
@@ -332,7 +370,9 @@ impl Processes {
         credits.close();
         let (code, signal) = status.unwrap_or((None, None));
         let mut t = self.lock();
-        t.by_id.remove(&id);
+        if let Some(e) = t.by_id.remove(&id) {
+            t.remember(&e);
+        }
         t.credits.remove(&id);
         drop(t);
         self.send(id, Reply::Exit { code, signal });
@@ -471,7 +511,24 @@ impl Processes {
             let Some(target) = t.by_id.get(&id) else {
                 return total;
             };
-            let others: Vec<&Entry> = t.by_id.values().filter(|e| e.pid != target.pid).collect();
+            // By id, not pid: a spawn whose root reused the target's pid is another spawn.
+            let others: Vec<kill::Other<'_>> = t
+                .by_id
+                .iter()
+                .filter(|(other, _)| **other != id)
+                .map(|(_, e)| kill::Other {
+                    root: e.exit_ticks.is_none().then_some(e.pid),
+                    marker: Some(&e.marker),
+                    start_ticks: e.start_ticks,
+                    exit_ticks: e.exit_ticks,
+                })
+                .chain(t.ended.iter().map(|e| kill::Other {
+                    root: None,
+                    marker: None,
+                    start_ticks: e.start_ticks,
+                    exit_ticks: Some(e.exit_ticks),
+                }))
+                .collect();
             let mut victims = kill::victims(target, &others);
             // The root first: otherwise a shell may see its child die and exit 137 on its
             // own before its SIGKILL lands, and the exit would not say "killed".
