@@ -573,31 +573,25 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn pull(&self, request: PullRequest<'_>) -> EngineResult<()> {
-        let PullRequest {
-            image,
-            auth,
-            progress,
-            ..
-        } = request;
         let opts = CreateImageOptions {
-            from_image: Some(pull_reference(image)),
+            from_image: Some(pull_reference(request.image)),
             ..Default::default()
         };
         let mut stream = self
             .client
-            .create_image(Some(opts), None, auth.map(docker_credentials));
+            .create_image(Some(opts), None, request.auth.map(docker_credentials));
         loop {
             match sandbox_container::image::next_pull_item(&mut stream, PULL_IDLE).await? {
                 None => return Ok(()),
                 Some(Err(e)) => return Err(pull_error(e)),
                 Some(Ok(info)) => {
-                    let mut p = PullProgress::new(image, info.status.unwrap_or_default());
+                    let mut p = PullProgress::new(request.image, info.status.unwrap_or_default());
                     p.layer = info.id;
                     if let Some(d) = info.progress_detail {
                         p.current = d.current.and_then(|c| u64::try_from(c).ok());
                         p.total = d.total.and_then(|t| u64::try_from(t).ok());
                     }
-                    progress(p);
+                    (request.progress)(p);
                 }
             }
         }

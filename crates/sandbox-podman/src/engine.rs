@@ -465,13 +465,7 @@ impl ContainerEngine for PodmanEngine {
     }
 
     async fn pull(&self, request: PullRequest<'_>) -> EngineResult<()> {
-        let PullRequest {
-            image,
-            auth,
-            progress,
-            ..
-        } = request;
-        let opts = pull_opts(image, auth);
+        let opts = pull_opts(request.image, request.auth);
         let images = self.client.images();
         // A panic in podman-api's decoding becomes an error item (it borrows `images`,
         // so not through `unwind_safe`, which needs an owned stream).
@@ -503,13 +497,13 @@ impl ContainerEngine for PodmanEngine {
                 .map(str::trim)
                 .filter(|l| !l.is_empty())
             {
-                let mut p = PullProgress::new(image, line);
+                let mut p = PullProgress::new(request.image, line);
                 // "Copying blob sha256:…" names the blob.
                 p.layer = line
                     .split_whitespace()
                     .find(|w| w.starts_with("sha256:"))
                     .map(str::to_string);
-                progress(p);
+                (request.progress)(p);
             }
             pulled |= report.images.is_some_and(|i| !i.is_empty()) || report.id.is_some();
         }
