@@ -7,8 +7,9 @@
 //! egress setup then fails the create as a failing `nft` would), the library network
 //! removed right before the next create that joins it (another process's sweep at the
 //! worst moment), and a library network of the trial's own name (so a trial about that
-//! network never disturbs the shared one). It also records the agent mounts it was asked
-//! for.
+//! network never disturbs the shared one), and an agent mount the engine cannot see (as
+//! an engine on another machine sees this host's paths). It also records the agent mounts
+//! it was asked for.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -29,6 +30,9 @@ use sandbox_core::{Capability, IsolationTier};
 /// exist and nothing can enter that namespace.
 pub const UNENTERABLE_PID: u32 = u32::MAX;
 
+/// The host path [`TrialEngine::agent_mount_unseen_once`] hands the engine: no such file.
+pub const UNSEEN_AGENT_MOUNT: &str = "/nonexistent/sandbox-rs-trial/sandbox-agent";
+
 /// The engine `inner`, delegated to call by call, plus the faults a trial arms (none until
 /// armed) and a record of the agent mounts it was asked for.
 #[derive(Debug)]
@@ -44,6 +48,8 @@ pub struct TrialEngine<E> {
     /// The engine-side name of the library network, when the trial has its own.
     network_name: Option<String>,
     agent_mounts: Mutex<Vec<PathBuf>>,
+    /// Set: the next create with an agent mount names a host file that does not exist.
+    unseen_mount_next: AtomicBool,
 }
 
 impl<E: ContainerEngine> TrialEngine<E> {
@@ -57,6 +63,7 @@ impl<E: ContainerEngine> TrialEngine<E> {
             stolen: AtomicU64::new(0),
             network_name: None,
             agent_mounts: Mutex::new(Vec::new()),
+            unseen_mount_next: AtomicBool::new(false),
         }
     }
 
@@ -89,6 +96,14 @@ impl<E: ContainerEngine> TrialEngine<E> {
     pub fn with_network_name(mut self, name: impl Into<String>) -> Self {
         self.network_name = Some(name.into());
         self
+    }
+
+    /// The next create with an agent mount hands the engine [`UNSEEN_AGENT_MOUNT`]
+    /// instead of the library's host copy: the engine cannot find the file, as an engine
+    /// that does not share this host's files (a client in a container talking to the
+    /// host's socket). The host copy itself is left alone.
+    pub fn agent_mount_unseen_once(&self) {
+        self.unseen_mount_next.store(true, Ordering::SeqCst);
     }
 
     /// The agent mounts ([`ContainerSpec::agent_mount`]) of every create so far.
@@ -156,6 +171,16 @@ impl<E: ContainerEngine> ContainerEngine for TrialEngine<E> {
                 .unwrap_or_else(|p| p.into_inner())
                 .push(m.clone());
         }
+        let unseen;
+        let spec = match &spec.agent_mount {
+            Some(_) if self.unseen_mount_next.swap(false, Ordering::SeqCst) => {
+                let mut s = spec.clone();
+                s.agent_mount = Some(PathBuf::from(UNSEEN_AGENT_MOUNT));
+                unseen = s;
+                &unseen
+            }
+            _ => spec,
+        };
         let joins = !matches!(spec.network, NetworkMode::None);
         if joins && self.steal_next.swap(false, Ordering::SeqCst) {
             self.steal_network().await?;
@@ -273,6 +298,7 @@ mod tests {
     struct Stub {
         networks: Mutex<Vec<String>>,
         calls: Mutex<Vec<String>>,
+        mounts: Mutex<Vec<Option<PathBuf>>>,
     }
 
     impl Stub {
@@ -301,6 +327,7 @@ mod tests {
         }
         async fn create(&self, spec: &ContainerSpec) -> EngineResult<String> {
             self.log(format!("create {}", spec.name));
+            self.mounts.lock().unwrap().push(spec.agent_mount.clone());
             Ok(spec.name.clone())
         }
         async fn start(&self, _id: &str) -> EngineResult<()> {
@@ -458,5 +485,23 @@ mod tests {
         e.create(&s).await.unwrap();
         e.create(&spec("b", NetworkMode::None)).await.unwrap();
         assert_eq!(e.agent_mounts(), [PathBuf::from("/cache/sandbox-agent-1")]);
+    }
+
+    #[tokio::test]
+    async fn an_unseen_agent_mount_reaches_the_engine_once() {
+        let e = TrialEngine::new(Stub::default());
+        e.agent_mount_unseen_once();
+        let mut s = spec("a", NetworkMode::None);
+        s.agent_mount = Some(PathBuf::from("/cache/sandbox-agent-1"));
+        e.create(&s).await.unwrap();
+        e.create(&s).await.unwrap();
+        let mounts = e.inner().mounts.lock().unwrap().clone();
+        assert_eq!(
+            mounts,
+            [
+                Some(PathBuf::from(UNSEEN_AGENT_MOUNT)),
+                Some(PathBuf::from("/cache/sandbox-agent-1"))
+            ]
+        );
     }
 }

@@ -278,7 +278,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             && self.engine.supports_agent_mount()
             && !self.agent_mount_failed.load(Ordering::Relaxed)
         {
-            spec.agent_mount = crate::sandbox::agent::host_copy().await;
+            spec.agent_mount = crate::provision::agent_copy::host_copy().await;
         }
         Ok((spec, ensured))
     }

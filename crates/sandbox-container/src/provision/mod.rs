@@ -3,6 +3,7 @@
 //! of copy mounts, and the startup sweep of leftovers. What a live sandbox does once it
 //! exists is in [`crate::sandbox`].
 
+pub(crate) mod agent_copy;
 mod attempt;
 pub(crate) mod backend;
 pub(crate) mod config;

@@ -8,7 +8,6 @@
 //! handlers), unlike the `sleep` main process of the exec path.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -79,75 +78,6 @@ pub fn agent_enabled_in(env: &crate::endpoint::discovery::EnvSnapshot) -> bool {
 /// The agent binary this build ships, if any for this architecture.
 pub(crate) fn binary() -> Option<&'static [u8]> {
     sandbox_agent::prebuilt()
-}
-
-/// The agent binary as a file on this host, for engines that bind-mount it
-/// ([`ContainerEngine::supports_agent_mount`]): written once per binary version under the
-/// user's cache directory (`$XDG_CACHE_HOME/sandbox-rs/agent/`, else
-/// `$HOME/.cache/sandbox-rs/agent/`), content-addressed, so every create after the first
-/// pays no upload. `None` (the caller uploads instead) when no binary ships for this
-/// architecture, no cache directory is known, or it cannot be written.
-pub(crate) async fn host_copy() -> Option<PathBuf> {
-    static COPY: tokio::sync::OnceCell<Option<PathBuf>> = tokio::sync::OnceCell::const_new();
-    COPY.get_or_init(|| async {
-        let bin = binary()?;
-        let dir = cache_dir(&crate::endpoint::discovery::EnvSnapshot::capture())?;
-        match tokio::task::spawn_blocking(move || write_host_copy(&dir, bin)).await {
-            Ok(Ok(path)) => Some(path),
-            Ok(Err(e)) => {
-                tracing::debug!(error = %e, "no host copy of the agent; it is uploaded instead");
-                None
-            }
-            Err(_) => None,
-        }
-    })
-    .await
-    .clone()
-}
-
-/// `$XDG_CACHE_HOME/sandbox-rs/agent`, else `$HOME/.cache/sandbox-rs/agent` (absolute
-/// paths only: a relative one would depend on the working directory).
-fn cache_dir(env: &crate::endpoint::discovery::EnvSnapshot) -> Option<PathBuf> {
-    let base = env
-        .get("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .filter(|p| p.is_absolute())
-        .or_else(|| {
-            env.get("HOME")
-                .map(|h| Path::new(h).join(".cache"))
-                .filter(|p| p.is_absolute())
-        })?;
-    Some(base.join("sandbox-rs").join("agent"))
-}
-
-/// Writes `bin` as `sandbox-agent-<sha256 prefix>` in `dir` (0700) unless a regular file
-/// with exactly these bytes is there: through a temporary file and a rename, so a
-/// concurrent process never mounts a half-written binary.
-pub(crate) fn write_host_copy(dir: &Path, bin: &[u8]) -> std::io::Result<PathBuf> {
-    use sha2::Digest as _;
-    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
-    let digest = sha2::Sha256::digest(bin);
-    let name: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
-    let path = dir.join(format!("sandbox-agent-{name}"));
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)?;
-    if let Ok(meta) = std::fs::symlink_metadata(&path)
-        && meta.file_type().is_file()
-        && meta.permissions().mode() & 0o777 == 0o755
-        && std::fs::read(&path).is_ok_and(|have| have == bin)
-    {
-        return Ok(path);
-    }
-    let tmp = dir.join(format!(".sandbox-agent-{name}.{}.tmp", std::process::id()));
-    std::fs::write(&tmp, bin)?;
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
-    if let Err(e) = std::fs::rename(&tmp, &path) {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
-    Ok(path)
 }
 
 /// The container's main process in agent mode: the agent, ending at `deadline_unix`.
@@ -444,57 +374,6 @@ mod tests {
 
     /// The archive holds exactly the agent, root-owned and executable, at the path the
     /// command names.
-    #[test]
-    fn host_copy_is_content_addressed_and_rewritten_when_tampered() {
-        let dir = tempfile::tempdir().unwrap();
-        let cache = dir.path().join("sandbox-rs").join("agent");
-        let bin = b"#!agent bytes";
-        let path = write_host_copy(&cache, bin).unwrap();
-        assert_eq!(std::fs::read(&path).unwrap(), bin);
-        use std::os::unix::fs::PermissionsExt as _;
-        assert_eq!(
-            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
-            0o755
-        );
-        assert_eq!(
-            std::fs::metadata(&cache).unwrap().permissions().mode() & 0o777,
-            0o700
-        );
-        // Same bytes: the same file. Tampered bytes: rewritten, never mounted as found.
-        assert_eq!(write_host_copy(&cache, bin).unwrap(), path);
-        std::fs::write(&path, b"something else").unwrap();
-        assert_eq!(write_host_copy(&cache, bin).unwrap(), path);
-        assert_eq!(std::fs::read(&path).unwrap(), bin);
-        // Another binary version: another name.
-        assert_ne!(write_host_copy(&cache, b"v2").unwrap(), path);
-        // No temporary file is left behind.
-        let names: Vec<_> = std::fs::read_dir(&cache)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-        assert!(names.iter().all(|n| !n.ends_with(".tmp")), "{names:?}");
-    }
-
-    #[test]
-    fn cache_dir_prefers_xdg_and_refuses_relative_paths() {
-        use crate::endpoint::discovery::EnvSnapshot;
-        let env = |pairs: &[(&str, &str)]| {
-            pairs
-                .iter()
-                .fold(EnvSnapshot::empty(), |e, (k, v)| e.var(*k, *v))
-        };
-        assert_eq!(
-            cache_dir(&env(&[("XDG_CACHE_HOME", "/c"), ("HOME", "/h")])),
-            Some(PathBuf::from("/c/sandbox-rs/agent"))
-        );
-        assert_eq!(
-            cache_dir(&env(&[("XDG_CACHE_HOME", "rel"), ("HOME", "/h")])),
-            Some(PathBuf::from("/h/.cache/sandbox-rs/agent"))
-        );
-        assert_eq!(cache_dir(&env(&[("HOME", "rel")])), None);
-        assert_eq!(cache_dir(&env(&[])), None);
-    }
-
     #[test]
     fn archive_holds_the_agent_root_owned_and_executable() {
         let bin: &'static [u8] = b"\x7fELF not really";

@@ -329,10 +329,12 @@ pub async fn detach_keys_in_the_channel_do_not_detach<E: ContainerEngine>(
 
 /// Where the engine bind-mounts the agent from this host ([`ContainerEngine::supports_agent_mount`]):
 /// the agent is a read-only mount that sandboxed root cannot overwrite, and nothing is
-/// uploaded. When the engine cannot see the host file after all (here: the file is
-/// removed), `create` falls back to uploading it and the sandbox still runs the agent. The
-/// host file is written back afterwards. Builds its own [`backend`] on `engine`, decorated
-/// ([`TrialEngine`]) to learn which host file the library mounts.
+/// uploaded; the host file mounted holds this build's agent. When the engine cannot see the
+/// host file after all (here: the decorated engine is handed a path that does not exist,
+/// [`TrialEngine::agent_mount_unseen_once`]; the shared host copy is never touched),
+/// `create` falls back to uploading it and the sandbox still runs the agent. Builds its own
+/// [`backend`] on `engine`, decorated ([`TrialEngine`]) to learn which host file the
+/// library mounts and to hide it.
 pub async fn agent_is_mounted_read_only_or_uploaded<E: ContainerEngine>(engine: E) -> Trial {
     let b = backend(TrialEngine::new(engine)).await;
     let options = trial_options("agent_mount", Duration::from_secs(120));
@@ -362,57 +364,29 @@ pub async fn agent_is_mounted_read_only_or_uploaded<E: ContainerEngine>(engine: 
     if overwrite?.stdout.as_ref() == b"overwritten\n" {
         return Err("sandboxed root overwrote the mounted agent".into());
     }
-    // An engine that cannot see the host file: the create still gets an agent, uploaded.
+    // The engine was handed the library's host copy: this build's agent, as checked.
     let Some(path) = b.engine().agent_mounts().pop() else {
         return Err("no host copy of the agent was mounted although the engine mounts it".into());
     };
-    let removed = HostFileRemoved::remove(path)?;
-    let second = create(&b, options).await;
-    let restored = removed.restore();
-    let s = second?;
+    let expected = sandbox_agent::prebuilt().ok_or("no agent ships for this architecture")?;
+    if std::fs::read(&path).map_err(|e| format!("read {}: {e}", path.display()))? != expected {
+        return Err(format!(
+            "the mounted host copy {} is not this build's agent",
+            path.display()
+        ));
+    }
+    // An engine that cannot see the host file: the create still gets an agent, uploaded.
+    b.engine().agent_mount_unseen_once();
+    let s = create(&b, options).await?;
     let uploaded = sh(&*s, mounts).await;
     let _ = s.kill().await;
-    restored?;
     let uploaded = uploaded?;
     if String::from_utf8_lossy(&uploaded.stdout).trim() != "0" {
         return Err(format!(
-            "with the host file gone the agent should have been uploaded, not mounted: {uploaded:?}"
+            "with the host file unseen by the engine the agent should have been uploaded, not mounted: {uploaded:?}"
         ));
     }
     Ok(())
-}
-
-/// A host file the trial removed, with its bytes and mode to put it back as it was
-/// (through a temporary file and a rename, so a concurrent process never mounts a
-/// half-written agent).
-struct HostFileRemoved {
-    path: std::path::PathBuf,
-    bytes: Vec<u8>,
-    permissions: std::fs::Permissions,
-}
-
-impl HostFileRemoved {
-    fn remove(path: std::path::PathBuf) -> std::result::Result<Self, String> {
-        let read = |e: std::io::Error| format!("read {}: {e}", path.display());
-        let bytes = std::fs::read(&path).map_err(read)?;
-        let permissions = std::fs::metadata(&path).map_err(read)?.permissions();
-        std::fs::remove_file(&path).map_err(|e| format!("remove {}: {e}", path.display()))?;
-        Ok(HostFileRemoved {
-            path,
-            bytes,
-            permissions,
-        })
-    }
-
-    fn restore(self) -> Trial {
-        let tmp = self
-            .path
-            .with_extension(format!("restore-{}", std::process::id()));
-        let fail = |e: std::io::Error| format!("restore {}: {e}", self.path.display());
-        std::fs::write(&tmp, &self.bytes).map_err(fail)?;
-        std::fs::set_permissions(&tmp, self.permissions.clone()).map_err(fail)?;
-        std::fs::rename(&tmp, &self.path).map_err(fail)
-    }
 }
 
 /// Sandboxed code puts a FIFO where the host will read a result: `files().read` of it
