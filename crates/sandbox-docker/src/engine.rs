@@ -577,9 +577,9 @@ impl ContainerEngine for DockerEngine {
             from_image: Some(pull_reference(request.image)),
             ..Default::default()
         };
-        let mut stream = self
-            .client
-            .create_image(Some(opts), None, request.auth.map(docker_credentials));
+        let mut stream =
+            self.client
+                .create_image(Some(opts), None, request.auth.map(docker_credentials));
         loop {
             match sandbox_container::image::next_pull_item(&mut stream, PULL_IDLE).await? {
                 None => return Ok(()),

@@ -36,7 +36,8 @@ use tokio_util::sync::CancellationToken;
 use tower_service::Service;
 
 use crate::exit_code;
-use crate::mcp::server::{Policy, SandboxServer, kill_all};
+use crate::mcp::registry::kill_all;
+use crate::mcp::server::{Policy, SandboxServer};
 use crate::mcp::token::{Token, TokenFile};
 
 /// The path the MCP endpoint is served on.

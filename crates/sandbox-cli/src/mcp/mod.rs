@@ -10,13 +10,15 @@
 //! transport.
 
 mod http;
+mod registry;
 mod server;
 mod stdio;
 mod token;
 
 use crate::cli::McpArgs;
 use crate::mcp::http::HttpOptions;
-use crate::mcp::server::{Budget, Policy};
+use crate::mcp::registry::Budget;
+use crate::mcp::server::Policy;
 
 /// How `sandbox mcp` serves, checked before anything binds: a refused address never
 /// listens.

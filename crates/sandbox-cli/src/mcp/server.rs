@@ -7,9 +7,7 @@
 //! (the sibling `stdio` and `http` modules) can kill them all when it stops.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -29,6 +27,13 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use crate::mcp::registry::Budget;
+use crate::mcp::registry::Claim;
+use crate::mcp::registry::Owner;
+use crate::mcp::registry::Registry;
+use crate::mcp::registry::Reservation;
+use crate::mcp::registry::Session;
+use crate::mcp::registry::millicores;
 use crate::output::error_json;
 
 /// Bytes of stdout and of stderr a tool result carries; the rest is counted and dropped
@@ -43,21 +48,12 @@ const RUN_CODE_BUFFER_CAP: usize = 4 * 1024 * 1024;
 const DEFAULT_LIFETIME: Duration = Duration::from_secs(600);
 /// Longest lifetime a tool call may ask for.
 const MAX_LIFETIME: Duration = Duration::from_secs(3600);
-/// At most this many live sandboxes per server, all sessions together.
-const MAX_SANDBOXES: usize = 16;
 /// Most entries `sandbox_list_files` returns.
 const LIST_CAP: usize = 1000;
 /// Largest memory limit a tool call may ask for, in MiB.
 const MAX_MEMORY_MB: u64 = 4096;
 /// Largest CPU quota a tool call may ask for, in cores.
 const MAX_CPUS: f64 = 4.0;
-
-/// Default of `--total-memory-mb`: what all live sandboxes of the server may hold
-/// together, in MiB (two sandboxes at the per-call maximum).
-pub const DEFAULT_TOTAL_MEMORY_MB: u64 = 8192;
-/// Default of `--total-cpus`: the CPU quota all live sandboxes of the server may hold
-/// together, in cores.
-pub const DEFAULT_TOTAL_CPUS: f64 = 8.0;
 
 /// What the operator who started the server allows tool calls to ask for.
 #[derive(Debug, Clone, Copy, Default)]
@@ -66,79 +62,6 @@ pub struct Policy {
     pub allow_egress: bool,
     /// What all live sandboxes may hold together.
     pub budget: Budget,
-}
-
-/// The server's total budget: the sum over its live sandboxes (and those being created)
-/// of their memory limits and CPU quotas may not exceed it, so a client that may create
-/// 16 sandboxes still cannot claim 16 times the per-call maximum.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Budget {
-    /// Total memory in MiB.
-    pub memory_mb: u64,
-    /// Total CPU quota in cores.
-    pub cpus: f64,
-}
-
-impl Default for Budget {
-    fn default() -> Self {
-        Budget {
-            memory_mb: DEFAULT_TOTAL_MEMORY_MB,
-            cpus: DEFAULT_TOTAL_CPUS,
-        }
-    }
-}
-
-/// CPU quotas are summed in thousandths of a core, so adding and removing never drifts.
-fn millicores(cpus: f64) -> u64 {
-    (cpus * 1000.0).round() as u64
-}
-
-/// What one sandbox holds of the server's limits.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Claim {
-    count: usize,
-    memory_mb: u64,
-    millicores: u64,
-}
-
-impl Claim {
-    fn plus(self, o: Claim) -> Claim {
-        Claim {
-            count: self.count + o.count,
-            memory_mb: self.memory_mb + o.memory_mb,
-            millicores: self.millicores + o.millicores,
-        }
-    }
-
-    fn minus(self, o: Claim) -> Claim {
-        Claim {
-            count: self.count.saturating_sub(o.count),
-            memory_mb: self.memory_mb.saturating_sub(o.memory_mb),
-            millicores: self.millicores.saturating_sub(o.millicores),
-        }
-    }
-}
-
-/// Which MCP session a handler serves. Numbered by the server, never taken from the
-/// client: rmcp hands each session its own handler, so holding the handler is holding the
-/// session.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Owner(u64);
-
-impl Owner {
-    fn next() -> Owner {
-        static NEXT: AtomicU64 = AtomicU64::new(1);
-        Owner(NEXT.fetch_add(1, Ordering::Relaxed))
-    }
-}
-
-/// A live sandbox of the server: the session it belongs to, what it holds of the budget,
-/// and when its lifetime ends.
-struct Entry {
-    sandbox: Arc<dyn Sandbox>,
-    owner: Owner,
-    claim: Claim,
-    deadline: Instant,
 }
 
 /// Egress policy of `sandbox_create`.
@@ -282,190 +205,6 @@ impl Bounded {
         self.stdout = String::from_utf8_lossy(&self.out).into_owned();
         self.stderr = String::from_utf8_lossy(&self.err).into_owned();
         self
-    }
-}
-
-/// Every live sandbox of the server, with what they hold together (creations in flight
-/// included).
-#[derive(Default)]
-struct Live {
-    entries: HashMap<String, Entry>,
-    held: Claim,
-}
-
-/// The server's sandboxes, shared by all its sessions, for teardown when it stops.
-#[derive(Clone, Default)]
-pub struct Registry(Arc<Mutex<Live>>);
-
-impl Registry {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Live> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Takes `id` out if `owner` created it. Another session's sandbox is left alone and
-    /// reported as absent, exactly like an unknown id.
-    fn take(&self, id: &str, owner: Owner) -> Option<Arc<dyn Sandbox>> {
-        let mut live = self.lock();
-        if live.entries.get(id).is_none_or(|e| e.owner != owner) {
-            return None;
-        }
-        let entry = live.entries.remove(id)?;
-        live.held = live.held.minus(entry.claim);
-        Some(entry.sandbox)
-    }
-
-    /// Takes out every sandbox `owner` created.
-    fn take_owned(&self, owner: Owner) -> Vec<Arc<dyn Sandbox>> {
-        let mut live = self.lock();
-        let owned: Vec<String> = live
-            .entries
-            .iter()
-            .filter(|(_, e)| e.owner == owner)
-            .map(|(id, _)| id.clone())
-            .collect();
-        owned
-            .iter()
-            .filter_map(|id| {
-                let entry = live.entries.remove(id)?;
-                live.held = live.held.minus(entry.claim);
-                Some(entry.sandbox)
-            })
-            .collect()
-    }
-
-    /// Takes out every sandbox whose lifetime is over: its container ended at its
-    /// deadline, and it should stop counting against the limits. Returned to be killed
-    /// anyway, so a container that outlived its deadline is removed from here too.
-    fn take_expired(&self, now: Instant) -> Vec<Arc<dyn Sandbox>> {
-        let mut live = self.lock();
-        let expired: Vec<String> = live
-            .entries
-            .iter()
-            .filter(|(_, e)| e.deadline <= now)
-            .map(|(id, _)| id.clone())
-            .collect();
-        expired
-            .iter()
-            .filter_map(|id| {
-                let entry = live.entries.remove(id)?;
-                live.held = live.held.minus(entry.claim);
-                Some(entry.sandbox)
-            })
-            .collect()
-    }
-
-    /// Takes out every sandbox, for the server's teardown.
-    fn drain(&self) -> Vec<Arc<dyn Sandbox>> {
-        let mut live = self.lock();
-        live.held = Claim::default();
-        live.entries.drain().map(|(_, e)| e.sandbox).collect()
-    }
-}
-
-/// Room held in the registry for a sandbox being created; given back when dropped,
-/// unless [`Reservation::commit`] turned it into the sandbox's entry.
-struct Reservation {
-    registry: Registry,
-    claim: Claim,
-}
-
-impl Reservation {
-    /// Holds `claim` if it fits beside everything live and in flight, else refuses naming
-    /// the limit it would exceed. Counted before creating, so concurrent calls cannot
-    /// overshoot.
-    fn take(registry: &Registry, claim: Claim, budget: Budget) -> sandbox::Result<Reservation> {
-        let mut live = registry.lock();
-        let after = live.held.plus(claim);
-        if after.count > MAX_SANDBOXES {
-            return Err(SandboxError::resource_limit(
-                format!("live sandboxes of this MCP server ({MAX_SANDBOXES})"),
-                Some("kill one with sandbox_kill first".into()),
-            ));
-        }
-        if after.memory_mb > budget.memory_mb {
-            return Err(SandboxError::resource_limit(
-                format!(
-                    "total memory of this MCP server's sandboxes ({} MiB; {} MiB held, {} MiB asked)",
-                    budget.memory_mb, live.held.memory_mb, claim.memory_mb
-                ),
-                Some(
-                    "kill a sandbox with sandbox_kill or ask for less memory_mb; the operator sets the total with --total-memory-mb"
-                        .into(),
-                ),
-            ));
-        }
-        if after.millicores > millicores(budget.cpus) {
-            return Err(SandboxError::resource_limit(
-                format!(
-                    "total cpus of this MCP server's sandboxes ({} cores; {} held, {} asked)",
-                    budget.cpus,
-                    live.held.millicores as f64 / 1000.0,
-                    claim.millicores as f64 / 1000.0
-                ),
-                Some(
-                    "kill a sandbox with sandbox_kill or ask for fewer cpus; the operator sets the total with --total-cpus"
-                        .into(),
-                ),
-            ));
-        }
-        live.held = after;
-        Ok(Reservation {
-            registry: registry.clone(),
-            claim,
-        })
-    }
-
-    /// Registers the created sandbox; the room it held is now the entry's.
-    fn commit(mut self, id: String, sandbox: Arc<dyn Sandbox>, owner: Owner, deadline: Instant) {
-        // Moved out, so the drop below gives nothing back.
-        let claim = std::mem::take(&mut self.claim);
-        let mut live = self.registry.lock();
-        live.entries.insert(
-            id,
-            Entry {
-                sandbox,
-                owner,
-                claim,
-                deadline,
-            },
-        );
-        drop(live);
-    }
-}
-
-impl std::fmt::Debug for Reservation {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Reservation")
-            .field("claim", &self.claim)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Drop for Reservation {
-    fn drop(&mut self) {
-        let mut live = self.registry.lock();
-        live.held = live.held.minus(self.claim);
-    }
-}
-
-/// One MCP session's hold on its sandboxes. Its owner is set when the session's
-/// `initialize` arrives; a handler without one (a request of a sessionless protocol
-/// revision) can use no sandbox. When the session's handler goes (the client closed the
-/// session, it idled out, the transport stopped), the sandboxes it created go too: no
-/// other session may use them, so keeping them would only hold the server's budget.
-struct Session {
-    owner: OnceLock<Owner>,
-    registry: Registry,
-}
-
-impl Drop for Session {
-    fn drop(&mut self) {
-        if let Some(owner) = self.owner.get() {
-            // A dropped handle kills its sandbox in the background, bounded by the
-            // teardown grace (the library's guarantee); a tool call still running keeps
-            // its own handle until it returns.
-            drop(self.registry.take_owned(*owner));
-        }
     }
 }
 
@@ -929,31 +668,10 @@ async fn run_bounded(
     Ok((r.exit_code, out.finish()))
 }
 
-/// Kills every sandbox of the server concurrently, each bounded by the teardown grace.
-/// Returns how many kills failed.
-pub async fn kill_all(registry: &Registry) -> usize {
-    let all = registry.drain();
-    let kills = all.iter().map(|sb| async move {
-        let r = sb.kill().await;
-        if let Err(e) = &r {
-            tracing::warn!(
-                sandbox_id = sb.id(),
-                code = e.code().as_str(),
-                "mcp teardown failed"
-            );
-        }
-        r.is_err()
-    });
-    futures::future::join_all(kills)
-        .await
-        .into_iter()
-        .filter(|failed| *failed)
-        .count()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mcp::registry::MAX_SANDBOXES;
     use sandbox::ErrorCode;
 
     #[test]

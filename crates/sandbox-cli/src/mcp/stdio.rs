@@ -7,7 +7,8 @@ use rmcp::ServiceExt;
 use sandbox::SandboxError;
 
 use crate::exit_code;
-use crate::mcp::server::{Policy, SandboxServer, kill_all};
+use crate::mcp::registry::kill_all;
+use crate::mcp::server::{Policy, SandboxServer};
 
 /// Serves MCP on stdin/stdout until the client goes away or a termination signal arrives,
 /// then tears every sandbox of the session down.
