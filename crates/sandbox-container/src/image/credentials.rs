@@ -278,6 +278,24 @@ fn run_helper(helper: &str, server: &str) -> Result<Option<RegistryAuth>> {
     }))
 }
 
+/// Standard or URL-safe base64, padding optional, whitespace ignored (auth files are
+/// written by many tools); `None` when malformed.
+fn base64_decode(input: &[u8]) -> Option<Vec<u8>> {
+    use base64::Engine as _;
+    use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+    let clean: Vec<u8> = input
+        .iter()
+        .copied()
+        .filter(|c| !c.is_ascii_whitespace())
+        .collect();
+    let config = GeneralPurposeConfig::new()
+        .with_decode_padding_mode(DecodePaddingMode::Indifferent)
+        .with_decode_allow_trailing_bits(true);
+    [base64::alphabet::STANDARD, base64::alphabet::URL_SAFE]
+        .iter()
+        .find_map(|alphabet| GeneralPurpose::new(alphabet, config).decode(&clean).ok())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -391,22 +409,4 @@ mod tests {
         assert!(run_helper("../../bin/sh", "r:1").is_err());
         assert!(run_helper("", "r:1").is_err());
     }
-}
-
-/// Standard or URL-safe base64, padding optional, whitespace ignored (auth files are
-/// written by many tools); `None` when malformed.
-fn base64_decode(input: &[u8]) -> Option<Vec<u8>> {
-    use base64::Engine as _;
-    use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
-    let clean: Vec<u8> = input
-        .iter()
-        .copied()
-        .filter(|c| !c.is_ascii_whitespace())
-        .collect();
-    let config = GeneralPurposeConfig::new()
-        .with_decode_padding_mode(DecodePaddingMode::Indifferent)
-        .with_decode_allow_trailing_bits(true);
-    [base64::alphabet::STANDARD, base64::alphabet::URL_SAFE]
-        .iter()
-        .find_map(|alphabet| GeneralPurpose::new(alphabet, config).decode(&clean).ok())
 }
