@@ -274,6 +274,9 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         tier: IsolationTier,
         egress_net: Option<&crate::engine::NetworkInfo>,
     ) -> Result<ContainerSandbox<E>> {
+        if let Some(net) = egress_net {
+            crate::egress::check_allowlist(&*self.engine, &options.network, net).await?;
+        }
         let agent = self.wants_agent();
         let spec = self.spec(options, resources, egress_net, agent);
         self.engine.check_spec(&spec).map_err(error::refused_spec)?;
