@@ -88,7 +88,9 @@ pub struct CreateParams {
     #[serde(default)]
     pub network: Option<NetworkParam>,
     /// Egress allowlist: hostnames, `*.example.com` wildcards or CIDRs; only these are
-    /// reachable. Engines that cannot enforce it refuse (SBX_E1101).
+    /// reachable. Engines that cannot enforce it refuse (SBX_E1101). An entry inside
+    /// link-local, cloud metadata, the host's addresses or the engine's networks, or
+    /// wider than /8, is refused (SBX_E1000).
     #[serde(default)]
     pub allow_hosts: Option<Vec<String>>,
 }
