@@ -69,6 +69,12 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
         ),
         ctx.trial(
             AREA,
+            "listed_network_cannot_open_the_host",
+            list_kernel,
+            listed_network_cannot_open_the_host,
+        ),
+        ctx.trial(
+            AREA,
             "allow_blocks_bridge_and_metadata",
             &[net, Need::Canary, Need::KernelEvidence],
             allow_blocks_bridge_and_metadata,
@@ -384,6 +390,57 @@ async fn allowlist_blocks_bridge_and_metadata(ctx: Arc<Ctx>) -> anyhow::Result<(
         )
         .await?;
     bridge_and_metadata_blocked(&*sb).await?;
+    sb.kill().await
+}
+
+/// The host's bridge address cannot be listed (`Configuration` before provisioning), and
+/// a listed network that contains it, or link-local, leaves them blocked while the rest
+/// of the list (the canary) is reachable: the blocked set is evaluated first.
+async fn listed_network_cannot_open_the_host(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let c = case("listed_network_cannot_open_the_host");
+    if refused_when_undeclared(&ctx, &c).await? {
+        return Ok(());
+    }
+    let canary = ctx.canary()?.clone();
+    let names = names(&ctx)?;
+    let probe = ctx
+        .create(
+            &c,
+            ctx.opts(&c)
+                .network(NetworkPolicy::allow_list([names.listed])),
+        )
+        .await?;
+    let gw = default_gateway(&*probe).await?;
+    probe.kill().await?;
+    let r = ctx
+        .backend
+        .create(
+            ctx.opts(&c)
+                .network(NetworkPolicy::allow_list([format!("{gw}/32")])),
+        )
+        .await;
+    must_code(r, ErrorCode::Configuration).context("listing the host's bridge address")?;
+    if ctx.backend.as_reapable().is_some() {
+        let left = ctx.listed(&c).await?;
+        ensure!(left.is_empty(), "a refused allowlist provisioned {left:?}");
+    }
+    // The /8 around the gateway holds the host's bridge address and the engine's
+    // networks; 169.254.0.0/15 holds link-local and the metadata address.
+    let around = format!("{}.0.0.0/8", gw.octets()[0]);
+    let sb = ctx
+        .create(
+            &c,
+            ctx.opts(&c).network(NetworkPolicy::allow_list([
+                around.clone(),
+                "169.254.0.0/15".to_string(),
+                canary.spec.dial_host.clone(),
+            ])),
+        )
+        .await?;
+    expect_reached(&*sb, canary.probe_command(), &canary).await?;
+    bridge_and_metadata_blocked(&*sb)
+        .await
+        .with_context(|| format!("with {around} and 169.254.0.0/15 listed"))?;
     sb.kill().await
 }
 

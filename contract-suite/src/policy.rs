@@ -105,6 +105,12 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
         ),
         ctx.trial(
             AREA,
+            "allowlist_cannot_open_the_blocked_set",
+            &[],
+            allowlist_cannot_open_the_blocked_set,
+        ),
+        ctx.trial(
+            AREA,
             "require_isolation_above_tier_refused_before_provisioning",
             &[],
             require_isolation_above_tier_refused_before_provisioning,
@@ -473,6 +479,34 @@ async fn ingress_port_listed_twice_refused(ctx: Arc<Ctx>) -> anyhow::Result<()> 
         e.to_string().contains("8080"),
         "the error names the port: {e}"
     );
+    Ok(())
+}
+
+/// An allowlist entry inside the always-blocked set (link-local, cloud metadata) or wider
+/// than any one destination (`0.0.0.0/0`) is a `Configuration` error before
+/// provisioning, on every backend: the policy is judged before the capability, so a
+/// backend without `EGRESS_ALLOWLIST` refuses it the same way.
+async fn allowlist_cannot_open_the_blocked_set(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let c = case("allowlist_cannot_open_the_blocked_set");
+    for entry in [
+        "169.254.169.254/32",
+        "169.254.169.254",
+        "fe80::1",
+        "fd00:ec2::254",
+        "100.100.100.200",
+        "0.0.0.0/0",
+        "::/0",
+    ] {
+        let network = NetworkPolicy::allow_list(["192.0.2.1", entry]);
+        refused_before_provisioning(
+            &ctx,
+            &c,
+            ctx.opts(&c).network(network),
+            ErrorCode::Configuration,
+        )
+        .await
+        .with_context(|| format!("allowlist entry {entry}"))?;
+    }
     Ok(())
 }
 

@@ -243,4 +243,5 @@ caught! {
     uncapped_read_is_caught => UncappedRead,
     dropped_stdin_is_caught => DropStdin,
     newline_split_listing_is_caught => SplitNamesOnNewline,
+    unchecked_allowlist_is_caught => UncheckedAllowlist,
 }

@@ -77,6 +77,12 @@ impl Backend for BrokenBackend {
                 // Says it filters, gives full egress.
                 options.network.egress = Egress::Allow;
             }
+            Flaw::UncheckedAllowlist
+                if matches!(options.network.egress, Egress::AllowList(_))
+                    && options.network.validate().is_err() =>
+            {
+                options.network = NetworkPolicy::allow();
+            }
             Flaw::IgnoreLimits => {
                 options.resources = Resources::default();
             }

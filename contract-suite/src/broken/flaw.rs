@@ -125,11 +125,16 @@ pub enum Flaw {
     /// `ls` reads its listing line by line: a name with a newline in it becomes several
     /// entries (the helper-script listings the adapters once printed one per line).
     SplitNamesOnNewline,
+    /// Allowlist entries are not judged against the always-blocked set: one inside it
+    /// (the metadata service) or wider than any destination is taken, and the sandbox
+    /// gets what it names (modelled as egress `Allow`: the inner backend refuses the
+    /// entry itself).
+    UncheckedAllowlist,
 }
 
 impl Flaw {
     /// Every flaw.
-    pub const ALL: [Flaw; 50] = [
+    pub const ALL: [Flaw; 51] = [
         Flaw::SwallowTimeouts,
         Flaw::PretendNetworkPolicy,
         Flaw::LeakSecrets,
@@ -180,6 +185,7 @@ impl Flaw {
         Flaw::UncappedRead,
         Flaw::DropStdin,
         Flaw::SplitNamesOnNewline,
+        Flaw::UncheckedAllowlist,
     ];
 
     /// The trials that must fail on a backend with this flaw (each passes without it).
@@ -277,6 +283,9 @@ impl Flaw {
                 "contract::streaming::live_input_is_read_as_it_is_written",
             ],
             Flaw::SplitNamesOnNewline => &["contract::files::ls_name_with_a_newline_is_one_entry"],
+            Flaw::UncheckedAllowlist => {
+                &["contract::policy::allowlist_cannot_open_the_blocked_set"]
+            }
         }
     }
 }

@@ -261,6 +261,33 @@ async fn mcp_egress_needs_allow_egress() {
     client.cancel().await.expect("close");
 }
 
+/// A client cannot open what every sandbox is kept from: an allowlist entry inside the
+/// metadata service, or one wider than any destination, is refused (`Configuration`)
+/// before anything is created, even on a server that allows egress.
+#[tokio::test]
+async fn mcp_allowlist_cannot_open_the_blocked_set() {
+    let client = start_with(&["--allow-egress"]).await;
+    for bad in ["169.254.169.254/32", "0.0.0.0/0"] {
+        let (failed, r) = call(
+            &client,
+            "sandbox_create",
+            json!({"engine": "fake", "allow_hosts": [bad]}),
+        )
+        .await;
+        assert!(failed, "{bad}: {r}");
+        assert_eq!(r["error"]["code"], "SBX_E1000", "{bad}: {r}");
+    }
+    // An ordinary allowlist is still granted.
+    let (failed, r) = call(
+        &client,
+        "sandbox_create",
+        json!({"engine": "fake", "allow_hosts": ["10.0.0.0/8", "pypi.org"]}),
+    )
+    .await;
+    assert!(!failed, "{r}");
+    client.cancel().await.expect("close");
+}
+
 fn managed_containers(engine: &str, id: &str) -> String {
     let o = std::process::Command::new(engine)
         .args([

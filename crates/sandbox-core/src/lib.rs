@@ -37,7 +37,10 @@ pub use error_code::{CodeDoc, DOCS_BASE_URL, ErrorCode};
 pub use files::{FileInfo, FileSystem, resolve_path};
 pub use isolation::IsolationTier;
 pub use managed::{ManagedSandbox, SandboxState};
-pub use network::{Egress, EgressRule, EgressTarget, NetworkPolicy};
+pub use network::{
+    ALWAYS_BLOCKED, BlockedNetwork, BlockedSetOverride, Egress, EgressRule, EgressTarget,
+    MIN_ALLOWLIST_PREFIX, NetworkPolicy,
+};
 pub use options::{CodeOptions, Command, CreateOptions, Language, PtySize, PullPolicy, RunOptions};
 pub use pool::{Pool, PoolConfig, PoolStats};
 pub use process::{

@@ -1,7 +1,7 @@
 //! Network policy: egress deny by default, ingress ports published only when asked.
 
 use std::fmt;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
 use crate::{Result, SandboxError};
@@ -222,6 +222,177 @@ fn parse_target(entry: &str) -> std::result::Result<EgressTarget, String> {
     Ok(EgressTarget::Host(name.to_string()))
 }
 
+/// A network every sandbox with egress is kept from, whatever its policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BlockedNetwork {
+    /// The network address (host bits zero).
+    pub addr: IpAddr,
+    /// Prefix length.
+    pub prefix: u8,
+    /// What lives there, for error messages.
+    pub what: &'static str,
+}
+
+impl BlockedNetwork {
+    /// Whether every address of `addr/prefix` is in this network.
+    pub fn holds(&self, addr: IpAddr, prefix: u8) -> bool {
+        prefix >= self.prefix && same_network(self.addr, addr, self.prefix)
+    }
+}
+
+impl fmt::Display for BlockedNetwork {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+const fn blocked(addr: IpAddr, prefix: u8, what: &'static str) -> BlockedNetwork {
+    BlockedNetwork { addr, prefix, what }
+}
+
+/// The statically known part of the always-blocked set: engines that load egress rules
+/// reject these under `Allow` and `AllowList` alike, ahead of any allowlist rule, and
+/// [`NetworkPolicy::validate`] refuses an allowlist network that lies inside one. (The rest of the set, the host's own
+/// addresses and the engine's networks, is only known where the engine runs.)
+pub const ALWAYS_BLOCKED: &[BlockedNetwork] = &[
+    blocked(
+        IpAddr::V4(Ipv4Addr::new(169, 254, 0, 0)),
+        16,
+        "IPv4 link-local, where clouds serve instance metadata and credentials (169.254.169.254)",
+    ),
+    blocked(
+        IpAddr::V6(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0)),
+        10,
+        "IPv6 link-local",
+    ),
+    blocked(
+        IpAddr::V6(Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)),
+        128,
+        "the AWS IPv6 instance metadata service",
+    ),
+    blocked(
+        IpAddr::V4(Ipv4Addr::new(100, 100, 100, 200)),
+        32,
+        "the Alibaba Cloud instance metadata service",
+    ),
+];
+
+/// Addresses that are no destination a sandbox could mean: an allowlist network inside
+/// one is refused. They need no rule (traffic to them never leaves the sandbox's own
+/// namespace, or leaves as IPv4), so they are not part of [`ALWAYS_BLOCKED`].
+const NOT_DESTINATIONS: &[BlockedNetwork] = &[
+    blocked(
+        IpAddr::V4(Ipv4Addr::new(0, 0, 0, 0)),
+        8,
+        "the unspecified address and \"this network\" (a connect there reaches the sandbox itself)",
+    ),
+    blocked(
+        IpAddr::V6(Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 0)),
+        128,
+        "the unspecified address (a connect there reaches the sandbox itself)",
+    ),
+    blocked(
+        IpAddr::V6(Ipv6Addr::new(0, 0, 0, 0, 0, 0xffff, 0, 0)),
+        96,
+        "IPv4-mapped IPv6 addresses (their packets leave as IPv4, judged by the IPv4 rules)",
+    ),
+];
+
+/// The shortest prefix an allowlist network may have, IPv4 and IPv6 alike. A /8 is the
+/// widest range one owner holds as a whole (`10.0.0.0/8`; `fd00::/8`, IPv6's unique local
+/// addresses): anything wider spans unrelated owners' address space and means "most of
+/// the internet", which is what egress `Allow` is for (and `Allow` keeps the blocked
+/// set).
+pub const MIN_ALLOWLIST_PREFIX: u8 = 8;
+
+/// Whether `a` and `b` agree on their first `prefix` bits (same family only).
+fn same_network(a: IpAddr, b: IpAddr, prefix: u8) -> bool {
+    let common = u32::from(prefix);
+    match (a, b) {
+        (IpAddr::V4(a), IpAddr::V4(b)) => {
+            let mask = u32::MAX.checked_shl(32 - common).unwrap_or(0);
+            u32::from(a) & mask == u32::from(b) & mask
+        }
+        (IpAddr::V6(a), IpAddr::V6(b)) => {
+            let mask = u128::MAX.checked_shl(128 - common).unwrap_or(0);
+            u128::from(a) & mask == u128::from(b) & mask
+        }
+        _ => false,
+    }
+}
+
+/// **Dangerous.** A network an allowlist sandbox may reach *through* the always-blocked
+/// set: its rule is evaluated before the blocked set, so it opens whatever part of that
+/// set it covers — the cloud metadata service (and the instance's credentials), the
+/// host's own addresses and every service the host runs on them, other sandboxes and
+/// containers on the engine's networks.
+///
+/// Only for library callers who mean exactly that (a sandbox that must reach one service
+/// on the host, say). Only a network, never a name: what a name resolves to is decided by
+/// whoever answers DNS, and it never opens the blocked set. It exists only in Rust: it is
+/// not part of [`NetworkPolicy`]'s serialized form, so no configuration file, DSN, CLI
+/// flag or MCP argument can carry it. The MCP server never offers it.
+///
+/// The network is reachable by itself (it need not be on the allowlist as well), and an
+/// allowlist entry inside it is not refused for overlapping the blocked set.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BlockedSetOverride {
+    rule: EgressRule,
+}
+
+impl BlockedSetOverride {
+    /// The network `cidr` (`10.0.0.5/32`, `fd00::/64`; a bare address is a /32 or /128).
+    /// A hostname or wildcard, a network wider than [`MIN_ALLOWLIST_PREFIX`] and one of
+    /// the addresses that are no destination (unspecified, IPv4-mapped) are
+    /// `Configuration` errors.
+    pub fn network(cidr: &str) -> Result<Self> {
+        let rule = EgressRule::parse(cidr)?;
+        let EgressTarget::Network { addr, prefix } = *rule.target() else {
+            return Err(SandboxError::config(
+                format!(
+                    "{cidr:?} is a name: only a network can be reached through the blocked set"
+                ),
+                "give the address or CIDR (`10.0.0.5/32`); a name's answers never open the blocked set",
+            ));
+        };
+        check_destination(&rule, addr, prefix)?;
+        Ok(BlockedSetOverride { rule })
+    }
+
+    /// The network as an allowlist rule.
+    pub fn rule(&self) -> &EgressRule {
+        &self.rule
+    }
+}
+
+impl fmt::Display for BlockedSetOverride {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.rule.fmt(f)
+    }
+}
+
+/// Refuses a network that is too wide or is no destination (checked for overrides too).
+fn check_destination(rule: &EgressRule, addr: IpAddr, prefix: u8) -> Result<()> {
+    if prefix < MIN_ALLOWLIST_PREFIX {
+        return Err(SandboxError::config(
+            format!(
+                "allowlist entry `{rule}` is wider than /{MIN_ALLOWLIST_PREFIX}: it spans most of the internet and the always-blocked set"
+            ),
+            format!(
+                "list the networks you need (at most /{MIN_ALLOWLIST_PREFIX} each), or use egress `Allow`, which keeps link-local, metadata, the host and other sandboxes blocked"
+            ),
+        ));
+    }
+    if let Some(n) = NOT_DESTINATIONS.iter().find(|n| n.holds(addr, prefix)) {
+        return Err(SandboxError::config(
+            format!("allowlist entry `{rule}` lies inside {n}: {}", n.what),
+            "list the real destination's address or CIDR (an IPv4 address in its IPv4 form)",
+        ));
+    }
+    Ok(())
+}
+
 /// Network policy of a sandbox. Default: deny all egress, no ingress.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[cfg_attr(
@@ -235,6 +406,10 @@ pub struct NetworkPolicy {
     pub egress: Egress,
     /// Container ports to publish on the host's loopback (needs `INGRESS_PORTS`).
     pub ingress_ports: Vec<u16>,
+    /// **Dangerous**: networks an `AllowList` sandbox reaches through the always-blocked
+    /// set (see [`BlockedSetOverride`]). Empty by default; never serialized.
+    #[cfg_attr(feature = "serde", serde(skip))]
+    pub blocked_set_overrides: Vec<BlockedSetOverride>,
 }
 
 impl NetworkPolicy {
@@ -246,7 +421,7 @@ impl NetworkPolicy {
     pub fn allow() -> Self {
         NetworkPolicy {
             egress: Egress::Allow,
-            ingress_ports: vec![],
+            ..Self::default()
         }
     }
     /// Allow only the given hosts / CIDRs.
@@ -257,7 +432,7 @@ impl NetworkPolicy {
     {
         NetworkPolicy {
             egress: Egress::AllowList(hosts.into_iter().map(Into::into).collect()),
-            ingress_ports: vec![],
+            ..Self::default()
         }
     }
     /// Adds a port to publish on the host's loopback.
@@ -266,8 +441,33 @@ impl NetworkPolicy {
         self
     }
 
+    /// **Dangerous**: lets this allowlist sandbox reach `network` although it lies in the
+    /// always-blocked set (link-local and cloud metadata, the host's own addresses, the
+    /// engine's networks). Read [`BlockedSetOverride`] first.
+    pub fn through_blocked_set(mut self, network: BlockedSetOverride) -> Self {
+        self.blocked_set_overrides.push(network);
+        self
+    }
+
+    /// The override whose network holds all of `addr/prefix`, if any.
+    pub fn override_for(&self, addr: IpAddr, prefix: u8) -> Option<&BlockedSetOverride> {
+        self.blocked_set_overrides.iter().find(|o| {
+            matches!(*o.rule.target(), EgressTarget::Network { prefix: p, .. }
+                if p <= prefix && o.rule.matches_ip(addr))
+        })
+    }
+
     /// Validates ports and allowlist entries. A port listed twice is refused: it would be
     /// published twice, or silently once, depending on the engine.
+    ///
+    /// An allowlist network wider than [`MIN_ALLOWLIST_PREFIX`] is refused; so is one that
+    /// lies inside the statically known always-blocked set ([`ALWAYS_BLOCKED`]:
+    /// link-local, cloud metadata; unless a [`BlockedSetOverride`] holds it) or inside the
+    /// addresses that are no destination (unspecified, IPv4-mapped). A network that merely
+    /// *contains* blocked addresses (`fd00::/8` holds AWS's `fd00:ec2::254`) is accepted:
+    /// the blocked set is evaluated before the allowlist, so those addresses stay blocked
+    /// inside it. Container engines check the rest of the set (the host's addresses, the
+    /// engine's networks) the same way before they create the container.
     pub fn validate(&self) -> Result<()> {
         let mut seen = std::collections::BTreeSet::new();
         for p in &self.ingress_ports {
@@ -284,7 +484,33 @@ impl NetworkPolicy {
                 ));
             }
         }
-        self.egress.rules()?;
+        let rules = self.egress.rules()?;
+        if !self.blocked_set_overrides.is_empty() && !matches!(self.egress, Egress::AllowList(_)) {
+            return Err(SandboxError::config(
+                "blocked-set overrides only go with an egress allowlist",
+                "use NetworkPolicy::allow_list(..).through_blocked_set(..), or drop the overrides",
+            ));
+        }
+        for rule in &rules {
+            let EgressTarget::Network { addr, prefix } = *rule.target() else {
+                continue;
+            };
+            check_destination(rule, addr, prefix)?;
+            if self.override_for(addr, prefix).is_some() {
+                continue;
+            }
+            if let Some(b) = ALWAYS_BLOCKED.iter().find(|b| b.holds(addr, prefix)) {
+                return Err(SandboxError::config(
+                    format!(
+                        "allowlist entry `{rule}` lies inside {b}, which every sandbox is kept from: {}",
+                        b.what
+                    ),
+                    "remove it: nothing there is reachable from a sandbox. To reach it anyway \
+                     from Rust, read the dangers of BlockedSetOverride first \
+                     (NetworkPolicy::through_blocked_set)",
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -352,6 +578,104 @@ mod tests {
             policy.validate().unwrap_err().code(),
             ErrorCode::Configuration
         );
+    }
+
+    /// Each entry would open, or stand for, what every sandbox is kept from.
+    #[test]
+    fn allowlist_cannot_open_the_blocked_set() {
+        for bad in [
+            "169.254.169.254/32",
+            "169.254.169.254",
+            "169.254.0.0/16",
+            "169.254.128.0/17",
+            "fe80::1",
+            "fe80::/10",
+            "fd00:ec2::254",
+            "100.100.100.200",
+            "0.0.0.0/0",
+            "::/0",
+            "128.0.0.0/1",
+            "2000::/3",
+            "0.0.0.0",
+            "0.0.0.0/8",
+            "::",
+            "::ffff:169.254.169.254",
+            "::ffff:0:0/96",
+        ] {
+            let e = NetworkPolicy::allow_list(["pypi.org", bad])
+                .validate()
+                .expect_err(bad);
+            assert_eq!(e.code(), ErrorCode::Configuration, "{bad}");
+            assert!(e.hint().len() > 10, "{bad}: a hint says what to do instead");
+        }
+    }
+
+    #[test]
+    fn ordinary_entries_pass_validation() {
+        let ok = NetworkPolicy::allow_list([
+            "pypi.org",
+            "*.example.com",
+            "10.0.0.0/8",
+            "fd00::/8",
+            "fd00:ec2::/32",
+            "100.64.0.0/10",
+            "169.0.0.0/8",
+            "198.18.0.0/24",
+            "192.0.2.1",
+            "2001:db8::1",
+            "169.253.255.255",
+            "169.255.0.0/16",
+            "100.100.100.199",
+            // The sandbox's own loopback on every engine: reachable whatever the policy,
+            // and nothing of the host's.
+            "127.0.0.1",
+        ]);
+        // Those containing blocked addresses (169.254/16, fd00:ec2::254, 100.100.100.200)
+        // are accepted: the blocked set is evaluated before them.
+        assert!(ok.validate().is_ok(), "{:?}", ok.validate());
+        // A name that resolves into the blocked set is not known here; the rules keep
+        // its answers below the blocked set.
+        assert!(
+            NetworkPolicy::allow_list(["metadata.google.internal"])
+                .validate()
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn an_explicit_override_opens_its_network_only() {
+        let metadata = BlockedSetOverride::network("169.254.169.254").unwrap();
+        assert_eq!(metadata.to_string(), "169.254.169.254/32");
+        let p = NetworkPolicy::allow_list(["pypi.org"]).through_blocked_set(metadata.clone());
+        assert!(p.validate().is_ok());
+        // An entry inside the override is covered by it; one beside it is still refused.
+        let p =
+            NetworkPolicy::allow_list(["169.254.169.254/32"]).through_blocked_set(metadata.clone());
+        assert!(p.validate().is_ok());
+        let p = NetworkPolicy::allow_list(["169.254.0.0/16"]).through_blocked_set(metadata.clone());
+        assert_eq!(p.validate().unwrap_err().code(), ErrorCode::Configuration);
+        assert!(
+            p.override_for("169.254.169.254".parse().unwrap(), 32)
+                .is_some()
+        );
+        assert!(p.override_for("169.254.0.0".parse().unwrap(), 16).is_none());
+        // Only with an allowlist, only a network, never too wide or no destination.
+        for bad in [
+            NetworkPolicy::allow().through_blocked_set(metadata.clone()),
+            NetworkPolicy::deny().through_blocked_set(metadata),
+        ] {
+            assert_eq!(bad.validate().unwrap_err().code(), ErrorCode::Configuration);
+        }
+        for bad in [
+            "metadata.google.internal",
+            "*.internal",
+            "0.0.0.0/0",
+            "::",
+            "x y",
+        ] {
+            let e = BlockedSetOverride::network(bad).expect_err(bad);
+            assert_eq!(e.code(), ErrorCode::Configuration, "{bad}");
+        }
     }
 
     #[test]

@@ -1,11 +1,12 @@
 //! The egress decision `nc` applies under the sandbox's network policy — the same
 //! semantics as the container engines' allowlist (docs/network.md): a *name* must be
 //! listed (exactly, or below a `*.` wildcard) to resolve at all, and then its addresses
-//! are reachable; an *address* dialed directly must be inside a listed CIDR.
+//! are reachable; an *address* dialed directly must be inside a listed CIDR, and one in
+//! the always-blocked set stays blocked unless an explicit override holds it.
 
 use std::net::IpAddr;
 
-use sandbox_core::{Egress, EgressRule, NetworkPolicy};
+use sandbox_core::{ALWAYS_BLOCKED, Egress, EgressRule, NetworkPolicy};
 
 /// The verdict on one dial.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +35,21 @@ pub(crate) fn egress_verdict(policy: &NetworkPolicy, host: &str) -> Verdict {
         Egress::AllowList(list) => {
             let rules = rules(list);
             match host.parse::<IpAddr>() {
+                Ok(ip)
+                    if policy
+                        .override_for(ip, if ip.is_ipv4() { 32 } else { 128 })
+                        .is_some() =>
+                {
+                    Verdict::Allowed
+                }
+                // Evaluated before the list, as the engines' rules do.
+                Ok(ip)
+                    if ALWAYS_BLOCKED
+                        .iter()
+                        .any(|b| b.holds(ip, if ip.is_ipv4() { 32 } else { 128 })) =>
+                {
+                    Verdict::Rejected
+                }
                 Ok(ip) if rules.iter().any(|r| r.matches_ip(ip)) => Verdict::Allowed,
                 Ok(_) => Verdict::Rejected,
                 Err(_) if rules.iter().any(|r| r.matches_host(host)) => Verdict::Allowed,
@@ -72,5 +88,17 @@ mod tests {
             egress_verdict(&NetworkPolicy::allow(), "anything"),
             Verdict::Allowed
         );
+    }
+
+    #[test]
+    fn a_listed_network_leaves_the_blocked_set_blocked() {
+        let p = NetworkPolicy::allow_list(["169.0.0.0/8", "fd00::/8"]);
+        assert_eq!(egress_verdict(&p, "169.1.2.3"), Verdict::Allowed);
+        assert_eq!(egress_verdict(&p, "169.254.169.254"), Verdict::Rejected);
+        assert_eq!(egress_verdict(&p, "fd00:ec2::254"), Verdict::Rejected);
+        let o = sandbox_core::BlockedSetOverride::network("169.254.169.254").unwrap();
+        let p = p.through_blocked_set(o);
+        assert_eq!(egress_verdict(&p, "169.254.169.254"), Verdict::Allowed);
+        assert_eq!(egress_verdict(&p, "169.254.169.253"), Verdict::Rejected);
     }
 }

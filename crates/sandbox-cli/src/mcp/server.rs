@@ -100,7 +100,9 @@ pub struct CreateParams {
     #[serde(default)]
     pub network: Option<NetworkParam>,
     /// Egress allowlist: hostnames, `*.example.com` wildcards or CIDRs; only these are
-    /// reachable. Engines that cannot enforce it refuse (SBX_E1101).
+    /// reachable. Engines that cannot enforce it refuse (SBX_E1101). An entry inside
+    /// link-local, cloud metadata, the host's addresses or the engine's networks, or
+    /// wider than /8, is refused (SBX_E1000).
     #[serde(default)]
     pub allow_hosts: Option<Vec<String>>,
 }
@@ -716,6 +718,50 @@ mod tests {
             };
             let o = create_options(&p, consent).expect("consent");
             assert_ne!(o.network, NetworkPolicy::deny());
+        }
+    }
+
+    /// The MCP server never offers a way through the blocked set: no argument of
+    /// `sandbox_create` names one, an argument smuggled in is not read, and every policy
+    /// it builds is validated (so a client's entry inside the blocked set is refused).
+    #[test]
+    fn mcp_never_offers_a_blocked_set_override() {
+        let schema = serde_json::to_value(schemars::schema_for!(CreateParams)).unwrap();
+        let args = schema["properties"].as_object().expect("properties");
+        assert!(args.contains_key("allow_hosts"), "{schema}");
+        for arg in args.keys() {
+            for word in ["override", "blocked", "through"] {
+                assert!(
+                    !arg.contains(word),
+                    "`{arg}` offers a way through the blocked set"
+                );
+            }
+        }
+        let consent = Policy {
+            allow_egress: true,
+            ..Policy::default()
+        };
+        let p: CreateParams = serde_json::from_value(json!({
+            "engine": "fake",
+            "allow_hosts": ["pypi.org"],
+            "blocked_set_overrides": ["169.254.169.254/32"],
+        }))
+        .expect("params");
+        let o = create_options(&p, consent).expect("an ordinary allowlist");
+        assert!(o.network.blocked_set_overrides.is_empty());
+        for bad in ["169.254.169.254/32", "0.0.0.0/0", "fd00:ec2::254", "::/0"] {
+            let p: CreateParams =
+                serde_json::from_value(json!({"engine": "fake", "allow_hosts": [bad]}))
+                    .expect("params");
+            let refused = create_options(&p, consent).and_then(|o| {
+                assert!(o.network.blocked_set_overrides.is_empty());
+                o.validate().map(drop)
+            });
+            assert_eq!(
+                refused.expect_err(bad).code(),
+                ErrorCode::Configuration,
+                "{bad}"
+            );
         }
     }
 

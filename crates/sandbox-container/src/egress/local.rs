@@ -3,8 +3,9 @@
 //! A service the host runs on all of its addresses (`0.0.0.0`) answers on its LAN
 //! address as well as on its bridge addresses; blocking only the engine networks would
 //! leave it reachable from a sandbox with egress `Allow`. So every address the host holds
-//! when a sandbox starts joins the always-blocked set (a CIDR listed on an allowlist still
-//! wins). Loopback needs nothing: a sandbox's 127.0.0.1 is its own namespace's.
+//! when a sandbox starts joins the always-blocked set (a listed CIDR that contains one
+//! leaves it blocked; only an explicit `BlockedSetOverride` opens it). Loopback needs
+//! nothing: a sandbox's 127.0.0.1 is its own namespace's.
 
 use std::net::IpAddr;
 

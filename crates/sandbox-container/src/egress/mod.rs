@@ -6,10 +6,11 @@
 //! (nothing of the user's has run yet), the library enters the container's network
 //! namespace from the host (`nsenter --net=/proc/<pid>/ns/net nft -f -`) and loads one
 //! `inet` table (see `nft.rs`): output policy drop; loopback and established traffic
-//! accepted; DNS redirected to the library's resolver (see `resolver.rs`); listed CIDRs
-//! accepted; link-local, cloud metadata, every engine network (the host's bridge
-//! addresses and other sandboxes) and every address of the host itself rejected; addresses the resolver returned for listed
-//! names accepted; everything else rejected (a fast failure, not a timeout). Under
+//! accepted; DNS redirected to the library's resolver (see `resolver.rs`); the networks of
+//! explicit blocked-set overrides accepted; link-local, cloud metadata, every engine
+//! network (the host's bridge addresses and other sandboxes) and every address of the
+//! host itself rejected; listed CIDRs, then addresses the resolver returned for listed
+//! names, accepted; everything else rejected (a fast failure, not a timeout). Under
 //! `Allow` the last step accepts instead. The table is read back and checked; any failure
 //! fails `create` and removes the container. The workload never holds `NET_ADMIN` or
 //! `NET_RAW`, so it cannot change the rules.
@@ -31,7 +32,9 @@ use std::sync::{Arc, OnceLock};
 
 use futures::future::BoxFuture;
 use sandbox_core::labels::{LABEL_BACKEND, LABEL_MANAGED};
-use sandbox_core::{Egress, EgressRule, EgressTarget, NetworkPolicy, Result, SandboxError};
+use sandbox_core::{
+    ALWAYS_BLOCKED, Egress, EgressRule, EgressTarget, NetworkPolicy, Result, SandboxError,
+};
 
 use crate::engine::{
     ContainerEngine, EngineError, EngineErrorKind, EngineResult, NetworkInfo, NetworkMode,
@@ -104,6 +107,13 @@ impl Cidr {
         }
     }
 
+    /// Whether every address of `other` is in this network.
+    pub fn holds(self, other: Cidr) -> bool {
+        self.addr.is_ipv4() == other.addr.is_ipv4()
+            && other.prefix >= self.prefix
+            && Cidr::new(other.addr, self.prefix).network() == self.network()
+    }
+
     /// The network with host bits cleared (what nft sets accept).
     pub fn network(self) -> Cidr {
         let addr = match self.addr {
@@ -152,17 +162,14 @@ impl FromStr for Cidr {
     }
 }
 
-/// Always blocked, whatever the engine: IPv4 and IPv6 link-local (169.254.169.254, the
-/// cloud metadata service, is inside the first) and AWS's IPv6 metadata address.
+/// Always blocked, whatever the engine: core's [`ALWAYS_BLOCKED`] (IPv4 and IPv6
+/// link-local, with the cloud metadata service at 169.254.169.254, and the metadata
+/// addresses outside it).
 pub fn always_blocked() -> Vec<Cidr> {
-    vec![
-        Cidr::new(IpAddr::V4(Ipv4Addr::new(169, 254, 0, 0)), 16),
-        Cidr::new(IpAddr::V6(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0)), 10),
-        Cidr::new(
-            IpAddr::V6(Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)),
-            128,
-        ),
-    ]
+    ALWAYS_BLOCKED
+        .iter()
+        .map(|b| Cidr::new(b.addr, b.prefix))
+        .collect()
 }
 
 pub(crate) mod host {
@@ -377,15 +384,124 @@ fn creation(backend: &str, why: String) -> SandboxError {
     SandboxError::creation(backend, format!("egress rules could not be applied: {why}"))
 }
 
+/// The network an allowlist rule names, if it names one.
+fn network_of(rule: &EgressRule) -> Option<Cidr> {
+    match rule.target() {
+        EgressTarget::Network { addr, prefix } => Some(Cidr::new(*addr, *prefix)),
+        _ => None,
+    }
+}
+
 /// Listed CIDRs of an allowlist.
 fn listed_networks(rules: &[EgressRule]) -> Vec<Cidr> {
-    rules
+    rules.iter().filter_map(network_of).collect()
+}
+
+/// The networks of the policy's blocked-set overrides (accepted ahead of the blocked set).
+fn override_networks(policy: &NetworkPolicy) -> Vec<Cidr> {
+    policy
+        .blocked_set_overrides
         .iter()
-        .filter_map(|r| match r.target() {
-            EgressTarget::Network { addr, prefix } => Some(Cidr::new(*addr, *prefix)),
-            _ => None,
-        })
+        .filter_map(|o| network_of(o.rule()))
         .collect()
+}
+
+/// One part of the always-blocked set, and what it is (for refusals).
+#[derive(Debug, Clone)]
+struct Blocked {
+    cidr: Cidr,
+    what: String,
+}
+
+/// The always-blocked set of a sandbox on `net`: core's static part, every subnet and
+/// gateway of every engine network (other containers, the host's bridge addresses), and
+/// every address of this host.
+async fn blocked_set<E: ContainerEngine + ?Sized>(
+    engine: &E,
+    net: &NetworkInfo,
+) -> Result<Vec<Blocked>> {
+    let backend = engine.backend();
+    let networks = engine
+        .networks()
+        .await
+        .map_err(|e| crate::error::engine(engine, "list networks", e))?;
+    let mut block: Vec<Blocked> = ALWAYS_BLOCKED
+        .iter()
+        .map(|b| Blocked {
+            cidr: Cidr::new(b.addr, b.prefix),
+            what: b.what.to_string(),
+        })
+        .collect();
+    for n in networks.iter().chain(std::iter::once(net)) {
+        for s in &n.subnets {
+            block.push(Blocked {
+                cidr: Cidr::new(s.addr, s.prefix),
+                what: format!("the {backend} network `{}` (other containers)", n.name),
+            });
+            if let Some(g) = s.gateway {
+                block.push(Blocked {
+                    cidr: Cidr::new(g, if g.is_ipv4() { 32 } else { 128 }),
+                    what: format!("the host's address on the {backend} network `{}`", n.name),
+                });
+            }
+        }
+    }
+    // The host's other addresses (its LAN address above all): a service it runs on all
+    // of them must be as far out of reach as on its bridge addresses.
+    let host = local::addresses()
+        .await
+        .map_err(|e| creation(backend, format!("listing the host's addresses: {e}")))?;
+    block.extend(host.into_iter().map(|cidr| Blocked {
+        cidr,
+        what: "an address of this host (every service it runs there)".to_string(),
+    }));
+    Ok(block)
+}
+
+/// The first allowlist network that lies inside `block` without an override holding it:
+/// an entry that could only be meant to open the blocked set. A network that merely
+/// contains blocked addresses is not refused: the rules evaluate the blocked set first,
+/// so those stay blocked inside it (a LAN holds the host's own address, `fd00::/8`
+/// holds a metadata address).
+fn refused_entry(policy: &NetworkPolicy, rules: &[EgressRule], block: &[Blocked]) -> Result<()> {
+    let overrides = override_networks(policy);
+    for rule in rules {
+        let Some(entry) = network_of(rule) else {
+            continue;
+        };
+        if overrides.iter().any(|o| o.holds(entry)) {
+            continue;
+        }
+        if let Some(b) = block.iter().find(|b| b.cidr.holds(entry)) {
+            return Err(SandboxError::config(
+                format!(
+                    "allowlist entry `{rule}` lies inside {}, {}, which every sandbox is kept from",
+                    b.cidr, b.what
+                ),
+                "remove it: nothing there is reachable from a sandbox (a wider network \
+                 that contains it is accepted, with it still blocked). To reach it anyway \
+                 from Rust, read the dangers of BlockedSetOverride first \
+                 (NetworkPolicy::through_blocked_set)",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses, before the container is created, an allowlist network that lies inside the
+/// part of the always-blocked set only known here (the host's addresses, the engine's
+/// networks; core refused the static part). Nothing to check without an allowlist, and
+/// where the rules cannot be loaded (`apply` refuses there).
+pub(crate) async fn check_allowlist<E: ContainerEngine + ?Sized>(
+    engine: &E,
+    policy: &NetworkPolicy,
+    net: &NetworkInfo,
+) -> Result<()> {
+    if !matches!(policy.egress, Egress::AllowList(_)) || !allowlist_available(engine) {
+        return Ok(());
+    }
+    let rules = policy.egress.rules()?;
+    refused_entry(policy, &rules, &blocked_set(engine, net).await?)
 }
 
 /// Loads the egress rules of `policy` into the running container `id`, registers it with
@@ -431,26 +547,12 @@ pub(crate) async fn apply<E: ContainerEngine + ?Sized>(
             "the engine reports no address for the container".into(),
         ));
     }
-    let networks = engine
-        .networks()
-        .await
-        .map_err(|e| crate::error::engine(engine, "list networks", e))?;
-    let mut block = always_blocked();
-    for n in networks.iter().chain(std::iter::once(net)) {
-        for s in &n.subnets {
-            block.push(Cidr::new(s.addr, s.prefix));
-            if let Some(g) = s.gateway {
-                block.push(Cidr::new(g, if g.is_ipv4() { 32 } else { 128 }));
-            }
-        }
+    let block = blocked_set(engine, net).await?;
+    if let Some(rules) = &rules {
+        // Checked before the container was created too; the engine's networks may have
+        // changed since.
+        refused_entry(policy, rules, &block)?;
     }
-    // The host's other addresses (its LAN address above all): a service it runs on all
-    // of them must be as far out of reach as on its bridge addresses.
-    block.extend(
-        local::addresses()
-            .await
-            .map_err(|e| creation(backend, format!("listing the host's addresses: {e}")))?,
-    );
     let gw = gateway(net)
         .ok_or_else(|| creation(backend, format!("the network {} has no gateway", net.name)))?;
     // Before the workload's first packet: the gateway MAC it learns must stay valid.
@@ -466,8 +568,9 @@ pub(crate) async fn apply<E: ContainerEngine + ?Sized>(
         .map_err(|e| creation(backend, e))?;
     let ruleset = nft::Ruleset {
         allow_all,
+        exempt: override_networks(policy),
         allow: rules.as_deref().map(listed_networks).unwrap_or_default(),
-        block,
+        block: block.into_iter().map(|b| b.cidr).collect(),
         resolver: Some(dns),
     };
     nft::load(pid, &ruleset)

@@ -25,11 +25,14 @@ pub(crate) struct Ruleset {
     /// `true` for egress `Allow` (everything not blocked is accepted), `false` for an
     /// allowlist (only `allow` and resolved addresses).
     pub allow_all: bool,
-    /// Networks listed by CIDR: accepted even when inside `block`.
+    /// The networks of explicit blocked-set overrides: the only rules evaluated before
+    /// `block`, so the only ones that can open it.
+    pub exempt: Vec<Cidr>,
+    /// Networks listed by CIDR: accepted after `block`, so the blocked addresses inside
+    /// a listed network stay blocked.
     pub allow: Vec<Cidr>,
-    /// Always blocked unless listed in `allow`: link-local, metadata, the engine's
-    /// networks (other sandboxes and the host's bridge addresses) and the host's own
-    /// addresses.
+    /// Always blocked unless in `exempt`: link-local, metadata, the engine's networks
+    /// (other sandboxes and the host's bridge addresses) and the host's own addresses.
     pub block: Vec<Cidr>,
     /// Where DNS (port 53, UDP and TCP) is redirected: the library's resolver.
     pub resolver: Option<std::net::SocketAddr>,
@@ -61,6 +64,18 @@ impl Ruleset {
         let _ = writeln!(t, "add table inet {TABLE}");
         let _ = writeln!(t, "delete table inet {TABLE}");
         let _ = writeln!(t, "table inet {TABLE} {{");
+        interval_set(
+            &mut t,
+            "exempt4",
+            "ipv4_addr",
+            &elements(&self.exempt, true),
+        );
+        interval_set(
+            &mut t,
+            "exempt6",
+            "ipv6_addr",
+            &elements(&self.exempt, false),
+        );
         interval_set(&mut t, "allow4", "ipv4_addr", &elements(&self.allow, true));
         interval_set(&mut t, "allow6", "ipv6_addr", &elements(&self.allow, false));
         interval_set(&mut t, "block4", "ipv4_addr", &elements(&self.block, true));
@@ -94,12 +109,12 @@ impl Ruleset {
             let _ = writeln!(t, "    {m} daddr {ip} udp dport {} accept", r.port());
             let _ = writeln!(t, "    {m} daddr {ip} tcp dport {} accept", r.port());
         }
-        let _ = writeln!(t, "    ip daddr @allow4 accept");
-        let _ = writeln!(t, "    ip6 daddr @allow6 accept");
-        let _ = writeln!(t, "    ip daddr @block4 jump refuse");
-        let _ = writeln!(t, "    ip6 daddr @block6 jump refuse");
-        let _ = writeln!(t, "    ip daddr @dyn4 accept");
-        let _ = writeln!(t, "    ip6 daddr @dyn6 accept");
+        // The blocked set comes before every listed network and every resolved address:
+        // a CIDR that contains the host or the metadata service, or a name that resolves
+        // into them, leaves them blocked. Only an explicit override goes first.
+        for rule in OUT_ORDER {
+            let _ = writeln!(t, "    {rule}");
+        }
         if self.allow_all {
             let _ = writeln!(t, "    accept");
         }
@@ -120,12 +135,9 @@ impl Ruleset {
         let mut v = vec![
             format!("table inet {TABLE}"),
             "type filter hook output priority filter; policy drop;".to_string(),
-            "ip daddr @allow4 accept".to_string(),
-            "ip daddr @block4 jump refuse".to_string(),
-            "ip6 daddr @block6 jump refuse".to_string(),
-            "ip daddr @dyn4 accept".to_string(),
             "meta l4proto tcp reject with tcp reset".to_string(),
         ];
+        v.extend(OUT_ORDER.iter().map(|r| r.to_string()));
         if let Some(r) = self.resolver {
             v.push(format!("udp dport 53 dnat ip to {r}"));
             v.push(format!("tcp dport 53 dnat ip to {r}"));
@@ -133,6 +145,19 @@ impl Ruleset {
         v
     }
 }
+
+/// The set rules of the output chain, in the order they must be evaluated (and read
+/// back): overrides, then the blocked set, then listed networks and resolved addresses.
+const OUT_ORDER: [&str; 8] = [
+    "ip daddr @exempt4 accept",
+    "ip6 daddr @exempt6 accept",
+    "ip daddr @block4 jump refuse",
+    "ip6 daddr @block6 jump refuse",
+    "ip daddr @allow4 accept",
+    "ip6 daddr @allow6 accept",
+    "ip daddr @dyn4 accept",
+    "ip6 daddr @dyn6 accept",
+];
 
 /// The command entering the network namespace of host pid `pid`.
 fn nsenter(pid: u32) -> tokio::process::Command {
@@ -194,13 +219,24 @@ pub(crate) async fn load(pid: u32, rules: &Ruleset) -> Result<(), String> {
     verify(&listing, rules)
 }
 
-/// Checks a `nft list table` listing against what was loaded.
+/// Checks a `nft list table` listing against what was loaded, the order of the output
+/// chain's set rules included (an allowlist evaluated before the blocked set would open
+/// it).
 pub(crate) fn verify(listing: &str, rules: &Ruleset) -> Result<(), String> {
     let lines: Vec<&str> = listing.lines().map(str::trim).collect();
     for want in rules.expected_listing() {
         if !lines.iter().any(|l| l.contains(want.as_str())) {
             return Err(format!(
                 "the egress rules read back without `{want}`: the ruleset in force is not the one loaded"
+            ));
+        }
+    }
+    let at = |rule: &str| lines.iter().position(|l| *l == rule);
+    for pair in OUT_ORDER.windows(2) {
+        if at(pair[0]) > at(pair[1]) {
+            return Err(format!(
+                "the egress rules read back with `{}` after `{}`: the ruleset in force is not the one loaded",
+                pair[0], pair[1]
             ));
         }
     }
@@ -255,6 +291,7 @@ mod tests {
     fn sample(allow_all: bool) -> Ruleset {
         Ruleset {
             allow_all,
+            exempt: vec![cidr("10.9.3.4/32")],
             allow: vec![cidr("10.9.0.0/16"), cidr("fd00::/8")],
             block: vec![cidr("169.254.0.0/16"), cidr("fe80::/10")],
             resolver: Some("172.30.0.1:40000".parse().unwrap()),
@@ -269,16 +306,47 @@ mod tests {
         assert!(t.contains("elements = { fd00::/8 }"));
         assert!(t.contains("udp dport 53 dnat ip to 172.30.0.1:40000"));
         assert!(t.contains("ip daddr 172.30.0.1 tcp dport 40000 accept"));
-        // Allowed CIDRs come before the block list (listing one overrides it); resolved
-        // addresses after it (a name cannot unblock the host or metadata).
-        let (a, b, d) = (
-            t.find("@allow4 accept").unwrap(),
-            t.find("@block4 jump refuse").unwrap(),
-            t.find("@dyn4 accept").unwrap(),
-        );
-        assert!(a < b && b < d);
+        assert!(t.contains("elements = { 10.9.3.4/32 }"));
         assert!(!t.lines().any(|l| l.trim() == "accept"));
         assert!(sample(true).text().lines().any(|l| l.trim() == "accept"));
+    }
+
+    /// A listed CIDR that holds the metadata service or the host, and a name that
+    /// resolves into them, must meet the blocked set first; only an explicit override is
+    /// evaluated before it.
+    #[test]
+    fn the_blocked_set_is_evaluated_before_listed_and_resolved_addresses() {
+        let t = sample(false).text();
+        let at = |rule: &str| t.find(rule).unwrap_or_else(|| panic!("{rule} in {t}"));
+        for (fam, n) in [("ip daddr", 4), ("ip6 daddr", 6)] {
+            let exempt = at(&format!("{fam} @exempt{n} accept"));
+            let block = at(&format!("{fam} @block{n} jump refuse"));
+            let allow = at(&format!("{fam} @allow{n} accept"));
+            let resolved = at(&format!("{fam} @dyn{n} accept"));
+            assert!(exempt < block, "overrides go first");
+            assert!(block < allow, "a listed CIDR opened the blocked set");
+            assert!(block < resolved, "a resolved name opened the blocked set");
+        }
+    }
+
+    /// A table whose allowlist runs before the blocked set is not the one loaded.
+    #[test]
+    fn verify_catches_the_allowlist_ahead_of_the_blocked_set() {
+        let r = sample(false);
+        let good: String = r
+            .text()
+            .lines()
+            .filter(|l| !l.starts_with("add table") && !l.starts_with("delete table"))
+            .map(|l| l.replace("priority 0", "priority filter"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert_eq!(verify(&good, &r), Ok(()));
+        let swapped = good
+            .replace("ip daddr @block4 jump refuse", "SWAP")
+            .replace("ip daddr @allow4 accept", "ip daddr @block4 jump refuse")
+            .replace("SWAP", "ip daddr @allow4 accept");
+        let e = verify(&swapped, &r).unwrap_err();
+        assert!(e.contains("@block4"), "{e}");
     }
 
     #[test]

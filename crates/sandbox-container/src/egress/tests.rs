@@ -20,6 +20,60 @@ fn cidrs_parse_and_normalise() {
     );
 }
 
+fn blocked(cidr: &str, what: &str) -> Blocked {
+    Blocked {
+        cidr: cidr.parse().unwrap(),
+        what: what.into(),
+    }
+}
+
+/// The part of the blocked set only known at create (the host's addresses, the engine's
+/// networks): an allowlist network inside it is refused, one that merely contains it is
+/// not (the rules keep the blocked part blocked), an explicit override lets it through.
+#[test]
+fn an_allowlist_network_inside_the_host_or_an_engine_network_is_refused() {
+    let block = [
+        blocked("192.168.1.10/32", "an address of this host"),
+        blocked("fd12::10/128", "an address of this host"),
+        blocked("172.17.0.0/16", "the docker network `bridge`"),
+        blocked("172.30.0.1/32", "the host's address on `sbx-egress`"),
+    ];
+    let check = |policy: &NetworkPolicy| {
+        let rules = policy.egress.rules().unwrap();
+        refused_entry(policy, &rules, &block)
+    };
+    for bad in [
+        "192.168.1.10",
+        "192.168.1.10/32",
+        "fd12::10",
+        "172.17.0.0/16",
+        "172.17.0.2",
+        "172.17.128.0/17",
+        "172.30.0.1",
+    ] {
+        let e = check(&NetworkPolicy::allow_list(["pypi.org", bad])).expect_err(bad);
+        assert_eq!(e.code(), sandbox_core::ErrorCode::Configuration, "{bad}");
+        assert!(
+            e.to_string().contains(bad.split('/').next().unwrap()),
+            "{e}"
+        );
+    }
+    for ok in [
+        "192.168.1.0/24",
+        "fd12::/64",
+        "172.16.0.0/12",
+        "172.30.0.2",
+        "10.0.0.0/8",
+        "pypi.org",
+    ] {
+        assert!(check(&NetworkPolicy::allow_list([ok])).is_ok(), "{ok}");
+    }
+    let host = sandbox_core::BlockedSetOverride::network("192.168.1.10").unwrap();
+    let p = NetworkPolicy::allow_list(["192.168.1.10"]).through_blocked_set(host);
+    assert!(check(&p).is_ok());
+    assert_eq!(override_networks(&p), ["192.168.1.10/32".parse().unwrap()]);
+}
+
 #[test]
 fn the_mode_follows_the_policy() {
     let net = NetworkInfo::new(
@@ -86,6 +140,7 @@ impl Netns {
 fn sample_rules() -> nft::Ruleset {
     nft::Ruleset {
         allow_all: false,
+        exempt: vec![],
         allow: vec!["10.9.0.0/16".parse().unwrap(), "fd00::/8".parse().unwrap()],
         block: always_blocked()
             .into_iter()

@@ -258,6 +258,11 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         network: Option<&NetworkInfo>,
         forget_image: bool,
     ) -> Result<(ContainerSpec, Ensured)> {
+        // Entries inside the host's addresses or an engine network are known only here;
+        // refused before anything is created.
+        if let Some(net) = network {
+            crate::egress::check_allowlist(&*self.engine, &options.network, net).await?;
+        }
         let mut spec = self.spec(options, resources, network, self.wants_agent());
         self.engine.check_spec(&spec).map_err(error::refused_spec)?;
         if forget_image {

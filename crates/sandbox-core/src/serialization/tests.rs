@@ -224,3 +224,21 @@ fn run_stdin_serialises_as_its_length_only() {
     let none: RunOptions = serde_json::from_value(json!({})).unwrap();
     assert_eq!(none.stdin, None);
 }
+
+/// An override of the blocked set exists only in Rust: it is never written out and never
+/// read in, so no JSON configuration or wire message can open the blocked set. Dropped on
+/// the way, it fails closed (its network is simply not reachable).
+#[test]
+fn blocked_set_overrides_never_serialise() {
+    let metadata = crate::BlockedSetOverride::network("169.254.169.254").unwrap();
+    let net = NetworkPolicy::allow_list(["pypi.org"]).through_blocked_set(metadata);
+    let v = serde_json::to_value(&net).unwrap();
+    assert!(!v.to_string().contains("169.254"), "{v}");
+    assert_eq!(round_trip(&net), NetworkPolicy::allow_list(["pypi.org"]));
+    let back: NetworkPolicy = serde_json::from_value(json!({
+        "egress": { "allow_list": ["pypi.org"] },
+        "blocked_set_overrides": ["169.254.169.254/32"],
+    }))
+    .unwrap();
+    assert!(back.blocked_set_overrides.is_empty());
+}
