@@ -5,8 +5,9 @@
 //! Every container gets the same hardening, with no opt-out: `cap_drop ALL`,
 //! `no-new-privileges`, not privileged, a pids limit, memory == memory+swap, a CPU quota,
 //! Docker's init as PID 1, network `none` unless the spec asks for a network, ports
-//! published on loopback only, and `auto_remove`, so the container is deleted when its
-//! main process (the lifetime backstop) ends.
+//! published on loopback only, log driver `none` (nothing PID 1 writes reaches the
+//! engine's disk), and `auto_remove`, so the container is deleted when its main process
+//! (the lifetime backstop) ends.
 //!
 //! Egress `Allow`/`AllowList` sandboxes run on the library's network (a bridge with
 //! `com.docker.network.bridge.enable_icc=false`: no traffic between its containers), with
@@ -130,8 +131,7 @@ pub(crate) fn create_body(spec: &ContainerSpec, runtime: Runtime) -> ContainerCr
 }
 
 /// The create body of an agent-mode container: its main process (the agent) keeps stdin
-/// open across attaches and is not logged — its output is the agent's channel, and a log
-/// driver would copy every byte of every command's output to the engine's disk.
+/// open across attaches (its output is the agent's channel; no container is logged).
 fn open_agent_channel(body: &mut ContainerCreateBody) {
     body.open_stdin = Some(true);
     body.stdin_once = Some(false);
@@ -139,12 +139,6 @@ fn open_agent_channel(body: &mut ContainerCreateBody) {
     body.attach_stdin = Some(true);
     body.attach_stdout = Some(true);
     body.attach_stderr = Some(true);
-    if let Some(h) = body.host_config.as_mut() {
-        h.log_config = Some(HostConfigLogConfig {
-            typ: Some("none".into()),
-            config: None,
-        });
-    }
 }
 
 fn host_config(spec: &ContainerSpec, runtime: Runtime, publish: &[u16]) -> HostConfig {
@@ -192,6 +186,13 @@ fn host_config(spec: &ContainerSpec, runtime: Runtime, publish: &[u16]) -> HostC
         auto_remove: Some(true),
         runtime: Some(runtime.as_str().into()),
         publish_all_ports: Some(false),
+        // No container is logged: the agent's output is its channel, and on the exec path
+        // root inside can still write to PID 1's stdout (`/proc/1/fd/1`); a log driver
+        // would copy every byte to the engine's disk, past every limit.
+        log_config: Some(HostConfigLogConfig {
+            typ: Some("none".into()),
+            config: None,
+        }),
         mounts: mounts(spec),
         readonly_rootfs: Some(!spec.scratch_paths().is_empty()),
         shm_size: spec

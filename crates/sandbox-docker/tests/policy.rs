@@ -140,3 +140,20 @@ fn the_agent_channel_keeps_stdin_open_and_is_not_logged() {
     // The hardening is the same as for any container.
     assert_eq!(b["HostConfig"]["CapDrop"], json!(["ALL"]));
 }
+
+/// On the engine's exec path (no agent) root in the sandbox can still write to PID 1's
+/// output (`echo x > /proc/1/fd/1`): with a log driver every byte of it lands in the
+/// engine's json-file log, on the engine's disk, past every limit.
+#[test]
+fn no_container_is_logged_on_the_exec_path_either() {
+    for r in [Resources::default(), Resources::default().disk_mb(10)] {
+        let s = spec(r);
+        assert!(!s.attach_stdin, "the engine exec path");
+        let b = body(&s, Runtime::Runc);
+        assert_eq!(
+            b["HostConfig"]["LogConfig"]["Type"], "none",
+            "PID 1's output must not be copied to the engine's disk"
+        );
+        assert_eq!(b["OpenStdin"], false, "no agent channel unless asked");
+    }
+}

@@ -138,13 +138,15 @@ pub(crate) fn create_body(spec: &ContainerSpec, podman: &PodmanOptions) -> Resul
     let Some(o) = body.as_object_mut() else {
         return Ok(body);
     };
+    // No container is logged: the agent's output is its channel, and on the exec path
+    // root inside can still write to PID 1's stdout (`/proc/1/fd/1`); a log driver
+    // would copy every byte to the engine's disk, past every limit.
+    o.insert("log_configuration".into(), json!({ "driver": "none" }));
     if spec.attach_stdin {
         // An agent-mode container: its main process (the agent) keeps stdin open across
-        // attaches and is not logged — its output is the agent's channel, and a log
-        // driver would copy every byte of every command's output to the engine's disk.
+        // attaches.
         o.insert("stdin".into(), true.into());
         o.insert("terminal".into(), false.into());
-        o.insert("log_configuration".into(), json!({ "driver": "none" }));
     }
     if let Some(bytes) = spec.scratch_bytes() {
         o.insert(

@@ -79,6 +79,13 @@ fn hardening_is_always_in_the_body() {
     assert_eq!(v["labels"]["io.sandbox-rs.managed"], "true");
     assert!(v.get("portmappings").is_none());
     assert!(v.get("stdin").is_none(), "no agent channel unless asked");
+    // On the engine's exec path root in the sandbox can still write to PID 1's output
+    // (`echo x > /proc/1/fd/1`): with a log driver every byte of it lands in the
+    // engine's k8s-file log, on the engine's disk, past every limit.
+    assert_eq!(
+        v["log_configuration"]["driver"], "none",
+        "PID 1's output is not logged on the exec path either"
+    );
     let mut agent = spec_with(Resources::default(), NetworkMode::None);
     agent.attach_stdin = true;
     let v = body(&agent, &PodmanOptions::default());

@@ -23,7 +23,9 @@ pub use network::{NetworkInfo, NetworkMode, NetworkSpec, Subnet};
 ///
 /// Always applied, whatever the fields say (the security defaults no caller can opt out
 /// of): all capabilities dropped, `no-new-privileges`, swap disabled (memory+swap ==
-/// memory), no privileged mode, no auto-published ports.
+/// memory), no privileged mode, no auto-published ports, and no log driver (whatever PID 1
+/// writes, root inside can write through `/proc/1/fd/1`; an engine log would keep it on
+/// the engine's disk, past every limit).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ContainerSpec {
@@ -50,9 +52,8 @@ pub struct ContainerSpec {
     pub lifetime: Duration,
     /// The main process is the in-sandbox agent, whose channel is its stdin and stdout
     /// ([`ContainerEngine::attach`]): keep its stdin open across attaches (`OpenStdin` on,
-    /// `StdinOnce` off, no TTY), and do not log its output — it is the channel, not a log,
-    /// and a log driver would copy every byte of every command's output to the engine's
-    /// disk.
+    /// `StdinOnce` off, no TTY). Its output is the channel, not a log (no container is
+    /// logged).
     pub attach_stdin: bool,
     /// A host file holding the agent binary, to bind-mount read-only at the agent's path
     /// (`/.sandbox-agent`) instead of uploading it before start. Set only when
