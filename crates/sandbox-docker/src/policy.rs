@@ -17,9 +17,9 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 use bollard::models::{
-    ContainerCreateBody, HostConfig, HostConfigLogConfig, Ipam, Mount, MountBindOptions, MountType,
-    MountVolumeOptions, MountVolumeOptionsDriverConfig, Network, NetworkCreateRequest,
-    NetworkSettings, PortBinding,
+    ContainerCreateBody, HostConfig, HostConfigLogConfig, Ipam, Mount, MountBindOptions,
+    MountPoint, MountType, MountVolumeOptions, MountVolumeOptionsDriverConfig, Network,
+    NetworkCreateRequest, NetworkSettings, PortBinding,
 };
 use sandbox_container::engine::{NetworkInfo, NetworkSpec, Subnet};
 use sandbox_container::{
@@ -203,7 +203,9 @@ fn host_config(spec: &ContainerSpec, runtime: Runtime, publish: &[u16]) -> HostC
 }
 
 /// The agent binary bind-mounted read-only from the host (ContainerSpec::agent_mount), and
-/// the scratch filesystems of a disk limit (ContainerSpec::scratch_paths).
+/// the scratch filesystems of a disk limit (ContainerSpec::scratch_paths, the image's
+/// declared volumes among them: Docker creates no volume of its own at a path a mount
+/// covers).
 fn mounts(spec: &ContainerSpec) -> Option<Vec<Mount>> {
     let mut out = Vec::new();
     if let Some(source) = &spec.agent_mount {
@@ -248,6 +250,22 @@ fn mounts(spec: &ContainerSpec) -> Option<Vec<Mount>> {
         }
     }
     (!out.is_empty()).then_some(out)
+}
+
+/// The destinations among a created container's `mounts` that the body did not ask for
+/// (the agent, the scratch volumes): volumes Docker added for the image on its own disk.
+pub(crate) fn unplanned_mounts(spec: &ContainerSpec, mounts: &[MountPoint]) -> Vec<String> {
+    let clean = |p: &str| p.trim_end_matches('/').to_string();
+    let mut planned: Vec<String> = spec.scratch_paths().into_iter().map(clean).collect();
+    if spec.agent_mount.is_some() {
+        planned.push(sandbox_container::AGENT_PATH.into());
+    }
+    mounts
+        .iter()
+        .filter_map(|m| m.destination.as_deref())
+        .filter(|d| !planned.contains(&clean(d)))
+        .map(|d| format!("{:?}", d.chars().take(128).collect::<String>()))
+        .collect()
 }
 
 /// A mode this adapter does not know is refused by `check_spec` before the body
@@ -336,5 +354,41 @@ mod tests {
         s.network = NetworkMode::Bridge { publish: vec![] };
         assert!(check_spec(&s, Runtime::Runsc, true).is_err());
         assert!(check_spec(&s, Runtime::Runsc, false).is_ok());
+    }
+
+    /// A volume Docker added for the image (one the container layer did not read) is
+    /// found; the agent and the scratch volumes the body asked for are not.
+    #[test]
+    fn volumes_docker_added_for_the_image_are_found() {
+        let mut s = ContainerSpec::new(
+            "sbx-t-1",
+            "img",
+            vec!["sleep".into()],
+            Resources::default().disk_mb(10).effective().unwrap(),
+            Duration::from_secs(1),
+        );
+        s.image_volumes = vec!["/data".into()];
+        s.agent_mount = Some("/cache/agent".into());
+        let at = |d: &str| MountPoint {
+            destination: Some(d.into()),
+            typ: Some("volume".into()),
+            ..Default::default()
+        };
+        let planned = [
+            at("/work"),
+            at("/tmp/"),
+            at("/data"),
+            at(sandbox_container::AGENT_PATH),
+        ];
+        assert!(unplanned_mounts(&s, &planned).is_empty());
+        let mut mounts = planned.to_vec();
+        mounts.push(at("/var/lib/db"));
+        assert_eq!(unplanned_mounts(&s, &mounts), ["\"/var/lib/db\""]);
+        s.agent_mount = None;
+        assert_eq!(
+            unplanned_mounts(&s, &planned).len(),
+            1,
+            "no agent mount asked for"
+        );
     }
 }

@@ -459,6 +459,11 @@ impl ContainerEngine for PodmanEngine {
         CredentialStore::Containers
     }
 
+    async fn image_volumes(&self, image: &str) -> EngineResult<Vec<String>> {
+        self.rest_call("image inspect", self.rest.image_volumes(image))
+            .await
+    }
+
     async fn image_exists(&self, image: &str) -> EngineResult<bool> {
         let img = self.client.images().get(image);
         self.api("image exists", img.exists()).await

@@ -153,6 +153,11 @@ pub(crate) fn create_body(spec: &ContainerSpec, podman: &PodmanOptions) -> Resul
             "shm_size".into(),
             i64::try_from(bytes).unwrap_or(i64::MAX).into(),
         );
+        // The image's volumes the container layer read are sized scratch mounts (which
+        // take the place of Podman's own); one it did not see (the tag re-pointed since)
+        // becomes a tmpfs too, never a volume on the engine's disk. Podman cannot size
+        // that tmpfs: its pages are bounded by the memory limit only.
+        o.insert("image_volume_mode".into(), "tmpfs".into());
     }
     if !podman.capabilities.is_empty() {
         let caps: Vec<&str> = podman.capabilities.iter().map(|c| c.as_str()).collect();
@@ -224,9 +229,21 @@ fn mounts(spec: &ContainerSpec, podman: &PodmanOptions) -> Result<Vec<Value>> {
         }));
     }
     if let Some(bytes) = spec.scratch_bytes() {
-        // The disk limit's scratch filesystems over the read-only root. Podman copies the
-        // image's files at that path in (tmpcopyup), and its archive API sees them.
+        // The disk limit's scratch filesystems over the read-only root, the image's
+        // declared volumes among them (Podman creates no volume of its own where a mount
+        // is). Podman copies the image's files at that path in (tmpcopyup), and its archive
+        // API sees them. A declared volume a (read-only) bind mount takes is left to it,
+        // as Podman does without a disk limit: two mounts at one path are refused.
+        let bound: Vec<String> = podman
+            .mounts
+            .iter()
+            .filter(|m| m.mode == MountMode::Bind)
+            .filter_map(|m| m.normalized_target().ok())
+            .collect();
         for path in spec.scratch_paths() {
+            if spec.image_volumes.iter().any(|v| v == path) && bound.iter().any(|b| b == path) {
+                continue;
+            }
             out.push(json!({
                 "destination": path,
                 "source": "tmpfs",
