@@ -849,3 +849,10 @@ async fn pid1_output_is_not_logged_on_the_exec_path() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_image_volume_goes_with_its_sandbox() {
+    let Some(b) = backend().await else { return };
+    sandbox_testkit::trials::disk::an_image_volume_goes_with_its_sandbox(&b, "docker", BUSYBOX)
+        .await;
+}

@@ -17,6 +17,9 @@
 //!   container before every attach (to learn whether it has a TTY, which this adapter's
 //!   containers never have): one more round-trip on every create, about a third of what
 //!   `create` costs beyond the engine's own create and start.
+//! - **container delete** (`DELETE /libpod/containers/{id}`): podman-api's `volumes`
+//!   option sends `v=true`, which the libpod endpoint ignores (it reads `volumes`), so a
+//!   container's anonymous volumes stayed on the engine's disk after its removal.
 //! - **image inspect** (`GET /libpod/images/{name}/json`), for the volumes an image
 //!   declares: only that field is decoded, from an answer read up to 4 MiB, where
 //!   podman-api decodes (and may fail on) the whole answer.
@@ -164,6 +167,23 @@ impl Rest {
         }
         let c: Created = serde_json::from_slice(&body).map_err(|e| invalid(WHAT, e))?;
         Ok(c.id)
+    }
+
+    /// `DELETE /libpod/containers/{id}?force=true&volumes=true&timeout=0`: the container
+    /// and its anonymous volumes (Podman's for each `VOLUME` of an image without a disk
+    /// limit; left behind they would stay on the engine's disk for good).
+    pub(crate) async fn remove_container(&self, id: &str) -> EngineResult<()> {
+        const WHAT: &str = "container delete";
+        let ep = format!(
+            "/libpod/containers/{}?force=true&volumes=true&timeout=0",
+            encode(id)
+        );
+        let req = Request::builder().method(Method::DELETE).uri(self.uri(&ep));
+        let resp = self.send(WHAT, req, Body::empty()).await?;
+        match resp.status() {
+            StatusCode::OK | StatusCode::NO_CONTENT => Ok(()),
+            _ => Err(Self::error_of(WHAT, resp).await),
+        }
     }
 
     /// `GET /libpod/images/{name}/json`: the volumes the image's config declares. Only

@@ -774,3 +774,14 @@ async fn pid1_output_is_not_logged_on_the_exec_path() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_volume_goes_with_its_sandbox() {
+    let Some(b) = backend().await else { return };
+    sandbox_testkit::trials::disk::an_image_volume_goes_with_its_sandbox(
+        &b,
+        "podman --remote",
+        BUSYBOX,
+    )
+    .await;
+}

@@ -116,6 +116,42 @@ pub async fn an_image_volume_is_bounded_scratch(b: &dyn Backend, cli: &str, base
     );
 }
 
+/// Without `disk_mb` a volume the image declares is the engine's own anonymous volume (no
+/// limit applies, as documented), but it goes with the sandbox: after `kill` the engine
+/// no longer holds it.
+pub async fn an_image_volume_goes_with_its_sandbox(b: &dyn Backend, cli: &str, base: &str) {
+    let _image = VolumeImage::build(cli, base);
+    let s = b
+        .create(test_options(VOLUME_IMAGE, "disk-image-volume-removed"))
+        .await
+        .expect("create from an image with a declared volume");
+    let id = s.id().to_string();
+    let (_, names) = sh(
+        cli,
+        &format!(
+            "inspect -f '{{{{range .Mounts}}}}{{{{if eq .Destination \"/data\"}}}}{{{{.Name}}}}{{{{end}}}}{{{{end}}}}' {id}"
+        ),
+    );
+    s.kill().await.expect("kill");
+    assert!(!names.is_empty(), "the engine made no volume at /data");
+    // The engine's own cleanup of an exited container may finish just after `kill`.
+    let mut left = true;
+    for _ in 0..50 {
+        left = sh(cli, &format!("volume inspect {names}")).0;
+        if !left {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    if left {
+        sh(cli, &format!("volume rm -f {names}"));
+    }
+    assert!(
+        !left,
+        "volume {names} of a removed sandbox stays on the engine's disk"
+    );
+}
+
 /// With the agent off (`b` on the engine's exec path), root writing to PID 1's output
 /// leaves nothing in the engine: log driver `none`, and no log to read. `base` is the
 /// busybox test image.
