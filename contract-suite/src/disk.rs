@@ -1,7 +1,8 @@
 //! Contract trials: `Resources::disk_mb` (`DISK_LIMIT`) bounds what the sandbox can write.
 //!
 //! What a declared disk limit promises: the root filesystem is read-only, and each
-//! writable place (the workdir and `/tmp`, plus `/dev/shm`) holds at most `disk_mb` MiB.
+//! writable place (the workdir and `/tmp`, plus `/dev/shm`; and each volume the image
+//! declares, which the adapters' engine tests cover) holds at most `disk_mb` MiB.
 //! Root inside the sandbox runs every write here; the file API and the interpreter keep
 //! working under the limit.
 

@@ -52,6 +52,44 @@ impl std::fmt::Debug for DockerEngine {
     }
 }
 
+impl DockerEngine {
+    /// Under a disk limit, the mounts Docker gave the new container `id` must be those the
+    /// body asked for. Docker adds an anonymous volume on its own disk for every `VOLUME`
+    /// of the image no mount covers; the container layer covered those it read, but the
+    /// tag may name another image by now (re-tagged, or a registry that answered a later
+    /// pull with a different image). Such a container is removed and the create refused.
+    async fn refuse_unplanned_mounts(&self, spec: &ContainerSpec, id: &str) -> EngineResult<()> {
+        let inspected = self
+            .client
+            .inspect_container(id, None)
+            .await
+            .map_err(during("inspect container"));
+        let refusal = match inspected {
+            Ok(c) => {
+                let unplanned = policy::unplanned_mounts(spec, c.mounts.as_deref().unwrap_or(&[]));
+                if unplanned.is_empty() {
+                    return Ok(());
+                }
+                EngineError::new(
+                    EngineErrorKind::InvalidRequest,
+                    format!(
+                        "image `{}` gave the container volumes the disk limit does not cover, at {} \
+                         (the image changed after its volumes were read): create again, or \
+                         leave disk_mb unset",
+                        spec.image,
+                        unplanned.join(", ")
+                    ),
+                )
+            }
+            Err(e) => e,
+        };
+        if let Err(e) = self.remove(id).await {
+            tracing::warn!(sandbox_id = %id, error = %e, "could not remove a refused container");
+        }
+        Err(refusal)
+    }
+}
+
 /// Longest a pull may go without a progress message (the daemon reports download
 /// progress about every 0.5 s while bytes flow).
 const PULL_IDLE: Duration = Duration::from_secs(120);
@@ -320,6 +358,9 @@ impl ContainerEngine for DockerEngine {
         for w in created.warnings {
             tracing::debug!(sandbox_id = %created.id, warning = %w, "engine warning on create");
         }
+        if spec.scratch_bytes().is_some() {
+            self.refuse_unplanned_mounts(spec, &created.id).await?;
+        }
         Ok(created.id)
     }
 
@@ -556,6 +597,15 @@ impl ContainerEngine for DockerEngine {
         stat.modified = s.modification_time.as_deref().and_then(parse_rfc3339);
         stat.link_target = Some(s.link_target).filter(|t| !t.is_empty());
         Ok(stat)
+    }
+
+    async fn image_volumes(&self, image: &str) -> EngineResult<Vec<String>> {
+        let i = self
+            .client
+            .inspect_image(image)
+            .await
+            .map_err(during("inspect image"))?;
+        Ok(i.config.and_then(|c| c.volumes).unwrap_or_default())
     }
 
     async fn image_exists(&self, image: &str) -> EngineResult<bool> {

@@ -5,8 +5,9 @@
 //! Every container gets the same hardening, with no opt-out: `cap_drop ALL`,
 //! `no-new-privileges`, not privileged, a pids limit, memory == memory+swap, a CPU quota,
 //! Docker's init as PID 1, network `none` unless the spec asks for a network, ports
-//! published on loopback only, and `auto_remove`, so the container is deleted when its
-//! main process (the lifetime backstop) ends.
+//! published on loopback only, log driver `none` (nothing PID 1 writes reaches the
+//! engine's disk), and `auto_remove`, so the container is deleted when its main process
+//! (the lifetime backstop) ends.
 //!
 //! Egress `Allow`/`AllowList` sandboxes run on the library's network (a bridge with
 //! `com.docker.network.bridge.enable_icc=false`: no traffic between its containers), with
@@ -16,9 +17,9 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 use bollard::models::{
-    ContainerCreateBody, HostConfig, HostConfigLogConfig, Ipam, Mount, MountBindOptions, MountType,
-    MountVolumeOptions, MountVolumeOptionsDriverConfig, Network, NetworkCreateRequest,
-    NetworkSettings, PortBinding,
+    ContainerCreateBody, HostConfig, HostConfigLogConfig, Ipam, Mount, MountBindOptions,
+    MountPoint, MountType, MountVolumeOptions, MountVolumeOptionsDriverConfig, Network,
+    NetworkCreateRequest, NetworkSettings, PortBinding,
 };
 use sandbox_container::engine::{NetworkInfo, NetworkSpec, Subnet};
 use sandbox_container::{
@@ -130,8 +131,7 @@ pub(crate) fn create_body(spec: &ContainerSpec, runtime: Runtime) -> ContainerCr
 }
 
 /// The create body of an agent-mode container: its main process (the agent) keeps stdin
-/// open across attaches and is not logged — its output is the agent's channel, and a log
-/// driver would copy every byte of every command's output to the engine's disk.
+/// open across attaches (its output is the agent's channel; no container is logged).
 fn open_agent_channel(body: &mut ContainerCreateBody) {
     body.open_stdin = Some(true);
     body.stdin_once = Some(false);
@@ -139,12 +139,6 @@ fn open_agent_channel(body: &mut ContainerCreateBody) {
     body.attach_stdin = Some(true);
     body.attach_stdout = Some(true);
     body.attach_stderr = Some(true);
-    if let Some(h) = body.host_config.as_mut() {
-        h.log_config = Some(HostConfigLogConfig {
-            typ: Some("none".into()),
-            config: None,
-        });
-    }
 }
 
 fn host_config(spec: &ContainerSpec, runtime: Runtime, publish: &[u16]) -> HostConfig {
@@ -192,6 +186,13 @@ fn host_config(spec: &ContainerSpec, runtime: Runtime, publish: &[u16]) -> HostC
         auto_remove: Some(true),
         runtime: Some(runtime.as_str().into()),
         publish_all_ports: Some(false),
+        // No container is logged: the agent's output is its channel, and on the exec path
+        // root inside can still write to PID 1's stdout (`/proc/1/fd/1`); a log driver
+        // would copy every byte to the engine's disk, past every limit.
+        log_config: Some(HostConfigLogConfig {
+            typ: Some("none".into()),
+            config: None,
+        }),
         mounts: mounts(spec),
         readonly_rootfs: Some(!spec.scratch_paths().is_empty()),
         shm_size: spec
@@ -202,7 +203,9 @@ fn host_config(spec: &ContainerSpec, runtime: Runtime, publish: &[u16]) -> HostC
 }
 
 /// The agent binary bind-mounted read-only from the host (ContainerSpec::agent_mount), and
-/// the scratch filesystems of a disk limit (ContainerSpec::scratch_paths).
+/// the scratch filesystems of a disk limit (ContainerSpec::scratch_paths, the image's
+/// declared volumes among them: Docker creates no volume of its own at a path a mount
+/// covers).
 fn mounts(spec: &ContainerSpec) -> Option<Vec<Mount>> {
     let mut out = Vec::new();
     if let Some(source) = &spec.agent_mount {
@@ -247,6 +250,22 @@ fn mounts(spec: &ContainerSpec) -> Option<Vec<Mount>> {
         }
     }
     (!out.is_empty()).then_some(out)
+}
+
+/// The destinations among a created container's `mounts` that the body did not ask for
+/// (the agent, the scratch volumes): volumes Docker added for the image on its own disk.
+pub(crate) fn unplanned_mounts(spec: &ContainerSpec, mounts: &[MountPoint]) -> Vec<String> {
+    let clean = |p: &str| p.trim_end_matches('/').to_string();
+    let mut planned: Vec<String> = spec.scratch_paths().into_iter().map(clean).collect();
+    if spec.agent_mount.is_some() {
+        planned.push(sandbox_container::AGENT_PATH.into());
+    }
+    mounts
+        .iter()
+        .filter_map(|m| m.destination.as_deref())
+        .filter(|d| !planned.contains(&clean(d)))
+        .map(|d| format!("{:?}", d.chars().take(128).collect::<String>()))
+        .collect()
 }
 
 /// A mode this adapter does not know is refused by `check_spec` before the body
@@ -335,5 +354,41 @@ mod tests {
         s.network = NetworkMode::Bridge { publish: vec![] };
         assert!(check_spec(&s, Runtime::Runsc, true).is_err());
         assert!(check_spec(&s, Runtime::Runsc, false).is_ok());
+    }
+
+    /// A volume Docker added for the image (one the container layer did not read) is
+    /// found; the agent and the scratch volumes the body asked for are not.
+    #[test]
+    fn volumes_docker_added_for_the_image_are_found() {
+        let mut s = ContainerSpec::new(
+            "sbx-t-1",
+            "img",
+            vec!["sleep".into()],
+            Resources::default().disk_mb(10).effective().unwrap(),
+            Duration::from_secs(1),
+        );
+        s.image_volumes = vec!["/data".into()];
+        s.agent_mount = Some("/cache/agent".into());
+        let at = |d: &str| MountPoint {
+            destination: Some(d.into()),
+            typ: Some("volume".into()),
+            ..Default::default()
+        };
+        let planned = [
+            at("/work"),
+            at("/tmp/"),
+            at("/data"),
+            at(sandbox_container::AGENT_PATH),
+        ];
+        assert!(unplanned_mounts(&s, &planned).is_empty());
+        let mut mounts = planned.to_vec();
+        mounts.push(at("/var/lib/db"));
+        assert_eq!(unplanned_mounts(&s, &mounts), ["\"/var/lib/db\""]);
+        s.agent_mount = None;
+        assert_eq!(
+            unplanned_mounts(&s, &planned).len(),
+            1,
+            "no agent mount asked for"
+        );
     }
 }

@@ -831,3 +831,28 @@ async fn configured_transfer_caps_apply() {
     };
     caps::configured_caps_apply(&b, BUSYBOX).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_image_volume_is_bounded_scratch_under_a_disk_limit() {
+    let Some(b) = backend().await else { return };
+    sandbox_testkit::trials::disk::an_image_volume_is_bounded_scratch(&b, "docker", BUSYBOX).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pid1_output_is_not_logged_on_the_exec_path() {
+    let Some(_b) = backend().await else { return };
+    let b = DockerBackend::connect(DockerConfig::from_env().agent(false))
+        .await
+        .unwrap();
+    sandbox_testkit::trials::disk::pid1_output_is_not_logged_on_the_exec_path(
+        &b, "docker", BUSYBOX,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_image_volume_goes_with_its_sandbox() {
+    let Some(b) = backend().await else { return };
+    sandbox_testkit::trials::disk::an_image_volume_goes_with_its_sandbox(&b, "docker", BUSYBOX)
+        .await;
+}

@@ -140,3 +140,51 @@ fn the_agent_channel_keeps_stdin_open_and_is_not_logged() {
     // The hardening is the same as for any container.
     assert_eq!(b["HostConfig"]["CapDrop"], json!(["ALL"]));
 }
+
+/// On the engine's exec path (no agent) root in the sandbox can still write to PID 1's
+/// output (`echo x > /proc/1/fd/1`): with a log driver every byte of it lands in the
+/// engine's json-file log, on the engine's disk, past every limit.
+#[test]
+fn no_container_is_logged_on_the_exec_path_either() {
+    for r in [Resources::default(), Resources::default().disk_mb(10)] {
+        let s = spec(r);
+        assert!(!s.attach_stdin, "the engine exec path");
+        let b = body(&s, Runtime::Runc);
+        assert_eq!(
+            b["HostConfig"]["LogConfig"]["Type"], "none",
+            "PID 1's output must not be copied to the engine's disk"
+        );
+        assert_eq!(b["OpenStdin"], false, "no agent channel unless asked");
+    }
+}
+
+/// An image's `VOLUME` would be an anonymous volume on the engine's disk, past the limit:
+/// under `disk_mb` each declared volume is a sized tmpfs-backed scratch volume instead
+/// (Docker creates none of its own where a mount is).
+#[test]
+fn declared_image_volumes_are_sized_scratch_under_a_disk_limit() {
+    let mut s = spec(Resources::default().disk_mb(10));
+    s.image_volumes = vec!["/data".into(), "/tmp".into()];
+    let h = body(&s, Runtime::Runc)["HostConfig"].clone();
+    let mounts = h["Mounts"].as_array().unwrap();
+    let targets: Vec<&str> = mounts.iter().filter_map(|m| m["Target"].as_str()).collect();
+    assert_eq!(targets, ["/work", "/tmp", "/data"], "each path once");
+    for m in mounts {
+        assert_eq!(m["Type"], "volume");
+        assert!(
+            m.get("Source").is_none(),
+            "anonymous: removed with the container"
+        );
+        let o = &m["VolumeOptions"]["DriverConfig"]["Options"];
+        assert_eq!(o["type"], "tmpfs");
+        assert_eq!(o["o"], "size=10485760,mode=1777,nosuid,nodev");
+    }
+    // Without a disk limit nothing changes: the engine keeps its default.
+    let mut s = spec(Resources::default());
+    s.image_volumes = vec!["/data".into()];
+    assert!(
+        body(&s, Runtime::Runc)["HostConfig"]
+            .get("Mounts")
+            .is_none()
+    );
+}

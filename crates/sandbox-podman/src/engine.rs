@@ -13,9 +13,7 @@ use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use podman_api::Podman;
-use podman_api::opts::{
-    ContainerDeleteOpts, ContainerListFilter, ContainerListOpts, ExecCreateOpts, PullOpts,
-};
+use podman_api::opts::{ContainerListFilter, ContainerListOpts, ExecCreateOpts, PullOpts};
 use sandbox_container::endpoint::discovery::unavailable_or_missing;
 use sandbox_container::engine::transfer::{bounded_call, bounded_upload, demultiplex, panicked};
 use sandbox_container::engine::{
@@ -332,13 +330,11 @@ impl ContainerEngine for PodmanEngine {
     }
 
     async fn remove(&self, id: &str) -> EngineResult<bool> {
-        let opts = ContainerDeleteOpts::builder()
-            .force(true)
-            .timeout(0)
-            .build();
-        let c = self.client.containers().get(id);
         // A removal already in flight (409) is waited for by the container layer.
-        match self.api("container delete", c.delete(&opts)).await {
+        match self
+            .rest_call("container delete", self.rest.remove_container(id))
+            .await
+        {
             Ok(()) => Ok(true),
             Err(e) if e.kind == EngineErrorKind::NotFound => Ok(false),
             Err(e) => Err(e),
@@ -457,6 +453,11 @@ impl ContainerEngine for PodmanEngine {
 
     fn credential_store(&self) -> CredentialStore {
         CredentialStore::Containers
+    }
+
+    async fn image_volumes(&self, image: &str) -> EngineResult<Vec<String>> {
+        self.rest_call("image inspect", self.rest.image_volumes(image))
+            .await
     }
 
     async fn image_exists(&self, image: &str) -> EngineResult<bool> {

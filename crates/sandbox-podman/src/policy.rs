@@ -138,19 +138,26 @@ pub(crate) fn create_body(spec: &ContainerSpec, podman: &PodmanOptions) -> Resul
     let Some(o) = body.as_object_mut() else {
         return Ok(body);
     };
+    // No container is logged: the agent's output is its channel, and on the exec path
+    // root inside can still write to PID 1's stdout (`/proc/1/fd/1`); a log driver
+    // would copy every byte to the engine's disk, past every limit.
+    o.insert("log_configuration".into(), json!({ "driver": "none" }));
     if spec.attach_stdin {
         // An agent-mode container: its main process (the agent) keeps stdin open across
-        // attaches and is not logged — its output is the agent's channel, and a log
-        // driver would copy every byte of every command's output to the engine's disk.
+        // attaches.
         o.insert("stdin".into(), true.into());
         o.insert("terminal".into(), false.into());
-        o.insert("log_configuration".into(), json!({ "driver": "none" }));
     }
     if let Some(bytes) = spec.scratch_bytes() {
         o.insert(
             "shm_size".into(),
             i64::try_from(bytes).unwrap_or(i64::MAX).into(),
         );
+        // The image's volumes the container layer read are sized scratch mounts (which
+        // take the place of Podman's own); one it did not see (the tag re-pointed since)
+        // becomes a tmpfs too, never a volume on the engine's disk. Podman cannot size
+        // that tmpfs: its pages are bounded by the memory limit only.
+        o.insert("image_volume_mode".into(), "tmpfs".into());
     }
     if !podman.capabilities.is_empty() {
         let caps: Vec<&str> = podman.capabilities.iter().map(|c| c.as_str()).collect();
@@ -222,9 +229,21 @@ fn mounts(spec: &ContainerSpec, podman: &PodmanOptions) -> Result<Vec<Value>> {
         }));
     }
     if let Some(bytes) = spec.scratch_bytes() {
-        // The disk limit's scratch filesystems over the read-only root. Podman copies the
-        // image's files at that path in (tmpcopyup), and its archive API sees them.
+        // The disk limit's scratch filesystems over the read-only root, the image's
+        // declared volumes among them (Podman creates no volume of its own where a mount
+        // is). Podman copies the image's files at that path in (tmpcopyup), and its archive
+        // API sees them. A declared volume a (read-only) bind mount takes is left to it,
+        // as Podman does without a disk limit: two mounts at one path are refused.
+        let bound: Vec<String> = podman
+            .mounts
+            .iter()
+            .filter(|m| m.mode == MountMode::Bind)
+            .filter_map(|m| m.normalized_target().ok())
+            .collect();
         for path in spec.scratch_paths() {
+            if spec.image_volumes.iter().any(|v| v == path) && bound.iter().any(|b| b == path) {
+                continue;
+            }
             out.push(json!({
                 "destination": path,
                 "source": "tmpfs",

@@ -17,6 +17,12 @@
 //!   container before every attach (to learn whether it has a TTY, which this adapter's
 //!   containers never have): one more round-trip on every create, about a third of what
 //!   `create` costs beyond the engine's own create and start.
+//! - **container delete** (`DELETE /libpod/containers/{id}`): podman-api's `volumes`
+//!   option sends `v=true`, which the libpod endpoint ignores (it reads `volumes`), so a
+//!   container's anonymous volumes stayed on the engine's disk after its removal.
+//! - **image inspect** (`GET /libpod/images/{name}/json`), for the volumes an image
+//!   declares: only that field is decoded, from an answer read up to 4 MiB, where
+//!   podman-api decodes (and may fail on) the whole answer.
 //! - **exec start** (`POST /libpod/exec/{id}/start`): podman-api's frame decoder panics on
 //!   a stream number it does not know, and its stdin writer is a `futures` one; the
 //!   upgraded connection goes through the container layer's own bounded demultiplexer
@@ -163,6 +169,40 @@ impl Rest {
         Ok(c.id)
     }
 
+    /// `DELETE /libpod/containers/{id}?force=true&volumes=true&timeout=0`: the container
+    /// and its anonymous volumes (Podman's for each `VOLUME` of an image without a disk
+    /// limit; left behind they would stay on the engine's disk for good).
+    pub(crate) async fn remove_container(&self, id: &str) -> EngineResult<()> {
+        const WHAT: &str = "container delete";
+        let ep = format!(
+            "/libpod/containers/{}?force=true&volumes=true&timeout=0",
+            encode(id)
+        );
+        let req = Request::builder().method(Method::DELETE).uri(self.uri(&ep));
+        let resp = self.send(WHAT, req, Body::empty()).await?;
+        match resp.status() {
+            StatusCode::OK | StatusCode::NO_CONTENT => Ok(()),
+            _ => Err(Self::error_of(WHAT, resp).await),
+        }
+    }
+
+    /// `GET /libpod/images/{name}/json`: the volumes the image's config declares. Only
+    /// that field is decoded (podman-api's model of the whole answer is the part most
+    /// likely to break on a field it does not know).
+    pub(crate) async fn image_volumes(&self, image: &str) -> EngineResult<Vec<String>> {
+        const WHAT: &str = "image inspect";
+        let ep = format!("/libpod/images/{}/json", encode(image));
+        let req = Request::builder().method(Method::GET).uri(self.uri(&ep));
+        let resp = self.send(WHAT, req, Body::empty()).await?;
+        if resp.status() != StatusCode::OK {
+            return Err(Self::error_of(WHAT, resp).await);
+        }
+        let body = read_capped_to(resp.into_body(), IMAGE_ANSWER_CAP)
+            .await
+            .map_err(|e| unreachable(WHAT, e))?;
+        image_volumes_of(&body).map_err(|e| invalid(WHAT, e))
+    }
+
     /// `HEAD /containers/{id}/archive?path=`. A 404 is `NotFound` for a missing path and
     /// a missing container alike: the container layer tells them apart (it checks the
     /// container), so no extra round-trip here.
@@ -251,17 +291,46 @@ impl Rest {
 const ANSWER_CAP: usize = 64 * 1024;
 
 /// The first [`ANSWER_CAP`] bytes of an answer body; the rest is not read.
-async fn read_capped(mut body: Body) -> std::result::Result<Vec<u8>, hyper::Error> {
+async fn read_capped(body: Body) -> std::result::Result<Vec<u8>, hyper::Error> {
+    read_capped_to(body, ANSWER_CAP).await
+}
+
+/// The first `cap` bytes of an answer body; the rest is not read.
+async fn read_capped_to(mut body: Body, cap: usize) -> std::result::Result<Vec<u8>, hyper::Error> {
     use hyper::body::HttpBody as _;
     let mut out = Vec::new();
-    while out.len() < ANSWER_CAP {
+    while out.len() < cap {
         match body.data().await {
             Some(chunk) => out.extend_from_slice(&chunk?),
             None => break,
         }
     }
-    out.truncate(ANSWER_CAP);
+    out.truncate(cap);
     Ok(out)
+}
+
+/// The most of an image inspect answer that is read: its history and labels make it
+/// larger than other answers, and an answer cut short is an error, never a shorter list.
+const IMAGE_ANSWER_CAP: usize = 4 * 1024 * 1024;
+
+/// The `Config.Volumes` keys of an image inspect answer (none when absent or null).
+fn image_volumes_of(body: &[u8]) -> std::result::Result<Vec<String>, serde_json::Error> {
+    #[derive(Deserialize)]
+    struct Image {
+        #[serde(rename = "Config", default)]
+        config: Option<Config>,
+    }
+    #[derive(Deserialize)]
+    struct Config {
+        #[serde(rename = "Volumes", default)]
+        volumes: Option<std::collections::BTreeMap<String, serde::de::IgnoredAny>>,
+    }
+    let image: Image = serde_json::from_slice(body)?;
+    Ok(image
+        .config
+        .and_then(|c| c.volumes)
+        .map(|v| v.into_keys().collect())
+        .unwrap_or_default())
 }
 
 /// Percent-encodes a query/path component (RFC 3986 unreserved characters and `/` kept).
@@ -280,6 +349,23 @@ pub(crate) fn encode(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_images_declared_volumes_are_read_and_a_cut_answer_is_an_error() {
+        let answer = br#"{"Id":"x","Config":{"Env":["A=b"],"Volumes":{"/data":{},"/var/lib/db":{}}},"History":[]}"#;
+        assert_eq!(image_volumes_of(answer).unwrap(), ["/data", "/var/lib/db"]);
+        for none in [
+            &br#"{"Config":{"Volumes":null}}"#[..],
+            br#"{"Config":{}}"#,
+            b"{}",
+        ] {
+            assert!(image_volumes_of(none).unwrap().is_empty());
+        }
+        assert!(
+            image_volumes_of(&answer[..40]).is_err(),
+            "never a shorter list"
+        );
+    }
 
     #[tokio::test]
     async fn answers_are_read_up_to_the_cap() {

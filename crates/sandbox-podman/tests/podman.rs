@@ -749,3 +749,39 @@ async fn configured_transfer_caps_apply() {
     .expect("connect with caps");
     caps::configured_caps_apply(&b, "sandbox-rs/busybox:latest").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_volume_is_bounded_scratch_under_a_disk_limit() {
+    let Some(b) = backend().await else { return };
+    sandbox_testkit::trials::disk::an_image_volume_is_bounded_scratch(
+        &b,
+        "podman --remote",
+        BUSYBOX,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pid1_output_is_not_logged_on_the_exec_path() {
+    let Some(_b) = backend().await else { return };
+    let b = PodmanBackend::connect(PodmanConfig::from_env().agent(false))
+        .await
+        .unwrap();
+    sandbox_testkit::trials::disk::pid1_output_is_not_logged_on_the_exec_path(
+        &b,
+        "podman --remote",
+        BUSYBOX,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_volume_goes_with_its_sandbox() {
+    let Some(b) = backend().await else { return };
+    sandbox_testkit::trials::disk::an_image_volume_goes_with_its_sandbox(
+        &b,
+        "podman --remote",
+        BUSYBOX,
+    )
+    .await;
+}

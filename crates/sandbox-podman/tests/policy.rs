@@ -79,6 +79,13 @@ fn hardening_is_always_in_the_body() {
     assert_eq!(v["labels"]["io.sandbox-rs.managed"], "true");
     assert!(v.get("portmappings").is_none());
     assert!(v.get("stdin").is_none(), "no agent channel unless asked");
+    // On the engine's exec path root in the sandbox can still write to PID 1's output
+    // (`echo x > /proc/1/fd/1`): with a log driver every byte of it lands in the
+    // engine's k8s-file log, on the engine's disk, past every limit.
+    assert_eq!(
+        v["log_configuration"]["driver"], "none",
+        "PID 1's output is not logged on the exec path either"
+    );
     let mut agent = spec_with(Resources::default(), NetworkMode::None);
     agent.attach_stdin = true;
     let v = body(&agent, &PodmanOptions::default());
@@ -249,4 +256,40 @@ fn refusals_happen_before_provisioning() {
     let s = spec_with(Resources::default(), NetworkMode::None);
     assert!(p.check_spec(&s).is_ok());
     let _: EffectiveResources = s.resources;
+}
+
+/// An image's `VOLUME` would be an anonymous volume on the engine's disk, past the limit:
+/// under `disk_mb` each declared volume is a sized tmpfs, and any Podman still finds is a
+/// tmpfs (`image_volume_mode`), never a volume on disk.
+#[test]
+fn declared_image_volumes_are_sized_tmpfs_under_a_disk_limit() {
+    let mut s = spec_with(Resources::default().disk_mb(10), NetworkMode::None);
+    s.image_volumes = vec!["/data".into(), "/tmp".into(), "/ro".into()];
+    let d = tempfile::tempdir().unwrap();
+    let p = PodmanOptions::new().mount(Mount::bind(d.path(), "/ro"));
+    let v = body(&s, &p);
+    assert_eq!(v["image_volume_mode"], "tmpfs");
+    let mounts = v["mounts"].as_array().unwrap();
+    let dest: Vec<&str> = mounts
+        .iter()
+        .filter_map(|m| m["destination"].as_str())
+        .collect();
+    assert_eq!(
+        dest,
+        ["/ro", "/work", "/tmp", "/data"],
+        "each path once; the read-only bind mount keeps its path"
+    );
+    for m in &mounts[1..] {
+        assert_eq!(m["type"], "tmpfs");
+        assert_eq!(
+            m["options"],
+            json!(["size=10485760", "mode=1777", "nosuid", "nodev"])
+        );
+    }
+    // Without a disk limit nothing changes: the engine keeps its default.
+    let mut s = spec_with(Resources::default(), NetworkMode::None);
+    s.image_volumes = vec!["/data".into()];
+    let v = body(&s, &PodmanOptions::default());
+    assert!(v.get("image_volume_mode").is_none());
+    assert!(v.get("mounts").is_none());
 }

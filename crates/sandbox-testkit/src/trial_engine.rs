@@ -272,6 +272,9 @@ impl<E: ContainerEngine> ContainerEngine for TrialEngine<E> {
     async fn image_exists(&self, image: &str) -> EngineResult<bool> {
         self.inner.image_exists(image).await
     }
+    async fn image_volumes(&self, image: &str) -> EngineResult<Vec<String>> {
+        self.inner.image_volumes(image).await
+    }
     async fn pull(&self, request: PullRequest<'_>) -> EngineResult<()> {
         self.inner.pull(request).await
     }

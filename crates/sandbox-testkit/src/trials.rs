@@ -7,6 +7,7 @@
 
 pub mod agent;
 pub mod caps;
+pub mod disk;
 pub mod egress;
 pub mod pull;
 pub mod reap;

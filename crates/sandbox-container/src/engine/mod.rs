@@ -306,6 +306,21 @@ pub trait ContainerEngine: Send + Sync + fmt::Debug + 'static {
         let _ = image;
         Ok(true)
     }
+    /// The volumes `image` declares (its config's `Volumes`, the Dockerfile's `VOLUME`),
+    /// as the engine reports them. The container layer asks only for a disk-limited
+    /// create, and mounts a sized scratch filesystem at each
+    /// ([`ContainerSpec::image_volumes`]) so the engine creates no volume on its own disk.
+    /// Default: an error, and the layer refuses `disk_mb` on this engine (an engine that
+    /// cannot say cannot keep them bounded).
+    async fn image_volumes(&self, image: &str) -> EngineResult<Vec<String>> {
+        Err(EngineError::new(
+            EngineErrorKind::InvalidRequest,
+            format!(
+                "the {} engine adapter cannot read the volumes image `{image}` declares",
+                self.backend()
+            ),
+        ))
+    }
     /// Pulls the request's `image` from its registry with its `auth` (when credentials
     /// were found for the registry), reporting each engine progress message through its
     /// `progress`. A registry

@@ -209,9 +209,10 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                         agent_mount: None,
                         ..spec.clone()
                     },
-                    AgentDelivery::ExecPath => {
-                        self.spec(&options, resources, network.as_ref(), false)
-                    }
+                    AgentDelivery::ExecPath => ContainerSpec {
+                        image_volumes: spec.image_volumes.clone(),
+                        ..self.spec(&options, resources, network.as_ref(), false)
+                    },
                 };
                 let outcome = self
                     .bounded_attempt(bound, attempt_spec, &options, tier, network.as_ref())
@@ -250,7 +251,8 @@ impl<E: ContainerEngine> ContainerBackend<E> {
     }
 
     /// The start of a round: the spec (with the agent mounted where the engine can),
-    /// checked by the engine, and its image ensured (forgotten first when `forget_image`).
+    /// checked by the engine, and its image ensured (forgotten first when `forget_image`);
+    /// under a disk limit, the volumes the image declares read into the spec.
     async fn begin_round(
         &self,
         options: &CreateOptions,
@@ -269,14 +271,31 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             crate::image::forget(&*self.engine, &spec.image);
         }
         // Before the create bound: a first pull may take minutes (it has its own bound).
-        let ensured = crate::image::ensure(
-            &self.engine,
-            &spec.image,
-            options.pull,
-            self.config.pull_progress.as_ref(),
-            self.config.call_timeout,
-        )
-        .await?;
+        let ensure = || {
+            crate::image::ensure(
+                &self.engine,
+                &spec.image,
+                options.pull,
+                self.config.pull_progress.as_ref(),
+                self.config.call_timeout,
+            )
+        };
+        let mut ensured = ensure().await?;
+        if spec.resources.disk_mb.is_some() {
+            // The image's volumes become bounded scratch, not volumes on the engine's disk.
+            let volumes = match self.image_volumes(&spec.image).await {
+                Err(e) if ensured == Ensured::Remembered && error::says_not_found(&e) => {
+                    // Only remembered, and removed since: ensured as the pull policy says.
+                    crate::image::forget(&*self.engine, &spec.image);
+                    ensured = ensure().await?;
+                    self.image_volumes(&spec.image).await?
+                }
+                r => r?,
+            };
+            spec.image_volumes = volumes;
+            // A copy mount under one of them would be hidden: checked with them.
+            self.engine.check_spec(&spec).map_err(error::refused_spec)?;
+        }
         // The agent bind-mounted from a host file where the engine can (no 1.5 MiB upload
         // into every container), else uploaded.
         if spec.attach_stdin
@@ -413,6 +432,8 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             lifetime,
             attach_stdin: agent,
             agent_mount: None,
+            // Read from the engine once the image is ensured (`begin_round`).
+            image_volumes: Vec::new(),
         }
     }
 

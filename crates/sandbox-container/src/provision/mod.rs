@@ -1,6 +1,7 @@
 //! Bringing sandboxes into being and out again: the engine-independent configuration, the
 //! backend that creates, connects, lists and kills managed sandboxes, the sealed copy-in
-//! of copy mounts, and the startup sweep of leftovers. What a live sandbox does once it
+//! of copy mounts, the image's declared volumes a disk limit bounds, and the startup sweep
+//! of leftovers. What a live sandbox does once it
 //! exists is in [`crate::sandbox`].
 
 pub(crate) mod agent_copy;
@@ -9,5 +10,6 @@ pub(crate) mod backend;
 pub(crate) mod config;
 pub mod copy_in;
 mod create;
+pub(crate) mod image_volumes;
 pub(crate) mod sweep;
 pub(crate) mod teardown;

@@ -23,7 +23,9 @@ pub use network::{NetworkInfo, NetworkMode, NetworkSpec, Subnet};
 ///
 /// Always applied, whatever the fields say (the security defaults no caller can opt out
 /// of): all capabilities dropped, `no-new-privileges`, swap disabled (memory+swap ==
-/// memory), no privileged mode, no auto-published ports.
+/// memory), no privileged mode, no auto-published ports, and no log driver (whatever PID 1
+/// writes, root inside can write through `/proc/1/fd/1`; an engine log would keep it on
+/// the engine's disk, past every limit).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ContainerSpec {
@@ -50,14 +52,19 @@ pub struct ContainerSpec {
     pub lifetime: Duration,
     /// The main process is the in-sandbox agent, whose channel is its stdin and stdout
     /// ([`ContainerEngine::attach`]): keep its stdin open across attaches (`OpenStdin` on,
-    /// `StdinOnce` off, no TTY), and do not log its output — it is the channel, not a log,
-    /// and a log driver would copy every byte of every command's output to the engine's
-    /// disk.
+    /// `StdinOnce` off, no TTY). Its output is the channel, not a log (no container is
+    /// logged).
     pub attach_stdin: bool,
     /// A host file holding the agent binary, to bind-mount read-only at the agent's path
     /// (`/.sandbox-agent`) instead of uploading it before start. Set only when
     /// [`ContainerEngine::supports_agent_mount`] says the engine applies it.
     pub agent_mount: Option<std::path::PathBuf>,
+    /// The volumes the image declares (`VOLUME`), normalised, as the container layer read
+    /// them ([`ContainerEngine::image_volumes`]) — only under a disk limit, where each is
+    /// one of the [`scratch_paths`](Self::scratch_paths): a sized RAM-backed filesystem
+    /// at that path takes the place of the engine's anonymous volume on its own disk.
+    /// Empty otherwise (the engine then keeps its default for them).
+    pub image_volumes: Vec<String>,
 }
 
 impl ContainerSpec {
@@ -84,14 +91,15 @@ impl ContainerSpec {
             lifetime,
             attach_stdin: false,
             agent_mount: None,
+            image_volumes: Vec::new(),
         }
     }
 
     /// With `resources.disk_mb` set: the only writable places, each a RAM-backed
     /// filesystem of [`scratch_bytes`](Self::scratch_bytes) mounted over a **read-only**
-    /// root filesystem — the workdir and `/tmp` (once if they are the same). An adapter
-    /// whose engine cannot apply all of it does not declare `DISK_LIMIT`. Empty without a
-    /// disk limit.
+    /// root filesystem — the workdir, `/tmp` and each of the
+    /// [`image_volumes`](Self::image_volumes), each path once. An adapter whose engine
+    /// cannot apply all of it does not declare `DISK_LIMIT`. Empty without a disk limit.
     ///
     /// RAM-backed on purpose: writes never reach the engine's disk, and the pages are
     /// charged to the container's memory limit, so several of them cannot add up beyond it.
@@ -99,9 +107,15 @@ impl ContainerSpec {
         if self.resources.disk_mb.is_none() {
             return Vec::new();
         }
-        let mut paths = vec![self.workdir.as_str()];
-        if self.workdir.trim_end_matches('/') != SCRATCH_TMP {
-            paths.push(SCRATCH_TMP);
+        let mut paths: Vec<&str> = Vec::new();
+        let same = |a: &str, b: &str| a.trim_end_matches('/') == b.trim_end_matches('/');
+        let candidates = [self.workdir.as_str(), SCRATCH_TMP]
+            .into_iter()
+            .chain(self.image_volumes.iter().map(String::as_str));
+        for path in candidates {
+            if !paths.iter().any(|p| same(p, path)) {
+                paths.push(path);
+            }
         }
         paths
     }
@@ -133,3 +147,40 @@ impl ContainerSpec {
 
 /// The writable temporary directory every sandbox with a disk limit keeps.
 const SCRATCH_TMP: &str = "/tmp";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandbox_core::Resources;
+
+    fn spec(r: Resources) -> ContainerSpec {
+        ContainerSpec::new(
+            "sbx-t-0",
+            "img",
+            vec!["sleep".into()],
+            r.effective().unwrap(),
+            Duration::from_secs(1),
+        )
+    }
+
+    #[test]
+    fn image_volumes_are_scratch_paths_under_a_disk_limit_only() {
+        let mut s = spec(Resources::default());
+        s.image_volumes = vec!["/data".into()];
+        assert!(s.scratch_paths().is_empty(), "no disk limit, no scratch");
+        let mut s = spec(Resources::default().disk_mb(10));
+        s.image_volumes = vec![
+            "/data".into(),
+            "/tmp".into(),
+            "/work".into(),
+            "/data".into(),
+        ];
+        assert_eq!(
+            s.scratch_paths(),
+            ["/work", "/tmp", "/data"],
+            "each path once"
+        );
+        s.workdir = "/tmp/".into();
+        assert_eq!(s.scratch_paths(), ["/tmp/", "/data", "/work"]);
+    }
+}

@@ -133,7 +133,7 @@ impl Mount {
     /// characters.
     pub fn normalized_target(&self) -> Result<String> {
         let c = &self.container;
-        let refused = || {
+        normalize_target(c).ok_or_else(|| {
             SandboxError::config(
                 format!(
                     "mount target {:?} is not allowed",
@@ -141,22 +141,7 @@ impl Mount {
                 ),
                 "use an absolute sandbox path without `..`, `.`, commas or control characters, outside /, /proc, /sys and /dev",
             )
-        };
-        if !c.starts_with('/') || c.chars().any(|ch| ch.is_control()) || c.contains(',') {
-            return Err(refused());
-        }
-        let parts: Vec<&str> = c.split('/').filter(|s| !s.is_empty()).collect();
-        if parts.iter().any(|s| *s == "." || *s == "..") {
-            return Err(refused());
-        }
-        let target = format!("/{}", parts.join("/"));
-        let covered = |r: &str| {
-            target == r || (r != "/" && target.starts_with(r) && target[r.len()..].starts_with('/'))
-        };
-        if RESERVED_TARGETS.iter().any(|r| covered(r)) {
-            return Err(refused());
-        }
-        Ok(target)
+        })
     }
 
     /// Checks host path, target and mode together (a copy mount cannot be read-only).
@@ -214,6 +199,28 @@ fn is_socket(p: &Path) -> bool {
 #[cfg(not(unix))]
 fn is_socket(_: &Path) -> bool {
     false
+}
+
+/// A sandbox path with repeated and trailing slashes removed (`//data/` → `/data`, the
+/// path the engines clean it to), or `None` when it is relative, covers `/`, `/proc`,
+/// `/sys`, `/dev` or the engine's init, or contains `.`, `..`, commas or control
+/// characters: a path nothing of the caller's or the image's may be mounted at.
+pub fn normalize_target(path: &str) -> Option<String> {
+    if !path.starts_with('/') || path.chars().any(|ch| ch.is_control()) || path.contains(',') {
+        return None;
+    }
+    let parts: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    if parts.iter().any(|s| *s == "." || *s == "..") {
+        return None;
+    }
+    let target = format!("/{}", parts.join("/"));
+    let covered = |r: &str| {
+        target == r || (r != "/" && target.starts_with(r) && target[r.len()..].starts_with('/'))
+    };
+    if RESERVED_TARGETS.iter().any(|r| covered(r)) {
+        return None;
+    }
+    Some(target)
 }
 
 /// Checks every mount and that no two share a sandbox target.
