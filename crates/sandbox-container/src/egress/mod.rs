@@ -178,8 +178,16 @@ pub(crate) mod host {
     use super::*;
 
     fn find(name: &str) -> Option<PathBuf> {
-        let path = std::env::var_os("PATH").unwrap_or_default();
-        std::env::split_paths(&path)
+        find_in(&std::env::var_os("PATH").unwrap_or_default(), name)
+    }
+
+    /// `name` in the absolute directories of `path` (a `PATH` value), then in the system
+    /// directories. Relative entries (`.`, an empty one, `bin`) are skipped: these tools run
+    /// as root, and a relative entry would run whatever the current directory holds under
+    /// that name.
+    pub(crate) fn find_in(path: &std::ffi::OsStr, name: &str) -> Option<PathBuf> {
+        std::env::split_paths(path)
+            .filter(|d| d.is_absolute())
             .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))
             .map(|d| d.join(name))
             .find(|p| p.is_file())
@@ -197,7 +205,8 @@ pub(crate) mod host {
     pub(crate) fn nft_path() -> &'static Path {
         match tools() {
             Ok((n, _)) => n,
-            Err(_) => Path::new("nft"),
+            // Never a bare name, which the spawn would look up in PATH.
+            Err(_) => Path::new("/usr/sbin/nft"),
         }
     }
 
@@ -205,13 +214,13 @@ pub(crate) mod host {
     /// needs it, naming the command).
     pub(crate) fn ip_path() -> &'static Path {
         static IP: OnceLock<PathBuf> = OnceLock::new();
-        IP.get_or_init(|| find("ip").unwrap_or_else(|| PathBuf::from("ip")))
+        IP.get_or_init(|| find("ip").unwrap_or_else(|| PathBuf::from("/usr/sbin/ip")))
     }
 
     pub(crate) fn nsenter_path() -> &'static Path {
         match tools() {
             Ok((_, n)) => n,
-            Err(_) => Path::new("nsenter"),
+            Err(_) => Path::new("/usr/bin/nsenter"),
         }
     }
 

@@ -444,3 +444,33 @@ async fn a_pinned_egress_bridge_keeps_its_mac_when_ports_come_and_go() {
         None
     );
 }
+
+/// The host tools run as root: a relative `PATH` entry (`.`, `bin`) must never find them,
+/// or whatever the current directory holds under that name would run as root.
+#[test]
+fn host_tools_are_found_in_absolute_directories_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let tool = "sbx-planted-tool";
+    let planted = dir.path().join(tool);
+    std::fs::write(&planted, "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // The same directory, named relative to the current one (no file in the checkout).
+    let cwd = std::env::current_dir().unwrap();
+    let up = "../".repeat(cwd.components().count().saturating_sub(1));
+    let relative = PathBuf::from(format!(
+        "{up}{}",
+        dir.path().display().to_string().trim_start_matches('/')
+    ));
+    assert!(relative.is_relative() && relative.join(tool).is_file());
+    assert_eq!(
+        host::find_in(relative.as_os_str(), tool),
+        None,
+        "a relative PATH entry found {tool}"
+    );
+    assert_eq!(
+        host::find_in(dir.path().as_os_str(), tool),
+        Some(planted),
+        "an absolute PATH entry is searched"
+    );
+}
