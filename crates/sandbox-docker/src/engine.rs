@@ -28,7 +28,7 @@ use crate::error::{BACKEND, during, engine_error, pull_error, start_hint};
 use crate::policy;
 use sandbox_container::endpoint::discovery::unavailable_or_missing;
 use sandbox_container::engine::state_from_status;
-use sandbox_container::engine::transfer::bounded_call;
+use sandbox_container::engine::transfer::{FIRST_ANSWER_TIMEOUT, bounded_call};
 use sandbox_container::time::from_unix_secs;
 
 /// The Docker engine behind a [`DockerBackend`](crate::DockerBackend).
@@ -117,7 +117,7 @@ fn docker_credentials(auth: &RegistryAuth) -> DockerCredentials {
 /// The install command for a machine without Docker.
 const INSTALL: &str = "install Docker Engine: `sudo cargo xtask setup` (Debian/Ubuntu), or see https://docs.docker.com/engine/install/";
 
-/// How long connecting (version negotiation, ping, runtime check) may take.
+/// How long the runtime check after the first answers may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl DockerEngine {
@@ -155,12 +155,14 @@ impl DockerEngine {
             client.ping().await.map_err(during("ping"))?;
             Ok::<_, EngineError>(client)
         };
-        let client = match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
+        // Version negotiation and the ping are the engine's first answers: a wedged daemon
+        // that accepts and never answers fails here within seconds.
+        let client = match tokio::time::timeout(FIRST_ANSWER_TIMEOUT, connect).await {
             Ok(r) => r.map_err(unavailable)?,
             Err(_) => {
                 return Err(unavailable(EngineError::new(
                     EngineErrorKind::Timeout,
-                    format!("no answer within {CONNECT_TIMEOUT:?}"),
+                    format!("no answer within {FIRST_ANSWER_TIMEOUT:?}"),
                 )));
             }
         };

@@ -179,3 +179,24 @@ fn endpoint_credentials_never_reach_an_error() {
     assert!(text.contains("tcp://10.0.0.1:2375"), "{text}");
     assert!(!text.contains("pw"), "{text}");
 }
+
+/// A daemon that accepts connections and never answers fails `connect` within seconds,
+/// not after the 30 s per-call bound: a `create` on a wedged engine must fail in under
+/// 10 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wedged_engine_fails_connect_within_seconds() {
+    let wedged = sandbox_testkit::wedged::WedgedEngine::start().unwrap();
+    let config = DockerConfig::default()
+        .endpoint(wedged.endpoint())
+        .startup_sweep(false);
+    let started = std::time::Instant::now();
+    let e = sandbox_docker::DockerBackend::connect(config)
+        .await
+        .expect_err("a wedged engine must not connect");
+    assert_eq!(e.code(), ErrorCode::EngineUnavailable, "{e}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "a wedged engine held connect for {:?}",
+        started.elapsed()
+    );
+}

@@ -15,7 +15,9 @@ use futures::{StreamExt, TryStreamExt};
 use podman_api::Podman;
 use podman_api::opts::{ContainerListFilter, ContainerListOpts, ExecCreateOpts, PullOpts};
 use sandbox_container::endpoint::discovery::unavailable_or_missing;
-use sandbox_container::engine::transfer::{bounded_call, bounded_upload, demultiplex, panicked};
+use sandbox_container::engine::transfer::{
+    FIRST_ANSWER_TIMEOUT, bounded_call, bounded_upload, demultiplex, panicked,
+};
 use sandbox_container::engine::{
     NetworkInfo, NetworkSpec, engine_text as bounded, published_ports, state_from_status,
 };
@@ -89,7 +91,17 @@ impl PodmanEngine {
             }
             None => Self::on(config, &config.endpoint, None),
         }?;
-        if let Err(e) = engine.ping().await {
+        // The engine's first answer: a wedged service that accepts and never answers fails
+        // here within seconds, not after the full per-call bound.
+        let first = tokio::time::timeout(FIRST_ANSWER_TIMEOUT, engine.ping())
+            .await
+            .unwrap_or_else(|_| {
+                Err(EngineError::new(
+                    EngineErrorKind::Timeout,
+                    format!("no answer within {FIRST_ANSWER_TIMEOUT:?}"),
+                ))
+            });
+        if let Err(e) = first {
             let e = to_sandbox_error(&config.endpoint, "ping", e);
             let e = unavailable_or_missing(e, BACKEND, &config.endpoint, &["podman"], INSTALL);
             return Err(e);

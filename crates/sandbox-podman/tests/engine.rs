@@ -15,26 +15,13 @@ use sandbox_podman::{PodmanBackend, PodmanConfig, PodmanEngine};
 
 const BUSYBOX: &str = "sandbox-rs/busybox:latest";
 
-/// A unix socket that accepts connections and never answers: a wedged engine.
-fn wedged_socket(dir: &std::path::Path) -> String {
-    let path = dir.join("wedged.sock");
-    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
-    std::thread::spawn(move || {
-        let mut held = Vec::new();
-        for c in listener.incoming().flatten() {
-            held.push(c);
-        }
-    });
-    format!("unix://{}", path.display())
-}
-
 /// A wedged service must not hang any call: before every call was bounded, only ping had
 /// a timeout, and create, start, copy, list, delete, inspect and connect could hang forever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_engine_call_on_a_wedged_service_fails_within_the_call_timeout() {
-    let dir = tempfile::tempdir().unwrap();
+    let wedged = sandbox_testkit::wedged::WedgedEngine::start().unwrap();
     let config = PodmanConfig::default()
-        .endpoint(wedged_socket(dir.path()))
+        .endpoint(wedged.endpoint())
         .call_timeout(Duration::from_millis(300));
     let engine = PodmanEngine::new(&config).unwrap();
     let spec = ContainerSpec::new(
@@ -75,6 +62,27 @@ async fn every_engine_call_on_a_wedged_service_fails_within_the_call_timeout() {
         .unwrap_err();
     assert_eq!(e.code(), sandbox_core::ErrorCode::EngineUnavailable, "{e}");
     assert!(t.elapsed() < bound);
+}
+
+/// A service that accepts connections and never answers fails `connect` within seconds
+/// with the default (30 s) call bound: a `create` on a wedged engine must fail in under
+/// 10 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wedged_engine_fails_connect_within_seconds() {
+    let wedged = sandbox_testkit::wedged::WedgedEngine::start().unwrap();
+    let config = PodmanConfig::default()
+        .endpoint(wedged.endpoint())
+        .startup_sweep(false);
+    let started = Instant::now();
+    let e = PodmanBackend::connect(config)
+        .await
+        .expect_err("a wedged engine must not connect");
+    assert_eq!(e.code(), sandbox_core::ErrorCode::EngineUnavailable, "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "a wedged engine held connect for {:?}",
+        started.elapsed()
+    );
 }
 
 async fn engine() -> Option<PodmanEngine> {

@@ -12,6 +12,7 @@ pub mod sshd;
 pub mod tagged;
 pub mod trial_engine;
 pub mod trials;
+pub mod wedged;
 
 pub use fault_proxy::{Fault, FaultProxy};
 pub use tagged::{managed_ids, test_options};

@@ -260,6 +260,11 @@ where
     .boxed()
 }
 
+/// How long an engine's first answer (the ping when an adapter connects) may take. An
+/// engine that accepts connections and never answers (a wedged daemon) must fail a
+/// `create` in seconds, not after the full per-call bound.
+pub const FIRST_ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Bounds one engine call by `limit`.
 pub async fn bounded<T>(
     limit: Duration,
