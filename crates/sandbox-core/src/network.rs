@@ -99,9 +99,13 @@ impl EgressRule {
         let host = host.trim_end_matches('.').to_ascii_lowercase();
         match &self.target {
             EgressTarget::Host(h) => *h == host,
+            // The labels in front of the domain are the sandbox's choice and reach the
+            // host's resolver: only host-name labels pass, so no byte a resolver might
+            // treat specially (NUL, `%`, spaces, `_`) ever leaves the sandbox that way.
             EgressTarget::Subdomains(d) => host
                 .strip_suffix(d.as_str())
-                .is_some_and(|rest| rest.len() > 1 && rest.ends_with('.')),
+                .and_then(|rest| rest.strip_suffix('.'))
+                .is_some_and(|labels| labels.split('.').all(host_label_check)),
             EgressTarget::Network { .. } => {
                 host.parse::<IpAddr>().is_ok_and(|ip| self.matches_ip(ip))
             }
@@ -187,23 +191,7 @@ fn parse_target(entry: &str) -> std::result::Result<EgressTarget, String> {
     }
     let labels: Vec<&str> = name.split('.').collect();
     for label in &labels {
-        if label.is_empty() {
-            return Err("empty label".into());
-        }
-        if label.len() > 63 {
-            return Err("a label is longer than 63 characters".into());
-        }
-        if !label
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        {
-            return Err(format!(
-                "label `{label}` has characters outside [a-z0-9-] (a wildcard is only `*.` in front)"
-            ));
-        }
-        if label.starts_with('-') || label.ends_with('-') {
-            return Err(format!("label `{label}` starts or ends with `-`"));
-        }
+        host_label(label)?;
     }
     if labels
         .last()
@@ -220,6 +208,34 @@ fn parse_target(entry: &str) -> std::result::Result<EgressTarget, String> {
         return Ok(EgressTarget::Subdomains(name.to_string()));
     }
     Ok(EgressTarget::Host(name.to_string()))
+}
+
+/// Checks one host-name label (lowercase): 1 to 63 characters of `[a-z0-9-]`, not starting
+/// or ending with `-`.
+fn host_label(label: &str) -> std::result::Result<(), String> {
+    if label.is_empty() {
+        return Err("empty label".into());
+    }
+    if label.len() > 63 {
+        return Err("a label is longer than 63 characters".into());
+    }
+    if !label
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    {
+        return Err(format!(
+            "label `{label}` has characters outside [a-z0-9-] (a wildcard is only `*.` in front)"
+        ));
+    }
+    if label.starts_with('-') || label.ends_with('-') {
+        return Err(format!("label `{label}` starts or ends with `-`"));
+    }
+    Ok(())
+}
+
+/// Whether `label` is a host-name label ([`host_label`]).
+fn host_label_check(label: &str) -> bool {
+    host_label(label).is_ok()
 }
 
 /// A network every sandbox with egress is kept from, whatever its policy.
@@ -675,6 +691,27 @@ mod tests {
         ] {
             let e = BlockedSetOverride::network(bad).expect_err(bad);
             assert_eq!(e.code(), ErrorCode::Configuration, "{bad}");
+        }
+    }
+
+    /// Names below a wildcard are the sandbox's choice and go to the host's resolver: only
+    /// host-name labels may pass.
+    #[test]
+    fn a_wildcard_passes_only_host_name_labels() {
+        let w = EgressRule::parse("*.example.com").unwrap();
+        assert!(w.matches_host("a-1.b2.example.com"));
+        for forged in [
+            "a_b.example.com",
+            "a b.example.com",
+            "a\0.example.com",
+            "%00.example.com",
+            "a..example.com",
+            ".example.com",
+            "-a.example.com",
+            "a\\.example.com",
+            &format!("{}.example.com", "a".repeat(64)),
+        ] {
+            assert!(!w.matches_host(forged), "{forged:?} passed the wildcard");
         }
     }
 
