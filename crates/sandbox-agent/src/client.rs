@@ -65,7 +65,14 @@ struct Route {
     credit: Option<Arc<Semaphore>>,
     /// Data bytes delivered and not yet acknowledged by the consumer.
     unacked: Arc<AtomicU32>,
+    /// Control replies delivered and not yet taken by the consumer.
+    replies: Arc<AtomicU32>,
 }
+
+/// Most control replies one request may have waiting for its consumer. A request gets a
+/// handful (spawned, killed, exit); frames written into the channel from inside the
+/// sandbox could otherwise pile up without bound behind a consumer that is not reading.
+const MAX_BUFFERED_REPLIES: u32 = 64;
 
 #[derive(Default)]
 struct Routes {
@@ -316,6 +323,7 @@ impl AgentClient {
             .map_err(|_| self.gone())?;
         let (tx, rx) = mpsc::unbounded_channel();
         let unacked = Arc::new(AtomicU32::new(0));
+        let replies = Arc::new(AtomicU32::new(0));
         let id = {
             let mut routes = self.shared.routes.lock().unwrap_or_else(|e| e.into_inner());
             if routes.dead {
@@ -334,6 +342,7 @@ impl AgentClient {
                     tx,
                     credit,
                     unacked: unacked.clone(),
+                    replies: replies.clone(),
                 },
             );
             id
@@ -343,6 +352,7 @@ impl AgentClient {
             id,
             rx,
             unacked,
+            replies,
             _permit: permit,
         };
         first.id = id;
@@ -361,6 +371,7 @@ struct Pending {
     id: u32,
     rx: mpsc::UnboundedReceiver<Incoming>,
     unacked: Arc<AtomicU32>,
+    replies: Arc<AtomicU32>,
     _permit: tokio::sync::OwnedSemaphorePermit,
 }
 
@@ -396,6 +407,11 @@ impl Pending {
     /// The next message; `SandboxGone` when the channel died.
     async fn next(&mut self) -> Result<Incoming> {
         let msg = self.rx.recv().await.ok_or_else(|| self.gone())?;
+        if let Incoming::Reply(_) = &msg {
+            let _ = self
+                .replies
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        }
         if let Incoming::Data(_, b) = &msg {
             // Credit goes back as soon as the consumer takes the chunk: at most one window
             // per request is ever buffered here.
@@ -843,6 +859,13 @@ fn route(shared: &Shared, id: u32, msg: Incoming) -> std::result::Result<(), Str
     {
         sem.close();
     }
+    if let Incoming::Reply(_) = &msg
+        && route.replies.fetch_add(1, Ordering::Relaxed) >= MAX_BUFFERED_REPLIES
+    {
+        return Err(format!(
+            "agent sent more than {MAX_BUFFERED_REPLIES} unread replies on request {id}"
+        ));
+    }
     if let Incoming::Data(_, b) = &msg {
         let n = route.unacked.fetch_add(b.len() as u32, Ordering::Relaxed) + b.len() as u32;
         if n > WINDOW {
@@ -875,6 +898,81 @@ fn mark_dead(shared: &Shared, why: &str) {
 mod tests {
     use super::*;
     use sandbox_core::ErrorCode;
+
+    /// The agent's side of an in-memory channel: answers the hello, then hands the test
+    /// the stream to forge frames on and the requests the client sent.
+    async fn forged_agent() -> (
+        AgentClient,
+        tokio::io::DuplexStream,
+        mpsc::UnboundedReceiver<Frame>,
+    ) {
+        let (client_end, agent_end) = tokio::io::duplex(1 << 20);
+        let (client_r, client_w) = tokio::io::split(client_end);
+        let (mut agent_r, mut agent_w) = tokio::io::split(agent_end);
+        let (seen_tx, seen_rx) = mpsc::unbounded_channel();
+        let (forge_end, mut forge_src) = tokio::io::duplex(1 << 20);
+        tokio::spawn(async move {
+            let mut header = [0u8; protocol::HEADER_LEN];
+            let mut read = async |r: &mut tokio::io::ReadHalf<tokio::io::DuplexStream>| {
+                r.read_exact(&mut header).await.ok()?;
+                let (kind, id, len) = protocol::parse_header(&header).ok()?;
+                let mut body = vec![0u8; len];
+                r.read_exact(&mut body).await.ok()?;
+                Some(Frame { kind, id, body })
+            };
+            let Some(hello) = read(&mut agent_r).await else {
+                return;
+            };
+            let reply = Reply::Hello {
+                version: *SUPPORTED_VERSIONS.last().unwrap(),
+                agent: "forged".into(),
+            };
+            let bytes = Frame::control(hello.id, &reply).encode().unwrap();
+            agent_w.write_all(&bytes).await.unwrap();
+            // From here the test writes whatever it forges.
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut forge_src, &mut agent_w).await;
+            });
+            while let Some(frame) = read(&mut agent_r).await {
+                let _ = seen_tx.send(frame);
+            }
+        });
+        let client =
+            AgentClient::connect(client_r, client_w, "sbx-forged", ClientOptions::default())
+                .await
+                .unwrap();
+        (client, forge_end, seen_rx)
+    }
+
+    /// Control replies for one request are bounded like its data: a forged stream of
+    /// replies the consumer does not read ends the channel instead of buffering without
+    /// limit (a frame can be written into the channel by root inside the sandbox).
+    #[tokio::test]
+    async fn unread_control_replies_are_bounded_per_request() {
+        let (client, mut forge, mut seen) = forged_agent().await;
+        let process = client
+            .spawn(SpawnSpec {
+                argv: vec!["sleep".into(), "60".into()],
+                ..SpawnSpec::default()
+            })
+            .await
+            .unwrap();
+        let spawn = seen.recv().await.unwrap();
+        let reply = Frame::control(spawn.id, &Reply::Spawned { pid: 7 })
+            .encode()
+            .unwrap();
+        let flood: Vec<u8> = reply.repeat(4096);
+        forge.write_all(&flood).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !client.is_gone() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            client.is_gone(),
+            "4096 unread control replies for one request were buffered"
+        );
+        drop(process);
+    }
 
     fn failed(kind: ErrorKind) -> SandboxError {
         reply_error(
