@@ -33,6 +33,9 @@ const ANSWER_TTL: u32 = 30;
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Queries answered at once (UDP and TCP together).
 const MAX_IN_FLIGHT: usize = 256;
+/// Queries one sandbox may have in flight: its fair share, so one sandbox holding
+/// connections open cannot take the slots every other sandbox needs.
+const MAX_IN_FLIGHT_PER_SANDBOX: usize = 32;
 /// A TCP client idle this long is dropped.
 const TCP_IDLE: Duration = Duration::from_secs(10);
 /// Most addresses one sandbox's answers may add to its allowed set. A wildcard entry
@@ -53,6 +56,8 @@ struct Client {
     /// Addresses already in the sandbox's allowed set: asked again, they are answered
     /// without another `nsenter nft` (at most [`MAX_PINNED`]).
     pinned: Mutex<std::collections::HashSet<IpAddr>>,
+    /// This sandbox's share of the in-flight slots ([`MAX_IN_FLIGHT_PER_SANDBOX`]).
+    slots: Arc<Semaphore>,
 }
 
 pub(crate) struct Resolver {
@@ -162,6 +167,7 @@ impl Resolver {
             pid,
             ns_inode: inode,
             pinned: Mutex::default(),
+            slots: Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_SANDBOX)),
         });
         let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
         // Entries of sandboxes that are gone are dropped here, so the map stays as large
@@ -171,6 +177,20 @@ impl Resolver {
             clients.insert(*a, client.clone());
         }
         Ok(())
+    }
+
+    /// A slot of `client`'s share and one of the resolver's, or `None` when either is
+    /// used up (the query is dropped, as a busy server drops it).
+    fn take_slots(
+        &self,
+        client: &Client,
+    ) -> Option<(
+        tokio::sync::OwnedSemaphorePermit,
+        tokio::sync::OwnedSemaphorePermit,
+    )> {
+        let own = client.slots.clone().try_acquire_owned().ok()?;
+        let shared = self.slots.clone().try_acquire_owned().ok()?;
+        Some((own, shared))
     }
 
     fn client(&self, src: IpAddr) -> Option<Arc<Client>> {
@@ -190,13 +210,21 @@ impl Resolver {
                     continue;
                 }
             };
-            let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+            // The source is identified before a slot is taken: a query from an address no
+            // sandbox of ours holds is refused at once, holding nothing.
+            let Some(client) = self.client(src.ip()) else {
+                if let Some(reply) = refused(&buf[..n]) {
+                    let _ = sock.try_send_to(&reply, src);
+                }
+                continue;
+            };
+            let Some(permits) = self.take_slots(&client) else {
                 continue;
             };
             let msg = buf[..n].to_vec();
             let sock = sock.clone();
             tokio::spawn(async move {
-                let _permit = permit;
+                let _permits = permits;
                 if let Some(reply) = self.answer(&msg, src.ip(), 512).await {
                     let _ = sock.send_to(&reply, src).await;
                 }
@@ -210,11 +238,17 @@ impl Resolver {
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
             };
-            let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+            // A connection from an address no sandbox of ours holds is closed at once; a
+            // known sandbox's takes one of its own slots, then one of the resolver's.
+            let Some(client) = self.client(src.ip()) else {
+                drop(conn);
+                continue;
+            };
+            let Some(permits) = self.take_slots(&client) else {
                 continue;
             };
             tokio::spawn(async move {
-                let _permit = permit;
+                let _permits = permits;
                 let _ = self.serve_tcp_conn(conn, src.ip()).await;
             });
         }
@@ -314,6 +348,15 @@ impl Resolver {
             }
         }
         Some(dns::answer(&q, &wanted, ANSWER_TTL, max_len))
+    }
+}
+
+/// The answer to a message from a source that is no sandbox of ours: REFUSED, or a
+/// format error for something that is not a query.
+fn refused(msg: &[u8]) -> Option<Vec<u8>> {
+    match dns::parse_query(msg) {
+        Some(q) => Some(dns::reply(&q, Rcode::Refused)),
+        None => dns::header_id(msg).map(dns::format_error),
     }
 }
 

@@ -1,3 +1,4 @@
+use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -473,4 +474,78 @@ fn host_tools_are_found_in_absolute_directories_only() {
         Some(planted),
         "an absolute PATH entry is searched"
     );
+}
+
+/// One TCP DNS exchange from `src` to the resolver at `server`: whether any answer came.
+async fn tcp_query(src: IpAddr, server: SocketAddr) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let sock = tokio::net::TcpSocket::new_v4()?;
+        sock.bind(SocketAddr::new(src, 0))?;
+        let mut conn = sock.connect(server).await?;
+        let q = dns::build_query(7, "sbx-slots.invalid", dns::TYPE_A);
+        let mut out = (q.len() as u16).to_be_bytes().to_vec();
+        out.extend_from_slice(&q);
+        conn.write_all(&out).await?;
+        let mut len = [0u8; 2];
+        conn.read_exact(&mut len).await?;
+        Ok::<_, std::io::Error>(())
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(3), exchange).await,
+        Ok(Ok(()))
+    )
+}
+
+/// Connections held open from `src` to `server`, as many as `n`.
+async fn hold_connections(src: IpAddr, server: SocketAddr, n: usize) -> Vec<tokio::net::TcpStream> {
+    let mut held = Vec::new();
+    for _ in 0..n {
+        let Ok(sock) = tokio::net::TcpSocket::new_v4() else {
+            break;
+        };
+        if sock.bind(SocketAddr::new(src, 0)).is_err() {
+            break;
+        }
+        match sock.connect(server).await {
+            Ok(c) => held.push(c),
+            Err(_) => break,
+        }
+    }
+    held
+}
+
+/// The resolver's slots go to sandboxes it knows, a fair share each: a stranger holding
+/// hundreds of connections, or one sandbox doing so, cannot starve another sandbox's
+/// queries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolver_slots_go_to_known_sandboxes_a_share_each() {
+    let r = resolver::resolver().unwrap();
+    let gateway: IpAddr = "127.0.77.1".parse().unwrap();
+    let server = r.listen(gateway).await.unwrap();
+    let stranger: IpAddr = "127.0.77.2".parse().unwrap();
+    let greedy: IpAddr = "127.0.77.3".parse().unwrap();
+    let victim: IpAddr = "127.0.77.4".parse().unwrap();
+    // Two sandboxes (this process's own namespace stands in for theirs), all names allowed.
+    r.register(&[greedy], std::process::id(), None).unwrap();
+    r.register(&[victim], std::process::id(), None).unwrap();
+    let strangers = hold_connections(stranger, server, 300).await;
+    assert!(
+        strangers.len() >= 260,
+        "held {} connections",
+        strangers.len()
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        tcp_query(victim, server).await,
+        "a stranger's idle connections starved a sandbox's query"
+    );
+    drop(strangers);
+    let greedy_held = hold_connections(greedy, server, 300).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        tcp_query(victim, server).await,
+        "one sandbox's idle connections starved another's query"
+    );
+    drop(greedy_held);
 }
