@@ -1004,3 +1004,48 @@ async fn mcp_http_requests_outside_a_session_create_nothing() {
     }
     server.stop().await;
 }
+
+/// A client that opens connections and never finishes its request headers cannot hold the
+/// server: an unfinished header is cut after the header timeout, and connections past
+/// the cap are closed at once, so a normal client is still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_http_slow_or_many_connections_cannot_hold_the_server() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = HttpServer::start(&[], &[]).await;
+    let authority = server
+        .url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_string();
+    // One connection that starts a request and never ends its headers.
+    let mut slow = tokio::net::TcpStream::connect(&authority).await.unwrap();
+    slow.write_all(b"POST /mcp HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 256];
+    let cut = tokio::time::timeout(Duration::from_secs(20), slow.read(&mut buf)).await;
+    assert!(
+        matches!(cut, Ok(Ok(_)) | Ok(Err(_))),
+        "an unfinished request header held its connection for 20 s"
+    );
+    // Many idle connections: those past the cap are closed by the server.
+    let mut idle = Vec::new();
+    for _ in 0..200 {
+        match tokio::net::TcpStream::connect(&authority).await {
+            Ok(c) => idle.push(c),
+            Err(_) => break,
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut closed = 0;
+    for c in &mut idle {
+        let mut b = [0u8; 1];
+        if let Ok(Ok(0) | Err(_)) =
+            tokio::time::timeout(Duration::from_millis(20), c.read(&mut b)).await
+        {
+            closed += 1;
+        }
+    }
+    assert!(closed > 0, "200 idle connections were all held open");
+    server.stop().await;
+}

@@ -26,7 +26,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{AUTHORIZATION, HeaderValue, WWW_AUTHENTICATE};
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use sandbox::SandboxError;
@@ -39,6 +39,14 @@ use crate::exit_code;
 use crate::mcp::registry::kill_all;
 use crate::mcp::server::{Policy, SandboxServer};
 use crate::mcp::token::{Token, TokenFile};
+
+/// Connections served at once; one past it is closed as soon as it is accepted, so a
+/// client opening connections it never uses cannot take every file descriptor.
+const MAX_CONNECTIONS: usize = 64;
+
+/// How long a client may take to send a request's headers before its connection is cut:
+/// a connection that trickles a header never ending would otherwise be held forever.
+const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The path the MCP endpoint is served on.
 pub const ENDPOINT_PATH: &str = "/mcp";
@@ -156,6 +164,7 @@ pub async fn serve(policy: Policy, options: HttpOptions) -> sandbox::Result<u8> 
     let signal = crate::signals::terminated();
     tokio::pin!(signal);
     let mut connections = JoinSet::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -170,6 +179,11 @@ pub async fn serve(policy: Policy, options: HttpOptions) -> sandbox::Result<u8> 
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 continue;
             }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::debug!(%peer, max = MAX_CONNECTIONS, "mcp http connection refused: too many open");
+            drop(stream);
+            continue;
         };
         let mcp = mcp.clone();
         let token = token.clone();
@@ -190,7 +204,10 @@ pub async fn serve(policy: Policy, options: HttpOptions) -> sandbox::Result<u8> 
             }
         });
         connections.spawn(async move {
+            let _slot = slot;
             let served = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
                 .serve_connection(TokioIo::new(stream), handler)
                 .await;
             if let Err(e) = served {
