@@ -168,6 +168,23 @@ impl PodmanEngine {
         bounded_call(what, self.limit, call).await
     }
 
+    /// The names of the volumes mounted into container `id` (none when it cannot be
+    /// inspected). This library mounts no volume of its own on Podman (scratch is tmpfs,
+    /// user mounts are binds), so each is an anonymous volume of this container.
+    async fn own_volumes(&self, id: &str) -> Vec<String> {
+        let c = self.client.containers().get(id);
+        match self.api("container inspect", c.inspect()).await {
+            Ok(i) => i
+                .mounts
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|m| m.type_.as_deref() == Some("volume"))
+                .filter_map(|m| m.name)
+                .collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
     /// One REST bypass call, bounded.
     async fn rest_call<T>(
         &self,
@@ -342,15 +359,27 @@ impl ContainerEngine for PodmanEngine {
     }
 
     async fn remove(&self, id: &str) -> EngineResult<bool> {
+        // The container's own volumes (an image's declared `VOLUME`s) are learned first:
+        // when Podman's exit cleanup of an ephemeral container wins the race with this
+        // delete, it removes the container and leaves those volumes behind.
+        let volumes = self.own_volumes(id).await;
         // A removal already in flight (409) is waited for by the container layer.
-        match self
+        let removed = match self
             .rest_call("container delete", self.rest.remove_container(id))
             .await
         {
             Ok(()) => Ok(true),
             Err(e) if e.kind == EngineErrorKind::NotFound => Ok(false),
             Err(e) => Err(e),
+        };
+        for name in volumes {
+            // Not forced: a volume still in use (the container's removal not finished)
+            // stays rather than taking anything with it; gone already is the usual case.
+            let _ = self
+                .api("volume delete", self.client.volumes().get(&name).delete())
+                .await;
         }
+        removed
     }
 
     async fn list(&self, labels: &BTreeMap<String, String>) -> EngineResult<Vec<ContainerInfo>> {
