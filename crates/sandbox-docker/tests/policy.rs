@@ -101,6 +101,21 @@ fn isolated_runs_on_the_named_network_with_its_dns() {
     assert_eq!(n["Labels"]["io.sandbox-rs.managed"], "true");
 }
 
+/// Every mount is an anonymous tmpfs-backed volume of 10 MiB: removed with the container,
+/// no setuid files or devices.
+fn assert_sized_scratch(mounts: &[Value]) {
+    for m in mounts {
+        assert_eq!(m["Type"], "volume");
+        assert!(
+            m.get("Source").is_none(),
+            "anonymous: removed with the container"
+        );
+        let o = &m["VolumeOptions"]["DriverConfig"]["Options"];
+        assert_eq!(o["type"], "tmpfs");
+        assert_eq!(o["o"], "size=10485760,mode=1777,nosuid,nodev");
+    }
+}
+
 #[test]
 fn a_disk_limit_is_a_read_only_root_with_sized_scratch_volumes() {
     let h = body(&spec(Resources::default()), Runtime::Runc)["HostConfig"].clone();
@@ -112,16 +127,7 @@ fn a_disk_limit_is_a_read_only_root_with_sized_scratch_volumes() {
     let mounts = h["Mounts"].as_array().unwrap();
     let targets: Vec<&str> = mounts.iter().filter_map(|m| m["Target"].as_str()).collect();
     assert_eq!(targets, ["/work", "/tmp"]);
-    for m in mounts {
-        assert_eq!(m["Type"], "volume");
-        assert!(
-            m.get("Source").is_none(),
-            "anonymous: removed with the container"
-        );
-        let o = &m["VolumeOptions"]["DriverConfig"]["Options"];
-        assert_eq!(o["type"], "tmpfs");
-        assert_eq!(o["o"], "size=10485760,mode=1777,nosuid,nodev");
-    }
+    assert_sized_scratch(mounts);
 }
 
 #[test]
@@ -169,16 +175,7 @@ fn declared_image_volumes_are_sized_scratch_under_a_disk_limit() {
     let mounts = h["Mounts"].as_array().unwrap();
     let targets: Vec<&str> = mounts.iter().filter_map(|m| m["Target"].as_str()).collect();
     assert_eq!(targets, ["/work", "/tmp", "/data"], "each path once");
-    for m in mounts {
-        assert_eq!(m["Type"], "volume");
-        assert!(
-            m.get("Source").is_none(),
-            "anonymous: removed with the container"
-        );
-        let o = &m["VolumeOptions"]["DriverConfig"]["Options"];
-        assert_eq!(o["type"], "tmpfs");
-        assert_eq!(o["o"], "size=10485760,mode=1777,nosuid,nodev");
-    }
+    assert_sized_scratch(mounts);
     // Without a disk limit nothing changes: the engine keeps its default.
     let mut s = spec(Resources::default());
     s.image_volumes = vec!["/data".into()];

@@ -129,35 +129,26 @@ impl Registry {
 
     /// Takes out every sandbox `owner` created.
     pub(super) fn take_owned(&self, owner: Owner) -> Vec<Arc<dyn Sandbox>> {
-        let mut live = self.lock();
-        let owned: Vec<String> = live
-            .entries
-            .iter()
-            .filter(|(_, e)| e.owner == owner)
-            .map(|(id, _)| id.clone())
-            .collect();
-        owned
-            .iter()
-            .filter_map(|id| {
-                let entry = live.entries.remove(id)?;
-                live.held = live.held.minus(entry.claim);
-                Some(entry.sandbox)
-            })
-            .collect()
+        self.take_where(|e| e.owner == owner)
     }
 
     /// Takes out every sandbox whose lifetime is over: its container ended at its
     /// deadline, and it should stop counting against the limits. Returned to be killed
     /// anyway, so a container that outlived its deadline is removed from here too.
     pub(super) fn take_expired(&self, now: Instant) -> Vec<Arc<dyn Sandbox>> {
+        self.take_where(|e| e.deadline <= now)
+    }
+
+    /// Takes out every sandbox whose entry `pick` selects, giving back what it held.
+    fn take_where(&self, pick: impl Fn(&Entry) -> bool) -> Vec<Arc<dyn Sandbox>> {
         let mut live = self.lock();
-        let expired: Vec<String> = live
+        let picked: Vec<String> = live
             .entries
             .iter()
-            .filter(|(_, e)| e.deadline <= now)
+            .filter(|(_, e)| pick(e))
             .map(|(id, _)| id.clone())
             .collect();
-        expired
+        picked
             .iter()
             .filter_map(|id| {
                 let entry = live.entries.remove(id)?;
