@@ -4,7 +4,8 @@
 //! test runs exactly as in production, and only what the engine tells it changes.
 //!
 //! What a trial can arm: a container whose network namespace cannot be entered (the
-//! egress setup then fails the create as a failing `nft` would), the library network
+//! egress setup then fails the create as a failing `nft` would) or whose reported pid is
+//! another process's (as where the engine's pids are not this host's), the library network
 //! removed right before the next create that joins it (another process's sweep at the
 //! worst moment), and a library network of the trial's own name (so a trial about that
 //! network never disturbs the shared one), and an agent mount the engine cannot see (as
@@ -38,10 +39,10 @@ pub const UNSEEN_AGENT_MOUNT: &str = "/nonexistent/sandbox-rs-trial/sandbox-agen
 #[derive(Debug)]
 pub struct TrialEngine<E> {
     inner: E,
-    /// Set: the next container started reports [`UNENTERABLE_PID`] on its next inspect.
-    unenterable_next: AtomicBool,
-    /// The started container whose next inspect reports [`UNENTERABLE_PID`].
-    unenterable: Mutex<Option<String>>,
+    /// Set: the next container started reports this pid on its next inspect.
+    pid_next: Mutex<Option<u32>>,
+    /// The started container whose next inspect reports another pid, and that pid.
+    pid_armed: Mutex<Option<(String, u32)>>,
     /// Set: the next create that joins a network first removes the library network.
     steal_next: AtomicBool,
     stolen: AtomicU64,
@@ -57,8 +58,8 @@ impl<E: ContainerEngine> TrialEngine<E> {
     pub fn new(inner: E) -> Self {
         TrialEngine {
             inner,
-            unenterable_next: AtomicBool::new(false),
-            unenterable: Mutex::new(None),
+            pid_next: Mutex::new(None),
+            pid_armed: Mutex::new(None),
             steal_next: AtomicBool::new(false),
             stolen: AtomicU64::new(0),
             network_name: None,
@@ -76,7 +77,15 @@ impl<E: ContainerEngine> TrialEngine<E> {
     /// entered ([`UNENTERABLE_PID`]) on its next inspect: the egress setup, which enters
     /// it from the host right after the start, fails.
     pub fn unenterable_namespace_once(&self) {
-        self.unenterable_next.store(true, Ordering::SeqCst);
+        self.foreign_pid_once(UNENTERABLE_PID);
+    }
+
+    /// The next container started reports `pid` as its first process on its next
+    /// inspect, as an engine whose pids are not this host's does (a library in a container
+    /// talking to the host's socket, an engine in a VM): the pid names some other process
+    /// here.
+    pub fn foreign_pid_once(&self, pid: u32) {
+        *self.pid_next.lock().unwrap_or_else(|p| p.into_inner()) = Some(pid);
     }
 
     /// The next create of a container that joins a network first removes the library
@@ -195,17 +204,24 @@ impl<E: ContainerEngine> ContainerEngine for TrialEngine<E> {
     }
     async fn start(&self, id: &str) -> EngineResult<()> {
         self.inner.start(id).await?;
-        if self.unenterable_next.swap(false, Ordering::SeqCst) {
-            *self.unenterable.lock().unwrap_or_else(|p| p.into_inner()) = Some(id.to_string());
+        if let Some(pid) = self
+            .pid_next
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            *self.pid_armed.lock().unwrap_or_else(|p| p.into_inner()) = Some((id.to_string(), pid));
         }
         Ok(())
     }
     async fn inspect(&self, id: &str) -> EngineResult<ContainerInfo> {
         let mut info = self.inner.inspect(id).await?;
-        let mut armed = self.unenterable.lock().unwrap_or_else(|p| p.into_inner());
-        if armed.as_deref() == Some(id) {
+        let mut armed = self.pid_armed.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((armed_id, pid)) = armed.as_ref()
+            && armed_id == id
+        {
+            info.pid = Some(*pid);
             *armed = None;
-            info.pid = Some(UNENTERABLE_PID);
         }
         Ok(info)
     }

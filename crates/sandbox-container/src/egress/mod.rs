@@ -20,6 +20,7 @@
 mod bridge;
 mod dns;
 mod local;
+mod netns;
 mod nft;
 mod resolver;
 
@@ -556,6 +557,8 @@ pub(crate) async fn apply<E: ContainerEngine + ?Sized>(
             "the engine reports no address for the container".into(),
         ));
     }
+    // Held from here to the read-back: the rules go into this namespace and no other.
+    let ns = netns::of_container(pid, &info.id).map_err(|e| creation(backend, e))?;
     let block = blocked_set(engine, net).await?;
     if let Some(rules) = &rules {
         // Checked before the container was created too; the engine's networks may have
@@ -582,11 +585,11 @@ pub(crate) async fn apply<E: ContainerEngine + ?Sized>(
         block: block.into_iter().map(|b| b.cidr).collect(),
         resolver: Some(dns),
     };
-    nft::load(pid, &ruleset)
+    nft::load(&ns.path(), &ruleset)
         .await
         .map_err(|e| creation(backend, e))?;
     resolver
-        .register(&info.addresses, pid, rules)
+        .register(&info.addresses, pid, ns.inode(), rules)
         .map_err(|e| creation(backend, e))?;
     tracing::debug!(sandbox_id = %id, pid, %dns, allow_all, "egress rules applied");
     Ok(())

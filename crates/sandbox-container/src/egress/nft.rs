@@ -5,6 +5,7 @@
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -159,10 +160,13 @@ const OUT_ORDER: [&str; 8] = [
     "ip6 daddr @dyn6 accept",
 ];
 
-/// The command entering the network namespace of host pid `pid`.
-fn nsenter(pid: u32) -> tokio::process::Command {
+/// The command entering the network namespace `ns` names (a held namespace's descriptor,
+/// or `/proc/<pid>/ns/net`).
+fn nsenter(ns: &Path) -> tokio::process::Command {
     let mut c = tokio::process::Command::new(super::host::nsenter_path());
-    c.arg(format!("--net=/proc/{pid}/ns/net"))
+    let mut net = std::ffi::OsString::from("--net=");
+    net.push(ns);
+    c.arg(net)
         .arg("--")
         .arg(super::host::nft_path())
         .stdin(Stdio::piped())
@@ -172,11 +176,11 @@ fn nsenter(pid: u32) -> tokio::process::Command {
     c
 }
 
-/// Runs `nft ARGS` in the namespace of `pid` with `input` on stdin; its stdout, or its
+/// Runs `nft ARGS` in the namespace `ns` with `input` on stdin; its stdout, or its
 /// stderr as the error.
-pub(crate) async fn nft(pid: u32, args: &[&str], input: &str) -> Result<String, String> {
+pub(crate) async fn nft(ns: &Path, args: &[&str], input: &str) -> Result<String, String> {
     let run = async {
-        let mut cmd = nsenter(pid);
+        let mut cmd = nsenter(ns);
         cmd.args(args);
         let mut child = cmd
             .spawn()
@@ -212,10 +216,10 @@ pub(crate) async fn nft(pid: u32, args: &[&str], input: &str) -> Result<String, 
     }
 }
 
-/// Loads `rules` into the namespace of `pid`, then reads the table back and checks it.
-pub(crate) async fn load(pid: u32, rules: &Ruleset) -> Result<(), String> {
-    nft(pid, &["-f", "-"], &rules.text()).await?;
-    let listing = nft(pid, &["list", "table", "inet", TABLE], "").await?;
+/// Loads `rules` into the namespace `ns`, then reads the table back and checks it.
+pub(crate) async fn load(ns: &Path, rules: &Ruleset) -> Result<(), String> {
+    nft(ns, &["-f", "-"], &rules.text()).await?;
+    let listing = nft(ns, &["list", "table", "inet", TABLE], "").await?;
     verify(&listing, rules)
 }
 
@@ -248,7 +252,7 @@ pub(crate) fn verify(listing: &str, rules: &Ruleset) -> Result<(), String> {
 }
 
 /// Adds resolved addresses to the namespace's allowed set.
-pub(crate) async fn allow_addresses(pid: u32, addrs: &[IpAddr]) -> Result<(), String> {
+pub(crate) async fn allow_addresses(ns: &Path, addrs: &[IpAddr]) -> Result<(), String> {
     let v4: Vec<String> = addrs
         .iter()
         .filter(|a| a.is_ipv4())
@@ -277,7 +281,7 @@ pub(crate) async fn allow_addresses(pid: u32, addrs: &[IpAddr]) -> Result<(), St
     if script.is_empty() {
         return Ok(());
     }
-    nft(pid, &["-f", "-"], &script).await.map(drop)
+    nft(ns, &["-f", "-"], &script).await.map(drop)
 }
 
 #[cfg(test)]

@@ -152,16 +152,21 @@ impl Resolver {
         Ok(SocketAddr::new(gateway, port))
     }
 
-    /// Attributes queries from `addrs` to the sandbox in `pid`'s network namespace.
+    /// Attributes queries from `addrs` to the sandbox in `pid`'s network namespace, the
+    /// one of inode `inode` (proven the container's); later queries are answered only while
+    /// `pid` is still in it.
     pub(crate) fn register(
         &self,
         addrs: &[IpAddr],
         pid: u32,
+        inode: u64,
         rules: Option<Vec<EgressRule>>,
     ) -> Result<(), String> {
-        let inode = ns_inode(pid).ok_or_else(|| {
-            format!("the sandbox's network namespace (/proc/{pid}/ns/net) is gone")
-        })?;
+        if ns_inode(pid) != Some(inode) {
+            return Err(format!(
+                "the sandbox's network namespace (/proc/{pid}/ns/net) is gone"
+            ));
+        }
         let client = Arc::new(Client {
             rules,
             pid,
@@ -335,7 +340,8 @@ impl Resolver {
                 new
             };
             if !new.is_empty() {
-                if let Err(e) = nft::allow_addresses(client.pid, &new).await {
+                if let Err(e) = nft::allow_addresses(&super::netns::of_pid(client.pid), &new).await
+                {
                     // Not pinned means not answered: the connect would be rejected anyway.
                     tracing::warn!(name = %q.name, error = %e, "egress resolver could not pin an answer");
                     return Some(dns::reply(&q, Rcode::ServFail));

@@ -138,6 +138,12 @@ impl Netns {
     }
 }
 
+/// The inode of `pid`'s network namespace.
+fn inode(pid: u32) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(netns::of_pid(pid)).unwrap().ino()
+}
+
 fn sample_rules() -> nft::Ruleset {
     nft::Ruleset {
         allow_all: false,
@@ -175,18 +181,22 @@ async fn rules_load_into_a_namespace_and_read_back() {
     }
     let ns = Netns::new().await.expect("unshare --net");
     let rules = sample_rules();
-    nft::load(ns.pid(), &rules).await.unwrap();
+    nft::load(&netns::of_pid(ns.pid()), &rules).await.unwrap();
     // Loading again replaces the table atomically (no duplicate table, no error).
-    nft::load(ns.pid(), &rules).await.unwrap();
+    nft::load(&netns::of_pid(ns.pid()), &rules).await.unwrap();
     nft::allow_addresses(
-        ns.pid(),
+        &netns::of_pid(ns.pid()),
         &["192.0.2.7".parse().unwrap(), "2001:db8::7".parse().unwrap()],
     )
     .await
     .unwrap();
-    let listing = nft::nft(ns.pid(), &["list", "table", "inet", TABLE], "")
-        .await
-        .unwrap();
+    let listing = nft::nft(
+        &netns::of_pid(ns.pid()),
+        &["list", "table", "inet", TABLE],
+        "",
+    )
+    .await
+    .unwrap();
     assert!(listing.contains("192.0.2.7"), "{listing}");
     assert!(listing.contains("2001:db8::7"), "{listing}");
     // The host's own ruleset is untouched.
@@ -204,7 +214,9 @@ async fn a_failing_load_is_an_error() {
         return;
     }
     // A pid with no namespace to enter.
-    let e = nft::load(u32::MAX - 1, &sample_rules()).await.unwrap_err();
+    let e = nft::load(&netns::of_pid(u32::MAX - 1), &sample_rules())
+        .await
+        .unwrap_err();
     assert!(!e.is_empty());
 }
 
@@ -248,7 +260,9 @@ async fn the_resolver_pins_listed_names_and_refuses_the_rest() {
         return;
     }
     let ns = Netns::new().await.expect("unshare --net");
-    nft::load(ns.pid(), &sample_rules()).await.unwrap();
+    nft::load(&netns::of_pid(ns.pid()), &sample_rules())
+        .await
+        .unwrap();
     let r = resolver::resolver().unwrap();
     r.set_lookup(Arc::new(Names(vec![
         ("api.sbx.test", "198.18.7.1".parse().unwrap()),
@@ -261,7 +275,8 @@ async fn the_resolver_pins_listed_names_and_refuses_the_rest() {
         EgressRule::parse("api.sbx.test").unwrap(),
         EgressRule::parse("*.wild.sbx.test").unwrap(),
     ];
-    r.register(&[src], ns.pid(), Some(rules)).unwrap();
+    r.register(&[src], ns.pid(), inode(ns.pid()), Some(rules))
+        .unwrap();
     let ask = |name: &str| dns::build_query(1, name, dns::TYPE_A);
     let a = r.answer(&ask("api.sbx.test"), src, 512).await.unwrap();
     assert_eq!(
@@ -270,9 +285,13 @@ async fn the_resolver_pins_listed_names_and_refuses_the_rest() {
     );
     let a = r.answer(&ask("X.Wild.sbx.test."), src, 512).await.unwrap();
     assert_eq!(dns::answer_addrs(&a).len(), 1);
-    let listing = nft::nft(ns.pid(), &["list", "set", "inet", TABLE, "dyn4"], "")
-        .await
-        .unwrap();
+    let listing = nft::nft(
+        &netns::of_pid(ns.pid()),
+        &["list", "set", "inet", TABLE, "dyn4"],
+        "",
+    )
+    .await
+    .unwrap();
     assert!(
         listing.contains("198.18.7.1") && listing.contains("198.18.7.2"),
         "answers pinned before the reply: {listing}"
@@ -280,7 +299,7 @@ async fn the_resolver_pins_listed_names_and_refuses_the_rest() {
     // Asked again, a pinned answer costs no `nft` call: taken out of the set behind the
     // resolver's back (the workload cannot: no NET_ADMIN), it is not added again.
     nft::nft(
-        ns.pid(),
+        &netns::of_pid(ns.pid()),
         &["delete", "element", "inet", TABLE, "dyn4", "{ 198.18.7.1 }"],
         "",
     )
@@ -288,18 +307,26 @@ async fn the_resolver_pins_listed_names_and_refuses_the_rest() {
     .unwrap();
     let a = r.answer(&ask("api.sbx.test"), src, 512).await.unwrap();
     assert_eq!(dns::answer_addrs(&a).len(), 1);
-    let listing = nft::nft(ns.pid(), &["list", "set", "inet", TABLE, "dyn4"], "")
-        .await
-        .unwrap();
+    let listing = nft::nft(
+        &netns::of_pid(ns.pid()),
+        &["list", "set", "inet", TABLE, "dyn4"],
+        "",
+    )
+    .await
+    .unwrap();
     assert!(
         !listing.contains("198.18.7.1"),
         "a repeated answer ran nft again: {listing}"
     );
     let no = r.answer(&ask("other.sbx.test"), src, 512).await.unwrap();
     assert_eq!(dns::rcode_of(&no), Some(3), "unlisted name: NXDOMAIN");
-    let listing = nft::nft(ns.pid(), &["list", "set", "inet", TABLE, "dyn4"], "")
-        .await
-        .unwrap();
+    let listing = nft::nft(
+        &netns::of_pid(ns.pid()),
+        &["list", "set", "inet", TABLE, "dyn4"],
+        "",
+    )
+    .await
+    .unwrap();
     assert!(
         !listing.contains("198.18.7.3"),
         "an unlisted answer is not pinned"
@@ -332,9 +359,13 @@ async fn the_resolver_pins_listed_names_and_refuses_the_rest() {
     assert_eq!(dns::rcode_of(&refused), Some(2), "past the cap: SERVFAIL");
     // 198.18.7.1 and 198.18.7.2 were pinned above.
     assert_eq!(served, 16 - 2, "addresses pinned before the cap");
-    let listing = nft::nft(ns.pid(), &["list", "set", "inet", TABLE, "dyn4"], "")
-        .await
-        .unwrap();
+    let listing = nft::nft(
+        &netns::of_pid(ns.pid()),
+        &["list", "set", "inet", TABLE, "dyn4"],
+        "",
+    )
+    .await
+    .unwrap();
     assert!(
         !listing.contains(&format!("198.18.9.{served}")),
         "the refused answer was pinned: {listing}"
@@ -527,8 +558,20 @@ async fn resolver_slots_go_to_known_sandboxes_a_share_each() {
     let greedy: IpAddr = "127.0.77.3".parse().unwrap();
     let victim: IpAddr = "127.0.77.4".parse().unwrap();
     // Two sandboxes (this process's own namespace stands in for theirs), all names allowed.
-    r.register(&[greedy], std::process::id(), None).unwrap();
-    r.register(&[victim], std::process::id(), None).unwrap();
+    r.register(
+        &[greedy],
+        std::process::id(),
+        inode(std::process::id()),
+        None,
+    )
+    .unwrap();
+    r.register(
+        &[victim],
+        std::process::id(),
+        inode(std::process::id()),
+        None,
+    )
+    .unwrap();
     let strangers = hold_connections(stranger, server, 300).await;
     assert!(
         strangers.len() >= 260,

@@ -78,6 +78,106 @@ pub async fn a_failing_apply_leaves_no_container<E: ContainerEngine>(engine: E) 
     }
 }
 
+/// A process in a network namespace of its own (`unshare --net sleep`): the "other
+/// process" an engine's pid can name when this host does not see the engine's pids.
+/// Killed and reaped on drop.
+struct Decoy(std::process::Child);
+
+impl Decoy {
+    fn start() -> Decoy {
+        let child = std::process::Command::new("unshare")
+            .args(["--net", "sleep", "120"])
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .expect("unshare --net (util-linux) runs as root");
+        let decoy = Decoy(child);
+        let own = std::fs::read_link("/proc/self/ns/net").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        // unshare execs sleep once the namespace is its own.
+        while std::fs::read_link(decoy.ns_path()).ok().as_ref() == Some(&own) {
+            assert!(
+                Instant::now() < deadline,
+                "unshare did not enter a new namespace"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        decoy
+    }
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+    fn ns_path(&self) -> String {
+        format!("/proc/{}/ns/net", self.pid())
+    }
+    /// The nft tables of the decoy's namespace.
+    fn tables(&self) -> String {
+        let out = std::process::Command::new("nsenter")
+            .arg(format!("--net={}", self.ns_path()))
+            .args(["nft", "list", "tables"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for Decoy {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// When the pid the engine reports is some other process here (a library in a container
+/// with the host's socket, an engine in a VM), the rules must not be loaded into that
+/// process's namespace and read back from there as if it were the sandbox's: the create
+/// fails, saying the pid is not the container's, the other namespace has no table, and
+/// the container is gone within 10 s.
+pub async fn rules_never_go_into_a_namespace_not_the_containers<E: ContainerEngine>(engine: E) {
+    let _serial = SERIAL.lock().await;
+    let b = trial_backend(TrialEngine::new(engine)).await;
+    assert!(b.capabilities().contains(Capability::EGRESS_ALLOWLIST));
+    let decoy = Decoy::start();
+    b.engine().foreign_pid_once(decoy.pid());
+    let made = b
+        .create(
+            test_options(BUSYBOX, "egress-foreign-pid")
+                .network(NetworkPolicy::allow_list(["192.0.2.1"])),
+        )
+        .await;
+    let tables = decoy.tables();
+    let e = match made {
+        Ok(sb) => {
+            let _ = sb.kill().await;
+            panic!(
+                "the create succeeded with its rules in another process's namespace; \
+                 that namespace's tables: {tables:?}"
+            );
+        }
+        Err(e) => e,
+    };
+    assert_eq!(e.code(), ErrorCode::Creation, "{}", e.render());
+    assert!(
+        e.render().contains("is not in that container's cgroup"),
+        "the refusal names the cause: {}",
+        e.render()
+    );
+    assert!(!tables.contains(TABLE), "rules were loaded there: {tables}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = managed_ids(&b, "egress-foreign-pid").await;
+        if left.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "left behind: {left:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// A sandbox allowed [`egress_lab::LISTED`] has the library's table loaded in its network
 /// namespace (default drop, link-local refused), resolving the listed name pins its
 /// address in the dynamic set, and its network is the library's, isolated (the network
@@ -369,6 +469,12 @@ macro_rules! egress_trials {
         async fn a_failing_apply_leaves_no_container() {
             let Some(e) = $engine else { return };
             $crate::trials::egress::a_failing_apply_leaves_no_container(e).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn rules_never_go_into_a_namespace_not_the_containers() {
+            let Some(e) = $engine else { return };
+            $crate::trials::egress::rules_never_go_into_a_namespace_not_the_containers(e).await;
         }
 
         #[tokio::test(flavor = "multi_thread")]
