@@ -47,6 +47,16 @@ macro_rules! layer_settings {
                 self
             }
 
+            /// Lets egress `Allow` run without the always-blocked set (link-local and
+            /// cloud metadata, this host's services, other containers' networks) where
+            /// the library cannot load its rules: a remote engine, gVisor's netstack, a
+            /// host without nft. Default off: such a create is refused with
+            /// `Configuration`.
+            pub fn allow_unfiltered_egress(mut self, on: bool) -> Self {
+                self.$field = self.$field.allow_unfiltered_egress(on);
+                self
+            }
+
             /// Largest file `files().read` returns (default 64 MiB;
             /// `ResourceLimitExceeded` past it).
             pub fn read_cap(mut self, bytes: u64) -> Self {

@@ -51,6 +51,8 @@ pub struct TrialEngine<E> {
     agent_mounts: Mutex<Vec<PathBuf>>,
     /// Set: the next create with an agent mount names a host file that does not exist.
     unseen_mount_next: AtomicBool,
+    /// Set: the engine says it is not on this machine.
+    remote: bool,
 }
 
 impl<E: ContainerEngine> TrialEngine<E> {
@@ -65,6 +67,7 @@ impl<E: ContainerEngine> TrialEngine<E> {
             network_name: None,
             agent_mounts: Mutex::new(Vec::new()),
             unseen_mount_next: AtomicBool::new(false),
+            remote: false,
         }
     }
 
@@ -104,6 +107,14 @@ impl<E: ContainerEngine> TrialEngine<E> {
     /// listed under a name the library never asks for.
     pub fn with_network_name(mut self, name: impl Into<String>) -> Self {
         self.network_name = Some(name.into());
+        self
+    }
+
+    /// The engine says it is not on this machine ([`ContainerEngine::is_local`] false),
+    /// as one reached over TCP or SSH: the library cannot enter its containers'
+    /// namespaces, so it can load no egress rules there.
+    pub fn as_remote(mut self) -> Self {
+        self.remote = true;
         self
     }
 
@@ -256,7 +267,7 @@ impl<E: ContainerEngine> ContainerEngine for TrialEngine<E> {
         self.inner.stat_path(id, path).await
     }
     fn is_local(&self) -> bool {
-        self.inner.is_local()
+        !self.remote && self.inner.is_local()
     }
     fn netfilter_applies(&self) -> bool {
         self.inner.netfilter_applies()

@@ -142,10 +142,18 @@ impl FaultSwitch {
     }
 }
 
-/// The engine-independent settings this example uses: the image, and everything else at
-/// the container layer's defaults.
+/// The engine-independent settings this example uses: the image, egress `Allow` without
+/// the always-blocked set, and everything else at the container layer's defaults.
+///
+/// This engine implements no networks of its own, so an `Allow` sandbox joins the inner
+/// engine's default bridge with no egress rules: it can reach the cloud metadata service,
+/// this host's services and other containers. The container layer refuses that unless
+/// the configuration opts in, as this example does; an engine that implements
+/// `create_network` and `networks` gets the blocked set instead.
 pub fn container_config(image: &str, startup_sweep: bool) -> ContainerConfig {
-    ContainerConfig::new(image).startup_sweep(startup_sweep)
+    ContainerConfig::new(image)
+        .startup_sweep(startup_sweep)
+        .allow_unfiltered_egress(true)
 }
 
 #[async_trait]

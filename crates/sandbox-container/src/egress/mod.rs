@@ -268,6 +268,64 @@ pub(crate) fn allowlist_available<E: ContainerEngine + ?Sized>(engine: &E) -> bo
     engine.is_local() && engine.netfilter_applies() && host::support().is_ok()
 }
 
+/// Why egress `Allow` on `engine` would run without the always-blocked set, if it would:
+/// the rules that carry the set cannot be loaded into its containers' namespaces from
+/// here.
+fn unfiltered_because<E: ContainerEngine + ?Sized>(engine: &E) -> Option<String> {
+    if !engine.is_local() {
+        return Some(format!(
+            "the engine at {} is not on this machine, so its containers' network \
+             namespaces cannot be entered from here",
+            engine.endpoint()
+        ));
+    }
+    if !engine.netfilter_applies() {
+        return Some(
+            "this runtime's network stack (gVisor's netstack) bypasses the rules a \
+             namespace's netfilter holds"
+                .to_string(),
+        );
+    }
+    host::support().as_ref().err().cloned()
+}
+
+/// Refuses egress `Allow` where it would run without the always-blocked set (link-local
+/// and cloud metadata, the host's own addresses, other containers' networks) — a remote
+/// engine, gVisor's netstack, a host without nft, or an engine without networks of its
+/// own (`has_network` false: the library network could not be created) — unless the backend's configuration opts in
+/// ([`ContainerConfig::allow_unfiltered_egress`](crate::ContainerConfig::allow_unfiltered_egress)).
+/// Called before anything is provisioned.
+pub(crate) fn check_allow<E: ContainerEngine + ?Sized>(
+    engine: &E,
+    policy: &NetworkPolicy,
+    has_network: bool,
+    opted_in: bool,
+) -> Result<()> {
+    if policy.egress != Egress::Allow || opted_in {
+        return Ok(());
+    }
+    let why = match has_network {
+        false => Some(format!(
+            "the {} engine adapter has no networks of its own, so the sandbox would join \
+             the engine's default bridge with no rules",
+            engine.backend()
+        )),
+        true => unfiltered_because(engine),
+    };
+    match why {
+        None => Ok(()),
+        Some(why) => Err(SandboxError::config(
+            format!(
+                "egress Allow would reach the cloud metadata service, this host's own \
+                 services and other containers' networks here: {why}"
+            ),
+            "use egress Deny, or run the library on the engine's machine as root with \
+             nftables and util-linux installed; if reaching those is acceptable, opt in \
+             from Rust with `allow_unfiltered_egress(true)` on the backend's configuration",
+        )),
+    }
+}
+
 /// The library network's spec for `backend`.
 pub(crate) fn network_spec(backend: &str) -> NetworkSpec {
     let mut labels = BTreeMap::new();
@@ -531,8 +589,8 @@ pub(crate) async fn apply<E: ContainerEngine + ?Sized>(
     };
     if !engine.is_local() || !engine.netfilter_applies() || host::support().is_err() {
         if allow_all {
-            // Documented limit (docs/network.md): without the rules, Allow still runs on
-            // the library network with inter-container traffic off.
+            // Reached only when the configuration opted in (`check_allow` refused it
+            // otherwise before anything was provisioned): Allow runs without the set.
             warn_once(engine);
             return Ok(());
         }
@@ -602,7 +660,8 @@ fn warn_once<E: ContainerEngine + ?Sized>(engine: &E) {
             backend = engine.backend(),
             endpoint = engine.endpoint(),
             "egress Allow without the always-blocked set (link-local, metadata, bridge \
-             addresses): the engine is not local or nft is missing; see docs/network.md"
+             addresses), as the configuration allows (allow_unfiltered_egress): the rules \
+             cannot be loaded here; see docs/network.md"
         );
     });
 }

@@ -65,6 +65,13 @@ pub struct ContainerConfig {
     /// shipped for this architecture, or the agent does not answer, the engine's exec
     /// path is used ([`ContainerSandbox::exec_path`] says which).
     pub agent: bool,
+    /// Whether egress `Allow` may run without the always-blocked set where the library
+    /// cannot load its rules (a remote engine, gVisor's netstack, a host without nft, an
+    /// engine adapter without networks): default `false`, such a create is refused with
+    /// `Configuration`. On, those sandboxes reach link-local and the cloud metadata
+    /// service, this host's own services and other containers' networks (one warning is
+    /// logged).
+    pub allow_unfiltered_egress: bool,
 }
 
 impl ContainerConfig {
@@ -82,12 +89,20 @@ impl ContainerConfig {
             max_ingress_connections: DEFAULT_MAX_INGRESS_CONNECTIONS,
             pull_progress: None,
             agent: true,
+            allow_unfiltered_egress: false,
         }
     }
 
     /// Uses the in-sandbox agent (default) or forces the engine's exec path.
     pub fn agent(mut self, on: bool) -> Self {
         self.agent = on;
+        self
+    }
+
+    /// Lets egress `Allow` run without the always-blocked set where the rules cannot be
+    /// loaded (see [`ContainerConfig::allow_unfiltered_egress`]; default off: refused).
+    pub fn allow_unfiltered_egress(mut self, on: bool) -> Self {
+        self.allow_unfiltered_egress = on;
         self
     }
 

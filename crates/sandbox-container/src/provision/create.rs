@@ -173,7 +173,17 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         refuse_root_scratch(&options, resources)?;
         // The library network is ensured before the spec is checked, so a refusal still
         // provisions no container (a network is not a sandbox; the sweep removes it).
+        // Without the always-blocked set, Allow is refused unless opted in: first where
+        // the rules cannot be loaded, then where the engine has no network to join.
+        let unfiltered_ok = self.config.allow_unfiltered_egress;
+        crate::egress::check_allow(&*self.engine, &options.network, true, unfiltered_ok)?;
         let mut network = crate::egress::network_for(&*self.engine, &options.network).await?;
+        crate::egress::check_allow(
+            &*self.engine,
+            &options.network,
+            network.is_some(),
+            unfiltered_ok,
+        )?;
         let mut fallbacks = Fallbacks::new(backend, network.is_some());
         let mut forget_image = false;
         'round: loop {

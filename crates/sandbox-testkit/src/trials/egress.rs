@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use sandbox_container::egress::{NETWORK_NAME, TABLE};
 use sandbox_container::{ContainerBackend, ContainerConfig, ContainerEngine};
-use sandbox_core::{Backend, Capability, ErrorCode, NetworkPolicy, Sandbox};
+use sandbox_core::{Backend, Capability, ErrorCode, NetworkPolicy, Sandbox, SandboxExt};
 
 use crate::egress_lab;
 use crate::tagged::{managed_ids, test_options};
@@ -176,6 +176,48 @@ pub async fn rules_never_go_into_a_namespace_not_the_containers<E: ContainerEngi
         assert!(Instant::now() < deadline, "left behind: {left:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Egress `Allow` on an engine whose containers the library cannot load rules into (here
+/// one that says it is remote) would reach the cloud metadata service, the host's
+/// services and other containers' networks: it is refused with `Configuration` before
+/// anything is provisioned, naming why and the opt-in; a backend configured with
+/// `allow_unfiltered_egress(true)` creates it. `engine` and `again` are two connections to
+/// the same engine.
+pub async fn allow_without_the_rules_is_refused_unless_opted_in<E: ContainerEngine>(
+    engine: E,
+    again: E,
+) {
+    let _serial = SERIAL.lock().await;
+    let config = || ContainerConfig::new(BUSYBOX).startup_sweep(false);
+    let b = ContainerBackend::new(TrialEngine::new(engine).as_remote(), config()).await;
+    let e = b
+        .create(test_options(BUSYBOX, "egress-unfiltered").network(NetworkPolicy::allow()))
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Configuration, "{}", e.render());
+    let text = e.render();
+    assert!(text.contains("not on this machine"), "names why: {text}");
+    assert!(
+        text.contains("allow_unfiltered_egress"),
+        "names the opt-in: {text}"
+    );
+    let left = managed_ids(&b, "egress-unfiltered").await;
+    assert!(left.is_empty(), "a refused create provisioned {left:?}");
+
+    let opted = ContainerBackend::new(
+        TrialEngine::new(again).as_remote(),
+        config().allow_unfiltered_egress(true),
+    )
+    .await;
+    let sb = opted
+        .create(test_options(BUSYBOX, "egress-unfiltered").network(NetworkPolicy::allow()))
+        .await
+        .unwrap();
+    let r = sb.exec("true").await;
+    sb.kill().await.unwrap();
+    assert_eq!(r.unwrap().exit_code, 0);
 }
 
 /// A sandbox allowed [`egress_lab::LISTED`] has the library's table loaded in its network
@@ -475,6 +517,15 @@ macro_rules! egress_trials {
         async fn rules_never_go_into_a_namespace_not_the_containers() {
             let Some(e) = $engine else { return };
             $crate::trials::egress::rules_never_go_into_a_namespace_not_the_containers(e).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn allow_without_the_rules_is_refused_unless_opted_in() {
+            let (Some(e), Some(again)) = ($engine, $engine) else {
+                return;
+            };
+            $crate::trials::egress::allow_without_the_rules_is_refused_unless_opted_in(e, again)
+                .await;
         }
 
         #[tokio::test(flavor = "multi_thread")]
