@@ -356,6 +356,32 @@ mod tests {
         assert!(check_spec(&s, Runtime::Runsc, false).is_ok());
     }
 
+    /// The agent is Docker's only bind mount (Docker sandboxes take no user mounts): it is
+    /// read-only and non-recursive, so no host mount below its source comes along with
+    /// that mount's own flags.
+    #[test]
+    fn every_bind_mount_is_read_only_and_non_recursive() {
+        let mut s = ContainerSpec::new(
+            "sbx-t-1",
+            "img",
+            vec!["sleep".into()],
+            Resources::default().disk_mb(10).effective().unwrap(),
+            Duration::from_secs(1),
+        );
+        s.agent_mount = Some("/cache/agent".into());
+        let all = mounts(&s).unwrap();
+        let binds: Vec<&Mount> = all
+            .iter()
+            .filter(|m| m.typ == Some(MountType::BIND))
+            .collect();
+        assert_eq!(binds.len(), 1, "{all:?}");
+        for b in binds {
+            assert_eq!(b.read_only, Some(true), "{b:?}");
+            let non_recursive = b.bind_options.as_ref().and_then(|o| o.non_recursive);
+            assert_eq!(non_recursive, Some(true), "{b:?}");
+        }
+    }
+
     /// A volume Docker added for the image (one the container layer did not read) is
     /// found; the agent and the scratch volumes the body asked for are not.
     #[test]

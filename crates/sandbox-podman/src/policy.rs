@@ -211,12 +211,20 @@ fn mounts(spec: &ContainerSpec, podman: &PodmanOptions) -> Result<Vec<Value>> {
             Sharing::Shared => "z",
         };
         // Sandbox root is host root on a bind mount (rootful, no user namespace): a setuid
-        // binary or a device node written through it must stay inert on the host.
+        // binary or a device node written through it must stay inert on the host. `bind`,
+        // never `rbind`: `ro,nosuid,nodev` apply to the top mount only, so a host mount
+        // nested below the source (a tmpfs, a disk, a share) would come along writable,
+        // setuid and with devices. Non-recursive, the sandbox sees the source's own
+        // filesystem, the directories under those mounts included, and nothing else.
+        // `private` (Podman's default, stated so no configuration changes it): a slave
+        // bind would receive every mount the host makes below the source later, with the
+        // new mount's own flags.
+        let access = if m.read_only { "ro" } else { "rw" };
         out.push(json!({
             "destination": m.normalized_target()?,
             "source": m.resolved_host()?.to_string_lossy(),
             "type": "bind",
-            "options": ["rbind", if m.read_only { "ro" } else { "rw" }, "nosuid", "nodev", relabel],
+            "options": ["bind", "private", access, "nosuid", "nodev", relabel],
         }));
     }
     if let Some(source) = &spec.agent_mount {

@@ -710,6 +710,35 @@ async fn bind_mount_cannot_plant_a_setuid_file_on_the_host() {
     sb.kill().await.unwrap();
 }
 
+/// The attack: a host tmpfs mounted below a read-only bind's source, written, given a
+/// setuid file and a device node by sandbox root.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_bind_reaches_no_nested_host_mount() {
+    use sandbox_testkit::trials::binds;
+    let Some(b) = backend().await else { return };
+    let mut host = binds::NestedHostMount::new("podman-ro");
+    let po = PodmanOptions::new().mount(Mount::bind(host.source(), binds::TARGET));
+    let sb = b
+        .create_with(opts("nested-ro").template(BUSYBOX), po)
+        .await
+        .unwrap();
+    binds::a_read_only_bind_reaches_no_nested_host_mount(&sb, &mut host).await;
+}
+
+/// The same through a writable bind: the nested host mount stays out of reach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writable_bind_reaches_no_nested_host_mount() {
+    use sandbox_testkit::trials::binds;
+    let Some(b) = backend().await else { return };
+    let mut host = binds::NestedHostMount::new("podman-rw");
+    let po = PodmanOptions::new().mount(Mount::bind(host.source(), binds::TARGET).read_only(false));
+    let sb = b
+        .create_with(opts("nested-rw").template(BUSYBOX), po)
+        .await
+        .unwrap();
+    binds::a_writable_bind_reaches_no_nested_host_mount(&sb, &mut host).await;
+}
+
 /// The attack: ask for 2^63 pids, which wrapped to a negative int64 ("unlimited" for
 /// Podman), then fork-bomb the host. The limit read back from inside must be finite.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -188,7 +188,9 @@ fn a_disk_limit_is_a_read_only_root_with_sized_tmpfs() {
 }
 
 /// A writable bind mount still cannot plant a setuid-root file or a device that works
-/// in the sandbox; the body carries the canonical host path and the normalised target.
+/// in the sandbox, and no bind brings along (now or later) a host mount nested below its
+/// source (non-recursive, private); the body carries the canonical host path and the
+/// normalised target.
 #[test]
 fn bind_mounts_are_nosuid_nodev_with_canonical_paths() {
     let d = tempfile::tempdir().unwrap();
@@ -206,11 +208,11 @@ fn bind_mounts_are_nosuid_nodev_with_canonical_paths() {
     assert_eq!(mounts[0]["source"], canonical.to_string_lossy().as_ref());
     assert_eq!(
         mounts[0]["options"],
-        json!(["rbind", "rw", "nosuid", "nodev", "Z"])
+        json!(["bind", "private", "rw", "nosuid", "nodev", "Z"])
     );
     assert_eq!(
         mounts[1]["options"],
-        json!(["rbind", "ro", "nosuid", "nodev", "Z"])
+        json!(["bind", "private", "ro", "nosuid", "nodev", "Z"])
     );
 }
 

@@ -6,6 +6,7 @@
 //! one, [`crate::skip`]), and reading what only its engine's API shows.
 
 pub mod agent;
+pub mod binds;
 pub mod caps;
 pub mod disk;
 pub mod egress;

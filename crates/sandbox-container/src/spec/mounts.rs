@@ -37,6 +37,12 @@ pub enum MountMode {
 /// always `nosuid,nodev` (a setuid binary or device node written through a writable mount
 /// stays inert on the host), and never of a host path that gives the host away (see
 /// [`REFUSED_HOST_PATHS`] and [`ENGINE_PATHS`]).
+///
+/// A bind mount is non-recursive and private: it shares the one filesystem its source
+/// lies on. A host mount nested below the source (a tmpfs, another disk, a share), which
+/// the bind's `ro,nosuid,nodev` would not cover, is not visible in the sandbox (the
+/// directory it covers on the host is), nor is one the host makes there after start.
+/// Bind each filesystem of a tree separately to share them all.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mount {
     /// Absolute host path (must exist; canonicalised before use).
