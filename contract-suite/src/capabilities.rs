@@ -13,7 +13,7 @@ use crate::ctx::{Ctx, must_code};
 const AREA: &str = "capabilities";
 
 /// Which areas hold the positive trials of each capability flag the suite can test.
-/// Flags missing here (PAUSE_RESUME, SNAPSHOT_FORK, GPU, TUNNELS) have no positive
+/// Flags missing here (SNAPSHOT_FORK, GPU, TUNNELS) have no positive
 /// trials yet, so an adapter must not declare them.
 pub const COVERED: &[(C, &str)] = &[
     (C::RUN_COMMAND, "run, lifecycle, cancellation, hardening"),
@@ -28,6 +28,7 @@ pub const COVERED: &[(C, &str)] = &[
     (C::STDIN, "run, streaming"),
     (C::DISK_LIMIT, "disk"),
     (C::PTY, "pty"),
+    (C::PAUSE_RESUME, "pause"),
 ];
 
 /// The flags [`COVERED`] lists.
@@ -236,8 +237,13 @@ async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
             }
         }
     }
-    // PAUSE_RESUME, SNAPSHOT_FORK and TUNNELS have no entry point in the traits yet,
-    // so an undeclared one cannot be invoked at all.
+    if !caps.contains(C::PAUSE_RESUME) {
+        refused(C::PAUSE_RESUME, sb.pause().await)?;
+        refused(C::PAUSE_RESUME, sb.resume().await)?;
+        checked.push(C::PAUSE_RESUME);
+    }
+    // SNAPSHOT_FORK and TUNNELS have no entry point in the traits yet, so an undeclared
+    // one cannot be invoked at all.
     let files_refused = sb.files().is_err();
     sb.kill().await?;
     let mut unreachable = if files_refused {
@@ -267,7 +273,8 @@ fn all_reachable_checked(declared: C, unreachable: C, checked: &[C]) -> anyhow::
         | C::GPU
         | C::STDIN
         | C::DISK_LIMIT
-        | C::PTY;
+        | C::PTY
+        | C::PAUSE_RESUME;
     let expected = with_entry_point - declared - unreachable;
     let got = checked.iter().fold(C::empty(), |acc, c| acc | *c);
     ensure!(

@@ -20,6 +20,7 @@ mod hostile;
 mod lifecycle;
 mod limits;
 pub mod observability;
+mod pause;
 mod policy;
 mod pty;
 mod run;
@@ -205,6 +206,7 @@ fn all_trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
     t.extend(run_code::trials(ctx));
     t.extend(streaming::trials(ctx));
     t.extend(pty::trials(ctx));
+    t.extend(pause::trials(ctx));
     t.extend(files::trials(ctx));
     // The run and files areas once more on every other test image the adapter knows
     // (busybox `ls`/`stat`/`sh` differ from Debian's).

@@ -244,4 +244,6 @@ caught! {
     dropped_stdin_is_caught => DropStdin,
     newline_split_listing_is_caught => SplitNamesOnNewline,
     unchecked_allowlist_is_caught => UncheckedAllowlist,
+    pause_that_freezes_nothing_is_caught => PauseDoesNotFreeze,
+    resume_that_thaws_nothing_is_caught => ResumeDoesNotThaw,
 }

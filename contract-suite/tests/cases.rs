@@ -16,6 +16,7 @@ const AREAS: &[&str] = &[
     "run_code",
     "streaming",
     "pty",
+    "pause",
     "files",
     "policy",
     "hardening",

@@ -130,11 +130,15 @@ pub enum Flaw {
     /// gets what it names (modelled as egress `Allow`: the inner backend refuses the
     /// entry itself).
     UncheckedAllowlist,
+    /// Declares `PAUSE_RESUME` but `pause` only says so: nothing is frozen.
+    PauseDoesNotFreeze,
+    /// `resume` only says so: the sandbox stays frozen.
+    ResumeDoesNotThaw,
 }
 
 impl Flaw {
     /// Every flaw.
-    pub const ALL: [Flaw; 51] = [
+    pub const ALL: [Flaw; 53] = [
         Flaw::SwallowTimeouts,
         Flaw::PretendNetworkPolicy,
         Flaw::LeakSecrets,
@@ -186,6 +190,8 @@ impl Flaw {
         Flaw::DropStdin,
         Flaw::SplitNamesOnNewline,
         Flaw::UncheckedAllowlist,
+        Flaw::PauseDoesNotFreeze,
+        Flaw::ResumeDoesNotThaw,
     ];
 
     /// The trials that must fail on a backend with this flaw (each passes without it).
@@ -285,6 +291,9 @@ impl Flaw {
             Flaw::SplitNamesOnNewline => &["contract::files::ls_name_with_a_newline_is_one_entry"],
             Flaw::UncheckedAllowlist => {
                 &["contract::policy::allowlist_cannot_open_the_blocked_set"]
+            }
+            Flaw::PauseDoesNotFreeze | Flaw::ResumeDoesNotThaw => {
+                &["contract::pause::a_paused_counter_stops_and_resumes_exactly"]
             }
         }
     }

@@ -242,6 +242,12 @@ impl Sandbox for ModelSandbox {
     async fn kill(&self) -> Result<()> {
         self.inner.kill().await
     }
+    async fn pause(&self) -> Result<()> {
+        self.inner.pause().await
+    }
+    async fn resume(&self) -> Result<()> {
+        self.inner.resume().await
+    }
     fn native(&self) -> &dyn Any {
         self.inner.native()
     }

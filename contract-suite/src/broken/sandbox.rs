@@ -1,7 +1,8 @@
 //! The broken sandbox handle: routes each call to the flaw that changes it (runs and
 //! streams to `exec`, kernel evidence to `evidence`, files to `files`) and holds the
 //! flaws of the handle itself — a kill that leaks its error or poisons later calls, a drop
-//! that tears nothing down, a `Debug` that shows secrets, a wrong tier, pretended ingress.
+//! that tears nothing down, a `Debug` that shows secrets, a wrong tier, pretended ingress,
+//! a pause that freezes nothing and a resume that thaws nothing.
 
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -245,6 +246,20 @@ impl Sandbox for BrokenSandbox {
             r => r,
         }
     }
+    async fn pause(&self) -> Result<()> {
+        if self.flaw == Flaw::PauseDoesNotFreeze {
+            return Ok(());
+        }
+        self.inner.pause().await
+    }
+
+    async fn resume(&self) -> Result<()> {
+        if self.flaw == Flaw::ResumeDoesNotThaw {
+            return Ok(());
+        }
+        self.inner.resume().await
+    }
+
     fn native(&self) -> &dyn Any {
         self.inner.native()
     }

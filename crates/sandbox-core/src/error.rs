@@ -135,6 +135,13 @@ pub enum SandboxError {
         #[source]
         source: Option<BoxError>,
     },
+    /// The sandbox is paused: only `resume` and `kill` are accepted.
+    #[error("sandbox `{id}` is paused: resume it before using it")]
+    #[non_exhaustive]
+    SandboxPaused {
+        /// Sandbox id.
+        id: String,
+    },
     /// A command exited non-zero (from `raise_for_status`).
     #[error("command exited with status {exit_code}")]
     #[non_exhaustive]
@@ -287,6 +294,7 @@ impl SandboxError {
             ImageUnavailable { .. } => ErrorCode::ImageUnavailable,
             CreateTimeout { .. } => ErrorCode::CreateTimeout,
             SandboxGone { .. } => ErrorCode::SandboxGone,
+            SandboxPaused { .. } => ErrorCode::SandboxPaused,
             Execution { .. } => ErrorCode::Execution,
             ExecutionTimeout { .. } => ErrorCode::ExecutionTimeout,
             InterpreterMissing { .. } => ErrorCode::InterpreterMissing,
@@ -465,6 +473,11 @@ impl SandboxError {
             id: id.into(),
             source: None,
         }
+    }
+
+    /// A [`SandboxError::SandboxPaused`].
+    pub fn paused(id: impl Into<String>) -> Self {
+        SandboxError::SandboxPaused { id: id.into() }
     }
 
     /// A [`SandboxError::Execution`] (what `raise_for_status` returns).

@@ -103,6 +103,11 @@ catalog! {
         meaning: "The template image is not on the engine and could not be pulled: the registry has no such image or tag, the registry could not be reached, or the pull policy is `never`. The message names the image and the registry.",
         fix: "Check the image name and tag, build it from `images/` (see docs/images.md), pull it with the engine's CLI, or allow pulls (`PullPolicy::Missing`).",
     },
+    SandboxPaused = "SBX_E1206" {
+        title: "Sandbox paused",
+        meaning: "The sandbox is paused (`Sandbox::pause`): every process in it is frozen, so nothing but `resume` and `kill` can be done with it. The call was refused at once instead of waiting.",
+        fix: "Call `resume()` first (`sandbox resume <id>` on a session), or `kill()` it.",
+    },
     Execution = "SBX_E1301" {
         title: "Command failed",
         meaning: "`ExecResult::raise_for_status` found a non-zero exit code.",

@@ -399,6 +399,7 @@ impl Process {
 fn replay_error(e: &SandboxError) -> SandboxError {
     match e {
         SandboxError::SandboxGone { id, .. } => SandboxError::gone(id.clone()),
+        SandboxError::SandboxPaused { id } => SandboxError::paused(id.clone()),
         SandboxError::ExecutionTimeout { after } => {
             SandboxError::ExecutionTimeout { after: *after }
         }

@@ -46,6 +46,26 @@ pub trait Sandbox: Send + Sync + std::fmt::Debug {
             self.backend(),
         ))
     }
+    /// Freezes every process in the sandbox at once (the cgroup freezer; needs
+    /// `PAUSE_RESUME`). They hold their memory, files and connections' state and continue
+    /// exactly where they were on [`Sandbox::resume`]; a stream open at the pause goes on
+    /// after it. Until then every call but `resume` and `kill` fails at once with
+    /// `SandboxPaused`. The lifetime keeps running while paused: a sandbox paused past its
+    /// deadline ends as it would running. Pausing a paused sandbox does nothing.
+    async fn pause(&self) -> Result<()> {
+        Err(crate::SandboxError::unsupported(
+            Capability::PAUSE_RESUME,
+            self.backend(),
+        ))
+    }
+    /// Continues a paused sandbox's processes (needs `PAUSE_RESUME`); resuming a running
+    /// sandbox does nothing.
+    async fn resume(&self) -> Result<()> {
+        Err(crate::SandboxError::unsupported(
+            Capability::PAUSE_RESUME,
+            self.backend(),
+        ))
+    }
     /// The engine client and container id, unwrapped.
     ///
     /// **Outside the semver contract**: the concrete type may change in any release.

@@ -401,6 +401,20 @@ impl ContainerEngine for DockerEngine {
         Ok(info)
     }
 
+    async fn pause(&self, id: &str) -> EngineResult<()> {
+        self.client
+            .pause_container(id)
+            .await
+            .map_err(|e| engine_error("pause container", e))
+    }
+
+    async fn unpause(&self, id: &str) -> EngineResult<()> {
+        self.client
+            .unpause_container(id)
+            .await
+            .map_err(|e| engine_error("unpause container", e))
+    }
+
     async fn remove(&self, id: &str) -> EngineResult<bool> {
         let opts = RemoveContainerOptions {
             force: true,

@@ -32,11 +32,13 @@ use crate::config::DockerConfig;
 
 /// What a Docker sandbox can declare: the container layer's set, a disk limit (a
 /// read-only root with tmpfs-backed scratch volumes), the egress allowlist where the
-/// container layer can load its rules, and terminals where the agent runs.
+/// container layer can load its rules, terminals where the agent runs, and pause/resume
+/// (the freezer, under runc and runsc).
 pub const CAPABILITIES: Capability = LAYER_CAPABILITIES
     .union(Capability::DISK_LIMIT)
     .union(Capability::EGRESS_ALLOWLIST)
-    .union(Capability::PTY);
+    .union(Capability::PTY)
+    .union(Capability::PAUSE_RESUME);
 
 /// What the engine offers the container layer under this runtime: [`CAPABILITIES`]
 /// without terminals (the agent's, which the container layer adds), and without the

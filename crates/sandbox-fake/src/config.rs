@@ -7,7 +7,8 @@ use sandbox_core::{Capability, IsolationTier};
 /// Default template of fake sandboxes (it "has" python3 and the busybox applets).
 pub const DEFAULT_TEMPLATE: &str = "sandbox-rs/python:3.11";
 
-/// Everything the fake backend declares. `PTY`, `PAUSE_RESUME`, `SNAPSHOT_FORK`, `GPU`,
+/// Everything the fake backend declares (pause and resume freeze a sandbox's programs
+/// before their next output or start). `PTY`, `SNAPSHOT_FORK`, `GPU`,
 /// `INGRESS_PORTS` (nothing in a fake sandbox can accept a host connection) and `TUNNELS`
 /// are not implemented and therefore never declared: asking for them is
 /// `CapabilityNotSupported`.
@@ -21,6 +22,7 @@ pub fn full_capabilities() -> Capability {
         | Capability::UPLOAD_DOWNLOAD
         | Capability::NETWORK_POLICY
         | Capability::EGRESS_ALLOWLIST
+        | Capability::PAUSE_RESUME
 }
 
 /// Options of a [`FakeBackend`](crate::FakeBackend). Build one with

@@ -76,6 +76,8 @@ impl Proc {
         if data.is_empty() {
             return true;
         }
+        // A paused sandbox's programs produce nothing until it is resumed.
+        self.sb.thawed().await;
         match sink {
             Sink::Chan(tx, kind) => {
                 while !data.is_empty() {

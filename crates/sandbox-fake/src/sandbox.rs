@@ -161,6 +161,15 @@ fn sandbox_killer(inner: Arc<SandboxInner>, faults: FaultInjector) -> Killer {
 }
 
 impl FakeSandbox {
+    /// Pauses or resumes every program of the sandbox (`PAUSE_RESUME`).
+    fn set_paused(&self, paused: bool) -> Result<()> {
+        let inner = self.inner();
+        sandbox_core::policy::require(inner.capabilities, Capability::PAUSE_RESUME, BACKEND_NAME)?;
+        inner.alive()?;
+        inner.set_frozen(paused);
+        Ok(())
+    }
+
     pub(crate) fn new(inner: Arc<SandboxInner>, faults: FaultInjector) -> Self {
         let info = OrphanInfo::new(inner.id.clone(), BACKEND_NAME, inner.labels.clone());
         let killer = sandbox_killer(inner.clone(), faults);
@@ -333,6 +342,14 @@ impl Sandbox for FakeSandbox {
         guard.kill_now().await.inspect_err(|_| {
             *guard = TeardownGuard::new(self.info.clone(), self.killer.clone());
         })
+    }
+
+    async fn pause(&self) -> Result<()> {
+        self.set_paused(true)
+    }
+
+    async fn resume(&self) -> Result<()> {
+        self.set_paused(false)
     }
 
     fn native(&self) -> &dyn Any {

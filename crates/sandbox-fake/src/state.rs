@@ -115,6 +115,8 @@ pub(crate) struct SandboxInner {
     fs: Mutex<MemFs>,
     procs: Mutex<ProcTable>,
     contexts: Mutex<BTreeMap<String, Vars>>,
+    /// `true` while paused: every program waits before its next output or start.
+    frozen: tokio::sync::watch::Sender<bool>,
     engine: Weak<Engine>,
 }
 
@@ -153,6 +155,7 @@ impl SandboxInner {
             deadline: Mutex::new(Instant::now() + spec.lifetime),
             life: Mutex::new(Life::Creating),
             contexts: Mutex::new(BTreeMap::new()),
+            frozen: tokio::sync::watch::channel(false).0,
             created_at: now,
             spec,
             engine,
@@ -193,6 +196,19 @@ impl SandboxInner {
             Life::Creating | Life::Running if self.held() => Ok(()),
             _ => Err(self.gone()),
         }
+    }
+
+    /// Pauses (`true`) or resumes every program of the sandbox, as the cgroup freezer
+    /// does: what runs stops before its next output or program and goes on from there.
+    pub(crate) fn set_frozen(&self, frozen: bool) {
+        self.frozen.send_replace(frozen);
+    }
+
+    /// Waits while the sandbox is paused.
+    pub(crate) async fn thawed(&self) {
+        let mut rx = self.frozen.subscribe();
+        // The sender lives as long as `self`, so the wait cannot fail while awaited.
+        let _ = rx.wait_for(|frozen| !*frozen).await;
     }
 
     /// Whether the engine still holds it (creating, running or stopped); past its

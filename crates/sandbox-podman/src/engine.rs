@@ -323,6 +323,16 @@ impl ContainerEngine for PodmanEngine {
         self.api("container start", c.start(None)).await
     }
 
+    async fn pause(&self, id: &str) -> EngineResult<()> {
+        let c = self.client.containers().get(id);
+        self.api("container pause", c.pause()).await
+    }
+
+    async fn unpause(&self, id: &str) -> EngineResult<()> {
+        let c = self.client.containers().get(id);
+        self.api("container unpause", c.unpause()).await
+    }
+
     async fn inspect(&self, id: &str) -> EngineResult<ContainerInfo> {
         let c = self.client.containers().get(id);
         let i = self.api("container inspect", c.inspect()).await?;

@@ -18,13 +18,15 @@ use crate::config::{MountMode, PodmanOptions, Sharing};
 
 /// What a Podman sandbox can declare: the container layer's set, a disk limit (a
 /// read-only root with tmpfs scratch mounts), the egress allowlist where the container
-/// layer can load its rules, terminals where the agent runs, and GPUs for a sandbox
-/// created with CDI devices ([`PodmanOptions::cdi_device`]).
+/// layer can load its rules, terminals where the agent runs, GPUs for a sandbox
+/// created with CDI devices ([`PodmanOptions::cdi_device`]), and pause/resume (the
+/// freezer).
 pub const CAPABILITIES: Capability = LAYER_CAPABILITIES
     .union(Capability::DISK_LIMIT)
     .union(Capability::EGRESS_ALLOWLIST)
     .union(Capability::PTY)
-    .union(Capability::GPU);
+    .union(Capability::GPU)
+    .union(Capability::PAUSE_RESUME);
 
 /// What the engine offers the container layer under these options: [`CAPABILITIES`]
 /// without terminals (the agent's, which the container layer adds), and GPU only with

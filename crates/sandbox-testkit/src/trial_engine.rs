@@ -236,6 +236,12 @@ impl<E: ContainerEngine> ContainerEngine for TrialEngine<E> {
         }
         Ok(info)
     }
+    async fn pause(&self, id: &str) -> EngineResult<()> {
+        self.inner.pause(id).await
+    }
+    async fn unpause(&self, id: &str) -> EngineResult<()> {
+        self.inner.unpause(id).await
+    }
     async fn remove(&self, id: &str) -> EngineResult<bool> {
         self.inner.remove(id).await
     }

@@ -208,6 +208,12 @@ impl<E: ContainerEngine> ContainerEngine for JournaledEngine<E> {
         self.inner.inspect(id).await
     }
 
+    async fn pause(&self, id: &str) -> EngineResult<()> {
+        self.inner.pause(id).await
+    }
+    async fn unpause(&self, id: &str) -> EngineResult<()> {
+        self.inner.unpause(id).await
+    }
     async fn remove(&self, id: &str) -> EngineResult<bool> {
         self.journal.record("remove");
         loop {

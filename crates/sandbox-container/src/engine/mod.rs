@@ -260,6 +260,23 @@ pub trait ContainerEngine: Send + Sync + fmt::Debug + 'static {
     /// missing container is `NotFound` too, the container layer tells them apart).
     async fn stat_path(&self, id: &str, path: &str) -> EngineResult<PathStat>;
 
+    /// Freezes every process of a running container at once (the cgroup freezer). An
+    /// engine that implements it declares `PAUSE_RESUME` in [`Self::capabilities`].
+    /// Default: not supported.
+    async fn pause(&self, id: &str) -> EngineResult<()> {
+        Err(EngineError::new(
+            EngineErrorKind::InvalidRequest,
+            format!("this engine cannot pause the container {id}"),
+        ))
+    }
+    /// Thaws a container [`Self::pause`] froze. Default: not supported.
+    async fn unpause(&self, id: &str) -> EngineResult<()> {
+        Err(EngineError::new(
+            EngineErrorKind::InvalidRequest,
+            format!("this engine cannot unpause the container {id}"),
+        ))
+    }
+
     /// Whether the engine runs on this machine (a local unix socket), so the container
     /// layer can enter a container's network namespace through `/proc/<pid>/ns/net` to load
     /// egress rules. Default `false`: egress `AllowList` is then not declared.

@@ -169,6 +169,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             interpreters: Mutex::new(HashMap::new()),
             contexts: Mutex::new(HashMap::new()),
             agent,
+            paused: std::sync::atomic::AtomicBool::new(false),
         });
         tracing::debug!(
             sandbox_id = %shared.id,

@@ -92,8 +92,10 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         // GPU is the engine's alone (devices in its create body, e.g. Podman's CDI names):
         // passed through when the engine declares it.
         // So is DISK_LIMIT (a read-only root and sized scratch mounts in its create body).
+        // And PAUSE_RESUME (the engine's freezer, see `ContainerEngine::pause`).
         let mut caps = (LAYER_CAPABILITIES
             | Capability::GPU
+            | Capability::PAUSE_RESUME
             | Capability::EGRESS_ALLOWLIST
             | Capability::DISK_LIMIT)
             & self.engine.capabilities();
@@ -214,6 +216,8 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             // The agent serves one host session (its creator's); a reattached handle
             // uses the engine's exec path, which works beside it.
             agent: None,
+            // Paused by another handle: kill must thaw it first.
+            paused: AtomicBool::new(c.state == sandbox_core::SandboxState::Paused),
         });
         Ok(ContainerSandbox::new(shared, guard, Ingress::default()))
     }

@@ -6,6 +6,7 @@ use crate::sandbox::shared::Shared;
 pub(crate) mod agent;
 pub(crate) mod context;
 pub(crate) mod exec;
+mod freeze;
 pub(crate) mod ingress;
 pub(crate) mod interpreter;
 pub(crate) mod kill;
@@ -97,12 +98,19 @@ impl<E: ContainerEngine> std::fmt::Debug for ContainerSandbox<E> {
 
 impl<E: ContainerEngine> ContainerSandbox<E> {
     /// Wraps a started container; `guard` owns its teardown from now on.
-    pub(crate) fn new(shared: Arc<Shared<E>>, guard: TeardownGuard, ingress: Ingress) -> Self {
-        let killer = container_killer(
-            shared.engine.clone(),
-            shared.config.call_timeout,
-            shared.id.clone(),
+    pub(crate) fn new(shared: Arc<Shared<E>>, mut guard: TeardownGuard, ingress: Ingress) -> Self {
+        let killer = freeze::thawing(
+            &shared,
+            container_killer(
+                shared.engine.clone(),
+                shared.config.call_timeout,
+                shared.id.clone(),
+            ),
         );
+        // The same removal, thawing a paused container first (no await in between: the
+        // container is never without an armed guard).
+        guard.disarm();
+        let guard = TeardownGuard::new(shared.info(), killer.clone());
         ContainerSandbox {
             native: ContainerNative {
                 engine: shared.engine.clone(),
@@ -209,6 +217,14 @@ impl<E: ContainerEngine> Sandbox for ContainerSandbox<E> {
             let _ = t.await;
         }
         Ok(())
+    }
+
+    async fn pause(&self) -> Result<()> {
+        freeze::set_paused(&self.shared, true).await
+    }
+
+    async fn resume(&self) -> Result<()> {
+        freeze::set_paused(&self.shared, false).await
     }
 
     fn ingress_address(&self, port: u16) -> Result<SocketAddr> {

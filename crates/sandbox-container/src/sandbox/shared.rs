@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::Mutex;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 use std::time::SystemTime;
 
@@ -41,6 +42,9 @@ pub(crate) struct Shared<E> {
     /// The in-sandbox agent, when it is this container's PID 1 and answered its hello;
     /// `None` on the engine's exec path.
     pub agent: Option<AgentClient>,
+    /// Paused (the engine's freezer) and not resumed since, as far as this handle knows:
+    /// its teardown thaws the container before removing it.
+    pub paused: AtomicBool,
 }
 
 impl<E: ContainerEngine> Shared<E> {
@@ -76,10 +80,11 @@ impl<E: ContainerEngine> Shared<E> {
             .collect()
     }
 
-    /// Whether the container still runs (a failed inspect counts as not running).
+    /// Whether the container still runs or is paused, i.e. is not gone (a failed inspect
+    /// counts as gone).
     pub(crate) async fn container_running(&self) -> bool {
         match self.call("inspect", self.engine.inspect(&self.id)).await {
-            Ok(c) => c.is_running(),
+            Ok(c) => c.is_running() || c.state == sandbox_core::SandboxState::Paused,
             Err(e) => {
                 tracing::debug!(sandbox_id = %self.id, error = %e, "container check failed");
                 false

@@ -83,6 +83,7 @@ impl EnforcedBackend {
             redactor,
             deadline,
             killed: AtomicBool::new(false),
+            paused: AtomicBool::new(false),
             kill_lock: tokio::sync::Mutex::new(()),
         });
         EnforcedSandbox::new(shared)

@@ -1,7 +1,8 @@
 //! The sandbox wrapper ([`EnforcedSandbox`]): each call on a wrapped sandbox — run,
-//! run_code, stream, files, kill, ingress — is checked (the shared state's gate), spanned
-//! and audited (its operation), then forwarded to the adapter. A kill is idempotent, and
-//! nothing reaches the adapter after a successful one.
+//! run_code, stream, files, kill, ingress, pause, resume — is checked (the shared state's
+//! gate), spanned and audited (its operation), then forwarded to the adapter. A kill is
+//! idempotent, and nothing reaches the adapter after a successful one; while paused,
+//! only resume and kill do.
 
 use std::any::Any;
 use std::fmt;
@@ -33,6 +34,45 @@ impl EnforcedSandbox {
             files: EnforcedFiles::new(shared.clone()),
             shared,
         }
+    }
+}
+
+impl EnforcedSandbox {
+    /// `pause` (`to_paused`) or `resume`: idempotent, serialised with kills, refused once
+    /// killed.
+    async fn pause_or_resume(&self, name: &'static str, to_paused: bool) -> Result<()> {
+        let s = &self.shared;
+        let span = if to_paused {
+            op_span!("sandbox.pause", s.backend, s.tier)
+        } else {
+            op_span!("sandbox.resume", s.backend, s.tier)
+        };
+        let mut op = s.op(span.clone(), name);
+        async move {
+            let _serial = s.kill_lock.lock().await;
+            if let Err(e) = s.require(Capability::PAUSE_RESUME) {
+                return op.end(&s.layer, &s.redactor, Err(e));
+            }
+            if s.killed.load(Ordering::SeqCst) {
+                let gone = Err(crate::SandboxError::gone(&s.id));
+                return op.end(&s.layer, &s.redactor, gone);
+            }
+            if s.paused.load(Ordering::SeqCst) == to_paused {
+                op.noop();
+                return op.end(&s.layer, &s.redactor, Ok(()));
+            }
+            let r = if to_paused {
+                s.inner.pause().await
+            } else {
+                s.inner.resume().await
+            };
+            if r.is_ok() {
+                s.paused.store(to_paused, Ordering::SeqCst);
+            }
+            op.end(&s.layer, &s.redactor, r)
+        }
+        .instrument(span)
+        .await
     }
 }
 
@@ -157,6 +197,14 @@ impl Sandbox for EnforcedSandbox {
         }
         .instrument(span)
         .await
+    }
+
+    async fn pause(&self) -> Result<()> {
+        self.pause_or_resume("sandbox.pause", true).await
+    }
+
+    async fn resume(&self) -> Result<()> {
+        self.pause_or_resume("sandbox.resume", false).await
     }
 
     fn ingress_address(&self, port: u16) -> Result<std::net::SocketAddr> {

@@ -33,7 +33,10 @@ pub(super) struct Shared {
     /// End of the lifetime as the layer knows it (`None` after `connect`).
     pub(super) deadline: Option<tokio::time::Instant>,
     pub(super) killed: AtomicBool,
-    /// Serialises kills, so two concurrent kills call the adapter once.
+    /// Paused through this handle and not resumed since.
+    pub(super) paused: AtomicBool,
+    /// Serialises kills, pauses and resumes, so two concurrent kills call the adapter
+    /// once and a pause never races a kill.
     pub(super) kill_lock: tokio::sync::Mutex<()>,
 }
 
@@ -46,9 +49,13 @@ impl Shared {
         policy::require(self.inner.capabilities(), needed, &self.backend)
     }
 
+    /// Not killed, and not paused: a paused sandbox's processes are frozen, so a call
+    /// would wait for a resume that may never come.
     pub(super) fn alive(&self) -> Result<()> {
         if self.killed.load(Ordering::SeqCst) {
             Err(SandboxError::gone(&self.id))
+        } else if self.paused.load(Ordering::SeqCst) {
+            Err(SandboxError::paused(&self.id))
         } else {
             Ok(())
         }

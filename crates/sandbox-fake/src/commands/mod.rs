@@ -29,6 +29,8 @@ pub(crate) fn run_program(proc: Proc, argv: Vec<String>) -> BoxFuture<'static, R
         if argv.is_empty() {
             return Ok(0);
         }
+        // No program starts in a paused sandbox.
+        proc.sb.thawed().await;
         if let Some(response) = proc.sb.scripted_run(&argv) {
             return proc.play(&response).await;
         }
