@@ -326,18 +326,61 @@ pub(crate) fn events(
     .boxed()
 }
 
-/// What a sandbox gains from its agent: terminals, where the agent speaks the protocol
-/// version that has them and the runtime's terminals are whole (see [`terminals_work`]).
+/// What a sandbox gains from its agent: `AGENT` itself, and terminals where the agent
+/// speaks the protocol version that has them and the runtime's terminals are whole (see
+/// [`terminals_work`]).
 pub(crate) fn capabilities(
     agent: Option<&sandbox_agent::client::AgentClient>,
     tier: IsolationTier,
 ) -> Capability {
     match agent {
         Some(a) if a.version() >= sandbox_agent::protocol::PTY_VERSION && terminals_work(tier) => {
-            Capability::PTY
+            Capability::AGENT | Capability::PTY
         }
-        _ => Capability::empty(),
+        Some(_) => Capability::AGENT,
+        None => Capability::empty(),
     }
+}
+
+/// What the template holds at [`AGENT_PATH`] that keeps the agent out, if anything: a
+/// directory (also a volume the image declares there) or a symbolic link. A regular file
+/// is no obstacle (the upload replaces it, a bind mount covers it).
+pub(crate) fn obstacle(stat: &crate::engine::PathStat) -> Option<String> {
+    match (&stat.link_target, stat.is_dir) {
+        (Some(target), _) => Some(format!("a symbolic link (to {target:?})")),
+        (None, true) => Some("a directory".to_string()),
+        (None, false) => None,
+    }
+}
+
+/// The refusal of a template that holds `what` at [`AGENT_PATH`]: the agent cannot go
+/// there, and the sandbox would otherwise run on the weaker engine exec path.
+pub(crate) fn image_in_the_way(image: &str, what: &str) -> sandbox_core::SandboxError {
+    sandbox_core::SandboxError::config(
+        format!(
+            "image `{image}` has {what} at {AGENT_PATH}, where the in-sandbox agent goes; \
+             without the agent the sandbox would run on the engine's exec path (its main \
+             process can be stopped from inside, kills run the image's own /bin/sh), so the \
+             create is refused"
+        ),
+        format!(
+            "use an image with nothing at {AGENT_PATH} (remove it, and any VOLUME declared \
+             there, from the image's Dockerfile)"
+        ),
+    )
+}
+
+/// The refusal of a create with `CreateOptions::require_agent` whose agent could not be
+/// used (`reason`).
+pub(crate) fn required(reason: &str) -> sandbox_core::SandboxError {
+    sandbox_core::SandboxError::config(
+        format!(
+            "the in-sandbox agent could not be used ({reason}), and require_agent refuses \
+             the engine's exec path"
+        ),
+        "fix the cause above and retry, or leave CreateOptions::require_agent unset \
+         (`--allow-engine-exec` on the CLI and the MCP server) to accept the engine's exec path",
+    )
 }
 
 /// gVisor's own terminals (runsc 2022-12, what Debian 12 ships) ignore `^D`, so a
