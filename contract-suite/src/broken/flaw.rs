@@ -48,6 +48,9 @@ pub enum Flaw {
     DeclareUnhonoured,
     /// Does not declare `STATEFUL_CODE` but still runs code in contexts.
     EmulateUndeclared,
+    /// Declares `AGENT` and accepts `require_agent`, but its sandboxes run without the
+    /// agent (they do not declare it): the silent fall back to the weaker path.
+    FallBackSilently,
     /// An exec timeout kills the whole sandbox, not just that process.
     TimeoutKillsSandbox,
     /// An exec timeout kills only the exec's pid, not its process group: background
@@ -134,7 +137,7 @@ pub enum Flaw {
 
 impl Flaw {
     /// Every flaw.
-    pub const ALL: [Flaw; 51] = [
+    pub const ALL: [Flaw; 52] = [
         Flaw::SwallowTimeouts,
         Flaw::PretendNetworkPolicy,
         Flaw::LeakSecrets,
@@ -152,6 +155,7 @@ impl Flaw {
         Flaw::LeakOnDrop,
         Flaw::DeclareUnhonoured,
         Flaw::EmulateUndeclared,
+        Flaw::FallBackSilently,
         Flaw::TimeoutKillsSandbox,
         Flaw::KillOnlyExecPid,
         Flaw::TimeoutKillsStrays,
@@ -225,6 +229,7 @@ impl Flaw {
             Flaw::LeakOnDrop => &["contract::lifecycle::drop_without_kill_tears_down"],
             Flaw::DeclareUnhonoured => &["contract::policy::allowlist_enforced_or_refused"],
             Flaw::EmulateUndeclared => &["contract::capabilities::every_undeclared_flag_refuses"],
+            Flaw::FallBackSilently => &["contract::lifecycle::required_agent_is_kept_or_refused"],
             Flaw::TimeoutKillsSandbox => &[
                 "contract::run::timeout_kills_only_that_process",
                 "contract::hostile::junk_in_shm_tmp_run_cannot_break_the_timeout",

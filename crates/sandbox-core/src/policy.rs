@@ -91,6 +91,14 @@ mod tests {
             code(CreateOptions::default().require_agent(true)),
             ErrorCode::CapabilityNotSupported
         );
+        // The refusal says how to get on: drop the requirement, or turn an agent on.
+        let hint = check_create("x", caps, t, &CreateOptions::default().require_agent(true))
+            .unwrap_err()
+            .hint();
+        assert!(
+            hint.contains("require_agent") && hint.contains("SBX_AGENT"),
+            "{hint}"
+        );
         assert!(
             check_create(
                 "x",

@@ -407,6 +407,27 @@ mod tests {
         }
     }
 
+    /// A directory or a link at the agent's path is the image's obstacle; a regular file
+    /// (a committed sandbox's mount point, an old agent) is not.
+    #[test]
+    fn a_directory_or_link_at_the_agent_path_is_an_obstacle() {
+        use crate::engine::PathStat;
+        assert_eq!(
+            obstacle(&PathStat::new(4096, 0o755, true)).as_deref(),
+            Some("a directory")
+        );
+        let mut link = PathStat::new(7, 0o777, false);
+        link.link_target = Some("/bin/sh".into());
+        assert!(obstacle(&link).is_some_and(|w| w.contains("symbolic link")));
+        assert_eq!(obstacle(&PathStat::new(0, 0o644, false)), None);
+        let e = image_in_the_way("evil:1", "a directory");
+        assert_eq!(e.code(), sandbox_core::ErrorCode::Configuration);
+        assert!(e.to_string().contains(AGENT_PATH) && e.hint().contains(AGENT_PATH));
+        let e = required("attach failed");
+        assert_eq!(e.code(), sandbox_core::ErrorCode::Configuration);
+        assert!(e.to_string().contains("attach failed") && e.hint().contains("require_agent"));
+    }
+
     #[test]
     fn command_runs_the_agent_until_the_deadline() {
         assert_eq!(
