@@ -440,7 +440,21 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
             workdir: options.effective_workdir().to_string(),
-            labels: sandbox_labels(self.engine.backend(), deadline, &options.metadata),
+            labels: {
+                let mut labels = sandbox_labels(self.engine.backend(), deadline, &options.metadata);
+                // Each attempt is its own container: one with the agent that fails is
+                // removed, so a live sandbox's label says which way its commands go.
+                labels.insert(
+                    sandbox_core::labels::LABEL_EXEC_PATH.to_string(),
+                    if agent {
+                        sandbox_core::labels::EXEC_PATH_AGENT
+                    } else {
+                        sandbox_core::labels::EXEC_PATH_EXEC
+                    }
+                    .to_string(),
+                );
+                labels
+            },
             resources,
             network,
             lifetime,
