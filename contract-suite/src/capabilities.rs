@@ -29,6 +29,7 @@ pub const COVERED: &[(C, &str)] = &[
     (C::DISK_LIMIT, "disk"),
     (C::PTY, "pty"),
     (C::PAUSE_RESUME, "pause"),
+    (C::AGENT, "lifecycle"),
 ];
 
 /// The flags [`COVERED`] lists.
@@ -100,7 +101,7 @@ fn names_the_flag(e: &sandbox_core::SandboxError, flag: C) -> anyhow::Result<()>
 /// Every undeclared flag with an entry point refuses with `CapabilityNotSupported` from
 /// that entry point (run, run with stdin, run on a terminal, run_code, run_code with a context, stream,
 /// files, upload, download, create with an allowlist / ingress port / GPU / disk limit /
-/// any policy).
+/// a required agent / any policy).
 async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let c = case("every_undeclared_flag_refuses");
     let mut checked = Vec::new();
@@ -121,6 +122,7 @@ async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
             C::DISK_LIMIT,
             ctx.opts(&c).resources(Resources::default().disk_mb(64)),
         ),
+        (C::AGENT, ctx.opts(&c).require_agent(true)),
         (C::NETWORK_POLICY, ctx.opts(&c)),
     ];
     for (flag, opts) in create_flags {
@@ -274,7 +276,8 @@ fn all_reachable_checked(declared: C, unreachable: C, checked: &[C]) -> anyhow::
         | C::STDIN
         | C::DISK_LIMIT
         | C::PTY
-        | C::PAUSE_RESUME;
+        | C::PAUSE_RESUME
+        | C::AGENT;
     let expected = with_entry_point - declared - unreachable;
     let got = checked.iter().fold(C::empty(), |acc, c| acc | *c);
     ensure!(

@@ -80,6 +80,12 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
         ctx.trial(AREA, "connect_reattaches", &[run], connect_reattaches),
         ctx.trial(
             AREA,
+            "required_agent_is_kept_or_refused",
+            &[],
+            required_agent_is_kept_or_refused,
+        ),
+        ctx.trial(
+            AREA,
             "list_managed_shows_stopped",
             &[Need::Reapable],
             list_managed_shows_stopped,
@@ -339,6 +345,50 @@ async fn connect_reattaches(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     sb.kill().await?;
     // The second handle's kill is idempotent on a killed sandbox.
     sbx(other.kill().await, "kill through the reattached handle")
+}
+
+/// With `require_agent`, a backend that declares `AGENT` gives a sandbox that declares it too (and runs commands); one that does not refuses with `CapabilityNotSupported` naming `AGENT`.
+async fn required_agent_is_kept_or_refused(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let c = case("required_agent_is_kept_or_refused");
+    let opts = ctx.opts(&c).require_agent(true);
+    if !ctx.caps.contains(C::AGENT) {
+        let e = must_code(
+            ctx.backend.create(opts).await,
+            ErrorCode::CapabilityNotSupported,
+        )
+        .context("require_agent on a backend without AGENT")?;
+        ensure!(
+            matches!(
+                &e,
+                sandbox_core::SandboxError::CapabilityNotSupported { capability, .. }
+                    if capability.contains(C::AGENT)
+            ),
+            "the refusal does not name AGENT: {}",
+            e.render()
+        );
+        return Ok(());
+    }
+    let sb = ctx.create(&c, opts).await?;
+    let caps = sb.capabilities();
+    let out = if caps.contains(C::RUN_COMMAND) {
+        Some(run_ok(&*sb, "echo kept").await)
+    } else {
+        None
+    };
+    sb.kill().await?;
+    ensure!(
+        caps.contains(C::AGENT),
+        "a sandbox created with require_agent does not declare AGENT (it runs without the \
+         agent): {caps}"
+    );
+    if let Some(out) = out {
+        let out = out?;
+        ensure!(
+            out.trim() == "kept",
+            "the required-agent sandbox ran: {out:?}"
+        );
+    }
+    Ok(())
 }
 
 /// `Debug` of a sandbox shows its id and never a secret value; nor does `CreateOptions`.

@@ -210,6 +210,7 @@ caught! {
     leak_on_drop_is_caught => LeakOnDrop,
     declared_but_unhonoured_is_caught => DeclareUnhonoured,
     emulated_but_undeclared_is_caught => EmulateUndeclared,
+    silent_fallback_is_caught => FallBackSilently,
     timeout_killing_the_sandbox_is_caught => TimeoutKillsSandbox,
     killing_only_the_exec_pid_is_caught => KillOnlyExecPid,
     stray_killer_is_caught => TimeoutKillsStrays,

@@ -60,7 +60,13 @@ impl Backend for BrokenBackend {
         self.inner.name()
     }
     fn capabilities(&self) -> Capability {
-        adjust_caps(self.flaw, self.inner.capabilities())
+        let caps = adjust_caps(self.flaw, self.inner.capabilities());
+        if self.flaw == Flaw::FallBackSilently {
+            // Declared by the backend only: its sandboxes do not run the agent.
+            caps | Capability::AGENT
+        } else {
+            caps
+        }
     }
     fn isolation(&self) -> IsolationTier {
         self.inner.isolation()
@@ -96,6 +102,9 @@ impl Backend for BrokenBackend {
             }
             Flaw::IgnoreWorkdir => {
                 options.workdir = None;
+            }
+            Flaw::FallBackSilently => {
+                options.require_agent = false;
             }
             Flaw::UncheckedLabelKeys => {
                 // The keys the engine would receive, control characters and all: the

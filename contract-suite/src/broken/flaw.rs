@@ -48,6 +48,9 @@ pub enum Flaw {
     DeclareUnhonoured,
     /// Does not declare `STATEFUL_CODE` but still runs code in contexts.
     EmulateUndeclared,
+    /// Declares `AGENT` and accepts `require_agent`, but its sandboxes run without the
+    /// agent (they do not declare it): the silent fall back to the weaker path.
+    FallBackSilently,
     /// An exec timeout kills the whole sandbox, not just that process.
     TimeoutKillsSandbox,
     /// An exec timeout kills only the exec's pid, not its process group: background
@@ -138,7 +141,7 @@ pub enum Flaw {
 
 impl Flaw {
     /// Every flaw.
-    pub const ALL: [Flaw; 53] = [
+    pub const ALL: [Flaw; 54] = [
         Flaw::SwallowTimeouts,
         Flaw::PretendNetworkPolicy,
         Flaw::LeakSecrets,
@@ -156,6 +159,7 @@ impl Flaw {
         Flaw::LeakOnDrop,
         Flaw::DeclareUnhonoured,
         Flaw::EmulateUndeclared,
+        Flaw::FallBackSilently,
         Flaw::TimeoutKillsSandbox,
         Flaw::KillOnlyExecPid,
         Flaw::TimeoutKillsStrays,
@@ -231,6 +235,7 @@ impl Flaw {
             Flaw::LeakOnDrop => &["contract::lifecycle::drop_without_kill_tears_down"],
             Flaw::DeclareUnhonoured => &["contract::policy::allowlist_enforced_or_refused"],
             Flaw::EmulateUndeclared => &["contract::capabilities::every_undeclared_flag_refuses"],
+            Flaw::FallBackSilently => &["contract::lifecycle::required_agent_is_kept_or_refused"],
             Flaw::TimeoutKillsSandbox => &[
                 "contract::run::timeout_kills_only_that_process",
                 "contract::hostile::junk_in_shm_tmp_run_cannot_break_the_timeout",

@@ -135,6 +135,12 @@ pub struct SandboxArgs {
     /// When to pull the image from its registry (with a progress bar on a terminal).
     #[arg(long, value_enum, value_name = "WHEN", default_value_t = PullArg::Missing)]
     pub pull: PullArg,
+    /// Accept a sandbox without the in-sandbox agent. By default, on an engine that offers
+    /// the agent, a create whose agent cannot start fails instead of falling back to the
+    /// engine's exec path (where root inside can stop the main process, and a timeout's
+    /// kill runs the image's own shell).
+    #[arg(long)]
+    pub allow_engine_exec: bool,
 }
 
 /// `sandbox create`.
@@ -247,6 +253,11 @@ pub struct McpArgs {
     /// data leaves.
     #[arg(long)]
     pub allow_egress: bool,
+    /// Let sandboxes run without the in-sandbox agent. By default a `sandbox_create` whose
+    /// agent cannot start fails instead of falling back to the engine's exec path, on every
+    /// engine that offers the agent.
+    #[arg(long)]
+    pub allow_engine_exec: bool,
     /// Total memory, in MiB, that all live sandboxes of the server may hold together
     /// (each call may ask for up to 4096). A create past it is refused with SBX_E1402.
     /// Default: 8192.

@@ -25,6 +25,9 @@ pub(crate) struct SandboxInfo {
     id: String,
     backend: String,
     tier: String,
+    /// Which way this handle's commands go: `agent` (the in-sandbox agent) or `exec` (the
+    /// engine's exec path, or a backend without an agent).
+    exec_path: &'static str,
 }
 
 impl SandboxInfo {
@@ -33,7 +36,18 @@ impl SandboxInfo {
             id: sb.id().to_string(),
             backend: sb.backend().to_string(),
             tier: sb.isolation().to_string(),
+            exec_path: exec_path(sb.capabilities()),
         }
+    }
+}
+
+/// `agent` when a sandbox with `caps` runs its commands through the in-sandbox agent, else
+/// `exec`.
+pub(crate) fn exec_path(caps: sandbox::Capability) -> &'static str {
+    if caps.contains(sandbox::Capability::AGENT) {
+        "agent"
+    } else {
+        "exec"
     }
 }
 
@@ -69,6 +83,12 @@ pub async fn run(args: RunArgs, out: Out) -> sandbox::Result<u8> {
     let started = Instant::now();
     let sb = {
         let _progress = out.progress("creating sandbox");
+        let options = crate::target::require_agent_where_offered(
+            options,
+            &target,
+            args.sandbox.allow_engine_exec,
+        )
+        .await?;
         sandbox::create(target, options).await?
     };
     let info = SandboxInfo::of(&*sb);

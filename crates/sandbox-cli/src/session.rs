@@ -138,6 +138,12 @@ pub async fn hold(args: CreateArgs) -> u8 {
     let created = async {
         let (target, options) =
             crate::target::resolve(&args.dsn, &args.sandbox, create_base(&args))?;
+        let options = crate::target::require_agent_where_offered(
+            options,
+            &target,
+            args.sandbox.allow_engine_exec,
+        )
+        .await?;
         let backend = sandbox::backend(target).await?;
         let sb = backend.create(options).await?;
         Ok::<_, SandboxError>((backend, sb))
@@ -444,6 +450,9 @@ struct LsEntry {
     age_s: Option<u64>,
     deadline: Option<u64>,
     expires_in_s: Option<u64>,
+    /// How the creator's commands go: `agent`, `exec` (the engine's exec path), or `-`
+    /// for a backend without an agent.
+    exec_path: String,
     labels: BTreeMap<String, String>,
 }
 
@@ -489,6 +498,11 @@ pub async fn ls(args: LsArgs, out: Out) -> sandbox::Result<u8> {
                                 .map(|d| d.as_secs()),
                             expires_in_s: deadline.map(|d| d.saturating_sub(now_unix)),
                             deadline,
+                            exec_path: m
+                                .labels
+                                .get(sandbox::labels::LABEL_EXEC_PATH)
+                                .cloned()
+                                .unwrap_or_else(|| "-".into()),
                             id: m.id,
                             backend: m.backend,
                             labels: m.labels,
@@ -523,8 +537,8 @@ pub async fn ls(args: LsArgs, out: Out) -> sandbox::Result<u8> {
         return Ok(exit_code::OK);
     }
     out.line(format!(
-        "{:<14} {:<8} {:>6} {:>9}  {}",
-        "ID", "ENGINE", "AGE", "EXPIRES", "COMMAND"
+        "{:<14} {:<8} {:>6} {:>9} {:<6}  {}",
+        "ID", "ENGINE", "AGE", "EXPIRES", "PATH", "COMMAND"
     ));
     for s in &report.sandboxes {
         let short: String = s.id.chars().take(12).collect();
@@ -534,13 +548,14 @@ pub async fn ls(args: LsArgs, out: Out) -> sandbox::Result<u8> {
             .map(String::as_str)
             .unwrap_or("-");
         out.line(format!(
-            "{:<14} {:<8} {:>6} {:>9}  {}",
+            "{:<14} {:<8} {:>6} {:>9} {:<6}  {}",
             crate::terminal::escape_text(&short),
             crate::terminal::escape_text(&s.backend),
             s.age_s.map(human_secs).unwrap_or_else(|| "?".into()),
             s.expires_in_s
                 .map(|e| format!("in {}", human_secs(e)))
                 .unwrap_or_else(|| "?".into()),
+            crate::terminal::escape_text(&s.exec_path),
             crate::terminal::escape_text(tool),
         ));
     }

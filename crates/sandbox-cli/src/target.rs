@@ -98,6 +98,25 @@ fn runtime_target(scheme: &str, runtime: RuntimeArg) -> sandbox::Result<Target> 
     }
 }
 
+/// `options` with `require_agent` set wherever `target`'s backend offers the agent
+/// (declares `AGENT`), unless `allow_engine_exec`: a create whose agent cannot start then
+/// fails instead of quietly running on the engine's exec path. A backend without an agent
+/// (the fake, or an engine whose agent the operator switched off with `SBX_AGENT=off`)
+/// creates as it always does, and the sandbox reports its path (`sandbox ls`, `--json`).
+pub async fn require_agent_where_offered(
+    options: CreateOptions,
+    target: &Target,
+    allow_engine_exec: bool,
+) -> sandbox::Result<CreateOptions> {
+    if allow_engine_exec {
+        return Ok(options);
+    }
+    // Backends are built once per process: the create below reuses this one.
+    let backend = sandbox::backend(target.clone()).await?;
+    let offered = backend.capabilities().contains(sandbox::Capability::AGENT);
+    Ok(options.require_agent(offered))
+}
+
 /// The lifetime of a sandbox made by `sandbox create` when `--timeout` is not given:
 /// modest, because it outlives the command that made it.
 pub const DEFAULT_SESSION_LIFETIME: Duration = Duration::from_secs(600);

@@ -68,6 +68,15 @@ fn round_trip(engine: &str) {
     // create a 120 s lifetime can show 121.
     assert!((100..=121).contains(&expires), "{mine:#}");
     assert!(mine["age_s"].as_u64().is_some_and(|a| a < 60), "{mine:#}");
+    // The agent is required by default where the engine offers it, and both the create's
+    // report and `ls` say the sandbox runs on it (unless the suite runs with SBX_AGENT=off).
+    let want = if std::env::var("SBX_AGENT").is_ok_and(|a| a == "off") {
+        "exec"
+    } else {
+        "agent"
+    };
+    assert_eq!(v["sandbox"]["exec_path"], want, "{v:#}");
+    assert_eq!(mine["exec_path"], want, "{mine:#}");
 
     // A unique prefix works; stdin reaches the command; its exit code is ours.
     let prefix = &id[..12];

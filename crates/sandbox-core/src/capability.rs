@@ -48,6 +48,13 @@ bitflags! {
         /// `Resources::disk_mb`: what the sandbox can write is bounded (a read-only root
         /// filesystem with size-limited writable places, or an engine storage quota).
         const DISK_LIMIT = 1 << 15;
+        /// The sandbox's processes run under an in-sandbox agent: its first process, which
+        /// starts every command, enforces the lifetime and kills timed-out process trees
+        /// from inside (where the kernel protects a first process, code in the sandbox
+        /// cannot stop it). `CreateOptions::require_agent` needs it. A sandbox that runs
+        /// without its agent (reattached with `connect`, or started without one) does not
+        /// declare it, so a handle's capabilities say which way its commands go.
+        const AGENT = 1 << 16;
     }
 }
 
@@ -87,7 +94,8 @@ mod tests {
             "RUN_CODE|STREAMING"
         );
         assert_eq!(Capability::empty().to_string(), "NONE");
-        assert_eq!(Capability::each().count(), 16);
+        assert_eq!(Capability::each().count(), 17);
+        assert_eq!(Capability::AGENT.names(), "AGENT");
         assert_eq!(Capability::DISK_LIMIT.names(), "DISK_LIMIT");
         assert_eq!(Capability::STDIN.names(), "STDIN");
     }

@@ -332,6 +332,23 @@ impl SandboxError {
                 capability,
                 supported_by,
                 ..
+            } if *capability == Capability::AGENT => format!(
+                "leave CreateOptions::require_agent unset (`--allow-engine-exec` on the CLI) to \
+                 accept a sandbox without the agent, or use a backend whose agent is on{}",
+                if supported_by.is_empty() {
+                    " (Docker or Podman, with SBX_AGENT unset and ContainerConfig::agent(true), on x86_64)"
+                        .to_string()
+                } else {
+                    format!(
+                        " ({}, with SBX_AGENT unset and ContainerConfig::agent(true), on x86_64)",
+                        supported_by.join(", ")
+                    )
+                }
+            ),
+            CapabilityNotSupported {
+                capability,
+                supported_by,
+                ..
             } if !supported_by.is_empty() => format!(
                 "use a backend that declares {capability}: {}",
                 supported_by.join(", ")

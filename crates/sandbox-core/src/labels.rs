@@ -19,6 +19,13 @@ pub const LABEL_OWNER: &str = "io.sandbox-rs.owner";
 pub const LABEL_DEADLINE: &str = "io.sandbox-rs.deadline";
 /// Backend name.
 pub const LABEL_BACKEND: &str = "io.sandbox-rs.backend";
+/// Which way the creator's commands go, set by backends that have an in-sandbox agent:
+/// [`EXEC_PATH_AGENT`] or [`EXEC_PATH_EXEC`]. Absent: the backend has no agent.
+pub const LABEL_EXEC_PATH: &str = "io.sandbox-rs.exec-path";
+/// [`LABEL_EXEC_PATH`] of a sandbox whose commands go through its agent.
+pub const EXEC_PATH_AGENT: &str = "agent";
+/// [`LABEL_EXEC_PATH`] of a sandbox created without its agent (the engine's exec path).
+pub const EXEC_PATH_EXEC: &str = "exec";
 /// Prefix of user metadata labels.
 pub const LABEL_META_PREFIX: &str = "io.sandbox-rs.meta.";
 

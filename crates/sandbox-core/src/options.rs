@@ -62,6 +62,16 @@ pub struct CreateOptions {
     /// When the template image is pulled from its registry (default
     /// [`PullPolicy::Missing`]). Backends without images ignore it.
     pub pull: PullPolicy,
+    /// Refuse to create the sandbox unless its processes run under the in-sandbox agent
+    /// ([`Capability::AGENT`](crate::Capability::AGENT)): a supervisor that is the
+    /// sandbox's first process, enforces its lifetime and kills timed-out process trees
+    /// from inside. Without it a container backend may fall back to the engine's exec
+    /// path, where sandboxed root can stop the main process (only the host-side sweep
+    /// then bounds the lifetime) and a timeout's kill runs the image's own `/bin/sh`.
+    /// Refused with `CapabilityNotSupported` by a backend that does not declare `AGENT`
+    /// (the agent is off, or the backend has none), and with `Configuration` when the
+    /// agent could not be started for this sandbox. Default `false`.
+    pub require_agent: bool,
 }
 
 /// When a backend pulls the template image from its registry before creating a sandbox.
@@ -122,6 +132,7 @@ impl Default for CreateOptions {
             require_isolation: None,
             workdir: None,
             pull: PullPolicy::Missing,
+            require_agent: false,
         }
     }
 }
@@ -139,6 +150,7 @@ impl fmt::Debug for CreateOptions {
             .field("require_isolation", &self.require_isolation)
             .field("workdir", &self.workdir)
             .field("pull", &self.pull)
+            .field("require_agent", &self.require_agent)
             .finish()
     }
 }
@@ -186,6 +198,12 @@ impl CreateOptions {
     /// Requires a minimum isolation tier.
     pub fn require_isolation(mut self, tier: IsolationTier) -> Self {
         self.require_isolation = Some(tier);
+        self
+    }
+    /// Requires (`true`) that the sandbox's processes run under the in-sandbox agent, or
+    /// no sandbox at all (see the `require_agent` field).
+    pub fn require_agent(mut self, required: bool) -> Self {
+        self.require_agent = required;
         self
     }
     /// Sets the working directory.

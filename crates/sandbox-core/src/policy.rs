@@ -46,6 +46,9 @@ pub fn check_create(
     if resources.disk_mb.is_some() {
         require(caps, Capability::DISK_LIMIT, backend)?;
     }
+    if options.require_agent {
+        require(caps, Capability::AGENT, backend)?;
+    }
     Ok(resources)
 }
 
@@ -83,6 +86,27 @@ mod tests {
         assert_eq!(
             code(CreateOptions::default().resources(Resources::default().disk_mb(8))),
             ErrorCode::CapabilityNotSupported
+        );
+        assert_eq!(
+            code(CreateOptions::default().require_agent(true)),
+            ErrorCode::CapabilityNotSupported
+        );
+        // The refusal says how to get on: drop the requirement, or turn an agent on.
+        let hint = check_create("x", caps, t, &CreateOptions::default().require_agent(true))
+            .unwrap_err()
+            .hint();
+        assert!(
+            hint.contains("require_agent") && hint.contains("SBX_AGENT"),
+            "{hint}"
+        );
+        assert!(
+            check_create(
+                "x",
+                caps | Capability::AGENT,
+                t,
+                &CreateOptions::default().require_agent(true)
+            )
+            .is_ok()
         );
         assert_eq!(
             code(CreateOptions::default().require_isolation(IsolationTier::Gvisor)),

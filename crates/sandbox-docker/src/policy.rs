@@ -32,19 +32,22 @@ use crate::config::DockerConfig;
 
 /// What a Docker sandbox can declare: the container layer's set, a disk limit (a
 /// read-only root with tmpfs-backed scratch volumes), the egress allowlist where the
-/// container layer can load its rules, terminals where the agent runs, and pause/resume
-/// (the freezer, under runc and runsc).
+/// container layer can load its rules, the agent and its terminals where it runs, and
+/// pause/resume (the freezer, under runc and runsc).
 pub const CAPABILITIES: Capability = LAYER_CAPABILITIES
     .union(Capability::DISK_LIMIT)
     .union(Capability::EGRESS_ALLOWLIST)
     .union(Capability::PTY)
-    .union(Capability::PAUSE_RESUME);
+    .union(Capability::PAUSE_RESUME)
+    .union(Capability::AGENT);
 
 /// What the engine offers the container layer under this runtime: [`CAPABILITIES`]
-/// without terminals (the agent's, which the container layer adds), and without the
-/// allowlist where the runtime forces `--network=none`.
+/// without the agent and its terminals (which the container layer adds where the agent
+/// runs), and without the allowlist where the runtime forces `--network=none`.
 pub(crate) fn capabilities(runtime_forces_no_network: bool) -> Capability {
-    let caps = CAPABILITIES.difference(Capability::PTY);
+    let caps = CAPABILITIES
+        .difference(Capability::PTY)
+        .difference(Capability::AGENT);
     if runtime_forces_no_network {
         caps.difference(Capability::EGRESS_ALLOWLIST)
     } else {

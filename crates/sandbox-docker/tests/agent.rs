@@ -19,4 +19,4 @@ async fn engine() -> Option<DockerEngine> {
     unless_connected("Docker", DockerEngine::connect(config).await)
 }
 
-sandbox_testkit::agent_trials!(engine: engine().await);
+sandbox_testkit::agent_trials!(engine: engine().await, cli: "docker");

@@ -18,21 +18,25 @@ use crate::config::{MountMode, PodmanOptions, Sharing};
 
 /// What a Podman sandbox can declare: the container layer's set, a disk limit (a
 /// read-only root with tmpfs scratch mounts), the egress allowlist where the container
-/// layer can load its rules, terminals where the agent runs, GPUs for a sandbox
-/// created with CDI devices ([`PodmanOptions::cdi_device`]), and pause/resume (the
-/// freezer).
+/// layer can load its rules, the agent and its terminals where it runs, GPUs for a
+/// sandbox created with CDI devices ([`PodmanOptions::cdi_device`]), and pause/resume
+/// (the freezer).
 pub const CAPABILITIES: Capability = LAYER_CAPABILITIES
     .union(Capability::DISK_LIMIT)
     .union(Capability::EGRESS_ALLOWLIST)
     .union(Capability::PTY)
+    .union(Capability::AGENT)
     .union(Capability::GPU)
     .union(Capability::PAUSE_RESUME);
 
 /// What the engine offers the container layer under these options: [`CAPABILITIES`]
-/// without terminals (the agent's, which the container layer adds), and GPU only with
-/// CDI devices, which `PodmanOptions::validate` has checked against the host.
+/// without the agent and its terminals (which the container layer adds where the agent
+/// runs), and GPU only with CDI devices, which `PodmanOptions::validate` has checked
+/// against the host.
 pub(crate) fn capabilities(podman: &PodmanOptions) -> Capability {
-    let caps = CAPABILITIES.difference(Capability::PTY);
+    let caps = CAPABILITIES
+        .difference(Capability::PTY)
+        .difference(Capability::AGENT);
     if podman.cdi_devices.is_empty() {
         caps.difference(Capability::GPU)
     } else {

@@ -9,4 +9,4 @@ async fn engine() -> Option<PodmanEngine> {
     unless_answering("Podman", PodmanEngine::new(&PodmanConfig::from_env())).await
 }
 
-sandbox_testkit::agent_trials!(engine: engine().await);
+sandbox_testkit::agent_trials!(engine: engine().await, cli: "podman --remote");

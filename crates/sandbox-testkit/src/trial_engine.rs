@@ -9,8 +9,8 @@
 //! removed right before the next create that joins it (another process's sweep at the
 //! worst moment), and a library network of the trial's own name (so a trial about that
 //! network never disturbs the shared one), and an agent mount the engine cannot see (as
-//! an engine on another machine sees this host's paths). It also records the agent mounts
-//! it was asked for.
+//! an engine on another machine sees this host's paths), and attaches that fail (so the
+//! agent never answers). It also records the agent mounts it was asked for.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -53,6 +53,8 @@ pub struct TrialEngine<E> {
     unseen_mount_next: AtomicBool,
     /// Set: the engine says it is not on this machine.
     remote: bool,
+    /// How many of the next attaches fail.
+    attach_refusals: AtomicU64,
 }
 
 impl<E: ContainerEngine> TrialEngine<E> {
@@ -68,7 +70,14 @@ impl<E: ContainerEngine> TrialEngine<E> {
             agent_mounts: Mutex::new(Vec::new()),
             unseen_mount_next: AtomicBool::new(false),
             remote: false,
+            attach_refusals: AtomicU64::new(0),
         }
+    }
+
+    /// The next `n` attaches fail as an engine's refusal would: the agent of each of those
+    /// containers never gets its hello, so the create gives up on it.
+    pub fn refuse_attaches(&self, n: u64) {
+        self.attach_refusals.store(n, Ordering::SeqCst);
     }
 
     /// The engine under the decoration.
@@ -258,6 +267,16 @@ impl<E: ContainerEngine> ContainerEngine for TrialEngine<E> {
         self.inner.supports_agent_mount()
     }
     async fn attach(&self, id: &str) -> EngineResult<AttachStream> {
+        let refused = self
+            .attach_refusals
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if refused {
+            return Err(sandbox_container::EngineError::new(
+                EngineErrorKind::Other,
+                "attach refused (trial fault)",
+            ));
+        }
         self.inner.attach(id).await
     }
     async fn exec_state(&self, exec_id: &str) -> EngineResult<ExecState> {

@@ -46,7 +46,7 @@ mod recorded {
     use sandbox_core::Capability;
 
     /// What Docker and Podman sandboxes can declare: the container layer's set, the
-    /// egress allowlist, a disk limit and terminals.
+    /// egress allowlist, a disk limit, the agent and terminals.
     const CONTAINER: Capability = Capability::RUN_COMMAND
         .union(Capability::RUN_CODE)
         .union(Capability::STATEFUL_CODE)
@@ -58,7 +58,8 @@ mod recorded {
         .union(Capability::INGRESS_PORTS)
         .union(Capability::STDIN)
         .union(Capability::DISK_LIMIT)
-        .union(Capability::PTY);
+        .union(Capability::PTY)
+        .union(Capability::AGENT);
 
     /// `sandbox_docker::CAPABILITIES`.
     #[cfg(any(test, not(feature = "docker")))]
@@ -69,12 +70,13 @@ mod recorded {
     pub(super) const PODMAN: Capability = CONTAINER.union(Capability::GPU);
 
     /// `sandbox_fake::full_capabilities()`: an egress allowlist, but no ingress ports, no
-    /// disk and no terminals.
+    /// disk, no terminals and no agent.
     #[cfg(any(test, not(feature = "fake")))]
     pub(super) const FAKE: Capability = CONTAINER
         .difference(Capability::INGRESS_PORTS)
         .difference(Capability::DISK_LIMIT)
-        .difference(Capability::PTY);
+        .difference(Capability::PTY)
+        .difference(Capability::AGENT);
 }
 
 /// First-party backends that can declare `capability` (what `CapabilityNotSupported`
@@ -119,6 +121,7 @@ mod tests {
             ["docker", "podman", "fake"]
         );
         assert_eq!(first_party_support(Capability::PTY), ["docker", "podman"]);
+        assert_eq!(first_party_support(Capability::AGENT), ["docker", "podman"]);
         assert!(first_party_support(Capability::PAUSE_RESUME).is_empty());
         assert!(first_party_support(Capability::empty()).is_empty());
     }

@@ -37,6 +37,7 @@ impl TryFrom<&McpArgs> for McpOptions {
         let defaults = Budget::default();
         let policy = Policy {
             allow_egress: a.allow_egress,
+            allow_engine_exec: a.allow_engine_exec,
             budget: Budget {
                 memory_mb: a.total_memory_mb.unwrap_or(defaults.memory_mb),
                 cpus: a.total_cpus.unwrap_or(defaults.cpus),

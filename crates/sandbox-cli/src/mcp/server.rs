@@ -60,6 +60,9 @@ const MAX_CPUS: f64 = 4.0;
 pub struct Policy {
     /// `--allow-egress`: network `allow` and allowlists are permitted.
     pub allow_egress: bool,
+    /// `--allow-engine-exec`: sandboxes may run without the in-sandbox agent. Off: every
+    /// create on an engine that offers the agent requires it.
+    pub allow_engine_exec: bool,
     /// What all live sandboxes may hold together.
     pub budget: Budget,
 }
@@ -438,13 +441,20 @@ impl SandboxServer {
         self.release_expired();
         let reservation = Reservation::take(&self.sandboxes, claim, self.policy.budget)?;
         let lifetime = options.timeout;
-        let sb: Arc<dyn Sandbox> =
-            Arc::from(sandbox::create(engine_target(&p.engine).as_str(), options).await?);
+        let target = sandbox::Target::from(engine_target(&p.engine));
+        let options = crate::target::require_agent_where_offered(
+            options,
+            &target,
+            self.policy.allow_engine_exec,
+        )
+        .await?;
+        let sb: Arc<dyn Sandbox> = Arc::from(sandbox::create(target, options).await?);
         let id = sb.id().to_string();
         let value = json!({
             "sandbox_id": id,
             "backend": sb.backend(),
             "isolation": sb.isolation().to_string(),
+            "exec_path": crate::run::exec_path(sb.capabilities()),
         });
         // Measured from now, after the create: never earlier than the sandbox's own end.
         reservation.commit(id, sb, owner, Instant::now() + lifetime);

@@ -96,6 +96,24 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         // The agent goes in before start: it is the container's main process (unless the
         // engine bind-mounts it).
         if spec.attach_stdin && spec.agent_mount.is_none() {
+            // A directory (or a volume the image declares) or a link at the agent's path
+            // keeps the agent out, and would send this sandbox to the weaker exec path: the
+            // image is the cause, so the create is refused instead. The container is not
+            // started yet, so what the stat sees is the image's.
+            let path = crate::sandbox::agent::AGENT_PATH;
+            match self.call("agent path", eng.stat_path(&id, path)).await {
+                Ok(stat) => {
+                    if let Some(what) = crate::sandbox::agent::obstacle(&stat) {
+                        let _ = guard.kill_now().await;
+                        return Err(crate::sandbox::agent::image_in_the_way(&spec.image, &what));
+                    }
+                }
+                Err(e) if e.kind == EngineErrorKind::NotFound => {}
+                Err(e) => {
+                    let _ = guard.kill_now().await;
+                    return Err(create_err("check the agent's path", e));
+                }
+            }
             let put = match crate::sandbox::agent::binary().map(crate::sandbox::agent::archive) {
                 Some(Ok(tar)) => self
                     .call("agent upload", eng.put_archive(&id, "/", tar))

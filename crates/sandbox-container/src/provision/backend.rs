@@ -240,12 +240,12 @@ impl<E: ContainerEngine> Backend for ContainerBackend<E> {
     }
 
     fn capabilities(&self) -> Capability {
-        // Terminals are the agent's: declared when new sandboxes start with it (one that
-        // falls back to the exec path does not declare PTY itself).
+        // The agent and terminals are the agent's: declared when new sandboxes start with
+        // it (one that falls back to the exec path declares neither itself).
         if self.wants_agent() && crate::sandbox::agent::terminals_work(self.engine.tier()) {
-            self.caps() | Capability::PTY
+            self.declared_caps() | Capability::PTY
         } else {
-            self.caps()
+            self.declared_caps()
         }
     }
 

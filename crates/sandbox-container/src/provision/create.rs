@@ -7,7 +7,8 @@
 //! | the attempt | failed because | next |
 //! |---|---|---|
 //! | agent bind-mounted | the agent did not get in or answer | same spec, agent uploaded (and this backend uploads from then on if that works) |
-//! | agent uploaded | the agent did not get in or answer | a container on the engine's exec path |
+//! | agent uploaded | the agent did not get in or answer | a container on the engine's exec path, unless `require_agent` refuses it |
+//! | agent uploaded | the image holds a directory or link where the agent goes | none: refused, the image is the cause |
 //! | any | the image was only remembered and the engine no longer has it | image ensured again, a new create bound |
 //! | any, on the library network | anything | network ensured again; a new one (another process's sweep removed ours) gets one more round |
 //!
@@ -169,7 +170,8 @@ impl<E: ContainerEngine> ContainerBackend<E> {
     ) -> Result<ContainerSandbox<E>> {
         let backend = self.engine.backend();
         let tier = self.engine.tier();
-        let resources = sandbox_core::policy::check_create(backend, self.caps(), tier, &options)?;
+        let resources =
+            sandbox_core::policy::check_create(backend, self.declared_caps(), tier, &options)?;
         refuse_root_scratch(&options, resources)?;
         // The library network is ensured before the spec is checked, so a refusal still
         // provisions no container (a network is not a sandbox; the sweep removes it).
@@ -212,6 +214,12 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             } else {
                 AgentDelivery::Uploaded
             };
+            if delivery == AgentDelivery::ExecPath && options.require_agent {
+                // The layer refuses this first (no AGENT declared); kept for a direct caller.
+                return Err(crate::sandbox::agent::required(
+                    "this backend starts no agent: it is off, the engine cannot attach, or no agent ships for this architecture",
+                ));
+            }
             loop {
                 let attempt_spec = match delivery {
                     AgentDelivery::Mounted => spec.clone(),
@@ -234,6 +242,12 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                 match fallbacks.after(delivery, outcome) {
                     Step::Done(r) => return r,
                     Step::Attempt(next) => {
+                        if next == AgentDelivery::ExecPath && options.require_agent {
+                            // That container is already removed; no other is made.
+                            return Err(crate::sandbox::agent::required(
+                                fallbacks.agent_failure.as_deref().unwrap_or("unknown"),
+                            ));
+                        }
                         if next == AgentDelivery::ExecPath {
                             // That container is already removed: a new one on the exec path.
                             tracing::warn!(
@@ -436,7 +450,21 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
             workdir: options.effective_workdir().to_string(),
-            labels: sandbox_labels(self.engine.backend(), deadline, &options.metadata),
+            labels: {
+                let mut labels = sandbox_labels(self.engine.backend(), deadline, &options.metadata);
+                // Each attempt is its own container: one with the agent that fails is
+                // removed, so a live sandbox's label says which way its commands go.
+                labels.insert(
+                    sandbox_core::labels::LABEL_EXEC_PATH.to_string(),
+                    if agent {
+                        sandbox_core::labels::EXEC_PATH_AGENT
+                    } else {
+                        sandbox_core::labels::EXEC_PATH_EXEC
+                    }
+                    .to_string(),
+                );
+                labels
+            },
             resources,
             network,
             lifetime,
@@ -444,6 +472,16 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             agent_mount: None,
             // Read from the engine once the image is ensured (`begin_round`).
             image_volumes: Vec::new(),
+        }
+    }
+
+    /// What new sandboxes can declare at create: the engine's and this layer's set, plus
+    /// `AGENT` where they start with the agent (terminals are checked per sandbox).
+    pub(super) fn declared_caps(&self) -> sandbox_core::Capability {
+        if self.wants_agent() {
+            self.caps() | sandbox_core::Capability::AGENT
+        } else {
+            self.caps()
         }
     }
 

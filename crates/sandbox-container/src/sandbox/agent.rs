@@ -326,18 +326,61 @@ pub(crate) fn events(
     .boxed()
 }
 
-/// What a sandbox gains from its agent: terminals, where the agent speaks the protocol
-/// version that has them and the runtime's terminals are whole (see [`terminals_work`]).
+/// What a sandbox gains from its agent: `AGENT` itself, and terminals where the agent
+/// speaks the protocol version that has them and the runtime's terminals are whole (see
+/// [`terminals_work`]).
 pub(crate) fn capabilities(
     agent: Option<&sandbox_agent::client::AgentClient>,
     tier: IsolationTier,
 ) -> Capability {
     match agent {
         Some(a) if a.version() >= sandbox_agent::protocol::PTY_VERSION && terminals_work(tier) => {
-            Capability::PTY
+            Capability::AGENT | Capability::PTY
         }
-        _ => Capability::empty(),
+        Some(_) => Capability::AGENT,
+        None => Capability::empty(),
     }
+}
+
+/// What the template holds at [`AGENT_PATH`] that keeps the agent out, if anything: a
+/// directory (also a volume the image declares there) or a symbolic link. A regular file
+/// is no obstacle (the upload replaces it, a bind mount covers it).
+pub(crate) fn obstacle(stat: &crate::engine::PathStat) -> Option<String> {
+    match (&stat.link_target, stat.is_dir) {
+        (Some(target), _) => Some(format!("a symbolic link (to {target:?})")),
+        (None, true) => Some("a directory".to_string()),
+        (None, false) => None,
+    }
+}
+
+/// The refusal of a template that holds `what` at [`AGENT_PATH`]: the agent cannot go
+/// there, and the sandbox would otherwise run on the weaker engine exec path.
+pub(crate) fn image_in_the_way(image: &str, what: &str) -> sandbox_core::SandboxError {
+    sandbox_core::SandboxError::config(
+        format!(
+            "image `{image}` has {what} at {AGENT_PATH}, where the in-sandbox agent goes; \
+             without the agent the sandbox would run on the engine's exec path (its main \
+             process can be stopped from inside, kills run the image's own /bin/sh), so the \
+             create is refused"
+        ),
+        format!(
+            "use an image with nothing at {AGENT_PATH} (remove it, and any VOLUME declared \
+             there, from the image's Dockerfile)"
+        ),
+    )
+}
+
+/// The refusal of a create with `CreateOptions::require_agent` whose agent could not be
+/// used (`reason`).
+pub(crate) fn required(reason: &str) -> sandbox_core::SandboxError {
+    sandbox_core::SandboxError::config(
+        format!(
+            "the in-sandbox agent could not be used ({reason}), and require_agent refuses \
+             the engine's exec path"
+        ),
+        "fix the cause above and retry, or leave CreateOptions::require_agent unset \
+         (`--allow-engine-exec` on the CLI and the MCP server) to accept the engine's exec path",
+    )
 }
 
 /// gVisor's own terminals (runsc 2022-12, what Debian 12 ships) ignore `^D`, so a
@@ -362,6 +405,27 @@ mod tests {
                 "{off}"
             );
         }
+    }
+
+    /// A directory or a link at the agent's path is the image's obstacle; a regular file
+    /// (a committed sandbox's mount point, an old agent) is not.
+    #[test]
+    fn a_directory_or_link_at_the_agent_path_is_an_obstacle() {
+        use crate::engine::PathStat;
+        assert_eq!(
+            obstacle(&PathStat::new(4096, 0o755, true)).as_deref(),
+            Some("a directory")
+        );
+        let mut link = PathStat::new(7, 0o777, false);
+        link.link_target = Some("/bin/sh".into());
+        assert!(obstacle(&link).is_some_and(|w| w.contains("symbolic link")));
+        assert_eq!(obstacle(&PathStat::new(0, 0o644, false)), None);
+        let e = image_in_the_way("evil:1", "a directory");
+        assert_eq!(e.code(), sandbox_core::ErrorCode::Configuration);
+        assert!(e.to_string().contains(AGENT_PATH) && e.hint().contains(AGENT_PATH));
+        let e = required("attach failed");
+        assert_eq!(e.code(), sandbox_core::ErrorCode::Configuration);
+        assert!(e.to_string().contains("attach failed") && e.hint().contains("require_agent"));
     }
 
     #[test]

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use sandbox_core::{Backend, Command, CreateOptions, RunOptions, Sandbox};
 
 use sandbox_container::{
-    ContainerBackend, ContainerConfig, ContainerEngine, ContainerNative, EngineErrorKind, ExecPath,
+    AGENT_PATH, ContainerBackend, ContainerConfig, ContainerEngine, ContainerNative,
+    EngineErrorKind, ExecPath,
 };
 
 use crate::trial_engine::TrialEngine;
@@ -445,6 +446,244 @@ pub async fn fifo_read_fails_within_the_call_timeout<E: ContainerEngine>(engine:
     out
 }
 
+/// The image [`an_image_holding_the_agent_path_is_refused`] builds `FROM` the busybox test
+/// image: a directory where the agent goes.
+pub const AGENT_DIR_IMAGE: &str = "sandbox-rs/busybox-agent-dir:trial";
+
+/// [`AGENT_DIR_IMAGE`], built now with the engine CLI `cli` (which may carry flags:
+/// `podman --remote`) and removed when dropped, also when the trial fails.
+struct AgentDirImage {
+    cli: Vec<String>,
+}
+
+impl AgentDirImage {
+    fn build(cli: &str) -> std::result::Result<AgentDirImage, String> {
+        let image = AgentDirImage {
+            cli: cli.split_whitespace().map(str::to_string).collect(),
+        };
+        let dir = std::env::temp_dir().join(format!("sbx-agent-dir-image-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("build context: {e}"))?;
+        std::fs::write(
+            dir.join("Dockerfile"),
+            format!("FROM {BUSYBOX}\nRUN mkdir /.sandbox-agent && touch /.sandbox-agent/kept\nVOLUME /.sandbox-agent\n"),
+        )
+        .map_err(|e| format!("Dockerfile: {e}"))?;
+        let context = dir.display().to_string();
+        let built = image.run(&["build", "-q", "-t", AGENT_DIR_IMAGE, &context]);
+        let _ = std::fs::remove_dir_all(&dir);
+        if !built {
+            return Err(format!("{cli} build of {AGENT_DIR_IMAGE} failed"));
+        }
+        Ok(image)
+    }
+
+    fn run(&self, args: &[&str]) -> bool {
+        let (program, flags) = self.cli.split_first().expect("an engine CLI");
+        let mut all: Vec<&str> = flags.iter().map(String::as_str).collect();
+        all.extend_from_slice(args);
+        crate::engine_cli::cli_succeeds(program, &all)
+    }
+}
+
+impl Drop for AgentDirImage {
+    fn drop(&mut self) {
+        self.run(&["rmi", "-f", AGENT_DIR_IMAGE]);
+    }
+}
+
+/// The managed containers of trial `test` the engine still holds.
+async fn leftovers<E: ContainerEngine>(b: &ContainerBackend<E>, test: &str) -> Vec<String> {
+    let filter = sandbox_core::labels::metadata_filter(
+        &[("test".to_string(), test.to_string())]
+            .into_iter()
+            .collect(),
+    );
+    match b.engine().list(&filter).await {
+        Ok(list) => list.into_iter().map(|c| c.id).collect(),
+        Err(e) => vec![format!("(listing failed: {e})")],
+    }
+}
+
+/// An image with its own `/.sandbox-agent` (here a directory, built with the engine CLI
+/// `cli`) cannot take the agent: `create` refuses it with a `Configuration` error naming
+/// the path, instead of quietly starting the sandbox on the engine's exec path (where
+/// sandboxed root can stop PID 1 and kills run the image's own `/bin/sh`). Nothing is
+/// left on the engine. Builds its own [`backend`] on `engine`.
+pub async fn an_image_holding_the_agent_path_is_refused<E: ContainerEngine>(
+    engine: E,
+    cli: &str,
+) -> Trial {
+    use sandbox_core::ErrorCode;
+    let b = backend(engine).await;
+    let _image = AgentDirImage::build(cli)?;
+    let test = "agent_image_path";
+    let options = CreateOptions::new(AGENT_DIR_IMAGE)
+        .timeout(Duration::from_secs(60))
+        .metadata("test", test);
+    let out = match Backend::create(&b, options).await {
+        Ok(s) => {
+            let path = s
+                .native()
+                .downcast_ref::<ContainerNative<E>>()
+                .map(|n| n.exec_path);
+            let _ = s.kill().await;
+            Err(format!(
+                "an image with /.sandbox-agent as a directory was accepted (exec path {path:?})"
+            ))
+        }
+        Err(e) if e.code() == ErrorCode::Configuration && e.to_string().contains(AGENT_PATH) => {
+            tracing::info!(error = %e.render(), "refused");
+            Ok(())
+        }
+        Err(e) => Err(format!(
+            "refused, but not as a Configuration error naming {AGENT_PATH}: {}",
+            e.render()
+        )),
+    };
+    let left = leftovers(&b, test).await;
+    for id in &left {
+        let _ = b.engine().remove(id).await;
+    }
+    out?;
+    if !left.is_empty() {
+        return Err(format!("the refused create left containers: {left:?}"));
+    }
+    Ok(())
+}
+
+/// The exec path a sandbox of engine `E` reports, and whether it declares `AGENT`.
+fn path_of<E: ContainerEngine>(s: &dyn Sandbox) -> (Option<ExecPath>, bool) {
+    let path = s
+        .native()
+        .downcast_ref::<ContainerNative<E>>()
+        .map(|n| n.exec_path);
+    (
+        path,
+        s.capabilities().contains(sandbox_core::Capability::AGENT),
+    )
+}
+
+/// `CreateOptions::require_agent` never ends on the engine's exec path, and every handle
+/// says which path it takes:
+/// - on a backend with the agent off (`off`), a required agent is refused with
+///   `CapabilityNotSupported` naming `AGENT`, and the backend does not declare it;
+/// - with the agent on, a required-agent sandbox runs on the agent and declares `AGENT`;
+/// - when the agent never answers (the engine refuses the attach of both agent attempts),
+///   a required agent is refused with `Configuration`, nothing left behind; without
+///   `require_agent` the same create falls back to the exec path, and that sandbox
+///   declares neither `AGENT` nor `PTY`;
+/// - a handle reattached with `connect` takes the exec path and does not declare `AGENT`.
+pub async fn require_agent_refuses_the_exec_path<E: ContainerEngine>(engine: E, off: E) -> Trial {
+    use sandbox_core::{Capability, ErrorCode, SandboxError};
+    let test = "agent_required";
+    let options = || trial_options(test, Duration::from_secs(60));
+    let off = ContainerBackend::new(
+        off,
+        ContainerConfig::new(BUSYBOX)
+            .startup_sweep(false)
+            .agent(false),
+    )
+    .await;
+    if Backend::capabilities(&off).contains(Capability::AGENT) {
+        return Err("a backend with the agent off declares AGENT".into());
+    }
+    match Backend::create(&off, options().require_agent(true)).await {
+        Err(SandboxError::CapabilityNotSupported { capability, .. })
+            if capability == Capability::AGENT => {}
+        Ok(s) => {
+            let _ = s.kill().await;
+            return Err("the agent-off backend created a sandbox that requires the agent".into());
+        }
+        Err(e) => {
+            return Err(format!(
+                "the agent-off backend refused, but not as AGENT unsupported: {}",
+                e.render()
+            ));
+        }
+    }
+    let b = backend(TrialEngine::new(engine)).await;
+    if !Backend::capabilities(&b).contains(Capability::AGENT) {
+        return Err("a backend with the agent on does not declare AGENT".into());
+    }
+    let s = create(&b, options().require_agent(true)).await?;
+    let declared = path_of::<TrialEngine<E>>(&*s);
+    // A second handle on the same sandbox, as `sandbox exec` makes one.
+    let reattached = b.connect_container(s.id()).await;
+    let reattached = match reattached {
+        Ok(r) => {
+            let got = (
+                Some(r.exec_path()),
+                r.capabilities().contains(Capability::AGENT),
+            );
+            // Dropping it would remove the sandbox the first handle still uses.
+            std::mem::forget(r);
+            Ok(got)
+        }
+        Err(e) => Err(e.render()),
+    };
+    let _ = s.kill().await;
+    if declared != (Some(ExecPath::Agent), true) {
+        return Err(format!(
+            "a required-agent sandbox reports {declared:?}, not the agent"
+        ));
+    }
+    match reattached {
+        Ok((Some(ExecPath::Engine), false)) => {}
+        other => {
+            return Err(format!(
+                "a reattached handle reports {other:?}, not the exec path without AGENT"
+            ));
+        }
+    }
+    // Both agent attempts (mounted or uploaded) get a refused attach.
+    b.engine().refuse_attaches(2);
+    let refused = Backend::create(&b, options().require_agent(true)).await;
+    b.engine().refuse_attaches(0);
+    let refused = match refused {
+        Err(e)
+            if e.code() == ErrorCode::Configuration && e.to_string().contains("require_agent") =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(format!(
+            "a failed agent with require_agent gave {} instead of a Configuration refusal",
+            e.render()
+        )),
+        Ok(s) => {
+            let path = path_of::<TrialEngine<E>>(&*s);
+            let _ = s.kill().await;
+            Err(format!(
+                "a failed agent with require_agent still gave a sandbox: {path:?}"
+            ))
+        }
+    };
+    let left = leftovers(&b, test).await;
+    for id in &left {
+        let _ = b.engine().remove(id).await;
+    }
+    refused?;
+    if !left.is_empty() {
+        return Err(format!("the refused create left containers: {left:?}"));
+    }
+    b.engine().refuse_attaches(2);
+    let fell_back = Backend::create(&b, options()).await;
+    b.engine().refuse_attaches(0);
+    let s = fell_back.map_err(|e| format!("the fallback create failed: {}", e.render()))?;
+    let got = path_of::<TrialEngine<E>>(&*s);
+    let pty = s.capabilities().contains(Capability::PTY);
+    let ran = sh(&*s, "echo fallback").await;
+    let _ = s.kill().await;
+    if got != (Some(ExecPath::Engine), false) || pty {
+        return Err(format!(
+            "a sandbox on the exec path reports {got:?} (PTY {pty}), not the exec path without AGENT"
+        ));
+    }
+    match ran {
+        Ok(r) if r.stdout.as_ref() == b"fallback\n" => Ok(()),
+        other => Err(format!("the exec-path sandbox did not run: {other:?}")),
+    }
+}
+
 /// Whether `engine` gives PID 1 the kernel's protection, which two trials need; prints
 /// why `test` is skipped when it does not. gVisor's sentry does not: root inside can stop
 /// or kill PID 1 and open `/proc/1/fd/*` (measured with runsc; docs/agent.md, "gVisor").
@@ -463,11 +702,12 @@ pub fn pid1_is_protected<E: ContainerEngine>(engine: &E, test: &str) -> bool {
 /// Lists the agent trials as `#[tokio::test]`s of the calling test binary.
 ///
 /// `engine:` an expression that, inside an async test, yields `Option<E>` for a
-/// [`ContainerEngine`] `E` (`None`: skip). The trials that need the kernel's PID-1
+/// [`ContainerEngine`] `E` (`None`: skip); `cli:` the engine's own CLI (`"docker"`,
+/// `"podman --remote"`), which builds the images some trials need. The trials that need the kernel's PID-1
 /// protection skip under gVisor ([`pid1_is_protected`]).
 #[macro_export]
 macro_rules! agent_trials {
-    (engine: $engine:expr $(,)?) => {
+    (engine: $engine:expr, cli: $cli:expr $(,)?) => {
         #[tokio::test(flavor = "multi_thread")]
         async fn deadline_survives_stop_and_kill_from_inside() {
             let Some(e) = $engine else { return };
@@ -525,6 +765,23 @@ macro_rules! agent_trials {
         async fn fifo_read_fails_within_the_call_timeout() {
             let Some(e) = $engine else { return };
             $crate::trials::agent::fifo_read_fails_within_the_call_timeout(e)
+                .await
+                .unwrap();
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn an_image_holding_the_agent_path_is_refused() {
+            let Some(e) = $engine else { return };
+            $crate::trials::agent::an_image_holding_the_agent_path_is_refused(e, $cli)
+                .await
+                .unwrap();
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn require_agent_refuses_the_exec_path() {
+            let Some(e) = $engine else { return };
+            let Some(off) = $engine else { return };
+            $crate::trials::agent::require_agent_refuses_the_exec_path(e, off)
                 .await
                 .unwrap();
         }
