@@ -98,11 +98,11 @@ impl<E: ContainerEngine> std::fmt::Debug for ContainerSandbox<E> {
 impl<E: ContainerEngine> ContainerSandbox<E> {
     /// Wraps a started container; `guard` owns its teardown from now on.
     pub(crate) fn new(shared: Arc<Shared<E>>, guard: TeardownGuard, ingress: Ingress) -> Self {
-        let killer = container_killer(
+        let killer = shared.expiry.cancelled_by(container_killer(
             shared.engine.clone(),
             shared.config.call_timeout,
             shared.id.clone(),
-        );
+        ));
         ContainerSandbox {
             native: ContainerNative {
                 engine: shared.engine.clone(),

@@ -19,6 +19,7 @@ use crate::engine::EngineResult;
 use crate::engine::transfer::bounded;
 use crate::error;
 use crate::provision::config::ContainerConfig;
+use crate::provision::expiry::Expiry;
 use crate::sandbox::context::ContextSlot;
 
 /// State shared by a sandbox handle, its processes, files, contexts and teardown.
@@ -41,6 +42,8 @@ pub(crate) struct Shared<E> {
     /// The in-sandbox agent, when it is this container's PID 1 and answered its hello;
     /// `None` on the engine's exec path.
     pub agent: Option<AgentClient>,
+    /// The host-side deadline timer; every removal through the handle cancels it.
+    pub expiry: Expiry,
 }
 
 impl<E: ContainerEngine> Shared<E> {
