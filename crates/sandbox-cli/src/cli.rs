@@ -258,6 +258,15 @@ pub struct McpArgs {
     /// engine that offers the agent.
     #[arg(long)]
     pub allow_engine_exec: bool,
+    /// Let tool calls name images matching PATTERN (repeatable): a reference whose
+    /// repository path components and tag may hold `*` (never matching across `/`; the
+    /// tag defaults to `latest`, so `team/*:*` is every tag of every image under `team/`),
+    /// or a pinned `name@sha256:<digest>` admitting exactly that digest. Names are compared
+    /// as the engines read them (`busybox` is `docker.io/library/busybox:latest`). Without
+    /// it only the default image (sandbox-rs/python:3.11) may be named; anything else is
+    /// refused (SBX_E1000) before the engine pulls it.
+    #[arg(long, value_name = "PATTERN")]
+    pub allow_image: Vec<String>,
     /// Total memory, in MiB, that all live sandboxes of the server may hold together
     /// (each call may ask for up to 4096). A create past it is refused with SBX_E1402.
     /// Default: 8192.

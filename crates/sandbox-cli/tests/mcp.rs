@@ -24,6 +24,14 @@ const TOOLS: &[&str] = &[
 
 type Client = RunningService<RoleClient, ()>;
 
+/// The flags that let the Docker tests name the small test image beside the default one.
+const TEST_IMAGES: &[&str] = &[
+    "--allow-image",
+    "sandbox-rs/python:3.11",
+    "--allow-image",
+    "sandbox-rs/busybox:latest",
+];
+
 async fn start() -> Client {
     start_with(&[]).await
 }
@@ -288,6 +296,86 @@ async fn mcp_allowlist_cannot_open_the_blocked_set() {
     client.cancel().await.expect("close");
 }
 
+/// A client names only images the operator allows: any other (in `image` or in the
+/// engine's DSN) is refused with `Configuration` naming `--allow-image`, before the engine
+/// is asked for anything. Without the flag only the default image is allowed.
+#[tokio::test]
+async fn mcp_create_refuses_an_image_not_on_the_allowlist() {
+    let client = start().await;
+    for args in [
+        json!({"engine": "fake", "image": "evil/miner:latest"}),
+        json!({"engine": "fake://evil/miner:latest"}),
+        json!({"engine": "fake", "image": "sandbox-rs/python:3.11-evil"}),
+    ] {
+        let (failed, r) = call(&client, "sandbox_create", args.clone()).await;
+        assert!(failed, "{args}: {r}");
+        assert_eq!(r["error"]["code"], "SBX_E1000", "{args}: {r}");
+        assert!(
+            r["error"]["hint"]
+                .as_str()
+                .is_some_and(|h| h.contains("--allow-image")),
+            "{r}"
+        );
+    }
+    for allowed in [
+        json!({"engine": "fake"}),
+        json!({"engine": "fake", "image": "sandbox-rs/python:3.11"}),
+        json!({"engine": "fake", "image": "docker.io/sandbox-rs/python:3.11"}),
+    ] {
+        let (failed, r) = call(&client, "sandbox_create", allowed.clone()).await;
+        assert!(!failed, "{allowed}: {r}");
+    }
+    client.cancel().await.expect("close");
+
+    let client = start_with(&["--allow-image", "evil/*:*"]).await;
+    let (failed, r) = call(
+        &client,
+        "sandbox_create",
+        json!({"engine": "fake", "image": "evil/miner:latest"}),
+    )
+    .await;
+    assert!(!failed, "allowed by the operator: {r}");
+    let (failed, r) = call(
+        &client,
+        "sandbox_create",
+        json!({"engine": "fake", "image": "sandbox-rs/python:3.11"}),
+    )
+    .await;
+    assert!(failed, "the flag replaces the default: {r}");
+    client.cancel().await.expect("close");
+}
+
+/// On a real engine a refused image is never pulled: the registry that serves it sees no
+/// request, and the engine does not hold it afterwards.
+#[tokio::test]
+async fn mcp_a_refused_image_is_not_pulled_on_docker() {
+    if !common::docker_available("mcp_a_refused_image_is_not_pulled_on_docker") {
+        return;
+    }
+    let archive = sandbox_testkit::registry::source_archive("docker").expect("source archive");
+    let reg =
+        sandbox_testkit::registry::TestRegistry::start(&archive, &[("sbx-mcp/refused", "1")], None)
+            .await
+            .expect("registry");
+    let image = format!("{}/sbx-mcp/refused:1", reg.host());
+    let _cleanup = sandbox_testkit::engine_cli::ImageCleanup::new("docker", vec![image.clone()]);
+    let client = start().await;
+    let (failed, r) = call(
+        &client,
+        "sandbox_create",
+        json!({"engine": "docker", "image": image, "timeout_s": 60}),
+    )
+    .await;
+    assert!(failed, "{r}");
+    assert_eq!(r["error"]["code"], "SBX_E1000", "{r}");
+    client.cancel().await.expect("close");
+    assert_eq!(reg.requests(), 0, "the registry was asked for the image");
+    assert!(
+        !sandbox_testkit::engine_cli::image_present("docker", &image),
+        "the image was pulled"
+    );
+}
+
 fn managed_containers(engine: &str, id: &str) -> String {
     let o = std::process::Command::new(engine)
         .args([
@@ -325,7 +413,7 @@ async fn mcp_session_end_kills_its_sandboxes_on_docker() {
     if !common::docker_available("mcp_session_end_kills_its_sandboxes_on_docker") {
         return;
     }
-    let client = start().await;
+    let client = start_with(TEST_IMAGES).await;
     let (failed, created) = call(
         &client,
         "sandbox_create",
@@ -360,6 +448,7 @@ async fn mcp_sigterm_kills_its_sandboxes_on_docker() {
     }
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_sandbox"));
     cmd.arg("mcp")
+        .args(TEST_IMAGES)
         .env("NO_COLOR", "1")
         .env_remove("SANDBOX_LOG");
     let transport = TokioChildProcess::new(cmd).expect("spawn sandbox mcp");
@@ -649,7 +738,7 @@ async fn mcp_http_round_trip_and_sigterm_teardown_on_docker() {
     if !common::docker_available("mcp_http_round_trip_and_sigterm_teardown_on_docker") {
         return;
     }
-    let server = HttpServer::start(&[], &[]).await;
+    let server = HttpServer::start(TEST_IMAGES, &[]).await;
     let token = server.generated_token();
     let client = server.client(Some(&token)).await.expect("initialize");
     let id = round_trip(&client, "docker", Some("sandbox-rs/python:3.11")).await;

@@ -30,6 +30,7 @@ pub use provision::config::{
     DEFAULT_DOWNLOAD_ENTRIES, DEFAULT_MAX_CONTEXTS, DEFAULT_MAX_INGRESS_CONNECTIONS,
     DEFAULT_READ_CAP, NAME_PREFIX, SWEEP_PAST_DEADLINE,
 };
+pub use provision::expiry::{DEADLINE_GRACE, DEFAULT_SWEEP_INTERVAL, MIN_SWEEP_INTERVAL};
 pub use sandbox::agent::{AGENT_ENV, AGENT_PATH, agent_enabled_in};
 pub use sandbox::exec::EXEC_TOKEN_ENV;
 pub use sandbox::interpreter::DRIVER;

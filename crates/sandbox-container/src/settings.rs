@@ -3,7 +3,7 @@
 //! once for every engine instead of each adapter repeating (and drifting from) them.
 
 /// Implements, on `$ty` whose field `$field` is a [`ContainerConfig`](crate::ContainerConfig),
-/// the builder methods `default_template`, `startup_sweep`, `call_timeout`,
+/// the builder methods `default_template`, `startup_sweep`, `sweep_interval`, `call_timeout`,
 /// `create_timeout`, `agent`, `read_cap` and `download_caps`, each delegating to the
 /// `ContainerConfig` method of that name (same bounds, same defaults).
 ///
@@ -24,6 +24,15 @@ macro_rules! layer_settings {
             /// whose owning process is proven gone, or long past their deadline.
             pub fn startup_sweep(mut self, on: bool) -> Self {
                 self.$field = self.$field.startup_sweep(on);
+                self
+            }
+
+            /// How often the backend sweeps again while it lives (default every 5 min, at
+            /// least every second; `None` turns it off): the same removals as the startup
+            /// sweep, so a process that lives for days still clears what crashed ones
+            /// left. It stops when the last clone of the backend drops.
+            pub fn sweep_interval(mut self, every: Option<::std::time::Duration>) -> Self {
+                self.$field = self.$field.sweep_interval(every);
                 self
             }
 

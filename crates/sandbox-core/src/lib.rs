@@ -10,6 +10,7 @@ pub mod dsn;
 mod error;
 mod error_code;
 mod files;
+pub mod image_ref;
 mod isolation;
 pub mod labels;
 pub mod layer;
@@ -35,6 +36,7 @@ pub use dsn::Dsn;
 pub use error::{BoxError, Result, SandboxError};
 pub use error_code::{CodeDoc, DOCS_BASE_URL, ErrorCode};
 pub use files::{FileInfo, FileSystem, resolve_path};
+pub use image_ref::ImageRef;
 pub use isolation::IsolationTier;
 pub use managed::{ManagedSandbox, SandboxState};
 pub use network::{

@@ -84,9 +84,9 @@ impl PodmanBackend {
     ) -> Result<PodmanSandbox> {
         podman.validate()?;
         let engine = self.inner.engine().with_options(podman);
-        let layer =
-            ContainerBackend::new(engine, self.config.layer.clone().startup_sweep(false)).await;
-        layer.create_container(options).await
+        // Shares this backend's deadline timers: the sandbox is removed past its deadline
+        // for as long as this backend lives, like any other.
+        self.inner.sibling(engine).create_container(options).await
     }
 }
 

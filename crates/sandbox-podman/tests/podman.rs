@@ -445,6 +445,31 @@ async fn startup_sweep_removes_gone_owners_and_expired() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_sandbox_is_removed_at_its_deadline() {
+    let Some(_b) = backend().await else { return };
+    sandbox_testkit::trials::sweep::an_abandoned_sandbox_is_removed_at_its_deadline(
+        "podman",
+        PodmanBackend::connect(PodmanConfig::from_env().agent(false).startup_sweep(false)),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn periodic_sweep_removes_expired_leftovers() {
+    let Some(_b) = backend().await else { return };
+    sandbox_testkit::trials::sweep::periodic_sweep_removes_expired_leftovers(
+        "podman",
+        "podman",
+        PodmanBackend::connect(
+            PodmanConfig::from_env()
+                .startup_sweep(false)
+                .sweep_interval(Some(sandbox_container::MIN_SWEEP_INTERVAL)),
+        ),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_managed_refuses_an_unmanaged_container() {
     let Some(b) = backend().await else { return };
     sandbox_testkit::trials::sweep::kill_managed_refuses_an_unmanaged_container(&b, "podman").await;

@@ -6,10 +6,11 @@
 //! the server itself be killed. The tools and their limits are in [`server`]; the
 //! transports that carry them are [`stdio`] (one client, the process that started us)
 //! and [`http`] (streamable HTTP, for hosts that connect to a URL, behind the bearer
-//! [`token`]). This module turns the command line into [`McpOptions`] and picks the
+//! [`token`]); the images a call may name are the operator's [`images`] allowlist. This module turns the command line into [`McpOptions`] and picks the
 //! transport.
 
 mod http;
+mod images;
 mod registry;
 mod server;
 mod stdio;
@@ -17,6 +18,7 @@ mod token;
 
 use crate::cli::McpArgs;
 use crate::mcp::http::HttpOptions;
+use crate::mcp::images::ImageAllowlist;
 use crate::mcp::registry::Budget;
 use crate::mcp::server::Policy;
 
@@ -42,6 +44,7 @@ impl TryFrom<&McpArgs> for McpOptions {
                 memory_mb: a.total_memory_mb.unwrap_or(defaults.memory_mb),
                 cpus: a.total_cpus.unwrap_or(defaults.cpus),
             },
+            images: std::sync::Arc::new(ImageAllowlist::new(&a.allow_image)?),
         };
         let http = match a.http {
             None => None,

@@ -27,6 +27,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use crate::mcp::images::ImageAllowlist;
 use crate::mcp::registry::Budget;
 use crate::mcp::registry::Claim;
 use crate::mcp::registry::Owner;
@@ -56,7 +57,7 @@ const MAX_MEMORY_MB: u64 = 4096;
 const MAX_CPUS: f64 = 4.0;
 
 /// What the operator who started the server allows tool calls to ask for.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Policy {
     /// `--allow-egress`: network `allow` and allowlists are permitted.
     pub allow_egress: bool,
@@ -65,6 +66,8 @@ pub struct Policy {
     pub allow_engine_exec: bool,
     /// What all live sandboxes may hold together.
     pub budget: Budget,
+    /// `--allow-image`: the images a call may name (by default the default image only).
+    pub images: Arc<ImageAllowlist>,
 }
 
 /// Egress policy of `sandbox_create`.
@@ -266,7 +269,18 @@ fn exec_json(exit_code: i64, out: Bounded) -> Value {
     })
 }
 
-fn create_options(p: &CreateParams, policy: Policy) -> sandbox::Result<CreateOptions> {
+fn create_options(p: &CreateParams, policy: &Policy) -> sandbox::Result<CreateOptions> {
+    // Whatever image a call names, here or in the DSN, the engine pulls if it lacks it:
+    // only the operator's allowlist may be named, checked before the engine is asked.
+    // Naming none gives the engine's default image, which the operator chose.
+    let named = match &p.image {
+        Some(image) => Some(image.clone()),
+        None if p.engine.contains("://") => sandbox::Dsn::parse(&p.engine)?.template,
+        None => None,
+    };
+    if let Some(image) = named {
+        policy.images.check(&image)?;
+    }
     let mut resources = Resources::default();
     if let Some(m) = p.memory_mb {
         if m > MAX_MEMORY_MB {
@@ -431,7 +445,7 @@ impl SandboxServer {
 
     async fn create(&self, p: CreateParams) -> sandbox::Result<Value> {
         let owner = self.owner()?;
-        let options = create_options(&p, self.policy)?;
+        let options = create_options(&p, &self.policy)?;
         let asked = options.resources.effective()?;
         let claim = Claim {
             count: 1,
@@ -709,7 +723,7 @@ mod tests {
             allow_egress: true,
             ..Policy::default()
         };
-        let e = create_options(&p, consent).expect_err("contradiction");
+        let e = create_options(&p, &consent).expect_err("contradiction");
         assert_eq!(e.code(), ErrorCode::Configuration);
     }
 
@@ -720,13 +734,13 @@ mod tests {
             json!({"engine": "fake", "allow_hosts": ["example.com"]}),
         ] {
             let p: CreateParams = serde_json::from_value(args).expect("params");
-            let e = create_options(&p, Policy::default()).expect_err("no consent");
+            let e = create_options(&p, &Policy::default()).expect_err("no consent");
             assert_eq!(e.code(), ErrorCode::NetworkPolicyViolation);
             let consent = Policy {
                 allow_egress: true,
                 ..Policy::default()
             };
-            let o = create_options(&p, consent).expect("consent");
+            let o = create_options(&p, &consent).expect("consent");
             assert_ne!(o.network, NetworkPolicy::deny());
         }
     }
@@ -757,13 +771,13 @@ mod tests {
             "blocked_set_overrides": ["169.254.169.254/32"],
         }))
         .expect("params");
-        let o = create_options(&p, consent).expect("an ordinary allowlist");
+        let o = create_options(&p, &consent).expect("an ordinary allowlist");
         assert!(o.network.blocked_set_overrides.is_empty());
         for bad in ["169.254.169.254/32", "0.0.0.0/0", "fd00:ec2::254", "::/0"] {
             let p: CreateParams =
                 serde_json::from_value(json!({"engine": "fake", "allow_hosts": [bad]}))
                     .expect("params");
-            let refused = create_options(&p, consent).and_then(|o| {
+            let refused = create_options(&p, &consent).and_then(|o| {
                 assert!(o.network.blocked_set_overrides.is_empty());
                 o.validate().map(drop)
             });
@@ -782,7 +796,7 @@ mod tests {
             json!({"engine": "fake", "cpus": 64.0}),
         ] {
             let p: CreateParams = serde_json::from_value(args).expect("params");
-            let e = create_options(&p, Policy::default()).expect_err("too much");
+            let e = create_options(&p, &Policy::default()).expect_err("too much");
             assert_eq!(e.code(), ErrorCode::ResourceLimitExceeded);
         }
     }
@@ -791,7 +805,7 @@ mod tests {
     fn disk_limit_reaches_the_options() {
         let p: CreateParams =
             serde_json::from_value(json!({"engine": "fake", "disk_mb": 32})).expect("p");
-        let o = create_options(&p, Policy::default()).expect("ok");
+        let o = create_options(&p, &Policy::default()).expect("ok");
         assert_eq!(o.resources.disk_mb, Some(32));
     }
 
@@ -800,14 +814,14 @@ mod tests {
         let p: CreateParams =
             serde_json::from_value(json!({"engine": "fake", "timeout_s": 86400})).expect("p");
         assert_eq!(
-            create_options(&p, Policy::default())
+            create_options(&p, &Policy::default())
                 .expect_err("too long")
                 .code(),
             ErrorCode::Configuration
         );
         let p: CreateParams = serde_json::from_value(json!({"engine": "fake"})).expect("p");
         assert_eq!(
-            create_options(&p, Policy::default()).expect("ok").timeout,
+            create_options(&p, &Policy::default()).expect("ok").timeout,
             DEFAULT_LIFETIME
         );
     }
@@ -828,7 +842,7 @@ mod tests {
         let p: CreateParams =
             serde_json::from_value(json!({"engine": "fake://?timeout=86400"})).expect("p");
         assert_eq!(
-            create_options(&p, Policy::default())
+            create_options(&p, &Policy::default())
                 .expect_err("too long")
                 .code(),
             ErrorCode::Configuration

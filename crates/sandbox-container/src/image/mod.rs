@@ -20,7 +20,6 @@
 
 mod credentials;
 mod pull;
-mod reference;
 
 pub use crate::engine::pull::{
     CredentialStore, PullProgress, PullProgressHook, PullRequest, RegistryAuth,
@@ -29,4 +28,8 @@ pub use pull::{
     DEFAULT_PULL_TIMEOUT, PULL_TARGET, classify_pull_failure, next_pull_item, pull_failure_kind,
 };
 pub(crate) use pull::{Ensured, ensure, forget};
-pub use reference::{DEFAULT_REGISTRY, ImageRef, TEST_BUSYBOX};
+pub use sandbox_core::image_ref::{DEFAULT_REGISTRY, ImageRef};
+
+/// The small test image `sandbox doctor` checks for beside the default template (built by
+/// `cargo xtask setup`; the contract suite's second template).
+pub const TEST_BUSYBOX: &str = "sandbox-rs/busybox:latest";

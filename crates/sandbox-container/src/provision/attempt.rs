@@ -74,11 +74,20 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             }
         };
         guard.disarm();
-        // From here the container exists: a dropped or failed create removes it.
+        // From here the container exists: a dropped or failed create removes it, and
+        // the host removes it past its deadline should both that and the in-sandbox
+        // backstop fail.
+        let deadline =
+            labelled_deadline(&spec).unwrap_or_else(|| SystemTime::now() + options.timeout);
+        let expiry = self.arm_expiry(&id, deadline);
         let info = OrphanInfo::new(id.clone(), backend, spec.labels.clone());
         let mut guard = TeardownGuard::new(
             info,
-            container_killer(self.engine.clone(), self.config.call_timeout, id.clone()),
+            expiry.cancelled_by(container_killer(
+                self.engine.clone(),
+                self.config.call_timeout,
+                id.clone(),
+            )),
         );
         // Copy mounts and the pre_start hook see the created, not yet started, container.
         let hooks = eng.hooks();
@@ -169,12 +178,9 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             template: spec.image.clone(),
             workdir: spec.workdir.clone(),
             labels: spec.labels.clone(),
-            deadline: match (&agent, spec.labels.get(LABEL_DEADLINE)) {
+            deadline: match (&agent, labelled_deadline(&spec)) {
                 // The agent ends at exactly the labelled second.
-                (Some(_), Some(d)) => d
-                    .parse::<u64>()
-                    .map(|d| SystemTime::UNIX_EPOCH + Duration::from_secs(d))
-                    .unwrap_or_else(|_| SystemTime::now() + options.timeout),
+                (Some(_), Some(d)) => d,
                 _ => SystemTime::now() + options.timeout,
             },
             tier,
@@ -188,6 +194,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             contexts: Mutex::new(HashMap::new()),
             agent,
             paused: std::sync::atomic::AtomicBool::new(false),
+            expiry,
         });
         tracing::debug!(
             sandbox_id = %shared.id,
@@ -237,4 +244,10 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             })
         })
     }
+}
+
+/// The deadline written into `spec`'s labels (the second the agent ends at), if it parses.
+fn labelled_deadline(spec: &ContainerSpec) -> Option<SystemTime> {
+    let secs = spec.labels.get(LABEL_DEADLINE)?.parse::<u64>().ok()?;
+    Some(SystemTime::UNIX_EPOCH + Duration::from_secs(secs))
 }

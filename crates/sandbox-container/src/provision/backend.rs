@@ -16,6 +16,8 @@ use crate::engine::transfer::bounded;
 use crate::engine::{ContainerEngine, ContainerInfo, EngineErrorKind};
 use crate::error;
 use crate::provision::config::ContainerConfig;
+use crate::provision::expiry::{Expiry, Upkeep};
+use crate::provision::sweep::Sweep;
 use crate::provision::teardown::{container_killer, remove_container};
 use crate::sandbox::ContainerSandbox;
 use crate::sandbox::ingress::Ingress;
@@ -42,6 +44,8 @@ pub struct ContainerBackend<E: ContainerEngine> {
     /// the agent uploaded worked (the engine does not see this host's files): from then
     /// on this backend uploads.
     pub(super) agent_mount_failed: Arc<AtomicBool>,
+    /// The deadline timers and the periodic sweep; they end when the last clone drops.
+    pub(super) upkeep: Arc<Upkeep>,
 }
 
 impl<E: ContainerEngine> Clone for ContainerBackend<E> {
@@ -50,6 +54,7 @@ impl<E: ContainerEngine> Clone for ContainerBackend<E> {
             engine: self.engine.clone(),
             config: self.config.clone(),
             agent_mount_failed: self.agent_mount_failed.clone(),
+            upkeep: self.upkeep.clone(),
         }
     }
 }
@@ -65,17 +70,34 @@ impl<E: ContainerEngine> std::fmt::Debug for ContainerBackend<E> {
 
 impl<E: ContainerEngine> ContainerBackend<E> {
     /// A backend on `engine`. Runs the startup sweep when the config asks for it (its
-    /// failures are logged, never fatal).
+    /// failures are logged, never fatal), then starts the periodic sweep
+    /// ([`ContainerConfig::sweep_interval`]) on the current tokio runtime; it and every
+    /// sandbox's deadline timer end when the last clone of this backend drops.
     pub async fn new(engine: E, config: ContainerConfig) -> Self {
         let b = ContainerBackend {
             engine: Arc::new(engine),
             config: Arc::new(config),
             agent_mount_failed: Arc::new(AtomicBool::new(false)),
+            upkeep: Arc::new(Upkeep::default()),
         };
         if b.config.startup_sweep {
             b.sweep().await;
         }
+        b.upkeep
+            .start_sweeps(&b.engine, b.config.call_timeout, b.config.sweep_interval);
         b
+    }
+
+    /// A backend on another value of the engine (one carrying per-create options) that
+    /// shares this one's configuration, deadline timers and periodic sweep: its sandboxes'
+    /// timers end with this backend, and it starts no sweep of its own.
+    pub fn sibling(&self, engine: E) -> Self {
+        ContainerBackend {
+            engine: Arc::new(engine),
+            config: self.config.clone(),
+            agent_mount_failed: self.agent_mount_failed.clone(),
+            upkeep: self.upkeep.clone(),
+        }
     }
 
     /// The engine.
@@ -119,7 +141,17 @@ impl<E: ContainerEngine> ContainerBackend<E> {
     /// or not: the stricter of the two behaviours the adapters had). Only containers with
     /// this crate's provenance (our name prefix and this backend's label) are touched.
     pub async fn sweep(&self) -> usize {
-        crate::provision::sweep::sweep(self).await
+        crate::provision::sweep::sweep(&*self.engine, self.config.call_timeout, Sweep::Startup)
+            .await
+    }
+
+    /// Arms the host-side deadline timer of container `id` ([`DEADLINE_GRACE`] after
+    /// `deadline`, the labelled one where it parses).
+    ///
+    /// [`DEADLINE_GRACE`]: crate::provision::expiry::DEADLINE_GRACE
+    pub(crate) fn arm_expiry(&self, id: &str, deadline: SystemTime) -> Expiry {
+        self.upkeep
+            .arm(&self.engine, self.config.call_timeout, id, deadline)
     }
 
     pub(crate) async fn list_raw(
@@ -191,9 +223,14 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             .map(Runtime::tier)
             .unwrap_or_else(|| eng.tier());
         let info = OrphanInfo::new(c.id.clone(), eng.backend(), c.labels.clone());
+        let expiry = self.arm_expiry(&c.id, deadline);
         let guard = TeardownGuard::new(
             info,
-            container_killer(self.engine.clone(), self.config.call_timeout, c.id.clone()),
+            expiry.cancelled_by(container_killer(
+                self.engine.clone(),
+                self.config.call_timeout,
+                c.id.clone(),
+            )),
         );
         let shared = Arc::new(Shared {
             engine: self.engine.clone(),
@@ -218,6 +255,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             agent: None,
             // Paused by another handle: kill must thaw it first.
             paused: AtomicBool::new(c.state == sandbox_core::SandboxState::Paused),
+            expiry,
         });
         Ok(ContainerSandbox::new(shared, guard, Ingress::default()))
     }

@@ -43,6 +43,11 @@ pub struct ContainerConfig {
     pub default_template: String,
     /// Whether the backend sweeps leftovers when it starts (see [`ContainerBackend::sweep`]).
     pub startup_sweep: bool,
+    /// How often the backend sweeps again while it lives (`None`: never; default
+    /// [`DEFAULT_SWEEP_INTERVAL`](crate::provision::expiry::DEFAULT_SWEEP_INTERVAL), at
+    /// least [`MIN_SWEEP_INTERVAL`](crate::provision::expiry::MIN_SWEEP_INTERVAL)). The
+    /// sweep stops when the last clone of the backend drops.
+    pub sweep_interval: Option<Duration>,
     /// Bound of one engine call (a wedged engine fails the call after this).
     pub call_timeout: Duration,
     /// Bound of a whole `create` (`CreateTimeout`, SBX_E1203, after this).
@@ -80,6 +85,7 @@ impl ContainerConfig {
         ContainerConfig {
             default_template: default_template.into(),
             startup_sweep: true,
+            sweep_interval: Some(crate::provision::expiry::DEFAULT_SWEEP_INTERVAL),
             call_timeout: DEFAULT_CALL_TIMEOUT,
             create_timeout: DEFAULT_CREATE_TIMEOUT,
             read_cap: DEFAULT_READ_CAP,
@@ -115,6 +121,14 @@ impl ContainerConfig {
     /// Enables or disables the startup sweep.
     pub fn startup_sweep(mut self, on: bool) -> Self {
         self.startup_sweep = on;
+        self
+    }
+
+    /// Sets how often the backend sweeps again while it lives (`None` turns the periodic
+    /// sweep off; an interval under
+    /// [`MIN_SWEEP_INTERVAL`](crate::provision::expiry::MIN_SWEEP_INTERVAL) is raised to it).
+    pub fn sweep_interval(mut self, every: Option<Duration>) -> Self {
+        self.sweep_interval = every.map(|d| d.max(crate::provision::expiry::MIN_SWEEP_INTERVAL));
         self
     }
 

@@ -1,16 +1,18 @@
-//! The startup sweep: removing leftovers whose owner is proven gone, or that outlived
-//! their deadline.
+//! The sweep, at a backend's start and periodically while it lives: removing leftovers
+//! whose owner is proven gone, or that outlived their deadline. When the periodic one
+//! runs is `expiry.rs`'s.
 
 use std::collections::BTreeMap;
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use sandbox_core::Provenance;
-use sandbox_core::labels::LABEL_BACKEND;
+use sandbox_core::labels::{LABEL_BACKEND, LABEL_MANAGED};
 
+use crate::engine::transfer::bounded;
 use crate::engine::{ContainerEngine, ContainerInfo};
-use crate::provision::backend::ContainerBackend;
 use crate::provision::config::{NAME_PREFIX, SWEEP_PAST_DEADLINE};
+use crate::provision::teardown::remove_container;
 
 /// Decides about one container: `Some` verdict when the sweep removes it. Provenance
 /// first: only containers named by this crate and labelled for `backend` are ours to judge
@@ -27,16 +29,42 @@ pub(crate) fn verdict(c: &ContainerInfo, backend: &str, now: SystemTime) -> Opti
     verdict.is_removable().then_some(verdict)
 }
 
-/// Runs the sweep; returns how many containers it removed. Failures are logged.
-pub(crate) async fn sweep<E: ContainerEngine>(b: &ContainerBackend<E>) -> usize {
-    let list = match b.list_raw(&BTreeMap::new()).await {
+/// Which sweep runs: the one a backend runs when it starts, or the one it repeats while it
+/// lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sweep {
+    /// When the backend starts.
+    Startup,
+    /// Every `ContainerConfig::sweep_interval` while the backend lives.
+    Periodic,
+}
+
+impl Sweep {
+    fn name(self) -> &'static str {
+        match self {
+            Sweep::Startup => "startup sweep",
+            Sweep::Periodic => "periodic sweep",
+        }
+    }
+}
+
+/// Runs the sweep on `engine`; returns how many containers it removed. Failures are
+/// logged.
+pub(crate) async fn sweep<E: ContainerEngine>(
+    engine: &E,
+    call_timeout: Duration,
+    which: Sweep,
+) -> usize {
+    let sweep = which.name();
+    let filter = BTreeMap::from([(LABEL_MANAGED.to_string(), "true".to_string())]);
+    let list = match bounded(call_timeout, "list", engine.list(&filter)).await {
         Ok(l) => l,
         Err(e) => {
-            tracing::warn!(error = %e, "startup sweep could not list sandboxes");
+            tracing::warn!(error = %e, sweep, "the sweep could not list sandboxes");
             return 0;
         }
     };
-    let backend = b.engine().backend();
+    let backend = engine.backend();
     let now = SystemTime::now();
     let mut removed = 0;
     let listed = list.len();
@@ -44,18 +72,21 @@ pub(crate) async fn sweep<E: ContainerEngine>(b: &ContainerBackend<E>) -> usize 
         let Some(verdict) = verdict(&c, backend, now) else {
             continue;
         };
-        match b.remove(&c.id).await {
+        match remove_container(engine, call_timeout, &c.id).await {
             Ok(()) => {
                 removed += 1;
-                tracing::info!(sandbox_id = %c.id, ?verdict, "startup sweep removed a sandbox");
+                tracing::info!(sandbox_id = %c.id, ?verdict, sweep, "the sweep removed a sandbox");
             }
-            Err(e) => tracing::warn!(sandbox_id = %c.id, error = %e, "startup sweep failed"),
+            Err(e) => tracing::warn!(sandbox_id = %c.id, error = %e, sweep, "the sweep failed"),
         }
     }
     // The egress network goes once no managed container is left (the engine refuses
-    // while any container uses it, so a concurrent create elsewhere keeps it).
-    if removed == listed && crate::egress::remove_network_if_unused(&**b.engine()).await {
-        tracing::info!("startup sweep removed the egress network");
+    // while any container uses it, so a concurrent create elsewhere keeps it). The
+    // periodic sweep tries only after removing something: an idle backend does not race
+    // its own creates for the network every interval.
+    let tries = removed == listed && (which == Sweep::Startup || removed > 0);
+    if tries && crate::egress::remove_network_if_unused(engine).await {
+        tracing::info!(sweep, "the sweep removed the egress network");
     }
     removed
 }

@@ -99,16 +99,16 @@ impl<E: ContainerEngine> std::fmt::Debug for ContainerSandbox<E> {
 impl<E: ContainerEngine> ContainerSandbox<E> {
     /// Wraps a started container; `guard` owns its teardown from now on.
     pub(crate) fn new(shared: Arc<Shared<E>>, mut guard: TeardownGuard, ingress: Ingress) -> Self {
-        let killer = freeze::thawing(
+        let killer = shared.expiry.cancelled_by(freeze::thawing(
             &shared,
             container_killer(
                 shared.engine.clone(),
                 shared.config.call_timeout,
                 shared.id.clone(),
             ),
-        );
-        // The same removal, thawing a paused container first (no await in between: the
-        // container is never without an armed guard).
+        ));
+        // The same removal, thawing a paused container first and cancelling the deadline
+        // timer (no await in between: the container is never without an armed guard).
         guard.disarm();
         let guard = TeardownGuard::new(shared.info(), killer.clone());
         ContainerSandbox {

@@ -20,6 +20,7 @@ use crate::engine::EngineResult;
 use crate::engine::transfer::bounded;
 use crate::error;
 use crate::provision::config::ContainerConfig;
+use crate::provision::expiry::Expiry;
 use crate::sandbox::context::ContextSlot;
 
 /// State shared by a sandbox handle, its processes, files, contexts and teardown.
@@ -45,6 +46,8 @@ pub(crate) struct Shared<E> {
     /// Paused (the engine's freezer) and not resumed since, as far as this handle knows:
     /// its teardown thaws the container before removing it.
     pub paused: AtomicBool,
+    /// The host-side deadline timer; every removal through the handle cancels it.
+    pub expiry: Expiry,
 }
 
 impl<E: ContainerEngine> Shared<E> {

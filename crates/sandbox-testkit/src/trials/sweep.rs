@@ -1,4 +1,6 @@
-//! The startup sweep and `kill_managed`, on a real engine, the same for every adapter:
+//! The host side of the lifetime on a real engine, the same for every adapter: the
+//! deadline timer that removes an abandoned sandbox whose in-sandbox backstop was
+//! defeated, the periodic sweep, the startup sweep and `kill_managed`. For the last two:
 //! the adapters once disagreed (one sweep removed owner-gone-or-expired leftovers while
 //! the other removed only running owner-gone ones, and `kill_managed` of a container
 //! sandbox-rs does not manage was `Configuration` on one engine and `Ok(false)` on the
@@ -11,11 +13,12 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::process::Command;
+use std::time::{Duration, Instant, SystemTime};
 
 use sandbox_core::labels::{LABEL_DEADLINE, LABEL_OWNER, Owner, sandbox_labels, unix_now};
-use sandbox_core::{ErrorCode, ReapableBackend};
+use sandbox_core::{Backend, CreateOptions, ErrorCode, ReapableBackend, RunOptions};
 
-use sandbox_container::{NAME_PREFIX, SWEEP_PAST_DEADLINE};
+use sandbox_container::{DEADLINE_GRACE, MIN_SWEEP_INTERVAL, NAME_PREFIX, SWEEP_PAST_DEADLINE};
 
 use crate::engine_cli::{cli_out, cli_succeeds};
 
@@ -53,6 +56,12 @@ impl Leftovers {
             cli_out(Command::new(self.cli).args(["start", &id]));
         }
         id
+    }
+
+    /// Removes the container `id` (made by the adapter under test) when this is dropped,
+    /// should the trial fail before the adapter removed it.
+    pub fn adopt(&mut self, id: &str) {
+        self.names.push(id.to_string());
     }
 
     /// Whether the engine still holds `id`, asked through the CLI (not the adapter).
@@ -148,6 +157,139 @@ pub async fn startup_sweep_removes_gone_owners_and_expired<B, F>(
             "the startup sweep removed a container ({what})"
         );
     }
+}
+
+/// A sandbox on the engine's exec path (`connect` gives a backend with the agent off)
+/// whose code, as root inside, stops its lifetime process (`kill -STOP` on the `sleep`
+/// that would end the container at the deadline), and whose handle is then forgotten
+/// (`std::mem::forget`: no drop, no kill, as a leaked or wedged caller leaves it). The
+/// backend's deadline timer removes it: never before its deadline, and no later than the
+/// deadline plus the timer's grace (`grace`) plus a few seconds of slack.
+pub async fn an_abandoned_sandbox_is_removed_at_its_deadline<B, F>(cli: &'static str, connect: F)
+where
+    B: Backend,
+    F: Future<Output = sandbox_core::Result<B>>,
+{
+    const LIFETIME: Duration = Duration::from_secs(3);
+    const SLACK: Duration = Duration::from_secs(6);
+    let b = match connect.await {
+        Ok(b) => b,
+        Err(e) => panic!("connect: {}", e.render()),
+    };
+    let mut left = Leftovers::new(cli);
+    let s = b
+        .create(
+            CreateOptions::new(IMAGE)
+                .timeout(LIFETIME)
+                .metadata("test", "deadline_timer"),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("create: {}", e.render()));
+    let id = s.id().to_string();
+    left.adopt(&id);
+    let deadline = deadline_of(cli, &id);
+    // The backstop on this path is the `sleep` under the engine's init; root inside can
+    // stop it, and then nothing in the container ends it.
+    let stop = r#"for p in /proc/[0-9]*; do
+        [ "$(cat $p/comm 2>/dev/null)" = sleep ] && kill -STOP "${p#/proc/}" && grep '^State' $p/status
+    done"#;
+    let r = s
+        .run(
+            sandbox_core::Command::Shell(stop.into()),
+            RunOptions::default().timeout(Duration::from_secs(10)),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("stopping the lifetime process: {}", e.render()));
+    assert!(
+        r.stdout_text().contains("stopped"),
+        "the lifetime process was not stopped (exit {}): {} {}",
+        r.exit_code,
+        r.stdout_text(),
+        r.stderr_text()
+    );
+    std::mem::forget(s);
+    let give_up = deadline + DEADLINE_GRACE + SLACK;
+    let gone_at = loop {
+        let now = SystemTime::now();
+        if !left.exists(&id) {
+            break now;
+        }
+        assert!(
+            now < give_up,
+            "the abandoned sandbox still runs {:?} after its deadline",
+            now.duration_since(deadline).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        gone_at >= deadline,
+        "the sandbox was removed {:?} before its deadline",
+        deadline.duration_since(gone_at).unwrap_or_default()
+    );
+    drop(b);
+}
+
+/// The deadline the engine's labels of `id` carry.
+fn deadline_of(cli: &str, id: &str) -> SystemTime {
+    let label = cli_out(Command::new(cli).args([
+        "container",
+        "inspect",
+        "--format",
+        &format!("{{{{index .Config.Labels \"{LABEL_DEADLINE}\"}}}}"),
+        id,
+    ]));
+    let secs: u64 = label
+        .parse()
+        .unwrap_or_else(|_| panic!("deadline label {label:?}"));
+    SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+}
+
+/// A backend that sweeps every second (`connect` gives it, startup sweep off) removes a
+/// leftover that appears after it started: another process's sandbox on another host,
+/// long past its deadline. A live owner's sandbox within its deadline stays.
+pub async fn periodic_sweep_removes_expired_leftovers<B, F>(
+    cli: &'static str,
+    backend: &str,
+    connect: F,
+) where
+    F: Future<Output = sandbox_core::Result<B>>,
+{
+    const SLACK: Duration = Duration::from_secs(8);
+    let b = match connect.await {
+        Ok(b) => b,
+        Err(e) => panic!("connect: {}", e.render()),
+    };
+    let pid = std::process::id();
+    let now = unix_now();
+    let meta = BTreeMap::from([("test".to_string(), "periodic_sweep".to_string())]);
+    let live = sandbox_labels(backend, now + 600, &meta);
+    let mut expired = live.clone();
+    // Another host's owner cannot be proven gone: only the expiry can remove it.
+    let elsewhere = Owner {
+        host: "another-host.invalid".into(),
+        ..Owner::current().clone()
+    };
+    expired.insert(LABEL_OWNER.into(), elsewhere.to_label());
+    let past = now - SWEEP_PAST_DEADLINE.as_secs() - 30;
+    expired.insert(LABEL_DEADLINE.into(), past.to_string());
+    let mut left = Leftovers::new(cli);
+    let name = |case: &str| format!("{NAME_PREFIX}periodictest-{pid}-{case}");
+    let started = Instant::now();
+    let swept = left.add(&name("expired"), &expired, true);
+    let kept = left.add(&name("live"), &live, true);
+    while left.exists(&swept) {
+        assert!(
+            started.elapsed() < MIN_SWEEP_INTERVAL + SLACK,
+            "the periodic sweep kept an expired leftover for {:?}",
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        left.exists(&kept),
+        "the periodic sweep removed a live sandbox"
+    );
+    drop(b);
 }
 
 /// `kill_managed` refuses a container sandbox-rs does not manage (`Configuration`, and

@@ -1,14 +1,12 @@
 //! Image references ([`ImageRef`]) split the way Docker and Podman resolve short names:
-//! registry, repository, and tag or digest.
+//! registry, repository, and tag or digest. Here, below every engine, so the container
+//! layer (pulls, credentials) and the tools that vet a reference before any engine sees
+//! it (the MCP server's image allowlist) read a reference the same way.
 
 use std::fmt;
 
 /// The registry of short names (`python:3.12` is `docker.io/library/python:3.12`).
 pub const DEFAULT_REGISTRY: &str = "docker.io";
-
-/// The small test image `sandbox doctor` checks for beside the default template (built by
-/// `cargo xtask setup`; the contract suite's second template).
-pub const TEST_BUSYBOX: &str = "sandbox-rs/busybox:latest";
 
 /// An image reference split the way Docker and Podman resolve short names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,7 +31,16 @@ impl ImageRef {
             return None;
         }
         let (name, reference) = match image.find('@') {
-            Some(at) => (&image[..at], image[at..].to_string()),
+            // `name:tag@digest` pulls by the digest alone: the tag is dropped.
+            Some(at) => {
+                let name = &image[..at];
+                let last_slash = name.rfind('/').map_or(0, |i| i + 1);
+                let name = match name[last_slash..].rfind(':') {
+                    Some(c) => &name[..last_slash + c],
+                    None => name,
+                };
+                (name, image[at..].to_string())
+            }
             None => {
                 let last_slash = image.rfind('/').map_or(0, |i| i + 1);
                 match image[last_slash..].rfind(':') {
@@ -125,6 +132,12 @@ mod tests {
             ("localhost:5000", "@sha256:abcd")
         );
         assert!(d.registry_is_loopback());
+        let t = r("python:3.12@sha256:abcd");
+        assert_eq!(
+            (t.repository.as_str(), t.reference.as_str()),
+            ("library/python", "@sha256:abcd"),
+            "a tag beside a digest is not part of the name"
+        );
         let p = r("localhost:5000/a");
         assert_eq!(p.reference, ":latest");
         assert!(!r("quay.io/x/y:1").registry_is_loopback());

@@ -1,0 +1,402 @@
+//! The host side of every sandbox's lifetime, for as long as its backend lives: a timer
+//! per sandbox that removes it [`DEADLINE_GRACE`] after its deadline when nothing inside
+//! ended it (the engine exec path's `sleep` stopped by root inside, PID 1 unprotected
+//! under runsc, a wedged agent), and the periodic sweep of leftovers other processes left.
+//!
+//! Both run as tokio tasks that hold no handle of the backend (its engine only weakly):
+//! `Upkeep`, shared by every clone of one backend, cancels them all when the last clone
+//! drops, and a sandbox's timer is cancelled as soon as its container is removed
+//! normally. What the sweep removes, and why, is `sweep.rs`'s.
+
+use std::sync::{Arc, Weak};
+use std::time::{Duration, SystemTime};
+
+use sandbox_core::SandboxState;
+use sandbox_core::teardown::Killer;
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::transfer::bounded;
+use crate::engine::{ContainerEngine, EngineErrorKind};
+use crate::provision::sweep::{Sweep, sweep};
+use crate::provision::teardown::remove_container;
+
+/// How long after a sandbox's deadline the host removes it. The in-sandbox backstop ends
+/// the container at the deadline itself (rounded up to the second), and the engine
+/// removes it within milliseconds: the timer acts only where that did not happen. A
+/// removal racing the engine's own is harmless (it waits for it), so the grace only has
+/// to cover the deadline's rounding and the engine's reaction, not a clock skew (both
+/// ends are this host's clock).
+pub const DEADLINE_GRACE: Duration = Duration::from_secs(2);
+
+/// Default interval of the periodic sweep while a backend lives.
+pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(300);
+
+/// Shortest interval the periodic sweep accepts: one list call per second at most.
+pub const MIN_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The background work of one backend. Every clone of the backend holds it; when the last
+/// one drops, every timer and the periodic sweep end (at their next poll, without being
+/// waited for: dropping a backend never blocks).
+#[derive(Debug, Default)]
+pub(crate) struct Upkeep {
+    stop: CancellationToken,
+}
+
+impl Drop for Upkeep {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// One sandbox's deadline timer, cancelled once its container is removed.
+#[derive(Debug, Clone)]
+pub(crate) struct Expiry(CancellationToken);
+
+impl Expiry {
+    /// Wraps `killer` so that a removal that succeeds also cancels this timer.
+    pub(crate) fn cancelled_by(&self, killer: Killer) -> Killer {
+        let token = self.0.clone();
+        Arc::new(move || {
+            let kill = killer();
+            let token = token.clone();
+            Box::pin(async move {
+                let removed = kill.await;
+                if removed.is_ok() {
+                    token.cancel();
+                }
+                removed
+            })
+        })
+    }
+}
+
+impl Upkeep {
+    /// Starts the periodic sweep on `engine` every `interval` (none when `None`).
+    pub(crate) fn start_sweeps<E: ContainerEngine>(
+        &self,
+        engine: &Arc<E>,
+        call_timeout: Duration,
+        interval: Option<Duration>,
+    ) {
+        let Some(interval) = interval else {
+            return;
+        };
+        let engine = Arc::downgrade(engine);
+        let stop = self.stop.clone();
+        tokio::spawn(async move {
+            let every = interval.max(MIN_SWEEP_INTERVAL);
+            while stop
+                .run_until_cancelled(tokio::time::sleep(every))
+                .await
+                .is_some()
+            {
+                let Some(engine) = engine.upgrade() else {
+                    return;
+                };
+                stop.run_until_cancelled(sweep(&*engine, call_timeout, Sweep::Periodic))
+                    .await;
+            }
+        });
+    }
+
+    /// Arms the deadline timer of container `id` on `engine`: at `deadline` plus
+    /// [`DEADLINE_GRACE`] it is removed unless it stopped by itself (an engine that keeps
+    /// stopped containers keeps them for inspection, as configured).
+    pub(crate) fn arm<E: ContainerEngine>(
+        &self,
+        engine: &Arc<E>,
+        call_timeout: Duration,
+        id: &str,
+        deadline: SystemTime,
+    ) -> Expiry {
+        let token = self.stop.child_token();
+        let wait = fires_in(deadline, SystemTime::now());
+        let (engine, id, cancel) = (Arc::downgrade(engine), id.to_string(), token.clone());
+        tokio::spawn(async move {
+            if cancel
+                .run_until_cancelled(tokio::time::sleep(wait))
+                .await
+                .is_none()
+            {
+                return;
+            }
+            cancel
+                .run_until_cancelled(expire(engine, call_timeout, &id))
+                .await;
+        });
+        Expiry(token)
+    }
+}
+
+/// How long from `now` until the timer of a sandbox with `deadline` fires.
+pub(crate) fn fires_in(deadline: SystemTime, now: SystemTime) -> Duration {
+    (deadline + DEADLINE_GRACE)
+        .duration_since(now)
+        .unwrap_or_default()
+}
+
+/// Whether a container the engine reports in `state` past its deadline is removed: all
+/// but a stopped one still hold the resources the lifetime bounds.
+pub(crate) fn outlived(state: SandboxState) -> bool {
+    state != SandboxState::Stopped
+}
+
+/// The timer's work once it fires: the container removed if it still runs.
+async fn expire<E: ContainerEngine>(engine: Weak<E>, call_timeout: Duration, id: &str) {
+    let Some(engine) = engine.upgrade() else {
+        return;
+    };
+    let state = match bounded(call_timeout, "inspect", engine.inspect(id)).await {
+        Ok(c) => c.state,
+        Err(e) if e.kind == EngineErrorKind::NotFound => return,
+        // Unknown: removed anyway, the deadline has passed.
+        Err(_) => SandboxState::Unknown,
+    };
+    if !outlived(state) {
+        return;
+    }
+    match remove_container(&*engine, call_timeout, id).await {
+        Ok(()) => tracing::warn!(
+            sandbox_id = %id,
+            backend = engine.backend(),
+            "a sandbox outlived its deadline; removed by the host"
+        ),
+        Err(e) => tracing::warn!(
+            sandbox_id = %id,
+            backend = engine.backend(),
+            error = %e,
+            "a sandbox outlived its deadline and could not be removed"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+
+    use sandbox_core::{Capability, IsolationTier};
+
+    use super::*;
+    use crate::engine::{EngineError, EngineFacts, EngineResult};
+    use crate::{
+        ArchiveBody, ContainerInfo, ContainerSpec, ExecRequest, ExecState, ExecStream, PathStat,
+    };
+
+    fn at(ms: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_millis(ms)
+    }
+
+    #[test]
+    fn the_timer_fires_the_grace_after_the_deadline_and_at_once_when_late() {
+        assert_eq!(fires_in(at(10_000), at(4_000)), Duration::from_secs(8));
+        assert_eq!(fires_in(at(10_000), at(11_500)), Duration::from_millis(500));
+        assert_eq!(fires_in(at(10_000), at(12_000)), Duration::ZERO);
+        assert_eq!(fires_in(at(10_000), at(99_000)), Duration::ZERO);
+    }
+
+    #[test]
+    fn only_a_container_that_stopped_by_itself_is_kept() {
+        assert!(!outlived(SandboxState::Stopped));
+        for s in [
+            SandboxState::Running,
+            SandboxState::Paused,
+            SandboxState::Creating,
+            SandboxState::Unknown,
+        ] {
+            assert!(outlived(s), "{s:?}");
+        }
+    }
+
+    /// An engine holding running containers by id; it records removals and list calls.
+    #[derive(Debug, Default)]
+    struct Holding {
+        running: Mutex<Vec<String>>,
+        removed: Mutex<Vec<String>>,
+        lists: Mutex<usize>,
+    }
+
+    fn no<T>() -> EngineResult<T> {
+        Err(EngineError::new(EngineErrorKind::Other, "not in this test"))
+    }
+
+    #[async_trait::async_trait]
+    impl ContainerEngine for Holding {
+        fn backend(&self) -> &'static str {
+            "holding"
+        }
+        fn tier(&self) -> IsolationTier {
+            IsolationTier::Container
+        }
+        fn capabilities(&self) -> Capability {
+            Capability::all()
+        }
+        fn endpoint(&self) -> &str {
+            "memory://holding"
+        }
+        async fn create(&self, _: &ContainerSpec) -> EngineResult<String> {
+            no()
+        }
+        async fn start(&self, _: &str) -> EngineResult<()> {
+            no()
+        }
+        async fn inspect(&self, id: &str) -> EngineResult<ContainerInfo> {
+            if self.running.lock().unwrap().iter().any(|r| r == id) {
+                Ok(ContainerInfo::new(
+                    id,
+                    id,
+                    SandboxState::Running,
+                    BTreeMap::new(),
+                ))
+            } else {
+                Err(EngineError::new(EngineErrorKind::NotFound, "no such"))
+            }
+        }
+        async fn remove(&self, id: &str) -> EngineResult<bool> {
+            let mut running = self.running.lock().unwrap();
+            let before = running.len();
+            running.retain(|r| r != id);
+            self.removed.lock().unwrap().push(id.to_string());
+            Ok(running.len() < before)
+        }
+        async fn list(&self, _: &BTreeMap<String, String>) -> EngineResult<Vec<ContainerInfo>> {
+            *self.lists.lock().unwrap() += 1;
+            Ok(Vec::new())
+        }
+        async fn exec(&self, _: &str, _: ExecRequest) -> EngineResult<ExecStream> {
+            no()
+        }
+        async fn exec_state(&self, _: &str) -> EngineResult<ExecState> {
+            no()
+        }
+        async fn put_archive(&self, _: &str, _: &str, _: ArchiveBody) -> EngineResult<()> {
+            no()
+        }
+        async fn get_archive(&self, _: &str, _: &str) -> EngineResult<ArchiveBody> {
+            no()
+        }
+        async fn stat_path(&self, _: &str, _: &str) -> EngineResult<PathStat> {
+            no()
+        }
+        async fn ping(&self) -> EngineResult<()> {
+            Ok(())
+        }
+        async fn facts(&self) -> EngineFacts {
+            EngineFacts::default()
+        }
+    }
+
+    fn holding(ids: &[&str]) -> Arc<Holding> {
+        let e = Holding::default();
+        *e.running.lock().unwrap() = ids.iter().map(|s| s.to_string()).collect();
+        Arc::new(e)
+    }
+
+    fn removed(e: &Holding) -> Vec<String> {
+        e.removed.lock().unwrap().clone()
+    }
+
+    async fn settle() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    fn alive_tasks() -> usize {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    }
+
+    const CALL: Duration = Duration::from_secs(5);
+
+    /// Left alone, a sandbox is removed at its deadline plus the grace, not before.
+    #[tokio::test(start_paused = true)]
+    async fn an_abandoned_sandbox_is_removed_at_deadline_plus_grace() {
+        let engine = holding(&["a"]);
+        let upkeep = Upkeep::default();
+        let _timer = upkeep.arm(
+            &engine,
+            CALL,
+            "a",
+            SystemTime::now() + Duration::from_secs(10),
+        );
+        tokio::time::sleep(Duration::from_secs(10) + DEADLINE_GRACE - Duration::from_millis(50))
+            .await;
+        settle().await;
+        assert!(
+            removed(&engine).is_empty(),
+            "removed before deadline + grace"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        settle().await;
+        assert_eq!(removed(&engine), ["a"]);
+    }
+
+    /// A sandbox removed normally cancels its timer: nothing is removed later, and the
+    /// task is gone.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_normal_removal_cancels_the_timer() {
+        let engine = holding(&["a"]);
+        let upkeep = Upkeep::default();
+        let before = alive_tasks();
+        let timer = upkeep.arm(
+            &engine,
+            CALL,
+            "a",
+            SystemTime::now() + Duration::from_secs(10),
+        );
+        assert_eq!(alive_tasks(), before + 1);
+        let e = engine.clone();
+        let killer: Killer = Arc::new(move || {
+            let e = e.clone();
+            Box::pin(async move { remove_container(&*e, CALL, "a").await })
+        });
+        timer.cancelled_by(killer)().await.unwrap();
+        settle().await;
+        assert_eq!(alive_tasks(), before, "the cancelled timer's task ended");
+        *engine.running.lock().unwrap() = vec!["a".into()];
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        settle().await;
+        assert_eq!(removed(&engine), ["a"], "only the normal removal");
+    }
+
+    /// Dropping the backend's upkeep ends every timer and the periodic sweep: no task
+    /// is left, nothing is removed or listed afterwards, and the engine is not kept.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn dropping_the_backend_ends_every_task() {
+        let engine = holding(&["a", "b"]);
+        let upkeep = Upkeep::default();
+        let before = alive_tasks();
+        let soon = SystemTime::now() + Duration::from_secs(5);
+        let _a = upkeep.arm(&engine, CALL, "a", soon);
+        let _b = upkeep.arm(&engine, CALL, "b", soon);
+        upkeep.start_sweeps(&engine, CALL, Some(Duration::from_secs(1)));
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        settle().await;
+        assert_eq!(*engine.lists.lock().unwrap(), 2, "swept every second");
+        assert_eq!(alive_tasks(), before + 3);
+        drop(upkeep);
+        settle().await;
+        assert_eq!(alive_tasks(), before, "a task outlived its backend");
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        settle().await;
+        assert!(removed(&engine).is_empty());
+        assert_eq!(*engine.lists.lock().unwrap(), 2);
+        assert_eq!(Arc::strong_count(&engine), 1, "the tasks held the engine");
+    }
+
+    /// The periodic sweep can be turned off, and never runs faster than its minimum.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn the_periodic_sweep_is_optional_and_bounded_below() {
+        let engine = holding(&[]);
+        let upkeep = Upkeep::default();
+        let before = alive_tasks();
+        upkeep.start_sweeps(&engine, CALL, None);
+        assert_eq!(alive_tasks(), before, "off: no task");
+        upkeep.start_sweeps(&engine, CALL, Some(Duration::ZERO));
+        tokio::time::sleep(MIN_SWEEP_INTERVAL * 3 + Duration::from_millis(10)).await;
+        settle().await;
+        assert_eq!(*engine.lists.lock().unwrap(), 3);
+    }
+}
