@@ -18,7 +18,7 @@ use crate::error;
 use crate::provision::config::ContainerConfig;
 use crate::provision::expiry::{Expiry, Upkeep};
 use crate::provision::sweep::Sweep;
-use crate::provision::teardown::{container_killer, remove_container};
+use crate::provision::teardown::{container_killer, remove_in_state};
 use crate::sandbox::ContainerSandbox;
 use crate::sandbox::ingress::Ingress;
 use crate::sandbox::shared::Shared;
@@ -165,8 +165,13 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             .map_err(|e| error::engine(&*self.engine, "list containers", e))
     }
 
+    /// Removes a managed container (`kill_managed`), thawing it first when paused.
     pub(crate) async fn remove(&self, id: &str) -> Result<()> {
-        remove_container(&*self.engine, self.config.call_timeout, id).await
+        let state = match self.call("inspect", self.engine.inspect(id)).await {
+            Ok(c) => c.state,
+            Err(_) => sandbox_core::SandboxState::Unknown,
+        };
+        remove_in_state(&*self.engine, self.config.call_timeout, id, state).await
     }
 
     async fn connect_sandbox(&self, id: &str) -> Result<ContainerSandbox<E>> {

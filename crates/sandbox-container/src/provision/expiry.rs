@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::engine::transfer::bounded;
 use crate::engine::{ContainerEngine, EngineErrorKind};
 use crate::provision::sweep::{Sweep, sweep};
-use crate::provision::teardown::remove_container;
+use crate::provision::teardown::remove_in_state;
 
 /// How long after a sandbox's deadline the host removes it. The in-sandbox backstop ends
 /// the container at the deadline itself (rounded up to the second), and the engine
@@ -155,7 +155,7 @@ async fn expire<E: ContainerEngine>(engine: Weak<E>, call_timeout: Duration, id:
     if !outlived(state) {
         return;
     }
-    match remove_container(&*engine, call_timeout, id).await {
+    match remove_in_state(&*engine, call_timeout, id, state).await {
         Ok(()) => tracing::warn!(
             sandbox_id = %id,
             backend = engine.backend(),
@@ -350,7 +350,9 @@ mod tests {
         let e = engine.clone();
         let killer: Killer = Arc::new(move || {
             let e = e.clone();
-            Box::pin(async move { remove_container(&*e, CALL, "a").await })
+            Box::pin(
+                async move { crate::provision::teardown::remove_container(&*e, CALL, "a").await },
+            )
         });
         timer.cancelled_by(killer)().await.unwrap();
         settle().await;

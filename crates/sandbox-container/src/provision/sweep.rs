@@ -12,7 +12,7 @@ use sandbox_core::labels::{LABEL_BACKEND, LABEL_MANAGED};
 use crate::engine::transfer::bounded;
 use crate::engine::{ContainerEngine, ContainerInfo};
 use crate::provision::config::{NAME_PREFIX, SWEEP_PAST_DEADLINE};
-use crate::provision::teardown::remove_container;
+use crate::provision::teardown::remove_in_state;
 
 /// Decides about one container: `Some` verdict when the sweep removes it. Provenance
 /// first: only containers named by this crate and labelled for `backend` are ours to judge
@@ -72,7 +72,7 @@ pub(crate) async fn sweep<E: ContainerEngine>(
         let Some(verdict) = verdict(&c, backend, now) else {
             continue;
         };
-        match remove_container(engine, call_timeout, &c.id).await {
+        match remove_in_state(engine, call_timeout, &c.id, c.state).await {
             Ok(()) => {
                 removed += 1;
                 tracing::info!(sandbox_id = %c.id, ?verdict, sweep, "the sweep removed a sandbox");

@@ -46,6 +46,23 @@ pub(crate) async fn remove_container<E: ContainerEngine>(
     }
 }
 
+/// [`remove_container`] of a container last seen in `state`: a paused one is thawed first
+/// (bounded, a failure ignored: the removal decides), since gVisor's runtime does not
+/// finish removing a frozen sandbox.
+pub(crate) async fn remove_in_state<E: ContainerEngine>(
+    engine: &E,
+    call_timeout: Duration,
+    id: &str,
+    state: sandbox_core::SandboxState,
+) -> Result<()> {
+    if state == sandbox_core::SandboxState::Paused
+        && let Err(e) = bounded(call_timeout, "unpause", engine.unpause(id)).await
+    {
+        tracing::debug!(sandbox_id = %id, error = %e, "thaw before removal failed");
+    }
+    remove_container(engine, call_timeout, id).await
+}
+
 /// Longest [`remove_container`] waits for a removal someone else started.
 const REMOVAL_WAIT: Duration = Duration::from_secs(10);
 
