@@ -200,6 +200,14 @@ impl Sandbox {
     pub fn kill(&self) -> Result<()> {
         block_on(self.inner().kill())?
     }
+    /// Blocking [`crate::Sandbox::pause`]: freezes every process of the sandbox.
+    pub fn pause(&self) -> Result<()> {
+        block_on(self.inner().pause())?
+    }
+    /// Blocking [`crate::Sandbox::resume`].
+    pub fn resume(&self) -> Result<()> {
+        block_on(self.inner().resume())?
+    }
     /// See [`crate::Sandbox::native`]. **Outside the semver contract.**
     pub fn native(&self) -> &dyn Any {
         self.inner().native()

@@ -46,7 +46,7 @@ mod recorded {
     use sandbox_core::Capability;
 
     /// What Docker and Podman sandboxes can declare: the container layer's set, the
-    /// egress allowlist, a disk limit, the agent and terminals.
+    /// egress allowlist, a disk limit, the agent and terminals, pause and resume.
     const CONTAINER: Capability = Capability::RUN_COMMAND
         .union(Capability::RUN_CODE)
         .union(Capability::STATEFUL_CODE)
@@ -59,7 +59,8 @@ mod recorded {
         .union(Capability::STDIN)
         .union(Capability::DISK_LIMIT)
         .union(Capability::PTY)
-        .union(Capability::AGENT);
+        .union(Capability::AGENT)
+        .union(Capability::PAUSE_RESUME);
 
     /// `sandbox_docker::CAPABILITIES`.
     #[cfg(any(test, not(feature = "docker")))]
@@ -122,7 +123,11 @@ mod tests {
         );
         assert_eq!(first_party_support(Capability::PTY), ["docker", "podman"]);
         assert_eq!(first_party_support(Capability::AGENT), ["docker", "podman"]);
-        assert!(first_party_support(Capability::PAUSE_RESUME).is_empty());
+        assert_eq!(
+            first_party_support(Capability::PAUSE_RESUME),
+            ["docker", "podman", "fake"]
+        );
+        assert!(first_party_support(Capability::SNAPSHOT_FORK).is_empty());
         assert!(first_party_support(Capability::empty()).is_empty());
     }
 

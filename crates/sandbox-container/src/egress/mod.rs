@@ -335,6 +335,31 @@ pub(crate) fn network_spec(backend: &str) -> NetworkSpec {
     NetworkSpec::new(NETWORK_NAME, labels)
 }
 
+/// Held while this process ensures the library network or removes it.
+static ENSURING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Creates of this process that need the library network and have not yet finished (the
+/// network is theirs to join: this process's sweeps and reaps leave it alone meanwhile).
+static JOINING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A create that will join the library network, from [`joining`] until dropped.
+pub(crate) struct Joining(());
+
+impl Drop for Joining {
+    fn drop(&mut self) {
+        JOINING.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Marks a create of `policy` as about to join the library network (`None` when the
+/// policy needs none): until the mark is dropped, this process does not remove it.
+pub(crate) fn joining(policy: &NetworkPolicy) -> Option<Joining> {
+    needs_network(policy).then(|| {
+        JOINING.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Joining(())
+    })
+}
+
 /// Whether `policy` needs the library network.
 pub(crate) fn needs_network(policy: &NetworkPolicy) -> bool {
     !matches!(policy.egress, Egress::Deny)
@@ -381,8 +406,7 @@ pub(crate) async fn network_for<E: ContainerEngine + ?Sized>(
         return Ok(None);
     }
     // One at a time in this process: concurrent creates must not each create the network
-    // (Docker accepts duplicate names).
-    static ENSURING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    // (Docker accepts duplicate names), and this process's sweeps do not remove it meanwhile.
     let _one = ENSURING.lock().await;
     match ensure_network(engine, &network_spec(engine.backend())).await {
         Ok(n) => Ok(Some(n)),
@@ -667,8 +691,14 @@ fn warn_once<E: ContainerEngine + ?Sized>(engine: &E) {
 }
 
 /// Removes the library network when no container uses it (the engine refuses while one
-/// does; that refusal is expected and ignored). Returns whether it was removed.
+/// does; that refusal is expected and ignored) and no create of this process is about to
+/// join it. Returns whether it was removed.
 pub(crate) async fn remove_network_if_unused<E: ContainerEngine + ?Sized>(engine: &E) -> bool {
+    let _one = ENSURING.lock().await;
+    // A create of this process is about to join it (the engine would see it unused).
+    if JOINING.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+        return false;
+    }
     match engine.remove_network(NETWORK_NAME).await {
         Ok(removed) => removed,
         Err(e)

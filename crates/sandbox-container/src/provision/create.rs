@@ -178,6 +178,8 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         // Without the always-blocked set, Allow is refused unless opted in: first where
         // the rules cannot be loaded, then where the engine has no network to join.
         let unfiltered_ok = self.config.allow_unfiltered_egress;
+        // Until this create ends, this process's sweeps leave the library network alone.
+        let _joining = crate::egress::joining(&options.network);
         crate::egress::check_allow(&*self.engine, &options.network, true, unfiltered_ok)?;
         let mut network = crate::egress::network_for(&*self.engine, &options.network).await?;
         crate::egress::check_allow(
