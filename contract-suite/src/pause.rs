@@ -53,6 +53,12 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
         ),
         ctx.trial(
             AREA,
+            "a_reattached_handle_sees_the_pause",
+            needs,
+            a_reattached_handle_sees_the_pause,
+        ),
+        ctx.trial(
+            AREA,
             "a_paused_sandbox_can_be_killed",
             reap,
             a_paused_sandbox_can_be_killed,
@@ -216,6 +222,45 @@ async fn calls_on_a_paused_sandbox_are_refused_at_once(ctx: Arc<Ctx>) -> anyhow:
     sbx(sb.resume().await, "resume again")?;
     let out = run_ok(&*sb, ["echo", "after-resume"]).await?;
     ensure!(out.contains("after-resume"), "after resume: {out:?}");
+    sb.kill().await
+}
+
+/// A handle reattached with `connect` to a sandbox paused through another handle refuses
+/// commands at once with `SandboxPaused` (it never waits on frozen processes), and its
+/// `resume` thaws the sandbox for both handles.
+async fn a_reattached_handle_sees_the_pause(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let Some(sb) = sandbox(&ctx, "a_reattached_handle_sees_the_pause").await? else {
+        return Ok(());
+    };
+    sbx(sb.pause().await, "pause")?;
+    let other = sbx(
+        ctx.backend.connect(sb.id()).await,
+        "connect to the paused sandbox",
+    )?;
+    let t0 = Instant::now();
+    must_code(
+        other.run(["true"].into(), RunOptions::default()).await,
+        ErrorCode::SandboxPaused,
+    )
+    .context("run through the reattached handle while paused")?;
+    ensure!(
+        t0.elapsed() < Duration::from_secs(2),
+        "the reattached handle took {:?} to refuse",
+        t0.elapsed()
+    );
+    sbx(other.resume().await, "resume through the reattached handle")?;
+    let out = run_ok(&*other, ["echo", "thawed"]).await?;
+    ensure!(out.contains("thawed"), "after resume: {out:?}");
+    sbx(
+        sb.resume().await,
+        "resume through the first handle (already running)",
+    )?;
+    let out = run_ok(&*sb, ["echo", "first"]).await?;
+    ensure!(
+        out.contains("first"),
+        "the first handle after resume: {out:?}"
+    );
+    drop(other);
     sb.kill().await
 }
 

@@ -51,10 +51,15 @@ pub enum Cmd {
     Ls(LsArgs),
     /// Kill (and remove) a sandbox made by `create`.
     Kill(KillArgs),
+    /// Freeze every process of a sandbox made by `create` (its lifetime keeps running).
+    Pause(KillArgs),
+    /// Let a paused sandbox's processes go on where they stopped.
+    Resume(KillArgs),
     /// Serve the Model Context Protocol on stdin/stdout, or over streamable HTTP with --http
     /// (tools: sandbox_create, sandbox_run, sandbox_run_code, sandbox_write_file,
-    /// sandbox_read_file, sandbox_list_files, sandbox_kill); a sandbox belongs to the session
-    /// that created it and is killed when that session ends or the server stops.
+    /// sandbox_read_file, sandbox_list_files, sandbox_pause, sandbox_resume, sandbox_kill); a
+    /// sandbox belongs to the session that created it and is killed when that session ends
+    /// or the server stops.
     Mcp(McpArgs),
     /// Print a shell completion script: `sandbox completions bash > /etc/bash_completion.d/sandbox`.
     Completions(CompletionsArgs),
@@ -426,7 +431,7 @@ impl Cmd {
             Cmd::Exec(a) => a.json,
             Cmd::Cp(a) => a.json,
             Cmd::Ls(a) => a.json,
-            Cmd::Kill(a) => a.json,
+            Cmd::Kill(a) | Cmd::Pause(a) | Cmd::Resume(a) => a.json,
             Cmd::Mcp(_) | Cmd::Completions(_) => false,
         }
     }

@@ -593,6 +593,28 @@ pub async fn kill(args: KillArgs, out: Out) -> sandbox::Result<u8> {
     Ok(exit_code::OK)
 }
 
+/// `sandbox pause ID` (`pause`) or `sandbox resume ID`.
+pub async fn pause_or_resume(args: KillArgs, pause: bool, out: Out) -> sandbox::Result<u8> {
+    let found = find(&args.id, args.engine.as_deref()).await?;
+    let sb = connect(&found).await?;
+    let sb = sb.get();
+    if pause {
+        sb.pause().await?;
+    } else {
+        sb.resume().await?;
+    }
+    if out.json {
+        out.json_value(&serde_json::json!({
+            "id": found.id,
+            "backend": found.scheme,
+            "state": if pause { "paused" } else { "running" },
+        }));
+    } else {
+        out.line(&found.id);
+    }
+    Ok(exit_code::OK)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -134,6 +134,26 @@ fn round_trip(engine: &str) {
     assert_eq!(std::fs::read(&down).expect("read"), payload);
     let _ = std::fs::remove_dir_all(&dir);
 
+    // Paused between commands (each reattaches): exec fails at once with SBX_E1206, a
+    // second pause is fine, and after resume the sandbox runs commands again.
+    let o = run(&["pause", "--json", &id]);
+    assert_eq!(code(&o), 0, "pause: {}", stderr(&o));
+    assert_eq!(json(&o)["state"], "paused");
+    let t0 = std::time::Instant::now();
+    let o = run(&["exec", &id, "--", "true"]);
+    assert_eq!(code(&o), 1, "exec while paused fails: {}", stdout(&o));
+    assert!(stderr(&o).contains("SBX_E1206"), "{}", stderr(&o));
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(10),
+        "refused at once"
+    );
+    let o = run(&["pause", &id]);
+    assert_eq!(code(&o), 0, "pause again: {}", stderr(&o));
+    let o = run(&["resume", &id]);
+    assert_eq!(code(&o), 0, "resume: {}", stderr(&o));
+    let o = run(&["exec", &id, "--", "cat", "state.txt"]);
+    assert_eq!(stdout(&o), "kept\n", "after resume: {}", stderr(&o));
+
     let o = run(&["kill", "--json", &id]);
     assert_eq!(code(&o), 0, "kill: {}", stderr(&o));
     assert_eq!(json(&o)["killed"], true);

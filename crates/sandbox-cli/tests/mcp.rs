@@ -19,6 +19,8 @@ const TOOLS: &[&str] = &[
     "sandbox_write_file",
     "sandbox_read_file",
     "sandbox_list_files",
+    "sandbox_pause",
+    "sandbox_resume",
     "sandbox_kill",
 ];
 
@@ -203,6 +205,27 @@ async fn round_trip(client: &Client, engine: &str, image: Option<&str>) -> Strin
         r["error"]["hint"].as_str().is_some_and(|h| !h.is_empty()),
         "{r}"
     );
+
+    // Paused, every other tool fails at once with SBX_E1206; resumed, it works again.
+    let (failed, r) = call(client, "sandbox_pause", json!({"sandbox_id": id})).await;
+    assert!(!failed && r["state"] == "paused", "{r}");
+    let (failed, r) = call(
+        client,
+        "sandbox_run",
+        json!({"sandbox_id": id, "command": "echo hi"}),
+    )
+    .await;
+    assert!(failed, "{r}");
+    assert_eq!(r["error"]["code"], "SBX_E1206", "{r}");
+    let (failed, r) = call(client, "sandbox_resume", json!({"sandbox_id": id})).await;
+    assert!(!failed && r["state"] == "running", "{r}");
+    let (failed, r) = call(
+        client,
+        "sandbox_run",
+        json!({"sandbox_id": id, "command": "echo hi"}),
+    )
+    .await;
+    assert!(!failed, "{r}");
 
     let (failed, r) = call(client, "sandbox_kill", json!({"sandbox_id": id})).await;
     assert!(!failed, "{r}");

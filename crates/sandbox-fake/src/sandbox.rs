@@ -226,6 +226,7 @@ impl FakeSandbox {
         cmd.validate()?;
         let sb = self.inner();
         sb.alive()?;
+        sb.refuse_if_frozen()?;
         let timeout = options.validate(sb.remaining())?;
         let cwd = self.resolve_workdir(options.workdir.as_deref())?;
         let argv = cmd.to_argv();
@@ -286,6 +287,7 @@ impl Sandbox for FakeSandbox {
         }
         let sb = self.inner();
         sb.alive()?;
+        sb.refuse_if_frozen()?;
         let timeout = options.validate(sb.remaining())?;
         let interpreter = match options.language {
             Language::Python => "python3",

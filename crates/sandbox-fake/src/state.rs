@@ -204,6 +204,16 @@ impl SandboxInner {
         self.frozen.send_replace(frozen);
     }
 
+    /// `SandboxPaused` while paused: a handle reattached to a paused sandbox (its layer
+    /// does not know) refuses at once instead of waiting.
+    pub(crate) fn refuse_if_frozen(&self) -> Result<()> {
+        if *self.frozen.borrow() {
+            Err(SandboxError::paused(self.id.clone()))
+        } else {
+            Ok(())
+        }
+    }
+
     /// Waits while the sandbox is paused.
     pub(crate) async fn thawed(&self) {
         let mut rx = self.frozen.subscribe();

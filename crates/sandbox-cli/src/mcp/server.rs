@@ -1,6 +1,6 @@
 //! The MCP server's tools (rmcp's tool router): `sandbox_create`, `sandbox_run`,
 //! `sandbox_run_code`, `sandbox_write_file`, `sandbox_read_file`, `sandbox_list_files`,
-//! `sandbox_kill`, with the bounds a model's requests are held to (lifetime, resources,
+//! `sandbox_pause`, `sandbox_resume`, `sandbox_kill`, with the bounds a model's requests are held to (lifetime, resources,
 //! sandbox count, output size), the operator's [`Policy`] with the server's total
 //! [`Budget`], and who may use which sandbox: the session that created it, alone. The
 //! server keeps a registry of every sandbox it created so that the transport serving it
@@ -177,7 +177,7 @@ pub struct PathParams {
     pub path: String,
 }
 
-/// Arguments of `sandbox_kill`.
+/// Arguments of `sandbox_kill`, `sandbox_pause` and `sandbox_resume`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct KillParams {
     /// The id `sandbox_create` returned.
@@ -613,6 +613,31 @@ impl SandboxServer {
             })
             .collect();
         Ok(json!({"path": p.path, "entries": entries, "truncated": truncated}))
+    }
+
+    #[tool(
+        description = "Freeze every process of a sandbox (to hold it while waiting, e.g. for a review). Its lifetime keeps running; every tool but sandbox_resume and sandbox_kill fails with SBX_E1206 until resumed. Idempotent."
+    )]
+    async fn sandbox_pause(&self, Parameters(p): Parameters<KillParams>) -> CallToolResult {
+        to_result(self.pause_or_resume(p, true).await)
+    }
+
+    #[tool(
+        description = "Let a paused sandbox's processes go on exactly where they stopped. Idempotent."
+    )]
+    async fn sandbox_resume(&self, Parameters(p): Parameters<KillParams>) -> CallToolResult {
+        to_result(self.pause_or_resume(p, false).await)
+    }
+
+    async fn pause_or_resume(&self, p: KillParams, pause: bool) -> sandbox::Result<Value> {
+        let sb = self.get(&p.sandbox_id)?;
+        if pause {
+            sb.pause().await?;
+        } else {
+            sb.resume().await?;
+        }
+        let state = if pause { "paused" } else { "running" };
+        Ok(json!({"sandbox_id": p.sandbox_id, "state": state}))
     }
 
     #[tool(description = "Destroy a sandbox and everything in it. Idempotent.")]

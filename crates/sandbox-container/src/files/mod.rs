@@ -74,6 +74,7 @@ impl<E: ContainerEngine> ContainerFiles<E> {
 
     fn resolve(&self, path: &str) -> Result<String> {
         self.sh.remaining()?;
+        self.sh.refuse_if_paused()?;
         resolve_path(&self.sh.workdir, path)
     }
 

@@ -214,7 +214,9 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             .and_then(|d| d.parse::<u64>().ok())
             .map(|d| SystemTime::UNIX_EPOCH + Duration::from_secs(d))
             .unwrap_or(SystemTime::UNIX_EPOCH);
-        if !c.is_running() || deadline <= SystemTime::now() {
+        // A paused sandbox is reattached too: its handle can resume or kill it.
+        let up = c.is_running() || c.state == sandbox_core::SandboxState::Paused;
+        if !up || deadline <= SystemTime::now() {
             return Err(error::connect(
                 id,
                 "the sandbox is not running (stopped or past its lifetime)",

@@ -2,10 +2,10 @@
 //! container, the agent (PID 1) included, stops at once and continues where it was.
 //!
 //! An engine answers a pause of a container that is already paused (or a resume of one
-//! that runs) with a conflict; someone else may have done it (`docker pause` by hand,
-//! another handle). What counts is the state afterwards, so such an answer is checked
-//! against the container's state: the state asked for is success, a container that is
-//! gone is `SandboxGone`.
+//! that runs) with an error (Docker: a conflict; Podman: an improper state); someone else
+//! may have done it (`docker pause` by hand, another handle). What counts is the state
+//! afterwards, so any such answer is checked against the container's state: the state
+//! asked for is success, a container that is gone is `SandboxGone`.
 //!
 //! A paused container is thawed before it is removed: gVisor's runtime does not finish
 //! removing a frozen sandbox (Docker's delete waits past any teardown grace).
@@ -42,22 +42,19 @@ pub(crate) async fn set_paused<E: ContainerEngine>(shared: &Shared<E>, pause: bo
         }
         Err(e) => e,
     };
-    match e.kind {
-        EngineErrorKind::NotFound => Err(error::gone(id).with_source(e)),
-        EngineErrorKind::Conflict => {
-            match shared.call("inspect", shared.engine.inspect(id)).await {
-                Ok(info) if info.state == wanted => {
-                    shared.paused.store(pause, Ordering::SeqCst);
-                    Ok(())
-                }
-                Ok(_) => Err(error::on_sandbox(&*shared.engine, id, op, e)),
-                Err(i) if i.kind == EngineErrorKind::NotFound => {
-                    Err(error::gone(id).with_source(e))
-                }
-                Err(i) => Err(error::engine(&*shared.engine, "inspect", i)),
-            }
+    if e.kind == EngineErrorKind::NotFound {
+        return Err(error::gone(id).with_source(e));
+    }
+    // Docker answers a repeat with a conflict, Podman with "container state improper":
+    // what counts is the state now.
+    match shared.call("inspect", shared.engine.inspect(id)).await {
+        Ok(info) if info.state == wanted => {
+            shared.paused.store(pause, Ordering::SeqCst);
+            Ok(())
         }
-        _ => Err(error::engine(&*shared.engine, op, e)),
+        Ok(_) => Err(error::on_sandbox(&*shared.engine, id, op, e)),
+        Err(i) if i.kind == EngineErrorKind::NotFound => Err(error::gone(id).with_source(e)),
+        Err(_) => Err(error::engine(&*shared.engine, op, e)),
     }
 }
 

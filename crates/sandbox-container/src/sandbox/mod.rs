@@ -170,6 +170,7 @@ impl<E: ContainerEngine> Sandbox for ContainerSandbox<E> {
 
     async fn run(&self, cmd: Command, options: RunOptions) -> Result<ExecResult> {
         sandbox_core::policy::require(self.shared.caps, Capability::RUN_COMMAND, self.backend())?;
+        self.shared.refuse_if_paused()?;
         cmd.validate()?;
         let timeout = options.validate(self.shared.remaining()?)?;
         let cap = options.output_cap.unwrap_or(DEFAULT_OUTPUT_CAP);
@@ -178,11 +179,13 @@ impl<E: ContainerEngine> Sandbox for ContainerSandbox<E> {
     }
 
     async fn run_code(&self, code: &str, options: CodeOptions) -> Result<ExecResult> {
+        self.shared.refuse_if_paused()?;
         crate::sandbox::interpreter::run_code(&self.shared, code, options).await
     }
 
     fn stream(&self, cmd: Command, options: RunOptions) -> Result<Process> {
         sandbox_core::policy::require(self.shared.caps, Capability::STREAMING, self.backend())?;
+        self.shared.refuse_if_paused()?;
         cmd.validate()?;
         let timeout = options.validate(self.shared.remaining()?)?;
         self.shared.user_process(cmd.to_argv(), &options, timeout)

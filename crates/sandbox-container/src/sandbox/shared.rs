@@ -74,6 +74,17 @@ impl<E: ContainerEngine> Shared<E> {
         }
     }
 
+    /// `SandboxPaused` while the container is known paused: a handle reattached to a
+    /// paused sandbox (its enforcement layer does not know) refuses at once instead of
+    /// waiting on frozen processes.
+    pub(crate) fn refuse_if_paused(&self) -> Result<()> {
+        if self.paused.load(std::sync::atomic::Ordering::SeqCst) {
+            Err(sandbox_core::SandboxError::paused(&self.id))
+        } else {
+            Ok(())
+        }
+    }
+
     /// Secrets plus per-call env (the container's own env is inherited by every exec).
     pub(crate) fn exec_env(&self, extra: &BTreeMap<String, String>) -> Vec<(String, String)> {
         self.secrets

@@ -38,8 +38,8 @@ impl EnforcedSandbox {
 }
 
 impl EnforcedSandbox {
-    /// `pause` (`to_paused`) or `resume`: idempotent, serialised with kills, refused once
-    /// killed.
+    /// `pause` (`to_paused`) or `resume`: serialised with kills, refused once killed,
+    /// always forwarded (the adapter's answer to a repeat is success).
     async fn pause_or_resume(&self, name: &'static str, to_paused: bool) -> Result<()> {
         let s = &self.shared;
         let span = if to_paused {
@@ -57,9 +57,11 @@ impl EnforcedSandbox {
                 let gone = Err(crate::SandboxError::gone(&s.id));
                 return op.end(&s.layer, &s.redactor, gone);
             }
+            // Forwarded even when this handle already is in that state: a handle
+            // reattached to a sandbox paused elsewhere does not know it, and adapters
+            // answer a repeated pause or resume with success.
             if s.paused.load(Ordering::SeqCst) == to_paused {
                 op.noop();
-                return op.end(&s.layer, &s.redactor, Ok(()));
             }
             let r = if to_paused {
                 s.inner.pause().await
