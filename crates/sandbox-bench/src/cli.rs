@@ -199,6 +199,19 @@ impl Driver for Cli {
         self.run(args, None).await.map(|_| ())
     }
 
+    async fn pause_resume(&self, h: &Handle) -> Result<()> {
+        let id = container(h)?;
+        for verb in ["pause", "unpause"] {
+            let (code, out) = self.run(&[verb, id], None).await?;
+            anyhow::ensure!(
+                code == 0,
+                "{verb} exited {code}: {}",
+                String::from_utf8_lossy(&out)
+            );
+        }
+        Ok(())
+    }
+
     async fn run_true(&self, h: &Handle) -> Result<()> {
         let (code, out) = self
             .run(&["exec", "-w", WORKDIR, container(h)?, "true"], None)

@@ -182,6 +182,13 @@ impl Driver for DockerRaw {
         remove(&self.client, container(&h)?).await
     }
 
+    async fn pause_resume(&self, h: &Handle) -> Result<()> {
+        let id = container(h)?;
+        self.client.pause_container(id).await?;
+        self.client.unpause_container(id).await?;
+        Ok(())
+    }
+
     async fn run_true(&self, h: &Handle) -> Result<()> {
         let (code, out) = self.exec(container(h)?, &["true"]).await?;
         check_exec(code, &out, b"")

@@ -81,6 +81,8 @@ pub trait Driver: Send + Sync {
     /// Starts `sh -c STREAM_SCRIPT`, returns the latency of its first output chunk, and
     /// drains the rest (not timed).
     async fn first_chunk(&self, h: &Handle) -> Result<Duration>;
+    /// Freezes every process of the sandbox and thaws it again.
+    async fn pause_resume(&self, h: &Handle) -> Result<()>;
     /// Writes `data` to `WORKDIR/<name>` and reads it back (checked).
     async fn write_read(&self, h: &Handle, name: &str, data: &Bytes) -> Result<()>;
     /// Uploads the host file `local` to `WORKDIR/<name>`.

@@ -43,6 +43,13 @@ impl Driver for Ours {
         Ok(())
     }
 
+    async fn pause_resume(&self, h: &Handle) -> Result<()> {
+        let sb = sandbox(h)?;
+        sb.pause().await?;
+        sb.resume().await?;
+        Ok(())
+    }
+
     async fn run_true(&self, h: &Handle) -> Result<()> {
         let r = sandbox(h)?
             .run(Command::from(vec!["true"]), RunOptions::default())

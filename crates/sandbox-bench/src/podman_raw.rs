@@ -218,6 +218,13 @@ impl Driver for PodmanRaw {
         remove(&self.client, container(&h)?).await
     }
 
+    async fn pause_resume(&self, h: &Handle) -> Result<()> {
+        let c = self.client.containers().get(container(h)?);
+        c.pause().await?;
+        c.unpause().await?;
+        Ok(())
+    }
+
     async fn run_true(&self, h: &Handle) -> Result<()> {
         let (code, out) = self.exec(container(h)?, &["true"]).await?;
         check_exec(code, &out, b"")

@@ -20,6 +20,7 @@ pub enum Op {
     RunCodeFresh,
     RunCodeWarm,
     FirstChunk,
+    PauseResume,
     #[serde(rename = "write_read_1mib")]
     WriteRead1M,
     Kill,
@@ -41,6 +42,7 @@ impl Op {
             Op::RunCodeFresh => "run_code(\"print(1)\"), first call in a new sandbox".into(),
             Op::RunCodeWarm => "run_code(\"print(1)\") in a warm stateful context".into(),
             Op::FirstChunk => "first streamed chunk".into(),
+            Op::PauseResume => "pause + resume".into(),
             Op::WriteRead1M => "1 MiB write+read".into(),
             Op::Kill => "kill".into(),
             Op::Upload => format!("{transfer_mib} MiB upload"),

@@ -104,13 +104,19 @@ pub async fn lifecycle(plan: &Plan, drivers: &[Arc<dyn Driver>], rec: &mut Recor
 
 /// Exec and file operations on one long-lived sandbox per variant.
 pub async fn execs(plan: &Plan, drivers: &[Arc<dyn Driver>], rec: &mut Recorder) {
-    progress(plan, "run / run_code / stream / 1 MiB files");
+    progress(plan, "run / run_code / stream / pause+resume / 1 MiB files");
     let mut live: Vec<(Arc<dyn Driver>, Handle)> = Vec::new();
     for d in drivers {
         match bounded(d.create()).await {
             Ok(h) => live.push((d.clone(), h)),
             Err(e) => {
-                for op in [Op::RunTrue, Op::RunCode, Op::FirstChunk, Op::WriteRead1M] {
+                for op in [
+                    Op::RunTrue,
+                    Op::RunCode,
+                    Op::FirstChunk,
+                    Op::PauseResume,
+                    Op::WriteRead1M,
+                ] {
                     rec.error(op, d.variant(), &e);
                 }
                 if d.has_contexts() {
@@ -129,6 +135,7 @@ pub async fn execs(plan: &Plan, drivers: &[Arc<dyn Driver>], rec: &mut Recorder)
             Op::RunCode,
             Op::RunCodeWarm,
             Op::FirstChunk,
+            Op::PauseResume,
             Op::WriteRead1M,
         ];
         for op in ops {
@@ -143,6 +150,7 @@ pub async fn execs(plan: &Plan, drivers: &[Arc<dyn Driver>], rec: &mut Recorder)
                     Op::RunCode => bounded(timed(d.run_code(h))).await.map(|(t, ())| t),
                     Op::RunCodeWarm => bounded(timed(d.run_code_warm(h))).await.map(|(t, ())| t),
                     Op::FirstChunk => bounded(d.first_chunk(h)).await,
+                    Op::PauseResume => bounded(timed(d.pause_resume(h))).await.map(|(t, ())| t),
                     _ => bounded(timed(d.write_read(h, "bench-1mib.bin", &data)))
                         .await
                         .map(|(t, ())| t),
