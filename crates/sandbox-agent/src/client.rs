@@ -9,7 +9,7 @@
 //! fails with `SandboxGone` at once — never a hang.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,14 +19,21 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Semaphore, mpsc, watch};
 
 use crate::protocol::{
-    self, AGENT_ID, DATA_CHUNK, ErrorKind, FileStat, Frame, FrameKind, HEADER_LEN, PTY_VERSION,
-    Reply, Request, SUPPORTED_VERSIONS, SpawnSpec, WINDOW, WindowSize,
+    self, AGENT_ID, DATA_CHUNK, ErrorKind, FileStat, Frame, FrameKind, HEADER_LEN, PREAMBLE_LEN,
+    PTY_VERSION, Reply, Request, SUPPORTED_VERSIONS, SpawnSpec, TAKEOVER_MAGIC, TAKEOVER_PAD_BYTE,
+    TAKEOVER_PAD_LEN, TOKEN_LEN, WINDOW, WindowSize,
 };
 
 type Result<T> = std::result::Result<T, SandboxError>;
 
 /// Backend name used in errors.
 const BACKEND: &str = "sandbox-agent";
+
+/// How long a takeover waits for the agent's answer to its first preamble before sending
+/// the filler and the preamble again (the first may have been swallowed by a frame a dead
+/// host left half written). The agent answers in well under a millisecond; a repeat that
+/// was not needed costs one megabyte on the stream and nothing else.
+const TAKEOVER_PROBE: Duration = Duration::from_millis(500);
 
 /// Knobs of a client.
 #[derive(Debug, Clone)]
@@ -90,6 +97,25 @@ struct Shared {
     opts: ClientOptions,
     /// Flips to true when the agent is gone (stream ended, broke, or deadline passed).
     gone: watch::Sender<bool>,
+    /// Set when another host took the agent over: the sandbox lives on, this session
+    /// ended.
+    superseded: AtomicBool,
+}
+
+impl Shared {
+    /// The error of every call once the channel is dead.
+    fn ended(&self) -> SandboxError {
+        if self.superseded.load(Ordering::SeqCst) {
+            SandboxError::connect(
+                self.sandbox.clone(),
+                "another handle took this sandbox's agent over (a later `connect` to it, \
+                 e.g. `sandbox exec`); this handle's agent session ended with the \
+                 processes it was reading — connect again to use the sandbox",
+            )
+        } else {
+            SandboxError::gone(self.sandbox.clone())
+        }
+    }
 }
 
 struct Tasks(Vec<tokio::task::JoinHandle<()>>);
@@ -122,7 +148,8 @@ impl std::fmt::Debug for AgentClient {
 impl AgentClient {
     /// Starts the I/O tasks on `reader`/`writer` and negotiates the version. `sandbox` is
     /// the id named by `SandboxGone`. A refused version is a typed error the caller turns
-    /// into a fallback to the engine's exec path.
+    /// into a fallback to the engine's exec path. For an agent that has served no host
+    /// yet (a new sandbox); [`Self::take_over`] starts a session on one that may have.
     pub async fn connect<R, W>(
         reader: R,
         writer: W,
@@ -133,35 +160,75 @@ impl AgentClient {
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
+        Self::start(reader, writer, sandbox.into(), opts, None).await
+    }
+
+    /// Starts a new host session on an agent that may be serving, or have served, another
+    /// host (protocol version 3; the caller must know the agent speaks it: an older agent
+    /// ends the sandbox on the preamble). Sends the takeover preamble with a fresh random
+    /// token and the hello, and reads nothing of the agent's output before the agent's
+    /// answering marker (output of the old session, or the tail of a frame it was
+    /// writing, is skipped). When the first preamble gets no answer within a short probe,
+    /// a host that died mid-frame may have left a frame whose body swallowed it: the
+    /// filler that completes any frame goes out, then the preamble again. Request ids of
+    /// the new session start at a random number, so a frame an old host had in flight
+    /// when it was shut out names no request of this session. The whole exchange is
+    /// bounded by `opts.hello_timeout`.
+    pub async fn take_over<R, W>(
+        reader: R,
+        writer: W,
+        sandbox: impl Into<String>,
+        opts: ClientOptions,
+    ) -> Result<Self>
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        Self::start(reader, writer, sandbox.into(), opts, Some(random_token())).await
+    }
+
+    async fn start<R, W>(
+        reader: R,
+        mut writer: W,
+        sandbox: String,
+        opts: ClientOptions,
+        token: Option<[u8; TOKEN_LEN]>,
+    ) -> Result<Self>
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
         let (out_tx, out_rx) = mpsc::channel(64);
         let (gone, _) = watch::channel(false);
+        let first_id = match token {
+            Some(t) => u32::from_be_bytes([t[0], t[1], t[2], t[3]]).max(1),
+            None => 1,
+        };
         let shared = Arc::new(Shared {
             routes: Mutex::new(Routes::default()),
             out: out_tx,
-            next_id: AtomicU32::new(1),
-            sandbox: sandbox.into(),
+            next_id: AtomicU32::new(first_id),
+            sandbox,
             in_flight: Arc::new(Semaphore::new(opts.max_in_flight)),
             opts,
             gone,
+            superseded: AtomicBool::new(false),
         });
-        let tasks = Tasks(vec![
-            tokio::spawn(read_loop(reader, shared.clone())),
-            tokio::spawn(write_loop(writer, out_rx, shared.clone())),
-        ]);
-        let mut client = AgentClient {
+        let mut tasks = Tasks(vec![tokio::spawn(read_loop(reader, shared.clone(), token))]);
+        let offered = shared.opts.versions.clone();
+        let deadline = tokio::time::Instant::now() + shared.opts.hello_timeout;
+        let reply = hello(&shared, &mut writer, &offered, token, deadline).await?;
+        tasks
+            .0
+            .push(tokio::spawn(write_loop(writer, out_rx, shared.clone())));
+        let client = AgentClient {
             shared,
             version: 0,
             _tasks: Arc::new(tasks),
         };
-        let offered = client.shared.opts.versions.clone();
-        let hello = Request::Hello {
-            versions: offered.clone(),
-        };
-        let timeout = client.shared.opts.hello_timeout;
-        match client.call_within(hello, timeout).await? {
+        match reply {
             Reply::Hello { version, .. } if offered.contains(&version) => {
-                client.version = version;
-                Ok(client)
+                Ok(AgentClient { version, ..client })
             }
             Reply::Refused { supported } => Err(SandboxError::engine(
                 BACKEND,
@@ -314,55 +381,135 @@ impl AgentClient {
 
     /// Registers a route for a new id, then sends `first` under it.
     async fn open(&self, mut first: Frame, credit: Option<Arc<Semaphore>>) -> Result<Pending> {
-        let permit = self
-            .shared
-            .in_flight
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| self.gone())?;
-        let (tx, rx) = mpsc::unbounded_channel();
-        let unacked = Arc::new(AtomicU32::new(0));
-        let replies = Arc::new(AtomicU32::new(0));
-        let id = {
-            let mut routes = self.shared.routes.lock().unwrap_or_else(|e| e.into_inner());
-            if routes.dead {
-                return Err(self.gone());
-            }
-            let mut id;
-            loop {
-                id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
-                if id != AGENT_ID && !routes.map.contains_key(&id) {
-                    break;
-                }
-            }
-            routes.map.insert(
-                id,
-                Route {
-                    tx,
-                    credit,
-                    unacked: unacked.clone(),
-                    replies: replies.clone(),
-                },
-            );
-            id
-        };
-        let pending = Pending {
-            shared: self.shared.clone(),
-            id,
-            rx,
-            unacked,
-            replies,
-            _permit: permit,
-        };
-        first.id = id;
+        let pending = register(&self.shared, credit).await?;
+        first.id = pending.id;
         pending.send_frame(first).await?;
         Ok(pending)
     }
+}
 
-    fn gone(&self) -> SandboxError {
-        SandboxError::gone(self.shared.sandbox.clone())
+/// The hello of a new session, written straight to the stream before the writer task
+/// starts (a takeover's preamble and filler are raw bytes, not frames), bounded by
+/// `deadline`.
+async fn hello<W: AsyncWrite + Unpin>(
+    shared: &Arc<Shared>,
+    w: &mut W,
+    offered: &[u32],
+    token: Option<[u8; TOKEN_LEN]>,
+    deadline: tokio::time::Instant,
+) -> Result<Reply> {
+    let mut pending = register(shared, None).await?;
+    let frame = Frame::control(
+        pending.id,
+        &Request::Hello {
+            versions: offered.to_vec(),
+        },
+    )
+    .encode()
+    .map_err(|e| SandboxError::engine(BACKEND, e.to_string()))?;
+    let mut first = Vec::with_capacity(PREAMBLE_LEN + frame.len());
+    if let Some(t) = &token {
+        first.extend_from_slice(&protocol::takeover_preamble(t));
     }
+    first.extend_from_slice(&frame);
+    write_by(w, &first, deadline, shared).await?;
+    let Some(_) = token else {
+        return pending.reply_until(deadline).await;
+    };
+    let probe = (tokio::time::Instant::now() + TAKEOVER_PROBE).min(deadline);
+    match tokio::time::timeout_at(probe, pending.next_reply()).await {
+        Ok(reply) => return reply,
+        Err(_) if probe >= deadline => return pending.reply_until(deadline).await,
+        Err(_) => {}
+    }
+    let mut again = vec![TAKEOVER_PAD_BYTE; TAKEOVER_PAD_LEN];
+    again.extend_from_slice(&first);
+    write_by(w, &again, deadline, shared).await?;
+    pending.reply_until(deadline).await
+}
+
+async fn write_by<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    bytes: &[u8],
+    deadline: tokio::time::Instant,
+    shared: &Shared,
+) -> Result<()> {
+    let write = async {
+        w.write_all(bytes).await?;
+        w.flush().await
+    };
+    match tokio::time::timeout_at(deadline, write).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) => Err(shared.ended()),
+        Err(_) => Err(SandboxError::engine(
+            BACKEND,
+            "the agent did not take its hello in time",
+        )),
+    }
+}
+
+/// A fresh random session token. std's `RandomState` is keyed from the operating
+/// system's random source once per thread and differs for every instance, so no two
+/// tokens repeat and none can be guessed from inside a sandbox.
+fn random_token() -> [u8; TOKEN_LEN] {
+    use std::hash::{BuildHasher, Hasher};
+    let mut token = [0u8; TOKEN_LEN];
+    for (i, half) in token.chunks_mut(8).enumerate() {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_usize(i);
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or_default(),
+        );
+        half.copy_from_slice(&h.finish().to_be_bytes());
+    }
+    token
+}
+
+/// Registers a route for a new id without sending anything.
+async fn register(shared: &Arc<Shared>, credit: Option<Arc<Semaphore>>) -> Result<Pending> {
+    let permit = shared
+        .in_flight
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| shared.ended())?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let unacked = Arc::new(AtomicU32::new(0));
+    let replies = Arc::new(AtomicU32::new(0));
+    let id = {
+        let mut routes = shared.routes.lock().unwrap_or_else(|e| e.into_inner());
+        if routes.dead {
+            return Err(shared.ended());
+        }
+        let mut id;
+        loop {
+            id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+            if id != AGENT_ID && !routes.map.contains_key(&id) {
+                break;
+            }
+        }
+        routes.map.insert(
+            id,
+            Route {
+                tx,
+                credit,
+                unacked: unacked.clone(),
+                replies: replies.clone(),
+            },
+        );
+        id
+    };
+    Ok(Pending {
+        shared: shared.clone(),
+        id,
+        rx,
+        unacked,
+        replies,
+        _permit: permit,
+    })
 }
 
 /// One request's route; unregistered on drop.
@@ -384,7 +531,7 @@ impl Drop for Pending {
 
 impl Pending {
     fn gone(&self) -> SandboxError {
-        SandboxError::gone(self.shared.sandbox.clone())
+        self.shared.ended()
     }
 
     async fn send_frame(&self, frame: Frame) -> Result<()> {
@@ -440,18 +587,27 @@ impl Pending {
     }
 
     async fn reply_within(&mut self, timeout: Duration) -> Result<Reply> {
-        let deadline = tokio::time::Instant::now() + timeout;
+        self.reply_until(tokio::time::Instant::now() + timeout)
+            .await
+    }
+
+    async fn reply_until(&mut self, deadline: tokio::time::Instant) -> Result<Reply> {
+        let timeout = deadline.saturating_duration_since(tokio::time::Instant::now());
+        tokio::time::timeout_at(deadline, self.next_reply())
+            .await
+            .unwrap_or_else(|_| {
+                Err(SandboxError::engine(
+                    BACKEND,
+                    format!("no reply from the agent within {timeout:?}"),
+                ))
+            })
+    }
+
+    /// The next control reply, skipping data.
+    async fn next_reply(&mut self) -> Result<Reply> {
         loop {
-            match tokio::time::timeout_at(deadline, self.next()).await {
-                Err(_) => {
-                    return Err(SandboxError::engine(
-                        BACKEND,
-                        format!("no reply from the agent within {timeout:?}"),
-                    ));
-                }
-                Ok(Err(e)) => return Err(e),
-                Ok(Ok(Incoming::Reply(r))) => return Ok(r),
-                Ok(Ok(Incoming::Data(..))) => {}
+            if let Incoming::Reply(r) = self.next().await? {
+                return Ok(r);
             }
         }
     }
@@ -627,7 +783,7 @@ impl KillHandle {
     /// Sends the kill. The agent handles frames in order, so anything sent after this
     /// returns (a next spawn) runs after the kill; `SandboxGone` when the agent is gone.
     pub async fn kill(&self) -> Result<()> {
-        let gone = || SandboxError::gone(self.shared.sandbox.clone());
+        let gone = || self.shared.ended();
         if *self.shared.gone.borrow() {
             return Err(gone());
         }
@@ -784,6 +940,11 @@ async fn write_loop<W: AsyncWrite + Unpin>(
 ) {
     let mut buf = Vec::with_capacity(64 * 1024);
     while let Some(f) = rx.recv().await {
+        // Nothing more goes out once the session ended: after a takeover the stream is
+        // another host's, and a frame of ours would be read as one of its requests.
+        if *shared.gone.borrow() {
+            return;
+        }
         buf.clear();
         let push = |f: &Frame, buf: &mut Vec<u8>| match f.encode() {
             Ok(b) => buf.extend_from_slice(&b),
@@ -803,41 +964,99 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     mark_dead(&shared, "write to the agent failed");
 }
 
-async fn read_loop<R: AsyncRead + Unpin>(mut r: R, shared: Arc<Shared>) {
-    let why = loop {
+async fn read_loop<R: AsyncRead + Unpin>(
+    mut r: R,
+    shared: Arc<Shared>,
+    token: Option<[u8; TOKEN_LEN]>,
+) {
+    let why = match token {
+        None => frames(r, &shared, None).await,
+        Some(t) => match skip_to_marker(&mut r, &protocol::takeover_preamble(&t)).await {
+            Ok(rest) => frames(std::io::Cursor::new(rest).chain(r), &shared, token).await,
+            Err(e) => format!("agent channel closed before the takeover was answered: {e}"),
+        },
+    };
+    tracing::debug!(sandbox = %shared.sandbox, reason = %why, "agent channel ended");
+    mark_dead(&shared, &why);
+}
+
+/// Reads up to and including `marker`, discarding what comes before it (output of a
+/// session that was taken over, or the tail of a frame the agent was writing when this
+/// host attached); returns the bytes read past it. Memory: one read buffer.
+async fn skip_to_marker<R: AsyncRead + Unpin>(
+    r: &mut R,
+    marker: &[u8],
+) -> std::io::Result<Vec<u8>> {
+    let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        let n = r.read(&mut chunk).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(at) = protocol::find(&buf, marker) {
+            return Ok(buf.split_off(at + marker.len()));
+        }
+        let keep = buf.len().min(marker.len() - 1);
+        buf.drain(..buf.len() - keep);
+    }
+}
+
+/// Routes frames until the stream ends or breaks; returns why it ended.
+async fn frames<R: AsyncRead + Unpin>(
+    mut r: R,
+    shared: &Shared,
+    token: Option<[u8; TOKEN_LEN]>,
+) -> String {
+    loop {
         let mut header = [0u8; HEADER_LEN];
         if let Err(e) = r.read_exact(&mut header).await {
-            break format!("agent channel closed: {e}");
+            return format!("agent channel closed: {e}");
+        }
+        if header[..] == TAKEOVER_MAGIC[..HEADER_LEN] {
+            // A takeover marker between frames: ours repeated, or another host's.
+            let mut rest = [0u8; PREAMBLE_LEN - HEADER_LEN];
+            if let Err(e) = r.read_exact(&mut rest).await {
+                return format!("agent channel closed inside a takeover marker: {e}");
+            }
+            let (magic, theirs) = rest.split_at(TAKEOVER_MAGIC.len() - HEADER_LEN);
+            if magic != &TAKEOVER_MAGIC[HEADER_LEN..] {
+                return "malformed takeover marker from the agent".to_string();
+            }
+            if token.is_some_and(|t| t[..] == *theirs) {
+                continue;
+            }
+            shared.superseded.store(true, Ordering::SeqCst);
+            return "another host took the agent over".to_string();
         }
         // Checked before any body byte is read: a forged length costs nothing.
         let (kind, id, len) = match protocol::parse_header(&header) {
             Ok(h) => h,
-            Err(e) => break format!("malformed frame from the agent: {e}"),
+            Err(e) => return format!("malformed frame from the agent: {e}"),
         };
         let mut body = vec![0u8; len];
         if let Err(e) = r.read_exact(&mut body).await {
-            break format!("agent channel closed inside a frame: {e}");
+            return format!("agent channel closed inside a frame: {e}");
         }
         let msg = match kind {
             FrameKind::Control => match serde_json::from_slice::<Reply>(&body) {
                 Ok(r) => Incoming::Reply(r),
-                Err(e) => break format!("malformed reply from the agent: {e}"),
+                Err(e) => return format!("malformed reply from the agent: {e}"),
             },
-            FrameKind::Stdin => break "agent sent a stdin frame".to_string(),
+            FrameKind::Stdin => return "agent sent a stdin frame".to_string(),
             k => Incoming::Data(k, body.into()),
         };
         if id == AGENT_ID {
             if let Incoming::Reply(Reply::Deadline) = msg {
-                break "the sandbox deadline passed".to_string();
+                return "the sandbox deadline passed".to_string();
             }
             continue;
         }
-        if let Err(e) = route(&shared, id, msg) {
-            break e;
+        if let Err(e) = route(shared, id, msg) {
+            return e;
         }
-    };
-    tracing::debug!(sandbox = %shared.sandbox, reason = %why, "agent channel ended");
-    mark_dead(&shared, &why);
+    }
 }
 
 fn route(shared: &Shared, id: u32, msg: Incoming) -> std::result::Result<(), String> {

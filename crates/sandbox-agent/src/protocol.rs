@@ -18,10 +18,60 @@ use serde::{Deserialize, Serialize};
 /// The protocol versions this build speaks, oldest first. Version 2 adds pseudo-terminals
 /// ([`SpawnSpec::pty`], [`Request::Resize`]); a host must not send either on version 1
 /// (an agent of version 1 would ignore the field and run the process without a terminal).
-pub const SUPPORTED_VERSIONS: &[u32] = &[1, 2];
+/// Version 3 adds session takeover ([`TAKEOVER_MAGIC`]); a host must know the agent speaks
+/// it before sending the preamble (an older agent reads it as a forged length and exits,
+/// which ends the sandbox), so it learns that from outside the stream (the container's
+/// labels), never by trying.
+pub const SUPPORTED_VERSIONS: &[u32] = &[1, 2, 3];
 
 /// The first version with pseudo-terminals.
 pub const PTY_VERSION: u32 = 2;
+
+/// The first version with session takeover.
+pub const TAKEOVER_VERSION: u32 = 3;
+
+/// Starts a new host session on an agent that may have served another host before
+/// (version 3). A host sends it, then a [`TOKEN_LEN`]-byte random session token, then its
+/// hello. The agent drops the session it served (see docs/agent.md for what happens to its
+/// processes) and answers with the same magic and token on its output, then the hello
+/// reply; every frame it wrote for the old session before that point precedes the marker,
+/// none follows it. The first byte (0xFF) makes the magic an invalid frame header (a
+/// length above [`MAX_FRAME_LEN`]), so it can never be mistaken for a frame at a frame
+/// boundary, and bytes 1–4 are no frame kind, so a header a dead host left half written
+/// and the magic completed is refused too; either way the agent then scans for the magic.
+pub const TAKEOVER_MAGIC: [u8; 16] = *b"\xffSBX-takeover-v3";
+
+/// Bytes of the random session token that follows [`TAKEOVER_MAGIC`].
+pub const TOKEN_LEN: usize = 16;
+
+/// Bytes of the takeover preamble (magic and token).
+pub const PREAMBLE_LEN: usize = TAKEOVER_MAGIC.len() + TOKEN_LEN;
+
+/// What a host sends before repeating its preamble when the first got no answer: a dead
+/// host may have left a frame half written, whose announced body (at most
+/// [`MAX_FRAME_LEN`] bytes) swallowed the first preamble. This many filler bytes complete
+/// any such frame; the filler itself is no valid header (0xFF), so the agent then scans
+/// for the repeated preamble.
+pub const TAKEOVER_PAD_LEN: usize = MAX_FRAME_LEN as usize + HEADER_LEN;
+
+/// The filler byte of [`TAKEOVER_PAD_LEN`].
+pub const TAKEOVER_PAD_BYTE: u8 = 0xff;
+
+/// The preamble a host sends for the session `token`.
+pub fn takeover_preamble(token: &[u8; TOKEN_LEN]) -> [u8; PREAMBLE_LEN] {
+    let mut p = [0u8; PREAMBLE_LEN];
+    p[..TAKEOVER_MAGIC.len()].copy_from_slice(&TAKEOVER_MAGIC);
+    p[TAKEOVER_MAGIC.len()..].copy_from_slice(token);
+    p
+}
+
+/// Where `needle` first occurs in `hay`.
+pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() {
+        return Some(0);
+    }
+    hay.windows(needle.len()).position(|w| w == needle)
+}
 
 /// Bytes of the fixed header: length (4), kind (1), id (4).
 pub const HEADER_LEN: usize = 9;

@@ -482,22 +482,6 @@ async fn unknown_version_is_refused_cleanly() {
 }
 
 #[tokio::test]
-async fn agent_refuses_a_forged_length_by_exiting() {
-    use std::io::Write;
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sandbox-agent"))
-        .args(["--timeout", "30"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut w = child.stdin.take().unwrap();
-    w.write_all(&[0xff, 0xff, 0xff, 0xff, 1, 0, 0, 0, 1])
-        .unwrap();
-    let st = child.wait().unwrap();
-    assert_eq!(st.code(), Some(65));
-}
-
-#[tokio::test]
 async fn host_client_treats_a_forged_frame_as_a_dead_agent() {
     // A fake agent answering hello, then announcing a 4 GiB frame.
     let (host, mut fake) = tokio::io::duplex(1 << 16);
@@ -794,5 +778,215 @@ async fn kill_leaves_an_earlier_spawns_leftover_alone() {
             "round {i}: the earlier command's leftover was killed"
         );
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The agent with its stdin and stdout shared the way an engine's attach shares them:
+/// every attached host gets all of the agent's output, and their input is merged.
+struct SharedAgent {
+    child: tokio::process::Child,
+    input: tokio::sync::mpsc::UnboundedSender<Vec<u8>>,
+    output: tokio::sync::broadcast::Sender<Vec<u8>>,
+}
+
+impl SharedAgent {
+    fn start() -> Self {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sandbox-agent"))
+            .args(["--timeout", "60"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("agent binary starts");
+        let mut stdin = child.stdin.take().unwrap();
+        let mut stdout = child.stdout.take().unwrap();
+        let (input, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+        tokio::spawn(async move {
+            while let Some(b) = rx.recv().await {
+                if stdin.write_all(&b).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let (output, _) = tokio::sync::broadcast::channel::<Vec<u8>>(1 << 16);
+        let tx = output.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 65536];
+            while let Ok(n) = stdout.read(&mut buf).await {
+                if n == 0 {
+                    return;
+                }
+                let _ = tx.send(buf[..n].to_vec());
+            }
+        });
+        SharedAgent {
+            child,
+            input,
+            output,
+        }
+    }
+
+    /// A new attach: a reader of everything from now on, and a writer into the merged input.
+    fn attach(&self) -> (tokio::io::DuplexStream, tokio::io::DuplexStream) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (host_r, mut feed) = tokio::io::duplex(1 << 20);
+        let mut out = self.output.subscribe();
+        tokio::spawn(async move {
+            while let Ok(b) = out.recv().await {
+                if feed.write_all(&b).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let (host_w, mut drain) = tokio::io::duplex(1 << 20);
+        let input = self.input.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 65536];
+            while let Ok(n) = drain.read(&mut buf).await {
+                if n == 0 || input.send(buf[..n].to_vec()).is_err() {
+                    return;
+                }
+            }
+        });
+        (host_r, host_w)
+    }
+
+    fn write_raw(&self, bytes: &[u8]) {
+        self.input.send(bytes.to_vec()).unwrap();
+    }
+
+    fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+}
+
+fn quick() -> ClientOptions {
+    let mut o = ClientOptions::default();
+    o.hello_timeout = Duration::from_secs(5);
+    o.call_timeout = Duration::from_secs(5);
+    o
+}
+
+/// A host that died mid-frame (its process crashed while writing) leaves a partial frame
+/// in the agent's stdin; the next host's bytes must not be read as its continuation, and
+/// the agent (PID 1: its exit ends the sandbox) must live on and serve the next host —
+/// whether the frame was cut in its header or in its body (up to the largest frame).
+#[tokio::test]
+async fn a_host_that_died_mid_frame_leaves_the_agent_to_the_next_host() {
+    use sandbox_agent::protocol::{Frame, FrameKind, HEADER_LEN, MAX_FRAME_LEN};
+    let big = Frame {
+        kind: FrameKind::Stdin,
+        id: 7,
+        body: vec![b'x'; MAX_FRAME_LEN as usize - 5],
+    }
+    .encode()
+    .unwrap();
+    for cut in [3, HEADER_LEN, HEADER_LEN + 10, big.len() - 1] {
+        let mut agent = SharedAgent::start();
+        let (r, w) = agent.attach();
+        let first = AgentClient::connect(r, w, "pipe-test", quick())
+            .await
+            .unwrap();
+        first.ping().await.unwrap();
+        drop(first);
+        agent.write_raw(&big[..cut]);
+        let (r, w) = agent.attach();
+        let t = Instant::now();
+        let next = AgentClient::take_over(r, w, "pipe-test", quick()).await;
+        let took = t.elapsed();
+        let alive = agent.alive();
+        let next = next.map_err(|e| e.render());
+        assert!(
+            alive,
+            "cut at {cut}: the agent exited (the sandbox would end); next host: {next:?}"
+        );
+        let next = next.unwrap_or_else(|e| panic!("cut at {cut}: {e}"));
+        let out = next
+            .spawn(spec(&["echo", "next"]))
+            .await
+            .unwrap()
+            .output(1024)
+            .await
+            .unwrap();
+        assert_eq!(&out.stdout[..], b"next\n", "cut at {cut}");
+        assert!(took < Duration::from_secs(3), "cut at {cut}: took {took:?}");
+    }
+}
+
+/// Garbage that is no frame at all (a forged length, random bytes) no longer ends the
+/// agent: it waits for the next host's takeover.
+#[tokio::test]
+async fn a_forged_length_leaves_the_agent_waiting_for_a_takeover() {
+    let mut agent = SharedAgent::start();
+    agent.write_raw(&[0xff, 0xff, 0xff, 0xff, 1, 0, 0, 0, 1]);
+    agent.write_raw(b"not a frame at all");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(agent.alive(), "a forged length ended the agent");
+    let (r, w) = agent.attach();
+    let next = AgentClient::take_over(r, w, "pipe-test", quick())
+        .await
+        .unwrap();
+    next.ping().await.unwrap();
+}
+
+/// A takeover while the first host is still attached (its output still arrives there):
+/// the first host's calls end with a `Connect` error (its session is over, the sandbox is
+/// not), it never reads the new session's replies as its own, and its processes run on,
+/// detached, while the new host's work goes through.
+#[tokio::test]
+async fn a_takeover_shuts_out_a_host_still_attached_and_detaches_its_processes() {
+    let dir = tempfile_dir();
+    let pidfile = dir.join("pid");
+    let mut agent = SharedAgent::start();
+    let (r, w) = agent.attach();
+    let first = AgentClient::connect(r, w, "pipe-test", quick())
+        .await
+        .unwrap();
+    let script = format!("echo $$ > {}; exec sleep 30", pidfile.display());
+    let mut running = first.spawn(spec(&["sh", "-c", &script])).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let pid = loop {
+        if let Some(p) = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+        {
+            break p;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the first host's process never started"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let (r, w) = agent.attach();
+    let next = AgentClient::take_over(r, w, "pipe-test", quick())
+        .await
+        .unwrap();
+    // The new session's ids start elsewhere, and its replies never reach the first host.
+    for _ in 0..20 {
+        next.ping().await.unwrap();
+    }
+    let e = first.ping().await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Connect, "{}", e.render());
+    let e = running.next_event().await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Connect, "{}", e.render());
+    drop(running);
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        pid_alive(pid),
+        "the first host's process was killed by the takeover"
+    );
+    let out = next
+        .spawn(spec(&["sh", "-c", &format!("kill {pid}; echo done")]))
+        .await
+        .unwrap()
+        .output(1024)
+        .await
+        .unwrap();
+    assert_eq!(&out.stdout[..], b"done\n");
+    assert!(agent.alive());
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -87,6 +87,19 @@ fn round_trip(engine: &str) {
     assert_eq!(code(&o), 3, "exec: {}", stderr(&o));
     assert_eq!(stdout(&o), "piped in\n");
 
+    // `exec` reattaches: on Docker it takes the agent over (the engine keeps the agent's
+    // stdin open across attaches), on Podman — whose attach ends close it — it keeps to
+    // the engine's exec path; either way its report says which.
+    let o = run(&["exec", "--json", &id, "--", "true"]);
+    assert_eq!(code(&o), 0, "exec --json: {}", stderr(&o));
+    let reattached = if want == "agent" && engine == "docker" {
+        "agent"
+    } else {
+        "exec"
+    };
+    let v = json(&o);
+    assert_eq!(v["sandbox"]["exec_path"], reattached, "{v:#}");
+
     // State persists between execs: it is the same sandbox.
     let o = run(&["exec", &id, "--", "sh", "-c", "echo kept > state.txt"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));

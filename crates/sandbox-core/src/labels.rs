@@ -26,6 +26,11 @@ pub const LABEL_EXEC_PATH: &str = "io.sandbox-rs.exec-path";
 pub const EXEC_PATH_AGENT: &str = "agent";
 /// [`LABEL_EXEC_PATH`] of a sandbox created without its agent (the engine's exec path).
 pub const EXEC_PATH_EXEC: &str = "exec";
+/// The protocol versions of the agent a sandbox runs as PID 1 (comma-separated, e.g.
+/// `1,2,3`), set with [`EXEC_PATH_AGENT`]. A later handle (`connect`) learns from it,
+/// outside the agent's stream, whether the agent takes a new host session over: an agent
+/// that does not would read the takeover as a broken frame.
+pub const LABEL_AGENT_PROTOCOL: &str = "io.sandbox-rs.agent-protocol";
 /// Prefix of user metadata labels.
 pub const LABEL_META_PREFIX: &str = "io.sandbox-rs.meta.";
 

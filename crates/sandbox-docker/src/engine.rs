@@ -521,6 +521,13 @@ impl ContainerEngine for DockerEngine {
         true
     }
 
+    /// `OpenStdin: true, StdinOnce: false` (set for every agent-mode container) keeps the
+    /// main process's stdin open across attaches (trial
+    /// `reattached_handle_takes_the_agent_over`).
+    fn attach_survives_detach(&self) -> bool {
+        true
+    }
+
     /// A unix-socket engine runs on this host, so it can bind-mount the agent from the
     /// host's cache (when it cannot after all, e.g. a client inside a container, the
     /// container layer falls back to uploading).

@@ -448,6 +448,14 @@ impl ContainerEngine for PodmanEngine {
         true
     }
 
+    /// No: measured on Podman 4.3 (libpod attach API), the end of any attach session
+    /// closes the container's stdin (Podman has no `StdinOnce: false`), so the agent —
+    /// PID 1 — sees the end of its channel and the sandbox ends. Reattached handles keep
+    /// to the exec path (trial `reattached_handle_takes_the_agent_over`).
+    fn attach_survives_detach(&self) -> bool {
+        false
+    }
+
     /// A unix-socket engine runs on this host, so it can bind-mount the agent from the
     /// host's cache (when it cannot after all, the container layer uploads instead).
     fn supports_agent_mount(&self) -> bool {

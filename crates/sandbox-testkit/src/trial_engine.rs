@@ -263,6 +263,9 @@ impl<E: ContainerEngine> ContainerEngine for TrialEngine<E> {
     fn supports_attach(&self) -> bool {
         self.inner.supports_attach()
     }
+    fn attach_survives_detach(&self) -> bool {
+        self.inner.attach_survives_detach()
+    }
     fn supports_agent_mount(&self) -> bool {
         self.inner.supports_agent_mount()
     }

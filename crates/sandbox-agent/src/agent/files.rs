@@ -5,10 +5,9 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::mpsc::SyncSender;
 
-use super::Credits;
-use super::spawn::Processes;
+use super::spawn::{Key, Processes};
+use super::{Credits, Out};
 use crate::protocol::{DATA_CHUNK, ErrorKind, FileStat, Frame, FrameKind, Reply};
 
 fn error(e: &io::Error) -> Reply {
@@ -19,23 +18,21 @@ fn error(e: &io::Error) -> Reply {
 }
 
 /// Streams a file on its own thread, one window of credit at a time.
-pub(crate) fn read(
-    id: u32,
-    path: String,
-    credit: (Arc<Credits>, Processes),
-    out: SyncSender<Frame>,
-) {
+pub(crate) fn read(id: u32, path: String, credit: (Arc<Credits>, Processes), out: Out) {
     let (credits, procs) = credit;
     let _ = std::thread::Builder::new()
         .name("read".into())
         .spawn(move || {
             let reply = stream_file(id, &path, &credits, &out);
-            procs.release(id);
+            procs.release(Key {
+                session: out.session(),
+                id,
+            });
             let _ = out.send(Frame::control(id, &reply));
         });
 }
 
-fn stream_file(id: u32, path: &str, credits: &Credits, out: &SyncSender<Frame>) -> Reply {
+fn stream_file(id: u32, path: &str, credits: &Credits, out: &Out) -> Reply {
     let mut f = match File::open(path) {
         Ok(f) => f,
         Err(e) => return error(&e),
@@ -109,6 +106,12 @@ impl Upload {
         self.file.write_all(data).inspect_err(|_| {
             let _ = fs::remove_file(&self.tmp);
         })
+    }
+
+    /// Gives the upload up (its host is gone): the temporary goes, the target is untouched.
+    pub(crate) fn abandon(self) {
+        drop(self.file);
+        let _ = fs::remove_file(&self.tmp);
     }
 
     pub(crate) fn finish(self) -> io::Result<()> {

@@ -11,18 +11,20 @@
 //! cannot stop the deadline.
 
 mod files;
+mod input;
 mod kill;
 pub mod pty;
 mod spawn;
 
 use std::collections::HashMap;
-use std::io::{self, BufReader, BufWriter, Write};
+use std::io::{self, BufWriter, Write};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::protocol::{
     self, AGENT_ID, ErrorKind, Frame, FrameKind, Reply, Request, SUPPORTED_VERSIONS,
+    TAKEOVER_MAGIC, TOKEN_LEN,
 };
 
 pub use spawn::MARKER_VAR;
@@ -66,18 +68,66 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Args, Strin
 /// stdin. Returns the process exit code.
 pub fn run(args: Args) -> i32 {
     harden();
-    let (out_tx, out_rx) = mpsc::sync_channel::<Frame>(OUT_QUEUE);
+    let (out_tx, out_rx) = mpsc::sync_channel::<Outgoing>(OUT_QUEUE);
     let writer = std::thread::Builder::new()
         .name("writer".into())
         .spawn(move || write_loop(out_rx));
     if writer.is_err() {
         return 70;
     }
-    let procs = spawn::Processes::start(out_tx.clone());
-    start_deadline(args.deadline, procs.clone(), out_tx.clone());
+    let procs = spawn::Processes::start();
+    start_deadline(args.deadline, procs.clone(), Out::agent(out_tx.clone()));
     let code = serve(&procs, &out_tx);
     procs.kill_everything();
     code
+}
+
+/// What the writer thread is given.
+pub(crate) enum Outgoing {
+    /// A frame produced for host session `session` ([`ANY_SESSION`]: every session).
+    Frame(u64, Frame),
+    /// Host session `session` starts: the writer writes the takeover marker and from then
+    /// on drops every frame of an earlier session.
+    Takeover(u64, [u8; TOKEN_LEN]),
+}
+
+/// Session tag of the agent's own notices (the deadline), which every host may read.
+const ANY_SESSION: u64 = u64::MAX;
+
+/// Where one host session's frames go: the writer, tagged with the session they belong
+/// to, so frames of a session that was taken over are never written after the marker (a
+/// process of the old session that is still draining cannot answer the new host's ids).
+#[derive(Clone)]
+pub(crate) struct Out {
+    tx: SyncSender<Outgoing>,
+    session: u64,
+}
+
+impl Out {
+    fn agent(tx: SyncSender<Outgoing>) -> Self {
+        Out {
+            tx,
+            session: ANY_SESSION,
+        }
+    }
+
+    /// The session these frames belong to.
+    pub(crate) fn session(&self) -> u64 {
+        self.session
+    }
+
+    /// Queues a frame; blocks while the writer is behind (back-pressure, never loss).
+    /// Fails only when the writer is gone.
+    pub(crate) fn send(&self, frame: Frame) -> Result<(), ()> {
+        self.tx
+            .send(Outgoing::Frame(self.session, frame))
+            .map_err(|_| ())
+    }
+
+    /// Queues a frame unless the queue is full.
+    fn try_send(&self, frame: Frame) {
+        let _ = self.tx.try_send(Outgoing::Frame(self.session, frame));
+    }
 }
 
 /// Undumpable: /proc/1/fd, /proc/1/mem and ptrace of the agent then need CAP_SYS_PTRACE,
@@ -88,22 +138,39 @@ fn harden() {
     let _ = rustix::process::set_child_subreaper(Some(rustix::process::getpid()));
 }
 
-fn write_loop(rx: Receiver<Frame>) {
+fn write_loop(rx: Receiver<Outgoing>) {
     let stdout = io::stdout();
     let mut w = BufWriter::with_capacity(128 * 1024, stdout.lock());
-    while let Ok(frame) = rx.recv() {
-        if write_capped(&mut w, frame).is_err() {
+    let mut current = 0;
+    while let Ok(first) = rx.recv() {
+        if write_outgoing(&mut w, first, &mut current).is_err() {
             return;
         }
         // Coalesce what is already queued into one write, then flush: latency of a lone
         // reply stays one syscall, bulk output is not flushed per frame.
         while let Ok(more) = rx.try_recv() {
-            if write_capped(&mut w, more).is_err() {
+            if write_outgoing(&mut w, more, &mut current).is_err() {
                 return;
             }
         }
         if w.flush().is_err() {
             return;
+        }
+    }
+}
+
+/// Writes one queued item for the host session `current` (which a takeover advances).
+fn write_outgoing<W: Write>(w: &mut W, item: Outgoing, current: &mut u64) -> io::Result<()> {
+    match item {
+        Outgoing::Frame(session, frame) if session == *current || session == ANY_SESSION => {
+            write_capped(w, frame)
+        }
+        // A frame of a session that was taken over: its host is gone or shut out.
+        Outgoing::Frame(..) => Ok(()),
+        Outgoing::Takeover(session, token) => {
+            *current = session;
+            w.write_all(&TAKEOVER_MAGIC)?;
+            w.write_all(&token)
         }
     }
 }
@@ -121,7 +188,7 @@ fn write_capped<W: Write>(w: &mut W, frame: Frame) -> io::Result<()> {
     protocol::write_frame(w, &Frame::control(frame.id, &reply))
 }
 
-fn start_deadline(deadline: SystemTime, procs: spawn::Processes, out: SyncSender<Frame>) {
+fn start_deadline(deadline: SystemTime, procs: spawn::Processes, out: Out) {
     let left = deadline
         .duration_since(SystemTime::now())
         .unwrap_or(Duration::ZERO);
@@ -140,7 +207,7 @@ fn start_deadline(deadline: SystemTime, procs: spawn::Processes, out: SyncSender
             // The notice before the kill: a process the deadline kills must not look
             // like it exited by itself (the host reports the sandbox gone, not an exit
             // status). Never blocking on it: the deadline must not wait for the host.
-            let _ = out.try_send(Frame::control(AGENT_ID, &Reply::Deadline));
+            out.try_send(Frame::control(AGENT_ID, &Reply::Deadline));
             procs.kill_everything();
             std::thread::sleep(Duration::from_millis(50));
             // As PID 1 this ends the container: the kernel kills what is left in the
@@ -149,36 +216,84 @@ fn start_deadline(deadline: SystemTime, procs: spawn::Processes, out: SyncSender
         });
 }
 
-fn serve(procs: &spawn::Processes, out: &SyncSender<Frame>) -> i32 {
+/// One host session: what the agent keeps for the host it serves now.
+struct Session {
+    out: Out,
+    /// The token it started with (none for the first session, begun by a plain hello).
+    token: Option<[u8; TOKEN_LEN]>,
+    /// The negotiated version, once its hello succeeded.
+    version: Option<u32>,
+    /// Files being written, by request id.
+    writes: HashMap<u32, files::Upload>,
+}
+
+impl Session {
+    fn new(out: Out, token: Option<[u8; TOKEN_LEN]>) -> Self {
+        Session {
+            out,
+            token,
+            version: None,
+            writes: HashMap::new(),
+        }
+    }
+}
+
+fn serve(procs: &spawn::Processes, tx: &SyncSender<Outgoing>) -> i32 {
     let stdin = io::stdin();
-    let mut r = BufReader::with_capacity(128 * 1024, stdin.lock());
-    let mut version = None;
-    let mut writes: HashMap<u32, files::Upload> = HashMap::new();
+    let mut input = input::Input::new(stdin.lock());
+    let mut s = Session::new(
+        Out {
+            tx: tx.clone(),
+            session: 0,
+        },
+        None,
+    );
     loop {
-        let frame = match protocol::read_frame(&mut r) {
-            Ok(Some(f)) => f,
-            // The host closed the channel: nobody can use or stop what runs, so end it.
-            Ok(None) => return 0,
-            // A desynchronised stream cannot be trusted again.
+        let item = match input.next_item() {
+            Ok(item) => item,
+            // Reading the channel itself failed (not its content, which never ends the
+            // agent): nobody can reach what runs any more.
             Err(_) => return 65,
         };
+        let skipped = input.take_discarded();
+        if skipped > 0 {
+            diagnose(&format!(
+                "discarded {skipped} bytes of a broken stream up to a takeover"
+            ));
+        }
+        let frame = match item {
+            input::Item::Frame(f) => f,
+            // The host closed the channel: nobody can use or stop what runs, so end it.
+            input::Item::End => return 0,
+            // The same host repeating its preamble after filler (its first try was slow,
+            // not swallowed): the session goes on, and its repeated hello is answered again.
+            input::Item::Takeover(token) if s.token == Some(token) => {
+                s.version = None;
+                continue;
+            }
+            input::Item::Takeover(token) => {
+                s = take_over(procs, s, token);
+                continue;
+            }
+        };
         let id = frame.id;
-        if version.is_none() {
-            version = hello(&frame, out);
+        let out = &s.out;
+        if s.version.is_none() {
+            s.version = hello(&frame, out);
             continue;
         }
         match frame.kind {
             FrameKind::Control => match frame.parse::<Request>() {
-                Ok(req) => dispatch(id, req, procs, out, &mut writes),
+                Ok(req) => dispatch(id, req, procs, out, &mut s.writes),
                 Err(e) => reply_error(out, id, ErrorKind::InvalidRequest, e.to_string()),
             },
-            FrameKind::Stdin => procs.stdin(id, frame.body),
-            FrameKind::Ack => procs.credit(id, frame.ack_bytes().unwrap_or(0)),
+            FrameKind::Stdin => procs.stdin(key(out, id), frame.body),
+            FrameKind::Ack => procs.credit(key(out, id), frame.ack_bytes().unwrap_or(0)),
             FrameKind::FileData => {
-                if let Some(up) = writes.get_mut(&id)
+                if let Some(up) = s.writes.get_mut(&id)
                     && let Err(e) = up.write(&frame.body)
                 {
-                    writes.remove(&id);
+                    s.writes.remove(&id);
                     reply_error(out, id, ErrorKind::of(&e), e.to_string());
                 }
             }
@@ -192,7 +307,40 @@ fn serve(procs: &spawn::Processes, out: &SyncSender<Frame>) -> i32 {
     }
 }
 
-fn hello(frame: &Frame, out: &SyncSender<Frame>) -> Option<u32> {
+/// Ends session `old` for a new host's session `token`. The old session's processes keep
+/// running, detached (docs/agent.md says why): their output is discarded, their input is
+/// closed; its file reads stop and its unfinished uploads are removed. The marker goes out
+/// before anything of the new session, and nothing of the old one follows it.
+fn take_over(procs: &spawn::Processes, old: Session, token: [u8; TOKEN_LEN]) -> Session {
+    for (_, upload) in old.writes {
+        upload.abandon();
+    }
+    procs.detach_session(old.out.session());
+    let session = old.out.session() + 1;
+    let _ = old.out.tx.send(Outgoing::Takeover(session, token));
+    Session::new(
+        Out {
+            tx: old.out.tx,
+            session,
+        },
+        Some(token),
+    )
+}
+
+/// The process-table key of request `id` in the session `out` belongs to.
+fn key(out: &Out, id: u32) -> spawn::Key {
+    spawn::Key {
+        session: out.session(),
+        id,
+    }
+}
+
+/// A line on the agent's stderr, which the host logs (bounded); never on the channel.
+fn diagnose(message: &str) {
+    let _ = io::stderr().write_all(format!("sandbox-agent: {message}\n").as_bytes());
+}
+
+fn hello(frame: &Frame, out: &Out) -> Option<u32> {
     let versions = match frame.parse::<Request>() {
         Ok(Request::Hello { versions }) if frame.kind == FrameKind::Control => versions,
         _ => {
@@ -234,9 +382,10 @@ fn dispatch(
     id: u32,
     req: Request,
     procs: &spawn::Processes,
-    out: &SyncSender<Frame>,
+    out: &Out,
     writes: &mut HashMap<u32, files::Upload>,
 ) {
+    let k = key(out, id);
     match req {
         Request::Hello { .. } => reply_error(
             out,
@@ -245,17 +394,15 @@ fn dispatch(
             "hello was already done".into(),
         ),
         Request::Ping => send(out, id, Reply::Pong),
-        Request::Spawn(spec) => procs.spawn(id, spec),
-        Request::CloseStdin => procs.close_stdin(id),
-        Request::Resize(size) => procs.resize(id, size),
-        Request::Signal { signal } => procs.signal(id, signal),
+        Request::Spawn(spec) => procs.spawn(k, spec, out),
+        Request::CloseStdin => procs.close_stdin(k),
+        Request::Resize(size) => procs.resize(k, size, out),
+        Request::Signal { signal } => procs.signal(k, signal),
         Request::Kill => {
-            let n = procs.kill(id);
+            let n = procs.kill(k);
             send(out, id, Reply::Killed { processes: n });
         }
-        Request::ReadFile { path } => {
-            files::read(id, path, procs.credits_for_read(id), out.clone())
-        }
+        Request::ReadFile { path } => files::read(id, path, procs.credits_for_read(k), out.clone()),
         Request::WriteFile { path, mode } => match files::Upload::open(&path, mode) {
             Ok(up) => {
                 writes.insert(id, up);
@@ -279,11 +426,11 @@ fn dispatch(
 }
 
 /// Queues a reply; blocks while the writer is behind (back-pressure, never loss).
-fn send(out: &SyncSender<Frame>, id: u32, reply: Reply) {
+fn send(out: &Out, id: u32, reply: Reply) {
     let _ = out.send(Frame::control(id, &reply));
 }
 
-fn reply_error(out: &SyncSender<Frame>, id: u32, kind: ErrorKind, message: String) {
+fn reply_error(out: &Out, id: u32, kind: ErrorKind, message: String) {
     send(out, id, Reply::Error { kind, message });
 }
 

@@ -10,13 +10,13 @@ use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use rustix::process::{Pid, Signal, WaitIdOptions, WaitOptions};
 
-use super::{Credits, kill, pty};
+use super::{Credits, Out, kill, pty};
 use crate::protocol::{DATA_CHUNK, ErrorKind, Frame, FrameKind, Reply, SpawnSpec, WINDOW};
 
 /// Environment variable carrying the per-spawn marker; inherited by descendants, so a
@@ -34,6 +34,16 @@ const ENDED_KEPT: usize = 4096;
 /// is reported even if a background process keeps the pipes open.
 const DRAIN_GAP: Duration = Duration::from_millis(100);
 
+/// A request of one host session: the same wire id in a later session (after a
+/// takeover) is another request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Key {
+    /// The host session (0 for the first, one more per takeover).
+    pub(crate) session: u64,
+    /// The request id the host chose.
+    pub(crate) id: u32,
+}
+
 /// Shared handle to the process table.
 #[derive(Clone)]
 pub(crate) struct Processes {
@@ -44,16 +54,15 @@ struct Inner {
     table: Mutex<Table>,
     /// Bumped on every spawn; the reaper waits on it when it has no children.
     spawned: Condvar,
-    out: SyncSender<Frame>,
     /// Distinguishes this agent's markers from another agent's (pipe tests on one host).
     nonce: String,
 }
 
 #[derive(Default)]
 struct Table {
-    by_id: HashMap<u32, Entry>,
-    by_pid: HashMap<u32, u32>,
-    credits: HashMap<u32, Arc<Credits>>,
+    by_id: HashMap<Key, Entry>,
+    by_pid: HashMap<u32, Key>,
+    credits: HashMap<Key, Arc<Credits>>,
     generation: u64,
     /// When the roots of spawns that left the table ran: a kill must not attribute an
     /// orphan to its target when another root ran at the orphan's start, even one that has
@@ -112,11 +121,10 @@ enum Event {
 }
 
 impl Processes {
-    pub(crate) fn start(out: SyncSender<Frame>) -> Self {
+    pub(crate) fn start() -> Self {
         let inner = Arc::new(Inner {
             table: Mutex::new(Table::default()),
             spawned: Condvar::new(),
-            out,
             nonce: nonce(),
         });
         let reaper = Processes {
@@ -134,48 +142,39 @@ impl Processes {
         self.inner.table.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn send(&self, id: u32, reply: Reply) {
-        let _ = self.inner.out.send(Frame::control(id, &reply));
-    }
-
-    pub(crate) fn spawn(&self, id: u32, spec: SpawnSpec) {
+    pub(crate) fn spawn(&self, key: Key, spec: SpawnSpec, out: &Out) {
+        let id = key.id;
+        let send = |reply: Reply| {
+            let _ = out.send(Frame::control(id, &reply));
+        };
         let mut t = self.lock();
-        if t.by_id.contains_key(&id) {
+        if t.by_id.contains_key(&key) {
             drop(t);
-            return self.send(
-                id,
-                Reply::Error {
-                    kind: ErrorKind::InvalidRequest,
-                    message: "request id in use".into(),
-                },
-            );
+            return send(Reply::Error {
+                kind: ErrorKind::InvalidRequest,
+                message: "request id in use".into(),
+            });
         }
         if t.by_id.len() >= MAX_SPAWNS {
             drop(t);
-            return self.send(
-                id,
-                Reply::Error {
-                    kind: ErrorKind::Limit,
-                    message: format!("more than {MAX_SPAWNS} concurrent processes"),
-                },
-            );
+            return send(Reply::Error {
+                kind: ErrorKind::Limit,
+                message: format!("more than {MAX_SPAWNS} concurrent processes"),
+            });
         }
         let Some(program) = spec.argv.first().and_then(|p| resolve(p, &spec.env)) else {
             drop(t);
-            return self.not_started(id, &spec, 127, "not found");
+            return not_started(out, id, &spec, 127, "not found");
         };
-        let marker = format!("{}-{id}", self.inner.nonce);
+        let marker = format!("{}-{}-{id}", self.inner.nonce, key.session);
         let terminal = match spec.pty.map(pty::open).transpose() {
             Ok(t) => t,
             Err(e) => {
                 drop(t);
-                return self.send(
-                    id,
-                    Reply::Error {
-                        kind: ErrorKind::of(&e),
-                        message: format!("opening a pseudo-terminal: {e}"),
-                    },
-                );
+                return send(Reply::Error {
+                    kind: ErrorKind::of(&e),
+                    message: format!("opening a pseudo-terminal: {e}"),
+                });
             }
         };
         let mut cmd = match &terminal {
@@ -211,7 +210,7 @@ impl Processes {
                     }
                     _ => {
                         drop(t);
-                        return self.not_started(id, &spec, 126, "no file descriptors left");
+                        return not_started(out, id, &spec, 126, "no file descriptors left");
                     }
                 }
             }
@@ -242,7 +241,7 @@ impl Processes {
                 } else {
                     126
                 };
-                return self.not_started(id, &spec, code, &e.to_string());
+                return not_started(out, id, &spec, code, &e.to_string());
             }
         };
         let pid = child.id();
@@ -251,23 +250,23 @@ impl Processes {
         let (stdin, output, pty) = match controller {
             Some(c) => match (c.try_clone(), c.try_clone()) {
                 (Ok(writer), Ok(reader)) => (
-                    Some(start_stdin(writer, self.clone(), id)),
+                    Some(start_stdin(writer, out.clone(), id)),
                     Some(reader),
                     Some(c),
                 ),
                 _ => (None, None, Some(c)),
             },
             None => (
-                child.stdin.take().map(|s| start_stdin(s, self.clone(), id)),
+                child.stdin.take().map(|s| start_stdin(s, out.clone(), id)),
                 None,
                 None,
             ),
         };
         let start_ticks = kill::start_ticks(pid).unwrap_or(0);
-        t.by_pid.insert(pid, id);
-        t.credits.insert(id, credits.clone());
+        t.by_pid.insert(pid, key);
+        t.credits.insert(key, credits.clone());
         t.by_id.insert(
-            id,
+            key,
             Entry {
                 pid,
                 marker,
@@ -281,66 +280,34 @@ impl Processes {
         t.generation += 1;
         drop(t);
         self.inner.spawned.notify_all();
-        self.send(id, Reply::Spawned { pid });
+        send(Reply::Spawned { pid });
         let mut readers = 0;
         if let Some(terminal) = output {
             // Both streams, as the terminal merged them.
-            readers += start_reader(
-                terminal,
-                FrameKind::Stdout,
-                id,
-                &self.inner.out,
-                &credits,
-                &events_tx,
-            );
+            readers += start_reader(terminal, FrameKind::Stdout, id, out, &credits, &events_tx);
         }
         if let Some(s) = child.stdout.take() {
-            readers += start_reader(
-                s,
-                FrameKind::Stdout,
-                id,
-                &self.inner.out,
-                &credits,
-                &events_tx,
-            );
+            readers += start_reader(s, FrameKind::Stdout, id, out, &credits, &events_tx);
         }
         if let Some(s) = child.stderr.take() {
-            readers += start_reader(
-                s,
-                FrameKind::Stderr,
-                id,
-                &self.inner.out,
-                &credits,
-                &events_tx,
-            );
+            readers += start_reader(s, FrameKind::Stderr, id, out, &credits, &events_tx);
         }
         // `child` is dropped without wait: the reaper owns reaping.
         let me = self.clone();
+        let out = out.clone();
         let _ = std::thread::Builder::new()
             .name("supervisor".into())
-            .spawn(move || me.supervise(id, readers, events_rx, credits));
+            .spawn(move || me.supervise(key, &out, readers, events_rx, credits));
     }
 
-    /// Reports a spawn that never started the way a shell would (exit 127/126 with the
-    /// reason on stderr), so callers see the same result as through the engine's exec.
-    fn not_started(&self, id: u32, spec: &SpawnSpec, code: i32, why: &str) {
-        let name = spec.argv.first().map(String::as_str).unwrap_or("");
-        let msg = format!("sandbox-agent: {name}: {why}\n");
-        let _ = self.inner.out.send(Frame {
-            kind: FrameKind::Stderr,
-            id,
-            body: msg.into_bytes(),
-        });
-        self.send(
-            id,
-            Reply::Exit {
-                code: Some(code),
-                signal: None,
-            },
-        );
-    }
-
-    fn supervise(&self, id: u32, mut readers: u32, events: Receiver<Event>, credits: Arc<Credits>) {
+    fn supervise(
+        &self,
+        key: Key,
+        out: &Out,
+        mut readers: u32,
+        events: Receiver<Event>,
+        credits: Arc<Credits>,
+    ) {
         let mut status = None;
         loop {
             let ev = if status.is_some() {
@@ -370,12 +337,12 @@ impl Processes {
         credits.close();
         let (code, signal) = status.unwrap_or((None, None));
         let mut t = self.lock();
-        if let Some(e) = t.by_id.remove(&id) {
+        if let Some(e) = t.by_id.remove(&key) {
             t.remember(&e);
         }
-        t.credits.remove(&id);
+        t.credits.remove(&key);
         drop(t);
-        self.send(id, Reply::Exit { code, signal });
+        let _ = out.send(Frame::control(key.id, &Reply::Exit { code, signal }));
     }
 
     fn reap_forever(&self) {
@@ -420,16 +387,16 @@ impl Processes {
         }
     }
 
-    pub(crate) fn stdin(&self, id: u32, data: Vec<u8>) {
+    pub(crate) fn stdin(&self, key: Key, data: Vec<u8>) {
         let t = self.lock();
-        if let Some(tx) = t.by_id.get(&id).and_then(|e| e.stdin.as_ref()) {
+        if let Some(tx) = t.by_id.get(&key).and_then(|e| e.stdin.as_ref()) {
             let _ = tx.send(data);
         }
     }
 
-    pub(crate) fn close_stdin(&self, id: u32) {
+    pub(crate) fn close_stdin(&self, key: Key) {
         let mut t = self.lock();
-        if let Some(e) = t.by_id.get_mut(&id) {
+        if let Some(e) = t.by_id.get_mut(&key) {
             match (&e.pty, &e.stdin) {
                 // A terminal has no end of input to close: `^D` is how a reader gets one.
                 (Some(_), Some(tx)) => {
@@ -440,47 +407,47 @@ impl Processes {
         }
     }
 
-    pub(crate) fn resize(&self, id: u32, size: crate::protocol::WindowSize) {
+    pub(crate) fn resize(&self, key: Key, size: crate::protocol::WindowSize, out: &Out) {
         let t = self.lock();
         let resized = t
             .by_id
-            .get(&id)
+            .get(&key)
             .and_then(|e| e.pty.as_ref())
             .map(|c| pty::resize(c, size));
         drop(t);
         match resized {
             Some(Ok(())) | None => {}
-            Some(Err(e)) => self.send(
-                id,
-                Reply::Error {
+            Some(Err(e)) => {
+                let reply = Reply::Error {
                     kind: ErrorKind::of(&e),
                     message: format!("resizing the terminal: {e}"),
-                },
-            ),
+                };
+                let _ = out.send(Frame::control(key.id, &reply));
+            }
         }
     }
 
-    pub(crate) fn credit(&self, id: u32, n: u32) {
+    pub(crate) fn credit(&self, key: Key, n: u32) {
         let t = self.lock();
-        if let Some(c) = t.credits.get(&id) {
+        if let Some(c) = t.credits.get(&key) {
             c.give(n);
         }
     }
 
-    /// Registers credit for a file read under `id`; released by [`Self::release`].
-    pub(crate) fn credits_for_read(&self, id: u32) -> (Arc<Credits>, Processes) {
+    /// Registers credit for a file read under `key`; released by [`Self::release`].
+    pub(crate) fn credits_for_read(&self, key: Key) -> (Arc<Credits>, Processes) {
         let c = Credits::new();
-        self.lock().credits.insert(id, c.clone());
+        self.lock().credits.insert(key, c.clone());
         (c, self.clone())
     }
 
-    pub(crate) fn release(&self, id: u32) {
-        self.lock().credits.remove(&id);
+    pub(crate) fn release(&self, key: Key) {
+        self.lock().credits.remove(&key);
     }
 
-    pub(crate) fn signal(&self, id: u32, signal: i32) {
+    pub(crate) fn signal(&self, key: Key, signal: i32) {
         let t = self.lock();
-        let Some(e) = t.by_id.get(&id).filter(|e| e.exit_ticks.is_none()) else {
+        let Some(e) = t.by_id.get(&key).filter(|e| e.exit_ticks.is_none()) else {
             return;
         };
         // Checked under the lock while the root is unreaped, so the pid cannot have been
@@ -492,14 +459,14 @@ impl Processes {
         }
     }
 
-    /// Kills everything the spawn `id` started; returns how many processes got SIGKILL.
-    pub(crate) fn kill(&self, id: u32) -> u32 {
+    /// Kills everything the spawn `key` started; returns how many processes got SIGKILL.
+    pub(crate) fn kill(&self, key: Key) -> u32 {
         let mut total = 0;
         {
             // A kill of a file read cancels it: its thread stops at the next chunk.
             let mut t = self.lock();
-            if !t.by_id.contains_key(&id)
-                && let Some(c) = t.credits.remove(&id)
+            if !t.by_id.contains_key(&key)
+                && let Some(c) = t.credits.remove(&key)
             {
                 c.close();
                 return 0;
@@ -508,14 +475,14 @@ impl Processes {
         // A process can fork between a scan and the kill: repeat until a scan finds none.
         for _ in 0..50 {
             let t = self.lock();
-            let Some(target) = t.by_id.get(&id) else {
+            let Some(target) = t.by_id.get(&key) else {
                 return total;
             };
             // By id, not pid: a spawn whose root reused the target's pid is another spawn.
             let others: Vec<kill::Other<'_>> = t
                 .by_id
                 .iter()
-                .filter(|(other, _)| **other != id)
+                .filter(|(other, _)| **other != key)
                 .map(|(_, e)| kill::Other {
                     root: e.exit_ticks.is_none().then_some(e.pid),
                     marker: Some(&e.marker),
@@ -548,6 +515,33 @@ impl Processes {
         total
     }
 
+    /// Detaches the processes of host session `session` (taken over by another host):
+    /// they run on, their output is read and discarded (so a full pipe never blocks
+    /// them), their stdin is closed; file reads of the session stop. Their exits go
+    /// unreported, and nothing of theirs is written after the takeover marker anyway.
+    pub(crate) fn detach_session(&self, session: u64) {
+        let mut t = self.lock();
+        for (key, credits) in &t.credits {
+            if key.session == session {
+                credits.close();
+            }
+        }
+        for (key, e) in t.by_id.iter_mut() {
+            if key.session == session {
+                e.stdin = None;
+            }
+        }
+        let reads: Vec<Key> = t
+            .credits
+            .keys()
+            .filter(|k| k.session == session && !t.by_id.contains_key(k))
+            .copied()
+            .collect();
+        for k in reads {
+            t.credits.remove(&k);
+        }
+    }
+
     /// Kills every process but the agent (the deadline, or the host went away).
     pub(crate) fn kill_everything(&self) {
         for _ in 0..50 {
@@ -565,11 +559,30 @@ impl Processes {
     }
 }
 
+/// Reports a spawn that never started the way a shell would (exit 127/126 with the
+/// reason on stderr), so callers see the same result as through the engine's exec.
+fn not_started(out: &Out, id: u32, spec: &SpawnSpec, code: i32, why: &str) {
+    let name = spec.argv.first().map(String::as_str).unwrap_or("");
+    let msg = format!("sandbox-agent: {name}: {why}\n");
+    let _ = out.send(Frame {
+        kind: FrameKind::Stderr,
+        id,
+        body: msg.into_bytes(),
+    });
+    let _ = out.send(Frame::control(
+        id,
+        &Reply::Exit {
+            code: Some(code),
+            signal: None,
+        },
+    ));
+}
+
 fn start_reader(
     mut src: impl Read + Send + 'static,
     kind: FrameKind,
     id: u32,
-    out: &SyncSender<Frame>,
+    out: &Out,
     credits: &Arc<Credits>,
     events: &Sender<Event>,
 ) -> u32 {
@@ -612,7 +625,7 @@ fn start_reader(
 
 /// The stdin pump. The host keeps at most one window in flight (it waits for acks), so
 /// the queue is bounded by the protocol; the ack is sent once bytes reached the pipe.
-fn start_stdin(mut dst: impl Write + Send + 'static, procs: Processes, id: u32) -> Sender<Vec<u8>> {
+fn start_stdin(mut dst: impl Write + Send + 'static, out: Out, id: u32) -> Sender<Vec<u8>> {
     let (tx, rx) = mpsc::channel::<Vec<u8>>();
     let _ = std::thread::Builder::new()
         .name("stdin".into())
@@ -622,7 +635,7 @@ fn start_stdin(mut dst: impl Write + Send + 'static, procs: Processes, id: u32) 
                     break;
                 }
                 let n = u32::try_from(data.len()).unwrap_or(WINDOW);
-                let _ = procs.inner.out.send(Frame::ack(id, n));
+                let _ = out.send(Frame::ack(id, n));
             }
             // Dropping `dst` closes the pipe: the process sees end of input.
         });

@@ -230,6 +230,15 @@ pub trait ContainerEngine: Send + Sync + fmt::Debug + 'static {
     fn supports_attach(&self) -> bool {
         false
     }
+    /// Whether a container's stdin stays open when an attach to it ends (the attaching
+    /// process exits or drops the stream). Only then may a later handle (`connect`, e.g.
+    /// each `sandbox exec`) attach to the in-sandbox agent: where the end of an attach
+    /// closes the agent's stdin, the agent (PID 1) ends, and the sandbox with it, as soon
+    /// as that handle's process goes. Default `false`: reattached handles keep to the
+    /// exec path.
+    fn attach_survives_detach(&self) -> bool {
+        false
+    }
     /// Whether the engine bind-mounts [`ContainerSpec::agent_mount`] (a host file, read
     /// only). Default `false`: the container layer then uploads the agent into each
     /// created container instead. Only an engine that shares this host's filesystem can

@@ -161,7 +161,14 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         }
         // Nothing of the user's runs before the hello: the agent only spawns on request.
         let agent = if spec.attach_stdin {
-            match crate::sandbox::agent::connect(eng, &id, self.config.call_timeout).await {
+            match crate::sandbox::agent::connect(
+                eng,
+                &id,
+                self.config.call_timeout,
+                crate::sandbox::agent::Session::First,
+            )
+            .await
+            {
                 Ok(client) => Some(client),
                 Err(reason) => {
                     let _ = guard.kill_now().await;

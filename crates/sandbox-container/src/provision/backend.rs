@@ -229,6 +229,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             .and_then(|r| Runtime::parse(r))
             .map(Runtime::tier)
             .unwrap_or_else(|| eng.tier());
+        let agent = self.take_agent_over(&c).await;
         let info = OrphanInfo::new(c.id.clone(), eng.backend(), c.labels.clone());
         let expiry = self.arm_expiry(&c.id, deadline);
         let guard = TeardownGuard::new(
@@ -252,19 +253,68 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             labels: c.labels.clone(),
             deadline,
             tier,
-            caps: self.caps(),
+            caps: self.caps() | crate::sandbox::agent::capabilities(agent.as_ref(), tier),
             // Secrets are never stored engine-side, so a reattached handle has none.
             secrets: Vec::new(),
             interpreters: Mutex::new(HashMap::new()),
             contexts: Mutex::new(HashMap::new()),
-            // The agent serves one host session (its creator's); a reattached handle
-            // uses the engine's exec path, which works beside it.
-            agent: None,
+            agent,
             // Paused by another handle: kill must thaw it first.
             paused: AtomicBool::new(c.state == sandbox_core::SandboxState::Paused),
             expiry,
         });
+        tracing::debug!(
+            sandbox_id = %shared.id,
+            backend = eng.backend(),
+            exec_path = %shared.exec_path(),
+            "sandbox reattached"
+        );
         Ok(ContainerSandbox::new(shared, guard, Ingress::default()))
+    }
+
+    /// A new host session on the agent of the running container `c`, taking it over from
+    /// whichever host had it (the creator, an earlier `connect`, a process that died
+    /// mid-frame); `None` — the engine's exec path — where the sandbox has no agent that
+    /// takes a session over (created without it, or by an older build), the engine cannot
+    /// attach or ends the sandbox when an attach ends (Podman), the sandbox is paused (a frozen agent cannot answer), or the agent did not
+    /// answer its bounded hello.
+    async fn take_agent_over(
+        &self,
+        c: &ContainerInfo,
+    ) -> Option<sandbox_agent::client::AgentClient> {
+        if !crate::sandbox::agent::takes_over(&c.labels)
+            || !self.engine.supports_attach()
+            || !self.engine.attach_survives_detach()
+        {
+            return None;
+        }
+        if c.state == sandbox_core::SandboxState::Paused {
+            tracing::info!(
+                sandbox_id = %c.id,
+                "sandbox is paused: the reattached handle takes the engine's exec path"
+            );
+            return None;
+        }
+        match crate::sandbox::agent::connect(
+            &*self.engine,
+            &c.id,
+            self.config.call_timeout,
+            crate::sandbox::agent::Session::TakeOver,
+        )
+        .await
+        {
+            Ok(client) => Some(client),
+            Err(reason) => {
+                tracing::warn!(
+                    sandbox_id = %c.id,
+                    reason = %reason,
+                    exec_path = "engine",
+                    "the sandbox's agent did not take the new session; the reattached \
+                     handle takes the engine's exec path"
+                );
+                None
+            }
+        }
     }
 
     /// [`Backend::create`], returning the concrete sandbox type.

@@ -465,6 +465,12 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                     }
                     .to_string(),
                 );
+                if agent {
+                    labels.insert(
+                        sandbox_core::labels::LABEL_AGENT_PROTOCOL.to_string(),
+                        crate::sandbox::agent::protocol_label(),
+                    );
+                }
                 labels
             },
             resources,

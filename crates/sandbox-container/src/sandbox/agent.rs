@@ -40,7 +40,8 @@ pub enum ExecPath {
     /// stream.
     Agent,
     /// Through the engine's exec API (the agent is off, unavailable for this engine or
-    /// architecture, failed to start, or the handle was reattached with `connect`).
+    /// architecture, or failed to start; for a handle reattached with `connect`: the
+    /// sandbox has no agent that takes a new session over, or it did not answer).
     Engine,
 }
 
@@ -116,12 +117,46 @@ fn tar_of(bin: &[u8]) -> std::io::Result<Bytes> {
     Ok(b.into_inner()?.into())
 }
 
-/// Attaches to the agent of container `id` and says hello. Each step is bounded by
-/// `limit`; the error says which step failed, for the fallback's log line.
+/// Whom a new host session is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Session {
+    /// A sandbox just started: its agent has served no host yet.
+    First,
+    /// A reattached handle: the agent may serve (or have served) another host, which
+    /// this session takes over (protocol version 3).
+    TakeOver,
+}
+
+/// The [`LABEL_AGENT_PROTOCOL`](sandbox_core::labels::LABEL_AGENT_PROTOCOL) value of a
+/// sandbox running this build's agent.
+pub(crate) fn protocol_label() -> String {
+    sandbox_agent::protocol::SUPPORTED_VERSIONS
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Whether a sandbox with these labels runs an agent that takes a new host session over:
+/// created on the agent path by a build whose agent speaks the takeover version. Any
+/// doubt is a no: the takeover preamble would end an older agent, and the sandbox with it.
+pub(crate) fn takes_over(labels: &BTreeMap<String, String>) -> bool {
+    use sandbox_core::labels::{EXEC_PATH_AGENT, LABEL_AGENT_PROTOCOL, LABEL_EXEC_PATH};
+    labels.get(LABEL_EXEC_PATH).map(String::as_str) == Some(EXEC_PATH_AGENT)
+        && labels.get(LABEL_AGENT_PROTOCOL).is_some_and(|v| {
+            v.split(',')
+                .any(|n| n.trim().parse() == Ok(sandbox_agent::protocol::TAKEOVER_VERSION))
+        })
+}
+
+/// Attaches to the agent of container `id` and starts a host session. Each step is
+/// bounded by `limit` (the hello by at most [`HELLO_TIMEOUT`]); the error says which step
+/// failed, for the fallback's log line.
 pub(crate) async fn connect<E: ContainerEngine>(
     engine: &E,
     id: &str,
     limit: Duration,
+    session: Session,
 ) -> std::result::Result<AgentClient, String> {
     let attach = bounded(limit, "attach", engine.attach(id))
         .await
@@ -144,9 +179,11 @@ pub(crate) async fn connect<E: ContainerEngine>(
     let mut opts = ClientOptions::default();
     opts.hello_timeout = limit.min(HELLO_TIMEOUT);
     opts.call_timeout = limit;
-    AgentClient::connect(reader, attach.input, id, opts)
-        .await
-        .map_err(|e| format!("the agent did not answer its hello: {}", e.render()))
+    let client = match session {
+        Session::First => AgentClient::connect(reader, attach.input, id, opts).await,
+        Session::TakeOver => AgentClient::take_over(reader, attach.input, id, opts).await,
+    };
+    client.map_err(|e| format!("the agent did not answer its hello: {}", e.render()))
 }
 
 /// Longest wait for the agent's hello. It answers in well under a millisecond once

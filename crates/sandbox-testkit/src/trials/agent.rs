@@ -572,7 +572,9 @@ fn path_of<E: ContainerEngine>(s: &dyn Sandbox) -> (Option<ExecPath>, bool) {
 ///   a required agent is refused with `Configuration`, nothing left behind; without
 ///   `require_agent` the same create falls back to the exec path, and that sandbox
 ///   declares neither `AGENT` nor `PTY`;
-/// - a handle reattached with `connect` takes the exec path and does not declare `AGENT`.
+/// - a handle reattached with `connect` takes the agent over and declares `AGENT` too
+///   where the engine keeps the agent's stdin open across attaches (Docker), else takes
+///   the exec path and does not declare it (Podman).
 pub async fn require_agent_refuses_the_exec_path<E: ContainerEngine>(engine: E, off: E) -> Trial {
     use sandbox_core::{Capability, ErrorCode, SandboxError};
     let test = "agent_required";
@@ -601,6 +603,7 @@ pub async fn require_agent_refuses_the_exec_path<E: ContainerEngine>(engine: E, 
             ));
         }
     }
+    let takes_over = engine.attach_survives_detach();
     let b = backend(TrialEngine::new(engine)).await;
     if !Backend::capabilities(&b).contains(Capability::AGENT) {
         return Err("a backend with the agent on does not declare AGENT".into());
@@ -628,10 +631,12 @@ pub async fn require_agent_refuses_the_exec_path<E: ContainerEngine>(engine: E, 
         ));
     }
     match reattached {
-        Ok((Some(ExecPath::Engine), false)) => {}
+        Ok((Some(ExecPath::Agent), true)) if takes_over => {}
+        Ok((Some(ExecPath::Engine), false)) if !takes_over => {}
         other => {
             return Err(format!(
-                "a reattached handle reports {other:?}, not the exec path without AGENT"
+                "a reattached handle reports {other:?} (the engine keeps stdin across \
+                 attaches: {takes_over})"
             ));
         }
     }
@@ -682,6 +687,147 @@ pub async fn require_agent_refuses_the_exec_path<E: ContainerEngine>(engine: E, 
         Ok(r) if r.stdout.as_ref() == b"fallback\n" => Ok(()),
         other => Err(format!("the exec-path sandbox did not run: {other:?}")),
     }
+}
+
+/// A handle reattached with `connect` runs through the sandbox's agent, taking it over
+/// from whoever had it, and the sandbox survives every way the earlier host can be gone
+/// (on an engine whose attach ends keep PID 1's stdin open; elsewhere — Podman — the
+/// reattached handle reports the exec path, and the creator keeps its agent):
+/// - the creator's handle is still attached in this process: the reattached handle runs
+///   on the agent (exec path `Agent`, declares `AGENT`); the creator's next command fails
+///   with `Connect` (its session ended) instead of reading the new session's replies;
+/// - that reattached handle's process side is dropped without removing the container
+///   (`mem::forget`, as `sandbox exec` leaves it), then a host writes half a frame and
+///   goes away (a process that died mid-frame): the next `connect` still gets the agent,
+///   its command runs, and the container still runs — before, the agent read the next
+///   host's bytes as the rest of that frame and exited, and PID 1 exiting ended the
+///   sandbox.
+pub async fn reattached_handle_takes_the_agent_over<E: ContainerEngine>(engine: E) -> Trial {
+    use sandbox_core::{Capability, ErrorCode};
+    use tokio::io::AsyncWriteExt;
+    let takes_over = engine.attach_survives_detach();
+    let b = backend(TrialEngine::new(engine)).await;
+    let s = create(
+        &b,
+        trial_options("agent_takeover", Duration::from_secs(120)),
+    )
+    .await?;
+    let id = s.id().to_string();
+    let result = async {
+        sh(&*s, "echo first > /work/f").await?;
+        if !takes_over {
+            return reattached_handle_keeps_to_the_exec_path(&b, &*s).await;
+        }
+        let r1 = b
+            .connect_container(&id)
+            .await
+            .map_err(|e| format!("connect: {}", e.render()))?;
+        let got = (
+            r1.exec_path(),
+            r1.capabilities().contains(Capability::AGENT),
+        );
+        let seen = sh(&r1, "cat /work/f").await;
+        let creator = s
+            .run(Command::Shell("true".into()), RunOptions::default())
+            .await;
+        // Dropping it would remove the sandbox; its process side goes away without that.
+        std::mem::forget(r1);
+        if got != (ExecPath::Agent, true) {
+            return Err(format!(
+                "a reattached handle reports {got:?}, not the agent with AGENT"
+            ));
+        }
+        let seen = seen?;
+        if seen.stdout_text() != "first\n" {
+            return Err(format!("the reattached handle read {seen:?}"));
+        }
+        match creator {
+            Err(e) if e.code() == ErrorCode::Connect => {}
+            Err(e) => {
+                return Err(format!(
+                    "the creator's handle after the takeover failed with {}, not Connect",
+                    e.render()
+                ));
+            }
+            Ok(r) => {
+                return Err(format!(
+                    "the creator's handle still ran after the takeover: {r:?}"
+                ));
+            }
+        }
+        // A host that died mid-frame: a stdin frame announcing 1000 bytes, 10 of them sent.
+        let mut attach = b
+            .engine()
+            .attach(&id)
+            .await
+            .map_err(|e| format!("raw attach: {e}"))?;
+        let mut partial = vec![0, 0, 0x03, 0xed, 2, 0, 0, 0, 7];
+        partial.extend_from_slice(&[b'x'; 10]);
+        attach
+            .input
+            .write_all(&partial)
+            .await
+            .map_err(|e| format!("writing half a frame: {e}"))?;
+        let _ = attach.input.flush().await;
+        drop(attach);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let r2 = b
+            .connect_container(&id)
+            .await
+            .map_err(|e| format!("connect after a host died mid-frame: {}", e.render()))?;
+        let path = r2.exec_path();
+        let ran = sh(&r2, "cat /work/f; echo second").await;
+        std::mem::forget(r2);
+        exists(&b, &id)
+            .await
+            .map_err(|e| format!("after a host died mid-frame the container is {e}"))?;
+        if path != ExecPath::Agent {
+            return Err(format!(
+                "after a host died mid-frame the reattached handle reports {path:?}"
+            ));
+        }
+        match ran {
+            Ok(r) if r.stdout_text() == "first\nsecond\n" => Ok(()),
+            other => Err(format!(
+                "after a host died mid-frame the new session ran {other:?}"
+            )),
+        }
+    }
+    .await;
+    let _ = s.kill().await;
+    result
+}
+
+/// On an engine that closes PID 1's stdin when an attach ends: the reattached handle
+/// takes the exec path and says so, the creator's handle keeps its agent, and the
+/// sandbox lives on.
+async fn reattached_handle_keeps_to_the_exec_path<E: ContainerEngine>(
+    b: &ContainerBackend<TrialEngine<E>>,
+    s: &dyn Sandbox,
+) -> Trial {
+    use sandbox_core::Capability;
+    let r = b
+        .connect_container(s.id())
+        .await
+        .map_err(|e| format!("connect: {}", e.render()))?;
+    let got = (r.exec_path(), r.capabilities().contains(Capability::AGENT));
+    let seen = sh(&r, "cat /work/f").await;
+    std::mem::forget(r);
+    if got != (ExecPath::Engine, false) {
+        return Err(format!(
+            "on an engine that ends the agent with an attach, a reattached handle reports \
+             {got:?}, not the exec path without AGENT"
+        ));
+    }
+    match seen {
+        Ok(r) if r.stdout_text() == "first\n" => {}
+        other => return Err(format!("the reattached handle read {other:?}")),
+    }
+    match sh(s, "echo creator").await {
+        Ok(r) if r.stdout_text() == "creator\n" => {}
+        other => return Err(format!("the creator's agent after a connect ran {other:?}")),
+    }
+    exists(b, s.id()).await
 }
 
 /// Whether `engine` gives PID 1 the kernel's protection, which two trials need; prints
@@ -782,6 +928,14 @@ macro_rules! agent_trials {
             let Some(e) = $engine else { return };
             let Some(off) = $engine else { return };
             $crate::trials::agent::require_agent_refuses_the_exec_path(e, off)
+                .await
+                .unwrap();
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn reattached_handle_takes_the_agent_over() {
+            let Some(e) = $engine else { return };
+            $crate::trials::agent::reattached_handle_takes_the_agent_over(e)
                 .await
                 .unwrap();
         }
