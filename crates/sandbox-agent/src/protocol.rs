@@ -18,10 +18,15 @@ use serde::{Deserialize, Serialize};
 /// The protocol versions this build speaks, oldest first. Version 2 adds pseudo-terminals
 /// ([`SpawnSpec::pty`], [`Request::Resize`]); a host must not send either on version 1
 /// (an agent of version 1 would ignore the field and run the process without a terminal).
-pub const SUPPORTED_VERSIONS: &[u32] = &[1, 2];
+/// Version 3 adds moving the deadline ([`Request::SetDeadline`]) and the idle limit
+/// (the `--idle` argument); a host must not rely on either with an older agent.
+pub const SUPPORTED_VERSIONS: &[u32] = &[1, 2, 3];
 
 /// The first version with pseudo-terminals.
 pub const PTY_VERSION: u32 = 2;
+
+/// The first version whose deadline can move and that enforces an idle limit.
+pub const LIFETIME_VERSION: u32 = 3;
 
 /// Bytes of the fixed header: length (4), kind (1), id (4).
 pub const HEADER_LEN: usize = 9;
@@ -305,6 +310,13 @@ pub enum Request {
         /// Remove a directory with its content.
         recursive: bool,
     },
+    /// Move the sandbox's deadline to `deadline_unix` (never past the maximum the agent
+    /// was started with); answered by [`Reply::DeadlineSet`], or an error of kind
+    /// [`ErrorKind::Limit`] past the maximum. Version 3.
+    SetDeadline {
+        /// The new deadline, Unix seconds.
+        deadline_unix: u64,
+    },
 }
 
 /// What to start.
@@ -382,7 +394,8 @@ pub enum Reply {
     },
     /// A file operation completed.
     Done,
-    /// The sandbox deadline passed: the agent kills everything and exits.
+    /// The sandbox deadline passed (or, version 3, its idle limit): the agent kills
+    /// everything and exits.
     Deadline,
     /// The request failed.
     Error {
@@ -390,6 +403,11 @@ pub enum Reply {
         kind: ErrorKind,
         /// Human-readable detail (an OS error text, never file content).
         message: String,
+    },
+    /// Answer to [`Request::SetDeadline`]: the deadline now in force. Version 3.
+    DeadlineSet {
+        /// The deadline, Unix seconds.
+        deadline_unix: u64,
     },
 }
 
