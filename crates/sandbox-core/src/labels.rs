@@ -383,6 +383,16 @@ pub fn add_lifetime_limits(
     }
 }
 
+/// The latest deadline a sandbox can reach by its labels, Unix seconds:
+/// [`LABEL_MAX_DEADLINE`], else (a sandbox from before extensions) [`LABEL_DEADLINE`].
+/// What a process that did not create the sandbox must assume, since the owner may have
+/// moved the labelled deadline. Does not judge provenance (see `Provenance`).
+pub fn latest_deadline(labels: &BTreeMap<String, String>) -> Option<u64> {
+    let get = |k: &str| labels.get(k).and_then(|v| v.parse::<u64>().ok());
+    let deadline = get(LABEL_DEADLINE)?;
+    Some(get(LABEL_MAX_DEADLINE).map_or(deadline, |m| m.max(deadline)))
+}
+
 /// Turns a user label filter (`k=v` on metadata) into engine label filters.
 pub fn metadata_filter(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
     labels
