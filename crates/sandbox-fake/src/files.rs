@@ -63,6 +63,7 @@ impl FakeSandbox {
         require(self.inner().capabilities, cap, BACKEND_NAME)?;
         let sb = self.inner();
         sb.alive()?;
+        sb.touch();
         sb.record(Call::File {
             sandbox_id: sb.id.clone(),
             op,
