@@ -30,6 +30,8 @@ pub const COVERED: &[(C, &str)] = &[
     (C::PTY, "pty"),
     (C::PAUSE_RESUME, "pause"),
     (C::AGENT, "lifecycle"),
+    (C::EXTEND_LIFETIME, "lifetime"),
+    (C::IDLE_TIMEOUT, "lifetime"),
 ];
 
 /// The flags [`COVERED`] lists.
@@ -100,8 +102,8 @@ fn names_the_flag(e: &sandbox_core::SandboxError, flag: C) -> anyhow::Result<()>
 
 /// Every undeclared flag with an entry point refuses with `CapabilityNotSupported` from
 /// that entry point (run, run with stdin, run on a terminal, run_code, run_code with a context, stream,
-/// files, upload, download, create with an allowlist / ingress port / GPU / disk limit /
-/// a required agent / any policy).
+/// files, upload, download, pause, resume, extend, create with an allowlist / ingress port / GPU /
+/// disk limit / a required agent / an idle limit / a maximum lifetime / any policy).
 async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let c = case("every_undeclared_flag_refuses");
     let mut checked = Vec::new();
@@ -123,6 +125,15 @@ async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
             ctx.opts(&c).resources(Resources::default().disk_mb(64)),
         ),
         (C::AGENT, ctx.opts(&c).require_agent(true)),
+        (
+            C::IDLE_TIMEOUT,
+            ctx.opts(&c).idle_timeout(std::time::Duration::from_secs(3)),
+        ),
+        (
+            C::EXTEND_LIFETIME,
+            ctx.opts(&c)
+                .max_lifetime(ctx.opts(&c).timeout + std::time::Duration::from_secs(60)),
+        ),
         (C::NETWORK_POLICY, ctx.opts(&c)),
     ];
     for (flag, opts) in create_flags {
@@ -244,6 +255,15 @@ async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
         refused(C::PAUSE_RESUME, sb.resume().await)?;
         checked.push(C::PAUSE_RESUME);
     }
+    if !caps.contains(C::EXTEND_LIFETIME) {
+        refused(
+            C::EXTEND_LIFETIME,
+            sb.extend(std::time::Duration::from_secs(1))
+                .await
+                .map(|_| ()),
+        )?;
+        checked.push(C::EXTEND_LIFETIME);
+    }
     // SNAPSHOT_FORK and TUNNELS have no entry point in the traits yet, so an undeclared
     // one cannot be invoked at all.
     let files_refused = sb.files().is_err();
@@ -277,7 +297,9 @@ fn all_reachable_checked(declared: C, unreachable: C, checked: &[C]) -> anyhow::
         | C::DISK_LIMIT
         | C::PTY
         | C::PAUSE_RESUME
-        | C::AGENT;
+        | C::AGENT
+        | C::EXTEND_LIFETIME
+        | C::IDLE_TIMEOUT;
     let expected = with_entry_point - declared - unreachable;
     let got = checked.iter().fold(C::empty(), |acc, c| acc | *c);
     ensure!(

@@ -18,6 +18,7 @@ mod files;
 mod hardening;
 mod hostile;
 mod lifecycle;
+mod lifetime;
 mod limits;
 pub mod observability;
 mod pause;
@@ -207,6 +208,7 @@ fn all_trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
     t.extend(streaming::trials(ctx));
     t.extend(pty::trials(ctx));
     t.extend(pause::trials(ctx));
+    t.extend(lifetime::trials(ctx));
     t.extend(files::trials(ctx));
     // The run and files areas once more on every other test image the adapter knows
     // (busybox `ls`/`stat`/`sh` differ from Debian's).

@@ -247,4 +247,9 @@ caught! {
     unchecked_allowlist_is_caught => UncheckedAllowlist,
     pause_that_freezes_nothing_is_caught => PauseDoesNotFreeze,
     resume_that_thaws_nothing_is_caught => ResumeDoesNotThaw,
+    extend_that_moves_nothing_is_caught => ExtendMovesNothing,
+    extend_that_overruns_is_caught => ExtendOverruns,
+    forgotten_maximum_lifetime_is_caught => ForgetMaximumLifetime,
+    ignored_idle_limit_is_caught => IgnoreIdleLimit,
+    idle_limit_ending_busy_sandboxes_is_caught => IdleEndsBusySandboxes,
 }

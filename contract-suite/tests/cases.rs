@@ -17,6 +17,7 @@ const AREAS: &[&str] = &[
     "streaming",
     "pty",
     "pause",
+    "lifetime",
     "files",
     "policy",
     "hardening",

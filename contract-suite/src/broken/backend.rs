@@ -94,6 +94,20 @@ impl Backend for BrokenBackend {
             }
             Flaw::IgnoreLifetime => {
                 options.timeout = Duration::from_secs(3600);
+                options.max_lifetime = options.max_lifetime.map(|m| m.max(options.timeout));
+            }
+            Flaw::ForgetMaximumLifetime => {
+                options.max_lifetime =
+                    Some(options.effective_max_lifetime() + Duration::from_secs(3600));
+            }
+            Flaw::IgnoreIdleLimit => {
+                options.idle_timeout = None;
+            }
+            Flaw::IdleEndsBusySandboxes => {
+                if let Some(idle) = options.idle_timeout {
+                    options.timeout = idle;
+                    options.max_lifetime = None;
+                }
             }
             Flaw::SecretsInEngineEnv => {
                 for (k, v) in std::mem::take(&mut options.secrets) {

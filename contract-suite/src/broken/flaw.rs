@@ -137,11 +137,24 @@ pub enum Flaw {
     PauseDoesNotFreeze,
     /// `resume` only says so: the sandbox stays frozen.
     ResumeDoesNotThaw,
+    /// `extend` answers a moved deadline but moves nothing: the sandbox ends at the
+    /// deadline it was created with.
+    ExtendMovesNothing,
+    /// `extend` moves the deadline 30 s further than asked (and says it moved it as
+    /// asked): the moved deadline does not hold.
+    ExtendOverruns,
+    /// The maximum lifetime set at create is not kept: every create allows an hour more.
+    ForgetMaximumLifetime,
+    /// The idle limit is accepted at create and ignored.
+    IgnoreIdleLimit,
+    /// The idle limit ends a sandbox even while a command runs (modelled as a lifetime
+    /// cut to the idle limit).
+    IdleEndsBusySandboxes,
 }
 
 impl Flaw {
     /// Every flaw.
-    pub const ALL: [Flaw; 54] = [
+    pub const ALL: [Flaw; 59] = [
         Flaw::SwallowTimeouts,
         Flaw::PretendNetworkPolicy,
         Flaw::LeakSecrets,
@@ -196,6 +209,11 @@ impl Flaw {
         Flaw::UncheckedAllowlist,
         Flaw::PauseDoesNotFreeze,
         Flaw::ResumeDoesNotThaw,
+        Flaw::ExtendMovesNothing,
+        Flaw::ExtendOverruns,
+        Flaw::ForgetMaximumLifetime,
+        Flaw::IgnoreIdleLimit,
+        Flaw::IdleEndsBusySandboxes,
     ];
 
     /// The trials that must fail on a backend with this flaw (each passes without it).
@@ -304,6 +322,15 @@ impl Flaw {
                 "contract::pause::a_paused_counter_stops_and_resumes_exactly",
                 "contract::pause::a_reattached_handle_sees_the_pause",
             ],
+            Flaw::ExtendMovesNothing | Flaw::ExtendOverruns => {
+                &["contract::lifetime::extend_outlives_the_first_deadline_and_the_new_one_holds"]
+            }
+            Flaw::ForgetMaximumLifetime => {
+                &["contract::lifetime::extend_past_the_maximum_is_refused"]
+            }
+            Flaw::IgnoreIdleLimit | Flaw::IdleEndsBusySandboxes => {
+                &["contract::lifetime::an_idle_sandbox_is_removed_and_a_busy_one_is_not"]
+            }
         }
     }
 }

@@ -248,6 +248,9 @@ impl Sandbox for ModelSandbox {
     async fn resume(&self) -> Result<()> {
         self.inner.resume().await
     }
+    async fn extend(&self, by: std::time::Duration) -> Result<std::time::SystemTime> {
+        self.inner.extend(by).await
+    }
     fn native(&self) -> &dyn Any {
         self.inner.native()
     }

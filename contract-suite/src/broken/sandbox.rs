@@ -2,7 +2,8 @@
 //! streams to `exec`, kernel evidence to `evidence`, files to `files`) and holds the
 //! flaws of the handle itself — a kill that leaks its error or poisons later calls, a drop
 //! that tears nothing down, a `Debug` that shows secrets, a wrong tier, pretended ingress,
-//! a pause that freezes nothing and a resume that thaws nothing.
+//! a pause that freezes nothing and a resume that thaws nothing, an extension that moves
+//! nothing or too much.
 
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -258,6 +259,16 @@ impl Sandbox for BrokenSandbox {
             return Ok(());
         }
         self.inner.resume().await
+    }
+
+    async fn extend(&self, by: Duration) -> Result<std::time::SystemTime> {
+        const OVERRUN: Duration = Duration::from_secs(30);
+        match self.flaw {
+            // What a caller would expect after a real extension, with nothing moved.
+            Flaw::ExtendMovesNothing => Ok(std::time::SystemTime::now() + by),
+            Flaw::ExtendOverruns => Ok(self.inner.extend(by + OVERRUN).await? - OVERRUN),
+            _ => self.inner.extend(by).await,
+        }
     }
 
     fn native(&self) -> &dyn Any {

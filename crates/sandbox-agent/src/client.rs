@@ -19,9 +19,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Semaphore, mpsc, watch};
 
 use crate::protocol::{
-    self, AGENT_ID, DATA_CHUNK, ErrorKind, FileStat, Frame, FrameKind, HEADER_LEN, PREAMBLE_LEN,
-    PTY_VERSION, Reply, Request, SUPPORTED_VERSIONS, SpawnSpec, TAKEOVER_MAGIC, TAKEOVER_PAD_BYTE,
-    TAKEOVER_PAD_LEN, TOKEN_LEN, WINDOW, WindowSize,
+    self, AGENT_ID, DATA_CHUNK, ErrorKind, FileStat, Frame, FrameKind, HEADER_LEN,
+    LIFETIME_VERSION, PREAMBLE_LEN, PTY_VERSION, Reply, Request, SUPPORTED_VERSIONS, SpawnSpec,
+    TAKEOVER_MAGIC, TAKEOVER_PAD_BYTE, TAKEOVER_PAD_LEN, TOKEN_LEN, WINDOW, WindowSize,
 };
 
 type Result<T> = std::result::Result<T, SandboxError>;
@@ -283,6 +283,30 @@ impl AgentClient {
             stdin,
             exited: None,
         })
+    }
+
+    /// Moves the sandbox's deadline to `deadline_unix` and returns the one now in force.
+    /// An agent older than [`LIFETIME_VERSION`] cannot move it: `CapabilityNotSupported`
+    /// (`EXTEND_LIFETIME`), nothing sent. Past the maximum the agent was started with:
+    /// `ResourceLimitExceeded`.
+    pub async fn set_deadline(&self, deadline_unix: u64) -> Result<u64> {
+        if self.version < LIFETIME_VERSION {
+            return Err(SandboxError::unsupported(
+                sandbox_core::Capability::EXTEND_LIFETIME,
+                BACKEND,
+            ));
+        }
+        match self.call(Request::SetDeadline { deadline_unix }).await? {
+            Reply::DeadlineSet { deadline_unix } => Ok(deadline_unix),
+            Reply::Error {
+                kind: ErrorKind::Limit,
+                message,
+            } => Err(SandboxError::resource_limit(
+                format!("the sandbox's maximum lifetime ({message})"),
+                Some("create the sandbox with a longer CreateOptions::max_lifetime".into()),
+            )),
+            other => Err(unexpected(&other)),
+        }
     }
 
     /// Reads a whole file, refusing (with `ResourceLimitExceeded`) past `max_bytes`.

@@ -18,10 +18,12 @@ use serde::{Deserialize, Serialize};
 /// The protocol versions this build speaks, oldest first. Version 2 adds pseudo-terminals
 /// ([`SpawnSpec::pty`], [`Request::Resize`]); a host must not send either on version 1
 /// (an agent of version 1 would ignore the field and run the process without a terminal).
-/// Version 3 adds session takeover ([`TAKEOVER_MAGIC`]); a host must know the agent speaks
-/// it before sending the preamble (an older agent reads it as a forged length and exits,
-/// which ends the sandbox), so it learns that from outside the stream (the container's
-/// labels), never by trying.
+/// Version 3 adds session takeover ([`TAKEOVER_MAGIC`]), moving the deadline
+/// ([`Request::SetDeadline`]) and the idle limit (the `--idle` argument). A host must know
+/// the agent speaks it before sending the takeover preamble (an older agent reads it as a
+/// forged length and exits, which ends the sandbox), so it learns that from outside the
+/// stream (the container's labels), never by trying; nor may it rely on a moved deadline
+/// or an idle limit with an older agent.
 pub const SUPPORTED_VERSIONS: &[u32] = &[1, 2, 3];
 
 /// The first version with pseudo-terminals.
@@ -72,6 +74,9 @@ pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     }
     hay.windows(needle.len()).position(|w| w == needle)
 }
+
+/// The first version whose deadline can move and that enforces an idle limit.
+pub const LIFETIME_VERSION: u32 = 3;
 
 /// Bytes of the fixed header: length (4), kind (1), id (4).
 pub const HEADER_LEN: usize = 9;
@@ -355,6 +360,13 @@ pub enum Request {
         /// Remove a directory with its content.
         recursive: bool,
     },
+    /// Move the sandbox's deadline to `deadline_unix` (never past the maximum the agent
+    /// was started with); answered by [`Reply::DeadlineSet`], or an error of kind
+    /// [`ErrorKind::Limit`] past the maximum. Version 3.
+    SetDeadline {
+        /// The new deadline, Unix seconds.
+        deadline_unix: u64,
+    },
 }
 
 /// What to start.
@@ -432,7 +444,8 @@ pub enum Reply {
     },
     /// A file operation completed.
     Done,
-    /// The sandbox deadline passed: the agent kills everything and exits.
+    /// The sandbox deadline passed (or, version 3, its idle limit): the agent kills
+    /// everything and exits.
     Deadline,
     /// The request failed.
     Error {
@@ -440,6 +453,11 @@ pub enum Reply {
         kind: ErrorKind,
         /// Human-readable detail (an OS error text, never file content).
         message: String,
+    },
+    /// Answer to [`Request::SetDeadline`]: the deadline now in force. Version 3.
+    DeadlineSet {
+        /// The deadline, Unix seconds.
+        deadline_unix: u64,
     },
 }
 

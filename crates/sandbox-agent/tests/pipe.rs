@@ -15,8 +15,12 @@ struct Agent {
 }
 
 async fn agent(timeout_s: u64) -> Agent {
+    agent_with(&["--timeout", &timeout_s.to_string()]).await
+}
+
+async fn agent_with(args: &[&str]) -> Agent {
     let mut child = Command::new(env!("CARGO_BIN_EXE_sandbox-agent"))
-        .args(["--timeout", &timeout_s.to_string()])
+        .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -448,6 +452,68 @@ async fn deadline_ends_the_agent_and_its_processes() {
     );
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(!pid_alive(pid), "setsid descendant outlived the deadline");
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// A moved deadline replaces the old one (the agent outlives it and ends at the new
+/// one), and a move past the maximum the agent was started with is refused.
+#[tokio::test]
+async fn a_moved_deadline_replaces_the_old_one_up_to_the_maximum() {
+    let start = unix_now();
+    let (deadline, max) = ((start + 2).to_string(), (start + 6).to_string());
+    let mut a = agent_with(&["--deadline-unix", &deadline, "--max-deadline-unix", &max]).await;
+    let e = a.client.set_deadline(start + 7).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::ResourceLimitExceeded);
+    assert_eq!(a.client.set_deadline(start + 5).await.unwrap(), start + 5);
+    let t = Instant::now();
+    let status = tokio::time::timeout(Duration::from_secs(10), a.child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success());
+    let ended_at = unix_now();
+    assert!(
+        ended_at >= start + 5 && t.elapsed() >= Duration::from_secs(2),
+        "ended at {ended_at}, before the moved deadline {}",
+        start + 5
+    );
+    assert!(ended_at <= start + 7, "ended at {ended_at}, late");
+}
+
+/// With an idle limit the agent ends once nothing came from the host and nothing ran
+/// for that long; a running command (even a silent one) keeps it.
+#[tokio::test]
+async fn the_idle_limit_ends_an_idle_agent_but_not_a_busy_one() {
+    let mut a = agent_with(&["--timeout", "60", "--idle", "2"]).await;
+    let mut p = a.client.spawn(spec(&["sleep", "4"])).await.unwrap();
+    let t = Instant::now();
+    // Silent for 4 s, twice the idle limit: still running.
+    loop {
+        match p.next_event().await.unwrap() {
+            Some(ProcessEvent::Exit(_)) => break,
+            Some(_) => {}
+            None => panic!("the agent ended while a command ran"),
+        }
+    }
+    assert!(t.elapsed() >= Duration::from_secs(3));
+    a.client.ping().await.expect("alive after the busy period");
+    let idle_from = Instant::now();
+    let status = tokio::time::timeout(Duration::from_secs(10), a.child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success());
+    let idle = idle_from.elapsed();
+    assert!(
+        (Duration::from_secs(2)..Duration::from_secs(5)).contains(&idle),
+        "ended after {idle:?} idle, the limit is 2 s"
+    );
 }
 
 #[tokio::test]

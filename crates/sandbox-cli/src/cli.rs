@@ -47,7 +47,8 @@ pub enum Cmd {
     Exec(ExecArgs),
     /// Copy files between the host and a sandbox: `cp FILE ID:PATH` or `cp ID:PATH FILE`.
     Cp(CpArgs),
-    /// List live sandboxes on every reachable engine, with age and deadline.
+    /// List live sandboxes on every reachable engine, with age, deadline, how far it can be
+    /// extended (MAX) and idle limit.
     Ls(LsArgs),
     /// Kill (and remove) a sandbox made by `create`.
     Kill(KillArgs),

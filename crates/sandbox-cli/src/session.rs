@@ -448,8 +448,16 @@ struct LsEntry {
     backend: String,
     created_at: Option<u64>,
     age_s: Option<u64>,
+    /// The deadline set at create (Unix seconds). Its owner may have moved it since
+    /// (`Sandbox::extend`), up to `max_deadline`: engine labels cannot follow a move, and
+    /// the sandbox's agent answers its owner only.
     deadline: Option<u64>,
     expires_in_s: Option<u64>,
+    /// The latest deadline extensions can reach (`CreateOptions::max_lifetime`); equal to
+    /// `deadline` when the lifetime cannot be extended.
+    max_deadline: Option<u64>,
+    /// The idle limit in seconds (`CreateOptions::idle_timeout`), if any.
+    idle_timeout_s: Option<u64>,
     /// How the creator's commands go: `agent`, `exec` (the engine's exec path), or `-`
     /// for a backend without an agent.
     exec_path: String,
@@ -487,7 +495,11 @@ pub async fn ls(args: LsArgs, out: Out) -> sandbox::Result<u8> {
                             .labels
                             .get(LABEL_DEADLINE)
                             .and_then(|d| d.parse::<u64>().ok());
+                        let label_secs =
+                            |k: &str| m.labels.get(k).and_then(|v| v.parse::<u64>().ok());
                         LsEntry {
+                            max_deadline: sandbox::labels::latest_deadline(&m.labels),
+                            idle_timeout_s: label_secs(sandbox::labels::LABEL_IDLE_TIMEOUT),
                             created_at: m
                                 .created_at
                                 .and_then(|c| c.duration_since(SystemTime::UNIX_EPOCH).ok())
@@ -537,8 +549,8 @@ pub async fn ls(args: LsArgs, out: Out) -> sandbox::Result<u8> {
         return Ok(exit_code::OK);
     }
     out.line(format!(
-        "{:<14} {:<8} {:>6} {:>9} {:<6}  {}",
-        "ID", "ENGINE", "AGE", "EXPIRES", "PATH", "COMMAND"
+        "{:<14} {:<8} {:>6} {:>9} {:>9} {:>5} {:<6}  {}",
+        "ID", "ENGINE", "AGE", "EXPIRES", "MAX", "IDLE", "PATH", "COMMAND"
     ));
     for s in &report.sandboxes {
         let short: String = s.id.chars().take(12).collect();
@@ -547,14 +559,24 @@ pub async fn ls(args: LsArgs, out: Out) -> sandbox::Result<u8> {
             .get("io.sandbox-rs.meta.command")
             .map(String::as_str)
             .unwrap_or("-");
+        // MAX: how far extensions can take it, "-" when the deadline is final.
+        let max = match (s.max_deadline, s.deadline) {
+            (Some(m), Some(d)) if m > d => format!("in {}", human_secs(m.saturating_sub(now_unix))),
+            (Some(_), Some(_)) => "-".into(),
+            _ => "?".into(),
+        };
         out.line(format!(
-            "{:<14} {:<8} {:>6} {:>9} {:<6}  {}",
+            "{:<14} {:<8} {:>6} {:>9} {:>9} {:>5} {:<6}  {}",
             crate::terminal::escape_text(&short),
             crate::terminal::escape_text(&s.backend),
             s.age_s.map(human_secs).unwrap_or_else(|| "?".into()),
             s.expires_in_s
                 .map(|e| format!("in {}", human_secs(e)))
                 .unwrap_or_else(|| "?".into()),
+            max,
+            s.idle_timeout_s
+                .map(human_secs)
+                .unwrap_or_else(|| "-".into()),
             crate::terminal::escape_text(&s.exec_path),
             crate::terminal::escape_text(tool),
         ));

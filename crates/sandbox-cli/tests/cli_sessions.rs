@@ -68,6 +68,9 @@ fn round_trip(engine: &str) {
     // create a 120 s lifetime can show 121.
     assert!((100..=121).contains(&expires), "{mine:#}");
     assert!(mine["age_s"].as_u64().is_some_and(|a| a < 60), "{mine:#}");
+    // Created without max_lifetime or idle_timeout: the deadline is final, no idle limit.
+    assert_eq!(mine["max_deadline"], mine["deadline"], "{mine:#}");
+    assert!(mine["idle_timeout_s"].is_null(), "{mine:#}");
     // The agent is required by default where the engine offers it, and both the create's
     // report and `ls` say the sandbox runs on it (unless the suite runs with SBX_AGENT=off).
     let want = if std::env::var("SBX_AGENT").is_ok_and(|a| a == "off") {

@@ -55,6 +55,14 @@ bitflags! {
         /// without its agent (reattached with `connect`, or started without one) does not
         /// declare it, so a handle's capabilities say which way its commands go.
         const AGENT = 1 << 16;
+        /// `Sandbox::extend`: the deadline moves later, up to `CreateOptions::max_lifetime`,
+        /// and the moved deadline is enforced where the one set at create was (inside the
+        /// sandbox, not only by the host).
+        const EXTEND_LIFETIME = 1 << 17;
+        /// `CreateOptions::idle_timeout`: a sandbox with no call and no running process
+        /// for that long is removed, enforced inside the sandbox so it holds when the
+        /// creating process is gone.
+        const IDLE_TIMEOUT = 1 << 18;
     }
 }
 
@@ -94,7 +102,8 @@ mod tests {
             "RUN_CODE|STREAMING"
         );
         assert_eq!(Capability::empty().to_string(), "NONE");
-        assert_eq!(Capability::each().count(), 17);
+        assert_eq!(Capability::each().count(), 19);
+        assert_eq!(Capability::EXTEND_LIFETIME.names(), "EXTEND_LIFETIME");
         assert_eq!(Capability::AGENT.names(), "AGENT");
         assert_eq!(Capability::DISK_LIMIT.names(), "DISK_LIMIT");
         assert_eq!(Capability::STDIN.names(), "STDIN");

@@ -130,7 +130,7 @@ catalog! {
     },
     ResourceLimitExceeded = "SBX_E1402" {
         title: "Resource limit exceeded",
-        meaning: "A named limit was reached (memory, pids, output buffer cap).",
+        meaning: "A named limit was reached (memory, pids, output buffer cap, a sandbox's maximum lifetime when `extend` would pass it).",
         fix: "Raise the named limit, or use `stream` for unbounded output.",
     },
     Auth = "SBX_E1501" {

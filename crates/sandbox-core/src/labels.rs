@@ -17,6 +17,15 @@ pub const LABEL_SESSION: &str = "io.sandbox-rs.session";
 pub const LABEL_OWNER: &str = "io.sandbox-rs.owner";
 /// Deadline, Unix seconds.
 pub const LABEL_DEADLINE: &str = "io.sandbox-rs.deadline";
+/// The latest deadline the sandbox can reach, Unix seconds: its deadline at create
+/// moved by every extension `CreateOptions::max_lifetime` allows. Engine labels cannot
+/// change after create, so an extended sandbox's [`LABEL_DEADLINE`] is stale; cleanups
+/// that judge a sandbox from its labels (another process's sweep, `sandbox reap`) count
+/// it expired only past this one, so they never remove a sandbox its owner extended.
+/// Absent on sandboxes created before extensions existed: [`LABEL_DEADLINE`] then.
+pub const LABEL_MAX_DEADLINE: &str = "io.sandbox-rs.max-deadline";
+/// The idle limit (`CreateOptions::idle_timeout`) in seconds, when one is set.
+pub const LABEL_IDLE_TIMEOUT: &str = "io.sandbox-rs.idle-timeout";
 /// Backend name.
 pub const LABEL_BACKEND: &str = "io.sandbox-rs.backend";
 /// Which way the creator's commands go, set by backends that have an in-sandbox agent:
@@ -359,6 +368,34 @@ pub fn sandbox_labels(
         l.insert(format!("{LABEL_META_PREFIX}{k}"), v.clone());
     }
     l
+}
+
+/// Adds the lifetime limits to a sandbox's labels ([`sandbox_labels`]): the latest
+/// deadline extensions can reach ([`LABEL_MAX_DEADLINE`]) and the idle limit
+/// ([`LABEL_IDLE_TIMEOUT`], whole seconds rounded up) when there is one.
+pub fn add_lifetime_limits(
+    labels: &mut BTreeMap<String, String>,
+    max_deadline_unix: u64,
+    idle_timeout: Option<std::time::Duration>,
+) {
+    labels.insert(
+        LABEL_MAX_DEADLINE.to_string(),
+        max_deadline_unix.to_string(),
+    );
+    if let Some(idle) = idle_timeout {
+        let secs = idle.as_secs() + u64::from(idle.subsec_nanos() > 0);
+        labels.insert(LABEL_IDLE_TIMEOUT.to_string(), secs.to_string());
+    }
+}
+
+/// The latest deadline a sandbox can reach by its labels, Unix seconds:
+/// [`LABEL_MAX_DEADLINE`], else (a sandbox from before extensions) [`LABEL_DEADLINE`].
+/// What a process that did not create the sandbox must assume, since the owner may have
+/// moved the labelled deadline. Does not judge provenance (see `Provenance`).
+pub fn latest_deadline(labels: &BTreeMap<String, String>) -> Option<u64> {
+    let get = |k: &str| labels.get(k).and_then(|v| v.parse::<u64>().ok());
+    let deadline = get(LABEL_DEADLINE)?;
+    Some(get(LABEL_MAX_DEADLINE).map_or(deadline, |m| m.max(deadline)))
 }
 
 /// Turns a user label filter (`k=v` on metadata) into engine label filters.

@@ -13,6 +13,8 @@ use crate::{
 pub const DEFAULT_SANDBOX_TIMEOUT: Duration = Duration::from_secs(300);
 /// Longest lifetime accepted; anything above counts as "unbounded" and is refused.
 pub const MAX_SANDBOX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+/// Shortest `CreateOptions::idle_timeout` accepted: idleness is checked once a second.
+pub const MIN_IDLE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Default working directory inside every sandbox.
 pub const DEFAULT_WORKDIR: &str = "/work";
 /// Default cap on buffered output per stream for `run` / `run_code`.
@@ -72,6 +74,21 @@ pub struct CreateOptions {
     /// (the agent is off, or the backend has none), and with `Configuration` when the
     /// agent could not be started for this sandbox. Default `false`.
     pub require_agent: bool,
+    /// The longest the sandbox may live, counted from create, however often
+    /// [`Sandbox::extend`](crate::Sandbox::extend) moves its deadline. `None` (the
+    /// default) means `timeout`: the deadline set at create is final and every extension
+    /// is refused. At least `timeout`, at most [`MAX_SANDBOX_TIMEOUT`]; longer than
+    /// `timeout` needs [`Capability::EXTEND_LIFETIME`](crate::Capability::EXTEND_LIFETIME).
+    /// It is written on the sandbox at create (an engine label, and the in-sandbox
+    /// agent's argument), so no request, from the host or from inside, moves the deadline
+    /// past it.
+    pub max_lifetime: Option<Duration>,
+    /// Remove the sandbox once it has had no API call and no running process for this
+    /// long (a command still running, even a silent one, keeps it). `None` (the default):
+    /// no idle limit, only the lifetime. Needs
+    /// [`Capability::IDLE_TIMEOUT`](crate::Capability::IDLE_TIMEOUT). At least
+    /// [`MIN_IDLE_TIMEOUT`], at most [`MAX_SANDBOX_TIMEOUT`].
+    pub idle_timeout: Option<Duration>,
 }
 
 /// When a backend pulls the template image from its registry before creating a sandbox.
@@ -133,6 +150,8 @@ impl Default for CreateOptions {
             workdir: None,
             pull: PullPolicy::Missing,
             require_agent: false,
+            max_lifetime: None,
+            idle_timeout: None,
         }
     }
 }
@@ -151,6 +170,8 @@ impl fmt::Debug for CreateOptions {
             .field("workdir", &self.workdir)
             .field("pull", &self.pull)
             .field("require_agent", &self.require_agent)
+            .field("max_lifetime", &self.max_lifetime)
+            .field("idle_timeout", &self.idle_timeout)
             .finish()
     }
 }
@@ -216,6 +237,23 @@ impl CreateOptions {
         self.pull = policy;
         self
     }
+    /// Sets the longest the sandbox may live, extensions included (see the
+    /// `max_lifetime` field).
+    pub fn max_lifetime(mut self, max: Duration) -> Self {
+        self.max_lifetime = Some(max);
+        self
+    }
+    /// Removes the sandbox after `idle` with no API call and no running process (see the
+    /// `idle_timeout` field).
+    pub fn idle_timeout(mut self, idle: Duration) -> Self {
+        self.idle_timeout = Some(idle);
+        self
+    }
+
+    /// The maximum lifetime in effect: `max_lifetime`, else `timeout`.
+    pub fn effective_max_lifetime(&self) -> Duration {
+        self.max_lifetime.unwrap_or(self.timeout)
+    }
 
     /// The working directory in effect.
     pub fn effective_workdir(&self) -> &str {
@@ -226,6 +264,7 @@ impl CreateOptions {
     /// effective resources. Adapters call this first, before provisioning anything.
     pub fn validate(&self) -> Result<EffectiveResources> {
         validate_lifetime(self.timeout)?;
+        self.validate_lifetime_limits()?;
         if let Some(t) = &self.template
             && (t.is_empty() || t.chars().any(|c| c.is_control() || c.is_whitespace()))
         {
@@ -269,6 +308,94 @@ impl CreateOptions {
         self.network.validate()?;
         self.resources.effective()
     }
+}
+
+impl CreateOptions {
+    /// The maximum lifetime lies between the lifetime and [`MAX_SANDBOX_TIMEOUT`], the
+    /// idle limit between a second and [`MAX_SANDBOX_TIMEOUT`].
+    fn validate_lifetime_limits(&self) -> Result<()> {
+        if let Some(max) = self.max_lifetime {
+            if max < self.timeout {
+                return Err(SandboxError::config(
+                    format!(
+                        "max_lifetime {max:?} is shorter than the lifetime (timeout {:?})",
+                        self.timeout
+                    ),
+                    "set max_lifetime to at least the timeout, or leave it unset (then the lifetime cannot be extended)",
+                ));
+            }
+            if max > MAX_SANDBOX_TIMEOUT {
+                return Err(SandboxError::config(
+                    format!("max_lifetime {max:?} is effectively unbounded"),
+                    format!(
+                        "use at most {MAX_SANDBOX_TIMEOUT:?}; a sandbox lifetime is always bounded"
+                    ),
+                ));
+            }
+        }
+        if let Some(idle) = self.idle_timeout
+            && (idle < MIN_IDLE_TIMEOUT || idle > MAX_SANDBOX_TIMEOUT)
+        {
+            return Err(SandboxError::config(
+                format!("idle_timeout {idle:?} is out of range"),
+                format!(
+                    "use between {MIN_IDLE_TIMEOUT:?} and {MAX_SANDBOX_TIMEOUT:?}, or leave it unset"
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The deadline `by` after `deadline`, or the refusal when it would pass `max_deadline`
+/// (the end `CreateOptions::max_lifetime` set at create; `max_lifetime` names it). Every
+/// backend's `Sandbox::extend` decides through this, so the refusal reads the same
+/// everywhere. Deadlines are whole seconds where the sandbox keeps them so: the result
+/// is rounded up to the second when `whole_seconds`.
+pub fn extended_deadline(
+    deadline: std::time::SystemTime,
+    max_deadline: std::time::SystemTime,
+    by: Duration,
+    whole_seconds: bool,
+) -> Result<std::time::SystemTime> {
+    if by.is_zero() {
+        return Err(SandboxError::config(
+            "extend needs a positive duration",
+            "pass the time to add, e.g. Duration::from_secs(60)",
+        ));
+    }
+    let mut moved = deadline
+        .checked_add(by)
+        .unwrap_or(max_deadline + Duration::from_secs(1));
+    if whole_seconds {
+        let since = moved
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        if since.subsec_nanos() > 0 {
+            moved = std::time::UNIX_EPOCH + Duration::from_secs(since.as_secs() + 1);
+        }
+    }
+    if moved > max_deadline {
+        let left = max_deadline
+            .duration_since(deadline)
+            .unwrap_or_default()
+            .as_secs();
+        return Err(SandboxError::resource_limit(
+            format!(
+                "maximum lifetime (CreateOptions::max_lifetime, ends at Unix second {}; {left} s of extension left)",
+                max_deadline
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_secs()
+            ),
+            Some(format!(
+                "extend by at most {left} s, or create the sandbox with a longer \
+                 CreateOptions::max_lifetime (at most {} s)",
+                MAX_SANDBOX_TIMEOUT.as_secs()
+            )),
+        ));
+    }
+    Ok(moved)
 }
 
 /// Refuses a zero or unbounded sandbox lifetime.
@@ -756,5 +883,63 @@ mod tests {
         assert_eq!(Command::from("echo hi").to_argv(), ["sh", "-c", "echo hi"]);
         assert_eq!(Command::from(["echo", "hi"]).to_argv(), ["echo", "hi"]);
         assert!(Command::Argv(vec![]).validate().is_err());
+    }
+
+    #[test]
+    fn an_extension_adds_time_up_to_the_maximum_and_no_further() {
+        use std::time::UNIX_EPOCH;
+        let at = |s: u64| UNIX_EPOCH + Duration::from_secs(s);
+        let d = extended_deadline(at(100), at(200), Duration::from_secs(60), true).unwrap();
+        assert_eq!(d, at(160));
+        assert_eq!(
+            extended_deadline(at(100), at(200), Duration::from_millis(1500), true).unwrap(),
+            at(102),
+            "rounded up, never cut"
+        );
+        assert_eq!(
+            extended_deadline(at(100), at(200), Duration::from_secs(100), true).unwrap(),
+            at(200)
+        );
+        let e = extended_deadline(at(100), at(200), Duration::from_secs(101), true).unwrap_err();
+        assert_eq!(e.code(), crate::ErrorCode::ResourceLimitExceeded);
+        assert!(e.hint().contains("max_lifetime") && e.hint().contains("100 s"));
+        let zero = extended_deadline(at(100), at(200), Duration::ZERO, true).unwrap_err();
+        assert_eq!(zero.code(), crate::ErrorCode::Configuration);
+    }
+
+    #[test]
+    fn lifetime_limits_are_bounded() {
+        let o = CreateOptions::default().timeout(Duration::from_secs(60));
+        assert!(
+            o.clone()
+                .max_lifetime(Duration::from_secs(59))
+                .validate()
+                .is_err()
+        );
+        assert!(
+            o.clone()
+                .max_lifetime(MAX_SANDBOX_TIMEOUT * 2)
+                .validate()
+                .is_err()
+        );
+        assert!(
+            o.clone()
+                .max_lifetime(Duration::from_secs(600))
+                .validate()
+                .is_ok()
+        );
+        assert_eq!(o.effective_max_lifetime(), Duration::from_secs(60));
+        assert!(
+            o.clone()
+                .idle_timeout(Duration::from_millis(10))
+                .validate()
+                .is_err()
+        );
+        assert!(
+            o.clone()
+                .idle_timeout(Duration::from_secs(3))
+                .validate()
+                .is_ok()
+        );
     }
 }

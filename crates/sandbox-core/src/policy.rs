@@ -49,6 +49,14 @@ pub fn check_create(
     if options.require_agent {
         require(caps, Capability::AGENT, backend)?;
     }
+    // A maximum beyond the lifetime is only meaningful where the deadline can move:
+    // elsewhere it would be a setting silently ignored.
+    if options.effective_max_lifetime() > options.timeout {
+        require(caps, Capability::EXTEND_LIFETIME, backend)?;
+    }
+    if options.idle_timeout.is_some() {
+        require(caps, Capability::IDLE_TIMEOUT, backend)?;
+    }
     Ok(resources)
 }
 

@@ -13,7 +13,9 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::labels::{LABEL_DEADLINE, LABEL_MANAGED, LABEL_OWNER, LABEL_SESSION, Owner};
+use crate::labels::{
+    LABEL_DEADLINE, LABEL_MANAGED, LABEL_MAX_DEADLINE, LABEL_OWNER, LABEL_SESSION, Owner,
+};
 use crate::options::MAX_SANDBOX_TIMEOUT;
 
 /// Clock difference tolerated between the creating client (which computes the deadline)
@@ -38,7 +40,10 @@ pub enum Provenance {
 
 impl Provenance {
     /// Judges a sandbox from its `labels` and the engine's creation time at `now`. A
-    /// deadline counts as passed once `deadline + expiry_grace <= now`.
+    /// deadline counts as passed once `deadline + expiry_grace <= now`, where the deadline
+    /// is the latest one extensions can reach (`LABEL_MAX_DEADLINE`): the labelled
+    /// deadline may have been moved since, and nothing outside the owner knows by how
+    /// much.
     pub fn of(
         labels: &BTreeMap<String, String>,
         created_at: Option<SystemTime>,
@@ -65,7 +70,7 @@ impl Provenance {
     }
 }
 
-/// The owner and deadline of a sandbox whose labels are as sandbox-rs writes them.
+/// The owner and latest deadline of a sandbox whose labels are as sandbox-rs writes them.
 fn ours(labels: &BTreeMap<String, String>, created_at: Option<SystemTime>) -> Option<(Owner, u64)> {
     let get = |k: &str| labels.get(k).map(String::as_str);
     if get(LABEL_MANAGED) != Some("true") {
@@ -90,9 +95,20 @@ fn ours(labels: &BTreeMap<String, String>, created_at: Option<SystemTime>) -> Op
     let latest = created
         .saturating_add(MAX_SANDBOX_TIMEOUT.as_secs())
         .saturating_add(slack);
-    (earliest..=latest)
-        .contains(&deadline)
-        .then_some((owner, deadline))
+    let fits = |d: u64| (earliest..=latest).contains(&d);
+    if !fits(deadline) {
+        return None;
+    }
+    // The maximum, when written, is at least the deadline and fits the creation time the
+    // same way (an image cannot bake in a far one to keep its containers from sweeps).
+    let latest_deadline = match get(LABEL_MAX_DEADLINE) {
+        None => deadline,
+        Some(m) => {
+            let max: u64 = m.parse().ok()?;
+            (fits(max) && max >= deadline).then_some(max)?
+        }
+    };
+    Some((owner, latest_deadline))
 }
 
 fn unix_secs(t: SystemTime) -> Option<u64> {
@@ -164,6 +180,38 @@ mod tests {
         odd.insert(LABEL_SESSION.to_string(), "ABCDEF0123456789".to_string());
         assert_eq!(
             Provenance::of(&odd, created, at(now), Duration::ZERO),
+            Provenance::Foreign
+        );
+    }
+
+    /// A sandbox that may have been extended is judged by the latest deadline it can
+    /// reach: another process's sweep never removes it at its stale labelled deadline.
+    #[test]
+    fn an_extendable_sandbox_expires_at_its_maximum_deadline() {
+        let now = unix_now();
+        let created = Some(at(now));
+        let mut labels = mine(now + 60);
+        crate::labels::add_lifetime_limits(&mut labels, now + 600, None);
+        assert_eq!(
+            Provenance::of(&labels, created, at(now + 120), Duration::ZERO),
+            Provenance::Live,
+            "swept at its labelled deadline although extensions could have moved it"
+        );
+        assert_eq!(
+            Provenance::of(&labels, created, at(now + 600), Duration::ZERO),
+            Provenance::Expired
+        );
+        // A maximum before the deadline, or far from the creation time, is not ours.
+        let mut before = mine(now + 60);
+        crate::labels::add_lifetime_limits(&mut before, now + 30, None);
+        assert_eq!(
+            Provenance::of(&before, created, at(now), Duration::ZERO),
+            Provenance::Foreign
+        );
+        let mut far = mine(now + 60);
+        crate::labels::add_lifetime_limits(&mut far, now + 10 * 24 * 3600, None);
+        assert_eq!(
+            Provenance::of(&far, created, at(now), Duration::ZERO),
             Provenance::Foreign
         );
     }

@@ -66,6 +66,21 @@ pub trait Sandbox: Send + Sync + std::fmt::Debug {
             self.backend(),
         ))
     }
+    /// Moves the sandbox's deadline `by` later and returns the new one (needs
+    /// `EXTEND_LIFETIME`). The moved deadline is enforced exactly as the one set at create
+    /// (inside the sandbox where that was, and by the host), and never passes
+    /// `CreateOptions::max_lifetime` counted from create: an extension beyond it is
+    /// refused with `ResourceLimitExceeded` naming the maximum, and changes nothing. A
+    /// command already running keeps the timeout it started with; a command started
+    /// afterwards with `timeout: None` inherits the new remaining lifetime. Refused with
+    /// `SandboxPaused` while paused (resume first).
+    async fn extend(&self, by: std::time::Duration) -> Result<std::time::SystemTime> {
+        let _ = by;
+        Err(crate::SandboxError::unsupported(
+            Capability::EXTEND_LIFETIME,
+            self.backend(),
+        ))
+    }
     /// The engine client and container id, unwrapped.
     ///
     /// **Outside the semver contract**: the concrete type may change in any release.

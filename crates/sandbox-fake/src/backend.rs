@@ -207,6 +207,40 @@ fn spawn_lifetime(sb: &Arc<SandboxInner>) {
     });
 }
 
+/// How often a busy sandbox with an idle limit is looked at again (virtual time).
+const IDLE_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Watches the idle limit, when there is one: a sandbox with no call and nothing running
+/// for that long is removed. Holds the sandbox weakly.
+fn spawn_idle(sb: &Arc<SandboxInner>) {
+    if sb.idle.is_none() {
+        return;
+    }
+    let weak = Arc::downgrade(sb);
+    tokio::spawn(async move {
+        while let Some(end) = weak
+            .upgrade()
+            .filter(|sb| sb.life() != Life::Gone)
+            .and_then(|sb| sb.idle_end())
+        {
+            tokio::time::sleep_until(end).await;
+            let Some(sb) = weak.upgrade() else {
+                return;
+            };
+            if sb.busy() {
+                // Running (or paused): idle starts counting once nothing runs.
+                sb.touch();
+                tokio::time::sleep(IDLE_POLL).await;
+                continue;
+            }
+            if sb.idle_end().is_some_and(|end| Instant::now() >= end) {
+                tracing::debug!(sandbox_id = %sb.id, "fake sandbox idle: removed");
+                sb.terminate();
+            }
+        }
+    });
+}
+
 #[sandbox_core::async_trait]
 impl Backend for FakeBackend {
     fn name(&self) -> &str {
@@ -261,11 +295,19 @@ impl Backend for FakeBackend {
         let clock = self.engine.clock();
         let inner = Arc::new(SandboxInner::new(
             Spec {
-                labels: sandbox_labels(
-                    BACKEND_NAME,
-                    clock.unix_after(options.timeout),
-                    &options.metadata,
-                ),
+                labels: {
+                    let mut labels = sandbox_labels(
+                        BACKEND_NAME,
+                        clock.unix_after(options.timeout),
+                        &options.metadata,
+                    );
+                    sandbox_core::labels::add_lifetime_limits(
+                        &mut labels,
+                        clock.unix_after(options.effective_max_lifetime()),
+                        options.idle_timeout,
+                    );
+                    labels
+                },
                 id: id.clone(),
                 has_python: config.template_has_python(&template),
                 template,
@@ -275,6 +317,8 @@ impl Backend for FakeBackend {
                 secrets: options.secrets.clone(),
                 workdir,
                 lifetime: options.timeout,
+                max_lifetime: options.effective_max_lifetime(),
+                idle: options.idle_timeout,
                 capabilities: config.capabilities,
                 isolation: config.isolation,
                 clock,
@@ -286,6 +330,7 @@ impl Backend for FakeBackend {
         // dropped while it is "starting".
         let sandbox = FakeSandbox::new(inner.clone(), self.faults.clone());
         spawn_lifetime(&inner);
+        spawn_idle(&inner);
         self.record_create(&options, Some(resources), Ok(id));
         if !delay.is_zero() {
             if delay >= bound {

@@ -64,6 +64,7 @@ impl FakeSandbox {
         let sb = self.inner();
         sb.alive()?;
         sb.refuse_if_frozen()?;
+        sb.touch();
         sb.record(Call::File {
             sandbox_id: sb.id.clone(),
             op,

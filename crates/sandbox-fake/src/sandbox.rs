@@ -166,6 +166,7 @@ impl FakeSandbox {
         let inner = self.inner();
         sandbox_core::policy::require(inner.capabilities, Capability::PAUSE_RESUME, BACKEND_NAME)?;
         inner.alive()?;
+        inner.touch();
         inner.set_frozen(paused);
         Ok(())
     }
@@ -227,6 +228,7 @@ impl FakeSandbox {
         let sb = self.inner();
         sb.alive()?;
         sb.refuse_if_frozen()?;
+        sb.touch();
         let timeout = options.validate(sb.remaining())?;
         let cwd = self.resolve_workdir(options.workdir.as_deref())?;
         let argv = cmd.to_argv();
@@ -288,6 +290,7 @@ impl Sandbox for FakeSandbox {
         let sb = self.inner();
         sb.alive()?;
         sb.refuse_if_frozen()?;
+        sb.touch();
         let timeout = options.validate(sb.remaining())?;
         let interpreter = match options.language {
             Language::Python => "python3",
@@ -352,6 +355,14 @@ impl Sandbox for FakeSandbox {
 
     async fn resume(&self) -> Result<()> {
         self.set_paused(false)
+    }
+
+    async fn extend(&self, by: std::time::Duration) -> Result<std::time::SystemTime> {
+        self.require(Capability::EXTEND_LIFETIME)?;
+        let sb = self.inner();
+        sb.alive()?;
+        sb.touch();
+        sb.extend(by)
     }
 
     fn native(&self) -> &dyn Any {

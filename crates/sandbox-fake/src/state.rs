@@ -111,6 +111,10 @@ pub(crate) struct SandboxInner {
     spec: Spec,
     pub(crate) created_at: SystemTime,
     deadline: Mutex<Instant>,
+    /// The latest deadline `extend` may set.
+    max_deadline: Instant,
+    /// The last API call (or the last moment anything ran), for the idle limit.
+    last_use: Mutex<Instant>,
     life: Mutex<Life>,
     fs: Mutex<MemFs>,
     procs: Mutex<ProcTable>,
@@ -140,6 +144,10 @@ pub(crate) struct Spec {
     pub(crate) secrets: BTreeMap<String, Secret>,
     pub(crate) workdir: String,
     pub(crate) lifetime: Duration,
+    /// `CreateOptions::max_lifetime` in effect (at least `lifetime`).
+    pub(crate) max_lifetime: Duration,
+    /// `CreateOptions::idle_timeout`.
+    pub(crate) idle: Option<Duration>,
     pub(crate) capabilities: Capability,
     pub(crate) isolation: IsolationTier,
     pub(crate) has_python: bool,
@@ -153,6 +161,8 @@ impl SandboxInner {
             fs: Mutex::new(MemFs::skeleton(&spec.workdir, now)),
             procs: Mutex::new(ProcTable::new(spec.resources.pids)),
             deadline: Mutex::new(Instant::now() + spec.lifetime),
+            max_deadline: Instant::now() + spec.max_lifetime.max(spec.lifetime),
+            last_use: Mutex::new(Instant::now()),
             life: Mutex::new(Life::Creating),
             contexts: Mutex::new(BTreeMap::new()),
             frozen: tokio::sync::watch::channel(false).0,
@@ -275,6 +285,47 @@ impl SandboxInner {
         self.procs().kill_all().iter().for_each(AbortHandle::abort);
         lock(&self.contexts).clear();
         true
+    }
+
+    /// An API call: the idle clock starts again.
+    pub(crate) fn touch(&self) {
+        *lock(&self.last_use) = Instant::now();
+    }
+
+    /// When the idle limit ends the sandbox unless something happens first.
+    pub(crate) fn idle_end(&self) -> Option<Instant> {
+        self.idle.map(|idle| *lock(&self.last_use) + idle)
+    }
+
+    /// Whether anything runs (a program, a stateful context's interpreter) or the
+    /// sandbox is paused (its programs wait, frozen): not idle, as in a container, where
+    /// those are processes below the agent and a frozen agent counts no time.
+    pub(crate) fn busy(&self) -> bool {
+        !self.procs().list().is_empty() || !lock(&self.contexts).is_empty() || *self.frozen.borrow()
+    }
+
+    /// The virtual wall-clock time of a moment on tokio's clock.
+    fn wall_of(&self, at: Instant) -> SystemTime {
+        let now = Instant::now();
+        if at >= now {
+            self.now() + (at - now)
+        } else {
+            self.now() - (now - at)
+        }
+    }
+
+    /// Moves the deadline `by` later, up to the maximum; returns the new one (virtual
+    /// wall-clock time). The lifetime task re-reads the deadline after each wake-up.
+    pub(crate) fn extend(&self, by: Duration) -> Result<SystemTime> {
+        let mut deadline = lock(&self.deadline);
+        let to = sandbox_core::options::extended_deadline(
+            self.wall_of(*deadline),
+            self.wall_of(self.max_deadline),
+            by,
+            false,
+        )?;
+        *deadline += by;
+        Ok(to)
     }
 
     /// Moves the deadline to now and tears the sandbox down.

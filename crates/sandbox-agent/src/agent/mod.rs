@@ -3,7 +3,8 @@
 //! Threads, all plain `std`: the main thread reads frames from stdin and dispatches; one
 //! writer thread owns stdout (a bounded queue, so producers feel back-pressure); the reaper
 //! reaps every child (the agent is PID 1 and, outside a container, a child subreaper);
-//! the deadline thread ends everything at the sandbox deadline. Each spawn adds a
+//! the lifetime thread ends everything at the sandbox deadline or idle limit
+//! (`lifetime.rs`). Each spawn adds a
 //! supervisor, two output readers and, when asked, a stdin writer.
 //!
 //! No signal handler is installed: as PID 1 of a PID namespace the kernel then drops every
@@ -13,6 +14,7 @@
 mod files;
 mod input;
 mod kill;
+mod lifetime;
 pub mod pty;
 mod spawn;
 
@@ -20,11 +22,11 @@ use std::collections::HashMap;
 use std::io::{self, BufWriter, Write};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::protocol::{
-    self, AGENT_ID, ErrorKind, Frame, FrameKind, Reply, Request, SUPPORTED_VERSIONS,
-    TAKEOVER_MAGIC, TOKEN_LEN,
+    self, ErrorKind, Frame, FrameKind, Reply, Request, SUPPORTED_VERSIONS, TAKEOVER_MAGIC,
+    TOKEN_LEN,
 };
 
 pub use spawn::MARKER_VAR;
@@ -37,12 +39,21 @@ const OUT_QUEUE: usize = 256;
 pub struct Args {
     /// When the sandbox ends.
     pub deadline: SystemTime,
+    /// The latest the host may move the deadline to (`--max-deadline-unix`); the
+    /// deadline itself when absent, i.e. it cannot move later.
+    pub max_deadline: SystemTime,
+    /// End after this long with no frame from the host and no process running
+    /// (`--idle <seconds>`).
+    pub idle: Option<Duration>,
 }
 
-/// Parses `--deadline-unix <seconds>` or `--timeout <seconds>`.
+/// Parses `--deadline-unix <seconds>` or `--timeout <seconds>`, and optionally
+/// `--max-deadline-unix <seconds>` and `--idle <seconds>`.
 pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Args, String> {
     let mut it = args.into_iter();
     let mut deadline = None;
+    let mut max_deadline = None;
+    let mut idle = None;
     while let Some(a) = it.next() {
         let value = |it: &mut I::IntoIter| {
             it.next()
@@ -56,12 +67,23 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Args, Strin
             "--timeout" => {
                 deadline = Some(SystemTime::now() + Duration::from_secs(value(&mut it)?));
             }
+            "--max-deadline-unix" => {
+                max_deadline = Some(UNIX_EPOCH + Duration::from_secs(value(&mut it)?));
+            }
+            "--idle" => match value(&mut it)? {
+                0 => return Err("--idle needs a positive number of seconds".into()),
+                s => idle = Some(Duration::from_secs(s)),
+            },
             other => return Err(format!("unknown argument `{other}`")),
         }
     }
     let deadline =
         deadline.ok_or("a deadline is required: --deadline-unix <s> or --timeout <s>")?;
-    Ok(Args { deadline })
+    Ok(Args {
+        deadline,
+        max_deadline: max_deadline.unwrap_or(deadline).max(deadline),
+        idle,
+    })
 }
 
 /// Runs the agent on this process's stdin and stdout until the deadline or the end of
@@ -76,8 +98,9 @@ pub fn run(args: Args) -> i32 {
         return 70;
     }
     let procs = spawn::Processes::start();
-    start_deadline(args.deadline, procs.clone(), Out::agent(out_tx.clone()));
-    let code = serve(&procs, &out_tx);
+    let life = lifetime::Lifetime::new(args.deadline, args.max_deadline, args.idle);
+    lifetime::watch(life.clone(), procs.clone(), Out::agent(out_tx.clone()));
+    let code = serve(&procs, &life, &out_tx);
     procs.kill_everything();
     code
 }
@@ -104,7 +127,7 @@ pub(crate) struct Out {
 }
 
 impl Out {
-    fn agent(tx: SyncSender<Outgoing>) -> Self {
+    pub(crate) fn agent(tx: SyncSender<Outgoing>) -> Self {
         Out {
             tx,
             session: ANY_SESSION,
@@ -125,7 +148,7 @@ impl Out {
     }
 
     /// Queues a frame unless the queue is full.
-    fn try_send(&self, frame: Frame) {
+    pub(crate) fn try_send(&self, frame: Frame) {
         let _ = self.tx.try_send(Outgoing::Frame(self.session, frame));
     }
 }
@@ -188,34 +211,6 @@ fn write_capped<W: Write>(w: &mut W, frame: Frame) -> io::Result<()> {
     protocol::write_frame(w, &Frame::control(frame.id, &reply))
 }
 
-fn start_deadline(deadline: SystemTime, procs: spawn::Processes, out: Out) {
-    let left = deadline
-        .duration_since(SystemTime::now())
-        .unwrap_or(Duration::ZERO);
-    let at = Instant::now() + left;
-    let _ = std::thread::Builder::new()
-        .name("deadline".into())
-        .spawn(move || {
-            // Sleep in steps: a long single sleep is fine on Linux, but steps keep the
-            // exit within a second of the deadline even if the clock thread is delayed.
-            while Instant::now() < at {
-                std::thread::sleep(
-                    at.saturating_duration_since(Instant::now())
-                        .min(Duration::from_secs(1)),
-                );
-            }
-            // The notice before the kill: a process the deadline kills must not look
-            // like it exited by itself (the host reports the sandbox gone, not an exit
-            // status). Never blocking on it: the deadline must not wait for the host.
-            out.try_send(Frame::control(AGENT_ID, &Reply::Deadline));
-            procs.kill_everything();
-            std::thread::sleep(Duration::from_millis(50));
-            // As PID 1 this ends the container: the kernel kills what is left in the
-            // namespace.
-            std::process::exit(0);
-        });
-}
-
 /// One host session: what the agent keeps for the host it serves now.
 struct Session {
     out: Out,
@@ -238,7 +233,7 @@ impl Session {
     }
 }
 
-fn serve(procs: &spawn::Processes, tx: &SyncSender<Outgoing>) -> i32 {
+fn serve(procs: &spawn::Processes, life: &lifetime::Lifetime, tx: &SyncSender<Outgoing>) -> i32 {
     let stdin = io::stdin();
     let mut input = input::Input::new(stdin.lock());
     let mut s = Session::new(
@@ -277,6 +272,9 @@ fn serve(procs: &spawn::Processes, tx: &SyncSender<Outgoing>) -> i32 {
             }
         };
         let id = frame.id;
+        // Any frame is a use of the sandbox (a call, its input, or the host taking
+        // output): the idle clock starts again.
+        life.touch();
         let out = &s.out;
         if s.version.is_none() {
             s.version = hello(&frame, out);
@@ -284,6 +282,12 @@ fn serve(procs: &spawn::Processes, tx: &SyncSender<Outgoing>) -> i32 {
         }
         match frame.kind {
             FrameKind::Control => match frame.parse::<Request>() {
+                Ok(Request::SetDeadline { deadline_unix }) => {
+                    match life.set_deadline(deadline_unix) {
+                        Ok(deadline_unix) => send(out, id, Reply::DeadlineSet { deadline_unix }),
+                        Err((kind, message)) => reply_error(out, id, kind, message),
+                    }
+                }
                 Ok(req) => dispatch(id, req, procs, out, &mut s.writes),
                 Err(e) => reply_error(out, id, ErrorKind::InvalidRequest, e.to_string()),
             },
@@ -422,6 +426,8 @@ fn dispatch(
         Request::List { path } => send(out, id, files::list(&path)),
         Request::Mkdir { path, parents } => send(out, id, files::mkdir(&path, parents)),
         Request::Remove { path, recursive } => send(out, id, files::remove(&path, recursive)),
+        // Answered by `serve`, which holds the lifetime.
+        Request::SetDeadline { .. } => {}
     }
 }
 
@@ -504,6 +510,26 @@ mod tests {
         assert!(parse_args(["--bogus".into()]).is_err());
         let a = parse_args(["--deadline-unix".into(), "100".into()]).unwrap();
         assert_eq!(a.deadline, UNIX_EPOCH + Duration::from_secs(100));
+        assert_eq!(
+            a.max_deadline, a.deadline,
+            "no maximum: the deadline cannot move"
+        );
+        assert_eq!(a.idle, None);
+        let a = parse_args(
+            [
+                "--deadline-unix",
+                "100",
+                "--max-deadline-unix",
+                "500",
+                "--idle",
+                "3",
+            ]
+            .map(String::from),
+        )
+        .unwrap();
+        assert_eq!(a.max_deadline, UNIX_EPOCH + Duration::from_secs(500));
+        assert_eq!(a.idle, Some(Duration::from_secs(3)));
+        assert!(parse_args(["--deadline-unix", "1", "--idle", "0"].map(String::from)).is_err());
     }
 
     #[test]

@@ -542,6 +542,12 @@ impl Processes {
         }
     }
 
+    /// Whether any process runs below the agent (a command, or anything it left behind):
+    /// the sandbox is not idle.
+    pub(crate) fn busy(&self) -> bool {
+        !kill::all_descendants().is_empty()
+    }
+
     /// Kills every process but the agent (the deadline, or the host went away).
     pub(crate) fn kill_everything(&self) {
         for _ in 0..50 {

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use sandbox_core::labels::LABEL_DEADLINE;
+use sandbox_core::labels::{LABEL_DEADLINE, LABEL_MAX_DEADLINE};
 use sandbox_core::teardown::{Killer, OrphanInfo, TeardownGuard};
 use sandbox_core::{CreateOptions, IsolationTier, Result};
 
@@ -185,11 +185,13 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             template: spec.image.clone(),
             workdir: spec.workdir.clone(),
             labels: spec.labels.clone(),
-            deadline: match (&agent, labelled_deadline(&spec)) {
+            deadline: Mutex::new(match (&agent, labelled_deadline(&spec)) {
                 // The agent ends at exactly the labelled second.
                 (Some(_), Some(d)) => d,
                 _ => SystemTime::now() + options.timeout,
-            },
+            }),
+            max_deadline: labelled(&spec, LABEL_MAX_DEADLINE)
+                .unwrap_or_else(|| SystemTime::now() + options.effective_max_lifetime()),
             tier,
             caps: self.caps() | crate::sandbox::agent::capabilities(agent.as_ref(), tier),
             secrets: options
@@ -255,6 +257,11 @@ impl<E: ContainerEngine> ContainerBackend<E> {
 
 /// The deadline written into `spec`'s labels (the second the agent ends at), if it parses.
 fn labelled_deadline(spec: &ContainerSpec) -> Option<SystemTime> {
-    let secs = spec.labels.get(LABEL_DEADLINE)?.parse::<u64>().ok()?;
+    labelled(spec, LABEL_DEADLINE)
+}
+
+/// A Unix-seconds label of `spec`, if it parses.
+fn labelled(spec: &ContainerSpec, label: &str) -> Option<SystemTime> {
+    let secs = spec.labels.get(label)?.parse::<u64>().ok()?;
     Some(SystemTime::UNIX_EPOCH + Duration::from_secs(secs))
 }

@@ -5,7 +5,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use sandbox_core::labels::{LABEL_BACKEND, LABEL_DEADLINE, LABEL_MANAGED, metadata_filter};
+use sandbox_core::labels::{LABEL_BACKEND, LABEL_MANAGED, metadata_filter};
 use sandbox_core::teardown::{OrphanInfo, TeardownGuard};
 use sandbox_core::{
     Backend, Capability, CreateOptions, EngineReport, IsolationTier, ManagedSandbox, Problem,
@@ -208,10 +208,12 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         {
             return Err(error::connect(id, "a sandbox of another backend", None));
         }
-        let deadline = c
-            .labels
-            .get(LABEL_DEADLINE)
-            .and_then(|d| d.parse::<u64>().ok())
+        // The creator may have moved the labelled deadline (engine labels cannot follow):
+        // this handle knows only the latest one it can reach. Its checks, its inherited
+        // timeouts and its host-side timer use that one, so a reattached handle never
+        // ends an extended sandbox early; the creator's agent and timer enforce the real
+        // one.
+        let deadline = sandbox_core::labels::latest_deadline(&c.labels)
             .map(|d| SystemTime::UNIX_EPOCH + Duration::from_secs(d))
             .unwrap_or(SystemTime::UNIX_EPOCH);
         // A paused sandbox is reattached too: its handle can resume or kill it.
@@ -251,7 +253,8 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                 .filter(|w| !w.is_empty())
                 .unwrap_or_else(|| sandbox_core::options::DEFAULT_WORKDIR.into()),
             labels: c.labels.clone(),
-            deadline,
+            deadline: Mutex::new(deadline),
+            max_deadline: deadline,
             tier,
             caps: self.caps() | crate::sandbox::agent::capabilities(agent.as_ref(), tier),
             // Secrets are never stored engine-side, so a reattached handle has none.

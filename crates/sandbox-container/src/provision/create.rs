@@ -216,7 +216,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             } else {
                 AgentDelivery::Uploaded
             };
-            if delivery == AgentDelivery::ExecPath && options.require_agent {
+            if delivery == AgentDelivery::ExecPath && crate::sandbox::agent::needed(&options) {
                 // The layer refuses this first (no AGENT declared); kept for a direct caller.
                 return Err(crate::sandbox::agent::required(
                     "this backend starts no agent: it is off, the engine cannot attach, or no agent ships for this architecture",
@@ -244,7 +244,9 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                 match fallbacks.after(delivery, outcome) {
                     Step::Done(r) => return r,
                     Step::Attempt(next) => {
-                        if next == AgentDelivery::ExecPath && options.require_agent {
+                        if next == AgentDelivery::ExecPath
+                            && crate::sandbox::agent::needed(&options)
+                        {
                             // That container is already removed; no other is made.
                             return Err(crate::sandbox::agent::required(
                                 fallbacks.agent_failure.as_deref().unwrap_or("unknown"),
@@ -426,14 +428,16 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         // Rounded up from the exact end: the agent ends at this second, and a sandbox
         // must never end before its lifetime (the old `floor(now) + ceil(lifetime)` could
         // cut up to a second off).
-        let deadline = deadline_secs(SystemTime::now(), lifetime);
+        let now = SystemTime::now();
+        let deadline = deadline_secs(now, lifetime);
+        let max_deadline = deadline_secs(now, options.effective_max_lifetime()).max(deadline);
         // Allow and AllowList run on the library's network (egress/mod.rs).
         let network = crate::egress::network_mode(&options.network, egress_net);
         // The main process is the lifetime backstop: it ends at the deadline, which ends
         // the container. The agent cannot be stopped from inside; `sleep` can (kill -STOP),
         // so on the exec path the sweep past the deadline is the last resort.
         let command = if agent {
-            crate::sandbox::agent::command(deadline)
+            crate::sandbox::agent::command(deadline, max_deadline, options.idle_timeout)
         } else {
             vec!["sleep".into(), format!("{:.3}", lifetime.as_secs_f64())]
         };
@@ -454,6 +458,13 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             workdir: options.effective_workdir().to_string(),
             labels: {
                 let mut labels = sandbox_labels(self.engine.backend(), deadline, &options.metadata);
+                // The latest deadline `extend` can reach: what other processes' sweeps
+                // count expiry from, since the deadline label cannot follow a move.
+                sandbox_core::labels::add_lifetime_limits(
+                    &mut labels,
+                    max_deadline,
+                    options.idle_timeout,
+                );
                 // Each attempt is its own container: one with the agent that fails is
                 // removed, so a live sandbox's label says which way its commands go.
                 labels.insert(
@@ -484,10 +495,13 @@ impl<E: ContainerEngine> ContainerBackend<E> {
     }
 
     /// What new sandboxes can declare at create: the engine's and this layer's set, plus
-    /// `AGENT` where they start with the agent (terminals are checked per sandbox).
+    /// what the agent brings where they start with it (terminals are checked per sandbox).
     pub(super) fn declared_caps(&self) -> sandbox_core::Capability {
         if self.wants_agent() {
-            self.caps() | sandbox_core::Capability::AGENT
+            self.caps()
+                | sandbox_core::Capability::AGENT
+                | sandbox_core::Capability::EXTEND_LIFETIME
+                | sandbox_core::Capability::IDLE_TIMEOUT
         } else {
             self.caps()
         }

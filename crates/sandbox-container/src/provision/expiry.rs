@@ -6,7 +6,8 @@
 //! Both run as tokio tasks that hold no handle of the backend (its engine only weakly):
 //! `Upkeep`, shared by every clone of one backend, cancels them all when the last clone
 //! drops, and a sandbox's timer is cancelled as soon as its container is removed
-//! normally. What the sweep removes, and why, is `sweep.rs`'s.
+//! normally. A timer follows its sandbox's deadline when `extend` moves it. What the
+//! sweep removes, and why, is `sweep.rs`'s.
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
@@ -48,11 +49,20 @@ impl Drop for Upkeep {
     }
 }
 
-/// One sandbox's deadline timer, cancelled once its container is removed.
+/// One sandbox's deadline timer, cancelled once its container is removed, moved with
+/// its deadline.
 #[derive(Debug, Clone)]
-pub(crate) struct Expiry(CancellationToken);
+pub(crate) struct Expiry(
+    CancellationToken,
+    Arc<tokio::sync::watch::Sender<SystemTime>>,
+);
 
 impl Expiry {
+    /// Moves the timer to `deadline` (plus the grace), earlier or later.
+    pub(crate) fn move_to(&self, deadline: SystemTime) {
+        self.1.send_replace(deadline);
+    }
+
     /// Wraps `killer` so that a removal that succeeds also cancels this timer.
     pub(crate) fn cancelled_by(&self, killer: Killer) -> Killer {
         let token = self.0.clone();
@@ -110,21 +120,31 @@ impl Upkeep {
         deadline: SystemTime,
     ) -> Expiry {
         let token = self.stop.child_token();
-        let wait = fires_in(deadline, SystemTime::now());
+        let (moves, mut moved) = tokio::sync::watch::channel(deadline);
         let (engine, id, cancel) = (Arc::downgrade(engine), id.to_string(), token.clone());
         tokio::spawn(async move {
-            if cancel
-                .run_until_cancelled(tokio::time::sleep(wait))
-                .await
-                .is_none()
-            {
-                return;
+            loop {
+                let wait = fires_in(*moved.borrow_and_update(), SystemTime::now());
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    () = tokio::time::sleep(wait) => break,
+                    changed = moved.changed() => {
+                        if changed.is_err() {
+                            // Every handle is gone: the deadline cannot move any more.
+                            let slept = cancel.run_until_cancelled(tokio::time::sleep(wait));
+                            if slept.await.is_none() {
+                                return;
+                            }
+                            break;
+                        }
+                    }
+                }
             }
             cancel
                 .run_until_cancelled(expire(engine, call_timeout, &id))
                 .await;
         });
-        Expiry(token)
+        Expiry(token, Arc::new(moves))
     }
 }
 
@@ -331,6 +351,30 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(100)).await;
         settle().await;
         assert_eq!(removed(&engine), ["a"]);
+    }
+
+    /// An extension moves the timer: nothing is removed at the old deadline, and the
+    /// sandbox is removed at the new one plus the grace.
+    #[tokio::test(start_paused = true)]
+    async fn a_moved_deadline_moves_the_timer() {
+        let engine = holding(&["a"]);
+        let upkeep = Upkeep::default();
+        let start = SystemTime::now();
+        let timer = upkeep.arm(&engine, CALL, "a", start + Duration::from_secs(10));
+        settle().await;
+        // (The paused clock moves tokio's time only: the wall clock the timer reads
+        // stays at `start`, so the move is made at once.)
+        timer.move_to(start + Duration::from_secs(30));
+        tokio::time::sleep(Duration::from_secs(25)).await;
+        settle().await;
+        assert!(
+            removed(&engine).is_empty(),
+            "removed at the old deadline after the extension"
+        );
+        tokio::time::sleep(Duration::from_secs(6) + DEADLINE_GRACE).await;
+        settle().await;
+        assert_eq!(removed(&engine), ["a"], "the new deadline holds");
+        drop(timer);
     }
 
     /// A sandbox removed normally cancels its timer: nothing is removed later, and the

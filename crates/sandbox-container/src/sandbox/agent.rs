@@ -81,13 +81,31 @@ pub(crate) fn binary() -> Option<&'static [u8]> {
     sandbox_agent::prebuilt()
 }
 
-/// The container's main process in agent mode: the agent, ending at `deadline_unix`.
-pub(crate) fn command(deadline_unix: u64) -> Vec<String> {
-    vec![
+/// The container's main process in agent mode: the agent, ending at `deadline_unix`,
+/// movable up to `max_deadline_unix`, and after `idle` without use when given. The
+/// arguments an unchanged lifetime does not need are left out, so such a sandbox starts
+/// the same way with an agent of any protocol version.
+pub(crate) fn command(
+    deadline_unix: u64,
+    max_deadline_unix: u64,
+    idle: Option<Duration>,
+) -> Vec<String> {
+    let mut argv = vec![
         AGENT_PATH.to_string(),
         "--deadline-unix".to_string(),
         deadline_unix.to_string(),
-    ]
+    ];
+    if max_deadline_unix > deadline_unix {
+        argv.push("--max-deadline-unix".to_string());
+        argv.push(max_deadline_unix.to_string());
+    }
+    if let Some(idle) = idle {
+        // Whole seconds, rounded up: never idle-ended before the limit.
+        let secs = idle.as_secs() + u64::from(idle.subsec_nanos() > 0);
+        argv.push("--idle".to_string());
+        argv.push(secs.to_string());
+    }
+    argv
 }
 
 /// A tar stream holding the agent at [`AGENT_PATH`] (extracted into `/`): root-owned,
@@ -363,20 +381,27 @@ pub(crate) fn events(
     .boxed()
 }
 
-/// What a sandbox gains from its agent: `AGENT` itself, and terminals where the agent
+/// What a sandbox gains from its agent: `AGENT` itself, terminals where the agent
 /// speaks the protocol version that has them and the runtime's terminals are whole (see
-/// [`terminals_work`]).
+/// [`terminals_work`]), and a movable deadline and idle limit where it speaks the version
+/// that has them.
 pub(crate) fn capabilities(
     agent: Option<&sandbox_agent::client::AgentClient>,
     tier: IsolationTier,
 ) -> Capability {
-    match agent {
-        Some(a) if a.version() >= sandbox_agent::protocol::PTY_VERSION && terminals_work(tier) => {
-            Capability::AGENT | Capability::PTY
-        }
-        Some(_) => Capability::AGENT,
-        None => Capability::empty(),
+    let Some(a) = agent else {
+        return Capability::empty();
+    };
+    let mut caps = Capability::AGENT;
+    if a.version() >= sandbox_agent::protocol::PTY_VERSION && terminals_work(tier) {
+        caps |= Capability::PTY;
     }
+    // The agent enforces a moved deadline and the idle limit from inside, where the one
+    // set at create is enforced; the exec path's `sleep` cannot follow either.
+    if a.version() >= sandbox_agent::protocol::LIFETIME_VERSION {
+        caps |= Capability::EXTEND_LIFETIME | Capability::IDLE_TIMEOUT;
+    }
+    caps
 }
 
 /// What the template holds at [`AGENT_PATH`] that keeps the agent out, if anything: a
@@ -407,17 +432,28 @@ pub(crate) fn image_in_the_way(image: &str, what: &str) -> sandbox_core::Sandbox
     )
 }
 
-/// The refusal of a create with `CreateOptions::require_agent` whose agent could not be
-/// used (`reason`).
+/// The refusal of a create that needs the agent (see [`needed`]) whose agent could not
+/// be used (`reason`).
 pub(crate) fn required(reason: &str) -> sandbox_core::SandboxError {
     sandbox_core::SandboxError::config(
         format!(
-            "the in-sandbox agent could not be used ({reason}), and require_agent refuses \
-             the engine's exec path"
+            "the in-sandbox agent could not be used ({reason}), and this sandbox needs it \
+             (require_agent, an idle_timeout, or a max_lifetime beyond the timeout): the \
+             engine's exec path cannot enforce them"
         ),
-        "fix the cause above and retry, or leave CreateOptions::require_agent unset \
-         (`--allow-engine-exec` on the CLI and the MCP server) to accept the engine's exec path",
+        "fix the cause above and retry, or leave CreateOptions::require_agent, idle_timeout \
+         and max_lifetime unset (`--allow-engine-exec` on the CLI and the MCP server) to \
+         accept the engine's exec path",
     )
+}
+
+/// Whether a create must not fall back to the engine's exec path: the caller asked for
+/// the agent, or for a lifetime only the agent enforces from inside (an idle limit, a
+/// deadline that can move).
+pub(crate) fn needed(options: &sandbox_core::CreateOptions) -> bool {
+    options.require_agent
+        || options.idle_timeout.is_some()
+        || options.effective_max_lifetime() > options.timeout
 }
 
 /// gVisor's own terminals (runsc 2022-12, what Debian 12 ships) ignore `^D`, so a
@@ -468,8 +504,24 @@ mod tests {
     #[test]
     fn command_runs_the_agent_until_the_deadline() {
         assert_eq!(
-            command(1_800_000_000),
+            command(1_800_000_000, 1_800_000_000, None),
             vec!["/.sandbox-agent", "--deadline-unix", "1800000000"]
+        );
+        assert_eq!(
+            command(
+                1_800_000_000,
+                1_800_000_600,
+                Some(Duration::from_millis(2500))
+            ),
+            vec![
+                "/.sandbox-agent",
+                "--deadline-unix",
+                "1800000000",
+                "--max-deadline-unix",
+                "1800000600",
+                "--idle",
+                "3"
+            ]
         );
     }
 

@@ -10,6 +10,7 @@ mod freeze;
 pub(crate) mod ingress;
 pub(crate) mod interpreter;
 pub(crate) mod kill;
+mod lifetime;
 mod process;
 pub(crate) mod shared;
 pub(crate) mod stdin;
@@ -228,6 +229,10 @@ impl<E: ContainerEngine> Sandbox for ContainerSandbox<E> {
 
     async fn resume(&self) -> Result<()> {
         freeze::set_paused(&self.shared, false).await
+    }
+
+    async fn extend(&self, by: std::time::Duration) -> Result<std::time::SystemTime> {
+        lifetime::extend(&self.shared, by).await
     }
 
     fn ingress_address(&self, port: u16) -> Result<SocketAddr> {

@@ -31,7 +31,10 @@ pub(crate) struct Shared<E> {
     pub template: String,
     pub workdir: String,
     pub labels: BTreeMap<String, String>,
-    pub deadline: SystemTime,
+    /// The deadline in force: set at create, moved by `extend`.
+    pub deadline: Mutex<SystemTime>,
+    /// The latest deadline `extend` may set (`CreateOptions::max_lifetime` from create).
+    pub max_deadline: SystemTime,
     pub tier: IsolationTier,
     pub caps: Capability,
     /// Injected into every user exec's environment, never into the container config.
@@ -66,9 +69,14 @@ impl<E: ContainerEngine> Shared<E> {
         OrphanInfo::new(self.id.clone(), self.engine.backend(), self.labels.clone())
     }
 
+    /// The deadline in force.
+    pub(crate) fn deadline(&self) -> SystemTime {
+        *self.deadline.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Time left before the lifetime backstop; `SandboxGone` once it passed.
     pub(crate) fn remaining(&self) -> Result<Duration> {
-        match self.deadline.duration_since(SystemTime::now()) {
+        match self.deadline().duration_since(SystemTime::now()) {
             Ok(d) if !d.is_zero() => Ok(d),
             _ => Err(error::gone(&self.id)),
         }

@@ -81,7 +81,7 @@ impl EnforcedBackend {
             inner: sb,
             layer: self.layer.clone(),
             redactor,
-            deadline,
+            deadline: std::sync::Mutex::new(deadline),
             killed: AtomicBool::new(false),
             paused: AtomicBool::new(false),
             kill_lock: tokio::sync::Mutex::new(()),

@@ -1,5 +1,5 @@
 //! The sandbox wrapper ([`EnforcedSandbox`]): each call on a wrapped sandbox — run,
-//! run_code, stream, files, kill, ingress, pause, resume — is checked (the shared state's
+//! run_code, stream, files, kill, ingress, pause, resume, extend — is checked (the shared state's
 //! gate), spanned and audited (its operation), then forwarded to the adapter. A kill is
 //! idempotent, and nothing reaches the adapter after a successful one; while paused,
 //! only resume and kill do.
@@ -203,6 +203,37 @@ impl Sandbox for EnforcedSandbox {
 
     async fn pause(&self) -> Result<()> {
         self.pause_or_resume("sandbox.pause", true).await
+    }
+
+    async fn extend(&self, by: std::time::Duration) -> Result<std::time::SystemTime> {
+        let s = &self.shared;
+        let span = op_span!("sandbox.extend", s.backend, s.tier);
+        let op = s.op(span.clone(), "sandbox.extend");
+        async move {
+            // Serialised with kill: an extension never reaches a sandbox being removed.
+            let _serial = s.kill_lock.lock().await;
+            let checked = s.require(Capability::EXTEND_LIFETIME).and_then(|()| {
+                // A paused sandbox's agent is frozen and could not answer.
+                s.alive()?;
+                if by.is_zero() {
+                    return Err(crate::SandboxError::config(
+                        "extend needs a positive duration",
+                        "pass the time to add, e.g. Duration::from_secs(60)",
+                    ));
+                }
+                Ok(())
+            });
+            let r = match checked {
+                Ok(()) => s.inner.extend(by).await,
+                Err(e) => Err(e),
+            };
+            if let Ok(to) = &r {
+                s.moved_deadline(*to);
+            }
+            op.end(&s.layer, &s.redactor, r)
+        }
+        .instrument(span)
+        .await
     }
 
     async fn resume(&self) -> Result<()> {

@@ -30,13 +30,14 @@ pub(super) struct Shared {
     pub(super) tier: IsolationTier,
     pub(super) layer: Arc<Layer>,
     pub(super) redactor: Redactor,
-    /// End of the lifetime as the layer knows it (`None` after `connect`).
-    pub(super) deadline: Option<tokio::time::Instant>,
+    /// End of the lifetime as the layer knows it (`None` after `connect`); moved by
+    /// each successful `extend`.
+    pub(super) deadline: std::sync::Mutex<Option<tokio::time::Instant>>,
     pub(super) killed: AtomicBool,
     /// Paused through this handle and not resumed since.
     pub(super) paused: AtomicBool,
-    /// Serialises kills, pauses and resumes, so two concurrent kills call the adapter
-    /// once and a pause never races a kill.
+    /// Serialises kills, pauses, resumes and extensions, so two concurrent kills call
+    /// the adapter once and a pause or an extension never races a kill.
     pub(super) kill_lock: tokio::sync::Mutex<()>,
 }
 
@@ -64,11 +65,22 @@ impl Shared {
     /// What `timeout: None` resolves to: the remaining lifetime (never unbounded), at
     /// least [`MIN_INHERITED_TIMEOUT`].
     fn remaining(&self) -> Duration {
-        let left = match self.deadline {
+        let deadline = *self.deadline.lock().unwrap_or_else(|e| e.into_inner());
+        let left = match deadline {
             Some(d) => d.saturating_duration_since(tokio::time::Instant::now()),
             None => MAX_SANDBOX_TIMEOUT,
         };
         left.max(MIN_INHERITED_TIMEOUT)
+    }
+
+    /// Records a deadline the adapter moved to (`extend`'s answer). A deadline counted
+    /// from after the call is never earlier than the adapter's, like the one at create.
+    pub(super) fn moved_deadline(&self, to: std::time::SystemTime) {
+        let left = to
+            .duration_since(std::time::SystemTime::now())
+            .unwrap_or_default();
+        let at = tokio::time::Instant::now() + left;
+        *self.deadline.lock().unwrap_or_else(|e| e.into_inner()) = Some(at);
     }
 
     pub(super) fn run_options(&self, cmd: &Command, mut options: RunOptions) -> Result<RunOptions> {

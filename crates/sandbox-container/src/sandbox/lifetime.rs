@@ -1,0 +1,41 @@
+//! Moving a sandbox's deadline (`Sandbox::extend`): the agent first, which enforces the
+//! deadline from inside and refuses anything past the maximum it was started with, then
+//! the host side (the handle's deadline, which bounds inherited timeouts, and the
+//! host-side deadline timer). The engine's labels keep the deadline set at create; the
+//! latest one an extension can reach is labelled at create for other processes' cleanups
+//! (`provision/sweep.rs`, `sandbox reap`).
+//!
+//! The engine's exec path has no agent: its lifetime backstop is the container's main
+//! `sleep`, whose end cannot move, so such a sandbox does not declare `EXTEND_LIFETIME`.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sandbox_core::{Capability, Result, SandboxError};
+
+use crate::engine::ContainerEngine;
+use crate::sandbox::shared::Shared;
+
+/// Moves the deadline `by` later; returns the new one.
+pub(crate) async fn extend<E: ContainerEngine>(
+    shared: &Shared<E>,
+    by: Duration,
+) -> Result<SystemTime> {
+    let backend = shared.engine.backend();
+    sandbox_core::policy::require(shared.caps, Capability::EXTEND_LIFETIME, backend)?;
+    let Some(agent) = &shared.agent else {
+        return Err(SandboxError::unsupported(
+            Capability::EXTEND_LIFETIME,
+            backend,
+        ));
+    };
+    // Past its deadline the sandbox is over, whatever the agent has yet to notice.
+    shared.remaining()?;
+    let to =
+        sandbox_core::options::extended_deadline(shared.deadline(), shared.max_deadline, by, true)?;
+    let secs = to.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
+    let set = UNIX_EPOCH + Duration::from_secs(agent.set_deadline(secs).await?);
+    *shared.deadline.lock().unwrap_or_else(|e| e.into_inner()) = set;
+    shared.expiry.move_to(set);
+    tracing::debug!(sandbox_id = %shared.id, deadline_unix = secs, "deadline moved");
+    Ok(set)
+}
