@@ -32,22 +32,26 @@ use crate::config::DockerConfig;
 
 /// What a Docker sandbox can declare: the container layer's set, a disk limit (a
 /// read-only root with tmpfs-backed scratch volumes), the egress allowlist where the
-/// container layer can load its rules, the agent and its terminals where it runs, and
-/// pause/resume (the freezer, under runc and runsc).
+/// container layer can load its rules, the agent with its terminals, moved deadlines and
+/// idle limits where it runs, and pause/resume (the freezer, under runc and runsc).
 pub const CAPABILITIES: Capability = LAYER_CAPABILITIES
     .union(Capability::DISK_LIMIT)
     .union(Capability::EGRESS_ALLOWLIST)
     .union(Capability::PTY)
     .union(Capability::PAUSE_RESUME)
-    .union(Capability::AGENT);
+    .union(Capability::AGENT)
+    .union(Capability::EXTEND_LIFETIME)
+    .union(Capability::IDLE_TIMEOUT);
 
 /// What the engine offers the container layer under this runtime: [`CAPABILITIES`]
-/// without the agent and its terminals (which the container layer adds where the agent
-/// runs), and without the allowlist where the runtime forces `--network=none`.
+/// without the agent, its terminals, extend and the idle limit (which the container layer
+/// adds where the agent runs), and without the allowlist where the runtime forces `--network=none`.
 pub(crate) fn capabilities(runtime_forces_no_network: bool) -> Capability {
     let caps = CAPABILITIES
         .difference(Capability::PTY)
-        .difference(Capability::AGENT);
+        .difference(Capability::AGENT)
+        .difference(Capability::EXTEND_LIFETIME)
+        .difference(Capability::IDLE_TIMEOUT);
     if runtime_forces_no_network {
         caps.difference(Capability::EGRESS_ALLOWLIST)
     } else {

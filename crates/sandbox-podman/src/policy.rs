@@ -18,25 +18,29 @@ use crate::config::{MountMode, PodmanOptions, Sharing};
 
 /// What a Podman sandbox can declare: the container layer's set, a disk limit (a
 /// read-only root with tmpfs scratch mounts), the egress allowlist where the container
-/// layer can load its rules, the agent and its terminals where it runs, GPUs for a
-/// sandbox created with CDI devices ([`PodmanOptions::cdi_device`]), and pause/resume
-/// (the freezer).
+/// layer can load its rules, the agent with its terminals, moved deadlines and idle limits
+/// where it runs, GPUs for a sandbox created with CDI devices
+/// ([`PodmanOptions::cdi_device`]), and pause/resume (the freezer).
 pub const CAPABILITIES: Capability = LAYER_CAPABILITIES
     .union(Capability::DISK_LIMIT)
     .union(Capability::EGRESS_ALLOWLIST)
     .union(Capability::PTY)
     .union(Capability::AGENT)
     .union(Capability::GPU)
-    .union(Capability::PAUSE_RESUME);
+    .union(Capability::PAUSE_RESUME)
+    .union(Capability::EXTEND_LIFETIME)
+    .union(Capability::IDLE_TIMEOUT);
 
 /// What the engine offers the container layer under these options: [`CAPABILITIES`]
-/// without the agent and its terminals (which the container layer adds where the agent
-/// runs), and GPU only with CDI devices, which `PodmanOptions::validate` has checked
+/// without the agent, its terminals, extend and the idle limit (which the container layer
+/// adds where the agent runs), and GPU only with CDI devices, which `PodmanOptions::validate` has checked
 /// against the host.
 pub(crate) fn capabilities(podman: &PodmanOptions) -> Capability {
     let caps = CAPABILITIES
         .difference(Capability::PTY)
-        .difference(Capability::AGENT);
+        .difference(Capability::AGENT)
+        .difference(Capability::EXTEND_LIFETIME)
+        .difference(Capability::IDLE_TIMEOUT);
     if podman.cdi_devices.is_empty() {
         caps.difference(Capability::GPU)
     } else {

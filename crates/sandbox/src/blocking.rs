@@ -208,6 +208,10 @@ impl Sandbox {
     pub fn resume(&self) -> Result<()> {
         block_on(self.inner().resume())?
     }
+    /// Blocking [`crate::Sandbox::extend`]: moves the deadline by `by`, returns the new one.
+    pub fn extend(&self, by: std::time::Duration) -> Result<std::time::SystemTime> {
+        block_on(self.inner().extend(by))?
+    }
     /// See [`crate::Sandbox::native`]. **Outside the semver contract.**
     pub fn native(&self) -> &dyn Any {
         self.inner().native()

@@ -46,7 +46,8 @@ mod recorded {
     use sandbox_core::Capability;
 
     /// What Docker and Podman sandboxes can declare: the container layer's set, the
-    /// egress allowlist, a disk limit, the agent and terminals, pause and resume.
+    /// egress allowlist, a disk limit, the agent with its terminals, moved deadlines and
+    /// idle limits, pause and resume.
     const CONTAINER: Capability = Capability::RUN_COMMAND
         .union(Capability::RUN_CODE)
         .union(Capability::STATEFUL_CODE)
@@ -60,7 +61,9 @@ mod recorded {
         .union(Capability::DISK_LIMIT)
         .union(Capability::PTY)
         .union(Capability::AGENT)
-        .union(Capability::PAUSE_RESUME);
+        .union(Capability::PAUSE_RESUME)
+        .union(Capability::EXTEND_LIFETIME)
+        .union(Capability::IDLE_TIMEOUT);
 
     /// `sandbox_docker::CAPABILITIES`.
     #[cfg(any(test, not(feature = "docker")))]
