@@ -29,6 +29,7 @@ pub const COVERED: &[(C, &str)] = &[
     (C::DISK_LIMIT, "disk"),
     (C::PTY, "pty"),
     (C::PAUSE_RESUME, "pause"),
+    (C::SNAPSHOT, "snapshot"),
     (C::AGENT, "lifecycle"),
 ];
 
@@ -244,6 +245,10 @@ async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
         refused(C::PAUSE_RESUME, sb.resume().await)?;
         checked.push(C::PAUSE_RESUME);
     }
+    if !caps.contains(C::SNAPSHOT) {
+        refused(C::SNAPSHOT, sb.snapshot().await.map(|_| ()))?;
+        checked.push(C::SNAPSHOT);
+    }
     // SNAPSHOT_FORK and TUNNELS have no entry point in the traits yet, so an undeclared
     // one cannot be invoked at all.
     let files_refused = sb.files().is_err();
@@ -277,6 +282,7 @@ fn all_reachable_checked(declared: C, unreachable: C, checked: &[C]) -> anyhow::
         | C::DISK_LIMIT
         | C::PTY
         | C::PAUSE_RESUME
+        | C::SNAPSHOT
         | C::AGENT;
     let expected = with_entry_point - declared - unreachable;
     let got = checked.iter().fold(C::empty(), |acc, c| acc | *c);

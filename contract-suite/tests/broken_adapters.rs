@@ -247,4 +247,8 @@ caught! {
     unchecked_allowlist_is_caught => UncheckedAllowlist,
     pause_that_freezes_nothing_is_caught => PauseDoesNotFreeze,
     resume_that_thaws_nothing_is_caught => ResumeDoesNotThaw,
+    snapshot_without_its_files_is_caught => SnapshotFilesLost,
+    snapshot_keeping_secrets_is_caught => SnapshotKeepsSecrets,
+    unlisted_snapshots_are_caught => SnapshotsUnlisted,
+    snapshot_ending_its_source_is_caught => SnapshotEndsTheSource,
 }

@@ -17,6 +17,7 @@ const AREAS: &[&str] = &[
     "streaming",
     "pty",
     "pause",
+    "snapshot",
     "files",
     "policy",
     "hardening",

@@ -137,11 +137,21 @@ pub enum Flaw {
     PauseDoesNotFreeze,
     /// `resume` only says so: the sandbox stays frozen.
     ResumeDoesNotThaw,
+    /// `create` from a snapshot's template starts from the backend's default template:
+    /// the snapshot's files are not there.
+    SnapshotFilesLost,
+    /// `create` from a snapshot's template gives the new sandbox the secrets of the
+    /// sandbox the snapshot was made from (as an engine commit that stored them would).
+    SnapshotKeepsSecrets,
+    /// `list_snapshots` lists none: snapshots are made and never found again.
+    SnapshotsUnlisted,
+    /// `snapshot` ends the sandbox it was made from.
+    SnapshotEndsTheSource,
 }
 
 impl Flaw {
     /// Every flaw.
-    pub const ALL: [Flaw; 54] = [
+    pub const ALL: [Flaw; 58] = [
         Flaw::SwallowTimeouts,
         Flaw::PretendNetworkPolicy,
         Flaw::LeakSecrets,
@@ -196,6 +206,10 @@ impl Flaw {
         Flaw::UncheckedAllowlist,
         Flaw::PauseDoesNotFreeze,
         Flaw::ResumeDoesNotThaw,
+        Flaw::SnapshotFilesLost,
+        Flaw::SnapshotKeepsSecrets,
+        Flaw::SnapshotsUnlisted,
+        Flaw::SnapshotEndsTheSource,
     ];
 
     /// The trials that must fail on a backend with this flaw (each passes without it).
@@ -299,6 +313,13 @@ impl Flaw {
             }
             Flaw::PauseDoesNotFreeze | Flaw::ResumeDoesNotThaw => {
                 &["contract::pause::a_paused_counter_stops_and_resumes_exactly"]
+            }
+            Flaw::SnapshotFilesLost | Flaw::SnapshotKeepsSecrets => {
+                &["contract::snapshot::a_template_starts_with_the_files_and_without_the_secrets"]
+            }
+            Flaw::SnapshotsUnlisted => &["contract::snapshot::snapshots_are_listed_and_removable"],
+            Flaw::SnapshotEndsTheSource => {
+                &["contract::snapshot::the_original_goes_on_after_a_snapshot"]
             }
         }
     }

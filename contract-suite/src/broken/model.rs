@@ -122,6 +122,18 @@ impl ReapableBackend for ModelBackend {
             None => Err(SandboxError::unsupported(Capability::empty(), self.name())),
         }
     }
+    async fn list_snapshots(&self) -> Result<Vec<sandbox_core::Snapshot>> {
+        match self.inner.as_reapable() {
+            Some(r) => r.list_snapshots().await,
+            None => Err(SandboxError::unsupported(Capability::empty(), self.name())),
+        }
+    }
+    async fn remove_snapshot(&self, template: &str) -> Result<bool> {
+        match self.inner.as_reapable() {
+            Some(r) => r.remove_snapshot(template).await,
+            None => Err(SandboxError::unsupported(Capability::empty(), self.name())),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -247,6 +259,9 @@ impl Sandbox for ModelSandbox {
     }
     async fn resume(&self) -> Result<()> {
         self.inner.resume().await
+    }
+    async fn snapshot(&self) -> Result<sandbox_core::Snapshot> {
+        self.inner.snapshot().await
     }
     fn native(&self) -> &dyn Any {
         self.inner.native()

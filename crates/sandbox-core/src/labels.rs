@@ -26,6 +26,11 @@ pub const LABEL_EXEC_PATH: &str = "io.sandbox-rs.exec-path";
 pub const EXEC_PATH_AGENT: &str = "agent";
 /// [`LABEL_EXEC_PATH`] of a sandbox created without its agent (the engine's exec path).
 pub const EXEC_PATH_EXEC: &str = "exec";
+/// On a snapshot image: the id of the sandbox whose filesystem it holds. It marks the
+/// image as a snapshot (with [`LABEL_MANAGED`]).
+pub const LABEL_SNAPSHOT_OF: &str = "io.sandbox-rs.snapshot-of";
+/// On a snapshot image: when it was made, Unix seconds.
+pub const LABEL_CREATED: &str = "io.sandbox-rs.created";
 /// Prefix of user metadata labels.
 pub const LABEL_META_PREFIX: &str = "io.sandbox-rs.meta.";
 
@@ -354,6 +359,18 @@ pub fn sandbox_labels(
         l.insert(format!("{LABEL_META_PREFIX}{k}"), v.clone());
     }
     l
+}
+
+/// The only labels a snapshot image carries: managed marker, backend, the sandbox it was
+/// made from and when. None of the sandbox's own (owner, session, deadline, metadata):
+/// whoever runs the image later must not inherit them.
+pub fn snapshot_labels(backend: &str, source: &str, created_unix: u64) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (LABEL_MANAGED.to_string(), "true".to_string()),
+        (LABEL_BACKEND.to_string(), backend.to_string()),
+        (LABEL_SNAPSHOT_OF.to_string(), source.to_string()),
+        (LABEL_CREATED.to_string(), created_unix.to_string()),
+    ])
 }
 
 /// Turns a user label filter (`k=v` on metadata) into engine label filters.

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 
 use crate::{
     Capability, CodeOptions, Command, ExecResult, FileSystem, IsolationTier, Process, Result,
-    RunOptions,
+    RunOptions, Snapshot,
 };
 
 /// One live sandbox.
@@ -63,6 +63,16 @@ pub trait Sandbox: Send + Sync + std::fmt::Debug {
     async fn resume(&self) -> Result<()> {
         Err(crate::SandboxError::unsupported(
             Capability::PAUSE_RESUME,
+            self.backend(),
+        ))
+    }
+    /// Turns the sandbox's current filesystem into a template that `create` accepts
+    /// (needs `SNAPSHOT`): files only, never its secrets and never the in-sandbox agent;
+    /// the sandbox goes on as before. Works on a paused sandbox too. The template stays
+    /// until removed with `ReapableBackend::remove_snapshot` (or `sandbox reap --kill`).
+    async fn snapshot(&self) -> Result<Snapshot> {
+        Err(crate::SandboxError::unsupported(
+            Capability::SNAPSHOT,
             self.backend(),
         ))
     }

@@ -8,7 +8,8 @@ use sandbox_core::{Capability, IsolationTier};
 pub const DEFAULT_TEMPLATE: &str = "sandbox-rs/python:3.11";
 
 /// Everything the fake backend declares (pause and resume freeze a sandbox's programs
-/// before their next output or start). `PTY`, `SNAPSHOT_FORK`, `GPU`,
+/// before their next output or start; a snapshot copies the in-memory filesystem into a
+/// template `create` accepts). `PTY`, `SNAPSHOT_FORK`, `GPU`,
 /// `INGRESS_PORTS` (nothing in a fake sandbox can accept a host connection) and `TUNNELS`
 /// are not implemented and therefore never declared: asking for them is
 /// `CapabilityNotSupported`.
@@ -23,6 +24,7 @@ pub fn full_capabilities() -> Capability {
         | Capability::NETWORK_POLICY
         | Capability::EGRESS_ALLOWLIST
         | Capability::PAUSE_RESUME
+        | Capability::SNAPSHOT
 }
 
 /// Options of a [`FakeBackend`](crate::FakeBackend). Build one with

@@ -184,7 +184,10 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                 _ => SystemTime::now() + options.timeout,
             },
             tier,
-            caps: self.caps() | crate::sandbox::agent::capabilities(agent.as_ref(), tier),
+            caps: crate::snapshot::instance_caps(
+                self.caps() | crate::sandbox::agent::capabilities(agent.as_ref(), tier),
+                spec.resources.disk_mb.is_some(),
+            ),
             secrets: options
                 .secrets
                 .iter()

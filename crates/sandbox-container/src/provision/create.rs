@@ -463,6 +463,12 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                     }
                     .to_string(),
                 );
+                if resources.disk_mb.is_some() {
+                    labels.insert(
+                        crate::snapshot::LABEL_DISK_LIMITED.to_string(),
+                        "true".to_string(),
+                    );
+                }
                 labels
             },
             resources,
