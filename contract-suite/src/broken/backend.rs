@@ -82,6 +82,12 @@ impl Backend for BrokenBackend {
         self.inner.isolation()
     }
     async fn create(&self, mut options: CreateOptions) -> Result<Box<dyn Sandbox>> {
+        let from_snapshot = match self.flaw {
+            Flaw::SnapshotFilesLost | Flaw::SnapshotKeepsSecrets => {
+                self.snapshot_named(options.template.as_deref()).await
+            }
+            _ => None,
+        };
         match self.flaw {
             Flaw::PretendNetworkPolicy if options.network.egress == Egress::Deny => {
                 options.network.egress = Egress::Allow;
@@ -131,25 +137,18 @@ impl Backend for BrokenBackend {
                         .collect();
                 }
             }
-            Flaw::SnapshotFilesLost => {
-                if self
-                    .snapshot_named(options.template.as_deref())
-                    .await
-                    .is_some()
-                {
-                    options.template = None;
-                }
+            Flaw::SnapshotFilesLost if from_snapshot.is_some() => {
+                options.template = None;
             }
-            Flaw::SnapshotKeepsSecrets => {
-                if let Some(snap) = self.snapshot_named(options.template.as_deref()).await {
-                    let kept = self
-                        .secrets_of
-                        .lock()
-                        .ok()
-                        .and_then(|m| m.get(&snap.source).cloned())
-                        .unwrap_or_default();
-                    options.secrets.extend(kept);
-                }
+            Flaw::SnapshotKeepsSecrets if from_snapshot.is_some() => {
+                let source = from_snapshot.map(|s| s.source).unwrap_or_default();
+                let kept = self
+                    .secrets_of
+                    .lock()
+                    .ok()
+                    .and_then(|m| m.get(&source).cloned())
+                    .unwrap_or_default();
+                options.secrets.extend(kept);
             }
             _ => {}
         }

@@ -46,7 +46,8 @@ mod recorded {
     use sandbox_core::Capability;
 
     /// What Docker and Podman sandboxes can declare: the container layer's set, the
-    /// egress allowlist, a disk limit, the agent and terminals.
+    /// egress allowlist, a disk limit, the agent and terminals, pause/resume and
+    /// filesystem snapshots.
     const CONTAINER: Capability = Capability::RUN_COMMAND
         .union(Capability::RUN_CODE)
         .union(Capability::STATEFUL_CODE)
@@ -59,7 +60,9 @@ mod recorded {
         .union(Capability::STDIN)
         .union(Capability::DISK_LIMIT)
         .union(Capability::PTY)
-        .union(Capability::AGENT);
+        .union(Capability::AGENT)
+        .union(Capability::PAUSE_RESUME)
+        .union(Capability::SNAPSHOT);
 
     /// `sandbox_docker::CAPABILITIES`.
     #[cfg(any(test, not(feature = "docker")))]
@@ -69,8 +72,8 @@ mod recorded {
     #[cfg(any(test, not(feature = "podman")))]
     pub(super) const PODMAN: Capability = CONTAINER.union(Capability::GPU);
 
-    /// `sandbox_fake::full_capabilities()`: an egress allowlist, but no ingress ports, no
-    /// disk, no terminals and no agent.
+    /// `sandbox_fake::full_capabilities()`: an egress allowlist, pause/resume and
+    /// snapshots, but no ingress ports, no disk, no terminals and no agent.
     #[cfg(any(test, not(feature = "fake")))]
     pub(super) const FAKE: Capability = CONTAINER
         .difference(Capability::INGRESS_PORTS)
@@ -122,7 +125,15 @@ mod tests {
         );
         assert_eq!(first_party_support(Capability::PTY), ["docker", "podman"]);
         assert_eq!(first_party_support(Capability::AGENT), ["docker", "podman"]);
-        assert!(first_party_support(Capability::PAUSE_RESUME).is_empty());
+        assert_eq!(
+            first_party_support(Capability::PAUSE_RESUME),
+            ["docker", "podman", "fake"]
+        );
+        assert_eq!(
+            first_party_support(Capability::SNAPSHOT),
+            ["docker", "podman", "fake"]
+        );
+        assert!(first_party_support(Capability::SNAPSHOT_FORK).is_empty());
         assert!(first_party_support(Capability::empty()).is_empty());
     }
 

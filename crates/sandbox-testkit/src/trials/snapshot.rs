@@ -4,7 +4,7 @@
 //! sandbox it was made from (owner, session, deadline, metadata) and no create-time env;
 //! only the files the sandbox wrote. The image is removed at the end, whatever happened.
 
-use sandbox_core::{ReapableBackend, RunOptions, Sandbox};
+use sandbox_core::{ReapableBackend, RunOptions};
 
 use crate::tagged::test_options;
 
