@@ -29,6 +29,7 @@ pub const COVERED: &[(C, &str)] = &[
     (C::DISK_LIMIT, "disk"),
     (C::PTY, "pty"),
     (C::PAUSE_RESUME, "pause"),
+    (C::SNAPSHOT, "snapshot"),
     (C::AGENT, "lifecycle"),
     (C::EXTEND_LIFETIME, "lifetime"),
     (C::IDLE_TIMEOUT, "lifetime"),
@@ -264,6 +265,10 @@ async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
         )?;
         checked.push(C::EXTEND_LIFETIME);
     }
+    if !caps.contains(C::SNAPSHOT) {
+        refused(C::SNAPSHOT, sb.snapshot().await.map(|_| ()))?;
+        checked.push(C::SNAPSHOT);
+    }
     // SNAPSHOT_FORK and TUNNELS have no entry point in the traits yet, so an undeclared
     // one cannot be invoked at all.
     let files_refused = sb.files().is_err();
@@ -299,7 +304,8 @@ fn all_reachable_checked(declared: C, unreachable: C, checked: &[C]) -> anyhow::
         | C::PAUSE_RESUME
         | C::AGENT
         | C::EXTEND_LIFETIME
-        | C::IDLE_TIMEOUT;
+        | C::IDLE_TIMEOUT
+        | C::SNAPSHOT;
     let expected = with_entry_point - declared - unreachable;
     let got = checked.iter().fold(C::empty(), |acc, c| acc | *c);
     ensure!(

@@ -26,6 +26,7 @@ mod policy;
 mod pty;
 mod run;
 mod run_code;
+mod snapshot;
 mod streaming;
 
 use std::collections::BTreeMap;
@@ -209,6 +210,7 @@ fn all_trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
     t.extend(pty::trials(ctx));
     t.extend(pause::trials(ctx));
     t.extend(lifetime::trials(ctx));
+    t.extend(snapshot::trials(ctx));
     t.extend(files::trials(ctx));
     // The run and files areas once more on every other test image the adapter knows
     // (busybox `ls`/`stat`/`sh` differ from Debian's).

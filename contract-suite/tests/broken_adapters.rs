@@ -252,4 +252,8 @@ caught! {
     forgotten_maximum_lifetime_is_caught => ForgetMaximumLifetime,
     ignored_idle_limit_is_caught => IgnoreIdleLimit,
     idle_limit_ending_busy_sandboxes_is_caught => IdleEndsBusySandboxes,
+    snapshot_without_its_files_is_caught => SnapshotFilesLost,
+    snapshot_keeping_secrets_is_caught => SnapshotKeepsSecrets,
+    unlisted_snapshots_are_caught => SnapshotsUnlisted,
+    snapshot_ending_its_source_is_caught => SnapshotEndsTheSource,
 }

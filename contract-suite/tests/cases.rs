@@ -18,6 +18,7 @@ const AREAS: &[&str] = &[
     "pty",
     "pause",
     "lifetime",
+    "snapshot",
     "files",
     "policy",
     "hardening",

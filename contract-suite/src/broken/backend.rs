@@ -23,6 +23,7 @@ pub fn wrap(inner: Arc<dyn Backend>, flaw: Flaw) -> Arc<dyn Backend> {
         inner,
         flaw,
         last_options: Mutex::new(None),
+        secrets_of: Mutex::new(BTreeMap::new()),
     })
 }
 
@@ -33,6 +34,8 @@ pub struct BrokenBackend {
     flaw: Flaw,
     /// The last options a create succeeded with (`ConnectRevives` creates from them).
     last_options: Mutex<Option<CreateOptions>>,
+    /// Each created sandbox's secrets (`SnapshotKeepsSecrets` hands them on).
+    secrets_of: Mutex<BTreeMap<String, BTreeMap<String, sandbox_core::Secret>>>,
 }
 
 impl BrokenBackend {
@@ -43,6 +46,13 @@ impl BrokenBackend {
         ingress: Vec<u16>,
     ) -> Box<dyn Sandbox> {
         Box::new(BrokenSandbox::new(inner, self.flaw, secrets, ingress))
+    }
+
+    /// The snapshot `template` names, when the inner backend lists one.
+    async fn snapshot_named(&self, template: Option<&str>) -> Option<sandbox_core::Snapshot> {
+        let template = template?;
+        let listed = self.inner.as_reapable()?.list_snapshots().await.ok()?;
+        listed.into_iter().find(|s| s.template == template)
     }
 
     /// Options with the same metadata that the inner backend accepts.
@@ -72,6 +82,12 @@ impl Backend for BrokenBackend {
         self.inner.isolation()
     }
     async fn create(&self, mut options: CreateOptions) -> Result<Box<dyn Sandbox>> {
+        let from_snapshot = match self.flaw {
+            Flaw::SnapshotFilesLost | Flaw::SnapshotKeepsSecrets => {
+                self.snapshot_named(options.template.as_deref()).await
+            }
+            _ => None,
+        };
         match self.flaw {
             Flaw::PretendNetworkPolicy if options.network.egress == Egress::Deny => {
                 options.network.egress = Egress::Allow;
@@ -135,6 +151,19 @@ impl Backend for BrokenBackend {
                         .collect();
                 }
             }
+            Flaw::SnapshotFilesLost if from_snapshot.is_some() => {
+                options.template = None;
+            }
+            Flaw::SnapshotKeepsSecrets if from_snapshot.is_some() => {
+                let source = from_snapshot.map(|s| s.source).unwrap_or_default();
+                let kept = self
+                    .secrets_of
+                    .lock()
+                    .ok()
+                    .and_then(|m| m.get(&source).cloned())
+                    .unwrap_or_default();
+                options.secrets.extend(kept);
+            }
             _ => {}
         }
         let ingress = if self.flaw == Flaw::PretendIngress {
@@ -177,6 +206,9 @@ impl Backend for BrokenBackend {
         if let Ok(mut last) = self.last_options.lock() {
             *last = Some(Self::plain(&options));
         }
+        if let Ok(mut m) = self.secrets_of.lock() {
+            m.insert(inner.id().to_string(), options.secrets.clone());
+        }
         Ok(self.sandbox(inner, secrets, ingress))
     }
     async fn connect(&self, id: &str) -> Result<Box<dyn Sandbox>> {
@@ -217,6 +249,22 @@ impl ReapableBackend for BrokenBackend {
     async fn kill_managed(&self, id: &str) -> Result<bool> {
         match self.inner.as_reapable() {
             Some(r) => r.kill_managed(id).await,
+            None => Err(SandboxError::unsupported(Capability::empty(), self.name())),
+        }
+    }
+    async fn list_snapshots(&self) -> Result<Vec<sandbox_core::Snapshot>> {
+        let listed = match self.inner.as_reapable() {
+            Some(r) => r.list_snapshots().await?,
+            None => return Err(SandboxError::unsupported(Capability::empty(), self.name())),
+        };
+        if self.flaw == Flaw::SnapshotsUnlisted {
+            return Ok(Vec::new());
+        }
+        Ok(listed)
+    }
+    async fn remove_snapshot(&self, template: &str) -> Result<bool> {
+        match self.inner.as_reapable() {
+            Some(r) => r.remove_snapshot(template).await,
             None => Err(SandboxError::unsupported(Capability::empty(), self.name())),
         }
     }

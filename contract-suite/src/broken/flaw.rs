@@ -150,11 +150,21 @@ pub enum Flaw {
     /// The idle limit ends a sandbox even while a command runs (modelled as a lifetime
     /// cut to the idle limit).
     IdleEndsBusySandboxes,
+    /// `create` from a snapshot's template starts from the backend's default template:
+    /// the snapshot's files are not there.
+    SnapshotFilesLost,
+    /// `create` from a snapshot's template gives the new sandbox the secrets of the
+    /// sandbox the snapshot was made from (as an engine commit that stored them would).
+    SnapshotKeepsSecrets,
+    /// `list_snapshots` lists none: snapshots are made and never found again.
+    SnapshotsUnlisted,
+    /// `snapshot` ends the sandbox it was made from.
+    SnapshotEndsTheSource,
 }
 
 impl Flaw {
     /// Every flaw.
-    pub const ALL: [Flaw; 59] = [
+    pub const ALL: [Flaw; 63] = [
         Flaw::SwallowTimeouts,
         Flaw::PretendNetworkPolicy,
         Flaw::LeakSecrets,
@@ -214,6 +224,10 @@ impl Flaw {
         Flaw::ForgetMaximumLifetime,
         Flaw::IgnoreIdleLimit,
         Flaw::IdleEndsBusySandboxes,
+        Flaw::SnapshotFilesLost,
+        Flaw::SnapshotKeepsSecrets,
+        Flaw::SnapshotsUnlisted,
+        Flaw::SnapshotEndsTheSource,
     ];
 
     /// The trials that must fail on a backend with this flaw (each passes without it).
@@ -330,6 +344,13 @@ impl Flaw {
             }
             Flaw::IgnoreIdleLimit | Flaw::IdleEndsBusySandboxes => {
                 &["contract::lifetime::an_idle_sandbox_is_removed_and_a_busy_one_is_not"]
+            }
+            Flaw::SnapshotFilesLost | Flaw::SnapshotKeepsSecrets => {
+                &["contract::snapshot::a_template_starts_with_the_files_and_without_the_secrets"]
+            }
+            Flaw::SnapshotsUnlisted => &["contract::snapshot::snapshots_are_listed_and_removable"],
+            Flaw::SnapshotEndsTheSource => {
+                &["contract::snapshot::the_original_goes_on_after_a_snapshot"]
             }
         }
     }

@@ -122,6 +122,18 @@ impl ReapableBackend for ModelBackend {
             None => Err(SandboxError::unsupported(Capability::empty(), self.name())),
         }
     }
+    async fn list_snapshots(&self) -> Result<Vec<sandbox_core::Snapshot>> {
+        match self.inner.as_reapable() {
+            Some(r) => r.list_snapshots().await,
+            None => Err(SandboxError::unsupported(Capability::empty(), self.name())),
+        }
+    }
+    async fn remove_snapshot(&self, template: &str) -> Result<bool> {
+        match self.inner.as_reapable() {
+            Some(r) => r.remove_snapshot(template).await,
+            None => Err(SandboxError::unsupported(Capability::empty(), self.name())),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -250,6 +262,9 @@ impl Sandbox for ModelSandbox {
     }
     async fn extend(&self, by: std::time::Duration) -> Result<std::time::SystemTime> {
         self.inner.extend(by).await
+    }
+    async fn snapshot(&self) -> Result<sandbox_core::Snapshot> {
+        self.inner.snapshot().await
     }
     fn native(&self) -> &dyn Any {
         self.inner.native()

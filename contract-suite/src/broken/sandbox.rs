@@ -2,8 +2,8 @@
 //! streams to `exec`, kernel evidence to `evidence`, files to `files`) and holds the
 //! flaws of the handle itself — a kill that leaks its error or poisons later calls, a drop
 //! that tears nothing down, a `Debug` that shows secrets, a wrong tier, pretended ingress,
-//! a pause that freezes nothing and a resume that thaws nothing, an extension that moves
-//! nothing or too much.
+//! a pause that freezes nothing, a resume that thaws nothing, an extension that moves
+//! nothing or too much, and a snapshot that ends its sandbox.
 
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -269,6 +269,14 @@ impl Sandbox for BrokenSandbox {
             Flaw::ExtendOverruns => Ok(self.inner.extend(by + OVERRUN).await? - OVERRUN),
             _ => self.inner.extend(by).await,
         }
+    }
+
+    async fn snapshot(&self) -> Result<sandbox_core::Snapshot> {
+        let snap = self.inner.snapshot().await?;
+        if self.flaw == Flaw::SnapshotEndsTheSource {
+            self.inner.kill().await?;
+        }
+        Ok(snap)
     }
 
     fn native(&self) -> &dyn Any {

@@ -39,7 +39,8 @@ pub enum Cmd {
     Demo(DemoArgs),
     /// Check every engine: reachable, version, socket, runtimes, images, tier, fixes.
     Doctor(DoctorArgs),
-    /// List sandboxes sandbox-rs manages on every reachable engine; kill with --kill.
+    /// List sandboxes and snapshot images sandbox-rs manages on every reachable engine;
+    /// kill (and remove) them with --kill.
     Reap(ReapArgs),
     /// Create a sandbox that outlives this command (until `kill` or its --timeout); prints its id.
     Create(CreateArgs),

@@ -14,6 +14,11 @@
 //!
 //! `--kill` with an `--id` prefix that matches several sandboxes removes nothing. The
 //! whole command is bounded by [`REAP_BUDGET`].
+//!
+//! Snapshot images (`Sandbox::snapshot`) are listed too, and `--kill` removes them after
+//! the sandboxes (a snapshot a sandbox still uses cannot go before it). They carry no
+//! metadata and no owner: a `--label` or `--id` selection leaves them out, `--older-than`
+//! applies to them.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,7 +26,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
 use sandbox::labels::LABEL_META_PREFIX;
-use sandbox::{Backend, ManagedSandbox, Provenance, SandboxError};
+use sandbox::{Backend, ManagedSandbox, Provenance, SandboxError, Snapshot};
 use serde::Serialize;
 use tokio::time::Instant;
 
@@ -99,6 +104,22 @@ struct Entry {
     error: Option<String>,
 }
 
+/// One snapshot image in the report.
+#[derive(Debug, Serialize)]
+struct SnapshotEntry {
+    /// The template (image reference).
+    template: String,
+    backend: String,
+    /// The sandbox it was made from.
+    source: String,
+    created_at: Option<u64>,
+    age_s: Option<u64>,
+    /// `null` when listing; whether it was removed (false: already gone) with `--kill`.
+    removed: Option<bool>,
+    /// Why removing failed.
+    error: Option<String>,
+}
+
 #[derive(Debug, Serialize)]
 struct Ambiguous {
     /// The `--id` value.
@@ -113,6 +134,8 @@ struct ReapReport {
     force: bool,
     engines: Vec<EngineStatus>,
     sandboxes: Vec<Entry>,
+    /// Snapshot images (none listed under a `--label` or `--id` selection).
+    snapshots: Vec<SnapshotEntry>,
     /// `--id` values that matched nothing.
     not_found: Vec<String>,
     /// `--id` prefixes that matched several sandboxes (nothing is killed then).
@@ -135,7 +158,17 @@ pub async fn reap(args: ReapArgs, out: Out) -> sandbox::Result<u8> {
         let listed = list(&scheme, &filter, limits.engine, deadline).await;
         listings.push((scheme, listed));
     }
-    let (report, failed) = reap_listed(listings, &args, limits, deadline).await;
+    let backends: Vec<Arc<dyn Backend>> = listings
+        .iter()
+        .filter_map(|(_, l)| l.as_ref().ok().map(|(b, _)| b.clone()))
+        .collect();
+    let (mut report, mut failed) = reap_listed(listings, &args, limits, deadline).await;
+    if args.labels.is_empty() && args.ids.is_empty() {
+        let (snapshots, snapshots_failed) =
+            reap_snapshots(&backends, &args, limits, deadline).await;
+        report.snapshots = snapshots;
+        failed |= snapshots_failed;
+    }
     if out.json {
         out.json_value(&report);
     } else {
@@ -162,6 +195,7 @@ async fn reap_listed(
         force: args.force,
         engines: vec![],
         sandboxes: vec![],
+        snapshots: vec![],
         not_found: vec![],
         ambiguous: vec![],
     };
@@ -284,6 +318,78 @@ async fn kill_selected(
         }
     }
     failed
+}
+
+/// Lists every engine's snapshot images and, with `--kill`, removes them (after the
+/// sandboxes: one a sandbox still uses cannot go). Returns them and whether a listing or
+/// a removal failed.
+async fn reap_snapshots(
+    backends: &[Arc<dyn Backend>],
+    args: &ReapArgs,
+    limits: Limits,
+    deadline: Instant,
+) -> (Vec<SnapshotEntry>, bool) {
+    let now = SystemTime::now();
+    let mut out = Vec::new();
+    let mut failed = false;
+    for backend in backends {
+        let Some(reapable) = backend.as_reapable() else {
+            continue;
+        };
+        let until = deadline.min(Instant::now() + limits.engine);
+        let listed: Vec<Snapshot> = match tokio::time::timeout_at(until, reapable.list_snapshots())
+            .await
+        {
+            Ok(Ok(l)) => l,
+            Ok(Err(e)) => {
+                tracing::warn!(backend = backend.name(), error = %e.render(), "listing snapshots failed");
+                failed = true;
+                continue;
+            }
+            Err(_) => {
+                failed = true;
+                continue;
+            }
+        };
+        for s in listed {
+            let age = s.created_at.and_then(|c| now.duration_since(c).ok());
+            let old_enough = match args.older_than {
+                None => true,
+                Some(min) => age.is_some_and(|a| a >= min),
+            };
+            if !old_enough {
+                continue;
+            }
+            let mut e = SnapshotEntry {
+                template: s.template.clone(),
+                backend: s.backend.clone(),
+                source: s.source.clone(),
+                created_at: s.created_at.and_then(unix_secs),
+                age_s: age.map(|a| a.as_secs()),
+                removed: None,
+                error: None,
+            };
+            if args.kill {
+                let until = deadline.min(Instant::now() + limits.kill);
+                match tokio::time::timeout_at(until, reapable.remove_snapshot(&s.template)).await {
+                    Ok(Ok(r)) => e.removed = Some(r),
+                    Ok(Err(err)) => {
+                        failed = true;
+                        e.removed = Some(false);
+                        e.error = Some(err.render());
+                    }
+                    Err(_) => {
+                        failed = true;
+                        e.removed = Some(false);
+                        e.error =
+                            Some(kill_timeout(backend.name(), until >= deadline, limits).render());
+                    }
+                }
+            }
+            out.push(e);
+        }
+    }
+    (out, failed)
 }
 
 fn kill_timeout(backend: &str, budget_ran_out: bool, limits: Limits) -> SandboxError {
@@ -486,6 +592,28 @@ fn print_human(report: &ReapReport, out: &Out) {
             a.matches.len(),
             escape_text(&a.matches.join(", "))
         ));
+    }
+    if !report.snapshots.is_empty() {
+        out.line(out.bold(&format!(
+            "{:<8} {:<60} {:>8}  {}",
+            "BACKEND", "SNAPSHOT", "AGE", "SOURCE"
+        )));
+        for s in &report.snapshots {
+            let age = s.age_s.map(human_age).unwrap_or_else(|| "?".into());
+            let outcome = match (s.removed, &s.error) {
+                (_, Some(err)) => format!("  {} {}", out.red("remove failed:"), escape_text(err)),
+                (Some(true), _) => format!("  {}", out.green("removed")),
+                (Some(false), _) => "  already gone".to_string(),
+                (None, None) => String::new(),
+            };
+            out.line(format!(
+                "{:<8} {:<60} {:>8}  {}{outcome}",
+                escape_text(&s.backend),
+                escape_text(&s.template),
+                age,
+                escape_text(s.source.get(..12).unwrap_or(&s.source)),
+            ));
+        }
     }
 }
 
@@ -797,5 +925,42 @@ mod tests {
         assert_eq!(human_age(600), "10m");
         assert_eq!(human_age(7200), "2h");
         assert_eq!(human_age(172_800), "2d");
+    }
+
+    #[tokio::test]
+    async fn snapshots_are_listed_and_removed_with_kill_but_not_under_a_selection() {
+        let fake = sandbox::fake::FakeBackend::new();
+        let sb = fake.create(CreateOptions::default()).await.expect("create");
+        let snap = sb.snapshot().await.expect("snapshot");
+        sb.kill().await.expect("kill");
+        let backends = vec![Arc::new(fake.clone()) as Arc<dyn Backend>];
+        let limits = Limits::default();
+        let deadline = Instant::now() + limits.budget;
+        let (listed, failed) = reap_snapshots(&backends, &args(&[]), limits, deadline).await;
+        assert!(!failed);
+        assert_eq!(listed.len(), 1);
+        assert_eq!(
+            (listed[0].template.as_str(), listed[0].removed),
+            (snap.template.as_str(), None)
+        );
+        let (young, _) = reap_snapshots(
+            &backends,
+            &args(&["--kill", "--older-than", "1d"]),
+            limits,
+            deadline,
+        )
+        .await;
+        assert!(
+            young.is_empty(),
+            "younger than --older-than: neither listed nor removed"
+        );
+        let (killed, failed) =
+            reap_snapshots(&backends, &args(&["--kill"]), limits, deadline).await;
+        assert!(!failed);
+        assert_eq!(killed[0].removed, Some(true));
+        assert!(
+            fake.list_snapshots().await.expect("list").is_empty(),
+            "removed"
+        );
     }
 }

@@ -70,6 +70,16 @@ macro_rules! forward_backend {
             async fn kill_managed(&self, id: &str) -> $crate::__private::Result<bool> {
                 $crate::__private::ReapableBackend::kill_managed(&self.$field, id).await
             }
+
+            async fn list_snapshots(
+                &self,
+            ) -> $crate::__private::Result<Vec<$crate::__private::Snapshot>> {
+                $crate::__private::ReapableBackend::list_snapshots(&self.$field).await
+            }
+
+            async fn remove_snapshot(&self, template: &str) -> $crate::__private::Result<bool> {
+                $crate::__private::ReapableBackend::remove_snapshot(&self.$field, template).await
+            }
         }
     };
 }

@@ -12,6 +12,7 @@ pub mod image;
 pub mod provision;
 mod sandbox;
 mod settings;
+pub mod snapshot;
 pub mod spec;
 pub mod time;
 
@@ -45,6 +46,6 @@ pub use time::parse_rfc3339;
 pub mod __private {
     pub use sandbox_core::{
         Backend, Capability, CreateOptions, EngineReport, IsolationTier, ManagedSandbox,
-        ReapableBackend, Result, Sandbox, async_trait,
+        ReapableBackend, Result, Sandbox, Snapshot, async_trait,
     };
 }

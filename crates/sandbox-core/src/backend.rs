@@ -7,6 +7,7 @@ use async_trait::async_trait;
 
 use crate::{
     Capability, CreateOptions, EngineReport, IsolationTier, ManagedSandbox, Result, Sandbox,
+    Snapshot,
 };
 
 /// A sandbox provider (Docker, Podman, the fake, a third-party adapter).
@@ -55,6 +56,17 @@ pub trait ReapableBackend: Backend {
     async fn list_managed(&self, labels: &BTreeMap<String, String>) -> Result<Vec<ManagedSandbox>>;
     /// Kills and removes one. `Ok(false)` when the id is already gone (never an error).
     async fn kill_managed(&self, id: &str) -> Result<bool>;
+    /// Snapshots (`Sandbox::snapshot`) the engine holds under sandbox-rs's label. The
+    /// default lists none: a backend without `SNAPSHOT` makes none.
+    async fn list_snapshots(&self) -> Result<Vec<Snapshot>> {
+        Ok(Vec::new())
+    }
+    /// Removes one snapshot by its template. `Ok(false)` when it is already gone; a
+    /// template that is not a sandbox-rs snapshot is refused. The default knows none.
+    async fn remove_snapshot(&self, template: &str) -> Result<bool> {
+        let _ = template;
+        Ok(false)
+    }
 }
 
 #[async_trait]

@@ -30,7 +30,9 @@ bitflags! {
         const PTY = 1 << 6;
         /// Pausing and resuming a sandbox.
         const PAUSE_RESUME = 1 << 7;
-        /// Snapshots and forks.
+        /// Forks with memory: new sandboxes whose processes, interpreter contexts and files
+        /// continue from one instant of a running sandbox (an engine that checkpoints
+        /// processes). Filesystem snapshots alone are [`Capability::SNAPSHOT`].
         const SNAPSHOT_FORK = 1 << 8;
         /// GPU devices.
         const GPU = 1 << 9;
@@ -63,6 +65,13 @@ bitflags! {
         /// for that long is removed, enforced inside the sandbox so it holds when the
         /// creating process is gone.
         const IDLE_TIMEOUT = 1 << 18;
+        /// `Sandbox::snapshot`: the sandbox's filesystem becomes a template `create`
+        /// accepts (without its secrets and without the agent), listed and removed through
+        /// `ReapableBackend::list_snapshots` / `remove_snapshot`. Files only: processes and
+        /// memory are not kept (that is [`Capability::SNAPSHOT_FORK`]). A sandbox whose
+        /// writable places are outside its filesystem (a disk limit's scratch mounts) does
+        /// not declare it.
+        const SNAPSHOT = 1 << 19;
     }
 }
 
@@ -102,8 +111,9 @@ mod tests {
             "RUN_CODE|STREAMING"
         );
         assert_eq!(Capability::empty().to_string(), "NONE");
-        assert_eq!(Capability::each().count(), 19);
+        assert_eq!(Capability::each().count(), 20);
         assert_eq!(Capability::EXTEND_LIFETIME.names(), "EXTEND_LIFETIME");
+        assert_eq!(Capability::SNAPSHOT.names(), "SNAPSHOT");
         assert_eq!(Capability::AGENT.names(), "AGENT");
         assert_eq!(Capability::DISK_LIMIT.names(), "DISK_LIMIT");
         assert_eq!(Capability::STDIN.names(), "STDIN");

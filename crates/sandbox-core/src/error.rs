@@ -349,6 +349,22 @@ impl SandboxError {
                 capability,
                 supported_by,
                 ..
+            } if *capability == Capability::SNAPSHOT => format!(
+                "a sandbox created with resources.disk_mb keeps its writable places outside its \
+                 filesystem and cannot be snapshotted: create it without disk_mb{}",
+                if supported_by.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        ", on a backend that declares SNAPSHOT ({})",
+                        supported_by.join(", ")
+                    )
+                }
+            ),
+            CapabilityNotSupported {
+                capability,
+                supported_by,
+                ..
             } if !supported_by.is_empty() => format!(
                 "use a backend that declares {capability}: {}",
                 supported_by.join(", ")

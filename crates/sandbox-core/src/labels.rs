@@ -40,6 +40,11 @@ pub const EXEC_PATH_EXEC: &str = "exec";
 /// outside the agent's stream, whether the agent takes a new host session over: an agent
 /// that does not would read the takeover as a broken frame.
 pub const LABEL_AGENT_PROTOCOL: &str = "io.sandbox-rs.agent-protocol";
+/// On a snapshot image: the id of the sandbox whose filesystem it holds. It marks the
+/// image as a snapshot (with [`LABEL_MANAGED`]).
+pub const LABEL_SNAPSHOT_OF: &str = "io.sandbox-rs.snapshot-of";
+/// On a snapshot image: when it was made, Unix seconds.
+pub const LABEL_CREATED: &str = "io.sandbox-rs.created";
 /// Prefix of user metadata labels.
 pub const LABEL_META_PREFIX: &str = "io.sandbox-rs.meta.";
 
@@ -396,6 +401,18 @@ pub fn latest_deadline(labels: &BTreeMap<String, String>) -> Option<u64> {
     let get = |k: &str| labels.get(k).and_then(|v| v.parse::<u64>().ok());
     let deadline = get(LABEL_DEADLINE)?;
     Some(get(LABEL_MAX_DEADLINE).map_or(deadline, |m| m.max(deadline)))
+}
+
+/// The only labels a snapshot image carries: managed marker, backend, the sandbox it was
+/// made from and when. None of the sandbox's own (owner, session, deadline, metadata):
+/// whoever runs the image later must not inherit them.
+pub fn snapshot_labels(backend: &str, source: &str, created_unix: u64) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (LABEL_MANAGED.to_string(), "true".to_string()),
+        (LABEL_BACKEND.to_string(), backend.to_string()),
+        (LABEL_SNAPSHOT_OF.to_string(), source.to_string()),
+        (LABEL_CREATED.to_string(), created_unix.to_string()),
+    ])
 }
 
 /// Turns a user label filter (`k=v` on metadata) into engine label filters.

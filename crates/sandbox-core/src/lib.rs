@@ -27,6 +27,7 @@ mod sandbox;
 mod secret;
 #[cfg(feature = "serde")]
 mod serialization;
+mod snapshot;
 pub mod teardown;
 
 pub use backend::{Backend, ReapableBackend};
@@ -53,6 +54,7 @@ pub use resources::{DEFAULT_CPU, DEFAULT_MEMORY_MB, DEFAULT_PIDS, EffectiveResou
 pub use result::{ExecResult, OutputChunk, RichResult, StreamKind};
 pub use sandbox::{Sandbox, SandboxExt};
 pub use secret::Secret;
+pub use snapshot::Snapshot;
 
 /// Re-exported so adapters implement the traits with the same macro version.
 pub use async_trait::async_trait;

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 
 use crate::{
     Capability, CodeOptions, Command, ExecResult, FileSystem, IsolationTier, Process, Result,
-    RunOptions,
+    RunOptions, Snapshot,
 };
 
 /// One live sandbox.
@@ -78,6 +78,16 @@ pub trait Sandbox: Send + Sync + std::fmt::Debug {
         let _ = by;
         Err(crate::SandboxError::unsupported(
             Capability::EXTEND_LIFETIME,
+            self.backend(),
+        ))
+    }
+    /// Turns the sandbox's current filesystem into a template that `create` accepts
+    /// (needs `SNAPSHOT`): files only, never its secrets and never the in-sandbox agent;
+    /// the sandbox goes on as before. Works on a paused sandbox too. The template stays
+    /// until removed with `ReapableBackend::remove_snapshot` (or `sandbox reap --kill`).
+    async fn snapshot(&self) -> Result<Snapshot> {
+        Err(crate::SandboxError::unsupported(
+            Capability::SNAPSHOT,
             self.backend(),
         ))
     }

@@ -11,11 +11,11 @@ use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::models::PortMap;
 use bollard::query_parameters::{
     AttachContainerOptions, ContainerArchiveInfoOptions, CreateContainerOptions,
-    CreateImageOptions, DownloadFromContainerOptions, ListContainersOptions,
-    RemoveContainerOptions, UploadToContainerOptions,
+    CreateImageOptions, DownloadFromContainerOptions, ListContainersOptions, ListImagesOptions,
+    RemoveContainerOptions, RemoveImageOptions, UploadToContainerOptions,
 };
 use futures::{StreamExt, TryStreamExt};
-use sandbox_container::engine::{NetworkInfo, NetworkSpec};
+use sandbox_container::engine::{ImageConfig, ImageImport, ImageInfo, NetworkInfo, NetworkSpec};
 use sandbox_container::{
     ArchiveBody, AttachStream, ContainerEngine, ContainerInfo, ContainerSpec, EngineError,
     EngineErrorKind, EngineFacts, EngineResult, ExecRequest, ExecState, ExecStream, ImageRef,
@@ -629,6 +629,135 @@ impl ContainerEngine for DockerEngine {
             .await
             .map_err(during("inspect image"))?;
         Ok(i.config.and_then(|c| c.volumes).unwrap_or_default())
+    }
+
+    async fn image_config(&self, image: &str) -> EngineResult<ImageConfig> {
+        let i = self
+            .client
+            .inspect_image(image)
+            .await
+            .map_err(during("inspect image"))?;
+        let c = i.config.unwrap_or_default();
+        let mut config = ImageConfig::default();
+        config.env = c.env.unwrap_or_default();
+        config.cmd = c.cmd.filter(|c| !c.is_empty());
+        config.entrypoint = c.entrypoint.filter(|e| !e.is_empty());
+        config.workdir = c.working_dir.filter(|w| !w.is_empty());
+        config.user = c.user.filter(|u| !u.is_empty());
+        config.labels = c.labels.unwrap_or_default().into_iter().collect();
+        Ok(config)
+    }
+
+    async fn export(&self, id: &str) -> EngineResult<ArchiveBody> {
+        let mut s = self.client.export_container(id).boxed();
+        // bollard reports a missing container as the stream's first item.
+        let first = match s.next().await {
+            Some(Ok(b)) => b,
+            Some(Err(e)) => return Err(engine_error("export container", e)),
+            None => bytes::Bytes::new(),
+        };
+        let rest = s.map_err(|e| std::io::Error::other(engine_error("export container", e)));
+        Ok(futures::stream::once(async move { Ok(first) })
+            .chain(rest)
+            .boxed())
+    }
+
+    async fn import_image(&self, body: ArchiveBody, import: &ImageImport) -> EngineResult<String> {
+        let opts = CreateImageOptions {
+            from_src: Some("-".to_string()),
+            repo: Some(import.repository().to_string()),
+            tag: Some(import.tag().to_string()),
+            changes: policy::import_changes(&import.config)?,
+            message: Some("sandbox-rs snapshot".to_string()),
+            ..Default::default()
+        };
+        let mut last = None;
+        // An engine that stops reading fails the import (a slow export does not).
+        let limit = self.config.layer.call_timeout;
+        sandbox_container::engine::transfer::bounded_upload("image import", body, limit, |b| {
+            let mut stream =
+                self.client
+                    .create_image(Some(opts), Some(bollard::body_try_stream(b)), None);
+            let last = &mut last;
+            async move {
+                while let Some(item) = stream.next().await {
+                    let info = item.map_err(during("import image"))?;
+                    if let Some(detail) = info.error_detail.and_then(|d| d.message) {
+                        return Err(EngineError::new(
+                            EngineErrorKind::Other,
+                            sandbox_container::engine::engine_text(&format!(
+                                "import image: {detail}"
+                            )),
+                        ));
+                    }
+                    if info.status.is_some() {
+                        *last = info.status;
+                    }
+                }
+                Ok(())
+            }
+        })
+        .await?;
+        match last.filter(|s| s.starts_with("sha256:")) {
+            Some(id) => Ok(id),
+            None => {
+                let i = self
+                    .client
+                    .inspect_image(&import.reference)
+                    .await
+                    .map_err(during("inspect image"))?;
+                Ok(i.id.unwrap_or_default())
+            }
+        }
+    }
+
+    async fn list_images(&self, labels: &BTreeMap<String, String>) -> EngineResult<Vec<ImageInfo>> {
+        let filters = HashMap::from([(
+            "label".to_string(),
+            labels.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        )]);
+        let opts = ListImagesOptions {
+            filters: Some(filters),
+            ..Default::default()
+        };
+        let list = self
+            .client
+            .list_images(Some(opts))
+            .await
+            .map_err(during("list images"))?;
+        Ok(list
+            .into_iter()
+            .map(|i| {
+                let created = from_unix_secs(i.created);
+                ImageInfo::new(
+                    i.id,
+                    i.repo_tags
+                        .into_iter()
+                        .filter(|t| t != "<none>:<none>")
+                        .collect(),
+                    created,
+                    i.labels.into_iter().collect(),
+                )
+            })
+            .collect())
+    }
+
+    async fn remove_image(&self, image: &str) -> EngineResult<bool> {
+        let opts = RemoveImageOptions {
+            force: false,
+            ..Default::default()
+        };
+        match self.client.remove_image(image, Some(opts), None).await {
+            Ok(_) => Ok(true),
+            Err(e) => {
+                let e = engine_error("remove image", e);
+                if e.kind == EngineErrorKind::NotFound {
+                    Ok(false)
+                } else {
+                    Err(e)
+                }
+            }
+        }
     }
 
     async fn image_exists(&self, image: &str) -> EngineResult<bool> {

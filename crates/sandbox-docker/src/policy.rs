@@ -21,7 +21,7 @@ use bollard::models::{
     MountPoint, MountType, MountVolumeOptions, MountVolumeOptionsDriverConfig, Network,
     NetworkCreateRequest, NetworkSettings, PortBinding,
 };
-use sandbox_container::engine::{NetworkInfo, NetworkSpec, Subnet};
+use sandbox_container::engine::{ImageConfig, NetworkInfo, NetworkSpec, Subnet};
 use sandbox_container::{
     ContainerSpec, EngineError, EngineErrorKind, LABEL_RUNTIME, LAYER_CAPABILITIES, NetworkMode,
     Runtime,
@@ -33,7 +33,8 @@ use crate::config::DockerConfig;
 /// What a Docker sandbox can declare: the container layer's set, a disk limit (a
 /// read-only root with tmpfs-backed scratch volumes), the egress allowlist where the
 /// container layer can load its rules, the agent with its terminals, moved deadlines and
-/// idle limits where it runs, and pause/resume (the freezer, under runc and runsc).
+/// idle limits where it runs, pause/resume (the freezer, under runc and runsc), and
+/// filesystem snapshots (an export imported as a new image).
 pub const CAPABILITIES: Capability = LAYER_CAPABILITIES
     .union(Capability::DISK_LIMIT)
     .union(Capability::EGRESS_ALLOWLIST)
@@ -41,7 +42,8 @@ pub const CAPABILITIES: Capability = LAYER_CAPABILITIES
     .union(Capability::PAUSE_RESUME)
     .union(Capability::AGENT)
     .union(Capability::EXTEND_LIFETIME)
-    .union(Capability::IDLE_TIMEOUT);
+    .union(Capability::IDLE_TIMEOUT)
+    .union(Capability::SNAPSHOT);
 
 /// What the engine offers the container layer under this runtime: [`CAPABILITIES`]
 /// without the agent, its terminals, extend and the idle limit (which the container layer
@@ -342,6 +344,79 @@ pub(crate) fn container_addresses(settings: Option<&NetworkSettings>) -> Vec<IpA
             .flat_map(|ep| [&ep.ip_address, &ep.global_ipv6_address])
             .filter_map(|a| a.as_deref()),
     )
+}
+
+/// A snapshot image's configuration as the `changes` of Docker's import: Dockerfile
+/// instructions, which Docker parses as one Dockerfile (newline-joined), with its quoting
+/// and `$` substitution. Values are double-quoted with `\`, `"` and `$` escaped; a control
+/// character (a newline would start an instruction of its own) is refused.
+pub(crate) fn import_changes(config: &ImageConfig) -> Result<Vec<String>, EngineError> {
+    let mut out = Vec::new();
+    for entry in &config.env {
+        let (k, v) = entry.split_once('=').unwrap_or((entry.as_str(), ""));
+        if k.is_empty()
+            || k.chars()
+                .any(|c| c.is_whitespace() || c == '"' || c == '\\')
+        {
+            return Err(unrepresentable("an env key", k));
+        }
+        out.push(format!("ENV {k}={}", quoted(v, "an env value")?));
+    }
+    for (k, v) in &config.labels {
+        out.push(format!(
+            "LABEL {}={}",
+            quoted(k, "a label key")?,
+            quoted(v, "a label value")?
+        ));
+    }
+    if let Some(e) = &config.entrypoint {
+        out.push(format!("ENTRYPOINT {}", json_array(e)?));
+    }
+    if let Some(c) = &config.cmd {
+        out.push(format!("CMD {}", json_array(c)?));
+    }
+    if let Some(w) = &config.workdir {
+        out.push(format!("WORKDIR {}", quoted(w, "the workdir")?));
+    }
+    if let Some(u) = &config.user {
+        out.push(format!("USER {}", quoted(u, "the user")?));
+    }
+    Ok(out)
+}
+
+fn unrepresentable(what: &str, value: &str) -> EngineError {
+    EngineError::new(
+        EngineErrorKind::InvalidRequest,
+        format!(
+            "{what} of the image ({:?}) cannot be carried into a snapshot image",
+            sandbox_container::engine::engine_text(value)
+        ),
+    )
+}
+
+fn quoted(v: &str, what: &str) -> Result<String, EngineError> {
+    if v.chars().any(char::is_control) {
+        return Err(unrepresentable(what, v));
+    }
+    let mut s = String::with_capacity(v.len() + 2);
+    s.push('"');
+    for c in v.chars() {
+        if matches!(c, '\\' | '"' | '$') {
+            s.push('\\');
+        }
+        s.push(c);
+    }
+    s.push('"');
+    Ok(s)
+}
+
+fn json_array(items: &[String]) -> Result<String, EngineError> {
+    serde_json::to_string(items).map_err(|e| {
+        EngineError::new(
+            EngineErrorKind::InvalidRequest,
+            format!("a command of the image cannot be written: {e}"),
+        )
+    })
 }
 
 #[cfg(test)]

@@ -426,6 +426,17 @@ async fn reaping_and_connect() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn snapshot_image_holds_no_secret_no_agent_and_only_its_own_labels() {
+    let Some(b) = backend().await else { return };
+    sandbox_testkit::trials::snapshot::snapshot_image_holds_no_secret_no_agent_and_only_its_own_labels(
+        &b,
+        BUSYBOX,
+        |image| sandbox_testkit::trials::snapshot::cli_evidence("docker", image),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn reaping_the_last_networked_sandbox_removes_the_network() {
     let Some(b) = backend().await else { return };
     sandbox_testkit::trials::reap::reaping_the_last_networked_sandbox_removes_the_network(

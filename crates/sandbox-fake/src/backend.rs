@@ -270,10 +270,16 @@ impl Backend for FakeBackend {
             .template
             .clone()
             .unwrap_or_else(|| config.default_template.clone());
+        let snapshot = self.engine.snapshots.get(&template);
+        let exists = match &snapshot {
+            Some(_) => true,
+            None if template.starts_with(crate::snapshots::SNAPSHOT_PREFIX) => false,
+            None => config.template_exists(&template),
+        };
         let delay = self
             .faults
             .before_create(BACKEND_NAME)
-            .and_then(|d| match config.template_exists(&template) {
+            .and_then(|d| match exists {
                 true => Ok(d),
                 false => Err(SandboxError::creation(
                     BACKEND_NAME,
@@ -309,7 +315,9 @@ impl Backend for FakeBackend {
                     labels
                 },
                 id: id.clone(),
-                has_python: config.template_has_python(&template),
+                has_python: snapshot
+                    .as_ref()
+                    .map_or_else(|| config.template_has_python(&template), |s| s.has_python),
                 template,
                 policy: options.network.clone(),
                 resources,
@@ -325,6 +333,9 @@ impl Backend for FakeBackend {
             },
             Arc::downgrade(&self.engine),
         ));
+        if let Some(s) = snapshot {
+            inner.seed_fs(s.fs);
+        }
         self.engine.insert(inner.clone());
         // From here on the sandbox exists: the handle's guard kills it if this future is
         // dropped while it is "starting".
@@ -415,5 +426,19 @@ impl ReapableBackend for FakeBackend {
         )
         .await?;
         Ok(true)
+    }
+
+    async fn list_snapshots(&self) -> Result<Vec<sandbox_core::Snapshot>> {
+        Ok(self.engine.snapshots.list())
+    }
+
+    async fn remove_snapshot(&self, template: &str) -> Result<bool> {
+        if !template.starts_with(crate::snapshots::SNAPSHOT_PREFIX) {
+            return Err(SandboxError::config(
+                format!("template `{template}` is not a fake snapshot"),
+                "only templates returned by `Sandbox::snapshot` are removed",
+            ));
+        }
+        Ok(self.engine.snapshots.remove(template))
     }
 }

@@ -10,7 +10,8 @@ pub const DEFAULT_TEMPLATE: &str = "sandbox-rs/python:3.11";
 /// Everything the fake backend declares (pause and resume freeze a sandbox's programs
 /// before their next output or start; `extend` moves the virtual deadline up to the
 /// maximum lifetime; an idle limit removes a sandbox with no call, no program and no
-/// context for that long). `PTY`, `SNAPSHOT_FORK`, `GPU`,
+/// context for that long; a snapshot copies the in-memory filesystem into a template
+/// `create` accepts). `PTY`, `SNAPSHOT_FORK`, `GPU`,
 /// `INGRESS_PORTS` (nothing in a fake sandbox can accept a host connection) and `TUNNELS`
 /// are not implemented and therefore never declared: asking for them is
 /// `CapabilityNotSupported`.
@@ -27,6 +28,7 @@ pub fn full_capabilities() -> Capability {
         | Capability::PAUSE_RESUME
         | Capability::EXTEND_LIFETIME
         | Capability::IDLE_TIMEOUT
+        | Capability::SNAPSHOT
 }
 
 /// Options of a [`FakeBackend`](crate::FakeBackend). Build one with

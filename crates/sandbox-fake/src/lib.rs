@@ -21,6 +21,7 @@ mod processes;
 mod program;
 mod sandbox;
 mod script;
+mod snapshots;
 mod state;
 pub mod vocabulary;
 

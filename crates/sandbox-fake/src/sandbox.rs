@@ -365,6 +365,13 @@ impl Sandbox for FakeSandbox {
         sb.extend(by)
     }
 
+    async fn snapshot(&self) -> Result<sandbox_core::Snapshot> {
+        let inner = self.inner();
+        sandbox_core::policy::require(inner.capabilities, Capability::SNAPSHOT, BACKEND_NAME)?;
+        inner.alive()?;
+        inner.snapshot()
+    }
+
     fn native(&self) -> &dyn Any {
         &self.handle
     }

@@ -31,6 +31,7 @@ pub(crate) struct Engine {
     scripts: Mutex<Script>,
     next_id: AtomicU64,
     clock: Clock,
+    pub(crate) snapshots: crate::snapshots::Snapshots,
 }
 
 impl Engine {
@@ -41,6 +42,7 @@ impl Engine {
             scripts: Mutex::new(Script::default()),
             next_id: AtomicU64::new(1),
             clock: Clock::new(),
+            snapshots: crate::snapshots::Snapshots::default(),
         }
     }
 
@@ -174,6 +176,36 @@ impl SandboxInner {
 
     pub(crate) fn fs(&self) -> MutexGuard<'_, MemFs> {
         lock(&self.fs)
+    }
+
+    /// Starts from a snapshot's filesystem (with the workdir made, as at every create).
+    pub(crate) fn seed_fs(&self, mut fs: MemFs) {
+        let _ = fs.mkdir(&self.spec.workdir, true, self.now());
+        *lock(&self.fs) = fs;
+    }
+
+    /// Copies the filesystem into a new snapshot template the engine holds.
+    pub(crate) fn snapshot(&self) -> Result<sandbox_core::Snapshot> {
+        let engine = self.engine.upgrade().ok_or_else(|| self.gone())?;
+        let template = engine.snapshots.name(&self.id);
+        let now = self.now();
+        let created = now
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let record = sandbox_core::Snapshot::new(
+            template,
+            crate::BACKEND_NAME,
+            self.id.clone(),
+            Some(now),
+            sandbox_core::labels::snapshot_labels(crate::BACKEND_NAME, &self.id, created),
+        );
+        engine.snapshots.insert(crate::snapshots::Held {
+            fs: self.fs().clone(),
+            has_python: self.has_python,
+            record: record.clone(),
+        });
+        Ok(record)
     }
 
     pub(crate) fn procs(&self) -> MutexGuard<'_, ProcTable> {

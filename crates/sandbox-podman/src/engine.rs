@@ -19,7 +19,8 @@ use sandbox_container::engine::transfer::{
     FIRST_ANSWER_TIMEOUT, bounded_call, bounded_upload, demultiplex, panicked,
 };
 use sandbox_container::engine::{
-    NetworkInfo, NetworkSpec, engine_text as bounded, published_ports, state_from_status,
+    ImageConfig, ImageImport, ImageInfo, NetworkInfo, NetworkSpec, engine_text as bounded,
+    published_ports, state_from_status,
 };
 use sandbox_container::image::classify_pull_failure;
 use sandbox_container::time::from_unix_secs;
@@ -516,6 +517,43 @@ impl ContainerEngine for PodmanEngine {
 
     async fn image_volumes(&self, image: &str) -> EngineResult<Vec<String>> {
         self.rest_call("image inspect", self.rest.image_volumes(image))
+            .await
+    }
+
+    async fn image_config(&self, image: &str) -> EngineResult<ImageConfig> {
+        self.rest_call("image inspect", self.rest.image_config(image))
+            .await
+    }
+
+    async fn export(&self, id: &str) -> EngineResult<ArchiveBody> {
+        let body = self
+            .rest_call("container export", self.rest.export(id))
+            .await?;
+        Ok(body.map_err(std::io::Error::other).boxed())
+    }
+
+    async fn import_image(&self, body: ArchiveBody, import: &ImageImport) -> EngineResult<String> {
+        let changes = policy::import_changes(&import.config)?;
+        let mut id = String::new();
+        // An engine that stops reading fails the import (a slow export does not).
+        bounded_upload("image import", body, self.limit, |body| async {
+            id = self
+                .rest
+                .import(hyper::Body::wrap_stream(body), &import.reference, &changes)
+                .await?;
+            Ok(())
+        })
+        .await?;
+        Ok(id)
+    }
+
+    async fn list_images(&self, labels: &BTreeMap<String, String>) -> EngineResult<Vec<ImageInfo>> {
+        self.rest_call("image list", self.rest.list_images(labels))
+            .await
+    }
+
+    async fn remove_image(&self, image: &str) -> EngineResult<bool> {
+        self.rest_call("image delete", self.rest.remove_image(image))
             .await
     }
 

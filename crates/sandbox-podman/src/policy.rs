@@ -9,7 +9,7 @@ use std::net::IpAddr;
 
 use podman_api::models;
 use podman_api::opts::NetworkCreateOpts;
-use sandbox_container::engine::{NetworkInfo, NetworkSpec, Subnet};
+use sandbox_container::engine::{ImageConfig, NetworkInfo, NetworkSpec, Subnet};
 use sandbox_container::{ContainerSpec, LABEL_RUNTIME, LAYER_CAPABILITIES, NetworkMode, Runtime};
 use sandbox_core::{Capability, Result, SandboxError};
 use serde_json::{Map, Value, json};
@@ -20,7 +20,8 @@ use crate::config::{MountMode, PodmanOptions, Sharing};
 /// read-only root with tmpfs scratch mounts), the egress allowlist where the container
 /// layer can load its rules, the agent with its terminals, moved deadlines and idle limits
 /// where it runs, GPUs for a sandbox created with CDI devices
-/// ([`PodmanOptions::cdi_device`]), and pause/resume (the freezer).
+/// ([`PodmanOptions::cdi_device`]), pause/resume (the freezer), and filesystem snapshots
+/// (an export imported as a new image).
 pub const CAPABILITIES: Capability = LAYER_CAPABILITIES
     .union(Capability::DISK_LIMIT)
     .union(Capability::EGRESS_ALLOWLIST)
@@ -29,7 +30,8 @@ pub const CAPABILITIES: Capability = LAYER_CAPABILITIES
     .union(Capability::GPU)
     .union(Capability::PAUSE_RESUME)
     .union(Capability::EXTEND_LIFETIME)
-    .union(Capability::IDLE_TIMEOUT);
+    .union(Capability::IDLE_TIMEOUT)
+    .union(Capability::SNAPSHOT);
 
 /// What the engine offers the container layer under these options: [`CAPABILITIES`]
 /// without the agent, its terminals, extend and the idle limit (which the container layer
@@ -325,6 +327,77 @@ pub(crate) fn container_addresses(
             .chain(per_network)
             .filter_map(|a| a.as_deref()),
     )
+}
+
+/// A snapshot image's configuration as the `changes` of Podman's import: one instruction
+/// each, `KEY=value` split at the first `=`, with surrounding double quotes stripped and
+/// no other unescaping (unlike Docker's). A value Podman would read back differently (a
+/// control character, a leading or trailing `"`, an `=` or space in a key) is refused.
+pub(crate) fn import_changes(
+    config: &ImageConfig,
+) -> std::result::Result<Vec<String>, sandbox_container::EngineError> {
+    let mut out = Vec::new();
+    for entry in &config.env {
+        let (k, v) = entry.split_once('=').unwrap_or((entry.as_str(), ""));
+        out.push(format!(
+            "ENV {}={}",
+            key(k, "an env key")?,
+            value(v, "an env value")?
+        ));
+    }
+    for (k, v) in &config.labels {
+        out.push(format!(
+            "LABEL {}={}",
+            key(k, "a label key")?,
+            value(v, "a label value")?
+        ));
+    }
+    let array = |a: &[String]| {
+        serde_json::to_string(a).map_err(|e| unrepresentable("a command", &e.to_string()))
+    };
+    if let Some(e) = &config.entrypoint {
+        out.push(format!("ENTRYPOINT {}", array(e)?));
+    }
+    if let Some(c) = &config.cmd {
+        out.push(format!("CMD {}", array(c)?));
+    }
+    if let Some(w) = &config.workdir {
+        out.push(format!("WORKDIR {}", value(w, "the workdir")?));
+    }
+    if let Some(u) = &config.user {
+        out.push(format!("USER {}", value(u, "the user")?));
+    }
+    Ok(out)
+}
+
+fn unrepresentable(what: &str, v: &str) -> sandbox_container::EngineError {
+    sandbox_container::EngineError::new(
+        sandbox_container::EngineErrorKind::InvalidRequest,
+        format!(
+            "{what} of the image ({:?}) cannot be carried into a snapshot image",
+            sandbox_container::engine::engine_text(v)
+        ),
+    )
+}
+
+fn key<'a>(k: &'a str, what: &str) -> std::result::Result<&'a str, sandbox_container::EngineError> {
+    if k.is_empty()
+        || k.chars()
+            .any(|c| c.is_control() || c.is_whitespace() || c == '=' || c == '"')
+    {
+        return Err(unrepresentable(what, k));
+    }
+    Ok(k)
+}
+
+fn value<'a>(
+    v: &'a str,
+    what: &str,
+) -> std::result::Result<&'a str, sandbox_container::EngineError> {
+    if v.chars().any(char::is_control) || v.starts_with('"') || v.ends_with('"') {
+        return Err(unrepresentable(what, v));
+    }
+    Ok(v)
 }
 
 #[cfg(test)]

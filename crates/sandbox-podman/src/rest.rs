@@ -23,6 +23,12 @@
 //! - **image inspect** (`GET /libpod/images/{name}/json`), for the volumes an image
 //!   declares: only that field is decoded, from an answer read up to 4 MiB, where
 //!   podman-api decodes (and may fail on) the whole answer.
+//! - **container export** (`GET /libpod/containers/{id}/export`): podman-api's stream
+//!   borrows the container handle, as its archive download does.
+//! - **image import** (`POST /libpod/images/import`): podman-api reads the whole archive
+//!   into memory first; hyper streams it.
+//! - **image inspect, list and delete** for snapshots: the fields read are decoded alone
+//!   (as for the volumes), and a delete in use is a `Conflict`, never forced.
 //! - **exec start** (`POST /libpod/exec/{id}/start`): podman-api's frame decoder panics on
 //!   a stream number it does not know, and its stdin writer is a `futures` one; the
 //!   upgraded connection goes through the container layer's own bounded demultiplexer
@@ -31,7 +37,7 @@
 use std::path::PathBuf;
 
 use hyper::{Body, Method, Request, StatusCode};
-use sandbox_container::engine::engine_text;
+use sandbox_container::engine::{ImageConfig, ImageInfo, engine_text};
 use sandbox_container::{EngineError, EngineErrorKind, EngineResult, PathStat};
 use sandbox_core::{Result, SandboxError};
 use serde::Deserialize;
@@ -203,6 +209,114 @@ impl Rest {
         image_volumes_of(&body).map_err(|e| invalid(WHAT, e))
     }
 
+    /// `GET /libpod/images/{name}/json`: the configuration a snapshot keeps.
+    pub(crate) async fn image_config(&self, image: &str) -> EngineResult<ImageConfig> {
+        const WHAT: &str = "image inspect";
+        let ep = format!("/libpod/images/{}/json", encode(image));
+        let req = Request::builder().method(Method::GET).uri(self.uri(&ep));
+        let resp = self.send(WHAT, req, Body::empty()).await?;
+        if resp.status() != StatusCode::OK {
+            return Err(Self::error_of(WHAT, resp).await);
+        }
+        let body = read_capped_to(resp.into_body(), IMAGE_ANSWER_CAP)
+            .await
+            .map_err(|e| unreachable(WHAT, e))?;
+        image_config_of(&body).map_err(|e| invalid(WHAT, e))
+    }
+
+    /// `GET /libpod/containers/{id}/export`: the container's filesystem as a tar stream.
+    pub(crate) async fn export(&self, id: &str) -> EngineResult<Body> {
+        const WHAT: &str = "container export";
+        let ep = format!("/libpod/containers/{}/export", encode(id));
+        let req = Request::builder().method(Method::GET).uri(self.uri(&ep));
+        let resp = self.send(WHAT, req, Body::empty()).await?;
+        match resp.status() {
+            StatusCode::OK => Ok(resp.into_body()),
+            _ => Err(Self::error_of(WHAT, resp).await),
+        }
+    }
+
+    /// `POST /libpod/images/import?reference=&changes=…` with the tar stream as the body;
+    /// returns the new image's id.
+    pub(crate) async fn import(
+        &self,
+        body: Body,
+        reference: &str,
+        changes: &[String],
+    ) -> EngineResult<String> {
+        const WHAT: &str = "image import";
+        let mut ep = format!(
+            "/libpod/images/import?reference={}&message=sandbox-rs%20snapshot",
+            encode(reference)
+        );
+        for c in changes {
+            ep.push_str("&changes=");
+            ep.push_str(&encode(c));
+        }
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri(self.uri(&ep))
+            .header("content-type", "application/x-tar");
+        let resp = self.send(WHAT, req, body).await?;
+        if resp.status() != StatusCode::OK {
+            return Err(Self::error_of(WHAT, resp).await);
+        }
+        let body = read_capped(resp.into_body())
+            .await
+            .map_err(|e| unreachable(WHAT, e))?;
+        #[derive(Deserialize)]
+        struct Imported {
+            #[serde(rename = "Id")]
+            id: String,
+        }
+        let i: Imported = serde_json::from_slice(&body).map_err(|e| invalid(WHAT, e))?;
+        Ok(i.id)
+    }
+
+    /// `GET /libpod/images/json?filters={"label":[…]}`, narrowed by the first label;
+    /// the others are checked here: Podman 4.3 answers none when the label filter holds
+    /// more than one entry.
+    pub(crate) async fn list_images(
+        &self,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> EngineResult<Vec<ImageInfo>> {
+        const WHAT: &str = "image list";
+        let filter: Vec<String> = labels
+            .iter()
+            .take(1)
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let filters = serde_json::json!({ "label": filter }).to_string();
+        let ep = format!("/libpod/images/json?filters={}", encode(&filters));
+        let req = Request::builder().method(Method::GET).uri(self.uri(&ep));
+        let resp = self.send(WHAT, req, Body::empty()).await?;
+        if resp.status() != StatusCode::OK {
+            return Err(Self::error_of(WHAT, resp).await);
+        }
+        let body = read_capped_to(resp.into_body(), IMAGE_ANSWER_CAP)
+            .await
+            .map_err(|e| unreachable(WHAT, e))?;
+        let images = images_of(&body).map_err(|e| invalid(WHAT, e))?;
+        Ok(images
+            .into_iter()
+            .filter(|i| labels.iter().all(|(k, v)| i.labels.get(k) == Some(v)))
+            .collect())
+    }
+
+    /// `DELETE /libpod/images/{name}` (not forced): `Ok(false)` when it was gone,
+    /// `Conflict` while a container uses it.
+    pub(crate) async fn remove_image(&self, image: &str) -> EngineResult<bool> {
+        const WHAT: &str = "image delete";
+        let ep = format!("/libpod/images/{}", encode(image));
+        let req = Request::builder().method(Method::DELETE).uri(self.uri(&ep));
+        let resp = self.send(WHAT, req, Body::empty()).await?;
+        match resp.status() {
+            StatusCode::OK | StatusCode::NO_CONTENT => Ok(true),
+            StatusCode::NOT_FOUND => Ok(false),
+            _ => Err(Self::error_of(WHAT, resp).await),
+        }
+    }
+
     /// `HEAD /containers/{id}/archive?path=`. A 404 is `NotFound` for a missing path and
     /// a missing container alike: the container layer tells them apart (it checks the
     /// container), so no extra round-trip here.
@@ -333,6 +447,67 @@ fn image_volumes_of(body: &[u8]) -> std::result::Result<Vec<String>, serde_json:
         .unwrap_or_default())
 }
 
+/// The configuration of an image inspect answer.
+fn image_config_of(body: &[u8]) -> std::result::Result<ImageConfig, serde_json::Error> {
+    #[derive(Deserialize)]
+    struct Image {
+        #[serde(rename = "Config", default)]
+        config: Option<Config>,
+    }
+    #[derive(Deserialize, Default)]
+    struct Config {
+        #[serde(rename = "Env", default)]
+        env: Option<Vec<String>>,
+        #[serde(rename = "Cmd", default)]
+        cmd: Option<Vec<String>>,
+        #[serde(rename = "Entrypoint", default)]
+        entrypoint: Option<Vec<String>>,
+        #[serde(rename = "WorkingDir", default)]
+        workdir: Option<String>,
+        #[serde(rename = "User", default)]
+        user: Option<String>,
+        #[serde(rename = "Labels", default)]
+        labels: Option<std::collections::BTreeMap<String, String>>,
+    }
+    let image: Image = serde_json::from_slice(body)?;
+    let c = image.config.unwrap_or_default();
+    let mut config = ImageConfig::default();
+    config.env = c.env.unwrap_or_default();
+    config.cmd = c.cmd.filter(|c| !c.is_empty());
+    config.entrypoint = c.entrypoint.filter(|e| !e.is_empty());
+    config.workdir = c.workdir.filter(|w| !w.is_empty());
+    config.user = c.user.filter(|u| !u.is_empty());
+    config.labels = c.labels.unwrap_or_default();
+    Ok(config)
+}
+
+/// The images of an image list answer.
+fn images_of(body: &[u8]) -> std::result::Result<Vec<ImageInfo>, serde_json::Error> {
+    #[derive(Deserialize)]
+    struct Listed {
+        #[serde(rename = "Id")]
+        id: String,
+        #[serde(rename = "RepoTags", default)]
+        tags: Option<Vec<String>>,
+        #[serde(rename = "Created", default)]
+        created: Option<i64>,
+        #[serde(rename = "Labels", default)]
+        labels: Option<std::collections::BTreeMap<String, String>>,
+    }
+    let list: Vec<Listed> = serde_json::from_slice(body)?;
+    Ok(list
+        .into_iter()
+        .map(|i| {
+            ImageInfo::new(
+                i.id,
+                i.tags.unwrap_or_default(),
+                i.created.and_then(sandbox_container::time::from_unix_secs),
+                i.labels.unwrap_or_default(),
+            )
+        })
+        .collect())
+}
+
 /// Percent-encodes a query/path component (RFC 3986 unreserved characters and `/` kept).
 pub(crate) fn encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -349,6 +524,20 @@ pub(crate) fn encode(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_images_configuration_and_a_list_of_images_are_read() {
+        let answer = br#"{"Id":"x","Config":{"Env":["PATH=/bin"],"Cmd":["sh"],"Labels":{"a":"b"},"WorkingDir":""}}"#;
+        let c = image_config_of(answer).unwrap();
+        assert_eq!(c.env, ["PATH=/bin"]);
+        assert_eq!(c.cmd.as_deref(), Some(&["sh".to_string()][..]));
+        assert_eq!((c.workdir, c.entrypoint), (None, None));
+        assert_eq!(c.labels["a"], "b");
+        let list = br#"[{"Id":"abc","RepoTags":["localhost/sandbox-rs/snapshot:t"],"Created":1700000000,"Labels":{"io.sandbox-rs.managed":"true"}},{"Id":"d","RepoTags":null,"Labels":null}]"#;
+        let l = images_of(list).unwrap();
+        assert_eq!(l[0].references, ["localhost/sandbox-rs/snapshot:t"]);
+        assert!(l[0].created_at.is_some() && l[1].references.is_empty());
+    }
 
     #[test]
     fn an_images_declared_volumes_are_read_and_a_cut_answer_is_an_error() {

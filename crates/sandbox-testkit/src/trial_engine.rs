@@ -251,6 +251,31 @@ impl<E: ContainerEngine> ContainerEngine for TrialEngine<E> {
     async fn unpause(&self, id: &str) -> EngineResult<()> {
         self.inner.unpause(id).await
     }
+    async fn image_config(
+        &self,
+        image: &str,
+    ) -> EngineResult<sandbox_container::engine::ImageConfig> {
+        self.inner.image_config(image).await
+    }
+    async fn export(&self, id: &str) -> EngineResult<ArchiveBody> {
+        self.inner.export(id).await
+    }
+    async fn import_image(
+        &self,
+        body: ArchiveBody,
+        import: &sandbox_container::engine::ImageImport,
+    ) -> EngineResult<String> {
+        self.inner.import_image(body, import).await
+    }
+    async fn list_images(
+        &self,
+        labels: &BTreeMap<String, String>,
+    ) -> EngineResult<Vec<sandbox_container::engine::ImageInfo>> {
+        self.inner.list_images(labels).await
+    }
+    async fn remove_image(&self, image: &str) -> EngineResult<bool> {
+        self.inner.remove_image(image).await
+    }
     async fn remove(&self, id: &str) -> EngineResult<bool> {
         self.inner.remove(id).await
     }

@@ -12,5 +12,6 @@ pub mod disk;
 pub mod egress;
 pub mod pull;
 pub mod reap;
+pub mod snapshot;
 pub mod ssh;
 pub mod sweep;

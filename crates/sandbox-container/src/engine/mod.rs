@@ -7,6 +7,7 @@
 //! [`EngineErrorKind`] to `SandboxError` in context are done once, by this crate.
 
 pub(crate) mod error;
+pub mod image;
 pub mod path_stat;
 pub mod pull;
 pub mod transfer;
@@ -165,6 +166,7 @@ pub type ArchiveBody = BoxStream<'static, std::io::Result<Bytes>>;
 
 pub use crate::spec::{ContainerSpec, NetworkInfo, NetworkMode, NetworkSpec, Subnet};
 pub use error::{EngineError, EngineErrorKind, EngineResult, engine_text};
+pub use image::{ImageConfig, ImageImport, ImageInfo};
 pub use path_stat::PathStat;
 
 /// The narrow engine trait. One implementation per container engine; a third-party engine
@@ -284,6 +286,49 @@ pub trait ContainerEngine: Send + Sync + fmt::Debug + 'static {
             EngineErrorKind::InvalidRequest,
             format!("this engine cannot unpause the container {id}"),
         ))
+    }
+
+    /// The configuration `image` declares (env, command, entrypoint, workdir, user,
+    /// labels): a snapshot of a sandbox created from it keeps them. An engine that
+    /// implements the snapshot calls ([`Self::export`], [`Self::import_image`],
+    /// [`Self::list_images`], [`Self::remove_image`]) declares `SNAPSHOT` in
+    /// [`Self::capabilities`]. Default: not supported.
+    async fn image_config(&self, image: &str) -> EngineResult<ImageConfig> {
+        Err(EngineError::new(
+            EngineErrorKind::InvalidRequest,
+            format!("this engine cannot read the configuration of image `{image}`"),
+        ))
+    }
+    /// The container's filesystem as one flat tar stream: its image's layers with its
+    /// own changes applied, without what is mounted into it (binds, volumes, tmpfs).
+    /// Default: not supported.
+    async fn export(&self, id: &str) -> EngineResult<ArchiveBody> {
+        Err(EngineError::new(
+            EngineErrorKind::InvalidRequest,
+            format!("this engine cannot export the container {id}"),
+        ))
+    }
+    /// Makes a new image of one layer from `body` (a flat tar stream, as
+    /// [`Self::export`] gives), named and configured by `import` and nothing else (no
+    /// configuration of any container is merged in). Returns the image id. Default: not
+    /// supported.
+    async fn import_image(&self, body: ArchiveBody, import: &ImageImport) -> EngineResult<String> {
+        let _ = body;
+        Err(EngineError::new(
+            EngineErrorKind::InvalidRequest,
+            format!("this engine cannot import the image {}", import.reference),
+        ))
+    }
+    /// Images carrying every label in `labels`. Default: none.
+    async fn list_images(&self, labels: &BTreeMap<String, String>) -> EngineResult<Vec<ImageInfo>> {
+        let _ = labels;
+        Ok(Vec::new())
+    }
+    /// Removes an image by reference or id (not forced: `Conflict` while a container
+    /// uses it). `Ok(false)` when it was already gone. Default: nothing to remove.
+    async fn remove_image(&self, image: &str) -> EngineResult<bool> {
+        let _ = image;
+        Ok(false)
     }
 
     /// Whether the engine runs on this machine (a local unix socket), so the container

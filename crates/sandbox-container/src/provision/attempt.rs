@@ -193,7 +193,10 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             max_deadline: labelled(&spec, LABEL_MAX_DEADLINE)
                 .unwrap_or_else(|| SystemTime::now() + options.effective_max_lifetime()),
             tier,
-            caps: self.caps() | crate::sandbox::agent::capabilities(agent.as_ref(), tier),
+            caps: crate::snapshot::instance_caps(
+                self.caps() | crate::sandbox::agent::capabilities(agent.as_ref(), tier),
+                spec.resources.disk_mb.is_some(),
+            ),
             secrets: options
                 .secrets
                 .iter()

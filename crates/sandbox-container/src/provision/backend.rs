@@ -9,7 +9,7 @@ use sandbox_core::labels::{LABEL_BACKEND, LABEL_MANAGED, metadata_filter};
 use sandbox_core::teardown::{OrphanInfo, TeardownGuard};
 use sandbox_core::{
     Backend, Capability, CreateOptions, EngineReport, IsolationTier, ManagedSandbox, Problem,
-    ReapableBackend, Result, Sandbox, SandboxError, async_trait,
+    ReapableBackend, Result, Sandbox, SandboxError, Snapshot, async_trait,
 };
 
 use crate::engine::transfer::bounded;
@@ -114,10 +114,12 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         // GPU is the engine's alone (devices in its create body, e.g. Podman's CDI names):
         // passed through when the engine declares it.
         // So is DISK_LIMIT (a read-only root and sized scratch mounts in its create body).
-        // And PAUSE_RESUME (the engine's freezer, see `ContainerEngine::pause`).
+        // And PAUSE_RESUME (the engine's freezer, see `ContainerEngine::pause`), and
+        // SNAPSHOT (its export and import, see `crate::snapshot`).
         let mut caps = (LAYER_CAPABILITIES
             | Capability::GPU
             | Capability::PAUSE_RESUME
+            | Capability::SNAPSHOT
             | Capability::EGRESS_ALLOWLIST
             | Capability::DISK_LIMIT)
             & self.engine.capabilities();
@@ -256,7 +258,10 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             deadline: Mutex::new(deadline),
             max_deadline: deadline,
             tier,
-            caps: self.caps() | crate::sandbox::agent::capabilities(agent.as_ref(), tier),
+            caps: crate::snapshot::instance_caps(
+                self.caps() | crate::sandbox::agent::capabilities(agent.as_ref(), tier),
+                c.labels.contains_key(crate::snapshot::LABEL_DISK_LIMITED),
+            ),
             // Secrets are never stored engine-side, so a reattached handle has none.
             secrets: Vec::new(),
             interpreters: Mutex::new(HashMap::new()),
@@ -465,5 +470,46 @@ impl<E: ContainerEngine> ReapableBackend for ContainerBackend<E> {
             crate::egress::remove_network_if_unused(eng).await;
         }
         Ok(removed)
+    }
+
+    async fn list_snapshots(&self) -> Result<Vec<Snapshot>> {
+        let eng = &*self.engine;
+        let filter = crate::snapshot::snapshot_filter(eng.backend());
+        let images = self
+            .call("list images", eng.list_images(&filter))
+            .await
+            .map_err(|e| error::engine(eng, "list images", e))?;
+        Ok(images
+            .into_iter()
+            .filter(|i| crate::snapshot::is_snapshot(&i.labels))
+            .map(|i| crate::snapshot::listed(eng.backend(), i))
+            .collect())
+    }
+
+    /// Removes one snapshot image; an image that is not a sandbox-rs snapshot is refused
+    /// with `Configuration`, one a sandbox still uses too (kill it first).
+    async fn remove_snapshot(&self, template: &str) -> Result<bool> {
+        let eng = &*self.engine;
+        let config = match self.call("inspect image", eng.image_config(template)).await {
+            Ok(c) => c,
+            Err(e) if e.kind == EngineErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(error::engine(eng, "inspect image", e)),
+        };
+        if !crate::snapshot::is_snapshot(&config.labels) {
+            return Err(SandboxError::config(
+                format!("image `{template}` is not a sandbox-rs snapshot"),
+                "only images labelled io.sandbox-rs.managed=true and io.sandbox-rs.snapshot-of are removed; list them with `sandbox reap`",
+            ));
+        }
+        match self.call("remove image", eng.remove_image(template)).await {
+            Ok(removed) => Ok(removed),
+            Err(e) if e.kind == EngineErrorKind::NotFound => Ok(false),
+            Err(e) if e.kind == EngineErrorKind::Conflict => Err(SandboxError::config(
+                format!("snapshot `{template}` is in use by a sandbox"),
+                "kill the sandboxes created from it first (`sandbox reap --kill` removes sandboxes before snapshots)",
+            )
+            .with_source(e)),
+            Err(e) => Err(error::engine(eng, "remove image", e)),
+        }
     }
 }

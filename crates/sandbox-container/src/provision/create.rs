@@ -482,6 +482,12 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                         crate::sandbox::agent::protocol_label(),
                     );
                 }
+                if resources.disk_mb.is_some() {
+                    labels.insert(
+                        crate::snapshot::LABEL_DISK_LIMITED.to_string(),
+                        "true".to_string(),
+                    );
+                }
                 labels
             },
             resources,

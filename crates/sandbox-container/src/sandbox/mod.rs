@@ -235,6 +235,10 @@ impl<E: ContainerEngine> Sandbox for ContainerSandbox<E> {
         lifetime::extend(&self.shared, by).await
     }
 
+    async fn snapshot(&self) -> Result<sandbox_core::Snapshot> {
+        crate::snapshot::take(&self.shared).await
+    }
+
     fn ingress_address(&self, port: u16) -> Result<SocketAddr> {
         sandbox_core::policy::require(self.shared.caps, Capability::INGRESS_PORTS, self.backend())?;
         self.ingress_addr(port).ok_or_else(|| {

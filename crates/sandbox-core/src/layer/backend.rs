@@ -13,7 +13,7 @@ use tracing::Instrument as _;
 use crate::audit::Redactor;
 use crate::{
     Backend, Capability, CreateOptions, EngineReport, IsolationTier, ManagedSandbox,
-    ReapableBackend, Result, Sandbox, SandboxError, policy,
+    ReapableBackend, Result, Sandbox, SandboxError, Snapshot, policy,
 };
 
 use super::config::Layer;
@@ -237,6 +237,42 @@ impl ReapableBackend for EnforcedBackend {
                 Some(r) => r.kill_managed(id).await,
                 None => Err(SandboxError::configuration(format!(
                     "backend `{name}` cannot kill managed sandboxes"
+                ))),
+            };
+            op.end(&self.layer, &redactor, r)
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn list_snapshots(&self) -> Result<Vec<Snapshot>> {
+        let (name, tier) = (self.inner.name(), self.inner.isolation());
+        let span = op_span!("sandbox.list_snapshots", name, tier);
+        let op = Op::new(span.clone(), "sandbox.list_snapshots", name, tier);
+        let redactor = Redactor::default();
+        async move {
+            let r = match self.inner.as_reapable() {
+                Some(r) => r.list_snapshots().await,
+                None => Err(SandboxError::configuration(format!(
+                    "backend `{name}` cannot list snapshots"
+                ))),
+            };
+            op.end(&self.layer, &redactor, r)
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn remove_snapshot(&self, template: &str) -> Result<bool> {
+        let (name, tier) = (self.inner.name(), self.inner.isolation());
+        let span = op_span!("sandbox.remove_snapshot", name, tier);
+        let op = Op::new(span.clone(), "sandbox.remove_snapshot", name, tier).sandbox(template);
+        let redactor = Redactor::default();
+        async move {
+            let r = match self.inner.as_reapable() {
+                Some(r) => r.remove_snapshot(template).await,
+                None => Err(SandboxError::configuration(format!(
+                    "backend `{name}` cannot remove snapshots"
                 ))),
             };
             op.end(&self.layer, &redactor, r)

@@ -1,8 +1,8 @@
 //! The sandbox wrapper ([`EnforcedSandbox`]): each call on a wrapped sandbox — run,
-//! run_code, stream, files, kill, ingress, pause, resume, extend — is checked (the shared state's
-//! gate), spanned and audited (its operation), then forwarded to the adapter. A kill is
-//! idempotent, and nothing reaches the adapter after a successful one; while paused,
-//! only resume and kill do.
+//! run_code, stream, files, kill, ingress, pause, resume, extend, snapshot — is checked
+//! (the shared state's gate), spanned and audited (its operation), then forwarded to the
+//! adapter. A kill is idempotent, and nothing reaches the adapter after a successful one;
+//! while paused, only resume, kill and snapshot do.
 
 use std::any::Any;
 use std::fmt;
@@ -14,7 +14,7 @@ use tracing::Instrument as _;
 
 use crate::{
     Capability, CodeOptions, Command, ExecResult, FileSystem, IsolationTier, Process, Result,
-    RunOptions, Sandbox,
+    RunOptions, Sandbox, Snapshot,
 };
 
 use super::files::EnforcedFiles;
@@ -238,6 +238,32 @@ impl Sandbox for EnforcedSandbox {
 
     async fn resume(&self) -> Result<()> {
         self.pause_or_resume("sandbox.resume", false).await
+    }
+
+    async fn snapshot(&self) -> Result<Snapshot> {
+        let s = &self.shared;
+        let span = op_span!("sandbox.snapshot", s.backend, s.tier);
+        let op = s.op(span.clone(), "sandbox.snapshot");
+        async move {
+            // Serialised with kill, pause and resume: the adapter may freeze the sandbox
+            // while it reads the filesystem, and its thaw must not undo a caller's pause
+            // made meanwhile. A paused sandbox can be snapshotted (its files are still).
+            let _serial = s.kill_lock.lock().await;
+            let checked = s.require(Capability::SNAPSHOT).and_then(|()| {
+                if s.killed.load(Ordering::SeqCst) {
+                    Err(crate::SandboxError::gone(&s.id))
+                } else {
+                    Ok(())
+                }
+            });
+            let r = match checked {
+                Ok(()) => s.inner.snapshot().await,
+                Err(e) => Err(e),
+            };
+            op.end(&s.layer, &s.redactor, r)
+        }
+        .instrument(span)
+        .await
     }
 
     fn ingress_address(&self, port: u16) -> Result<std::net::SocketAddr> {
