@@ -131,6 +131,16 @@ impl Backend {
         let r = self.reapable()?;
         block_on(r.kill_managed(id))?
     }
+    /// Blocking [`crate::ReapableBackend::list_snapshots`].
+    pub fn list_snapshots(&self) -> Result<Vec<crate::Snapshot>> {
+        let r = self.reapable()?;
+        block_on(r.list_snapshots())?
+    }
+    /// Blocking [`crate::ReapableBackend::remove_snapshot`].
+    pub fn remove_snapshot(&self, template: &str) -> Result<bool> {
+        let r = self.reapable()?;
+        block_on(r.remove_snapshot(template))?
+    }
     /// The async backend this wraps.
     pub fn as_async(&self) -> &Arc<dyn crate::Backend> {
         &self.inner
@@ -207,6 +217,10 @@ impl Sandbox {
     /// Blocking [`crate::Sandbox::resume`].
     pub fn resume(&self) -> Result<()> {
         block_on(self.inner().resume())?
+    }
+    /// Blocking [`crate::Sandbox::snapshot`]: the sandbox's filesystem as a template.
+    pub fn snapshot(&self) -> Result<crate::Snapshot> {
+        block_on(self.inner().snapshot())?
     }
     /// Blocking [`crate::Sandbox::extend`]: moves the deadline by `by`, returns the new one.
     pub fn extend(&self, by: std::time::Duration) -> Result<std::time::SystemTime> {
