@@ -45,6 +45,20 @@ async fn trial_backend<E: ContainerEngine>(
     ContainerBackend::new(engine, ContainerConfig::new(BUSYBOX).startup_sweep(false)).await
 }
 
+/// Waits until `b` holds no managed container of trial `test`, at most 10 s (a refused
+/// create's removal may still be finishing), else fails naming what is left.
+async fn nothing_left_within_10s<B: sandbox_core::ReapableBackend + ?Sized>(b: &B, test: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = managed_ids(b, test).await;
+        if left.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "left behind: {left:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// A create whose allowlist fails to apply (the engine reports a container whose network
 /// namespace cannot be entered, [`TrialEngine::unenterable_namespace_once`]) is a
 /// `Creation` error saying the egress rules could not be applied, and the container it
@@ -67,15 +81,7 @@ pub async fn a_failing_apply_leaves_no_container<E: ContainerEngine>(engine: E) 
         "the failure is the egress apply's: {}",
         e.render()
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let left = managed_ids(&b, "egress-fail").await;
-        if left.is_empty() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "left behind: {left:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    nothing_left_within_10s(&b, "egress-fail").await;
 }
 
 /// A process in a network namespace of its own (`unshare --net sleep`): the "other
@@ -167,15 +173,7 @@ pub async fn rules_never_go_into_a_namespace_not_the_containers<E: ContainerEngi
         e.render()
     );
     assert!(!tables.contains(TABLE), "rules were loaded there: {tables}");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let left = managed_ids(&b, "egress-foreign-pid").await;
-        if left.is_empty() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "left behind: {left:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    nothing_left_within_10s(&b, "egress-foreign-pid").await;
 }
 
 /// Egress `Allow` on an engine whose containers the library cannot load rules into (here
