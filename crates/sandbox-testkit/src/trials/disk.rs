@@ -10,8 +10,10 @@ use sandbox_core::{Backend, Resources, SandboxExt};
 
 use crate::tagged::test_options;
 
-/// The image the volume trial builds `FROM` the busybox test image, with `VOLUME /data`.
-pub const VOLUME_IMAGE: &str = "sandbox-rs/busybox-volume:trial";
+/// The image the volume trials build `FROM` the busybox test image, with `VOLUME /data`;
+/// each trial tags its own (`:bounded`, `:removed`), since trials run in parallel and one
+/// removes its image when it ends.
+pub const VOLUME_IMAGE: &str = "sandbox-rs/busybox-volume";
 
 /// The disk limit the volume trial asks for, in MiB.
 const LIMIT_MB: u64 = 8;
@@ -33,14 +35,18 @@ fn sh(cli: &str, args: &str) -> (bool, String) {
 /// [`VOLUME_IMAGE`], built now and removed when dropped (also when the trial fails).
 struct VolumeImage {
     cli: String,
+    /// `VOLUME_IMAGE:<tag>`.
+    name: String,
 }
 
 impl VolumeImage {
-    fn build(cli: &str, base: &str) -> VolumeImage {
+    fn build(cli: &str, base: &str, tag: &str) -> VolumeImage {
         let image = VolumeImage {
             cli: cli.to_string(),
+            name: format!("{VOLUME_IMAGE}:{tag}"),
         };
-        let dir = std::env::temp_dir().join(format!("sbx-volume-image-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("sbx-volume-image-{}-{tag}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("build context");
         std::fs::write(
             dir.join("Dockerfile"),
@@ -49,17 +55,17 @@ impl VolumeImage {
         .expect("Dockerfile");
         let (built, _) = sh(
             cli,
-            &format!("build -q -t {VOLUME_IMAGE} {}", dir.display()),
+            &format!("build -q -t {} {}", image.name, dir.display()),
         );
         let _ = std::fs::remove_dir_all(&dir);
-        assert!(built, "{cli} build of {VOLUME_IMAGE} FROM {base} failed");
+        assert!(built, "{cli} build of {} FROM {base} failed", image.name);
         image
     }
 }
 
 impl Drop for VolumeImage {
     fn drop(&mut self) {
-        sh(&self.cli, &format!("rmi -f {VOLUME_IMAGE}"));
+        sh(&self.cli, &format!("rmi -f {}", self.name));
     }
 }
 
@@ -68,10 +74,10 @@ impl Drop for VolumeImage {
 /// the limit into it fails part-way, and at most the limit lands. `base` is the busybox
 /// test image; `b` any backend of the engine `cli` drives.
 pub async fn an_image_volume_is_bounded_scratch(b: &dyn Backend, cli: &str, base: &str) {
-    let _image = VolumeImage::build(cli, base);
+    let image = VolumeImage::build(cli, base, "bounded");
     let s = b
         .create(
-            test_options(VOLUME_IMAGE, "disk-image-volume")
+            test_options(&image.name, "disk-image-volume")
                 .workdir("/work")
                 .resources(Resources::default().disk_mb(LIMIT_MB)),
         )
@@ -120,9 +126,9 @@ pub async fn an_image_volume_is_bounded_scratch(b: &dyn Backend, cli: &str, base
 /// limit applies, as documented), but it goes with the sandbox: after `kill` the engine
 /// no longer holds it.
 pub async fn an_image_volume_goes_with_its_sandbox(b: &dyn Backend, cli: &str, base: &str) {
-    let _image = VolumeImage::build(cli, base);
+    let image = VolumeImage::build(cli, base, "removed");
     let s = b
-        .create(test_options(VOLUME_IMAGE, "disk-image-volume-removed"))
+        .create(test_options(&image.name, "disk-image-volume-removed"))
         .await
         .expect("create from an image with a declared volume");
     let id = s.id().to_string();

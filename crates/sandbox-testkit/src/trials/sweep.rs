@@ -191,7 +191,13 @@ where
     // The backstop on this path is the `sleep` under the engine's init; root inside can
     // stop it, and then nothing in the container ends it.
     let stop = r#"for p in /proc/[0-9]*; do
-        [ "$(cat $p/comm 2>/dev/null)" = sleep ] && kill -STOP "${p#/proc/}" && grep '^State' $p/status
+        if [ "$(cat $p/comm 2>/dev/null)" = sleep ] && kill -STOP "${p#/proc/}"; then
+            for i in 1 2 3 4 5 6 7 8 9 10; do
+                grep -q '^State:.*stopped' $p/status && break
+                sleep 0.1
+            done
+            grep '^State' $p/status
+        fi
     done"#;
     let r = s
         .run(
