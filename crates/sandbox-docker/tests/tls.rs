@@ -97,13 +97,27 @@ fn client_dir(dir: &Path, ca: &str, client: &str, out: &str) -> Result<PathBuf, 
 }
 
 /// A `dockerd` of this test's own: its data, exec root, pidfile and containerd under
-/// `dir`, no bridge and no iptables changes (it shares the host with the main engine),
-/// listening only on `127.0.0.1:port` with `--tlsverify`. Stopped (SIGTERM, then SIGKILL)
-/// and its directory removed when dropped.
+/// `dir`, no iptables changes (it shares the host with the main engine), listening only on
+/// `127.0.0.1:port` with `--tlsverify`. Its default bridge is one this test creates and
+/// removes ([`TEST_BRIDGE`]): with `--bridge=none` dockerd deletes the host's `docker0`,
+/// which the main engine's default network needs. Stopped (SIGTERM, then SIGKILL), its
+/// bridge deleted and its directory removed when dropped.
 struct TlsDaemon {
     child: Child,
     dir: PathBuf,
     port: u16,
+}
+
+/// The bridge the test's dockerd uses as its default bridge (never `docker0`).
+const TEST_BRIDGE: &str = "sbx-tls0";
+
+/// Runs `ip ARGS`; whether it succeeded.
+fn ip(args: &[&str]) -> bool {
+    Command::new("ip")
+        .args(args)
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 impl TlsDaemon {
@@ -113,6 +127,15 @@ impl TlsDaemon {
             .map_err(|e| e.to_string())?
             .port();
         let log = std::fs::File::create(dir.join("dockerd.log")).map_err(|e| e.to_string())?;
+        let stderr = log.try_clone().map_err(|e| e.to_string())?;
+        // A leftover of an interrupted run goes first.
+        ip(&["link", "del", TEST_BRIDGE]);
+        if !ip(&["link", "add", TEST_BRIDGE, "type", "bridge"])
+            || !ip(&["addr", "add", "198.18.251.1/24", "dev", TEST_BRIDGE])
+        {
+            ip(&["link", "del", TEST_BRIDGE]);
+            return Err(format!("cannot create the test bridge {TEST_BRIDGE}"));
+        }
         let child = Command::new("dockerd")
             .arg("--data-root")
             .arg(dir.join("data"))
@@ -129,16 +152,19 @@ impl TlsDaemon {
             .arg("--tlskey")
             .arg(dir.join("server-key.pem"))
             .args([
-                "--bridge=none",
+                format!("--bridge={TEST_BRIDGE}").as_str(),
                 "--iptables=false",
                 "--ip6tables=false",
                 "--ip-masq=false",
             ])
             .stdin(Stdio::null())
-            .stdout(log.try_clone().map_err(|e| e.to_string())?)
-            .stderr(log)
+            .stdout(log)
+            .stderr(stderr)
             .spawn()
-            .map_err(|e| format!("cannot start dockerd: {e}"))?;
+            .map_err(|e| {
+                ip(&["link", "del", TEST_BRIDGE]);
+                format!("cannot start dockerd: {e}")
+            })?;
         Ok(TlsDaemon {
             child,
             dir: dir.to_path_buf(),
@@ -182,6 +208,7 @@ impl Drop for TlsDaemon {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+        ip(&["link", "del", TEST_BRIDGE]);
     }
 }
 
