@@ -124,6 +124,23 @@ fn ensure_dockerd(applied: &Applied) -> Result<((), String)> {
         if !applied.daemon_json_changed {
             return Ok(((), format!("already running ({pid})")));
         }
+        // `experimental` is read only at start: a daemon without it is restarted (when
+        // setup started it) so checkpoints work; its containers stop with it.
+        if !docker_is_experimental()? {
+            let Some(old) = DOCKERD.stop_recorded()? else {
+                report::note(
+                    SCOPE,
+                    "WARNING: dockerd runs without experimental features and was not started by setup, so it was not restarted; forks with memory stay unavailable until it is",
+                );
+                return Ok(((), format!("already running ({pid}); experimental off")));
+            };
+            let new_pid = DOCKERD.start()?;
+            wait_for_runsc_runtime()?;
+            return Ok((
+                (),
+                format!("restarted for experimental features (pid {old} -> {new_pid})"),
+            ));
+        }
         // dockerd reloads `runtimes` from daemon.json on SIGHUP; no restart needed.
         let Some(daemon_pid) = DOCKERD.running_pid() else {
             bail!("daemon.json changed but dockerd's pid is unknown; restart dockerd by hand");
@@ -201,6 +218,16 @@ fn start_or_await(daemon: &Daemon) -> Result<((), String)> {
             daemon.pid_file().display()
         ),
     ))
+}
+
+/// Whether the running dockerd has experimental features (checkpoints) turned on.
+fn docker_is_experimental() -> Result<bool> {
+    let answer = process::stdout_of(images::DOCKER.cli().args([
+        "version",
+        "--format",
+        "{{.Server.Experimental}}",
+    ]))?;
+    Ok(answer.trim() == "true")
 }
 
 /// SIGHUP is asynchronous: wait until `docker info` lists the runtime.
