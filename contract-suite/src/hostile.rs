@@ -23,6 +23,8 @@ const AREA: &str = "hostile";
 
 /// Marks the fork-bomb program (the kernel model recognises it by this).
 pub(crate) const FORK_BOMB_MARK: &str = "sbx-fork-bomb";
+/// Marks the program that holds every pid of the limit.
+pub(crate) const PIDS_HOLDER_MARK: &str = "sbx-pids-holder";
 /// Marks the memory-hog program.
 pub(crate) const MEMORY_HOG_MARK: &str = "sbx-memory-hog";
 /// What the memory hog allocates and touches, in MiB.
@@ -42,6 +44,12 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
             "fork_bomb_bounded_by_pids",
             &[r, Need::KernelEvidence],
             fork_bomb_bounded_by_pids,
+        ),
+        ctx.trial(
+            AREA,
+            "pids_exhaustion_is_typed_and_reset_recovers",
+            &[r, Need::KernelEvidence],
+            pids_exhaustion_is_typed_and_reset_recovers,
         ),
         ctx.trial(
             AREA,
@@ -135,6 +143,110 @@ async fn fork_bomb_bounded_by_pids(ctx: Arc<Ctx>) -> anyhow::Result<()> {
         }
         Err(e) => bail!("the fork bomb's run failed: {}", e.render()),
     }
+    sb.kill().await
+}
+
+/// Processes a finished command left behind that hold every pid of the limit make the next
+/// command fail at once with `ResourceLimitExceeded` naming pids — never an exit code that
+/// looks like the command's own, never a hang — every time it is tried. (On an engine's
+/// exec path, which starts commands outside the limit, the command may also just run.) Where
+/// `RESET_PROCESSES` is declared, `reset_processes` then ends them all (and reports them),
+/// the sandbox's files are kept, and commands run again.
+async fn pids_exhaustion_is_typed_and_reset_recovers(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let c = case("pids_exhaustion_is_typed_and_reset_recovers");
+    let requested = 32;
+    let sb = ctx
+        .create(
+            &c,
+            ctx.opts(&c).resources(Resources::default().pids(requested)),
+        )
+        .await?;
+    if sb.isolation() == IsolationTier::Gvisor {
+        // gVisor's guest processes are not the host's tasks: the engine's pids limit
+        // bounds the runtime's threads, not the guest's processes (the fork bomb trial
+        // covers what it does bound).
+        return sb.kill().await;
+    }
+    run_ok(&*sb, ["sh", "-c", "echo kept > /tmp/pids-kept"]).await?;
+    // A detached holder forks sleepers until fork fails, then keeps taking every pid
+    // that frees up (the command's own, the agent's finished threads), so the limit
+    // stays exhausted; the command returns once the holder says it is full.
+    let fill = format!(
+        "import os, sys, time\n# {PIDS_HOLDER_MARK}\nif os.fork():\n    \
+         while not os.path.exists('/tmp/pids-full'):\n        time.sleep(0.01)\n    \
+         sys.exit(0)\nos.setsid()\nnull = os.open('/dev/null', os.O_RDWR)\n\
+         for fd in (0, 1, 2):\n    os.dup2(null, fd)\nfull = False\nwhile True:\n    \
+         try:\n        child = os.fork()\n    except OSError:\n        if not full:\n            \
+         open('/tmp/pids-full', 'w').close()\n            full = True\n        \
+         time.sleep(0.005)\n        continue\n    if child == 0:\n        \
+         time.sleep(300)\n        os._exit(0)\n"
+    );
+    let filled = sb
+        .run(
+            Command::Argv(vec!["python3".into(), "-c".into(), fill]),
+            RunOptions::default().timeout(Duration::from_secs(30)),
+        )
+        .await
+        .context("the pids holder's start")?;
+    ensure!(
+        filled.exit_code == 0,
+        "the pids holder did not start: exit {}, stderr {:?}",
+        filled.exit_code,
+        filled.stderr_text()
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for attempt in 1..=6 {
+        let started = Instant::now();
+        let r = sb
+            .run(
+                Command::Argv(vec!["true".into()]),
+                RunOptions::default().timeout(Duration::from_secs(20)),
+            )
+            .await;
+        let took = started.elapsed();
+        ensure!(
+            took < Duration::from_secs(5),
+            "attempt {attempt}: a command in a sandbox whose pids are exhausted took {took:?} \
+             (result {:?})",
+            r.as_ref().map(|r| r.exit_code).map_err(|e| e.render())
+        );
+        match r {
+            Err(e) if e.code() == ErrorCode::ResourceLimitExceeded => {
+                let text = e.render();
+                ensure!(
+                    text.contains("pids"),
+                    "attempt {attempt}: the limit error does not name pids: {text}"
+                );
+            }
+            Err(e) => bail!(
+                "attempt {attempt}: pids exhaustion gave {} instead of ResourceLimitExceeded",
+                e.render()
+            ),
+            // On the engine's exec path the engine starts each command outside the
+            // limit (runc moves it into the cgroup after the fork, and the limit bounds
+            // only forks): `true` itself starts and ends.
+            Ok(r) if !sb.capabilities().contains(C::AGENT) && r.exit_code == 0 => {}
+            Ok(r) => bail!(
+                "attempt {attempt}: pids exhaustion gave exit code {} (stderr {:?}) instead of \
+                 ResourceLimitExceeded",
+                r.exit_code,
+                r.stderr_text()
+            ),
+        }
+    }
+    if !sb.capabilities().contains(C::RESET_PROCESSES) {
+        return sb.kill().await;
+    }
+    let ended = sb.reset_processes().await.context("reset_processes")?;
+    ensure!(
+        u64::from(ended) >= requested / 2,
+        "reset_processes reported {ended} processes ended; the sandbox held about {requested}"
+    );
+    let kept = run_ok(&*sb, ["cat", "/tmp/pids-kept"]).await?;
+    ensure!(
+        kept.trim() == "kept",
+        "a file did not survive reset_processes: {kept:?}"
+    );
     sb.kill().await
 }
 

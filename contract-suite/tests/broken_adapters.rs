@@ -256,4 +256,5 @@ caught! {
     snapshot_keeping_secrets_is_caught => SnapshotKeepsSecrets,
     unlisted_snapshots_are_caught => SnapshotsUnlisted,
     snapshot_ending_its_source_is_caught => SnapshotEndsTheSource,
+    pids_exhaustion_as_an_exit_code_is_caught => PidsAsExitCode,
 }

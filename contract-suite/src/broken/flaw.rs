@@ -160,11 +160,14 @@ pub enum Flaw {
     SnapshotsUnlisted,
     /// `snapshot` ends the sandbox it was made from.
     SnapshotEndsTheSource,
+    /// An exhausted pids limit is reported as the command's own failure (exit 126 with
+    /// the shell's "Resource temporarily unavailable"), not as `ResourceLimitExceeded`.
+    PidsAsExitCode,
 }
 
 impl Flaw {
     /// Every flaw.
-    pub const ALL: [Flaw; 63] = [
+    pub const ALL: [Flaw; 64] = [
         Flaw::SwallowTimeouts,
         Flaw::PretendNetworkPolicy,
         Flaw::LeakSecrets,
@@ -228,6 +231,7 @@ impl Flaw {
         Flaw::SnapshotKeepsSecrets,
         Flaw::SnapshotsUnlisted,
         Flaw::SnapshotEndsTheSource,
+        Flaw::PidsAsExitCode,
     ];
 
     /// The trials that must fail on a backend with this flaw (each passes without it).
@@ -351,6 +355,9 @@ impl Flaw {
             Flaw::SnapshotsUnlisted => &["contract::snapshot::snapshots_are_listed_and_removable"],
             Flaw::SnapshotEndsTheSource => {
                 &["contract::snapshot::the_original_goes_on_after_a_snapshot"]
+            }
+            Flaw::PidsAsExitCode => {
+                &["contract::hostile::pids_exhaustion_is_typed_and_reset_recovers"]
             }
         }
     }

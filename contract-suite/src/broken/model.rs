@@ -142,6 +142,8 @@ struct ModelSandbox {
     view: KernelView,
     /// Paths `truncate -s` made sparse and huge (the fake stores files densely).
     sparse: Mutex<Vec<String>>,
+    /// The pids holder ran: every pid of the limit is taken, nothing new starts.
+    pids_held: std::sync::atomic::AtomicBool,
 }
 
 impl ModelSandbox {
@@ -150,6 +152,7 @@ impl ModelSandbox {
             inner,
             view,
             sparse: Mutex::new(Vec::new()),
+            pids_held: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -179,6 +182,11 @@ impl ModelSandbox {
             let forked = attempts.min(self.view.pids.saturating_sub(1));
             return Some(ExecResult::new(0, format!("{forked}\n"), ""));
         }
+        if code.contains(crate::hostile::PIDS_HOLDER_MARK) {
+            self.pids_held
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            return Some(ExecResult::new(0, "", ""));
+        }
         if code.contains(crate::hostile::MEMORY_HOG_MARK) {
             return Some(
                 if self.view.memory_bytes < crate::hostile::MEMORY_HOG_MB << 20 {
@@ -207,6 +215,16 @@ impl Sandbox for ModelSandbox {
         self.inner.isolation()
     }
     async fn run(&self, cmd: Command, options: RunOptions) -> Result<ExecResult> {
+        if self.pids_held.load(std::sync::atomic::Ordering::SeqCst) {
+            // What an adapter reports when no process can start: the limit, typed.
+            return Err(SandboxError::resource_limit(
+                format!(
+                    "pids: the sandbox's pids limit is exhausted ({0} of {0} in use)",
+                    self.view.pids
+                ),
+                None,
+            ));
+        }
         if let Command::Argv(argv) = &cmd {
             if let [cat, path] = argv.as_slice()
                 && cat == "cat"
@@ -253,6 +271,9 @@ impl Sandbox for ModelSandbox {
     }
     async fn kill(&self) -> Result<()> {
         self.inner.kill().await
+    }
+    async fn reset_processes(&self) -> Result<u32> {
+        self.inner.reset_processes().await
     }
     async fn pause(&self) -> Result<()> {
         self.inner.pause().await

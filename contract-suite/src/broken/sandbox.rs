@@ -151,6 +151,19 @@ impl Sandbox for BrokenSandbox {
                 }
                 Ok(r)
             }
+            Flaw::PidsAsExitCode => match self.inner.run(cmd, options).await {
+                Err(e)
+                    if e.code() == ErrorCode::ResourceLimitExceeded
+                        && e.to_string().contains("pids") =>
+                {
+                    Ok(ExecResult::new(
+                        126,
+                        "",
+                        "sh: Resource temporarily unavailable\n",
+                    ))
+                }
+                r => r,
+            },
             Flaw::TruncateSilently => {
                 // The cap asked for, or the documented 64 MiB default, applied by cutting
                 // the output instead of refusing it.
@@ -246,6 +259,9 @@ impl Sandbox for BrokenSandbox {
             }
             r => r,
         }
+    }
+    async fn reset_processes(&self) -> Result<u32> {
+        self.inner.reset_processes().await
     }
     async fn pause(&self) -> Result<()> {
         if self.flaw == Flaw::PauseDoesNotFreeze {

@@ -20,8 +20,8 @@ use tokio::sync::{Semaphore, mpsc, watch};
 
 use crate::protocol::{
     self, AGENT_ID, DATA_CHUNK, ErrorKind, FileStat, Frame, FrameKind, HEADER_LEN,
-    LIFETIME_VERSION, PREAMBLE_LEN, PTY_VERSION, Reply, Request, SUPPORTED_VERSIONS, SpawnSpec,
-    TAKEOVER_MAGIC, TAKEOVER_PAD_BYTE, TAKEOVER_PAD_LEN, TOKEN_LEN, WINDOW, WindowSize,
+    LIFETIME_VERSION, PREAMBLE_LEN, PTY_VERSION, RESET_VERSION, Reply, Request, SUPPORTED_VERSIONS,
+    SpawnSpec, TAKEOVER_MAGIC, TAKEOVER_PAD_BYTE, TAKEOVER_PAD_LEN, TOKEN_LEN, WINDOW, WindowSize,
 };
 
 type Result<T> = std::result::Result<T, SandboxError>;
@@ -305,6 +305,22 @@ impl AgentClient {
                 format!("the sandbox's maximum lifetime ({message})"),
                 Some("create the sandbox with a longer CreateOptions::max_lifetime".into()),
             )),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Kills every process in the sandbox but the agent and returns how many were sent
+    /// SIGKILL. An agent older than [`RESET_VERSION`] cannot: `CapabilityNotSupported`
+    /// (`RESET_PROCESSES`), nothing sent.
+    pub async fn reset_processes(&self) -> Result<u32> {
+        if self.version < RESET_VERSION {
+            return Err(SandboxError::unsupported(
+                sandbox_core::Capability::RESET_PROCESSES,
+                BACKEND,
+            ));
+        }
+        match self.call(Request::ResetProcesses).await? {
+            Reply::Killed { processes } => Ok(processes),
             other => Err(unexpected(&other)),
         }
     }
@@ -721,6 +737,10 @@ impl RemoteProcess {
                         None,
                     ));
                 }
+                Incoming::Reply(Reply::Error {
+                    kind: ErrorKind::Pids,
+                    message,
+                }) => return Err(SandboxError::pids_exhausted(&message)),
                 Incoming::Reply(Reply::Error { message, .. }) => {
                     return Err(SandboxError::engine(
                         BACKEND,
@@ -949,6 +969,7 @@ fn reply_error(r: Reply, path: &str) -> SandboxError {
             ErrorKind::NotFound => SandboxError::path_not_found(path),
             ErrorKind::IsADirectory => SandboxError::is_a_directory(path),
             ErrorKind::Limit => SandboxError::resource_limit(format!("agent: {message}"), None),
+            ErrorKind::Pids => SandboxError::pids_exhausted(&message),
             // The same words as the engine path, whatever the OS's message says.
             ErrorKind::AlreadyExists => SandboxError::file_system(path, "already exists"),
             _ => SandboxError::file_system(path, message),

@@ -23,11 +23,15 @@ use serde::{Deserialize, Serialize};
 /// the agent speaks it before sending the takeover preamble (an older agent reads it as a
 /// forged length and exits, which ends the sandbox), so it learns that from outside the
 /// stream (the container's labels), never by trying; nor may it rely on a moved deadline
-/// or an idle limit with an older agent.
-pub const SUPPORTED_VERSIONS: &[u32] = &[1, 2, 3];
+/// or an idle limit with an older agent. Version 4 adds [`Request::ResetProcesses`] and
+/// the [`ErrorKind::Pids`] refusal of a spawn or read for lack of pids.
+pub const SUPPORTED_VERSIONS: &[u32] = &[1, 2, 3, 4];
 
 /// The first version with pseudo-terminals.
 pub const PTY_VERSION: u32 = 2;
+
+/// The first version with [`Request::ResetProcesses`] and [`ErrorKind::Pids`].
+pub const RESET_VERSION: u32 = 4;
 
 /// The first version with session takeover.
 pub const TAKEOVER_VERSION: u32 = 3;
@@ -367,6 +371,9 @@ pub enum Request {
         /// The new deadline, Unix seconds.
         deadline_unix: u64,
     },
+    /// Kill every process below the agent, whichever spawn started it; answered by
+    /// [`Reply::Killed`] with how many were sent SIGKILL. Version 4.
+    ResetProcesses,
 }
 
 /// What to start.
@@ -481,6 +488,9 @@ pub enum ErrorKind {
     InvalidRequest,
     /// A limit of the agent was reached.
     Limit,
+    /// No process or thread could be started: the sandbox's pids limit is exhausted.
+    /// Version 4 (an older host reads it as [`ErrorKind::Other`]).
+    Pids,
     /// Anything else.
     #[serde(other)]
     Other,

@@ -72,6 +72,11 @@ bitflags! {
         /// writable places are outside its filesystem (a disk limit's scratch mounts) does
         /// not declare it.
         const SNAPSHOT = 1 << 19;
+        /// `Sandbox::reset_processes`: every process in the sandbox except its first one
+        /// is killed — stray background jobs, a fork bomb's leftovers — and its files,
+        /// identity and policy are kept. Needs the in-sandbox agent (an engine's exec
+        /// cannot start anything once the pids limit is exhausted).
+        const RESET_PROCESSES = 1 << 23;
     }
 }
 
@@ -111,9 +116,10 @@ mod tests {
             "RUN_CODE|STREAMING"
         );
         assert_eq!(Capability::empty().to_string(), "NONE");
-        assert_eq!(Capability::each().count(), 20);
+        assert_eq!(Capability::each().count(), 21);
         assert_eq!(Capability::EXTEND_LIFETIME.names(), "EXTEND_LIFETIME");
         assert_eq!(Capability::SNAPSHOT.names(), "SNAPSHOT");
+        assert_eq!(Capability::RESET_PROCESSES.names(), "RESET_PROCESSES");
         assert_eq!(Capability::AGENT.names(), "AGENT");
         assert_eq!(Capability::DISK_LIMIT.names(), "DISK_LIMIT");
         assert_eq!(Capability::STDIN.names(), "STDIN");

@@ -552,6 +552,20 @@ impl SandboxError {
         }
     }
 
+    /// A [`SandboxError::ResourceLimitExceeded`] for a sandbox whose pids limit is
+    /// exhausted (`detail` says what could not start and the numbers), with the way back.
+    pub fn pids_exhausted(detail: impl std::fmt::Display) -> Self {
+        SandboxError::resource_limit(
+            format!("pids: {detail}"),
+            Some(
+                "processes still running in the sandbox (left behind by earlier commands) \
+                 hold every pid; end them with Sandbox::reset_processes (files are kept), or \
+                 create the sandbox with a higher Resources::pids"
+                    .into(),
+            ),
+        )
+    }
+
     /// A [`SandboxError::Auth`] naming the environment variable of the credential.
     pub fn auth(env_var: impl Into<String>) -> Self {
         SandboxError::Auth {

@@ -66,6 +66,17 @@ pub trait Sandbox: Send + Sync + std::fmt::Debug {
             self.backend(),
         ))
     }
+    /// Kills every process in the sandbox except its first one (needs `RESET_PROCESSES`)
+    /// and returns how many were killed: stray background jobs, daemons a command
+    /// started, a fork bomb's leftovers holding every pid of the limit. Files, identity,
+    /// policy and lifetime are kept; commands running now end (as killed by a signal) and
+    /// stateful interpreter contexts are lost. Refused with `SandboxPaused` while paused.
+    async fn reset_processes(&self) -> Result<u32> {
+        Err(crate::SandboxError::unsupported(
+            Capability::RESET_PROCESSES,
+            self.backend(),
+        ))
+    }
     /// Moves the sandbox's deadline `by` later and returns the new one (needs
     /// `EXTEND_LIFETIME`). The moved deadline is enforced exactly as the one set at create
     /// (inside the sandbox where that was, and by the host), and never passes

@@ -43,17 +43,19 @@ pub const CAPABILITIES: Capability = LAYER_CAPABILITIES
     .union(Capability::AGENT)
     .union(Capability::EXTEND_LIFETIME)
     .union(Capability::IDLE_TIMEOUT)
-    .union(Capability::SNAPSHOT);
+    .union(Capability::SNAPSHOT)
+    .union(Capability::RESET_PROCESSES);
 
 /// What the engine offers the container layer under this runtime: [`CAPABILITIES`]
-/// without the agent, its terminals, extend and the idle limit (which the container layer
+/// without the agent, its terminals, extend, the idle limit and the reset of processes (which the container layer
 /// adds where the agent runs), and without the allowlist where the runtime forces `--network=none`.
 pub(crate) fn capabilities(runtime_forces_no_network: bool) -> Capability {
     let caps = CAPABILITIES
         .difference(Capability::PTY)
         .difference(Capability::AGENT)
         .difference(Capability::EXTEND_LIFETIME)
-        .difference(Capability::IDLE_TIMEOUT);
+        .difference(Capability::IDLE_TIMEOUT)
+        .difference(Capability::RESET_PROCESSES);
     if runtime_forces_no_network {
         caps.difference(Capability::EGRESS_ALLOWLIST)
     } else {

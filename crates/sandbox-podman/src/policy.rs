@@ -31,10 +31,11 @@ pub const CAPABILITIES: Capability = LAYER_CAPABILITIES
     .union(Capability::PAUSE_RESUME)
     .union(Capability::EXTEND_LIFETIME)
     .union(Capability::IDLE_TIMEOUT)
-    .union(Capability::SNAPSHOT);
+    .union(Capability::SNAPSHOT)
+    .union(Capability::RESET_PROCESSES);
 
 /// What the engine offers the container layer under these options: [`CAPABILITIES`]
-/// without the agent, its terminals, extend and the idle limit (which the container layer
+/// without the agent, its terminals, extend, the idle limit and the reset of processes (which the container layer
 /// adds where the agent runs), and GPU only with CDI devices, which `PodmanOptions::validate` has checked
 /// against the host.
 pub(crate) fn capabilities(podman: &PodmanOptions) -> Capability {
@@ -42,7 +43,8 @@ pub(crate) fn capabilities(podman: &PodmanOptions) -> Capability {
         .difference(Capability::PTY)
         .difference(Capability::AGENT)
         .difference(Capability::EXTEND_LIFETIME)
-        .difference(Capability::IDLE_TIMEOUT);
+        .difference(Capability::IDLE_TIMEOUT)
+        .difference(Capability::RESET_PROCESSES);
     if podman.cdi_devices.is_empty() {
         caps.difference(Capability::GPU)
     } else {

@@ -226,6 +226,11 @@ impl Sandbox {
     pub fn extend(&self, by: std::time::Duration) -> Result<std::time::SystemTime> {
         block_on(self.inner().extend(by))?
     }
+    /// Blocking [`crate::Sandbox::reset_processes`]: kills every process but the first,
+    /// keeps the files; returns how many were killed.
+    pub fn reset_processes(&self) -> Result<u32> {
+        block_on(self.inner().reset_processes())?
+    }
     /// See [`crate::Sandbox::native`]. **Outside the semver contract.**
     pub fn native(&self) -> &dyn Any {
         self.inner().native()

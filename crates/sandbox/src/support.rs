@@ -47,7 +47,7 @@ mod recorded {
 
     /// What Docker and Podman sandboxes can declare: the container layer's set, the
     /// egress allowlist, a disk limit, the agent with its terminals, moved deadlines and
-    /// idle limits, pause and resume, filesystem snapshots.
+    /// idle limits, pause and resume, filesystem snapshots, the reset of processes.
     const CONTAINER: Capability = Capability::RUN_COMMAND
         .union(Capability::RUN_CODE)
         .union(Capability::STATEFUL_CODE)
@@ -64,7 +64,8 @@ mod recorded {
         .union(Capability::PAUSE_RESUME)
         .union(Capability::EXTEND_LIFETIME)
         .union(Capability::IDLE_TIMEOUT)
-        .union(Capability::SNAPSHOT);
+        .union(Capability::SNAPSHOT)
+        .union(Capability::RESET_PROCESSES);
 
     /// `sandbox_docker::CAPABILITIES`.
     #[cfg(any(test, not(feature = "docker")))]
@@ -75,13 +76,15 @@ mod recorded {
     pub(super) const PODMAN: Capability = CONTAINER.union(Capability::GPU);
 
     /// `sandbox_fake::full_capabilities()`: an egress allowlist, pause/resume and
-    /// snapshots, but no ingress ports, no disk, no terminals and no agent.
+    /// snapshots, but no ingress ports, no disk, no terminals, no agent and no reset of
+    /// processes.
     #[cfg(any(test, not(feature = "fake")))]
     pub(super) const FAKE: Capability = CONTAINER
         .difference(Capability::INGRESS_PORTS)
         .difference(Capability::DISK_LIMIT)
         .difference(Capability::PTY)
-        .difference(Capability::AGENT);
+        .difference(Capability::AGENT)
+        .difference(Capability::RESET_PROCESSES);
 }
 
 /// First-party backends that can declare `capability` (what `CapabilityNotSupported`
@@ -134,6 +137,10 @@ mod tests {
         assert_eq!(
             first_party_support(Capability::SNAPSHOT),
             ["docker", "podman", "fake"]
+        );
+        assert_eq!(
+            first_party_support(Capability::RESET_PROCESSES),
+            ["docker", "podman"]
         );
         assert!(first_party_support(Capability::SNAPSHOT_FORK).is_empty());
         assert!(first_party_support(Capability::empty()).is_empty());

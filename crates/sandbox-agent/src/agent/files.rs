@@ -6,6 +6,7 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::Arc;
 
+use super::pids::{self, Reserved};
 use super::spawn::{Key, Processes};
 use super::{Credits, Out};
 use crate::protocol::{DATA_CHUNK, ErrorKind, FileStat, Frame, FrameKind, Reply};
@@ -20,16 +21,28 @@ fn error(e: &io::Error) -> Reply {
 /// Streams a file on its own thread, one window of credit at a time.
 pub(crate) fn read(id: u32, path: String, credit: (Arc<Credits>, Processes), out: Out) {
     let (credits, procs) = credit;
-    let _ = std::thread::Builder::new()
-        .name("read".into())
-        .spawn(move || {
-            let reply = stream_file(id, &path, &credits, &out);
-            procs.release(Key {
-                session: out.session(),
-                id,
-            });
+    let key = Key {
+        session: out.session(),
+        id,
+    };
+    let thread = match Reserved::start("read") {
+        Ok(t) => t,
+        Err(e) => {
+            procs.release(key);
+            let reply = if pids::exhausted(&e) {
+                pids::refused("read")
+            } else {
+                error(&e)
+            };
             let _ = out.send(Frame::control(id, &reply));
-        });
+            return;
+        }
+    };
+    thread.run(move || {
+        let reply = stream_file(id, &path, &credits, &out);
+        procs.release(key);
+        let _ = out.send(Frame::control(id, &reply));
+    });
 }
 
 fn stream_file(id: u32, path: &str, credits: &Credits, out: &Out) -> Reply {

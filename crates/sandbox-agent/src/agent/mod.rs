@@ -15,6 +15,7 @@ mod files;
 mod input;
 mod kill;
 mod lifetime;
+mod pids;
 pub mod pty;
 mod spawn;
 
@@ -404,6 +405,10 @@ fn dispatch(
         Request::Signal { signal } => procs.signal(k, signal),
         Request::Kill => {
             let n = procs.kill(k);
+            send(out, id, Reply::Killed { processes: n });
+        }
+        Request::ResetProcesses => {
+            let n = procs.kill_everything();
             send(out, id, Reply::Killed { processes: n });
         }
         Request::ReadFile { path } => files::read(id, path, procs.credits_for_read(k), out.clone()),

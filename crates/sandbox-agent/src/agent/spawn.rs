@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use rustix::process::{Pid, Signal, WaitIdOptions, WaitOptions};
 
+use super::pids::{self, Reserved};
 use super::{Credits, Out, kill, pty};
 use crate::protocol::{DATA_CHUNK, ErrorKind, Frame, FrameKind, Reply, SpawnSpec, WINDOW};
 
@@ -227,6 +228,24 @@ impl Processes {
         if let Some(cwd) = &spec.cwd {
             cmd.current_dir(cwd);
         }
+        // Every thread this spawn needs, before the process: one that cannot start later
+        // would leave the host waiting for output or an exit that never comes.
+        let needed =
+            2 + usize::from(terminal.is_none()) + usize::from(spec.stdin || terminal.is_some());
+        let mut threads = match Reserved::start_many("spawn", needed) {
+            Ok(t) => t,
+            Err(e) => {
+                drop(t);
+                return send(if pids::exhausted(&e) {
+                    pids::refused("spawn")
+                } else {
+                    Reply::Error {
+                        kind: ErrorKind::Other,
+                        message: format!("starting the spawn's threads: {e}"),
+                    }
+                });
+            }
+        };
         let spawned = cmd.spawn();
         // The user side now lives only in the child: the controller's reads end (EIO)
         // once every process holding it is gone.
@@ -234,6 +253,10 @@ impl Processes {
         let controller = terminal.map(|(controller, _user)| controller);
         let mut child = match spawned {
             Ok(c) => c,
+            Err(e) if pids::exhausted(&e) => {
+                drop(t);
+                return send(pids::refused("spawn"));
+            }
             Err(e) => {
                 drop(t);
                 let code = if e.kind() == std::io::ErrorKind::NotFound {
@@ -250,14 +273,17 @@ impl Processes {
         let (stdin, output, pty) = match controller {
             Some(c) => match (c.try_clone(), c.try_clone()) {
                 (Ok(writer), Ok(reader)) => (
-                    Some(start_stdin(writer, out.clone(), id)),
+                    Some(start_stdin(take(&mut threads), writer, out.clone(), id)),
                     Some(reader),
                     Some(c),
                 ),
                 _ => (None, None, Some(c)),
             },
             None => (
-                child.stdin.take().map(|s| start_stdin(s, out.clone(), id)),
+                child
+                    .stdin
+                    .take()
+                    .map(|s| start_stdin(take(&mut threads), s, out.clone(), id)),
                 None,
                 None,
             ),
@@ -284,20 +310,42 @@ impl Processes {
         let mut readers = 0;
         if let Some(terminal) = output {
             // Both streams, as the terminal merged them.
-            readers += start_reader(terminal, FrameKind::Stdout, id, out, &credits, &events_tx);
+            readers += start_reader(
+                take(&mut threads),
+                terminal,
+                FrameKind::Stdout,
+                id,
+                out,
+                &credits,
+                &events_tx,
+            );
         }
         if let Some(s) = child.stdout.take() {
-            readers += start_reader(s, FrameKind::Stdout, id, out, &credits, &events_tx);
+            readers += start_reader(
+                take(&mut threads),
+                s,
+                FrameKind::Stdout,
+                id,
+                out,
+                &credits,
+                &events_tx,
+            );
         }
         if let Some(s) = child.stderr.take() {
-            readers += start_reader(s, FrameKind::Stderr, id, out, &credits, &events_tx);
+            readers += start_reader(
+                take(&mut threads),
+                s,
+                FrameKind::Stderr,
+                id,
+                out,
+                &credits,
+                &events_tx,
+            );
         }
         // `child` is dropped without wait: the reaper owns reaping.
         let me = self.clone();
         let out = out.clone();
-        let _ = std::thread::Builder::new()
-            .name("supervisor".into())
-            .spawn(move || me.supervise(key, &out, readers, events_rx, credits));
+        take(&mut threads).run(move || me.supervise(key, &out, readers, events_rx, credits));
     }
 
     fn supervise(
@@ -548,20 +596,26 @@ impl Processes {
         !kill::all_descendants().is_empty()
     }
 
-    /// Kills every process but the agent (the deadline, or the host went away).
-    pub(crate) fn kill_everything(&self) {
+    /// Kills every process but the agent (the deadline, the host went away, or a reset)
+    /// and returns how many distinct processes were sent SIGKILL. Repeated while new
+    /// ones appear: a process forking as fast as it can is caught in a later round.
+    pub(crate) fn kill_everything(&self) -> u32 {
+        let mut killed = std::collections::HashSet::new();
         for _ in 0..50 {
             let victims = kill::all_descendants();
             if victims.is_empty() {
-                return;
+                break;
             }
             for pid in victims {
-                if let Some(p) = Pid::from_raw(pid as i32) {
-                    let _ = rustix::process::kill_process(p, Signal::KILL);
+                if let Some(p) = Pid::from_raw(pid as i32)
+                    && rustix::process::kill_process(p, Signal::KILL).is_ok()
+                {
+                    killed.insert(pid);
                 }
             }
             std::thread::sleep(Duration::from_millis(1));
         }
+        u32::try_from(killed.len()).unwrap_or(u32::MAX)
     }
 }
 
@@ -584,7 +638,15 @@ fn not_started(out: &Out, id: u32, spec: &SpawnSpec, code: i32, why: &str) {
     ));
 }
 
+/// The next of a spawn's reserved threads. As many were reserved as the spawn's shape
+/// needs (terminal or pipes, stdin or not), so one is always there; PID 1 still never
+/// panics over it.
+fn take(threads: &mut Vec<Reserved>) -> Reserved {
+    threads.pop().unwrap_or_else(Reserved::none)
+}
+
 fn start_reader(
+    thread: Reserved,
     mut src: impl Read + Send + 'static,
     kind: FrameKind,
     id: u32,
@@ -593,58 +655,59 @@ fn start_reader(
     events: &Sender<Event>,
 ) -> u32 {
     let (out, credits, events) = (out.clone(), credits.clone(), events.clone());
-    let started = std::thread::Builder::new()
-        .name("reader".into())
-        .spawn(move || {
-            let mut buf = vec![0u8; DATA_CHUNK];
-            let mut forwarding = true;
-            loop {
-                // Read, then wait for credit to send: at most one chunk is held here, the
-                // rest stays in the pipe and the writing process blocks — the host's memory
-                // stays bounded. (Taking credit *before* the read would let an idle stderr
-                // reader sit on a chunk of the window shared with stdout.)
-                let n = match src.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => n,
+    thread.run(move || {
+        let mut buf = vec![0u8; DATA_CHUNK];
+        let mut forwarding = true;
+        loop {
+            // Read, then wait for credit to send: at most one chunk is held here, the
+            // rest stays in the pipe and the writing process blocks — the host's memory
+            // stays bounded. (Taking credit *before* the read would let an idle stderr
+            // reader sit on a chunk of the window shared with stdout.)
+            let n = match src.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let mut sent = 0;
+            while forwarding && sent < n {
+                let Some(k) = credits.take(n - sent) else {
+                    forwarding = false; // exit reported: drain and discard
+                    break;
                 };
-                let mut sent = 0;
-                while forwarding && sent < n {
-                    let Some(k) = credits.take(n - sent) else {
-                        forwarding = false; // exit reported: drain and discard
-                        break;
-                    };
-                    let body = buf[sent..sent + k].to_vec();
-                    if out.send(Frame { kind, id, body }).is_err() {
-                        forwarding = false;
-                        break;
-                    }
-                    sent += k;
+                let body = buf[sent..sent + k].to_vec();
+                if out.send(Frame { kind, id, body }).is_err() {
+                    forwarding = false;
+                    break;
                 }
-                if forwarding {
-                    let _ = events.send(Event::Progress);
-                }
+                sent += k;
             }
-            let _ = events.send(Event::ReaderDone);
-        });
-    u32::from(started.is_ok())
+            if forwarding {
+                let _ = events.send(Event::Progress);
+            }
+        }
+        let _ = events.send(Event::ReaderDone);
+    });
+    1
 }
 
 /// The stdin pump. The host keeps at most one window in flight (it waits for acks), so
 /// the queue is bounded by the protocol; the ack is sent once bytes reached the pipe.
-fn start_stdin(mut dst: impl Write + Send + 'static, out: Out, id: u32) -> Sender<Vec<u8>> {
+fn start_stdin(
+    thread: Reserved,
+    mut dst: impl Write + Send + 'static,
+    out: Out,
+    id: u32,
+) -> Sender<Vec<u8>> {
     let (tx, rx) = mpsc::channel::<Vec<u8>>();
-    let _ = std::thread::Builder::new()
-        .name("stdin".into())
-        .spawn(move || {
-            while let Ok(data) = rx.recv() {
-                if dst.write_all(&data).is_err() {
-                    break;
-                }
-                let n = u32::try_from(data.len()).unwrap_or(WINDOW);
-                let _ = out.send(Frame::ack(id, n));
+    thread.run(move || {
+        while let Ok(data) = rx.recv() {
+            if dst.write_all(&data).is_err() {
+                break;
             }
-            // Dropping `dst` closes the pipe: the process sees end of input.
-        });
+            let n = u32::try_from(data.len()).unwrap_or(WINDOW);
+            let _ = out.send(Frame::ack(id, n));
+        }
+        // Dropping `dst` closes the pipe: the process sees end of input.
+    });
     tx
 }
 

@@ -508,6 +508,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                 | sandbox_core::Capability::AGENT
                 | sandbox_core::Capability::EXTEND_LIFETIME
                 | sandbox_core::Capability::IDLE_TIMEOUT
+                | sandbox_core::Capability::RESET_PROCESSES
         } else {
             self.caps()
         }

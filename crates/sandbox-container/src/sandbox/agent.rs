@@ -384,7 +384,7 @@ pub(crate) fn events(
 /// What a sandbox gains from its agent: `AGENT` itself, terminals where the agent
 /// speaks the protocol version that has them and the runtime's terminals are whole (see
 /// [`terminals_work`]), and a movable deadline and idle limit where it speaks the version
-/// that has them.
+/// that has them, and the reset of every process where it speaks the version with it.
 pub(crate) fn capabilities(
     agent: Option<&sandbox_agent::client::AgentClient>,
     tier: IsolationTier,
@@ -400,6 +400,11 @@ pub(crate) fn capabilities(
     // set at create is enforced; the exec path's `sleep` cannot follow either.
     if a.version() >= sandbox_agent::protocol::LIFETIME_VERSION {
         caps |= Capability::EXTEND_LIFETIME | Capability::IDLE_TIMEOUT;
+    }
+    // Ending every process but the first needs a process that is still there when no
+    // new one can start: the agent (the exec path's exec fails once pids run out).
+    if a.version() >= sandbox_agent::protocol::RESET_VERSION {
+        caps |= Capability::RESET_PROCESSES;
     }
     caps
 }

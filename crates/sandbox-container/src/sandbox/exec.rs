@@ -192,8 +192,12 @@ pub(crate) async fn launch<E: ContainerEngine>(
             .boxed(),
         false => stream.output,
     };
+    // Fused: the pid line's reader may see the end of the output, and the stream is
+    // then chained behind what it held and polled again (an engine's stream must not be
+    // polled after its end; some panic).
     let mut output: BoxStream<'static, Result<OutputChunk>> = raw
         .map_err(move |e| error::on_sandbox(&*eng, &id, "exec output", e))
+        .fuse()
         .boxed();
     let engine_text = Arc::new(AtomicBool::new(false));
     let mut killer = token_killer;
@@ -488,8 +492,18 @@ fn start_future<E: ContainerEngine>(
         let engine_text = l.engine_text.clone();
         let exit = Box::pin(async move {
             let code = exit_code(&sh, &exec_id).await?;
-            if engine_text.load(Ordering::SeqCst) && (code == 126 || code == 127) {
-                return Ok(127);
+            if engine_text.load(Ordering::SeqCst) && code != 0 {
+                // The engine could not start the command: an exhausted pids limit is a
+                // typed state, not the engine's exit code.
+                if let Some(numbers) = crate::sandbox::pids::exhausted_on_host(&sh).await {
+                    return Err(sandbox_core::SandboxError::pids_exhausted(format!(
+                        "the engine could not start the command, the sandbox's pids limit \
+                         is exhausted ({numbers})"
+                    )));
+                }
+                if code == 126 || code == 127 {
+                    return Ok(127);
+                }
             }
             Ok(code)
         });

@@ -11,7 +11,9 @@ pub(crate) mod ingress;
 pub(crate) mod interpreter;
 pub(crate) mod kill;
 mod lifetime;
+mod pids;
 mod process;
+mod reset;
 pub(crate) mod shared;
 pub(crate) mod stdin;
 
@@ -233,6 +235,10 @@ impl<E: ContainerEngine> Sandbox for ContainerSandbox<E> {
 
     async fn extend(&self, by: std::time::Duration) -> Result<std::time::SystemTime> {
         lifetime::extend(&self.shared, by).await
+    }
+
+    async fn reset_processes(&self) -> Result<u32> {
+        reset::reset_processes(&self.shared).await
     }
 
     async fn snapshot(&self) -> Result<sandbox_core::Snapshot> {

@@ -240,6 +240,26 @@ impl Sandbox for EnforcedSandbox {
         self.pause_or_resume("sandbox.resume", false).await
     }
 
+    async fn reset_processes(&self) -> Result<u32> {
+        let s = &self.shared;
+        let span = op_span!("sandbox.reset_processes", s.backend, s.tier);
+        let op = s.op(span.clone(), "sandbox.reset_processes");
+        async move {
+            // Serialised with kill, pause and resume: a frozen agent could not answer.
+            let _serial = s.kill_lock.lock().await;
+            let checked = s
+                .require(Capability::RESET_PROCESSES)
+                .and_then(|()| s.alive());
+            let r = match checked {
+                Ok(()) => s.inner.reset_processes().await,
+                Err(e) => Err(e),
+            };
+            op.end(&s.layer, &s.redactor, r)
+        }
+        .instrument(span)
+        .await
+    }
+
     async fn snapshot(&self) -> Result<Snapshot> {
         let s = &self.shared;
         let span = op_span!("sandbox.snapshot", s.backend, s.tier);
