@@ -43,6 +43,12 @@ pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
         ctx.trial(AREA, "create_run_kill_kill", &[run], create_run_kill_kill),
         ctx.trial(
             AREA,
+            "hostname_as_asked",
+            &[run, Need::KernelEvidence],
+            hostname_as_asked,
+        ),
+        ctx.trial(
+            AREA,
             "run_after_kill_is_gone",
             &[run],
             run_after_kill_is_gone,
@@ -216,6 +222,23 @@ async fn create_run_kill_kill(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     sbx(raw.kill().await, "first kill")?;
     sbx(raw.kill().await, "second kill (must be idempotent)")?;
     Ok(())
+}
+
+/// `CreateOptions::hostname` is the sandbox's name for itself: in `/etc/hostname` and in
+/// the kernel's (UTS) hostname its processes read.
+async fn hostname_as_asked(ctx: Arc<Ctx>) -> anyhow::Result<()> {
+    let c = case("hostname_as_asked");
+    let name = "sbx-host-7";
+    let sb = ctx.create(&c, ctx.opts(&c).hostname(name)).await?;
+    for file in ["/etc/hostname", "/proc/sys/kernel/hostname"] {
+        let got = run_ok(&*sb, ["cat", file]).await?;
+        ensure!(
+            got.trim() == name,
+            "{file} says {:?}; the sandbox was created with hostname {name:?}",
+            got.trim()
+        );
+    }
+    sb.kill().await
 }
 
 /// Running in a killed sandbox returns `SandboxGone`, not a timeout or an engine error.

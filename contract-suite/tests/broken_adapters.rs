@@ -257,4 +257,5 @@ caught! {
     unlisted_snapshots_are_caught => SnapshotsUnlisted,
     snapshot_ending_its_source_is_caught => SnapshotEndsTheSource,
     pids_exhaustion_as_an_exit_code_is_caught => PidsAsExitCode,
+    ignored_hostname_is_caught => IgnoreHostname,
 }

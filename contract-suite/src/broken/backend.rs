@@ -108,6 +108,9 @@ impl Backend for BrokenBackend {
             Flaw::IgnoreLimits => {
                 options.resources = Resources::default();
             }
+            Flaw::IgnoreHostname => {
+                options.hostname = None;
+            }
             Flaw::IgnoreLifetime => {
                 options.timeout = Duration::from_secs(3600);
                 options.max_lifetime = options.max_lifetime.map(|m| m.max(options.timeout));

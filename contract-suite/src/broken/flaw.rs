@@ -163,11 +163,14 @@ pub enum Flaw {
     /// An exhausted pids limit is reported as the command's own failure (exit 126 with
     /// the shell's "Resource temporarily unavailable"), not as `ResourceLimitExceeded`.
     PidsAsExitCode,
+    /// `CreateOptions::hostname` is accepted and ignored: the sandbox keeps the engine's
+    /// name for it.
+    IgnoreHostname,
 }
 
 impl Flaw {
     /// Every flaw.
-    pub const ALL: [Flaw; 64] = [
+    pub const ALL: [Flaw; 65] = [
         Flaw::SwallowTimeouts,
         Flaw::PretendNetworkPolicy,
         Flaw::LeakSecrets,
@@ -232,6 +235,7 @@ impl Flaw {
         Flaw::SnapshotsUnlisted,
         Flaw::SnapshotEndsTheSource,
         Flaw::PidsAsExitCode,
+        Flaw::IgnoreHostname,
     ];
 
     /// The trials that must fail on a backend with this flaw (each passes without it).
@@ -359,6 +363,7 @@ impl Flaw {
             Flaw::PidsAsExitCode => {
                 &["contract::hostile::pids_exhaustion_is_typed_and_reset_recovers"]
             }
+            Flaw::IgnoreHostname => &["contract::lifecycle::hostname_as_asked"],
         }
     }
 }

@@ -38,6 +38,7 @@ struct KernelView {
     pids: u64,
     cpu_quota_us: u64,
     egress: bool,
+    hostname: String,
 }
 
 impl KernelView {
@@ -48,6 +49,11 @@ impl KernelView {
             pids: r.pids.unwrap_or(sandbox_core::DEFAULT_PIDS),
             cpu_quota_us: (r.cpu.unwrap_or(sandbox_core::DEFAULT_CPU) * 100_000.0) as u64,
             egress: options.network.egress != Egress::Deny,
+            // An engine names a container after its id without one; the model's is fixed.
+            hostname: options
+                .hostname
+                .clone()
+                .unwrap_or_else(|| "model-host".into()),
         }
     }
 
@@ -67,6 +73,7 @@ impl KernelView {
         Some(match path {
             "/proc/1/status" | "/proc/self/status" => STATUS.to_string(),
             "/proc/1/comm" => "docker-init\n".to_string(),
+            "/proc/sys/kernel/hostname" => format!("{}\n", self.hostname),
             "/proc/net/dev" if self.egress => net(&["lo", "eth0"]),
             "/proc/net/dev" => net(&["lo"]),
             "/sys/fs/cgroup/memory.max" => format!("{}\n", self.memory_bytes),

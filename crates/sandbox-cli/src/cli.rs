@@ -116,6 +116,9 @@ pub struct SandboxArgs {
     /// enforce it (see `sandbox doctor`).
     #[arg(long = "disk-mb", value_name = "MB")]
     pub disk_mb: Option<u64>,
+    /// The sandbox's hostname (at most 63 bytes: letters, digits, inner hyphens, dots).
+    #[arg(long, value_name = "NAME")]
+    pub hostname: Option<String>,
     /// Egress policy.
     #[arg(long, value_enum, default_value_t = NetworkArg::Deny)]
     pub network: NetworkArg,
@@ -157,6 +160,10 @@ pub struct CreateArgs {
     /// Default 600 (10 min), at most 86400.
     #[arg(long, value_name = "S", value_parser = parse_positive_secs)]
     pub timeout: Option<Duration>,
+    /// Remove the sandbox once it has had no call and no running command for S seconds
+    /// (a command still running keeps it). Needs the in-sandbox agent.
+    #[arg(long = "idle-timeout", value_name = "S", value_parser = parse_positive_secs)]
+    pub idle_timeout: Option<Duration>,
     /// Sandbox settings.
     #[command(flatten)]
     pub sandbox: SandboxArgs,

@@ -118,6 +118,9 @@ fn create_base(args: &CreateArgs) -> CreateOptions {
     for (k, v) in &args.labels {
         o = o.metadata(k.clone(), v.clone());
     }
+    if let Some(idle) = args.idle_timeout {
+        o = o.idle_timeout(idle);
+    }
     // Last, so a user label cannot pass for the CLI's own.
     o.timeout(
         args.timeout

@@ -60,6 +60,9 @@ fn apply_sandbox_args(args: &SandboxArgs, base: CreateOptions) -> sandbox::Resul
     for (k, v) in &args.env {
         o = o.env(k.clone(), v.clone());
     }
+    if let Some(h) = &args.hostname {
+        o = o.hostname(h.clone());
+    }
     if let Some(t) = args.require_isolation {
         o = o.require_isolation(match t {
             TierArg::Container => IsolationTier::Container,

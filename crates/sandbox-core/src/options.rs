@@ -89,6 +89,11 @@ pub struct CreateOptions {
     /// [`Capability::IDLE_TIMEOUT`](crate::Capability::IDLE_TIMEOUT). At least
     /// [`MIN_IDLE_TIMEOUT`], at most [`MAX_SANDBOX_TIMEOUT`].
     pub idle_timeout: Option<Duration>,
+    /// The sandbox's hostname (what `hostname` and `/etc/hostname` say inside). `None`
+    /// (the default): the backend's (an engine names it after the container id). A
+    /// hostname of at most 63 bytes: dot-separated labels of ASCII letters, digits and
+    /// inner hyphens.
+    pub hostname: Option<String>,
 }
 
 /// When a backend pulls the template image from its registry before creating a sandbox.
@@ -152,6 +157,7 @@ impl Default for CreateOptions {
             require_agent: false,
             max_lifetime: None,
             idle_timeout: None,
+            hostname: None,
         }
     }
 }
@@ -172,6 +178,7 @@ impl fmt::Debug for CreateOptions {
             .field("require_agent", &self.require_agent)
             .field("max_lifetime", &self.max_lifetime)
             .field("idle_timeout", &self.idle_timeout)
+            .field("hostname", &self.hostname)
             .finish()
     }
 }
@@ -249,6 +256,11 @@ impl CreateOptions {
         self.idle_timeout = Some(idle);
         self
     }
+    /// Sets the sandbox's hostname.
+    pub fn hostname(mut self, name: impl Into<String>) -> Self {
+        self.hostname = Some(name.into());
+        self
+    }
 
     /// The maximum lifetime in effect: `max_lifetime`, else `timeout`.
     pub fn effective_max_lifetime(&self) -> Duration {
@@ -305,6 +317,9 @@ impl CreateOptions {
         }
         validate_metadata(&self.metadata)?;
         validate_workdir(self.effective_workdir())?;
+        if let Some(h) = &self.hostname {
+            validate_hostname(h)?;
+        }
         self.network.validate()?;
         self.resources.effective()
     }
@@ -410,6 +425,31 @@ pub fn validate_lifetime(t: Duration) -> Result<()> {
         return Err(SandboxError::config(
             format!("sandbox timeout {t:?} is effectively unbounded"),
             format!("use at most {MAX_SANDBOX_TIMEOUT:?}; a sandbox lifetime is always bounded"),
+        ));
+    }
+    Ok(())
+}
+
+/// The longest hostname the kernel keeps (`HOST_NAME_MAX` is 64 with the terminating NUL).
+pub const MAX_HOSTNAME_LEN: usize = 63;
+
+/// A hostname: 1 to [`MAX_HOSTNAME_LEN`] bytes of dot-separated labels, each of ASCII
+/// letters, digits and hyphens, not starting or ending with a hyphen.
+fn validate_hostname(h: &str) -> Result<()> {
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    };
+    if h.is_empty() || h.len() > MAX_HOSTNAME_LEN || !h.split('.').all(label_ok) {
+        return Err(SandboxError::config(
+            format!(
+                "hostname {:?} is not a hostname of at most {MAX_HOSTNAME_LEN} bytes",
+                h.chars().take(80).collect::<String>()
+            ),
+            "use letters, digits and inner hyphens in dot-separated labels, e.g. `worker-1` \
+             or `build.local`",
         ));
     }
     Ok(())
@@ -783,6 +823,33 @@ impl CodeOptions {
 mod tests {
     use super::*;
     use crate::ErrorCode;
+
+    #[test]
+    fn hostnames_are_checked() {
+        for good in ["a", "worker-1", "build.local", &"x".repeat(63)] {
+            assert!(
+                CreateOptions::new("t").hostname(good).validate().is_ok(),
+                "{good}"
+            );
+        }
+        for bad in [
+            "",
+            "-a",
+            "a-",
+            "a..b",
+            "a b",
+            "a_b",
+            "é",
+            &"x".repeat(64),
+            "a\nb",
+        ] {
+            let e = CreateOptions::new("t")
+                .hostname(bad)
+                .validate()
+                .unwrap_err();
+            assert_eq!(e.code(), crate::ErrorCode::Configuration, "{bad:?}");
+        }
+    }
 
     #[test]
     fn pty_sizes_are_checked_and_not_combined_with_given_stdin() {

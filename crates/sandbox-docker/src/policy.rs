@@ -127,6 +127,7 @@ pub(crate) fn create_body(spec: &ContainerSpec, runtime: Runtime) -> ContainerCr
         cmd: Some(spec.command.iter().skip(1).cloned().collect()),
         env: Some(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
         working_dir: Some(spec.workdir.clone()),
+        hostname: spec.hostname.clone(),
         labels: Some(labels),
         exposed_ports: (!exposed.is_empty()).then_some(exposed),
         attach_stdin: Some(false),

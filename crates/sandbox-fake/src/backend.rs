@@ -297,6 +297,9 @@ impl Backend for FakeBackend {
         let id = self.engine.new_id();
         let workdir = options.effective_workdir().to_string();
         let mut env = Self::base_env(&id, &workdir, config.uid);
+        if let Some(h) = &options.hostname {
+            env.insert("HOSTNAME".into(), h.clone());
+        }
         env.extend(options.env.clone());
         let clock = self.engine.clock();
         let inner = Arc::new(SandboxInner::new(
@@ -336,6 +339,17 @@ impl Backend for FakeBackend {
         if let Some(s) = snapshot {
             inner.seed_fs(s.fs);
         }
+        // What an engine gives every container: `/etc/hostname` naming it.
+        let hostname = options
+            .hostname
+            .clone()
+            .unwrap_or_else(|| id.chars().take(12).collect());
+        let _ = inner.fs().write(
+            "/etc/hostname",
+            format!("{hostname}\n").into_bytes(),
+            true,
+            inner.now(),
+        );
         self.engine.insert(inner.clone());
         // From here on the sandbox exists: the handle's guard kills it if this future is
         // dropped while it is "starting".

@@ -156,6 +156,9 @@ pub(crate) fn create_body(spec: &ContainerSpec, podman: &PodmanOptions) -> Resul
     // root inside can still write to PID 1's stdout (`/proc/1/fd/1`); a log driver
     // would copy every byte to the engine's disk, past every limit.
     o.insert("log_configuration".into(), json!({ "driver": "none" }));
+    if let Some(h) = &spec.hostname {
+        o.insert("hostname".into(), h.clone().into());
+    }
     if spec.attach_stdin {
         // An agent-mode container: its main process (the agent) keeps stdin open across
         // attaches.

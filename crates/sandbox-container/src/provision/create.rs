@@ -456,6 +456,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
             workdir: options.effective_workdir().to_string(),
+            hostname: options.hostname.clone(),
             labels: {
                 let mut labels = sandbox_labels(self.engine.backend(), deadline, &options.metadata);
                 // The latest deadline `extend` can reach: what other processes' sweeps

@@ -65,6 +65,9 @@ pub struct ContainerSpec {
     /// at that path takes the place of the engine's anonymous volume on its own disk.
     /// Empty otherwise (the engine then keeps its default for them).
     pub image_volumes: Vec<String>,
+    /// The container's hostname (`CreateOptions::hostname`, validated); `None`: the
+    /// engine's default. An engine must apply it or refuse the spec (`check_spec`).
+    pub hostname: Option<String>,
 }
 
 impl ContainerSpec {
@@ -92,6 +95,7 @@ impl ContainerSpec {
             attach_stdin: false,
             agent_mount: None,
             image_volumes: Vec::new(),
+            hostname: None,
         }
     }
 
