@@ -39,6 +39,7 @@ impl DockerBackend {
     /// [`DockerConfig::allow_plain_tcp`], and a selected context that does not resolve.
     /// An engine that does not answer is `EngineUnavailable` with the start command as hint.
     pub async fn connect(config: DockerConfig) -> Result<DockerBackend> {
+        config.options.validate()?;
         let config = config.resolved();
         let container = config.container_config();
         let engine = DockerEngine::connect(config).await?;

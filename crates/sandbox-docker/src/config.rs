@@ -10,6 +10,9 @@ use sandbox_container::endpoint::ssh::SshTarget;
 use sandbox_container::{ContainerConfig, Runtime};
 use sandbox_core::{Result, SandboxError};
 
+pub use sandbox_container::spec::hooks::{HookEvent, HookFn, Hooks};
+pub use sandbox_container::spec::mounts::{Mount, MountMode, Sharing};
+
 /// Environment variable naming the engine endpoint (`unix://…`, `tcp://…`, `https://…`).
 pub const ENDPOINT_ENV: &str = "DOCKER_HOST";
 /// Environment variable that, when set to a non-empty value other than `0`, requires TLS
@@ -62,6 +65,9 @@ pub struct DockerConfig {
     /// bounds, read and download caps, agent (set them with this type's builder methods
     /// of the same names; `from_env` reads `SBX_AGENT=off`).
     pub layer: ContainerConfig,
+    /// Mounts and lifecycle hooks every sandbox of the backend gets
+    /// ([`DockerConfig::options`]).
+    pub options: DockerOptions,
     /// A selected Docker context that did not resolve: reported at connect, never silently
     /// replaced by another engine.
     discovery_error: Option<DiscoveryError>,
@@ -82,6 +88,7 @@ impl Default for DockerConfig {
             ssh_config: None,
             runtime: Runtime::Runc,
             layer: ContainerConfig::new(DEFAULT_TEMPLATE),
+            options: DockerOptions::default(),
             discovery_error: None,
             home: None,
         }
@@ -161,6 +168,13 @@ impl DockerConfig {
     /// of the user's `~/.ssh/config`.
     pub fn ssh_config(mut self, path: impl Into<PathBuf>) -> Self {
         self.ssh_config = Some(path.into());
+        self
+    }
+
+    /// Sets the mounts and lifecycle hooks every sandbox of the backend gets (checked by
+    /// [`DockerBackend::connect`](crate::DockerBackend::connect)).
+    pub fn options(mut self, options: DockerOptions) -> Self {
+        self.options = options;
         self
     }
 
@@ -369,5 +383,81 @@ pub(crate) fn redact_endpoint(endpoint: &str) -> String {
             None => endpoint.to_string(),
         },
         None => endpoint.to_string(),
+    }
+}
+
+/// Docker-specific options of every sandbox of a backend: typed mounts (read-only bind
+/// mounts, or sealed copies injected before start) and lifecycle hooks. **Outside the
+/// portable contract**, like Podman's `PodmanOptions`, whose mounts and hooks these are.
+///
+/// Docker cannot mount a bind `nosuid`: sandbox root is host root on a bind mount (a
+/// rootful engine without a user namespace), so a *writable* bind would let code in the
+/// sandbox leave a setuid-root program on the host. Writable binds are refused; use
+/// [`MountMode::Copy`] (a sealed copy, nothing written reaches the host) or a read-only
+/// bind.
+///
+/// ```
+/// use sandbox_docker::{DockerOptions, Mount};
+/// let opts = DockerOptions::new().mount(Mount::copy("/srv/fixtures", "/work/fixtures"));
+/// # let _ = opts;
+/// ```
+#[derive(Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DockerOptions {
+    /// Host trees made visible in each sandbox.
+    pub mounts: Vec<Mount>,
+    /// Lifecycle hooks around each sandbox's start.
+    pub hooks: Hooks,
+}
+
+impl std::fmt::Debug for DockerOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DockerOptions")
+            .field("mounts", &self.mounts)
+            .field("hooks", &self.hooks)
+            .finish()
+    }
+}
+
+impl DockerOptions {
+    /// No mounts, no hooks.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a mount.
+    pub fn mount(mut self, m: Mount) -> Self {
+        self.mounts.push(m);
+        self
+    }
+
+    /// Sets the lifecycle hooks.
+    pub fn hooks(mut self, h: Hooks) -> Self {
+        self.hooks = h;
+        self
+    }
+
+    /// Checks every mount (host paths that give the host away, kernel interfaces inside,
+    /// two mounts on one target) and refuses writable bind mounts, which Docker cannot
+    /// make `nosuid`. Called before anything is created.
+    pub fn validate(&self) -> Result<()> {
+        sandbox_container::spec::mounts::validate_all(&self.mounts)?;
+        if let Some(m) = self
+            .mounts
+            .iter()
+            .find(|m| m.mode == MountMode::Bind && !m.read_only)
+        {
+            return Err(SandboxError::config(
+                format!(
+                    "the writable bind mount at {} cannot be made nosuid on Docker: code in \
+                     the sandbox, root on the host's filesystem there, could leave a \
+                     setuid-root program on the host",
+                    m.container
+                ),
+                "mount it read-only (Mount::read_only(true)), or as a sealed copy \
+                 (MountMode::Copy), or use the Podman backend, whose binds are nosuid",
+            ));
+        }
+        Ok(())
     }
 }

@@ -66,7 +66,11 @@ impl DockerEngine {
             .map_err(during("inspect container"));
         let refusal = match inspected {
             Ok(c) => {
-                let unplanned = policy::unplanned_mounts(spec, c.mounts.as_deref().unwrap_or(&[]));
+                let unplanned = policy::unplanned_mounts(
+                    spec,
+                    &self.config.options.mounts,
+                    c.mounts.as_deref().unwrap_or(&[]),
+                );
                 if unplanned.is_empty() {
                     return Ok(());
                 }
@@ -343,7 +347,22 @@ impl ContainerEngine for DockerEngine {
     }
 
     fn check_spec(&self, spec: &ContainerSpec) -> EngineResult<()> {
+        sandbox_container::spec::mounts::check_against_spec(&self.config.options.mounts, spec)
+            .map_err(|e| EngineError::new(EngineErrorKind::InvalidRequest, e.to_string()))?;
+        policy::check_copies_against_spec(&self.config.options.mounts, spec)?;
         policy::check_spec(spec, self.config.runtime, self.runtime_forces_no_network)
+    }
+
+    fn copy_mounts(&self) -> Vec<sandbox_container::spec::mounts::Mount> {
+        let copies = self.config.options.mounts.iter();
+        copies
+            .filter(|m| m.mode == sandbox_container::spec::mounts::MountMode::Copy)
+            .cloned()
+            .collect()
+    }
+
+    fn hooks(&self) -> sandbox_container::spec::hooks::Hooks {
+        self.config.options.hooks.clone()
     }
 
     async fn create(&self, spec: &ContainerSpec) -> EngineResult<String> {
@@ -351,7 +370,8 @@ impl ContainerEngine for DockerEngine {
             name: Some(spec.name.clone()),
             platform: String::new(),
         };
-        let body = policy::create_body(spec, self.config.runtime);
+        let body = policy::create_body(spec, self.config.runtime, &self.config.options.mounts)
+            .map_err(|e| EngineError::new(EngineErrorKind::InvalidRequest, e.to_string()))?;
         let created = self
             .client
             .create_container(Some(opts), body)

@@ -11,7 +11,8 @@ mod policy;
 pub use backend::{DockerBackend, DockerNative, DockerSandbox};
 pub use config::{
     DEFAULT_ENDPOINT, DEFAULT_TEMPLATE, DOCKER_CERT_PATH_ENV, DOCKER_TLS_VERIFY_ENV, DockerConfig,
-    ENDPOINT_ENV, TEST_IMAGES, Transport,
+    DockerOptions, ENDPOINT_ENV, HookEvent, HookFn, Hooks, Mount, MountMode, Sharing, TEST_IMAGES,
+    Transport,
 };
 pub use engine::DockerEngine;
 pub use policy::CAPABILITIES;

@@ -73,8 +73,10 @@ impl DockerConfig {
     /// The create body the adapter sends for `spec` under this configuration, as the
     /// Engine API's JSON: every hardening field, limit and mount is visible in it, for an
     /// audit or a test.
-    pub fn create_body(&self, spec: &ContainerSpec) -> serde_json::Value {
-        serde_json::to_value(create_body(spec, self.runtime)).unwrap_or(serde_json::Value::Null)
+    /// Refused when a mount's host path no longer passes its checks.
+    pub fn create_body(&self, spec: &ContainerSpec) -> sandbox_core::Result<serde_json::Value> {
+        let body = create_body(spec, self.runtime, &self.options.mounts)?;
+        Ok(serde_json::to_value(body).unwrap_or(serde_json::Value::Null))
     }
 
     /// The network create body the adapter sends for the library's egress network.
@@ -116,7 +118,11 @@ pub(crate) fn check_spec(
 }
 
 /// The create body for `spec` under `runtime`.
-pub(crate) fn create_body(spec: &ContainerSpec, runtime: Runtime) -> ContainerCreateBody {
+pub(crate) fn create_body(
+    spec: &ContainerSpec,
+    runtime: Runtime,
+    user_mounts: &[sandbox_container::spec::mounts::Mount],
+) -> sandbox_core::Result<ContainerCreateBody> {
     let mut labels: HashMap<String, String> = spec.labels.clone().into_iter().collect();
     labels.insert(LABEL_RUNTIME.into(), runtime.as_str().into());
     let publish: &[u16] = spec.network.published();
@@ -135,13 +141,13 @@ pub(crate) fn create_body(spec: &ContainerSpec, runtime: Runtime) -> ContainerCr
         attach_stderr: Some(false),
         tty: Some(false),
         open_stdin: Some(false),
-        host_config: Some(host_config(spec, runtime, publish)),
+        host_config: Some(host_config(spec, runtime, publish, user_mounts)?),
         ..Default::default()
     };
     if spec.attach_stdin {
         open_agent_channel(&mut body);
     }
-    body
+    Ok(body)
 }
 
 /// The create body of an agent-mode container: its main process (the agent) keeps stdin
@@ -155,7 +161,12 @@ fn open_agent_channel(body: &mut ContainerCreateBody) {
     body.attach_stderr = Some(true);
 }
 
-fn host_config(spec: &ContainerSpec, runtime: Runtime, publish: &[u16]) -> HostConfig {
+fn host_config(
+    spec: &ContainerSpec,
+    runtime: Runtime,
+    publish: &[u16],
+    user_mounts: &[sandbox_container::spec::mounts::Mount],
+) -> sandbox_core::Result<HostConfig> {
     let r = &spec.resources;
     let memory = spec.memory_bytes();
     // Every mode is named: a new one must be handled here, never fall back to a bridge.
@@ -184,7 +195,7 @@ fn host_config(spec: &ContainerSpec, runtime: Runtime, publish: &[u16]) -> HostC
             })
             .collect()
     });
-    HostConfig {
+    Ok(HostConfig {
         network_mode: Some(network_mode),
         dns,
         port_bindings,
@@ -207,21 +218,46 @@ fn host_config(spec: &ContainerSpec, runtime: Runtime, publish: &[u16]) -> HostC
             typ: Some("none".into()),
             config: None,
         }),
-        mounts: mounts(spec),
+        mounts: mounts(spec, user_mounts)?,
         readonly_rootfs: Some(!spec.scratch_paths().is_empty()),
         shm_size: spec
             .scratch_bytes()
             .map(|b| i64::try_from(b).unwrap_or(i64::MAX)),
         ..Default::default()
-    }
+    })
 }
 
-/// The agent binary bind-mounted read-only from the host (ContainerSpec::agent_mount), and
-/// the scratch filesystems of a disk limit (ContainerSpec::scratch_paths, the image's
-/// declared volumes among them: Docker creates no volume of its own at a path a mount
-/// covers).
-fn mounts(spec: &ContainerSpec) -> Option<Vec<Mount>> {
+/// The agent binary bind-mounted read-only from the host (ContainerSpec::agent_mount), the
+/// user's read-only bind mounts (`DockerOptions::mounts`; copies are injected by the
+/// container layer instead), and the scratch filesystems of a disk limit
+/// (ContainerSpec::scratch_paths, the image's declared volumes among them: Docker creates
+/// no volume of its own at a path a mount covers).
+fn mounts(
+    spec: &ContainerSpec,
+    user_mounts: &[sandbox_container::spec::mounts::Mount],
+) -> sandbox_core::Result<Option<Vec<Mount>>> {
+    use sandbox_container::spec::mounts::MountMode;
     let mut out = Vec::new();
+    for m in user_mounts.iter().filter(|m| m.mode == MountMode::Bind) {
+        // Canonicalised and checked again here, so the body never carries a path other
+        // than the one vetted (the host tree may have changed since `validate`).
+        let source = m.resolved_host()?;
+        // Read-only (writable binds are refused: Docker cannot make them nosuid) and
+        // non-recursive: a host mount nested below the source, which read-only would not
+        // cover, is not visible inside.
+        out.push(Mount {
+            target: Some(m.normalized_target()?),
+            source: Some(source.to_string_lossy().into_owned()),
+            typ: Some(MountType::BIND),
+            read_only: Some(true),
+            bind_options: Some(MountBindOptions {
+                non_recursive: Some(true),
+                propagation: Some(bollard::models::MountBindOptionsPropagationEnum::RPRIVATE),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    }
     if let Some(source) = &spec.agent_mount {
         out.push(Mount {
             target: Some(sandbox_container::AGENT_PATH.into()),
@@ -263,14 +299,52 @@ fn mounts(spec: &ContainerSpec) -> Option<Vec<Mount>> {
             });
         }
     }
-    (!out.is_empty()).then_some(out)
+    Ok((!out.is_empty()).then_some(out))
+}
+
+/// Docker's archive upload refuses a container whose root filesystem is read-only, which a
+/// disk limit makes it: a sealed copy cannot be injected then, so the create is refused
+/// before anything is provisioned instead of failing half-way.
+pub(crate) fn check_copies_against_spec(
+    user_mounts: &[sandbox_container::spec::mounts::Mount],
+    spec: &ContainerSpec,
+) -> sandbox_container::engine::EngineResult<()> {
+    use sandbox_container::engine::{EngineError, EngineErrorKind};
+    use sandbox_container::spec::mounts::MountMode;
+    if spec.resources.disk_mb.is_none() {
+        return Ok(());
+    }
+    match user_mounts.iter().find(|m| m.mode == MountMode::Copy) {
+        Some(m) => Err(EngineError::new(
+            EngineErrorKind::InvalidRequest,
+            format!(
+                "the copied mount at {} cannot be injected on Docker under resources.disk_mb, \
+                 whose root filesystem is read-only (Docker refuses uploads into it): mount \
+                 it as a read-only bind, or leave disk_mb unset",
+                m.container
+            ),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// The destinations among a created container's `mounts` that the body did not ask for
-/// (the agent, the scratch volumes): volumes Docker added for the image on its own disk.
-pub(crate) fn unplanned_mounts(spec: &ContainerSpec, mounts: &[MountPoint]) -> Vec<String> {
+/// (the agent, the scratch volumes, the user's bind mounts): volumes Docker added for the
+/// image on its own disk.
+pub(crate) fn unplanned_mounts(
+    spec: &ContainerSpec,
+    user_mounts: &[sandbox_container::spec::mounts::Mount],
+    mounts: &[MountPoint],
+) -> Vec<String> {
+    use sandbox_container::spec::mounts::MountMode;
     let clean = |p: &str| p.trim_end_matches('/').to_string();
     let mut planned: Vec<String> = spec.scratch_paths().into_iter().map(clean).collect();
+    planned.extend(
+        user_mounts
+            .iter()
+            .filter(|m| m.mode == MountMode::Bind)
+            .filter_map(|m| m.normalized_target().ok()),
+    );
     if spec.agent_mount.is_some() {
         planned.push(sandbox_container::AGENT_PATH.into());
     }
@@ -456,12 +530,25 @@ mod tests {
             Duration::from_secs(1),
         );
         s.agent_mount = Some("/cache/agent".into());
-        let all = mounts(&s).unwrap();
+        let host = tempfile::tempdir().unwrap();
+        let user = [
+            sandbox_container::spec::mounts::Mount::bind(host.path(), "/data//"),
+            sandbox_container::spec::mounts::Mount::copy(host.path(), "/copied"),
+        ];
+        let all = mounts(&s, &user).unwrap().unwrap();
         let binds: Vec<&Mount> = all
             .iter()
             .filter(|m| m.typ == Some(MountType::BIND))
             .collect();
-        assert_eq!(binds.len(), 1, "{all:?}");
+        assert_eq!(
+            binds.len(),
+            2,
+            "the agent and the user's bind, not the copy: {all:?}"
+        );
+        assert!(
+            binds.iter().any(|b| b.target.as_deref() == Some("/data")),
+            "the target normalised: {binds:?}"
+        );
         for b in binds {
             assert_eq!(b.read_only, Some(true), "{b:?}");
             let non_recursive = b.bind_options.as_ref().and_then(|o| o.non_recursive);
@@ -493,13 +580,13 @@ mod tests {
             at("/data"),
             at(sandbox_container::AGENT_PATH),
         ];
-        assert!(unplanned_mounts(&s, &planned).is_empty());
+        assert!(unplanned_mounts(&s, &[], &planned).is_empty());
         let mut mounts = planned.to_vec();
         mounts.push(at("/var/lib/db"));
-        assert_eq!(unplanned_mounts(&s, &mounts), ["\"/var/lib/db\""]);
+        assert_eq!(unplanned_mounts(&s, &[], &mounts), ["\"/var/lib/db\""]);
         s.agent_mount = None;
         assert_eq!(
-            unplanned_mounts(&s, &planned).len(),
+            unplanned_mounts(&s, &[], &planned).len(),
             1,
             "no agent mount asked for"
         );

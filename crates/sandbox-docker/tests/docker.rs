@@ -892,3 +892,174 @@ async fn an_image_volume_goes_with_its_sandbox() {
     sandbox_testkit::trials::disk::an_image_volume_goes_with_its_sandbox(&b, "docker", BUSYBOX)
         .await;
 }
+
+/// A backend whose every sandbox gets `options`, or `None` (skipped) without Docker.
+async fn backend_with(options: sandbox_docker::DockerOptions) -> Option<DockerBackend> {
+    unless_connected(
+        "Docker",
+        DockerBackend::connect(DockerConfig::from_env().options(options)).await,
+    )
+}
+
+/// Docker's typed mounts and hooks: a sealed copy lands with its contents and leaves no
+/// mount, a read-only bind is readable and not writable, the hooks fire once each around
+/// start, and a failing or panicking hook fails the create and leaves nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_options_mounts_and_hooks() {
+    use sandbox_docker::{DockerOptions, Hooks, Mount};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let tmp = tempfile::tempdir().unwrap();
+    let seed = tmp.path().join("seed");
+    std::fs::create_dir_all(seed.join("inner")).unwrap();
+    std::fs::write(seed.join("inner/file.txt"), b"copied").unwrap();
+    let shared = tmp.path().join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    std::fs::write(shared.join("ro.txt"), b"ro").unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (c1, c2, c3, c4) = (calls.clone(), calls.clone(), calls.clone(), calls.clone());
+    let hooks = Hooks::new()
+        .pre_start(move |ev| {
+            let c = c1.clone();
+            async move {
+                assert!(!ev.container_id.is_empty());
+                c.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }
+        })
+        .post_start(move |_| {
+            let c = c2.clone();
+            async move {
+                c.fetch_add(10, Ordering::SeqCst);
+                Ok(())
+            }
+        })
+        .ready(move |_| {
+            let c = c3.clone();
+            async move {
+                c.fetch_add(100, Ordering::SeqCst);
+                Ok(())
+            }
+        })
+        .post_stop(move |_| {
+            let c = c4.clone();
+            async move {
+                c.fetch_add(1000, Ordering::SeqCst);
+                Ok(())
+            }
+        });
+    let options = DockerOptions::new()
+        .mount(Mount::copy(&seed, "/opt/deep/seed"))
+        .mount(Mount::bind(&shared, "/shared"))
+        .hooks(hooks);
+    let Some(b) = backend_with(options).await else {
+        return;
+    };
+    let sb = b
+        .create(test_options(BUSYBOX, "docker-options"))
+        .await
+        .unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 111, "each start hook once");
+    let copied = sb.exec("cat /opt/deep/seed/inner/file.txt").await.unwrap();
+    assert_eq!(copied.stdout_text(), "copied");
+    let mounts = sb.exec("cat /proc/mounts").await.unwrap().stdout_text();
+    assert!(
+        !mounts.contains("/opt/deep/seed"),
+        "a copy leaves no mount: {mounts}"
+    );
+    assert_eq!(
+        sb.exec("cat /shared/ro.txt").await.unwrap().stdout_text(),
+        "ro"
+    );
+    let w = sb
+        .exec("echo x > /shared/new 2>/dev/null; echo $?")
+        .await
+        .unwrap();
+    assert_ne!(w.stdout_text().trim(), "0", "the bind is read-only");
+    assert!(!shared.join("new").exists());
+    sb.kill().await.unwrap();
+    sb.kill().await.unwrap();
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1111,
+        "post_stop once, after the kill"
+    );
+    // Under a disk limit the root filesystem is read-only, which Docker's uploads refuse:
+    // a copy is refused before anything is made; a read-only bind is a planned mount.
+    let limited =
+        test_options(BUSYBOX, "docker-options").resources(Resources::default().disk_mb(64));
+    let e = b.create(limited.clone()).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Configuration, "{e}");
+    assert!(e.to_string().contains("copied mount"), "{e}");
+    assert!(managed_ids(&b, "docker-options").await.is_empty());
+    let Some(b) = backend_with(DockerOptions::new().mount(Mount::bind(&shared, "/shared"))).await
+    else {
+        return;
+    };
+    let sb = b.create(limited).await.unwrap();
+    assert_eq!(
+        sb.exec("cat /shared/ro.txt").await.unwrap().stdout_text(),
+        "ro"
+    );
+    sb.kill().await.unwrap();
+
+    for (hooks, says) in [
+        (
+            Hooks::new().pre_start(|_| async { Err("nope".into()) }),
+            "pre_start hook failed: nope",
+        ),
+        (
+            Hooks::new().post_start(|_| async { panic!("boom") }),
+            "post_start hook panicked",
+        ),
+        (
+            Hooks::new().ready(|_| async { Err("not ready".into()) }),
+            "ready hook failed: not ready",
+        ),
+    ] {
+        let Some(b) = backend_with(DockerOptions::new().hooks(hooks)).await else {
+            return;
+        };
+        let e = b
+            .create(test_options(BUSYBOX, "docker-hookfail"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Creation);
+        assert!(e.to_string().contains(says), "{e}");
+        let left = managed_ids(&b, "docker-hookfail").await;
+        assert!(left.is_empty(), "a failed hook left {left:?}");
+    }
+}
+
+/// Docker cannot make a bind `nosuid`: a writable bind is refused before anything is
+/// created, with the way out (read-only, a copy, or Podman).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_writable_bind_is_refused_on_docker() {
+    use sandbox_docker::{DockerOptions, Mount};
+    let tmp = tempfile::tempdir().unwrap();
+    let options = DockerOptions::new().mount(Mount::bind(tmp.path(), "/data").read_only(false));
+    let e = DockerBackend::connect(DockerConfig::from_env().options(options))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Configuration);
+    assert!(e.to_string().contains("nosuid"), "{e}");
+    assert!(e.hint().contains("MountMode::Copy"), "{e:?}");
+}
+
+/// The attack: a host tmpfs mounted below a read-only bind's source, written, given a
+/// setuid file and a device node by sandbox root. Docker's bind is non-recursive, so the
+/// nested mount is out of reach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_bind_reaches_no_nested_host_mount() {
+    use sandbox_docker::{DockerOptions, Mount};
+    use sandbox_testkit::trials::binds;
+    let mut host = binds::NestedHostMount::new("docker-ro");
+    let options = DockerOptions::new().mount(Mount::bind(host.source(), binds::TARGET));
+    let Some(b) = backend_with(options).await else {
+        return;
+    };
+    let sb = b
+        .create(test_options(BUSYBOX, "docker-nested-ro"))
+        .await
+        .unwrap();
+    binds::a_read_only_bind_reaches_no_nested_host_mount(&*sb, &mut host).await;
+}

@@ -26,7 +26,10 @@ fn spec(r: Resources) -> ContainerSpec {
 }
 
 fn body(s: &ContainerSpec, runtime: Runtime) -> Value {
-    DockerConfig::default().runtime(runtime).create_body(s)
+    DockerConfig::default()
+        .runtime(runtime)
+        .create_body(s)
+        .unwrap()
 }
 
 #[test]

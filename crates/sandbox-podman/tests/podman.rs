@@ -512,8 +512,22 @@ async fn podman_options_mounts_hooks_and_caps() {
     std::fs::create_dir_all(&shared).unwrap();
     std::fs::write(shared.join("ro.txt"), b"ro").unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
-    let (c1, c2) = (calls.clone(), calls.clone());
+    let (c1, c2, c3, c4) = (calls.clone(), calls.clone(), calls.clone(), calls.clone());
     let hooks = Hooks::new()
+        .ready(move |_| {
+            let c = c3.clone();
+            async move {
+                c.fetch_add(100, Ordering::SeqCst);
+                Ok(())
+            }
+        })
+        .post_stop(move |_| {
+            let c = c4.clone();
+            async move {
+                c.fetch_add(1000, Ordering::SeqCst);
+                Ok(())
+            }
+        })
         .pre_start(move |ev| {
             let c = c1.clone();
             async move {
@@ -538,7 +552,11 @@ async fn podman_options_mounts_hooks_and_caps() {
         .create_with(opts("options").template(BUSYBOX), po)
         .await
         .unwrap();
-    assert_eq!(calls.load(Ordering::SeqCst), 11);
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        111,
+        "pre_start, post_start, ready once"
+    );
     assert_eq!(
         sh(&sb, "cat /opt/deep/seed/inner/file.txt")
             .await
@@ -556,6 +574,11 @@ async fn podman_options_mounts_hooks_and_caps() {
     let st = sh(&sb, "cat /proc/1/status").await.stdout_text();
     assert!(st.contains("CapEff:\t0000000000000001"), "CHOWN only: {st}");
     sb.kill().await.unwrap();
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1111,
+        "post_stop once, after the kill"
+    );
 
     // failing pre_start hook: creation error, nothing left behind
     let before = b

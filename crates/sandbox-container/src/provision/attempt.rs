@@ -220,15 +220,21 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             NetworkMode::None => crate::sandbox::ingress::forward(&shared, ports).await,
             _ => crate::sandbox::ingress::published(&shared, ports).await,
         };
-        match ingress {
-            Ok(ingress) => Ok(Provisioned::Ready(Box::new(ContainerSandbox::new(
-                shared, guard, ingress,
-            )))),
+        let ingress = match ingress {
+            Ok(ingress) => ingress,
             Err(e) => {
                 let _ = guard.kill_now().await;
-                Err(e)
+                return Err(e);
             }
+        };
+        // Usable now: the last hook before `create` returns; its failure removes it all.
+        if let Err(e) = hooks.run_ready(&event).await {
+            let _ = guard.kill_now().await;
+            return Err(create_err("ready hook", e));
         }
+        Ok(Provisioned::Ready(Box::new(ContainerSandbox::new(
+            shared, guard, ingress,
+        ))))
     }
 
     /// Removes a container by name, for the window where a create request is in flight. A

@@ -78,3 +78,28 @@ pub(crate) fn container_killer<E: ContainerEngine>(
         Box::pin(async move { remove_container(&*engine, call_timeout, &id).await })
     })
 }
+
+/// `killer`, then the engine's `post_stop` hook once a removal succeeded — once, however
+/// often the killer runs (a kill is idempotent). The hook runs inside the teardown's
+/// bound, so it should be short.
+pub(crate) fn then_post_stop(
+    killer: Killer,
+    hooks: crate::spec::hooks::Hooks,
+    event: crate::spec::hooks::HookEvent,
+) -> Killer {
+    if !hooks.has_post_stop() {
+        return killer;
+    }
+    let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    Arc::new(move || {
+        let (kill, hooks, event, fired) =
+            (killer.clone(), hooks.clone(), event.clone(), fired.clone());
+        Box::pin(async move {
+            kill().await?;
+            if !fired.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                hooks.run_post_stop(&event).await;
+            }
+            Ok(())
+        })
+    })
+}

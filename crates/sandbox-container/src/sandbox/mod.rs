@@ -104,10 +104,14 @@ impl<E: ContainerEngine> ContainerSandbox<E> {
     pub(crate) fn new(shared: Arc<Shared<E>>, mut guard: TeardownGuard, ingress: Ingress) -> Self {
         let killer = shared.expiry.cancelled_by(freeze::thawing(
             &shared,
-            container_killer(
-                shared.engine.clone(),
-                shared.config.call_timeout,
-                shared.id.clone(),
+            crate::provision::teardown::then_post_stop(
+                container_killer(
+                    shared.engine.clone(),
+                    shared.config.call_timeout,
+                    shared.id.clone(),
+                ),
+                shared.engine.hooks(),
+                crate::spec::hooks::HookEvent::new(&shared.id, &shared.template),
             ),
         ));
         // The same removal, thawing a paused container first and cancelling the deadline
