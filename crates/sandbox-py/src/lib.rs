@@ -13,8 +13,6 @@ mod backend;
 mod error;
 mod process;
 mod sandbox;
-#[cfg(feature = "testkit")]
-mod testkit;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -103,8 +101,5 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(backend::open_backend, m)?)?;
     m.add_function(wrap_pyfunction!(quiesce, m)?)?;
     m.add_function(wrap_pyfunction!(session_id, m)?)?;
-    m.add("TESTKIT", cfg!(feature = "testkit"))?;
-    #[cfg(feature = "testkit")]
-    testkit::register(m)?;
     Ok(())
 }

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import anyio
 import anyio.to_thread
 
-from sandbox_rs import _native
+import sandbox_rs_testkit
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping
@@ -42,7 +42,7 @@ def canary() -> Any:
     """The canary server, started on first use (root: it creates a network namespace)."""
     global _canary
     if _canary is None:
-        _canary = _native.NativeCanary()
+        _canary = sandbox_rs_testkit.Canary()
     return _canary
 
 
@@ -152,20 +152,22 @@ class EngineProbes:
         await anyio.to_thread.run_sync(lambda: cli(self.engine, "rm", "-f", sb.id))
 
     def _processes(self, sandbox_id: str) -> list[str] | None:
-        """The container's processes other than its PID 1, or None if it is gone."""
+        """The container's processes other than its own (its PID 1 and the command the
+        container was started with, which an engine init runs as PID 1's child), or None
+        if it is gone."""
         info = inspect(self.engine, sandbox_id)
         if info is None or not (info.get("State") or {}).get("Running"):
             return None
         pid1 = int((info.get("State") or {}).get("Pid") or 0)
-        out = cli(self.engine, "top", sandbox_id, *(["-eo", "pid,args"] if self.engine == "docker" else ["pid", "args"]), check=False)
+        own = " ".join([str(info.get("Path") or ""), *map(str, info.get("Args") or [])])
+        top = ["-eo", "pid,args"] if self.engine == "docker" else ["pid", "args"]
+        out = cli(self.engine, "top", sandbox_id, *top, check=False)
         rows = [line.split(None, 1) for line in out.splitlines()[1:] if line.strip()]
-        host_pids = [r for r in rows if r and r[0].isdigit()]
-        # Docker lists host pids (PID 1 is the container's init's host pid); Podman lists
-        # container pids (PID 1 is "1").
+        # Docker lists host pids (its PID 1 is State.Pid); Podman lists container pids.
         return [
             " ".join(r)
-            for r in host_pids
-            if int(r[0]) not in (pid1, 1)
+            for r in rows
+            if r and r[0].isdigit() and int(r[0]) not in (pid1, 1) and r[1:] != [own]
         ]
 
     async def assert_no_orphans(self, sb: Any) -> None:
@@ -226,7 +228,7 @@ class EngineProbes:
         finally:
             self.proxy.heal()
 
-    native_error: ClassVar[type[BaseException]] = _native.SandboxError
+    native_error: ClassVar[type[BaseException]]
     credential_env: ClassVar[str] = ""
 
 

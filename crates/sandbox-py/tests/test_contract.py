@@ -16,17 +16,14 @@ from engines import (
     engines,
     register_run_filter,
 )
+import sandbox_rs_testkit
 from sandbox_rs import DockerBackend, PodmanBackend, _native
-
-# The test wheel carries the fault proxy and the canary; the shipped one does not.
-if not getattr(_native, "TESTKIT", False):
-    raise RuntimeError("build the wheel with `--features testkit` to run the suite")
 
 SESSION = f"io.sandbox-rs.session={_native.session_id()}"
 
 
 def _suite(engine: str, backend_cls: type[Any]) -> type[Any]:
-    proxy = _native.NativeFaultProxy(SOCKETS[engine])
+    proxy = sandbox_rs_testkit.FaultProxy(SOCKETS[engine])
     sink = RecordingSink()
     register_run_filter(engine, SESSION)
     backend = backend_cls(
@@ -41,6 +38,7 @@ def _suite(engine: str, backend_cls: type[Any]) -> type[Any]:
     Suite.session_label = SESSION
     Suite.meta_prefix = "io.sandbox-rs.meta."
     Suite.credential_env = CREDENTIAL_ENV[engine]
+    Suite.native_error = _native.SandboxError
     Suite.backend = backend
     Suite.template = TEMPLATE
     Suite.audit_sink = sink

@@ -1,8 +1,10 @@
-//! Test-only switches for the sandboxio conformance suite, compiled into the test wheel
-//! alone (cargo feature `testkit`): the fault proxy a backend can be opened through
-//! (removals and creates that hang or fail, pulls that meet a registry demanding a
-//! credential) and the egress lab's canary, an HTTP server on this machine that sandboxes
-//! reach like an outside host.
+//! The Python module `sandbox_rs_testkit`, for the sandboxio conformance run only: the
+//! fault proxy a backend can be opened through (removals and creates that hang or fail,
+//! pulls that meet a registry demanding a credential) and the egress lab's canary, an HTTP
+//! server on this machine that sandboxes reach like an outside host. A wheel of its own,
+//! so the `sandbox-rs` wheel carries no fault switch.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -13,13 +15,25 @@ use std::time::Duration;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use sandbox_testkit::egress_lab;
-use sandbox_testkit::fault_proxy::{Fault, FaultProxy};
+use sandbox_testkit::fault_proxy::{self, Fault};
 
-use crate::backend::runtime;
+/// The runtime the proxy's tasks run on (one worker: it only relays bytes).
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a tokio runtime for the fault proxy")
+    })
+}
 
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<NativeFaultProxy>()?;
-    m.add_class::<NativeCanary>()?;
+/// The module `sandbox_rs_testkit`.
+#[pymodule]
+fn sandbox_rs_testkit(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<FaultProxy>()?;
+    m.add_class::<Canary>()?;
     Ok(())
 }
 
@@ -35,23 +49,23 @@ fn fault(mode: &str) -> PyResult<Fault> {
 }
 
 /// A fault-injecting proxy in front of an engine socket (see the testkit's `FaultProxy`).
-#[pyclass(module = "sandbox_rs._native", frozen)]
-pub struct NativeFaultProxy {
-    proxy: FaultProxy,
+#[pyclass(module = "sandbox_rs_testkit", frozen)]
+pub struct FaultProxy {
+    proxy: fault_proxy::FaultProxy,
 }
 
 #[pymethods]
-impl NativeFaultProxy {
+impl FaultProxy {
     /// A proxy relaying to the engine socket `upstream` (a path, without `unix://`).
     #[new]
     fn new(py: Python<'_>, upstream: String) -> PyResult<Self> {
         let proxy = py
-            .detach(|| runtime().block_on(FaultProxy::start(upstream)))
+            .detach(|| runtime().block_on(fault_proxy::FaultProxy::start(upstream)))
             .map_err(|e| PyRuntimeError::new_err(format!("start the fault proxy: {e}")))?;
-        Ok(NativeFaultProxy { proxy })
+        Ok(FaultProxy { proxy })
     }
 
-    /// `unix://<socket>`, for `open_backend(kind, endpoint)`.
+    /// `unix://<socket>`, the endpoint to open a backend with.
     #[getter]
     fn endpoint(&self) -> String {
         self.proxy.endpoint()
@@ -94,8 +108,8 @@ impl NativeFaultProxy {
 /// An HTTP server on the egress lab's canary address, inside the lab's network namespace:
 /// reachable from a sandbox with egress, never leaving this machine. Every request is
 /// answered `200 canary`; `hits` counts them.
-#[pyclass(module = "sandbox_rs._native", frozen)]
-pub struct NativeCanary {
+#[pyclass(module = "sandbox_rs_testkit", frozen)]
+pub struct Canary {
     host: String,
     port: u16,
     stop: Arc<AtomicBool>,
@@ -104,13 +118,13 @@ pub struct NativeCanary {
 }
 
 #[pymethods]
-impl NativeCanary {
+impl Canary {
     /// Ensures the lab and starts the server on a free port.
     #[new]
     fn new(py: Python<'_>) -> PyResult<Self> {
         py.detach(|| {
             let lab = egress_lab::Teardown::at_end_of_run();
-            let ip = egress_lab::install().map_err(PyRuntimeError::new_err)?;
+            let ip = egress_lab::ensure().map_err(PyRuntimeError::new_err)?;
             let listener =
                 egress_lab::bind(SocketAddr::new(ip, 0)).map_err(PyRuntimeError::new_err)?;
             let port = listener
@@ -121,7 +135,7 @@ impl NativeCanary {
             let hits = Arc::new(AtomicU64::new(0));
             let (s, h) = (stop.clone(), hits.clone());
             std::thread::spawn(move || serve(listener, &s, &h));
-            Ok(NativeCanary {
+            Ok(Canary {
                 host: ip.to_string(),
                 port,
                 stop,
