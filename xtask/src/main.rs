@@ -20,6 +20,7 @@ mod mirror;
 mod packages;
 mod process;
 mod publish;
+mod python;
 mod report;
 mod scratch;
 mod setup;
@@ -40,8 +41,8 @@ commands:
   setup [--rebuild-images]   install and configure Docker + Podman (+ gVisor), start their
                              daemons, build the local test images (root, Debian/Ubuntu)
   setup --daemons-only       only start the daemons (or move a misplaced Podman service)
-  test [-- <filter>...]      cargo test --workspace, then the contract suite on fake,
-                             docker and podman
+  test [-- <filter>...]      cargo test --workspace, the contract suite on fake,
+                             docker and podman, then `python`
   contract <fake|docker|podman> [--allow-ignored] [-- <args>...]
                              run one adapter's contract suite (`--test contract`); an
                              ignored trial fails it unless --allow-ignored (local use)
@@ -54,6 +55,10 @@ commands:
   bench [-- <args>...]       benchmarks: sandbox-rs vs raw engine crates vs engine CLIs on
                              docker, podman and fake; regenerates docs/benchmarks.md
                              (args go to sandbox-bench, e.g. `-- --runs 10 --backend docker`)
+  python                     the Python wheel: build it with maturin, run sandboxio's
+                             conformance suite on docker and podman beside the reference
+                             sandboxio-docker, the timing comparison and the README's
+                             Python example (fresh venvs under target/python/)
   publish-check [--verify]   would `cargo publish` work: names, metadata, versions,
                              packaged files (--verify: also build each packaged crate)
   teardown                   stop the daemons `setup` started (pids in /run/sandbox-rs/)
@@ -63,6 +68,8 @@ environment:
   CI=true, SBX_CONTRACT_REQUIRED=1
                              a missing engine fails `contract docker|podman` instead of
                              skipping it
+  SBX_PYTHON                 the interpreter `python` uses (default: the newest 3.12+,
+                             else python3)
   SBX_DEBIAN_MIRROR          Debian mirror for the Python image (default: the one apt uses)
 ";
 
@@ -76,6 +83,7 @@ enum Command {
     Agent { check: bool },
     Bench(Vec<String>),
     PublishCheck { verify: bool },
+    Python,
     Teardown,
     Help,
 }
@@ -105,6 +113,7 @@ fn dispatch(command: Command) -> Result<()> {
         Command::Agent { check } => agent::run(check),
         Command::Bench(passthrough) => bench::run(&passthrough),
         Command::PublishCheck { verify } => publish::run(verify),
+        Command::Python => python::run(),
         Command::Teardown => teardown::run(),
         Command::Help => {
             print!("{USAGE}");
@@ -153,6 +162,7 @@ fn parse(args: &[String]) -> Result<Command> {
         ("publish-check", []) => Command::PublishCheck { verify: false },
         ("publish-check", ["--verify"]) => Command::PublishCheck { verify: true },
         ("teardown", []) => Command::Teardown,
+        ("python", []) => Command::Python,
         (name, []) => bail!("unknown command {name:?}\n\n{USAGE}"),
         (name, flags) => bail!("{name}: unexpected arguments {flags:?}\n\n{USAGE}"),
     };

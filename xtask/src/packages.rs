@@ -77,6 +77,18 @@ pub const PACKAGES: &[Package] = &[
         purpose: "the `ssh` that ssh:// engine endpoints tunnel through",
     },
     Package {
+        // The Python wheel's run (`cargo xtask python`): Debian's python3 lacks venv and
+        // ensurepip without these.
+        name: "python3-venv",
+        optional: false,
+        purpose: "virtual environments for the Python wheel's conformance run",
+    },
+    Package {
+        name: "python3-pip",
+        optional: false,
+        purpose: "installs maturin, sandboxio and pytest into those environments",
+    },
+    Package {
         name: "iproute2",
         optional: false,
         purpose: "`ip netns` / interface inspection for network policy",

@@ -1,6 +1,7 @@
 //! `cargo xtask test`: the README's test command — the workspace's own tests, then the
 //! contract suite on every backend (Docker twice: runc, then gVisor/runsc when the engine
-//! registers it — see `contract.rs`; each run prints its own duration). An ignored
+//! registers it — see `contract.rs`; each run prints its own duration), then the Python
+//! wheel's conformance run (`python.rs`). An ignored
 //! contract trial fails it (no `--allow-ignored` here). All parts run even
 //! when one fails, so one CI log shows every failure.
 
@@ -13,7 +14,7 @@ use crate::process;
 use crate::report::seconds;
 
 /// Runs `cargo test --workspace`, then `contract fake|docker|podman` (docker: runc and
-/// runsc).
+/// runsc), then `python`.
 pub fn run(passthrough: &[String]) -> Result<()> {
     let mut failed = Vec::new();
     let mut timings = Vec::new();
@@ -40,6 +41,13 @@ pub fn run(passthrough: &[String]) -> Result<()> {
         }
         timings.push(format!("{} {}", backend.name(), seconds(start.elapsed())));
     }
+
+    let start = Instant::now();
+    if let Err(err) = crate::python::run() {
+        eprintln!("test: {err:#}");
+        failed.push("python".to_string());
+    }
+    timings.push(format!("python {}", seconds(start.elapsed())));
 
     println!("test: timings: {}", timings.join(", "));
     if !failed.is_empty() {

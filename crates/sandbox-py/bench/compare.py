@@ -1,0 +1,114 @@
+"""Timings of sandbox-rs's ``rsdocker`` backend beside sandboxio's reference ``docker``
+adapter on the same engine and image: medians of interleaved rounds (each round measures
+every operation on both backends, alternating which goes first), printed as the Markdown
+table docs/python.md shows.
+
+    python compare.py [--rounds 7] [--template sandbox-rs/python:3.11] [--check]
+
+``--check`` exits non-zero unless rsdocker's ``run(["true"])`` is at least 10x faster than
+the reference's. Create is reported, not checked: with a few rounds on a shared 2-core
+machine its ratio swings around 1 from run to run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Any
+
+import anyio
+
+MIB = b"x" * (1024 * 1024)
+OPS = ["create", 'run(["true"])', 'run_code("print(1)")', "1 MiB write+read", "10x create+run+kill"]
+
+
+async def _create(backend: Any, template: str) -> Any:
+    return await backend.create(template=template, timeout=120)
+
+
+async def measure(backend: Any, template: str) -> dict[str, float]:
+    """One round of every operation on ``backend``; seconds per operation."""
+    out: dict[str, float] = {}
+    t = time.perf_counter()
+    sb = await _create(backend, template)
+    out["create"] = time.perf_counter() - t
+    try:
+        await sb.run(["true"])  # first exec warms the path; measured below
+        runs = []
+        for _ in range(10):
+            t = time.perf_counter()
+            res = await sb.run(["true"])
+            runs.append(time.perf_counter() - t)
+            assert res.exit_code == 0, res
+        out['run(["true"])'] = statistics.median(runs)
+        t = time.perf_counter()
+        res = await sb.run_code("print(1)")
+        out['run_code("print(1)")'] = time.perf_counter() - t
+        assert res.stdout == "1\n", res
+        t = time.perf_counter()
+        await sb.files.write("/work/blob.bin", MIB)
+        back = await sb.files.read("/work/blob.bin")
+        out["1 MiB write+read"] = time.perf_counter() - t
+        assert back == MIB
+    finally:
+        await sb.kill()
+
+    async def one() -> None:
+        s = await _create(backend, template)
+        try:
+            assert (await s.run(["true"])).exit_code == 0
+        finally:
+            await s.kill()
+
+    t = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for _ in range(10):
+            tg.start_soon(one)
+    out["10x create+run+kill"] = time.perf_counter() - t
+    return out
+
+
+def fmt(seconds: float) -> str:
+    ms = seconds * 1000
+    return f"{ms:.1f} ms" if ms < 100 else f"{ms:.0f} ms"
+
+
+async def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--template", default="sandbox-rs/python:3.11")
+    ap.add_argument("--check", action="store_true")
+    args = ap.parse_args()
+
+    import sandboxio_docker
+
+    from sandbox_rs import DockerBackend
+
+    backends = {
+        "sandbox-rs (rsdocker)": DockerBackend(),
+        "sandboxio-docker 0.1.0": sandboxio_docker.DockerBackend(image=args.template, reaper=False),
+    }
+    samples: dict[str, dict[str, list[float]]] = {n: {op: [] for op in OPS} for n in backends}
+    names = list(backends)
+    for r in range(args.rounds):
+        order = names if r % 2 == 0 else names[::-1]
+        for name in order:
+            for op, secs in (await measure(backends[name], args.template)).items():
+                samples[name][op].append(secs)
+    med = {n: {op: statistics.median(v) for op, v in ops.items()} for n, ops in samples.items()}
+    rs, ref = med[names[0]], med[names[1]]
+    print(f"| operation ({args.rounds} interleaved rounds, medians) | {names[0]} | {names[1]} | speed-up |")
+    print("| --- | ---: | ---: | ---: |")
+    for op in OPS:
+        print(f"| `{op}` | {fmt(rs[op])} | {fmt(ref[op])} | {ref[op] / rs[op]:.1f}x |")
+    if args.check:
+        if ref['run(["true"])'] / rs['run(["true"])'] < 10:
+            print('compare: run(["true"]) is less than 10x faster', file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(anyio.run(main))

@@ -1,0 +1,235 @@
+//! A backend of the facade (Docker, Podman or the fake) as a Python object: what it
+//! declares, and create / connect / the reaper's list and kill as awaitables.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use sandbox::{
+    Backend, BackendConfig, CreateOptions, NetworkPolicy, Resources, SandboxError, SandboxState,
+    Secret,
+};
+
+use crate::error::to_py;
+use crate::sandbox::NativeSandbox;
+
+/// One backend of the facade, shared by every sandbox it creates.
+#[pyclass(module = "sandbox_rs._native", frozen)]
+pub struct NativeBackend {
+    pub(crate) inner: Arc<dyn Backend>,
+}
+
+/// The tokio runtime every awaitable of this module runs on.
+pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
+    pyo3_async_runtimes::tokio::get_runtime()
+}
+
+/// The facade's backend for `kind` (`docker`, `podman` or `fake`), reaching the engine
+/// at `endpoint` when given (otherwise where the environment says, as the facade does).
+/// Blocking, with the GIL released: it is called once, where sandboxio asks a backend for
+/// its declared capabilities and isolation tier, which are plain attributes there.
+#[pyfunction]
+#[pyo3(signature = (kind, endpoint = None))]
+pub(crate) fn open_backend(
+    py: Python<'_>,
+    kind: &str,
+    endpoint: Option<String>,
+) -> PyResult<NativeBackend> {
+    let config = match kind {
+        "docker" => {
+            let c = sandbox::docker::DockerConfig::from_env();
+            BackendConfig::Docker(match endpoint {
+                Some(e) => c.endpoint(e),
+                None => c,
+            })
+        }
+        "podman" => {
+            let c = sandbox::podman::PodmanConfig::from_env();
+            BackendConfig::Podman(match endpoint {
+                Some(e) => c.endpoint(e),
+                None => c,
+            })
+        }
+        "fake" => BackendConfig::Fake(sandbox::fake::FakeConfig::default()),
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "unknown engine {other:?}: use docker, podman or fake"
+            )));
+        }
+    };
+    let inner = py.detach(|| runtime().block_on(sandbox::backend(config)));
+    Ok(NativeBackend {
+        inner: inner.map_err(to_py)?,
+    })
+}
+
+/// Splits `hosts` into the facade's egress policy.
+fn network(egress: &str, allow: Vec<String>, ingress: Vec<u16>) -> PyResult<NetworkPolicy> {
+    let mut policy = match (egress, allow.is_empty()) {
+        ("deny", true) => NetworkPolicy::deny(),
+        ("deny", false) => NetworkPolicy::allow_list(allow),
+        ("allow", true) => NetworkPolicy::allow(),
+        _ => {
+            return Err(to_py(SandboxError::config(
+                format!(
+                    "egress {egress:?} with {} allowlist entries has no sandbox-rs policy",
+                    allow.len()
+                ),
+                "use egress=\"deny\" (with allow=(...) for an allowlist) or egress=\"allow\"",
+            )));
+        }
+    };
+    for p in ingress {
+        policy = policy.ingress_port(p);
+    }
+    Ok(policy)
+}
+
+fn state_name(s: &SandboxState) -> &'static str {
+    match s {
+        SandboxState::Running | SandboxState::Creating => "running",
+        SandboxState::Paused => "paused",
+        _ => "stopped",
+    }
+}
+
+#[pymethods]
+impl NativeBackend {
+    /// The backend's name (`docker`, `podman`, `fake`).
+    #[getter]
+    fn name(&self) -> String {
+        self.inner.name().to_string()
+    }
+
+    /// The names of the capabilities the backend declares (`RUN_COMMAND`, …).
+    #[getter]
+    fn capabilities(&self) -> Vec<String> {
+        self.inner
+            .capabilities()
+            .iter_names()
+            .map(|(n, _)| n.to_string())
+            .collect()
+    }
+
+    /// The isolation tier (`container`, `gvisor`, `microvm`, `unknown`).
+    #[getter]
+    fn isolation(&self) -> &'static str {
+        self.inner.isolation().as_str()
+    }
+
+    /// Creates a sandbox; resolves to a `NativeSandbox`.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (*, template, timeout, cpu, memory_mb, disk_mb, gpu, egress, allow, ingress_ports, env, secrets, metadata))]
+    fn create<'py>(
+        &self,
+        py: Python<'py>,
+        template: Option<String>,
+        timeout: f64,
+        cpu: Option<f64>,
+        memory_mb: Option<u64>,
+        disk_mb: Option<u64>,
+        gpu: Option<u32>,
+        egress: &str,
+        allow: Vec<String>,
+        ingress_ports: Vec<u16>,
+        env: HashMap<String, String>,
+        secrets: HashMap<String, String>,
+        metadata: HashMap<String, String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let timeout = Duration::try_from_secs_f64(timeout).map_err(|_| {
+            to_py(SandboxError::config(
+                format!("sandbox timeout {timeout} is not a positive number of seconds"),
+                "pass timeout=300 (seconds)",
+            ))
+        })?;
+        let mut resources = Resources::default();
+        resources.cpu = cpu;
+        resources.memory_mb = memory_mb;
+        resources.disk_mb = disk_mb;
+        resources.gpu = gpu;
+        let mut options = CreateOptions::default();
+        options.template = template;
+        options.resources = resources;
+        options.network = network(egress, allow, ingress_ports)?;
+        options.timeout = timeout;
+        options.env = env.into_iter().collect::<BTreeMap<_, _>>();
+        options.secrets = secrets
+            .into_iter()
+            .map(|(k, v)| (k, Secret::from(v)))
+            .collect();
+        options.metadata = metadata.into_iter().collect();
+        let backend = self.inner.clone();
+        crate::awaitable(py, async move {
+            let sb = backend.create(options).await.map_err(to_py)?;
+            Ok(NativeSandbox::new(sb))
+        })
+    }
+
+    /// Reattaches to a live sandbox; resolves to a `NativeSandbox`.
+    fn connect<'py>(&self, py: Python<'py>, id: String) -> PyResult<Bound<'py, PyAny>> {
+        let backend = self.inner.clone();
+        crate::awaitable(py, async move {
+            let sb = backend.connect(&id).await.map_err(to_py)?;
+            Ok(NativeSandbox::new(sb))
+        })
+    }
+
+    /// Every sandbox the engine holds under sandbox-rs's label whose metadata has `labels`:
+    /// `(id, state, created_at_unix_seconds | None, metadata)` each.
+    #[allow(clippy::type_complexity)]
+    fn list_managed<'py>(
+        &self,
+        py: Python<'py>,
+        labels: HashMap<String, String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let backend = self.inner.clone();
+        let wanted: BTreeMap<String, String> = labels
+            .into_iter()
+            .map(|(k, v)| (format!("{}{k}", sandbox::labels::LABEL_META_PREFIX), v))
+            .collect();
+        crate::awaitable(py, async move {
+            let reapable = backend.as_reapable().ok_or_else(|| {
+                to_py(SandboxError::config(
+                    format!("backend `{}` cannot list its sandboxes", backend.name()),
+                    "use a backend that labels its sandboxes (docker, podman)",
+                ))
+            })?;
+            let listed = reapable.list_managed(&wanted).await.map_err(to_py)?;
+            let out: Vec<(String, &'static str, Option<f64>, HashMap<String, String>)> = listed
+                .into_iter()
+                .map(|m| {
+                    let meta = m
+                        .labels
+                        .iter()
+                        .filter_map(|(k, v)| {
+                            k.strip_prefix(sandbox::labels::LABEL_META_PREFIX)
+                                .map(|k| (k.to_string(), v.clone()))
+                        })
+                        .collect();
+                    let created = m
+                        .created_at
+                        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                        .map(|d| d.as_secs_f64());
+                    (m.id, state_name(&m.state), created, meta)
+                })
+                .collect();
+            Ok(out)
+        })
+    }
+
+    /// Removes one labelled sandbox by id; resolves to False when it was already gone.
+    fn kill_managed<'py>(&self, py: Python<'py>, id: String) -> PyResult<Bound<'py, PyAny>> {
+        let backend = self.inner.clone();
+        crate::awaitable(py, async move {
+            let reapable = backend.as_reapable().ok_or_else(|| {
+                to_py(SandboxError::config(
+                    format!("backend `{}` cannot remove sandboxes by id", backend.name()),
+                    "kill the sandbox through its own handle",
+                ))
+            })?;
+            reapable.kill_managed(&id).await.map_err(to_py)
+        })
+    }
+}
