@@ -19,6 +19,7 @@
 
 mod bridge;
 mod dns;
+mod hosts;
 mod local;
 mod netns;
 mod nft;
@@ -51,6 +52,8 @@ pub const LABEL_NETWORK: &str = "io.sandbox-rs.network";
 
 /// Name of the nftables table loaded into each sandbox's network namespace.
 pub const TABLE: &str = nft::TABLE;
+
+pub use hosts::{HOSTS_FILE, HOSTS_TEXT, ensure_hosts_file};
 
 /// How the egress resolver turns a name into addresses. The default is the host's
 /// resolver (getaddrinfo: `/etc/hosts` first, then the host's configured DNS), so a name
