@@ -72,6 +72,11 @@ bitflags! {
         /// writable places are outside its filesystem (a disk limit's scratch mounts) does
         /// not declare it.
         const SNAPSHOT = 1 << 19;
+        /// `Sandbox::set_egress` and `Sandbox::egress`: the egress policy of a running
+        /// sandbox is replaced at once (one transaction where the rules live, read back
+        /// before the call returns; connections the new policy forbids are cut) and read
+        /// back from any handle. Declared where `EGRESS_ALLOWLIST` is.
+        const LIVE_EGRESS = 1 << 21;
     }
 }
 
@@ -111,7 +116,8 @@ mod tests {
             "RUN_CODE|STREAMING"
         );
         assert_eq!(Capability::empty().to_string(), "NONE");
-        assert_eq!(Capability::each().count(), 20);
+        assert_eq!(Capability::each().count(), 21);
+        assert_eq!(Capability::LIVE_EGRESS.names(), "LIVE_EGRESS");
         assert_eq!(Capability::EXTEND_LIFETIME.names(), "EXTEND_LIFETIME");
         assert_eq!(Capability::SNAPSHOT.names(), "SNAPSHOT");
         assert_eq!(Capability::AGENT.names(), "AGENT");

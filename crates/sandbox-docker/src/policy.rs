@@ -38,6 +38,7 @@ use crate::config::DockerConfig;
 pub const CAPABILITIES: Capability = LAYER_CAPABILITIES
     .union(Capability::DISK_LIMIT)
     .union(Capability::EGRESS_ALLOWLIST)
+    .union(Capability::LIVE_EGRESS)
     .union(Capability::PTY)
     .union(Capability::PAUSE_RESUME)
     .union(Capability::AGENT)
@@ -55,7 +56,7 @@ pub(crate) fn capabilities(runtime_forces_no_network: bool) -> Capability {
         .difference(Capability::EXTEND_LIFETIME)
         .difference(Capability::IDLE_TIMEOUT);
     if runtime_forces_no_network {
-        caps.difference(Capability::EGRESS_ALLOWLIST)
+        caps.difference(Capability::EGRESS_ALLOWLIST | Capability::LIVE_EGRESS)
     } else {
         caps
     }

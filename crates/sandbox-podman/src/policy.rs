@@ -25,6 +25,7 @@ use crate::config::{MountMode, PodmanOptions, Sharing};
 pub const CAPABILITIES: Capability = LAYER_CAPABILITIES
     .union(Capability::DISK_LIMIT)
     .union(Capability::EGRESS_ALLOWLIST)
+    .union(Capability::LIVE_EGRESS)
     .union(Capability::PTY)
     .union(Capability::AGENT)
     .union(Capability::GPU)
