@@ -465,6 +465,7 @@ impl<E: ContainerEngine> ReapableBackend for ContainerBackend<E> {
             }
             Err(e) => return Err(error::engine(eng, "remove container", e)),
         };
+        crate::egress::forget(&c.id);
         // A networked sandbox may have been the library network's last user: the network
         // goes with it (the engine refuses while another container uses it), so
         // `reap --kill` leaves nothing of ours behind.
