@@ -34,6 +34,7 @@ pub const COVERED: &[(C, &str)] = &[
     (C::EXTEND_LIFETIME, "lifetime"),
     (C::IDLE_TIMEOUT, "lifetime"),
     (C::RESET_PROCESSES, "hostile"),
+    (C::LIVE_EGRESS, "egress_live"),
 ];
 
 /// The flags [`COVERED`] lists.
@@ -104,7 +105,7 @@ fn names_the_flag(e: &sandbox_core::SandboxError, flag: C) -> anyhow::Result<()>
 
 /// Every undeclared flag with an entry point refuses with `CapabilityNotSupported` from
 /// that entry point (run, run with stdin, run on a terminal, run_code, run_code with a context, stream,
-/// files, upload, download, pause, resume, extend, create with an allowlist / ingress port / GPU /
+/// files, upload, download, pause, resume, extend, set_egress, egress, create with an allowlist / ingress port / GPU /
 /// disk limit / a required agent / an idle limit / a maximum lifetime / any policy).
 async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let c = case("every_undeclared_flag_refuses");
@@ -251,6 +252,14 @@ async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
                 checked.push(C::UPLOAD_DOWNLOAD);
             }
         }
+    }
+    if !caps.contains(C::LIVE_EGRESS) {
+        refused(
+            C::LIVE_EGRESS,
+            sb.set_egress(sandbox_core::Egress::Deny).await,
+        )?;
+        refused(C::LIVE_EGRESS, sb.egress().await.map(|_| ()))?;
+        checked.push(C::LIVE_EGRESS);
     }
     if !caps.contains(C::PAUSE_RESUME) {
         refused(C::PAUSE_RESUME, sb.pause().await)?;

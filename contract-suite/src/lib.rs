@@ -13,6 +13,7 @@ mod cancellation;
 mod capabilities;
 mod disk;
 mod egress;
+mod egress_live;
 mod errors;
 mod files;
 mod hardening;
@@ -220,6 +221,7 @@ fn all_trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
     }
     t.extend(policy::trials(ctx));
     t.extend(egress::trials(ctx));
+    t.extend(egress_live::trials(ctx));
     t.extend(hostile::trials(ctx));
     t.extend(hardening::trials(ctx));
     t.extend(disk::trials(ctx));

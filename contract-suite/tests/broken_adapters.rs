@@ -67,6 +67,14 @@ impl Probes for FakeSuiteProbes {
             dial_host: "127.0.0.1".into(),
         }))
     }
+    /// As the fake's own contract run names them: `localhost` is the canary's address in
+    /// `/etc/hosts`; `.invalid` never resolves.
+    fn egress_names(&self) -> Option<sandbox_contract::EgressNames> {
+        Some(sandbox_contract::EgressNames {
+            listed: "localhost".into(),
+            unlisted: "unlisted.sbx-contract.invalid".into(),
+        })
+    }
     async fn engine_env(&self, sandbox_id: &str) -> anyhow::Result<Option<Vec<String>>> {
         let handle = self
             .backend
@@ -258,4 +266,9 @@ caught! {
     snapshot_ending_its_source_is_caught => SnapshotEndsTheSource,
     pids_exhaustion_as_an_exit_code_is_caught => PidsAsExitCode,
     ignored_hostname_is_caught => IgnoreHostname,
+    ignored_set_egress_is_caught => SetEgressIgnored,
+    late_egress_change_is_caught => EgressChangeLate,
+    stale_egress_read_back_is_caught => EgressReadBackStale,
+    ignored_deny_tier_is_caught => DenyTierIgnored,
+    ignored_exception_tier_is_caught => ExceptionTierIgnored,
 }

@@ -27,6 +27,7 @@ const AREAS: &[&str] = &[
     "capabilities",
     "observability",
     "egress",
+    "egress_live",
     "hostile",
 ];
 

@@ -166,11 +166,24 @@ pub enum Flaw {
     /// `CreateOptions::hostname` is accepted and ignored: the sandbox keeps the engine's
     /// name for it.
     IgnoreHostname,
+    /// Declares `LIVE_EGRESS` but `set_egress` only says so: the policy of create stays.
+    SetEgressIgnored,
+    /// `set_egress` returns at once and the new policy takes hold 2 s later: forbidden
+    /// hosts and open connections stay reachable past the second the contract allows.
+    EgressChangeLate,
+    /// `egress` reads back the policy of create, whatever was set since.
+    EgressReadBackStale,
+    /// The deny tier is dropped: a denied host that another tier or the default lets
+    /// through is reached.
+    DenyTierIgnored,
+    /// The exception tier is dropped: an excepted host that a deny entry covers stays
+    /// blocked.
+    ExceptionTierIgnored,
 }
 
 impl Flaw {
     /// Every flaw.
-    pub const ALL: [Flaw; 65] = [
+    pub const ALL: [Flaw; 70] = [
         Flaw::SwallowTimeouts,
         Flaw::PretendNetworkPolicy,
         Flaw::LeakSecrets,
@@ -236,6 +249,11 @@ impl Flaw {
         Flaw::SnapshotEndsTheSource,
         Flaw::PidsAsExitCode,
         Flaw::IgnoreHostname,
+        Flaw::SetEgressIgnored,
+        Flaw::EgressChangeLate,
+        Flaw::EgressReadBackStale,
+        Flaw::DenyTierIgnored,
+        Flaw::ExceptionTierIgnored,
     ];
 
     /// The trials that must fail on a backend with this flaw (each passes without it).
@@ -364,6 +382,22 @@ impl Flaw {
                 &["contract::hostile::pids_exhaustion_is_typed_and_reset_recovers"]
             }
             Flaw::IgnoreHostname => &["contract::lifecycle::hostname_as_asked"],
+            Flaw::SetEgressIgnored => &[
+                "contract::egress_live::an_added_host_becomes_reachable_and_deny_again_closes_it",
+                "contract::egress_live::the_policy_read_back_is_the_one_set",
+                "contract::egress_live::root_inside_cannot_change_the_policy",
+                "contract::egress_live::allow_all_except_blocks_exactly_the_listed_names",
+                "contract::egress_live::a_sandbox_created_without_network_stays_closed",
+            ],
+            Flaw::EgressChangeLate => {
+                &["contract::egress_live::a_forbidden_host_is_cut_within_a_second"]
+            }
+            Flaw::EgressReadBackStale => &[
+                "contract::egress_live::the_policy_read_back_is_the_one_set",
+                "contract::egress_live::root_inside_cannot_change_the_policy",
+            ],
+            Flaw::DenyTierIgnored => &["contract::egress_live::deny_beats_allow"],
+            Flaw::ExceptionTierIgnored => &["contract::egress_live::an_exception_beats_deny"],
         }
     }
 }

@@ -285,6 +285,12 @@ impl Sandbox for ModelSandbox {
     async fn pause(&self) -> Result<()> {
         self.inner.pause().await
     }
+    async fn set_egress(&self, egress: sandbox_core::Egress) -> Result<()> {
+        self.inner.set_egress(egress).await
+    }
+    async fn egress(&self) -> Result<sandbox_core::Egress> {
+        self.inner.egress().await
+    }
     async fn resume(&self) -> Result<()> {
         self.inner.resume().await
     }

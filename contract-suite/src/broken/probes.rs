@@ -41,6 +41,9 @@ impl Probes for BrokenProbes {
     fn egress_allow(&self) -> bool {
         self.inner.egress_allow()
     }
+    fn egress_names(&self) -> Option<crate::EgressNames> {
+        self.inner.egress_names()
+    }
     async fn canary(&self) -> anyhow::Result<Option<CanarySpec>> {
         self.inner.canary().await
     }

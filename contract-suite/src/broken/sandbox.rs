@@ -287,6 +287,55 @@ impl Sandbox for BrokenSandbox {
         }
     }
 
+    async fn set_egress(&self, egress: sandbox_core::Egress) -> Result<()> {
+        use sandbox_core::{Egress, EgressDefault, EgressTiers};
+        // The tiers as set, with one of them left out.
+        let without = |keep_deny: bool, keep_except: bool| -> Egress {
+            let Egress::Tiers(t) = &egress else {
+                return egress.clone();
+            };
+            let mut out = match t.default {
+                EgressDefault::Allow => EgressTiers::allow_by_default(),
+                _ => EgressTiers::deny_by_default(),
+            };
+            for r in &t.allow {
+                out = out.allow(r.clone());
+            }
+            for r in t.deny.iter().filter(|_| keep_deny) {
+                out = out.deny(r.clone());
+            }
+            for r in t.except.iter().filter(|_| keep_except) {
+                out = out.except(r.clone());
+            }
+            Egress::Tiers(out)
+        };
+        match self.flaw {
+            Flaw::SetEgressIgnored => Ok(()),
+            Flaw::EgressChangeLate => {
+                let inner = self.inner.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    let _ = inner.set_egress(egress).await;
+                });
+                Ok(())
+            }
+            Flaw::DenyTierIgnored => self.inner.set_egress(without(false, true)).await,
+            Flaw::ExceptionTierIgnored => self.inner.set_egress(without(true, false)).await,
+            _ => self.inner.set_egress(egress).await,
+        }
+    }
+
+    async fn egress(&self) -> Result<sandbox_core::Egress> {
+        let now = self.inner.egress().await?;
+        if self.flaw == Flaw::EgressReadBackStale {
+            // What a sandbox created closed started with, whatever is in force.
+            return Ok(sandbox_core::Egress::Tiers(
+                sandbox_core::EgressTiers::deny_by_default(),
+            ));
+        }
+        Ok(now)
+    }
+
     async fn snapshot(&self) -> Result<sandbox_core::Snapshot> {
         let snap = self.inner.snapshot().await?;
         if self.flaw == Flaw::SnapshotEndsTheSource {

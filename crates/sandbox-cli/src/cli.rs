@@ -55,11 +55,15 @@ pub enum Cmd {
     Kill(KillArgs),
     /// Freeze every process of a sandbox made by `create` (its lifetime keeps running).
     Pause(KillArgs),
+    /// Show a live sandbox's egress policy, or replace it (`--deny`, `--allow`, host tiers);
+    /// prints the policy in force afterwards.
+    Egress(EgressArgs),
     /// Let a paused sandbox's processes go on where they stopped.
     Resume(KillArgs),
     /// Serve the Model Context Protocol on stdin/stdout, or over streamable HTTP with --http
     /// (tools: sandbox_create, sandbox_run, sandbox_run_code, sandbox_write_file,
-    /// sandbox_read_file, sandbox_list_files, sandbox_pause, sandbox_resume, sandbox_kill); a
+    /// sandbox_read_file, sandbox_list_files, sandbox_pause, sandbox_resume,
+    /// sandbox_set_egress, sandbox_kill); a
     /// sandbox belongs to the session that created it and is killed when that session ends
     /// or the server stops.
     Mcp(McpArgs),
@@ -119,18 +123,14 @@ pub struct SandboxArgs {
     /// The sandbox's hostname (at most 63 bytes: letters, digits, inner hyphens, dots).
     #[arg(long, value_name = "NAME")]
     pub hostname: Option<String>,
-    /// Egress policy.
+    /// Egress policy: what a destination no host flag names gets (`closed`: nothing, like
+    /// `deny`, but on a network whose policy `sandbox egress` can open later).
     #[arg(long, value_enum, default_value_t = NetworkArg::Deny)]
     pub network: NetworkArg,
-    /// Allow egress to this host name (`pypi.org`, `*.example.com`) or CIDR (`10.0.0.0/8`)
-    /// and nothing else (repeatable): an egress allowlist, enforced by nftables rules in
-    /// the sandbox (Docker and Podman on this host; see `sandbox doctor`).
-    #[arg(
-        long = "allow-host",
-        value_name = "NAME_OR_CIDR",
-        conflicts_with = "network"
-    )]
-    pub allow_hosts: Vec<String>,
+    /// Egress tiers (allow, deny, exceptions), enforced by nftables rules in the sandbox
+    /// (Docker and Podman on this host; see `sandbox doctor`).
+    #[command(flatten)]
+    pub hosts: HostTiers,
     /// Environment variable (repeatable). Visible in the engine's container config: use
     /// --secret for credentials.
     #[arg(long = "env", value_name = "K=V", value_parser = parse_key_value)]
@@ -234,6 +234,53 @@ pub struct CpArgs {
     pub dest: String,
 }
 
+/// The egress tiers of `run`, `create` and `egress`: hosts (`pypi.org`), wildcards
+/// (`*.example.com`) or CIDRs (`10.0.0.0/8`), each flag repeatable. Most specific first:
+/// an exception beats a deny entry, which beats an allow entry, which beats the default.
+#[derive(Debug, Clone, Default, Args)]
+pub struct HostTiers {
+    /// Allow egress to this host, wildcard or CIDR (with nothing else, an allowlist).
+    #[arg(long = "allow-host", value_name = "NAME_OR_CIDR")]
+    pub allow_hosts: Vec<String>,
+    /// Deny this host, wildcard or CIDR, whatever the allow list or the default says.
+    #[arg(long = "deny-host", value_name = "NAME_OR_CIDR")]
+    pub deny_hosts: Vec<String>,
+    /// Reach this host, wildcard or CIDR although a deny entry covers it.
+    #[arg(long = "except-host", value_name = "NAME_OR_CIDR")]
+    pub except_hosts: Vec<String>,
+}
+
+impl HostTiers {
+    /// Whether any host flag was given.
+    pub fn is_empty(&self) -> bool {
+        self.allow_hosts.is_empty() && self.deny_hosts.is_empty() && self.except_hosts.is_empty()
+    }
+}
+
+/// `sandbox egress`.
+#[derive(Debug, Args)]
+pub struct EgressArgs {
+    /// Only look on this engine (default: every compiled-in one).
+    #[arg(long, value_name = "NAME")]
+    pub engine: Option<String>,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// Deny all egress (the sandbox keeps its interface; everything is refused).
+    #[arg(long, conflicts_with_all = ["allow", "allow_hosts", "deny_hosts", "except_hosts"])]
+    pub deny: bool,
+    /// Allow all egress but the always-blocked set, or, with host flags, make allow the
+    /// default (`--allow --deny-host H`: everything except H).
+    #[arg(long)]
+    pub allow: bool,
+    /// The tiers to set (with `--allow` over a default of allow, else over deny).
+    #[command(flatten)]
+    pub hosts: HostTiers,
+    /// Sandbox id (or a unique prefix) printed by `sandbox create`.
+    #[arg(value_name = "ID")]
+    pub id: String,
+}
+
 /// `sandbox ls`.
 #[derive(Debug, Args)]
 pub struct LsArgs {
@@ -267,6 +314,16 @@ pub struct McpArgs {
     /// data leaves.
     #[arg(long)]
     pub allow_egress: bool,
+    /// With --allow-egress: the hosts, wildcards or CIDRs egress may be opened to, and
+    /// nothing wider (repeatable). Every allow or exception entry a tool call asks for, at
+    /// create or in sandbox_set_egress, must lie inside one; network `allow` is refused.
+    /// Default: any.
+    #[arg(
+        long = "egress-host",
+        value_name = "NAME_OR_CIDR",
+        requires = "allow_egress"
+    )]
+    pub egress_hosts: Vec<String>,
     /// Let sandboxes run without the in-sandbox agent. By default a `sandbox_create` whose
     /// agent cannot start fails instead of falling back to the engine's exec path, on every
     /// engine that offers the agent.
@@ -324,8 +381,11 @@ pub struct CompletionsArgs {
 pub enum NetworkArg {
     /// No network but loopback (default).
     Deny,
-    /// Unrestricted outbound traffic.
+    /// Unrestricted outbound traffic (but the always-blocked set).
     Allow,
+    /// Nothing reachable, like `deny`, on a network whose policy `sandbox egress` can
+    /// open later.
+    Closed,
 }
 
 /// `sandbox run`.
@@ -441,6 +501,7 @@ impl Cmd {
             Cmd::Cp(a) => a.json,
             Cmd::Ls(a) => a.json,
             Cmd::Kill(a) | Cmd::Pause(a) | Cmd::Resume(a) => a.json,
+            Cmd::Egress(a) => a.json,
             Cmd::Mcp(_) | Cmd::Completions(_) => false,
         }
     }

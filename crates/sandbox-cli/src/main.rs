@@ -143,6 +143,7 @@ async fn dispatch(cmd: Cmd, out: Out) -> sandbox::Result<u8> {
         Cmd::Ls(args) => session::ls(args, out).await,
         Cmd::Kill(args) => session::kill(args, out).await,
         Cmd::Pause(args) => session::pause_or_resume(args, true, out).await,
+        Cmd::Egress(args) => session::egress(args, out).await,
         Cmd::Resume(args) => session::pause_or_resume(args, false, out).await,
         // Handled before dispatch.
         Cmd::Mcp(args) => serve_mcp(&args).await,

@@ -23,7 +23,7 @@ use sandbox::{Backend, CreateOptions, ManagedSandbox, Sandbox, SandboxError, San
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
-use crate::cli::{CpArgs, CreateArgs, ExecArgs, KillArgs, LsArgs};
+use crate::cli::{CpArgs, CreateArgs, EgressArgs, ExecArgs, KillArgs, LsArgs, NetworkArg};
 use crate::exit_code;
 use crate::output::{Out, error_json};
 use crate::run::{SandboxInfo, execute, report};
@@ -464,6 +464,9 @@ struct LsEntry {
     /// How the creator's commands go: `agent`, `exec` (the engine's exec path), or `-`
     /// for a backend without an agent.
     exec_path: String,
+    /// The egress policy in force (`Sandbox::egress`), `None` where the backend cannot
+    /// say (no `LIVE_EGRESS`) or did not answer in time.
+    egress: Option<String>,
     labels: BTreeMap<String, String>,
 }
 
@@ -520,6 +523,7 @@ pub async fn ls(args: LsArgs, out: Out) -> sandbox::Result<u8> {
                                 .unwrap_or_else(|| "-".into()),
                             id: m.id,
                             backend: m.backend,
+                            egress: None,
                             labels: m.labels,
                         }
                     }),
@@ -534,6 +538,24 @@ pub async fn ls(args: LsArgs, out: Out) -> sandbox::Result<u8> {
     report
         .sandboxes
         .sort_by(|a, b| (&a.backend, a.created_at).cmp(&(&b.backend, b.created_at)));
+    // Each sandbox's policy in force, read from where the library keeps it (all at once,
+    // each bounded: one slow engine must not hold the listing).
+    let policies = futures::future::join_all(report.sandboxes.iter().map(|s| async move {
+        let read = async {
+            let sb = sandbox::connect(format!("{}://", s.backend).as_str(), &s.id).await?;
+            // Borrowed: a handle reattached to read must not kill what it did not create.
+            let sb = Borrowed(std::mem::ManuallyDrop::new(sb));
+            sb.get().egress().await
+        };
+        match tokio::time::timeout(Duration::from_secs(3), read).await {
+            Ok(Ok(e)) => Some(e.to_string()),
+            _ => None,
+        }
+    }))
+    .await;
+    for (s, p) in report.sandboxes.iter_mut().zip(policies) {
+        s.egress = p;
+    }
     if out.json {
         out.json_value(&report);
         return Ok(exit_code::OK);
@@ -552,8 +574,8 @@ pub async fn ls(args: LsArgs, out: Out) -> sandbox::Result<u8> {
         return Ok(exit_code::OK);
     }
     out.line(format!(
-        "{:<14} {:<8} {:>6} {:>9} {:>9} {:>5} {:<6}  {}",
-        "ID", "ENGINE", "AGE", "EXPIRES", "MAX", "IDLE", "PATH", "COMMAND"
+        "{:<14} {:<8} {:>6} {:>9} {:>9} {:>5} {:<6}  {:<24}  {}",
+        "ID", "ENGINE", "AGE", "EXPIRES", "MAX", "IDLE", "PATH", "EGRESS", "COMMAND"
     ));
     for s in &report.sandboxes {
         let short: String = s.id.chars().take(12).collect();
@@ -568,8 +590,9 @@ pub async fn ls(args: LsArgs, out: Out) -> sandbox::Result<u8> {
             (Some(_), Some(_)) => "-".into(),
             _ => "?".into(),
         };
+        let egress = s.egress.as_deref().unwrap_or("-");
         out.line(format!(
-            "{:<14} {:<8} {:>6} {:>9} {:>9} {:>5} {:<6}  {}",
+            "{:<14} {:<8} {:>6} {:>9} {:>9} {:>5} {:<6}  {:<24}  {}",
             crate::terminal::escape_text(&short),
             crate::terminal::escape_text(&s.backend),
             s.age_s.map(human_secs).unwrap_or_else(|| "?".into()),
@@ -581,6 +604,7 @@ pub async fn ls(args: LsArgs, out: Out) -> sandbox::Result<u8> {
                 .map(human_secs)
                 .unwrap_or_else(|| "-".into()),
             crate::terminal::escape_text(&s.exec_path),
+            crate::terminal::escape_text(egress),
             crate::terminal::escape_text(tool),
         ));
     }
@@ -616,6 +640,59 @@ pub async fn kill(args: KillArgs, out: Out) -> sandbox::Result<u8> {
         out.line(&found.id);
     }
     Ok(exit_code::OK)
+}
+
+/// `sandbox egress ID [--deny | --allow] [--allow-host H…] [--deny-host H…]
+/// [--except-host H…]`: with no policy flag, prints the policy in force; with one,
+/// replaces it (in force when this returns) and prints the policy read back.
+pub async fn egress(args: EgressArgs, out: Out) -> sandbox::Result<u8> {
+    let wanted = if args.deny {
+        Some(sandbox::Egress::Deny)
+    } else if args.allow || !args.hosts.is_empty() {
+        let network = if args.allow {
+            NetworkArg::Allow
+        } else {
+            NetworkArg::Closed
+        };
+        Some(crate::target::egress_of(network, &args.hosts)?)
+    } else {
+        None
+    };
+    let found = find(&args.id, args.engine.as_deref()).await?;
+    let sb = connect(&found).await?;
+    let sb = sb.get();
+    if let Some(e) = wanted {
+        sb.set_egress(e).await?;
+    }
+    let now = sb.egress().await?;
+    if out.json {
+        out.json_value(&serde_json::json!({
+            "id": found.id,
+            "backend": found.scheme,
+            "egress": egress_json(&now),
+            "policy": now.to_string(),
+        }));
+    } else {
+        out.line(crate::terminal::escape_text(&now.to_string()));
+    }
+    Ok(exit_code::OK)
+}
+
+/// The policy as JSON: `{"default": "deny"|"allow", "allow": […], "deny": […], "except":
+/// […]}`, the same shape for every policy.
+fn egress_json(e: &sandbox::Egress) -> serde_json::Value {
+    let Ok(t) = e.tiers() else {
+        return serde_json::Value::Null;
+    };
+    let list = |l: &[sandbox::EgressRule]| -> Vec<String> {
+        l.iter().map(|r| r.as_str().to_string()).collect()
+    };
+    serde_json::json!({
+        "default": if t.default == sandbox::EgressDefault::Allow { "allow" } else { "deny" },
+        "allow": list(&t.allow),
+        "deny": list(&t.deny),
+        "except": list(&t.except),
+    })
 }
 
 /// `sandbox pause ID` (`pause`) or `sandbox resume ID`.

@@ -3,9 +3,12 @@
 
 use std::time::Duration;
 
-use sandbox::{CreateOptions, Dsn, IsolationTier, NetworkPolicy, Resources, SandboxError, Target};
+use sandbox::{
+    CreateOptions, Dsn, Egress, EgressRule, EgressTiers, IsolationTier, NetworkPolicy, Resources,
+    SandboxError, Target,
+};
 
-use crate::cli::{NetworkArg, PullArg, RuntimeArg, SandboxArgs, TierArg};
+use crate::cli::{HostTiers, NetworkArg, PullArg, RuntimeArg, SandboxArgs, TierArg};
 
 // One enum shared by both engines (sandbox-container's), reachable through either.
 #[cfg(feature = "docker")]
@@ -33,6 +36,46 @@ pub fn resolve(
     Ok((target, options))
 }
 
+/// The egress policy the flags say: `--network` alone is `Deny`, `Allow` or (`closed`)
+/// tiers that deny everything; allow hosts alone an allowlist; any deny or exception
+/// entry, or hosts over `--network allow`, tiers over that default. An entry that is not
+/// a host, wildcard or CIDR is a `Configuration` error naming it.
+pub fn egress_of(network: NetworkArg, hosts: &HostTiers) -> sandbox::Result<Egress> {
+    let parse = |list: &[String]| -> sandbox::Result<Vec<EgressRule>> {
+        list.iter().map(|h| EgressRule::parse(h)).collect()
+    };
+    let (allow, deny, except) = (
+        parse(&hosts.allow_hosts)?,
+        parse(&hosts.deny_hosts)?,
+        parse(&hosts.except_hosts)?,
+    );
+    Ok(match network {
+        NetworkArg::Deny | NetworkArg::Closed
+            if deny.is_empty() && except.is_empty() && !allow.is_empty() =>
+        {
+            Egress::AllowList(hosts.allow_hosts.clone())
+        }
+        NetworkArg::Deny if hosts.is_empty() => Egress::Deny,
+        NetworkArg::Allow if hosts.is_empty() => Egress::Allow,
+        _ => {
+            let mut t = match network {
+                NetworkArg::Allow => EgressTiers::allow_by_default(),
+                _ => EgressTiers::deny_by_default(),
+            };
+            for r in allow {
+                t = t.allow(r);
+            }
+            for r in deny {
+                t = t.deny(r);
+            }
+            for r in except {
+                t = t.except(r);
+            }
+            Egress::Tiers(t)
+        }
+    })
+}
+
 fn apply_sandbox_args(args: &SandboxArgs, base: CreateOptions) -> sandbox::Result<CreateOptions> {
     let mut resources = Resources::default();
     if let Some(m) = args.memory {
@@ -44,11 +87,8 @@ fn apply_sandbox_args(args: &SandboxArgs, base: CreateOptions) -> sandbox::Resul
     if let Some(d) = args.disk_mb {
         resources = resources.disk_mb(d);
     }
-    let network = match args.network {
-        _ if !args.allow_hosts.is_empty() => NetworkPolicy::allow_list(args.allow_hosts.clone()),
-        NetworkArg::Deny => NetworkPolicy::deny(),
-        NetworkArg::Allow => NetworkPolicy::allow(),
-    };
+    let mut network = NetworkPolicy::deny();
+    network.egress = egress_of(args.network, &args.hosts)?;
     let mut o = base
         .resources(resources)
         .network(network)
@@ -123,3 +163,55 @@ pub async fn require_agent_where_offered(
 /// The lifetime of a sandbox made by `sandbox create` when `--timeout` is not given:
 /// modest, because it outlives the command that made it.
 pub const DEFAULT_SESSION_LIFETIME: Duration = Duration::from_secs(600);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hosts(allow: &[&str], deny: &[&str], except: &[&str]) -> HostTiers {
+        let v = |l: &[&str]| l.iter().map(|s| s.to_string()).collect();
+        HostTiers {
+            allow_hosts: v(allow),
+            deny_hosts: v(deny),
+            except_hosts: v(except),
+        }
+    }
+
+    /// The flags name the policy: bare `--network` values, an allowlist, tiers over the
+    /// default `--network` says, and a bad entry refused with the entry named.
+    #[test]
+    fn egress_flags_name_the_policy() {
+        let none = hosts(&[], &[], &[]);
+        assert_eq!(egress_of(NetworkArg::Deny, &none).unwrap(), Egress::Deny);
+        assert_eq!(egress_of(NetworkArg::Allow, &none).unwrap(), Egress::Allow);
+        assert_eq!(
+            egress_of(NetworkArg::Closed, &none).unwrap(),
+            Egress::Tiers(EgressTiers::deny_by_default())
+        );
+        assert_eq!(
+            egress_of(NetworkArg::Deny, &hosts(&["pypi.org"], &[], &[])).unwrap(),
+            Egress::AllowList(vec!["pypi.org".into()])
+        );
+        let r = |s: &str| EgressRule::parse(s).unwrap();
+        assert_eq!(
+            egress_of(NetworkArg::Allow, &hosts(&[], &["evil.test"], &[])).unwrap(),
+            Egress::Tiers(EgressTiers::allow_by_default().deny(r("evil.test")))
+        );
+        assert_eq!(
+            egress_of(
+                NetworkArg::Deny,
+                &hosts(&["*.example.com"], &["*.example.com"], &["api.example.com"])
+            )
+            .unwrap(),
+            Egress::Tiers(
+                EgressTiers::deny_by_default()
+                    .allow(r("*.example.com"))
+                    .deny(r("*.example.com"))
+                    .except(r("api.example.com"))
+            )
+        );
+        let e = egress_of(NetworkArg::Deny, &hosts(&[], &["bad host"], &[])).unwrap_err();
+        assert_eq!(e.code(), sandbox::ErrorCode::Configuration);
+        assert!(e.to_string().contains("bad host"), "{e}");
+    }
+}

@@ -21,6 +21,7 @@ const TOOLS: &[&str] = &[
     "sandbox_list_files",
     "sandbox_pause",
     "sandbox_resume",
+    "sandbox_set_egress",
     "sandbox_kill",
 ];
 
@@ -288,6 +289,58 @@ async fn mcp_egress_needs_allow_egress() {
         json!({"engine": "fake", "network": "allow"}),
     )
     .await;
+    assert!(!failed, "{r}");
+    client.cancel().await.expect("close");
+}
+
+/// `sandbox_set_egress` narrows a sandbox's egress whatever the server allows, and widens
+/// it only within the operator's `--egress-host` bound.
+#[tokio::test]
+async fn mcp_set_egress_narrows_and_widens_only_within_bounds() {
+    let client = start_with(&["--allow-egress", "--egress-host", "*.example.com"]).await;
+    let (failed, r) = call(
+        &client,
+        "sandbox_create",
+        json!({"engine": "fake", "allow_hosts": ["api.example.com"]}),
+    )
+    .await;
+    assert!(!failed, "{r}");
+    let id = r["sandbox_id"].as_str().expect("id").to_string();
+    let (failed, r) = call(
+        &client,
+        "sandbox_set_egress",
+        json!({"sandbox_id": id, "deny_hosts": ["api.example.com"]}),
+    )
+    .await;
+    assert!(!failed, "{r}");
+    assert_eq!(
+        r["egress"], "default deny; allow api.example.com; deny api.example.com",
+        "{r}"
+    );
+    let (failed, r) = call(
+        &client,
+        "sandbox_set_egress",
+        json!({"sandbox_id": id, "allow_hosts": ["pypi.org"]}),
+    )
+    .await;
+    assert!(failed, "a widening outside the bound: {r}");
+    assert_eq!(r["error"]["code"], "SBX_E1401", "{r}");
+    let (failed, r) = call(
+        &client,
+        "sandbox_set_egress",
+        json!({"sandbox_id": id, "allow_hosts": ["www.example.com"]}),
+    )
+    .await;
+    assert!(!failed, "{r}");
+    let (failed, r) = call(
+        &client,
+        "sandbox_set_egress",
+        json!({"sandbox_id": id, "close": true}),
+    )
+    .await;
+    assert!(!failed, "{r}");
+    assert_eq!(r["egress"], "deny", "{r}");
+    let (failed, r) = call(&client, "sandbox_kill", json!({"sandbox_id": id})).await;
     assert!(!failed, "{r}");
     client.cancel().await.expect("close");
 }

@@ -65,6 +65,8 @@ pub struct AuditRecord {
     pub code: Option<String>,
     /// True when the layer answered without calling the adapter (a second `kill`).
     pub noop: bool,
+    /// The egress policy a `set_egress` set (its display form).
+    pub egress: Option<String>,
 }
 
 impl AuditRecord {
@@ -95,6 +97,7 @@ impl AuditRecord {
             code_sha256: None,
             code: None,
             noop: false,
+            egress: None,
         }
     }
 

@@ -77,6 +77,11 @@ bitflags! {
         /// identity and policy are kept. Needs the in-sandbox agent (an engine's exec
         /// cannot start anything once the pids limit is exhausted).
         const RESET_PROCESSES = 1 << 23;
+        /// `Sandbox::set_egress` and `Sandbox::egress`: the egress policy of a running
+        /// sandbox is replaced at once (one transaction where the rules live, read back
+        /// before the call returns; connections the new policy forbids are cut) and read
+        /// back from any handle. Declared where `EGRESS_ALLOWLIST` is.
+        const LIVE_EGRESS = 1 << 21;
     }
 }
 
@@ -116,7 +121,8 @@ mod tests {
             "RUN_CODE|STREAMING"
         );
         assert_eq!(Capability::empty().to_string(), "NONE");
-        assert_eq!(Capability::each().count(), 21);
+        assert_eq!(Capability::each().count(), 22);
+        assert_eq!(Capability::LIVE_EGRESS.names(), "LIVE_EGRESS");
         assert_eq!(Capability::EXTEND_LIFETIME.names(), "EXTEND_LIFETIME");
         assert_eq!(Capability::SNAPSHOT.names(), "SNAPSHOT");
         assert_eq!(Capability::RESET_PROCESSES.names(), "RESET_PROCESSES");

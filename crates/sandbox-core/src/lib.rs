@@ -41,8 +41,8 @@ pub use image_ref::ImageRef;
 pub use isolation::IsolationTier;
 pub use managed::{ManagedSandbox, SandboxState};
 pub use network::{
-    ALWAYS_BLOCKED, BlockedNetwork, BlockedSetOverride, Egress, EgressRule, EgressTarget,
-    MIN_ALLOWLIST_PREFIX, NetworkPolicy,
+    ALWAYS_BLOCKED, BlockedNetwork, BlockedSetOverride, Egress, EgressDefault, EgressRule,
+    EgressTarget, EgressTiers, MIN_ALLOWLIST_PREFIX, NetworkPolicy, TierVerdict,
 };
 pub use options::{CodeOptions, Command, CreateOptions, Language, PtySize, PullPolicy, RunOptions};
 pub use pool::{Pool, PoolConfig, PoolStats};

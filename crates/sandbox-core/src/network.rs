@@ -24,16 +24,228 @@ pub enum Egress {
     /// an [`EgressRule`]; [`NetworkPolicy::validate`] (run before anything is provisioned)
     /// refuses one that does not, and [`Egress::rules`] gives adapters the parsed form.
     AllowList(Vec<String>),
+    /// Tiers, most specific first: exceptions, then the deny list, then the allow list,
+    /// then the default (needs `EGRESS_ALLOWLIST`). See [`EgressTiers`].
+    Tiers(EgressTiers),
 }
 
 impl Egress {
-    /// The allowlist entries parsed (empty for `Deny` and `Allow`). The first entry that
-    /// is not a hostname, wildcard or CIDR is a `Configuration` error.
+    /// The allow entries parsed: an allowlist's entries, the allow tier of `Tiers`, empty
+    /// for `Deny` and `Allow`. The first entry that is not a hostname, wildcard or CIDR is
+    /// a `Configuration` error.
     pub fn rules(&self) -> Result<Vec<EgressRule>> {
         match self {
             Egress::AllowList(entries) => entries.iter().map(|e| e.parse()).collect(),
+            Egress::Tiers(t) => Ok(t.allow.clone()),
             Egress::Deny | Egress::Allow => Ok(Vec::new()),
         }
+    }
+
+    /// The policy as tiers: `Deny` is a default of deny with nothing listed, `Allow` a
+    /// default of allow with nothing listed, an allowlist the allow tier over a default of
+    /// deny. A `Configuration` error for an allowlist entry that does not parse.
+    pub fn tiers(&self) -> Result<EgressTiers> {
+        Ok(match self {
+            Egress::Deny => EgressTiers::deny_by_default(),
+            Egress::Allow => EgressTiers::allow_by_default(),
+            Egress::AllowList(_) => EgressTiers {
+                allow: self.rules()?,
+                ..EgressTiers::deny_by_default()
+            },
+            Egress::Tiers(t) => t.clone(),
+        })
+    }
+
+    /// Whether the policy names hosts or networks (an allowlist, or tiers with an entry):
+    /// enforcing it needs `EGRESS_ALLOWLIST`.
+    pub fn lists_entries(&self) -> bool {
+        match self {
+            Egress::Deny | Egress::Allow => false,
+            Egress::AllowList(_) => true,
+            Egress::Tiers(t) => !t.is_empty(),
+        }
+    }
+}
+
+impl fmt::Display for Egress {
+    /// `deny`, `allow`, `allow-list a,b`, or the tiers (`default deny; allow a,b; deny c;
+    /// except d`): the form audit records and listings show.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Egress::Deny => f.write_str("deny"),
+            Egress::Allow => f.write_str("allow"),
+            Egress::AllowList(e) => write!(f, "allow-list {}", e.join(",")),
+            Egress::Tiers(t) => t.fmt(f),
+        }
+    }
+}
+
+/// What a destination that no tier names gets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
+#[non_exhaustive]
+pub enum EgressDefault {
+    /// Rejected (the default).
+    #[default]
+    Deny,
+    /// Reached, except the always-blocked set.
+    Allow,
+}
+
+/// Which tier of an [`EgressTiers`] decides for a destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TierVerdict {
+    /// An exception names it: reachable, whatever the deny list says.
+    Exception,
+    /// The deny list names it (and no exception does): rejected.
+    Denied,
+    /// The allow list names it (and no deny entry does): reachable.
+    Allowed,
+    /// No tier names it: the default decides.
+    Default(EgressDefault),
+}
+
+impl TierVerdict {
+    /// Whether the destination is reachable (the always-blocked set aside, which no tier
+    /// opens).
+    pub fn reachable(self) -> bool {
+        matches!(
+            self,
+            TierVerdict::Exception
+                | TierVerdict::Allowed
+                | TierVerdict::Default(EgressDefault::Allow)
+        )
+    }
+}
+
+/// Egress tiers, evaluated most specific first: an **exception** overrides the deny list;
+/// the **deny** list (hosts, `*.` wildcards, CIDRs) overrides the allow list; the
+/// **allow** list; then the **default**. Below all of them sits the always-blocked set
+/// (link-local and metadata, the host's own addresses, the engine's networks), which no
+/// entry of any tier opens.
+///
+/// "Everything except these": [`EgressTiers::allow_by_default`] with deny entries. "This
+/// domain but not that host under it": allow `*.example.com`, deny `build.example.com`.
+/// "Not this network, but that host in it": deny `10.0.0.0/8`, except `10.1.2.3`.
+///
+/// A name is judged by its name (the library's resolver answers it or says NXDOMAIN, and
+/// pins the addresses it answers into the tier that granted it); an address by the CIDR
+/// entries. A denied name therefore does not resolve inside, but a workload that knows
+/// its address by other means reaches it under a default of allow unless a CIDR denies
+/// that address too.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(default)
+)]
+#[non_exhaustive]
+pub struct EgressTiers {
+    /// Exceptions: reachable although a deny entry covers them.
+    pub except: Vec<EgressRule>,
+    /// Denied, although the allow list or the default would let them through.
+    pub deny: Vec<EgressRule>,
+    /// Allowed when no deny entry covers them.
+    pub allow: Vec<EgressRule>,
+    /// What the rest gets.
+    pub default: EgressDefault,
+}
+
+impl EgressTiers {
+    /// Nothing listed, everything rejected: the start of an allowlist.
+    pub fn deny_by_default() -> Self {
+        Self::default()
+    }
+
+    /// Nothing listed, everything reachable but the always-blocked set: the start of
+    /// "everything except these".
+    pub fn allow_by_default() -> Self {
+        EgressTiers {
+            default: EgressDefault::Allow,
+            ..Self::default()
+        }
+    }
+
+    /// Adds an allow entry.
+    pub fn allow(mut self, rule: EgressRule) -> Self {
+        self.allow.push(rule);
+        self
+    }
+
+    /// Adds a deny entry.
+    pub fn deny(mut self, rule: EgressRule) -> Self {
+        self.deny.push(rule);
+        self
+    }
+
+    /// Adds an exception (overrides the deny list).
+    pub fn except(mut self, rule: EgressRule) -> Self {
+        self.except.push(rule);
+        self
+    }
+
+    /// Whether no tier lists anything.
+    pub fn is_empty(&self) -> bool {
+        self.except.is_empty() && self.deny.is_empty() && self.allow.is_empty()
+    }
+
+    /// Every entry of every tier.
+    pub fn entries(&self) -> impl Iterator<Item = &EgressRule> {
+        self.except.iter().chain(&self.deny).chain(&self.allow)
+    }
+
+    /// The tier that decides for the host name `host`.
+    pub fn verdict_for_host(&self, host: &str) -> TierVerdict {
+        let any = |list: &[EgressRule]| list.iter().any(|r| r.matches_host(host));
+        self.first_match(any)
+    }
+
+    /// The tier that decides for the address `ip`.
+    pub fn verdict_for_ip(&self, ip: IpAddr) -> TierVerdict {
+        let any = |list: &[EgressRule]| list.iter().any(|r| r.matches_ip(ip));
+        self.first_match(any)
+    }
+
+    fn first_match(&self, any: impl Fn(&[EgressRule]) -> bool) -> TierVerdict {
+        if any(&self.except) {
+            TierVerdict::Exception
+        } else if any(&self.deny) {
+            TierVerdict::Denied
+        } else if any(&self.allow) {
+            TierVerdict::Allowed
+        } else {
+            TierVerdict::Default(self.default)
+        }
+    }
+}
+
+impl fmt::Display for EgressTiers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let join = |l: &[EgressRule]| {
+            l.iter()
+                .map(EgressRule::as_str)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        match self.default {
+            EgressDefault::Deny => f.write_str("default deny")?,
+            EgressDefault::Allow => f.write_str("default allow")?,
+        }
+        for (name, list) in [
+            ("allow", &self.allow),
+            ("deny", &self.deny),
+            ("except", &self.except),
+        ] {
+            if !list.is_empty() {
+                write!(f, "; {name} {}", join(list))?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -141,6 +353,23 @@ impl FromStr for EgressRule {
 impl fmt::Display for EgressRule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.text)
+    }
+}
+
+/// An entry serialises as its canonical text and deserialises through
+/// [`EgressRule::parse`], so no serialized policy carries an entry that does not parse.
+#[cfg(feature = "serde")]
+impl serde::Serialize for EgressRule {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(&self.text)
+    }
+}
+
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for EgressRule {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        EgressRule::parse(&text).map_err(|e| serde::de::Error::custom(e.to_string()))
     }
 }
 
@@ -451,6 +680,13 @@ impl NetworkPolicy {
             ..Self::default()
         }
     }
+    /// Egress by tiers (see [`EgressTiers`]).
+    pub fn tiers(tiers: EgressTiers) -> Self {
+        NetworkPolicy {
+            egress: Egress::Tiers(tiers),
+            ..Self::default()
+        }
+    }
     /// Adds a port to publish on the host's loopback.
     pub fn ingress_port(mut self, port: u16) -> Self {
         self.ingress_ports.push(port);
@@ -500,14 +736,31 @@ impl NetworkPolicy {
                 ));
             }
         }
-        let rules = self.egress.rules()?;
-        if !self.blocked_set_overrides.is_empty() && !matches!(self.egress, Egress::AllowList(_)) {
+        if !self.blocked_set_overrides.is_empty()
+            && !matches!(self.egress, Egress::AllowList(_) | Egress::Tiers(_))
+        {
             return Err(SandboxError::config(
-                "blocked-set overrides only go with an egress allowlist",
+                "blocked-set overrides only go with an egress allowlist or tiers",
                 "use NetworkPolicy::allow_list(..).through_blocked_set(..), or drop the overrides",
             ));
         }
-        for rule in &rules {
+        self.validate_egress()
+    }
+
+    /// Validates the egress entries alone (what a live change of egress checks): every
+    /// network entry of every tier must be a destination no wider than
+    /// [`MIN_ALLOWLIST_PREFIX`]; an allow or exception network must not lie inside the
+    /// statically known always-blocked set (unless an override of this policy holds it). A
+    /// deny network may: denying what is blocked anyway changes nothing.
+    pub fn validate_egress(&self) -> Result<()> {
+        let tiers = self.egress.tiers()?;
+        for rule in &tiers.deny {
+            if let EgressTarget::Network { addr, prefix } = *rule.target() {
+                check_destination(rule, addr, prefix)?;
+            }
+        }
+        let opening: Vec<&EgressRule> = tiers.allow.iter().chain(&tiers.except).collect();
+        for rule in opening {
             let EgressTarget::Network { addr, prefix } = *rule.target() else {
                 continue;
             };
@@ -539,6 +792,78 @@ mod tests {
     fn refused(entry: &str) {
         let e = EgressRule::parse(entry).expect_err(entry);
         assert_eq!(e.code(), ErrorCode::Configuration, "{entry}");
+    }
+
+    fn rule(s: &str) -> EgressRule {
+        EgressRule::parse(s).unwrap()
+    }
+
+    /// Most specific first: an exception beats the deny list, which beats the allow
+    /// list, which beats the default.
+    #[test]
+    fn tiers_decide_most_specific_first() {
+        let t = EgressTiers::deny_by_default()
+            .allow(rule("*.example.com"))
+            .deny(rule("build.example.com"))
+            .deny(rule("10.0.0.0/8"))
+            .except(rule("10.1.2.3"))
+            .allow(rule("10.9.0.0/16"));
+        assert_eq!(t.verdict_for_host("api.example.com"), TierVerdict::Allowed);
+        assert_eq!(t.verdict_for_host("build.example.com"), TierVerdict::Denied);
+        assert_eq!(
+            t.verdict_for_host("pypi.org"),
+            TierVerdict::Default(EgressDefault::Deny)
+        );
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(t.verdict_for_ip(ip("10.1.2.3")), TierVerdict::Exception);
+        assert_eq!(
+            t.verdict_for_ip(ip("10.9.0.1")),
+            TierVerdict::Denied,
+            "deny beats allow"
+        );
+        assert!(!t.verdict_for_ip(ip("192.0.2.1")).reachable());
+        let all_but = EgressTiers::allow_by_default().deny(rule("pypi.org"));
+        assert!(!all_but.verdict_for_host("pypi.org").reachable());
+        assert!(
+            all_but
+                .verdict_for_host("files.pythonhosted.org")
+                .reachable()
+        );
+        assert_eq!(
+            Egress::Tiers(all_but).to_string(),
+            "default allow; deny pypi.org"
+        );
+    }
+
+    /// Every variant reads as tiers; an allow or exception network inside the blocked
+    /// set is refused, a deny network there is not.
+    #[test]
+    fn egress_as_tiers_and_their_validation() {
+        assert_eq!(
+            Egress::Deny.tiers().unwrap(),
+            EgressTiers::deny_by_default()
+        );
+        assert_eq!(
+            Egress::Allow.tiers().unwrap(),
+            EgressTiers::allow_by_default()
+        );
+        assert_eq!(
+            Egress::AllowList(vec!["pypi.org".into()]).tiers().unwrap(),
+            EgressTiers::deny_by_default().allow(rule("pypi.org"))
+        );
+        assert!(!Egress::Tiers(EgressTiers::allow_by_default()).lists_entries());
+        let deny_meta = EgressTiers::allow_by_default().deny(rule("169.254.169.254"));
+        assert!(NetworkPolicy::tiers(deny_meta).validate().is_ok());
+        for opening in [
+            EgressTiers::deny_by_default().allow(rule("169.254.0.0/16")),
+            EgressTiers::deny_by_default().except(rule("169.254.169.254")),
+            EgressTiers::deny_by_default().deny(rule("0.0.0.0/8")),
+        ] {
+            let e = NetworkPolicy::tiers(opening.clone())
+                .validate()
+                .unwrap_err();
+            assert_eq!(e.code(), ErrorCode::Configuration, "{opening}");
+        }
     }
 
     #[test]

@@ -5,9 +5,7 @@
 //! and [`require`] before every later call; where admission runs, and why first-party
 //! adapters run it again, is written down once in [`crate::layer`]'s module doc.
 
-use crate::{
-    Capability, CreateOptions, EffectiveResources, Egress, IsolationTier, Result, SandboxError,
-};
+use crate::{Capability, CreateOptions, EffectiveResources, IsolationTier, Result, SandboxError};
 
 /// Refuses `options` unless a backend with `caps` and `tier` can honour all of it, and
 /// returns the effective resources. What the layer runs before `create`, so nothing is
@@ -33,9 +31,10 @@ pub fn check_create(
         ));
     }
     require(caps, Capability::NETWORK_POLICY, backend)?;
-    match &options.network.egress {
-        Egress::AllowList(_) => require(caps, Capability::EGRESS_ALLOWLIST, backend)?,
-        Egress::Deny | Egress::Allow => {}
+    // Tiers without an entry are Deny or Allow by other means; anything listed needs the
+    // rules and the resolver.
+    if options.network.egress.lists_entries() {
+        require(caps, Capability::EGRESS_ALLOWLIST, backend)?;
     }
     if !options.network.ingress_ports.is_empty() {
         require(caps, Capability::INGRESS_PORTS, backend)?;

@@ -102,6 +102,30 @@ pub trait Sandbox: Send + Sync + std::fmt::Debug {
             self.backend(),
         ))
     }
+    /// Replaces the egress policy of the running sandbox (needs `LIVE_EGRESS`; a policy
+    /// that lists entries needs `EGRESS_ALLOWLIST` too). The new policy is in force when
+    /// this returns: loaded at once where the rules live and read back, names re-pinned,
+    /// and connections it forbids cut (their next packet is refused). The always-blocked
+    /// set stays below every tier, and `Allow` keeps it as at create. A sandbox created
+    /// with egress `Deny` has no network interface: only `Deny` can be set on it (create
+    /// it with [`EgressTiers::deny_by_default`](crate::EgressTiers::deny_by_default) to
+    /// open it later).
+    async fn set_egress(&self, egress: crate::Egress) -> Result<()> {
+        let _ = egress;
+        Err(crate::SandboxError::unsupported(
+            Capability::LIVE_EGRESS,
+            self.backend(),
+        ))
+    }
+    /// The egress policy in force, as the last [`Sandbox::set_egress`] (or the create)
+    /// set it, read from where the library keeps it outside the sandbox's reach (needs
+    /// `LIVE_EGRESS`); the same from a reattached handle.
+    async fn egress(&self) -> Result<crate::Egress> {
+        Err(crate::SandboxError::unsupported(
+            Capability::LIVE_EGRESS,
+            self.backend(),
+        ))
+    }
     /// The engine client and container id, unwrapped.
     ///
     /// **Outside the semver contract**: the concrete type may change in any release.

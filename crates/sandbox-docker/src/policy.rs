@@ -38,6 +38,7 @@ use crate::config::DockerConfig;
 pub const CAPABILITIES: Capability = LAYER_CAPABILITIES
     .union(Capability::DISK_LIMIT)
     .union(Capability::EGRESS_ALLOWLIST)
+    .union(Capability::LIVE_EGRESS)
     .union(Capability::PTY)
     .union(Capability::PAUSE_RESUME)
     .union(Capability::AGENT)
@@ -57,7 +58,7 @@ pub(crate) fn capabilities(runtime_forces_no_network: bool) -> Capability {
         .difference(Capability::IDLE_TIMEOUT)
         .difference(Capability::RESET_PROCESSES);
     if runtime_forces_no_network {
-        caps.difference(Capability::EGRESS_ALLOWLIST)
+        caps.difference(Capability::EGRESS_ALLOWLIST | Capability::LIVE_EGRESS)
     } else {
         caps
     }

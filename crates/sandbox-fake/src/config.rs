@@ -25,6 +25,7 @@ pub fn full_capabilities() -> Capability {
         | Capability::UPLOAD_DOWNLOAD
         | Capability::NETWORK_POLICY
         | Capability::EGRESS_ALLOWLIST
+        | Capability::LIVE_EGRESS
         | Capability::PAUSE_RESUME
         | Capability::EXTEND_LIFETIME
         | Capability::IDLE_TIMEOUT

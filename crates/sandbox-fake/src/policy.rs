@@ -6,7 +6,7 @@
 
 use std::net::IpAddr;
 
-use sandbox_core::{ALWAYS_BLOCKED, Egress, EgressRule, NetworkPolicy};
+use sandbox_core::{ALWAYS_BLOCKED, Egress, NetworkPolicy};
 
 /// The verdict on one dial.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,21 +19,19 @@ pub(crate) enum Verdict {
     Rejected,
 }
 
-fn rules(list: &[String]) -> Vec<EgressRule> {
-    // Entries were validated before the sandbox was created; one that does not parse
-    // grants nothing.
-    list.iter()
-        .filter_map(|e| EgressRule::parse(e).ok())
-        .collect()
-}
-
-/// The verdict on dialing `host` (a name or an IP literal).
+/// The verdict on dialing `host` (a name or an IP literal): the tiers most specific
+/// first (an exception, the deny list, the allow list, the default), the always-blocked
+/// set below them all unless an explicit override holds the address.
 pub(crate) fn egress_verdict(policy: &NetworkPolicy, host: &str) -> Verdict {
     match &policy.egress {
         Egress::Deny => Verdict::Rejected,
         Egress::Allow => Verdict::Allowed,
-        Egress::AllowList(list) => {
-            let rules = rules(list);
+        other => {
+            // Entries were validated before they were set; a policy that does not parse
+            // allows nothing.
+            let Ok(tiers) = other.tiers() else {
+                return Verdict::Rejected;
+            };
             match host.parse::<IpAddr>() {
                 Ok(ip)
                     if policy
@@ -42,7 +40,7 @@ pub(crate) fn egress_verdict(policy: &NetworkPolicy, host: &str) -> Verdict {
                 {
                     Verdict::Allowed
                 }
-                // Evaluated before the list, as the engines' rules do.
+                // Evaluated before the tiers, as the engines' rules do.
                 Ok(ip)
                     if ALWAYS_BLOCKED
                         .iter()
@@ -50,15 +48,12 @@ pub(crate) fn egress_verdict(policy: &NetworkPolicy, host: &str) -> Verdict {
                 {
                     Verdict::Rejected
                 }
-                Ok(ip) if rules.iter().any(|r| r.matches_ip(ip)) => Verdict::Allowed,
+                Ok(ip) if tiers.verdict_for_ip(ip).reachable() => Verdict::Allowed,
                 Ok(_) => Verdict::Rejected,
-                Err(_) if rules.iter().any(|r| r.matches_host(host)) => Verdict::Allowed,
+                Err(_) if tiers.verdict_for_host(host).reachable() => Verdict::Allowed,
                 Err(_) => Verdict::NameRefused,
             }
         }
-        // `Egress` is non-exhaustive: an unknown policy allows nothing.
-        #[allow(unreachable_patterns)]
-        _ => Verdict::Rejected,
     }
 }
 
@@ -100,5 +95,19 @@ mod tests {
         let p = p.through_blocked_set(o);
         assert_eq!(egress_verdict(&p, "169.254.169.254"), Verdict::Allowed);
         assert_eq!(egress_verdict(&p, "169.254.169.253"), Verdict::Rejected);
+    }
+
+    #[test]
+    fn tiers_decide_most_specific_first() {
+        let r = |s: &str| sandbox_core::EgressRule::parse(s).unwrap();
+        let p = NetworkPolicy::tiers(
+            sandbox_core::EgressTiers::allow_by_default()
+                .deny(r("*.example.com"))
+                .except(r("api.example.com")),
+        );
+        assert_eq!(egress_verdict(&p, "pypi.org"), Verdict::Allowed);
+        assert_eq!(egress_verdict(&p, "x.example.com"), Verdict::NameRefused);
+        assert_eq!(egress_verdict(&p, "api.example.com"), Verdict::Allowed);
+        assert_eq!(egress_verdict(&p, "169.254.169.254"), Verdict::Rejected);
     }
 }

@@ -353,6 +353,31 @@ impl Sandbox for FakeSandbox {
         self.set_paused(true)
     }
 
+    async fn set_egress(&self, egress: sandbox_core::Egress) -> Result<()> {
+        self.require(Capability::LIVE_EGRESS)?;
+        let sb = self.inner();
+        sb.alive()?;
+        sb.touch();
+        // As on the engines: a sandbox created with egress Deny has no interface to open.
+        if sb.policy.egress == sandbox_core::Egress::Deny && egress != sandbox_core::Egress::Deny {
+            return Err(sandbox_core::SandboxError::config(
+                "this sandbox was created with egress Deny: it has no network interface, so \
+                 no other policy can be set on it",
+                "create it with egress tiers that deny everything \
+                 (NetworkPolicy::tiers(EgressTiers::deny_by_default())) to open it later",
+            ));
+        }
+        sb.set_egress(egress);
+        Ok(())
+    }
+
+    async fn egress(&self) -> Result<sandbox_core::Egress> {
+        self.require(Capability::LIVE_EGRESS)?;
+        let sb = self.inner();
+        sb.alive()?;
+        Ok(sb.network_now().egress)
+    }
+
     async fn resume(&self) -> Result<()> {
         self.set_paused(false)
     }

@@ -123,6 +123,8 @@ pub(crate) struct SandboxInner {
     contexts: Mutex<BTreeMap<String, Vars>>,
     /// `true` while paused: every program waits before its next output or start.
     frozen: tokio::sync::watch::Sender<bool>,
+    /// The egress policy in force (the create's, until `set_egress` replaces it).
+    egress: Mutex<sandbox_core::Egress>,
     engine: Weak<Engine>,
 }
 
@@ -168,10 +170,23 @@ impl SandboxInner {
             life: Mutex::new(Life::Creating),
             contexts: Mutex::new(BTreeMap::new()),
             frozen: tokio::sync::watch::channel(false).0,
+            egress: Mutex::new(spec.policy.egress.clone()),
             created_at: now,
             spec,
             engine,
         }
+    }
+
+    /// The network policy in force: the create's, with the egress `set_egress` set last.
+    pub(crate) fn network_now(&self) -> NetworkPolicy {
+        let mut p = self.spec.policy.clone();
+        p.egress = lock(&self.egress).clone();
+        p
+    }
+
+    /// Replaces the egress policy in force.
+    pub(crate) fn set_egress(&self, egress: sandbox_core::Egress) {
+        *lock(&self.egress) = egress;
     }
 
     pub(crate) fn fs(&self) -> MutexGuard<'_, MemFs> {

@@ -27,7 +27,7 @@ use sandbox_container::time::from_unix_secs;
 use sandbox_container::{
     ArchiveBody, AttachStream, ContainerEngine, ContainerInfo, ContainerSpec, CredentialStore,
     EngineError, EngineErrorKind, EngineFacts, EngineResult, ExecInput, ExecRequest, ExecState,
-    ExecStream, ImageRef, PathStat, PullProgress, PullRequest, RegistryAuth,
+    ExecStream, ImageRef, NetworkMode, PathStat, PullProgress, PullRequest, RegistryAuth,
 };
 use sandbox_core::{Capability, IsolationTier, Problem, SandboxError};
 
@@ -288,6 +288,17 @@ impl ContainerEngine for PodmanEngine {
 
     async fn create(&self, spec: &ContainerSpec) -> EngineResult<String> {
         let body = policy::create_body(spec, &self.options).map_err(|e| refused("create", e))?;
+        if matches!(spec.network, NetworkMode::Isolated { .. }) {
+            sandbox_container::egress::ensure_hosts_file().map_err(|e| {
+                EngineError::new(
+                    EngineErrorKind::Other,
+                    format!(
+                        "cannot write the sandbox's hosts file {}: {e}",
+                        sandbox_container::egress::HOSTS_FILE
+                    ),
+                )
+            })?;
+        }
         // The create runs in a task of its own: if the caller drops `create` while the
         // engine is still creating (a cancelled create, a create timeout), the task removes
         // the container once its id arrives, however long the engine took. A removal by

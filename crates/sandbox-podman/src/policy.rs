@@ -25,6 +25,7 @@ use crate::config::{MountMode, PodmanOptions, Sharing};
 pub const CAPABILITIES: Capability = LAYER_CAPABILITIES
     .union(Capability::DISK_LIMIT)
     .union(Capability::EGRESS_ALLOWLIST)
+    .union(Capability::LIVE_EGRESS)
     .union(Capability::PTY)
     .union(Capability::AGENT)
     .union(Capability::GPU)
@@ -195,7 +196,20 @@ pub(crate) fn create_body(spec: &ContainerSpec, podman: &PodmanOptions) -> Resul
             .collect();
         o.insert("portmappings".into(), maps.into());
     }
-    let mounts = mounts(spec, podman)?;
+    let mut mounts = mounts(spec, podman)?;
+    if matches!(spec.network, NetworkMode::Isolated { .. }) {
+        // Podman's own /etc/hosts starts from the host's: a listed name found there would
+        // resolve inside without reaching the egress resolver (never pinned, so
+        // refused), and the host's private names would leak in. The library's loopback-only
+        // file instead (the engine ensures it exists before the create), read-only.
+        o.insert("use_image_hosts".into(), true.into());
+        mounts.push(json!({
+            "destination": "/etc/hosts",
+            "source": sandbox_container::egress::HOSTS_FILE,
+            "type": "bind",
+            "options": ["bind", "private", "ro", "nosuid", "nodev", "noexec"],
+        }));
+    }
     if !mounts.is_empty() {
         o.insert("mounts".into(), mounts.into());
     }

@@ -43,6 +43,17 @@ fn isolated_joins_the_egress_network_with_its_resolver() {
     assert_eq!(v["netns"]["nsmode"], "bridge");
     assert_eq!(v["Networks"], json!({ "sbx-egress": {} }));
     assert_eq!(v["dns_server"], json!(["10.89.0.1"]));
+    // The host's /etc/hosts is never the base of the container's: the library's
+    // loopback-only file, read-only.
+    assert_eq!(v["use_image_hosts"], true);
+    let hosts = v["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["destination"] == "/etc/hosts")
+        .expect("a mount at /etc/hosts");
+    assert_eq!(hosts["source"], sandbox_container::egress::HOSTS_FILE);
+    assert!(hosts["options"].as_array().unwrap().contains(&json!("ro")));
     assert_eq!(v["cap_drop"], json!(["ALL"]), "NET_ADMIN stays dropped");
     let engine = |o: PodmanOptions| PodmanEngine::new(&PodmanConfig::default().options(o)).unwrap();
     assert!(engine(PodmanOptions::default()).netfilter_applies());

@@ -226,6 +226,15 @@ impl Sandbox {
     pub fn extend(&self, by: std::time::Duration) -> Result<std::time::SystemTime> {
         block_on(self.inner().extend(by))?
     }
+    /// Blocking [`crate::Sandbox::set_egress`]: replaces the running sandbox's egress
+    /// policy, read back before it returns.
+    pub fn set_egress(&self, egress: crate::Egress) -> Result<()> {
+        block_on(self.inner().set_egress(egress))?
+    }
+    /// Blocking [`crate::Sandbox::egress`]: the egress policy in force.
+    pub fn egress(&self) -> Result<crate::Egress> {
+        block_on(self.inner().egress())?
+    }
     /// Blocking [`crate::Sandbox::reset_processes`]: kills every process but the first,
     /// keeps the files; returns how many were killed.
     pub fn reset_processes(&self) -> Result<u32> {

@@ -46,8 +46,9 @@ mod recorded {
     use sandbox_core::Capability;
 
     /// What Docker and Podman sandboxes can declare: the container layer's set, the
-    /// egress allowlist, a disk limit, the agent with its terminals, moved deadlines and
-    /// idle limits, pause and resume, filesystem snapshots, the reset of processes.
+    /// egress allowlist and its live change, a disk limit, the agent with its terminals,
+    /// moved deadlines and idle limits, pause and resume, filesystem snapshots, the reset
+    /// of processes.
     const CONTAINER: Capability = Capability::RUN_COMMAND
         .union(Capability::RUN_CODE)
         .union(Capability::STATEFUL_CODE)
@@ -56,6 +57,7 @@ mod recorded {
         .union(Capability::UPLOAD_DOWNLOAD)
         .union(Capability::NETWORK_POLICY)
         .union(Capability::EGRESS_ALLOWLIST)
+        .union(Capability::LIVE_EGRESS)
         .union(Capability::INGRESS_PORTS)
         .union(Capability::STDIN)
         .union(Capability::DISK_LIMIT)
@@ -75,9 +77,9 @@ mod recorded {
     #[cfg(any(test, not(feature = "podman")))]
     pub(super) const PODMAN: Capability = CONTAINER.union(Capability::GPU);
 
-    /// `sandbox_fake::full_capabilities()`: an egress allowlist, pause/resume and
-    /// snapshots, but no ingress ports, no disk, no terminals, no agent and no reset of
-    /// processes.
+    /// `sandbox_fake::full_capabilities()`: an egress allowlist and its live change,
+    /// pause/resume and snapshots, but no ingress ports, no disk, no terminals, no agent
+    /// and no reset of processes.
     #[cfg(any(test, not(feature = "fake")))]
     pub(super) const FAKE: Capability = CONTAINER
         .difference(Capability::INGRESS_PORTS)

@@ -45,6 +45,11 @@ impl TryFrom<&McpArgs> for McpOptions {
                 cpus: a.total_cpus.unwrap_or(defaults.cpus),
             },
             images: std::sync::Arc::new(ImageAllowlist::new(&a.allow_image)?),
+            egress_hosts: a
+                .egress_hosts
+                .iter()
+                .map(|h| sandbox::EgressRule::parse(h))
+                .collect::<sandbox::Result<_>>()?,
         };
         let http = match a.http {
             None => None,

@@ -1,6 +1,6 @@
 //! The MCP server's tools (rmcp's tool router): `sandbox_create`, `sandbox_run`,
 //! `sandbox_run_code`, `sandbox_write_file`, `sandbox_read_file`, `sandbox_list_files`,
-//! `sandbox_pause`, `sandbox_resume`, `sandbox_kill`, with the bounds a model's requests are held to (lifetime, resources,
+//! `sandbox_pause`, `sandbox_resume`, `sandbox_set_egress`, `sandbox_kill`, with the bounds a model's requests are held to (lifetime, resources,
 //! sandbox count, output size), the operator's [`Policy`] with the server's total
 //! [`Budget`], and who may use which sandbox: the session that created it, alone. The
 //! server keeps a registry of every sandbox it created so that the transport serving it
@@ -68,6 +68,63 @@ pub struct Policy {
     pub budget: Budget,
     /// `--allow-image`: the images a call may name (by default the default image only).
     pub images: Arc<ImageAllowlist>,
+    /// `--egress-host`: the bound every allow or exception entry must lie inside (empty:
+    /// no bound beyond `allow_egress`).
+    pub egress_hosts: Vec<sandbox::EgressRule>,
+}
+
+/// Whether the operator's bound entry `bound` covers all that `want` names: the same
+/// host, a host or narrower wildcard below a wildcard, a network inside a network.
+fn covers(bound: &sandbox::EgressRule, want: &sandbox::EgressRule) -> bool {
+    use sandbox::EgressTarget as T;
+    match (bound.target(), want.target()) {
+        (T::Host(b), T::Host(w)) => b == w,
+        (T::Subdomains(_), T::Host(w)) => bound.matches_host(w),
+        (T::Subdomains(b), T::Subdomains(w)) => w == b || w.ends_with(&format!(".{b}")),
+        (
+            T::Network { .. },
+            T::Network {
+                addr,
+                prefix: want_prefix,
+            },
+        ) => {
+            let T::Network { prefix, .. } = bound.target() else {
+                return false;
+            };
+            want_prefix >= prefix && bound.matches_ip(*addr)
+        }
+        _ => false,
+    }
+}
+
+/// Refuses an egress policy that opens more than the operator allows: anything at all
+/// without `--allow-egress`; with `--egress-host`, a default of allow or an allow or
+/// exception entry outside every bound entry.
+fn check_opening(egress: &sandbox::Egress, policy: &Policy) -> sandbox::Result<()> {
+    let t = egress.tiers()?;
+    let opens =
+        t.default == sandbox::EgressDefault::Allow || !t.allow.is_empty() || !t.except.is_empty();
+    if opens && !policy.allow_egress {
+        return Err(SandboxError::network_policy_violation(
+            "this MCP server does not allow egress (network `allow` or `allow_hosts`); sandboxes have no network",
+        ));
+    }
+    if policy.egress_hosts.is_empty() {
+        return Ok(());
+    }
+    if t.default == sandbox::EgressDefault::Allow {
+        return Err(SandboxError::network_policy_violation(
+            "network `allow` is wider than the egress hosts this MCP server was started with; list hosts instead",
+        ));
+    }
+    for want in t.allow.iter().chain(&t.except) {
+        if !policy.egress_hosts.iter().any(|b| covers(b, want)) {
+            return Err(SandboxError::network_policy_violation(format!(
+                "`{want}` is outside the egress hosts this MCP server was started with"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Egress policy of `sandbox_create`.
@@ -175,6 +232,24 @@ pub struct PathParams {
     pub sandbox_id: String,
     /// Path inside the sandbox; relative paths are under the working directory `/work`.
     pub path: String,
+}
+
+/// Arguments of `sandbox_set_egress`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct SetEgressParams {
+    /// The id `sandbox_create` returned.
+    pub sandbox_id: String,
+    /// `true`: close all egress at once (the sandbox keeps running).
+    #[serde(default)]
+    pub close: Option<bool>,
+    /// Hosts, `*.example.com` wildcards or CIDRs to deny from now on, added to the
+    /// policy in force (always accepted: it only narrows).
+    #[serde(default)]
+    pub deny_hosts: Option<Vec<String>>,
+    /// Replaces the allow list: only within what the server's operator allows (without
+    /// --allow-egress, refused; with --egress-host, each entry must lie inside one).
+    #[serde(default)]
+    pub allow_hosts: Option<Vec<String>>,
 }
 
 /// Arguments of `sandbox_kill`, `sandbox_pause` and `sandbox_resume`.
@@ -310,7 +385,7 @@ fn create_options(p: &CreateParams, policy: &Policy) -> sandbox::Result<CreateOp
             "this MCP server does not allow egress (network `allow` or `allow_hosts`); sandboxes have no network",
         ));
     }
-    let network = match (&p.allow_hosts, p.network) {
+    let network: NetworkPolicy = match (&p.allow_hosts, p.network) {
         (Some(hosts), None | Some(NetworkParam::Deny)) if !hosts.is_empty() => {
             NetworkPolicy::allow_list(hosts.iter().cloned())
         }
@@ -323,6 +398,7 @@ fn create_options(p: &CreateParams, policy: &Policy) -> sandbox::Result<CreateOp
         (_, Some(NetworkParam::Allow)) => NetworkPolicy::allow(),
         _ => NetworkPolicy::deny(),
     };
+    check_opening(&network.egress, policy)?;
     let mut lifetime = match p.timeout_s {
         None => DEFAULT_LIFETIME,
         Some(s) => secs(s as f64)?,
@@ -640,6 +716,68 @@ impl SandboxServer {
         Ok(json!({"sandbox_id": p.sandbox_id, "state": state}))
     }
 
+    #[tool(
+        description = "Change a running sandbox's egress: close it (close=true), deny hosts from now on (deny_hosts, added to the policy in force), or replace its allow list (allow_hosts, only within what this server allows). In force when it returns; connections to what is now denied are cut. Returns the policy in force."
+    )]
+    async fn sandbox_set_egress(
+        &self,
+        Parameters(p): Parameters<SetEgressParams>,
+    ) -> CallToolResult {
+        to_result(self.set_egress(p).await)
+    }
+
+    async fn set_egress(&self, p: SetEgressParams) -> sandbox::Result<Value> {
+        let sb = self.get(&p.sandbox_id)?;
+        let parse = |l: &Option<Vec<String>>| -> sandbox::Result<Vec<sandbox::EgressRule>> {
+            l.iter()
+                .flatten()
+                .map(|h| sandbox::EgressRule::parse(h))
+                .collect()
+        };
+        let deny = parse(&p.deny_hosts)?;
+        let allow = parse(&p.allow_hosts)?;
+        let current = sb.egress().await?;
+        let wanted = if p.close == Some(true) {
+            sandbox::Egress::Deny
+        } else if current == sandbox::Egress::Deny && p.allow_hosts.is_none() {
+            // Closed already: denying more changes nothing.
+            sandbox::Egress::Deny
+        } else {
+            let now = current.tiers()?;
+            let mut t = if now.default == sandbox::EgressDefault::Allow {
+                sandbox::EgressTiers::allow_by_default()
+            } else {
+                sandbox::EgressTiers::deny_by_default()
+            };
+            let allow_list = if p.allow_hosts.is_some() {
+                allow
+            } else {
+                now.allow.clone()
+            };
+            for r in allow_list {
+                t = t.allow(r);
+            }
+            for r in now.deny.iter().cloned().chain(deny) {
+                t = t.deny(r);
+            }
+            for r in now.except.iter().cloned() {
+                t = t.except(r);
+            }
+            let t = sandbox::Egress::Tiers(t);
+            // A new allow list is a widening: held to the operator's bounds. Denying more
+            // over what is in force only narrows.
+            if p.allow_hosts.is_some() {
+                check_opening(&t, &self.policy)?;
+            }
+            t
+        };
+        if wanted != current {
+            sb.set_egress(wanted).await?;
+        }
+        let now = sb.egress().await?;
+        Ok(json!({"sandbox_id": p.sandbox_id, "egress": now.to_string()}))
+    }
+
     #[tool(description = "Destroy a sandbox and everything in it. Idempotent.")]
     async fn sandbox_kill(&self, Parameters(p): Parameters<KillParams>) -> CallToolResult {
         to_result(self.kill(p).await)
@@ -724,6 +862,67 @@ mod tests {
     use super::*;
     use crate::mcp::registry::MAX_SANDBOXES;
     use sandbox::ErrorCode;
+
+    /// Egress opens only within the operator's bounds: nothing without --allow-egress;
+    /// with --egress-host, only entries inside a bound entry and never a default of allow.
+    /// Denying more is never held back.
+    #[test]
+    fn egress_opens_only_within_the_operators_bounds() {
+        let r = |s: &str| sandbox::EgressRule::parse(s).unwrap();
+        let tiers = |allow: &[&str]| {
+            let mut t = sandbox::EgressTiers::deny_by_default();
+            for a in allow {
+                t = t.allow(r(a));
+            }
+            sandbox::Egress::Tiers(t)
+        };
+        let closed = Policy::default();
+        let code = |e: sandbox::Result<()>| e.unwrap_err().code();
+        assert_eq!(
+            code(check_opening(&tiers(&["pypi.org"]), &closed)),
+            ErrorCode::NetworkPolicyViolation
+        );
+        let deny_only =
+            sandbox::Egress::Tiers(sandbox::EgressTiers::deny_by_default().deny(r("evil.test")));
+        assert!(
+            check_opening(&deny_only, &closed).is_ok(),
+            "denying is narrowing"
+        );
+        let bounded = Policy {
+            allow_egress: true,
+            egress_hosts: vec![r("*.example.com"), r("pypi.org"), r("10.0.0.0/8")],
+            ..Policy::default()
+        };
+        for ok in [
+            tiers(&["api.example.com"]),
+            tiers(&["*.a.example.com"]),
+            tiers(&["pypi.org", "10.1.0.0/16"]),
+        ] {
+            assert!(check_opening(&ok, &bounded).is_ok(), "{ok}");
+        }
+        for wider in [
+            tiers(&["example.com"]),
+            tiers(&["*.other.com"]),
+            tiers(&["files.pythonhosted.org"]),
+            tiers(&["11.0.0.0/8"]),
+            sandbox::Egress::Allow,
+            sandbox::Egress::Tiers(sandbox::EgressTiers::allow_by_default().deny(r("x.test"))),
+        ] {
+            assert_eq!(
+                code(check_opening(&wider, &bounded)),
+                ErrorCode::NetworkPolicyViolation,
+                "{wider}"
+            );
+        }
+        // The bound applies at create too.
+        let p: CreateParams =
+            serde_json::from_value(json!({"engine": "fake", "allow_hosts": ["evil.test"]}))
+                .unwrap();
+        assert_eq!(
+            create_options(&p, &bounded).unwrap_err().code(),
+            ErrorCode::NetworkPolicyViolation
+        );
+    }
 
     #[test]
     fn bounded_output_is_cut_and_flagged() {

@@ -5,24 +5,32 @@
 //! labelled). On a local engine, after the container starts and before `create` returns
 //! (nothing of the user's has run yet), the library enters the container's network
 //! namespace from the host (`nsenter --net=/proc/<pid>/ns/net nft -f -`) and loads one
-//! `inet` table (see `nft.rs`): output policy drop; loopback and established traffic
-//! accepted; DNS redirected to the library's resolver (see `resolver.rs`); the networks of
-//! explicit blocked-set overrides accepted; link-local, cloud metadata, every engine
-//! network (the host's bridge addresses and other sandboxes) and every address of the
-//! host itself rejected; listed CIDRs, then addresses the resolver returned for listed
-//! names, accepted; everything else rejected (a fast failure, not a timeout). Under
-//! `Allow` the last step accepts instead. The table is read back and checked; any failure
-//! fails `create` and removes the container. The workload never holds `NET_ADMIN` or
-//! `NET_RAW`, so it cannot change the rules.
+//! `inet` table (see `nft.rs`): output policy drop; loopback and the sandbox's answers on
+//! connections that came in accepted; DNS redirected to the library's resolver (see
+//! `resolver.rs`); the networks of explicit blocked-set overrides accepted; link-local,
+//! cloud metadata, every engine network (the host's bridge addresses and other
+//! sandboxes) and every address of the host itself rejected; then the tiers: exception
+//! networks and addresses pinned for exception names accepted, deny networks rejected,
+//! allow networks and addresses pinned for allowed names accepted; then the default
+//! (rejected, a fast failure, not a timeout; or accepted). Every packet of a connection
+//! the sandbox opened is judged, not only its first. The table is read back and checked;
+//! any failure fails `create` and removes the container. The workload never holds
+//! `NET_ADMIN` or `NET_RAW`, so it cannot change the rules.
+//!
+//! The policy in force lives on the host (`state.rs`), where the resolver reads it for
+//! every query and [`set_live`] replaces it together with the rules, in one nft
+//! transaction, from any process on the host.
 //!
 //! docs/network.md describes the mechanism, its limits and how to verify it.
 
 mod bridge;
 mod dns;
+mod hosts;
 mod local;
 mod netns;
 mod nft;
 mod resolver;
+mod state;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -34,7 +42,8 @@ use std::sync::{Arc, OnceLock};
 use futures::future::BoxFuture;
 use sandbox_core::labels::{LABEL_BACKEND, LABEL_MANAGED};
 use sandbox_core::{
-    ALWAYS_BLOCKED, Egress, EgressRule, EgressTarget, NetworkPolicy, Result, SandboxError,
+    ALWAYS_BLOCKED, Egress, EgressDefault, EgressRule, EgressTarget, EgressTiers, NetworkPolicy,
+    Result, SandboxError, TierVerdict,
 };
 
 use crate::engine::{
@@ -51,6 +60,8 @@ pub const LABEL_NETWORK: &str = "io.sandbox-rs.network";
 
 /// Name of the nftables table loaded into each sandbox's network namespace.
 pub const TABLE: &str = nft::TABLE;
+
+pub use hosts::{HOSTS_FILE, HOSTS_TEXT, ensure_hosts_file};
 
 /// How the egress resolver turns a name into addresses. The default is the host's
 /// resolver (getaddrinfo: `/etc/hosts` first, then the host's configured DNS), so a name
@@ -301,7 +312,7 @@ pub(crate) fn check_allow<E: ContainerEngine + ?Sized>(
     has_network: bool,
     opted_in: bool,
 ) -> Result<()> {
-    if policy.egress != Egress::Allow || opted_in {
+    if !allows_by_default(&policy.egress) || opted_in {
         return Ok(());
     }
     let why = match has_network {
@@ -324,6 +335,14 @@ pub(crate) fn check_allow<E: ContainerEngine + ?Sized>(
              from Rust with `allow_unfiltered_egress(true)` on the backend's configuration",
         )),
     }
+}
+
+/// Whether `egress` lets through what it does not name (`Allow`, or tiers that default to
+/// allow).
+fn allows_by_default(egress: &Egress) -> bool {
+    egress
+        .tiers()
+        .is_ok_and(|t| t.default == EgressDefault::Allow)
 }
 
 /// The library network's spec for `backend`.
@@ -378,7 +397,7 @@ pub(crate) fn network_mode(policy: &NetworkPolicy, net: Option<&NetworkInfo>) ->
         (Egress::Deny, _) => NetworkMode::None,
         // An engine without networks of its own (a third-party engine that does not
         // implement them): Allow keeps the engine's default bridge.
-        (Egress::Allow, None) => NetworkMode::Bridge {
+        (e, None) if allows_by_default(e) && !e.lists_entries() => NetworkMode::Bridge {
             publish: policy.ingress_ports.clone(),
         },
         (_, None) => NetworkMode::None,
@@ -410,7 +429,11 @@ pub(crate) async fn network_for<E: ContainerEngine + ?Sized>(
     let _one = ENSURING.lock().await;
     match ensure_network(engine, &network_spec(engine.backend())).await {
         Ok(n) => Ok(Some(n)),
-        Err(e) if e.kind == EngineErrorKind::InvalidRequest && policy.egress == Egress::Allow => {
+        Err(e)
+            if e.kind == EngineErrorKind::InvalidRequest
+                && allows_by_default(&policy.egress)
+                && !policy.egress.lists_entries() =>
+        {
             warn_once(engine);
             Ok(None)
         }
@@ -489,6 +512,15 @@ fn listed_networks(rules: &[EgressRule]) -> Vec<Cidr> {
     rules.iter().filter_map(network_of).collect()
 }
 
+/// The networks a policy's tiers list: (exceptions, deny, allow).
+fn tier_networks(t: &EgressTiers) -> (Vec<Cidr>, Vec<Cidr>, Vec<Cidr>) {
+    (
+        listed_networks(&t.except),
+        listed_networks(&t.deny),
+        listed_networks(&t.allow),
+    )
+}
+
 /// The networks of the policy's blocked-set overrides (accepted ahead of the blocked set).
 fn override_networks(policy: &NetworkPolicy) -> Vec<Cidr> {
     policy
@@ -496,6 +528,13 @@ fn override_networks(policy: &NetworkPolicy) -> Vec<Cidr> {
         .iter()
         .filter_map(|o| network_of(o.rule()))
         .collect()
+}
+
+/// The entries that open something (allow and exceptions): these must not lie inside the
+/// blocked set.
+fn opening_rules(egress: &Egress) -> Result<Vec<EgressRule>> {
+    let t = egress.tiers()?;
+    Ok(t.allow.into_iter().chain(t.except).collect())
 }
 
 /// One part of the always-blocked set, and what it is (for refusals).
@@ -589,16 +628,20 @@ pub(crate) async fn check_allowlist<E: ContainerEngine + ?Sized>(
     policy: &NetworkPolicy,
     net: &NetworkInfo,
 ) -> Result<()> {
-    if !matches!(policy.egress, Egress::AllowList(_)) || !allowlist_available(engine) {
+    if !policy.egress.lists_entries() || !allowlist_available(engine) {
         return Ok(());
     }
-    let rules = policy.egress.rules()?;
-    refused_entry(policy, &rules, &blocked_set(engine, net).await?)
+    refused_entry(
+        policy,
+        &opening_rules(&policy.egress)?,
+        &blocked_set(engine, net).await?,
+    )
 }
 
 /// Loads the egress rules of `policy` into the running container `id`, registers it with
-/// the resolver, and checks the rules read back. Called after start, before `create`
-/// returns; an error fails `create` (the caller removes the container).
+/// the resolver, records the policy as the one in force, and checks the rules read back.
+/// Called after start, before `create` returns; an error fails `create` (the caller
+/// removes the container).
 pub(crate) async fn apply<E: ContainerEngine + ?Sized>(
     engine: &E,
     id: &str,
@@ -606,13 +649,11 @@ pub(crate) async fn apply<E: ContainerEngine + ?Sized>(
     net: &NetworkInfo,
 ) -> Result<()> {
     let backend = engine.backend();
-    let (allow_all, rules) = match &policy.egress {
-        Egress::Deny => return Ok(()),
-        Egress::Allow => (true, None),
-        _ => (false, Some(policy.egress.rules()?)),
-    };
+    if matches!(policy.egress, Egress::Deny) {
+        return Ok(());
+    }
     if !engine.is_local() || !engine.netfilter_applies() || host::support().is_err() {
-        if allow_all {
+        if allows_by_default(&policy.egress) && !policy.egress.lists_entries() {
             // Reached only when the configuration opted in (`check_allow` refused it
             // otherwise before anything was provisioned): Allow runs without the set.
             warn_once(engine);
@@ -623,58 +664,332 @@ pub(crate) async fn apply<E: ContainerEngine + ?Sized>(
             "this engine's sandboxes cannot get nftables rules from this host".into(),
         ));
     }
+    prune_gone(engine, id).await;
+    let files = state::Files::of(id);
+    let _held = files
+        .lock_exclusive()
+        .await
+        .map_err(|e| creation(backend, e))?;
+    // A fresh sandbox starts with no pins (a reused id must not inherit any).
+    files.remove();
+    let exempt: Vec<String> = override_networks(policy)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    load_current(engine, id, net, &files, Some((&policy.egress, exempt)))
+        .await
+        .map_err(|e| match e {
+            Loaded::Refused(e) => e,
+            Loaded::Failed(why) => creation(backend, why),
+        })
+}
+
+/// Why loading a sandbox's policy failed: a refusal of the policy itself (an entry inside
+/// the blocked set), or a failure to load it.
+enum Loaded {
+    Refused(SandboxError),
+    Failed(String),
+}
+
+impl From<String> for Loaded {
+    fn from(why: String) -> Self {
+        Loaded::Failed(why)
+    }
+}
+
+/// Applies this sandbox's current policy into its network namespace: the one recorded in
+/// its state (`fresh`: the create's policy and overrides, recorded now), loaded into the
+/// namespace of the container's current first process, with the names pinned since the
+/// last change re-pinned; registers the sandbox with this process's resolver and records
+/// the namespace. The caller holds the state's exclusive lock.
+///
+/// What a (re)start calls once the container runs again, before anything of the user's
+/// does: the rules of a namespace die with it, the policy in force does not.
+async fn load_current<E: ContainerEngine + ?Sized>(
+    engine: &E,
+    id: &str,
+    net: &NetworkInfo,
+    files: &state::Files,
+    fresh: Option<(&Egress, Vec<String>)>,
+) -> std::result::Result<(), Loaded> {
+    let info = engine
+        .inspect(id)
+        .await
+        .map_err(|e| Loaded::Refused(crate::error::engine(engine, "inspect container", e)))?;
+    let pid = info
+        .pid
+        .filter(|p| *p > 0)
+        .ok_or_else(|| "the engine reports no pid for the container".to_string())?;
+    if info.addresses.is_empty() {
+        return Err("the engine reports no address for the container"
+            .to_string()
+            .into());
+    }
+    // Held from here to the read-back: the rules go into this namespace and no other.
+    let ns = netns::of_container(pid, &info.id)?;
+    let gw = gateway(net).ok_or_else(|| format!("the network {} has no gateway", net.name))?;
+    // Before the workload's first packet: the gateway MAC it learns must stay valid.
+    match bridge::pin_mac(gw).await {
+        Ok(Some(name)) => tracing::debug!(bridge = %name, "egress bridge MAC pinned"),
+        Ok(None) => {}
+        Err(e) => return Err(format!("pinning the egress bridge: {e}").into()),
+    }
+    let resolver = resolver::resolver()?;
+    let dns = resolver.listen(gw).await?;
+    let mut st = match (fresh, files.read()?) {
+        (Some((egress, exempt)), _) => state::State::new(egress, exempt, dns, pid, ns.inode())?,
+        (None, Some(mut st)) => {
+            st.resolver = dns;
+            st.pid = pid;
+            st.ns_inode = ns.inode();
+            st
+        }
+        (None, None) => {
+            return Err(format!(
+                "no egress policy is recorded for {id} on this host (created without rules, \
+                 or by a version of the library that did not record it)"
+            )
+            .into());
+        }
+    };
+    let egress = st.egress()?;
+    let block = blocked_set(engine, net).await.map_err(Loaded::Refused)?;
+    let exempt = exempt_of(&st);
+    let ruleset = ruleset_for(&egress, &exempt, block, &policy_for_overrides(&st), files)
+        .map_err(Loaded::Refused)?;
+    let ruleset = nft::Ruleset {
+        resolver: Some(dns),
+        ..ruleset
+    };
+    nft::load(&ns.path(), &ruleset).await?;
+    st.pid = pid;
+    st.ns_inode = ns.inode();
+    st.resolver = dns;
+    files.write(&st)?;
+    resolver.register(&info.addresses, pid, ns.inode(), files.clone())?;
+    tracing::debug!(sandbox_id = %id, pid, %dns, %egress, "egress rules applied");
+    Ok(())
+}
+
+/// The overrides recorded in a state, as networks.
+fn exempt_of(st: &state::State) -> Vec<Cidr> {
+    st.exempt.iter().filter_map(|c| c.parse().ok()).collect()
+}
+
+/// A policy holding only the recorded overrides (to check entries against them).
+fn policy_for_overrides(st: &state::State) -> NetworkPolicy {
+    let mut p = NetworkPolicy::deny();
+    for c in &st.exempt {
+        if let Ok(o) = sandbox_core::BlockedSetOverride::network(c) {
+            p = p.through_blocked_set(o);
+        }
+    }
+    p
+}
+
+/// The ruleset of `egress` with the recorded pins that the policy still lets through
+/// re-pinned into the set of the tier that now grants them (the pins file is rewritten to
+/// those kept). An opening entry inside the blocked set is refused.
+fn ruleset_for(
+    egress: &Egress,
+    exempt: &[Cidr],
+    block: Vec<Blocked>,
+    overrides: &NetworkPolicy,
+    files: &state::Files,
+) -> Result<nft::Ruleset> {
+    let tiers = egress.tiers()?;
+    refused_entry(overrides, &opening_rules(egress)?, &block)?;
+    let (except, deny, allow) = tier_networks(&tiers);
+    let mut pinned_except = Vec::new();
+    let mut pinned_allow = Vec::new();
+    let mut kept = Vec::new();
+    for (_, pin) in files.pins() {
+        let tier = match tiers.verdict_for_host(&pin.name) {
+            TierVerdict::Exception => state::PinTier::Except,
+            TierVerdict::Allowed => state::PinTier::Allow,
+            // No longer granted by name: its addresses leave the pinned sets (a default
+            // of allow still reaches them, unless denied by network).
+            _ => continue,
+        };
+        match tier {
+            state::PinTier::Except => pinned_except.extend(pin.addrs.iter().copied()),
+            state::PinTier::Allow => pinned_allow.extend(pin.addrs.iter().copied()),
+        }
+        kept.push((tier, pin));
+    }
+    if let Err(e) = files.set_pins(&kept) {
+        tracing::debug!(error = %e, "egress: the kept pins could not be recorded");
+    }
+    pinned_except.sort();
+    pinned_except.dedup();
+    pinned_allow.sort();
+    pinned_allow.dedup();
+    Ok(nft::Ruleset {
+        allow_all: tiers.default == EgressDefault::Allow,
+        exempt: exempt.to_vec(),
+        except,
+        deny,
+        allow,
+        block: block.into_iter().map(|b| b.cidr).collect(),
+        resolver: None,
+        pinned_except,
+        pinned_allow,
+    })
+}
+
+/// The library network as the engine lists it now.
+async fn library_network<E: ContainerEngine + ?Sized>(engine: &E) -> Result<NetworkInfo> {
+    let nets = engine
+        .networks()
+        .await
+        .map_err(|e| crate::error::engine(engine, "list networks", e))?;
+    let mut ours: Vec<NetworkInfo> = nets
+        .into_iter()
+        .filter(|n| n.name == NETWORK_NAME)
+        .collect();
+    ours.sort_by(|a, b| a.id.cmp(&b.id));
+    ours.into_iter().next().ok_or_else(|| {
+        SandboxError::config(
+            format!("the network {NETWORK_NAME} of this sandbox is gone"),
+            "create the sandbox again",
+        )
+    })
+}
+
+/// Applies sandbox `id`'s current policy into its network namespace again (a container
+/// that was stopped and started has a new one): what a restart calls before the user's
+/// code runs. A sandbox created with egress `Deny` (no network) has none to apply.
+#[allow(dead_code, reason = "the restart of a stopped sandbox is its caller")]
+pub(crate) async fn apply_current<E: ContainerEngine + ?Sized>(engine: &E, id: &str) -> Result<()> {
+    let backend = engine.backend();
+    let files = state::Files::of(id);
+    if files.read().map_err(|e| creation(backend, e))?.is_none() {
+        return Ok(());
+    }
+    let net = library_network(engine).await?;
+    let _held = files
+        .lock_exclusive()
+        .await
+        .map_err(|e| creation(backend, e))?;
+    load_current(engine, id, &net, &files, None)
+        .await
+        .map_err(|e| match e {
+            Loaded::Refused(e) => e,
+            Loaded::Failed(why) => creation(backend, why),
+        })
+}
+
+/// The egress policy in force for sandbox `id`, as recorded on this host; a sandbox with
+/// no record was created with egress `Deny` (no network; rules were never needed).
+pub(crate) fn current(backend: &str, id: &str) -> Result<Egress> {
+    match state::Files::of(id).read() {
+        Ok(Some(st)) => st.egress().map_err(|e| live_error(backend, e)),
+        Ok(None) => Ok(Egress::Deny),
+        Err(e) => Err(live_error(backend, e)),
+    }
+}
+
+fn live_error(backend: &str, why: String) -> SandboxError {
+    SandboxError::engine(
+        backend,
+        format!("changing or reading the egress policy failed: {why}"),
+    )
+}
+
+/// Replaces the egress policy of the running sandbox `id`: the new ruleset (the blocked
+/// set computed afresh, the names pinned so far and still let through re-pinned) goes
+/// into its namespace in one nft transaction and is read back, and the state records it,
+/// all under the state's exclusive lock, so the resolver judges the next query by it.
+/// Connections the new rules forbid are cut by the rules themselves (every packet of an
+/// outgoing connection is judged).
+pub(crate) async fn set_live<E: ContainerEngine + ?Sized>(
+    engine: &E,
+    id: &str,
+    egress: &Egress,
+) -> Result<()> {
+    let backend = engine.backend();
+    let files = state::Files::of(id);
+    let _held = files
+        .lock_exclusive()
+        .await
+        .map_err(|e| live_error(backend, e))?;
+    let Some(mut st) = files.read().map_err(|e| live_error(backend, e))? else {
+        if matches!(egress, Egress::Deny) {
+            return Ok(());
+        }
+        return Err(SandboxError::config(
+            "this sandbox was created with egress Deny: it has no network interface, so no \
+             other policy can be set on it",
+            "create it with egress tiers that deny everything \
+             (NetworkPolicy::tiers(EgressTiers::deny_by_default()), CLI `--network closed`) \
+             to open it later",
+        ));
+    };
+    if !allowlist_available(engine) {
+        return Err(SandboxError::unsupported(
+            sandbox_core::Capability::LIVE_EGRESS,
+            backend,
+        ));
+    }
     let info = engine
         .inspect(id)
         .await
         .map_err(|e| crate::error::engine(engine, "inspect container", e))?;
     let pid = info.pid.filter(|p| *p > 0).ok_or_else(|| {
-        creation(
+        live_error(
             backend,
             "the engine reports no pid for the container".into(),
         )
     })?;
-    if info.addresses.is_empty() {
-        return Err(creation(
+    let ns = netns::of_container(pid, &info.id).map_err(|e| live_error(backend, e))?;
+    if ns.inode() != st.ns_inode {
+        return Err(live_error(
             backend,
-            "the engine reports no address for the container".into(),
+            "the container's network namespace is not the one its rules were loaded into \
+             (restarted without its rules applied again)"
+                .into(),
         ));
     }
-    // Held from here to the read-back: the rules go into this namespace and no other.
-    let ns = netns::of_container(pid, &info.id).map_err(|e| creation(backend, e))?;
-    let block = blocked_set(engine, net).await?;
-    if let Some(rules) = &rules {
-        // Checked before the container was created too; the engine's networks may have
-        // changed since.
-        refused_entry(policy, rules, &block)?;
-    }
-    let gw = gateway(net)
-        .ok_or_else(|| creation(backend, format!("the network {} has no gateway", net.name)))?;
-    // Before the workload's first packet: the gateway MAC it learns must stay valid.
-    match bridge::pin_mac(gw).await {
-        Ok(Some(name)) => tracing::debug!(bridge = %name, "egress bridge MAC pinned"),
-        Ok(None) => {}
-        Err(e) => return Err(creation(backend, format!("pinning the egress bridge: {e}"))),
-    }
-    let resolver = resolver::resolver().map_err(|e| creation(backend, e))?;
-    let dns = resolver
-        .listen(gw)
-        .await
-        .map_err(|e| creation(backend, e))?;
+    let net = library_network(engine).await?;
+    let block = blocked_set(engine, &net).await?;
+    let ruleset = ruleset_for(
+        egress,
+        &exempt_of(&st),
+        block,
+        &policy_for_overrides(&st),
+        &files,
+    )?;
     let ruleset = nft::Ruleset {
-        allow_all,
-        exempt: override_networks(policy),
-        allow: rules.as_deref().map(listed_networks).unwrap_or_default(),
-        block: block.into_iter().map(|b| b.cidr).collect(),
-        resolver: Some(dns),
+        resolver: Some(st.resolver),
+        ..ruleset
     };
     nft::load(&ns.path(), &ruleset)
         .await
-        .map_err(|e| creation(backend, e))?;
-    resolver
-        .register(&info.addresses, pid, ns.inode(), rules)
-        .map_err(|e| creation(backend, e))?;
-    tracing::debug!(sandbox_id = %id, pid, %dns, allow_all, "egress rules applied");
+        .map_err(|e| live_error(backend, e))?;
+    st.set_egress(egress).map_err(|e| live_error(backend, e))?;
+    files.write(&st).map_err(|e| live_error(backend, e))?;
+    tracing::debug!(sandbox_id = %id, %egress, generation = st.generation, "egress policy replaced");
     Ok(())
+}
+
+/// Removes the recorded policy of sandbox `id` (it is gone).
+pub(crate) fn forget(id: &str) {
+    state::Files::of(id).remove();
+}
+
+/// Removes the recorded policies of containers the engine no longer has (a sandbox whose
+/// owner died and was swept elsewhere). `keep` is the sandbox being set up.
+async fn prune_gone<E: ContainerEngine + ?Sized>(engine: &E, keep: &str) {
+    for id in state::ids() {
+        if id == keep {
+            continue;
+        }
+        if let Err(e) = engine.inspect(&id).await
+            && e.kind == EngineErrorKind::NotFound
+        {
+            forget(&id);
+        }
+    }
 }
 
 fn warn_once<E: ContainerEngine + ?Sized>(engine: &E) {

@@ -21,22 +21,32 @@ pub(crate) const TABLE: &str = "sbx_egress";
 const NFT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What the ruleset of one sandbox says.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Ruleset {
-    /// `true` for egress `Allow` (everything not blocked is accepted), `false` for an
-    /// allowlist (only `allow` and resolved addresses).
+    /// `true` when the default is allow (egress `Allow`, or tiers that default to allow):
+    /// everything no rule refuses is accepted; `false`: only what a rule accepts.
     pub allow_all: bool,
     /// The networks of explicit blocked-set overrides: the only rules evaluated before
     /// `block`, so the only ones that can open it.
     pub exempt: Vec<Cidr>,
-    /// Networks listed by CIDR: accepted after `block`, so the blocked addresses inside
-    /// a listed network stay blocked.
+    /// Exception networks: accepted after `block`, before `deny`.
+    pub except: Vec<Cidr>,
+    /// Deny networks: refused after the exceptions, before `allow`.
+    pub deny: Vec<Cidr>,
+    /// Networks listed by CIDR: accepted after `block` and `deny`, so the blocked and
+    /// denied addresses inside a listed network stay out of reach.
     pub allow: Vec<Cidr>,
     /// Always blocked unless in `exempt`: link-local, metadata, the engine's networks
     /// (other sandboxes and the host's bridge addresses) and the host's own addresses.
     pub block: Vec<Cidr>,
     /// Where DNS (port 53, UDP and TCP) is redirected: the library's resolver.
     pub resolver: Option<std::net::SocketAddr>,
+    /// Addresses the resolver pinned for exception names (`xdyn` sets), carried over a
+    /// change.
+    pub pinned_except: Vec<IpAddr>,
+    /// Addresses the resolver pinned for allowed names (`dyn` sets), carried over a
+    /// change.
+    pub pinned_allow: Vec<IpAddr>,
 }
 
 fn elements(cidrs: &[Cidr], v4: bool) -> Vec<String> {
@@ -45,6 +55,23 @@ fn elements(cidrs: &[Cidr], v4: bool) -> Vec<String> {
         .filter(|c| c.addr.is_ipv4() == v4)
         .map(|c| c.to_string())
         .collect()
+}
+
+fn addresses(addrs: &[IpAddr], v4: bool) -> Vec<String> {
+    addrs
+        .iter()
+        .filter(|a| a.is_ipv4() == v4)
+        .map(|a| a.to_string())
+        .collect()
+}
+
+fn plain_set(out: &mut String, name: &str, ty: &str, elems: &[String]) {
+    let _ = writeln!(out, "  set {name} {{");
+    let _ = writeln!(out, "    type {ty};");
+    if !elems.is_empty() {
+        let _ = writeln!(out, "    elements = {{ {} }}", elems.join(", "));
+    }
+    let _ = writeln!(out, "  }}");
 }
 
 fn interval_set(out: &mut String, name: &str, ty: &str, elems: &[String]) {
@@ -81,8 +108,44 @@ impl Ruleset {
         interval_set(&mut t, "allow6", "ipv6_addr", &elements(&self.allow, false));
         interval_set(&mut t, "block4", "ipv4_addr", &elements(&self.block, true));
         interval_set(&mut t, "block6", "ipv6_addr", &elements(&self.block, false));
-        let _ = writeln!(t, "  set dyn4 {{ type ipv4_addr; }}");
-        let _ = writeln!(t, "  set dyn6 {{ type ipv6_addr; }}");
+        interval_set(
+            &mut t,
+            "except4",
+            "ipv4_addr",
+            &elements(&self.except, true),
+        );
+        interval_set(
+            &mut t,
+            "except6",
+            "ipv6_addr",
+            &elements(&self.except, false),
+        );
+        interval_set(&mut t, "deny4", "ipv4_addr", &elements(&self.deny, true));
+        interval_set(&mut t, "deny6", "ipv6_addr", &elements(&self.deny, false));
+        plain_set(
+            &mut t,
+            "dyn4",
+            "ipv4_addr",
+            &addresses(&self.pinned_allow, true),
+        );
+        plain_set(
+            &mut t,
+            "dyn6",
+            "ipv6_addr",
+            &addresses(&self.pinned_allow, false),
+        );
+        plain_set(
+            &mut t,
+            "xdyn4",
+            "ipv4_addr",
+            &addresses(&self.pinned_except, true),
+        );
+        plain_set(
+            &mut t,
+            "xdyn6",
+            "ipv6_addr",
+            &addresses(&self.pinned_except, false),
+        );
         // DNS to anywhere goes to the resolver. Loopback is left alone: an engine's own
         // in-namespace DNS (Docker's 127.0.0.11) forwards to the configured server, which
         // is the resolver, from this namespace, so it is redirected on its way out.
@@ -101,7 +164,12 @@ impl Ruleset {
         let _ = writeln!(t, "  chain out {{");
         let _ = writeln!(t, "    type filter hook output priority 0; policy drop;");
         let _ = writeln!(t, "    oifname \"lo\" accept");
-        let _ = writeln!(t, "    ct state established,related accept");
+        // Only the sandbox's answers on connections that came in (a published port) pass
+        // without a look at their destination. Every packet of a connection the sandbox
+        // opened is judged like its first, so a change that forbids a destination cuts
+        // the connections already open to it: their next packet is refused.
+        let _ = writeln!(t, "    ct direction reply accept");
+        let _ = writeln!(t, "    ct state related accept");
         if let Some(r) = self.resolver {
             let (m, ip) = match r.ip() {
                 IpAddr::V4(ip) => ("ip", ip.to_string()),
@@ -137,6 +205,7 @@ impl Ruleset {
             format!("table inet {TABLE}"),
             "type filter hook output priority filter; policy drop;".to_string(),
             "meta l4proto tcp reject with tcp reset".to_string(),
+            "ct direction reply accept".to_string(),
         ];
         v.extend(OUT_ORDER.iter().map(|r| r.to_string()));
         if let Some(r) = self.resolver {
@@ -148,12 +217,19 @@ impl Ruleset {
 }
 
 /// The set rules of the output chain, in the order they must be evaluated (and read
-/// back): overrides, then the blocked set, then listed networks and resolved addresses.
-const OUT_ORDER: [&str; 8] = [
+/// back): overrides, the blocked set, exceptions (listed and pinned), the deny list, then
+/// listed networks and addresses pinned for allowed names.
+const OUT_ORDER: [&str; 14] = [
     "ip daddr @exempt4 accept",
     "ip6 daddr @exempt6 accept",
     "ip daddr @block4 jump refuse",
     "ip6 daddr @block6 jump refuse",
+    "ip daddr @except4 accept",
+    "ip6 daddr @except6 accept",
+    "ip daddr @xdyn4 accept",
+    "ip6 daddr @xdyn6 accept",
+    "ip daddr @deny4 jump refuse",
+    "ip6 daddr @deny6 jump refuse",
     "ip daddr @allow4 accept",
     "ip6 daddr @allow6 accept",
     "ip daddr @dyn4 accept",
@@ -251,32 +327,24 @@ pub(crate) fn verify(listing: &str, rules: &Ruleset) -> Result<(), String> {
     Ok(())
 }
 
-/// Adds resolved addresses to the namespace's allowed set.
-pub(crate) async fn allow_addresses(ns: &Path, addrs: &[IpAddr]) -> Result<(), String> {
-    let v4: Vec<String> = addrs
-        .iter()
-        .filter(|a| a.is_ipv4())
-        .map(|a| a.to_string())
-        .collect();
-    let v6: Vec<String> = addrs
-        .iter()
-        .filter(|a| a.is_ipv6())
-        .map(|a| a.to_string())
-        .collect();
+/// Adds resolved addresses to the namespace's pinned sets: `dyn` for allowed names,
+/// `xdyn` for exception names (`except`).
+pub(crate) async fn allow_addresses(
+    ns: &Path,
+    addrs: &[IpAddr],
+    except: bool,
+) -> Result<(), String> {
+    let prefix = if except { "xdyn" } else { "dyn" };
     let mut script = String::new();
-    if !v4.is_empty() {
-        let _ = writeln!(
-            script,
-            "add element inet {TABLE} dyn4 {{ {} }}",
-            v4.join(", ")
-        );
-    }
-    if !v6.is_empty() {
-        let _ = writeln!(
-            script,
-            "add element inet {TABLE} dyn6 {{ {} }}",
-            v6.join(", ")
-        );
+    for (v4, fam) in [(true, "4"), (false, "6")] {
+        let elems = addresses(addrs, v4);
+        if !elems.is_empty() {
+            let _ = writeln!(
+                script,
+                "add element inet {TABLE} {prefix}{fam} {{ {} }}",
+                elems.join(", ")
+            );
+        }
     }
     if script.is_empty() {
         return Ok(());
@@ -296,9 +364,13 @@ mod tests {
         Ruleset {
             allow_all,
             exempt: vec![cidr("10.9.3.4/32")],
+            except: vec![cidr("10.8.1.1/32")],
+            deny: vec![cidr("10.8.0.0/16")],
             allow: vec![cidr("10.9.0.0/16"), cidr("fd00::/8")],
             block: vec![cidr("169.254.0.0/16"), cidr("fe80::/10")],
             resolver: Some("172.30.0.1:40000".parse().unwrap()),
+            pinned_except: vec![],
+            pinned_allow: vec!["198.18.0.7".parse().unwrap()],
         }
     }
 
@@ -330,6 +402,15 @@ mod tests {
             assert!(exempt < block, "overrides go first");
             assert!(block < allow, "a listed CIDR opened the blocked set");
             assert!(block < resolved, "a resolved name opened the blocked set");
+            let except = at(&format!("{fam} @except{n} accept"));
+            let pinned_except = at(&format!("{fam} @xdyn{n} accept"));
+            let deny = at(&format!("{fam} @deny{n} jump refuse"));
+            assert!(
+                block < except && except < deny,
+                "exceptions: after block, before deny"
+            );
+            assert!(pinned_except < deny, "exception names before deny");
+            assert!(deny < allow && deny < resolved, "deny beats allow");
         }
     }
 

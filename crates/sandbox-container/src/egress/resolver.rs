@@ -6,11 +6,15 @@
 //! ruleset redirects port 53 there. A query is attributed to a sandbox by its source
 //! address (the sandbox has no `NET_ADMIN`, so it cannot take another's address).
 //!
-//! For an allowlist sandbox a name off its list is answered NXDOMAIN; a listed name is
-//! resolved the way the host resolves it ([`Lookup`], getaddrinfo by default: `/etc/hosts`
-//! first, then the host's DNS), the answer's addresses are added to the sandbox's allowed
-//! set in its namespace, and only then is the answer sent: a connect that follows the
-//! answer never races the rule.
+//! The policy a query is judged by is the sandbox's current one, read from its state on
+//! the host (see `state.rs`) under the state's shared lock, so a live change is in force
+//! for the next query, whichever process made it. A name the tiers do not let through
+//! (denied, or unlisted under a default of deny) is answered NXDOMAIN; a name they let
+//! through is resolved the way the host resolves it ([`Lookup`], getaddrinfo by default:
+//! `/etc/hosts` first, then the host's DNS); when an exception or the allow list granted
+//! it, the answer's addresses are added to the matching pinned set in the sandbox's
+//! namespace (and recorded, so a change can re-pin them), and only then is the answer
+//! sent: a connect that follows the answer never races the rule.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -18,12 +22,13 @@ use std::os::unix::fs::MetadataExt as _;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
-use sandbox_core::EgressRule;
+use sandbox_core::{EgressDefault, TierVerdict};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::Semaphore;
 
 use super::dns::{self, Rcode};
+use super::state::{self, PinTier};
 use super::{HostLookup, Lookup, nft};
 
 /// TTL of the answers (short: the host's answer may change; the pinned address stays
@@ -47,15 +52,16 @@ const MAX_PINNED: usize = if cfg!(test) { 16 } else { 4096 };
 /// Whose queries a source address carries.
 #[derive(Debug)]
 struct Client {
-    /// `None`: every name resolves (egress `Allow`); `Some`: only names these match.
-    rules: Option<Vec<EgressRule>>,
+    /// Where the sandbox's policy and pins are kept.
+    files: state::Files,
     /// The host pid whose network namespace is the sandbox's.
     pid: u32,
     /// The namespace's inode when registered: a reused pid or address never inherits.
     ns_inode: u64,
-    /// Addresses already in the sandbox's allowed set: asked again, they are answered
-    /// without another `nsenter nft` (at most [`MAX_PINNED`]).
-    pinned: Mutex<std::collections::HashSet<IpAddr>>,
+    /// Addresses already in the sandbox's pinned sets under the state's generation (the
+    /// first field): asked again, they are answered without another `nsenter nft` (at
+    /// most [`MAX_PINNED`]). A change of policy (a new generation) starts it afresh.
+    pinned: Mutex<(u64, std::collections::HashSet<(bool, IpAddr)>)>,
     /// This sandbox's share of the in-flight slots ([`MAX_IN_FLIGHT_PER_SANDBOX`]).
     slots: Arc<Semaphore>,
 }
@@ -160,7 +166,7 @@ impl Resolver {
         addrs: &[IpAddr],
         pid: u32,
         inode: u64,
-        rules: Option<Vec<EgressRule>>,
+        files: state::Files,
     ) -> Result<(), String> {
         if ns_inode(pid) != Some(inode) {
             return Err(format!(
@@ -168,7 +174,7 @@ impl Resolver {
             ));
         }
         let client = Arc::new(Client {
-            rules,
+            files,
             pid,
             ns_inode: inode,
             pinned: Mutex::default(),
@@ -294,12 +300,11 @@ impl Resolver {
         if ns_inode(client.pid) != Some(client.ns_inode) {
             return Some(dns::reply(&q, Rcode::Refused));
         }
-        let listed = match &client.rules {
-            None => true,
-            Some(rules) => rules.iter().any(|r| r.matches_host(&q.name)),
+        let Some(verdict) = self.verdict(&client, &q.name).await else {
+            return Some(dns::reply(&q, Rcode::ServFail));
         };
-        if !listed {
-            tracing::debug!(name = %q.name, %src, "egress resolver refused an unlisted name");
+        if !verdict.reachable() {
+            tracing::debug!(name = %q.name, %src, "egress resolver refused a name the policy does not let through");
             return Some(dns::reply(&q, Rcode::NxDomain));
         }
         if !q.wants_addresses() {
@@ -322,15 +327,36 @@ impl Resolver {
             .into_iter()
             .filter(|a| (q.qtype == dns::TYPE_A) == a.is_ipv4())
             .collect();
-        if client.rules.is_some() && !wanted.is_empty() {
+        // Judged again under the lock, held until the pin is in: a change made while the
+        // host answered is in force for this answer, and no change can come between the
+        // verdict and its pin.
+        let Ok(_held) = client.files.lock_shared().await else {
+            return Some(dns::reply(&q, Rcode::ServFail));
+        };
+        let Some((generation, verdict)) = judge(&client, &q.name) else {
+            return Some(dns::reply(&q, Rcode::ServFail));
+        };
+        let tier = match verdict {
+            TierVerdict::Exception => Some(PinTier::Except),
+            TierVerdict::Allowed => Some(PinTier::Allow),
+            TierVerdict::Default(EgressDefault::Allow) => None,
+            _ => return Some(dns::reply(&q, Rcode::NxDomain)),
+        };
+        if let Some(tier) = tier
+            && !wanted.is_empty()
+        {
+            let except = tier == PinTier::Except;
             let new: Vec<IpAddr> = {
-                let pinned = client.pinned.lock().unwrap_or_else(|p| p.into_inner());
+                let mut pinned = client.pinned.lock().unwrap_or_else(|p| p.into_inner());
+                if pinned.0 != generation {
+                    *pinned = (generation, Default::default());
+                }
                 let new: Vec<IpAddr> = wanted
                     .iter()
-                    .filter(|a| !pinned.contains(a))
+                    .filter(|a| !pinned.1.contains(&(except, **a)))
                     .copied()
                     .collect();
-                if pinned.len() + new.len() > MAX_PINNED {
+                if pinned.1.len() + new.len() > MAX_PINNED {
                     tracing::warn!(
                         name = %q.name, %src, max = MAX_PINNED,
                         "egress resolver: the sandbox's answers reached the most addresses one sandbox may add"
@@ -340,21 +366,53 @@ impl Resolver {
                 new
             };
             if !new.is_empty() {
-                if let Err(e) = nft::allow_addresses(&super::netns::of_pid(client.pid), &new).await
+                if let Err(e) =
+                    nft::allow_addresses(&super::netns::of_pid(client.pid), &new, except).await
                 {
                     // Not pinned means not answered: the connect would be rejected anyway.
                     tracing::warn!(name = %q.name, error = %e, "egress resolver could not pin an answer");
                     return Some(dns::reply(&q, Rcode::ServFail));
                 }
-                client
-                    .pinned
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .extend(new);
+                let pin = state::Pin {
+                    name: q.name.clone(),
+                    addrs: new.clone(),
+                };
+                if let Err(e) = client.files.add_pin(tier, &pin) {
+                    // Pinned all the same: only a later change's re-pin misses it.
+                    tracing::debug!(error = %e, "egress resolver could not record a pin");
+                }
+                let mut pinned = client.pinned.lock().unwrap_or_else(|p| p.into_inner());
+                if pinned.0 == generation {
+                    pinned.1.extend(new.into_iter().map(|a| (except, a)));
+                }
             }
         }
         Some(dns::answer(&q, &wanted, ANSWER_TTL, max_len))
     }
+}
+
+impl Resolver {
+    /// The tier that decides for `name` under the sandbox's current policy (read under
+    /// the shared lock); `None` when the policy cannot be read.
+    async fn verdict(&self, client: &Client, name: &str) -> Option<TierVerdict> {
+        let _held = client.files.lock_shared().await.ok()?;
+        judge(client, name).map(|(_, v)| v)
+    }
+}
+
+/// The state's generation and the tier that decides for `name` (the caller holds the
+/// lock); `None` when the state cannot be read.
+fn judge(client: &Client, name: &str) -> Option<(u64, TierVerdict)> {
+    let st = match client.files.read() {
+        Ok(Some(s)) => s,
+        Ok(None) => return None,
+        Err(e) => {
+            tracing::warn!(error = %e, "egress resolver: the sandbox's policy cannot be read");
+            return None;
+        }
+    };
+    let tiers = st.egress().ok()?.tiers().ok()?;
+    Some((st.generation, tiers.verdict_for_host(name)))
 }
 
 /// The answer to a message from a source that is no sandbox of ours: REFUSED, or a

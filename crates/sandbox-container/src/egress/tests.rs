@@ -144,6 +144,17 @@ fn inode(pid: u32) -> u64 {
     std::fs::metadata(netns::of_pid(pid)).unwrap().ino()
 }
 
+/// A sandbox state of `egress` in a directory of this test process's own (never the
+/// host's state directory).
+fn test_state(name: &str, egress: &Egress) -> state::Files {
+    let dir = std::env::temp_dir().join(format!("sbx-egress-test-{}", std::process::id()));
+    let files = state::Files::in_dir(&dir, name);
+    files.remove();
+    let st = state::State::new(egress, vec![], "127.0.0.1:53".parse().unwrap(), 1, 1).unwrap();
+    files.write(&st).unwrap();
+    files
+}
+
 fn sample_rules() -> nft::Ruleset {
     nft::Ruleset {
         allow_all: false,
@@ -157,7 +168,70 @@ fn sample_rules() -> nft::Ruleset {
             ])
             .collect(),
         resolver: Some("172.30.0.1:40000".parse().unwrap()),
+        ..Default::default()
     }
+}
+
+/// A change re-pins the names answered so far into the set of the tier that grants them
+/// now, and leaves out those it no longer lets through; the tiers' networks land in their
+/// sets; a new policy whose allow network lies inside the blocked set is refused.
+#[test]
+fn a_change_re_pins_the_names_still_let_through() {
+    let files = test_state("repin", &Egress::Allow);
+    let pin = |name: &str, a: &str| state::Pin {
+        name: name.into(),
+        addrs: vec![a.parse().unwrap()],
+    };
+    files
+        .add_pin(state::PinTier::Allow, &pin("api.example.com", "198.18.1.1"))
+        .unwrap();
+    files
+        .add_pin(
+            state::PinTier::Allow,
+            &pin("build.example.com", "198.18.1.2"),
+        )
+        .unwrap();
+    files
+        .add_pin(state::PinTier::Allow, &pin("pypi.org", "198.18.1.3"))
+        .unwrap();
+    let rule = |r: &str| EgressRule::parse(r).unwrap();
+    let tiers = EgressTiers::deny_by_default()
+        .allow(rule("*.example.com"))
+        .deny(rule("*.example.com"))
+        .except(rule("api.example.com"))
+        .deny(rule("10.0.0.0/8"))
+        .allow(rule("10.9.0.0/16"));
+    let block = vec![blocked("172.17.0.0/16", "the docker network `bridge`")];
+    let r = ruleset_for(
+        &Egress::Tiers(tiers),
+        &[],
+        block.clone(),
+        &NetworkPolicy::deny(),
+        &files,
+    )
+    .unwrap();
+    assert_eq!(
+        r.pinned_except,
+        vec!["198.18.1.1".parse::<IpAddr>().unwrap()]
+    );
+    assert!(
+        r.pinned_allow.is_empty(),
+        "denied and unlisted names are not re-pinned: {r:?}"
+    );
+    assert_eq!(r.deny, vec!["10.0.0.0/8".parse::<Cidr>().unwrap()]);
+    assert_eq!(r.allow, vec!["10.9.0.0/16".parse::<Cidr>().unwrap()]);
+    assert!(!r.allow_all);
+    assert_eq!(files.pins().len(), 1, "only the kept pin stays recorded");
+    let e = ruleset_for(
+        &Egress::AllowList(vec!["172.17.0.5".into()]),
+        &[],
+        block,
+        &NetworkPolicy::deny(),
+        &files,
+    )
+    .unwrap_err();
+    assert_eq!(e.code(), sandbox_core::ErrorCode::Configuration);
+    files.remove();
 }
 
 /// Needs root and nft (the same as the feature): without them the test fails, naming why,
@@ -187,6 +261,7 @@ async fn rules_load_into_a_namespace_and_read_back() {
     nft::allow_addresses(
         &netns::of_pid(ns.pid()),
         &["192.0.2.7".parse().unwrap(), "2001:db8::7".parse().unwrap()],
+        false,
     )
     .await
     .unwrap();
@@ -271,11 +346,11 @@ async fn the_resolver_pins_listed_names_and_refuses_the_rest() {
     ])));
     // A source address no other test uses.
     let src: IpAddr = "203.0.113.77".parse().unwrap();
-    let rules = vec![
-        EgressRule::parse("api.sbx.test").unwrap(),
-        EgressRule::parse("*.wild.sbx.test").unwrap(),
-    ];
-    r.register(&[src], ns.pid(), inode(ns.pid()), Some(rules))
+    let files = test_state(
+        "pins",
+        &Egress::AllowList(vec!["api.sbx.test".into(), "*.wild.sbx.test".into()]),
+    );
+    r.register(&[src], ns.pid(), inode(ns.pid()), files.clone())
         .unwrap();
     let ask = |name: &str| dns::build_query(1, name, dns::TYPE_A);
     let a = r.answer(&ask("api.sbx.test"), src, 512).await.unwrap();
@@ -562,14 +637,14 @@ async fn resolver_slots_go_to_known_sandboxes_a_share_each() {
         &[greedy],
         std::process::id(),
         inode(std::process::id()),
-        None,
+        test_state("greedy", &Egress::Allow),
     )
     .unwrap();
     r.register(
         &[victim],
         std::process::id(),
         inode(std::process::id()),
-        None,
+        test_state("victim", &Egress::Allow),
     )
     .unwrap();
     let strangers = hold_connections(stranger, server, 300).await;

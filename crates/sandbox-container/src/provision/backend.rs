@@ -121,11 +121,13 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             | Capability::PAUSE_RESUME
             | Capability::SNAPSHOT
             | Capability::EGRESS_ALLOWLIST
+            | Capability::LIVE_EGRESS
             | Capability::DISK_LIMIT)
             & self.engine.capabilities();
-        // Declared only where the rules can really be loaded (see egress/mod.rs).
+        // Declared only where the rules can really be loaded (see egress/mod.rs); a live
+        // change replaces those rules, so it goes with them.
         if !crate::egress::allowlist_available(&*self.engine) {
-            caps.remove(Capability::EGRESS_ALLOWLIST);
+            caps.remove(Capability::EGRESS_ALLOWLIST | Capability::LIVE_EGRESS);
         }
         caps
     }
@@ -463,6 +465,7 @@ impl<E: ContainerEngine> ReapableBackend for ContainerBackend<E> {
             }
             Err(e) => return Err(error::engine(eng, "remove container", e)),
         };
+        crate::egress::forget(&c.id);
         // A networked sandbox may have been the library network's last user: the network
         // goes with it (the engine refuses while another container uses it), so
         // `reap --kill` leaves nothing of ours behind.

@@ -13,8 +13,21 @@ use crate::engine::{ContainerEngine, EngineErrorKind};
 use crate::error;
 
 /// Force-removes a container; one already gone counts as removed. A removal someone else
-/// started (a concurrent kill, reap or sweep) is waited for, bounded.
+/// started (a concurrent kill, reap or sweep) is waited for, bounded. Its recorded egress
+/// policy goes with it.
 pub(crate) async fn remove_container<E: ContainerEngine>(
+    engine: &E,
+    call_timeout: Duration,
+    id: &str,
+) -> Result<()> {
+    let r = remove_only(engine, call_timeout, id).await;
+    if r.is_ok() {
+        crate::egress::forget(id);
+    }
+    r
+}
+
+async fn remove_only<E: ContainerEngine>(
     engine: &E,
     call_timeout: Duration,
     id: &str,

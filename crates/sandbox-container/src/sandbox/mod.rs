@@ -216,6 +216,8 @@ impl<E: ContainerEngine> Sandbox for ContainerSandbox<E> {
         shielded_kill(self.shared.info(), (self.killer)()).await?;
         guard.disarm();
         self.killed.store(true, Ordering::SeqCst);
+        // The policy in force goes with the sandbox (the rules went with its namespace).
+        crate::egress::forget(&self.shared.id);
         let forwarders = self
             .ingress
             .lock()
@@ -231,6 +233,16 @@ impl<E: ContainerEngine> Sandbox for ContainerSandbox<E> {
 
     async fn pause(&self) -> Result<()> {
         freeze::set_paused(&self.shared, true).await
+    }
+
+    async fn set_egress(&self, egress: sandbox_core::Egress) -> Result<()> {
+        sandbox_core::policy::require(self.shared.caps, Capability::LIVE_EGRESS, self.backend())?;
+        crate::egress::set_live(&*self.shared.engine, &self.shared.id, &egress).await
+    }
+
+    async fn egress(&self) -> Result<sandbox_core::Egress> {
+        sandbox_core::policy::require(self.shared.caps, Capability::LIVE_EGRESS, self.backend())?;
+        crate::egress::current(self.backend(), &self.shared.id)
     }
 
     async fn resume(&self) -> Result<()> {

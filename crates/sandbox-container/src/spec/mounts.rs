@@ -64,8 +64,10 @@ pub const REFUSED_HOST_PATHS: [&str; 7] = ["/", "/etc", "/proc", "/sys", "/dev",
 
 /// Container-engine sockets and state: a sandbox that reaches one of these controls the
 /// engine, hence the host. A host path that is one of these, lies under one, or contains
-/// one is refused (so is any unix socket).
-pub const ENGINE_PATHS: [&str; 10] = [
+/// one is refused (so is any unix socket). The library's own state on the host
+/// (`/run/sandbox-rs`: the egress policies in force, the sandboxes' hosts file) with them.
+pub const ENGINE_PATHS: [&str; 11] = [
+    "/run/sandbox-rs",
     "/run/podman",
     "/run/docker.sock",
     "/run/docker",

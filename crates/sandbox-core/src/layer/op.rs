@@ -34,6 +34,7 @@ macro_rules! op_span {
             command_sha256 = ::tracing::field::Empty,
             code_sha256 = ::tracing::field::Empty,
             noop = ::tracing::field::Empty,
+            egress = ::tracing::field::Empty,
         )
     };
 }
@@ -81,6 +82,13 @@ impl Op {
     pub(super) fn exit_code(&mut self, code: i64) {
         self.span.record("exit_code", code);
         self.record.exit_code = Some(code);
+    }
+
+    pub(super) fn egress(mut self, egress: &crate::Egress) -> Self {
+        let shown = egress.to_string();
+        self.span.record("egress", shown.as_str());
+        self.record.egress = Some(shown);
+        self
     }
 
     pub(super) fn noop(&mut self) {

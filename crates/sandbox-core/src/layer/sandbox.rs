@@ -1,5 +1,5 @@
 //! The sandbox wrapper ([`EnforcedSandbox`]): each call on a wrapped sandbox — run,
-//! run_code, stream, files, kill, ingress, pause, resume, extend, snapshot — is checked
+//! run_code, stream, files, kill, ingress, pause, resume, extend, snapshot, set_egress — is checked
 //! (the shared state's gate), spanned and audited (its operation), then forwarded to the
 //! adapter. A kill is idempotent, and nothing reaches the adapter after a successful one;
 //! while paused, only resume, kill and snapshot do.
@@ -258,6 +258,52 @@ impl Sandbox for EnforcedSandbox {
         }
         .instrument(span)
         .await
+    }
+
+    async fn set_egress(&self, egress: crate::Egress) -> Result<()> {
+        let s = &self.shared;
+        let span = op_span!("sandbox.set_egress", s.backend, s.tier);
+        let op = s.op(span.clone(), "sandbox.set_egress").egress(&egress);
+        async move {
+            // Serialised with kill: a change never reaches a sandbox being removed. A
+            // paused sandbox's egress can change (nothing inside needs to answer): closing
+            // the network of a frozen sandbox is what an incident wants.
+            let _serial = s.kill_lock.lock().await;
+            let checked = s.require(Capability::LIVE_EGRESS).and_then(|()| {
+                if s.killed.load(Ordering::SeqCst) {
+                    return Err(crate::SandboxError::gone(&s.id));
+                }
+                if egress.lists_entries() {
+                    s.require(Capability::EGRESS_ALLOWLIST)?;
+                }
+                crate::NetworkPolicy {
+                    egress: egress.clone(),
+                    ..Default::default()
+                }
+                .validate_egress()
+            });
+            let r = match checked {
+                Ok(()) => s.inner.set_egress(egress).await,
+                Err(e) => Err(e),
+            };
+            op.end(&s.layer, &s.redactor, r)
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn egress(&self) -> Result<crate::Egress> {
+        let s = &self.shared;
+        s.require(Capability::LIVE_EGRESS)
+            .and_then(|()| {
+                if s.killed.load(Ordering::SeqCst) {
+                    Err(crate::SandboxError::gone(&s.id))
+                } else {
+                    Ok(())
+                }
+            })
+            .map_err(|e| s.layer.fill_support(e))?;
+        s.inner.egress().await.map_err(|e| s.layer.fill_support(e))
     }
 
     async fn snapshot(&self) -> Result<Snapshot> {

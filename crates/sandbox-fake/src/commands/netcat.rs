@@ -34,7 +34,7 @@ pub(crate) async fn nc(p: Proc, a: Vec<String>) -> Result<i64> {
         return fail(&p, format!("nc: bad port '{port}'")).await;
     };
     let bad_address = || format!("nc: bad address '{host}'");
-    let policy = &p.sb.policy;
+    let policy = &p.sb.network_now();
     let literal = host.parse::<IpAddr>().ok();
     if policy.egress == Egress::Deny {
         // No interface but loopback: names do not resolve, addresses are unreachable.
@@ -81,6 +81,11 @@ pub(crate) async fn nc(p: Proc, a: Vec<String>) -> Result<i64> {
             // Idle for -w seconds, or the server closed: done.
             Err(_) | Ok(Ok(0)) => return Ok(0),
             Ok(Ok(n)) => {
+                // A live change that forbids the host cuts the open connection, as the
+                // engines' rules refuse its next packet.
+                if egress_verdict(&p.sb.network_now(), host) != Verdict::Allowed {
+                    return fail(&p, "nc: read error: connection reset".into()).await;
+                }
                 if !p.out(Bytes::copy_from_slice(&buf[..n])).await {
                     return Ok(BROKEN_PIPE_EXIT);
                 }

@@ -488,6 +488,104 @@ pub async fn host_addresses_are_blocked_under_allow<B: Backend>(b: &B) {
     }
 }
 
+/// Lines this trial appended to the host's `/etc/hosts`, removed again on drop (only
+/// those lines; the file is rewritten in place, since it may be a bind mount).
+struct HostsLines(Vec<String>);
+
+impl HostsLines {
+    const PATH: &'static str = "/etc/hosts";
+
+    fn add(lines: &[String]) -> HostsLines {
+        let mut text = std::fs::read_to_string(Self::PATH).unwrap_or_default();
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        for l in lines {
+            text.push_str(l);
+            text.push('\n');
+        }
+        std::fs::write(Self::PATH, text).expect("the trial runs as root and may edit /etc/hosts");
+        HostsLines(lines.to_vec())
+    }
+}
+
+impl Drop for HostsLines {
+    fn drop(&mut self) {
+        if let Ok(text) = std::fs::read_to_string(Self::PATH) {
+            let kept: String = text
+                .lines()
+                .filter(|l| !self.0.iter().any(|ours| ours == l))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            let _ = std::fs::write(Self::PATH, kept);
+        }
+    }
+}
+
+/// A listed name that the host resolves through its `/etc/hosts` (an engine may copy that
+/// file into the container, so the name resolves inside without asking the library's
+/// resolver) is reachable, exactly as on an engine that does not copy it; a name of the
+/// host's `/etc/hosts` that is not listed does not resolve inside (the host's file does
+/// not leak in); and root inside writing its own `/etc/hosts` line for an address no
+/// listed name pinned opens nothing.
+#[allow(clippy::print_stdout)]
+pub async fn a_listed_name_from_the_hosts_file_is_reachable<B: Backend>(b: &B) {
+    let _serial = SERIAL.lock().await;
+    let canary_ip = egress_lab::install().unwrap();
+    let canary = egress_lab::bind(std::net::SocketAddr::new(canary_ip, 0)).unwrap();
+    let port = canary.local_addr().unwrap().port();
+    let task = serve(canary, "sbx-hosts-canary".into());
+    let tag = std::process::id();
+    let listed = format!("hostsfile-{tag}.sbx-lab.test");
+    let unlisted = format!("hostsfile-unlisted-{tag}.sbx-lab.test");
+    let hosts = HostsLines::add(&[
+        format!("{canary_ip}\t{listed}\t# sandbox-rs egress trial"),
+        format!("{canary_ip}\t{unlisted}\t# sandbox-rs egress trial"),
+    ]);
+    let sb = b
+        .create(
+            test_options(BUSYBOX, "egress-hosts")
+                .network(NetworkPolicy::allow_list([listed.as_str()])),
+        )
+        .await
+        .unwrap();
+    let sh = async |script: String| {
+        sb.run(sandbox_core::Command::Shell(script), Default::default())
+            .await
+            .unwrap()
+    };
+    // First, while the canary's address is pinned for no name: the rules enforce
+    // addresses, so once the listed name pinned it, any name for it would do.
+    let forged = sh(format!(
+        "echo '{canary_ip} forged.sbx-lab.test' >> /etc/hosts; \
+         nc -w 5 forged.sbx-lab.test {port} 2>&1; echo rc=$?"
+    ))
+    .await;
+    let leaked = sh(format!("nc -w 5 {unlisted} {port} 2>&1; echo rc=$?")).await;
+    let reached = sh(format!("nc -w 5 {listed} {port} 2>&1; echo rc=$?")).await;
+    let inside = sh("cat /etc/hosts 2>&1".into()).await;
+    println!("/etc/hosts inside: {:?}", inside.stdout_text());
+    task.abort();
+    sb.kill().await.unwrap();
+    drop(hosts);
+    assert!(
+        reached.stdout_text().contains("sbx-hosts-canary"),
+        "the listed name from the host's /etc/hosts was not reached: {:?}",
+        reached.stdout_text()
+    );
+    assert!(
+        !leaked.stdout_text().contains("sbx-hosts-canary")
+            && leaked.stdout_text().to_lowercase().contains("bad address"),
+        "an unlisted name of the host's /etc/hosts resolved inside: {:?}",
+        leaked.stdout_text()
+    );
+    assert!(
+        !forged.stdout_text().contains("sbx-hosts-canary"),
+        "a line root wrote into /etc/hosts opened an unlisted address: {:?}",
+        forged.stdout_text()
+    );
+}
+
 /// Lists the egress trials as `#[tokio::test]`s of the calling test binary.
 ///
 /// `backend:` and `engine:` are expressions that, inside an async test, yield
@@ -553,6 +651,12 @@ macro_rules! egress_trials {
         async fn host_addresses_are_blocked_under_allow() {
             let Some(b) = $backend else { return };
             $crate::trials::egress::host_addresses_are_blocked_under_allow(&b).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn a_listed_name_from_the_hosts_file_is_reachable() {
+            let Some(b) = $backend else { return };
+            $crate::trials::egress::a_listed_name_from_the_hosts_file_is_reachable(&b).await;
         }
     };
 }
