@@ -72,6 +72,12 @@ bitflags! {
         /// writable places are outside its filesystem (a disk limit's scratch mounts) does
         /// not declare it.
         const SNAPSHOT = 1 << 19;
+        /// `Sandbox::stop` / `Sandbox::start`: every process ends but the sandbox stays
+        /// (its files, id, policy and labels), and a start brings it back usable with its
+        /// network policy re-applied before anything of the user's runs. Interpreter
+        /// contexts and running commands do not survive a stop (that is
+        /// [`Capability::SNAPSHOT_FORK`]'s memory).
+        const STOP_START = 1 << 20;
     }
 }
 
@@ -111,7 +117,8 @@ mod tests {
             "RUN_CODE|STREAMING"
         );
         assert_eq!(Capability::empty().to_string(), "NONE");
-        assert_eq!(Capability::each().count(), 20);
+        assert_eq!(Capability::each().count(), 21);
+        assert_eq!(Capability::STOP_START.names(), "STOP_START");
         assert_eq!(Capability::EXTEND_LIFETIME.names(), "EXTEND_LIFETIME");
         assert_eq!(Capability::SNAPSHOT.names(), "SNAPSHOT");
         assert_eq!(Capability::AGENT.names(), "AGENT");
