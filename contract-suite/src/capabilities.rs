@@ -33,6 +33,7 @@ pub const COVERED: &[(C, &str)] = &[
     (C::AGENT, "lifecycle"),
     (C::EXTEND_LIFETIME, "lifetime"),
     (C::IDLE_TIMEOUT, "lifetime"),
+    (C::STOP_START, "stopstart"),
 ];
 
 /// The flags [`COVERED`] lists.
@@ -269,6 +270,11 @@ async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
         refused(C::SNAPSHOT, sb.snapshot().await.map(|_| ()))?;
         checked.push(C::SNAPSHOT);
     }
+    if !caps.contains(C::STOP_START) {
+        refused(C::STOP_START, sb.stop().await)?;
+        refused(C::STOP_START, sb.start().await)?;
+        checked.push(C::STOP_START);
+    }
     // SNAPSHOT_FORK and TUNNELS have no entry point in the traits yet, so an undeclared
     // one cannot be invoked at all.
     let files_refused = sb.files().is_err();
@@ -305,7 +311,8 @@ fn all_reachable_checked(declared: C, unreachable: C, checked: &[C]) -> anyhow::
         | C::AGENT
         | C::EXTEND_LIFETIME
         | C::IDLE_TIMEOUT
-        | C::SNAPSHOT;
+        | C::SNAPSHOT
+        | C::STOP_START;
     let expected = with_entry_point - declared - unreachable;
     let got = checked.iter().fold(C::empty(), |acc, c| acc | *c);
     ensure!(

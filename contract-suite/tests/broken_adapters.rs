@@ -256,4 +256,8 @@ caught! {
     snapshot_keeping_secrets_is_caught => SnapshotKeepsSecrets,
     unlisted_snapshots_are_caught => SnapshotsUnlisted,
     snapshot_ending_its_source_is_caught => SnapshotEndsTheSource,
+    stop_that_leaves_it_running_is_caught => StopLeavesItRunning,
+    start_that_leaves_it_stopped_is_caught => StartLeavesItStopped,
+    start_that_loses_files_is_caught => StartLosesFiles,
+    start_without_egress_rules_is_caught => StartWithoutEgressRules,
 }

@@ -160,11 +160,22 @@ pub enum Flaw {
     SnapshotsUnlisted,
     /// `snapshot` ends the sandbox it was made from.
     SnapshotEndsTheSource,
+    /// Declares `STOP_START` but `stop` only says so: the sandbox keeps running.
+    StopLeavesItRunning,
+    /// `start` only says so: the sandbox stays stopped.
+    StartLeavesItStopped,
+    /// `start` brings the sandbox back from its template: what was written in its
+    /// workdir is gone.
+    StartLosesFiles,
+    /// `start` runs the sandbox without its egress rules (as a restarted container in a
+    /// new network namespace nobody loaded them into): modelled as the restarted
+    /// sandbox's commands running in a sandbox with egress `Allow`.
+    StartWithoutEgressRules,
 }
 
 impl Flaw {
     /// Every flaw.
-    pub const ALL: [Flaw; 63] = [
+    pub const ALL: [Flaw; 67] = [
         Flaw::SwallowTimeouts,
         Flaw::PretendNetworkPolicy,
         Flaw::LeakSecrets,
@@ -228,6 +239,10 @@ impl Flaw {
         Flaw::SnapshotKeepsSecrets,
         Flaw::SnapshotsUnlisted,
         Flaw::SnapshotEndsTheSource,
+        Flaw::StopLeavesItRunning,
+        Flaw::StartLeavesItStopped,
+        Flaw::StartLosesFiles,
+        Flaw::StartWithoutEgressRules,
     ];
 
     /// The trials that must fail on a backend with this flaw (each passes without it).
@@ -351,6 +366,19 @@ impl Flaw {
             Flaw::SnapshotsUnlisted => &["contract::snapshot::snapshots_are_listed_and_removable"],
             Flaw::SnapshotEndsTheSource => {
                 &["contract::snapshot::the_original_goes_on_after_a_snapshot"]
+            }
+            Flaw::StopLeavesItRunning => &[
+                "contract::stopstart::calls_on_a_stopped_sandbox_are_refused_at_once",
+                "contract::stopstart::a_stopped_sandbox_is_killed_or_expires_leaving_nothing",
+            ],
+            Flaw::StartLeavesItStopped => {
+                &["contract::stopstart::start_brings_back_the_agent_and_a_fresh_context"]
+            }
+            Flaw::StartLosesFiles => {
+                &["contract::stopstart::files_and_installed_packages_survive_stop_and_start"]
+            }
+            Flaw::StartWithoutEgressRules => {
+                &["contract::stopstart::the_egress_policy_holds_after_start"]
             }
         }
     }
