@@ -47,7 +47,7 @@ mod recorded {
 
     /// What Docker and Podman sandboxes can declare: the container layer's set, the
     /// egress allowlist, a disk limit, the agent with its terminals, moved deadlines and
-    /// idle limits, pause and resume, filesystem snapshots.
+    /// idle limits, pause and resume, filesystem snapshots, stop and start.
     const CONTAINER: Capability = Capability::RUN_COMMAND
         .union(Capability::RUN_CODE)
         .union(Capability::STATEFUL_CODE)
@@ -64,7 +64,8 @@ mod recorded {
         .union(Capability::PAUSE_RESUME)
         .union(Capability::EXTEND_LIFETIME)
         .union(Capability::IDLE_TIMEOUT)
-        .union(Capability::SNAPSHOT);
+        .union(Capability::SNAPSHOT)
+        .union(Capability::STOP_START);
 
     /// `sandbox_docker::CAPABILITIES`.
     #[cfg(any(test, not(feature = "docker")))]
@@ -74,8 +75,8 @@ mod recorded {
     #[cfg(any(test, not(feature = "podman")))]
     pub(super) const PODMAN: Capability = CONTAINER.union(Capability::GPU);
 
-    /// `sandbox_fake::full_capabilities()`: an egress allowlist, pause/resume and
-    /// snapshots, but no ingress ports, no disk, no terminals and no agent.
+    /// `sandbox_fake::full_capabilities()`: an egress allowlist, pause/resume,
+    /// snapshots and stop/start, but no ingress ports, no disk, no terminals and no agent.
     #[cfg(any(test, not(feature = "fake")))]
     pub(super) const FAKE: Capability = CONTAINER
         .difference(Capability::INGRESS_PORTS)
@@ -133,6 +134,10 @@ mod tests {
         );
         assert_eq!(
             first_party_support(Capability::SNAPSHOT),
+            ["docker", "podman", "fake"]
+        );
+        assert_eq!(
+            first_party_support(Capability::STOP_START),
             ["docker", "podman", "fake"]
         );
         assert!(first_party_support(Capability::SNAPSHOT_FORK).is_empty());
