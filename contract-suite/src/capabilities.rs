@@ -35,6 +35,7 @@ pub const COVERED: &[(C, &str)] = &[
     (C::IDLE_TIMEOUT, "lifetime"),
     (C::RESET_PROCESSES, "hostile"),
     (C::LIVE_EGRESS, "egress_live"),
+    (C::STOP_START, "stopstart"),
 ];
 
 /// The flags [`COVERED`] lists.
@@ -283,6 +284,11 @@ async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
         refused(C::RESET_PROCESSES, sb.reset_processes().await.map(|_| ()))?;
         checked.push(C::RESET_PROCESSES);
     }
+    if !caps.contains(C::STOP_START) {
+        refused(C::STOP_START, sb.stop().await)?;
+        refused(C::STOP_START, sb.start().await)?;
+        checked.push(C::STOP_START);
+    }
     // SNAPSHOT_FORK and TUNNELS have no entry point in the traits yet, so an undeclared
     // one cannot be invoked at all.
     let files_refused = sb.files().is_err();
@@ -320,7 +326,8 @@ fn all_reachable_checked(declared: C, unreachable: C, checked: &[C]) -> anyhow::
         | C::EXTEND_LIFETIME
         | C::IDLE_TIMEOUT
         | C::SNAPSHOT
-        | C::RESET_PROCESSES;
+        | C::RESET_PROCESSES
+        | C::STOP_START;
     let expected = with_entry_point - declared - unreachable;
     let got = checked.iter().fold(C::empty(), |acc, c| acc | *c);
     ensure!(

@@ -28,6 +28,7 @@ mod pty;
 mod run;
 mod run_code;
 mod snapshot;
+mod stopstart;
 mod streaming;
 
 use std::collections::BTreeMap;
@@ -212,6 +213,7 @@ fn all_trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
     t.extend(pause::trials(ctx));
     t.extend(lifetime::trials(ctx));
     t.extend(snapshot::trials(ctx));
+    t.extend(stopstart::trials(ctx));
     t.extend(files::trials(ctx));
     // The run and files areas once more on every other test image the adapter knows
     // (busybox `ls`/`stat`/`sh` differ from Debian's).

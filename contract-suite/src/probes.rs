@@ -143,7 +143,7 @@ pub enum Injection {
     /// (which fails a first-party run).
     NotProvided,
     /// Only from [`Probes::stop_sandbox`]: the sandbox was stopped, and the engine deletes
-    /// a stopped sandbox itself, for the reason given (e.g. Docker's `AutoRemove`). The
+    /// a stopped sandbox itself, for the reason given (e.g. an engine's auto-removal). The
     /// trial then proves the sandbox is gone rather than held.
     Removed(String),
 }

@@ -271,4 +271,8 @@ caught! {
     stale_egress_read_back_is_caught => EgressReadBackStale,
     ignored_deny_tier_is_caught => DenyTierIgnored,
     ignored_exception_tier_is_caught => ExceptionTierIgnored,
+    stop_that_leaves_it_running_is_caught => StopLeavesItRunning,
+    start_that_leaves_it_stopped_is_caught => StartLeavesItStopped,
+    start_that_loses_files_is_caught => StartLosesFiles,
+    start_without_egress_rules_is_caught => StartWithoutEgressRules,
 }

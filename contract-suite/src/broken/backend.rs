@@ -45,7 +45,12 @@ impl BrokenBackend {
         secrets: Vec<String>,
         ingress: Vec<u16>,
     ) -> Box<dyn Sandbox> {
-        Box::new(BrokenSandbox::new(inner, self.flaw, secrets, ingress))
+        let sb = BrokenSandbox::new(inner, self.flaw, secrets, ingress);
+        if self.flaw == Flaw::StartWithoutEgressRules {
+            Box::new(sb.restarting_open_on(self.inner.clone()))
+        } else {
+            Box::new(sb)
+        }
     }
 
     /// The snapshot `template` names, when the inner backend lists one.

@@ -179,11 +179,22 @@ pub enum Flaw {
     /// The exception tier is dropped: an excepted host that a deny entry covers stays
     /// blocked.
     ExceptionTierIgnored,
+    /// Declares `STOP_START` but `stop` only says so: the sandbox keeps running.
+    StopLeavesItRunning,
+    /// `start` only says so: the sandbox stays stopped.
+    StartLeavesItStopped,
+    /// `start` brings the sandbox back from its template: what was written in its
+    /// workdir is gone.
+    StartLosesFiles,
+    /// `start` runs the sandbox without its egress rules (as a restarted container in a
+    /// new network namespace nobody loaded them into): modelled as the restarted
+    /// sandbox's commands running in a sandbox with egress `Allow`.
+    StartWithoutEgressRules,
 }
 
 impl Flaw {
     /// Every flaw.
-    pub const ALL: [Flaw; 70] = [
+    pub const ALL: [Flaw; 74] = [
         Flaw::SwallowTimeouts,
         Flaw::PretendNetworkPolicy,
         Flaw::LeakSecrets,
@@ -254,6 +265,10 @@ impl Flaw {
         Flaw::EgressReadBackStale,
         Flaw::DenyTierIgnored,
         Flaw::ExceptionTierIgnored,
+        Flaw::StopLeavesItRunning,
+        Flaw::StartLeavesItStopped,
+        Flaw::StartLosesFiles,
+        Flaw::StartWithoutEgressRules,
     ];
 
     /// The trials that must fail on a backend with this flaw (each passes without it).
@@ -398,6 +413,19 @@ impl Flaw {
             ],
             Flaw::DenyTierIgnored => &["contract::egress_live::deny_beats_allow"],
             Flaw::ExceptionTierIgnored => &["contract::egress_live::an_exception_beats_deny"],
+            Flaw::StopLeavesItRunning => &[
+                "contract::stopstart::calls_on_a_stopped_sandbox_are_refused_at_once",
+                "contract::stopstart::a_stopped_sandbox_is_killed_or_expires_leaving_nothing",
+            ],
+            Flaw::StartLeavesItStopped => {
+                &["contract::stopstart::start_brings_back_the_agent_and_a_fresh_context"]
+            }
+            Flaw::StartLosesFiles => {
+                &["contract::stopstart::files_and_installed_packages_survive_stop_and_start"]
+            }
+            Flaw::StartWithoutEgressRules => {
+                &["contract::stopstart::the_egress_policy_holds_after_start"]
+            }
         }
     }
 }

@@ -300,6 +300,12 @@ impl Sandbox for ModelSandbox {
     async fn snapshot(&self) -> Result<sandbox_core::Snapshot> {
         self.inner.snapshot().await
     }
+    async fn stop(&self) -> Result<()> {
+        self.inner.stop().await
+    }
+    async fn start(&self) -> Result<()> {
+        self.inner.start().await
+    }
     fn native(&self) -> &dyn Any {
         self.inner.native()
     }

@@ -3,7 +3,8 @@
 //! flaws of the handle itself — a kill that leaks its error or poisons later calls, a drop
 //! that tears nothing down, a `Debug` that shows secrets, a wrong tier, pretended ingress,
 //! a pause that freezes nothing, a resume that thaws nothing, an extension that moves
-//! nothing or too much, and a snapshot that ends its sandbox.
+//! nothing or too much, a snapshot that ends its sandbox, and a stop or start that does
+//! not do what it says.
 
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -34,6 +35,10 @@ pub(super) struct BrokenSandbox {
     ingress: Vec<u16>,
     /// Under `PoisonAfterFailedKill`: the failed kill every later call reports.
     poisoned: Mutex<Option<String>>,
+    /// Under `StartWithoutEgressRules`: the backend the open sandbox comes from, and,
+    /// once started, that sandbox (egress `Allow`), where `run` goes from then on.
+    open_backend: Option<Arc<dyn sandbox_core::Backend>>,
+    restarted_open: tokio::sync::Mutex<Option<Box<dyn Sandbox>>>,
 }
 
 impl std::fmt::Debug for BrokenSandbox {
@@ -72,7 +77,25 @@ impl BrokenSandbox {
             secrets,
             ingress,
             poisoned: Mutex::new(None),
+            open_backend: None,
+            restarted_open: tokio::sync::Mutex::new(None),
         }
+    }
+
+    /// Under `StartWithoutEgressRules`: after a start, commands run in a sandbox of
+    /// `backend` with egress `Allow`.
+    pub(super) fn restarting_open_on(mut self, backend: Arc<dyn sandbox_core::Backend>) -> Self {
+        self.open_backend = Some(backend);
+        self
+    }
+
+    /// Wipes the workdir, as a start from the template would have it.
+    async fn lose_files(&self) -> Result<()> {
+        let files = self.inner.files()?;
+        for entry in files.ls(".").await? {
+            files.remove(&entry.path).await?;
+        }
+        Ok(())
     }
 
     fn info(&self) -> OrphanInfo {
@@ -107,6 +130,9 @@ impl Sandbox for BrokenSandbox {
     }
     async fn run(&self, cmd: Command, mut options: RunOptions) -> Result<ExecResult> {
         self.poison()?;
+        if let Some(open) = &*self.restarted_open.lock().await {
+            return open.run(cmd, options).await;
+        }
         match self.flaw {
             Flaw::SwallowTimeouts => {
                 options.timeout = None;
@@ -247,6 +273,9 @@ impl Sandbox for BrokenSandbox {
         self.inner.ingress_address(port)
     }
     async fn kill(&self) -> Result<()> {
+        if let Some(open) = self.restarted_open.lock().await.take() {
+            let _ = open.kill().await;
+        }
         match self.inner.kill().await {
             Err(e) if self.flaw == Flaw::LeakKillError && e.code() == ErrorCode::Connect => Err(
                 SandboxError::engine(self.inner.backend(), format!("raw engine error: {e}")),
@@ -334,6 +363,34 @@ impl Sandbox for BrokenSandbox {
             ));
         }
         Ok(now)
+    }
+
+    async fn stop(&self) -> Result<()> {
+        if self.flaw == Flaw::StopLeavesItRunning {
+            return Ok(());
+        }
+        self.inner.stop().await
+    }
+
+    async fn start(&self) -> Result<()> {
+        match self.flaw {
+            Flaw::StartLeavesItStopped => Ok(()),
+            Flaw::StartLosesFiles => {
+                self.inner.start().await?;
+                self.lose_files().await
+            }
+            Flaw::StartWithoutEgressRules => {
+                self.inner.start().await?;
+                if let Some(backend) = &self.open_backend {
+                    let opts = sandbox_core::CreateOptions::default()
+                        .network(sandbox_core::NetworkPolicy::allow());
+                    let open = backend.create(opts).await?;
+                    *self.restarted_open.lock().await = Some(open);
+                }
+                Ok(())
+            }
+            _ => self.inner.start().await,
+        }
     }
 
     async fn snapshot(&self) -> Result<sandbox_core::Snapshot> {

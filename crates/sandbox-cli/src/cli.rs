@@ -48,8 +48,8 @@ pub enum Cmd {
     Exec(ExecArgs),
     /// Copy files between the host and a sandbox: `cp FILE ID:PATH` or `cp ID:PATH FILE`.
     Cp(CpArgs),
-    /// List live sandboxes on every reachable engine, with age, deadline, how far it can be
-    /// extended (MAX) and idle limit.
+    /// List live sandboxes on every reachable engine, with state (running, paused,
+    /// stopped), age, deadline, how far it can be extended (MAX) and idle limit.
     Ls(LsArgs),
     /// Kill (and remove) a sandbox made by `create`.
     Kill(KillArgs),
@@ -60,6 +60,12 @@ pub enum Cmd {
     Egress(EgressArgs),
     /// Let a paused sandbox's processes go on where they stopped.
     Resume(KillArgs),
+    /// End every process of a sandbox made by `create` and keep it (its files, id and
+    /// policy; its lifetime keeps running).
+    Stop(KillArgs),
+    /// Run a stopped sandbox again: its network policy is re-applied before it returns;
+    /// interpreter contexts start afresh.
+    Start(KillArgs),
     /// Serve the Model Context Protocol on stdin/stdout, or over streamable HTTP with --http
     /// (tools: sandbox_create, sandbox_run, sandbox_run_code, sandbox_write_file,
     /// sandbox_read_file, sandbox_list_files, sandbox_pause, sandbox_resume,
@@ -500,7 +506,7 @@ impl Cmd {
             Cmd::Exec(a) => a.json,
             Cmd::Cp(a) => a.json,
             Cmd::Ls(a) => a.json,
-            Cmd::Kill(a) | Cmd::Pause(a) | Cmd::Resume(a) => a.json,
+            Cmd::Kill(a) | Cmd::Pause(a) | Cmd::Resume(a) | Cmd::Stop(a) | Cmd::Start(a) => a.json,
             Cmd::Egress(a) => a.json,
             Cmd::Mcp(_) | Cmd::Completions(_) => false,
         }

@@ -145,6 +145,8 @@ async fn dispatch(cmd: Cmd, out: Out) -> sandbox::Result<u8> {
         Cmd::Pause(args) => session::pause_or_resume(args, true, out).await,
         Cmd::Egress(args) => session::egress(args, out).await,
         Cmd::Resume(args) => session::pause_or_resume(args, false, out).await,
+        Cmd::Stop(args) => session::stop_or_start(args, true, out).await,
+        Cmd::Start(args) => session::stop_or_start(args, false, out).await,
         // Handled before dispatch.
         Cmd::Mcp(args) => serve_mcp(&args).await,
         Cmd::Completions(_) => Ok(exit_code::OK),

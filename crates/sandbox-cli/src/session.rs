@@ -218,16 +218,16 @@ async fn release(backend: &Arc<dyn Backend>, sb: Box<dyn Sandbox>) {
     sandbox::teardown::wait_for_teardowns(grace).await;
 }
 
-/// Whether the engine still lists the sandbox as running. An engine that does not answer
-/// counts as "still there": the holder keeps ownership until the deadline.
+/// Whether the engine still holds the sandbox, running, paused or stopped (`sandbox
+/// stop` keeps it for `sandbox start`; at its deadline the host removes it). An engine
+/// that does not answer counts as "still there": the holder keeps ownership until the
+/// deadline.
 async fn still_there(backend: &Arc<dyn Backend>, id: &str) -> bool {
     let Some(reapable) = backend.as_reapable() else {
         return true;
     };
     match tokio::time::timeout(LIST_TIMEOUT, reapable.list_managed(&BTreeMap::new())).await {
-        Ok(Ok(list)) => list
-            .iter()
-            .any(|m| m.id == id && m.state != SandboxState::Stopped),
+        Ok(Ok(list)) => list.iter().any(|m| m.id == id),
         _ => true,
     }
 }
@@ -449,6 +449,9 @@ pub async fn cp(args: CpArgs, out: Out) -> sandbox::Result<u8> {
 struct LsEntry {
     id: String,
     backend: String,
+    /// `running`, `paused` or `stopped` (`sandbox stop`: kept until `sandbox start`, a
+    /// kill or its deadline).
+    state: &'static str,
     created_at: Option<u64>,
     age_s: Option<u64>,
     /// The deadline set at create (Unix seconds). Its owner may have moved it since
@@ -477,7 +480,17 @@ struct LsReport {
     skipped: Vec<serde_json::Value>,
 }
 
-/// `sandbox ls`: running sandboxes on every reachable engine.
+/// The `STATE` of a listed sandbox; `None` for one being created or in an unknown state.
+fn ls_state(state: SandboxState) -> Option<&'static str> {
+    match state {
+        SandboxState::Running => Some("running"),
+        SandboxState::Paused => Some("paused"),
+        SandboxState::Stopped => Some("stopped"),
+        _ => None,
+    }
+}
+
+/// `sandbox ls`: live (running, paused or stopped) sandboxes on every reachable engine.
 pub async fn ls(args: LsArgs, out: Out) -> sandbox::Result<u8> {
     let schemes = if args.engines.is_empty() {
         sandbox::schemes()
@@ -495,8 +508,8 @@ pub async fn ls(args: LsArgs, out: Out) -> sandbox::Result<u8> {
             Ok((_, items)) => report.sandboxes.extend(
                 items
                     .into_iter()
-                    .filter(|m| m.state == SandboxState::Running)
-                    .map(|m| {
+                    .filter_map(|m| ls_state(m.state).map(|state| (state, m)))
+                    .map(|(state, m)| {
                         let deadline = m
                             .labels
                             .get(LABEL_DEADLINE)
@@ -504,6 +517,7 @@ pub async fn ls(args: LsArgs, out: Out) -> sandbox::Result<u8> {
                         let label_secs =
                             |k: &str| m.labels.get(k).and_then(|v| v.parse::<u64>().ok());
                         LsEntry {
+                            state,
                             max_deadline: sandbox::labels::latest_deadline(&m.labels),
                             idle_timeout_s: label_secs(sandbox::labels::LABEL_IDLE_TIMEOUT),
                             created_at: m
@@ -574,8 +588,8 @@ pub async fn ls(args: LsArgs, out: Out) -> sandbox::Result<u8> {
         return Ok(exit_code::OK);
     }
     out.line(format!(
-        "{:<14} {:<8} {:>6} {:>9} {:>9} {:>5} {:<6}  {:<24}  {}",
-        "ID", "ENGINE", "AGE", "EXPIRES", "MAX", "IDLE", "PATH", "EGRESS", "COMMAND"
+        "{:<14} {:<8} {:<8} {:>6} {:>9} {:>9} {:>5} {:<6}  {:<24}  {}",
+        "ID", "ENGINE", "STATE", "AGE", "EXPIRES", "MAX", "IDLE", "PATH", "EGRESS", "COMMAND"
     ));
     for s in &report.sandboxes {
         let short: String = s.id.chars().take(12).collect();
@@ -592,9 +606,10 @@ pub async fn ls(args: LsArgs, out: Out) -> sandbox::Result<u8> {
         };
         let egress = s.egress.as_deref().unwrap_or("-");
         out.line(format!(
-            "{:<14} {:<8} {:>6} {:>9} {:>9} {:>5} {:<6}  {:<24}  {}",
+            "{:<14} {:<8} {:<8} {:>6} {:>9} {:>9} {:>5} {:<6}  {:<24}  {}",
             crate::terminal::escape_text(&short),
             crate::terminal::escape_text(&s.backend),
+            s.state,
             s.age_s.map(human_secs).unwrap_or_else(|| "?".into()),
             s.expires_in_s
                 .map(|e| format!("in {}", human_secs(e)))
@@ -710,6 +725,29 @@ pub async fn pause_or_resume(args: KillArgs, pause: bool, out: Out) -> sandbox::
             "id": found.id,
             "backend": found.scheme,
             "state": if pause { "paused" } else { "running" },
+        }));
+    } else {
+        out.line(&found.id);
+    }
+    Ok(exit_code::OK)
+}
+
+/// `sandbox stop ID` (`stop`) or `sandbox start ID`. The session's holder keeps the
+/// sandbox while it is stopped (it lets go only when the sandbox is gone).
+pub async fn stop_or_start(args: KillArgs, stop: bool, out: Out) -> sandbox::Result<u8> {
+    let found = find(&args.id, args.engine.as_deref()).await?;
+    let sb = connect(&found).await?;
+    let sb = sb.get();
+    if stop {
+        sb.stop().await?;
+    } else {
+        sb.start().await?;
+    }
+    if out.json {
+        out.json_value(&serde_json::json!({
+            "id": found.id,
+            "backend": found.scheme,
+            "state": if stop { "stopped" } else { "running" },
         }));
     } else {
         out.line(&found.id);

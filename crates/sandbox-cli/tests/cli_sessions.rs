@@ -170,6 +170,39 @@ fn round_trip(engine: &str) {
     let o = run(&["exec", &id, "--", "cat", "state.txt"]);
     assert_eq!(stdout(&o), "kept\n", "after resume: {}", stderr(&o));
 
+    // Stopped between commands: exec fails at once with SBX_E1207, `ls` shows it stopped,
+    // the holder keeps it (past its poll), and after start its files are still there.
+    let o = run(&["stop", "--json", &id]);
+    assert_eq!(code(&o), 0, "stop: {}", stderr(&o));
+    assert_eq!(json(&o)["state"], "stopped");
+    let t0 = std::time::Instant::now();
+    let o = run(&["exec", &id, "--", "true"]);
+    assert_eq!(code(&o), 1, "exec while stopped fails: {}", stdout(&o));
+    assert!(stderr(&o).contains("SBX_E1207"), "{}", stderr(&o));
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(10),
+        "refused at once"
+    );
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let o = run(&["ls", "--json", "--engine", engine]);
+    let listed = json(&o)["sandboxes"]
+        .as_array()
+        .expect("sandboxes")
+        .iter()
+        .find(|s| s["id"] == id.as_str())
+        .map(|s| s["state"].clone());
+    assert_eq!(
+        listed,
+        Some(serde_json::json!("stopped")),
+        "ls shows the stopped session (its holder kept it): {}",
+        stdout(&o)
+    );
+    let o = run(&["start", "--json", &id]);
+    assert_eq!(code(&o), 0, "start: {}", stderr(&o));
+    assert_eq!(json(&o)["state"], "running");
+    let o = run(&["exec", &id, "--", "cat", "state.txt"]);
+    assert_eq!(stdout(&o), "kept\n", "after start: {}", stderr(&o));
+
     let o = run(&["kill", "--json", &id]);
     assert_eq!(code(&o), 0, "kill: {}", stderr(&o));
     assert_eq!(json(&o)["killed"], true);

@@ -31,11 +31,14 @@ pub use provision::config::{
     DEFAULT_DOWNLOAD_ENTRIES, DEFAULT_MAX_CONTEXTS, DEFAULT_MAX_INGRESS_CONNECTIONS,
     DEFAULT_READ_CAP, NAME_PREFIX, SWEEP_PAST_DEADLINE,
 };
-pub use provision::expiry::{DEADLINE_GRACE, DEFAULT_SWEEP_INTERVAL, MIN_SWEEP_INTERVAL};
+pub use provision::expiry::{
+    DEADLINE_GRACE, DEFAULT_SWEEP_INTERVAL, LABEL_RETAINED, MIN_SWEEP_INTERVAL,
+};
 pub use sandbox::agent::{AGENT_ENV, AGENT_PATH, agent_enabled_in};
 pub use sandbox::exec::EXEC_TOKEN_ENV;
 pub use sandbox::interpreter::DRIVER;
 pub use sandbox::kill::KILL_SCRIPT;
+pub use sandbox::restart::LABEL_EGRESS;
 pub use sandbox::{ContainerNative, ContainerSandbox, ExecPath};
 pub use spec::linux_capability::{GRANTABLE_CAPABILITIES, LinuxCapability, NEVER_GRANTABLE};
 pub use spec::runtime::{LABEL_RUNTIME, RUNSC_PIDS_HEADROOM, Runtime};

@@ -82,6 +82,12 @@ bitflags! {
         /// before the call returns; connections the new policy forbids are cut) and read
         /// back from any handle. Declared where `EGRESS_ALLOWLIST` is.
         const LIVE_EGRESS = 1 << 21;
+        /// `Sandbox::stop` / `Sandbox::start`: every process ends but the sandbox stays
+        /// (its files, id, policy and labels), and a start brings it back usable with its
+        /// network policy re-applied before anything of the user's runs. Interpreter
+        /// contexts and running commands do not survive a stop (that is
+        /// [`Capability::SNAPSHOT_FORK`]'s memory).
+        const STOP_START = 1 << 20;
     }
 }
 
@@ -121,8 +127,9 @@ mod tests {
             "RUN_CODE|STREAMING"
         );
         assert_eq!(Capability::empty().to_string(), "NONE");
-        assert_eq!(Capability::each().count(), 22);
+        assert_eq!(Capability::each().count(), 23);
         assert_eq!(Capability::LIVE_EGRESS.names(), "LIVE_EGRESS");
+        assert_eq!(Capability::STOP_START.names(), "STOP_START");
         assert_eq!(Capability::EXTEND_LIFETIME.names(), "EXTEND_LIFETIME");
         assert_eq!(Capability::SNAPSHOT.names(), "SNAPSHOT");
         assert_eq!(Capability::RESET_PROCESSES.names(), "RESET_PROCESSES");

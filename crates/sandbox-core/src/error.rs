@@ -142,6 +142,13 @@ pub enum SandboxError {
         /// Sandbox id.
         id: String,
     },
+    /// The sandbox is stopped: only `start`, `kill` and a snapshot are accepted.
+    #[error("sandbox `{id}` is stopped: start it before using it")]
+    #[non_exhaustive]
+    SandboxStopped {
+        /// Sandbox id.
+        id: String,
+    },
     /// A command exited non-zero (from `raise_for_status`).
     #[error("command exited with status {exit_code}")]
     #[non_exhaustive]
@@ -295,6 +302,7 @@ impl SandboxError {
             CreateTimeout { .. } => ErrorCode::CreateTimeout,
             SandboxGone { .. } => ErrorCode::SandboxGone,
             SandboxPaused { .. } => ErrorCode::SandboxPaused,
+            SandboxStopped { .. } => ErrorCode::SandboxStopped,
             Execution { .. } => ErrorCode::Execution,
             ExecutionTimeout { .. } => ErrorCode::ExecutionTimeout,
             InterpreterMissing { .. } => ErrorCode::InterpreterMissing,
@@ -511,6 +519,11 @@ impl SandboxError {
     /// A [`SandboxError::SandboxPaused`].
     pub fn paused(id: impl Into<String>) -> Self {
         SandboxError::SandboxPaused { id: id.into() }
+    }
+
+    /// A [`SandboxError::SandboxStopped`].
+    pub fn stopped(id: impl Into<String>) -> Self {
+        SandboxError::SandboxStopped { id: id.into() }
     }
 
     /// A [`SandboxError::Execution`] (what `raise_for_status` returns).

@@ -108,6 +108,11 @@ catalog! {
         meaning: "The sandbox is paused (`Sandbox::pause`): every process in it is frozen, so nothing but `resume` and `kill` can be done with it. The call was refused at once instead of waiting.",
         fix: "Call `resume()` first (`sandbox resume <id>` on a session), or `kill()` it.",
     },
+    SandboxStopped = "SBX_E1207" {
+        title: "Sandbox stopped",
+        meaning: "The sandbox is stopped (`Sandbox::stop`): no process runs in it, so nothing but `start`, `kill` and a snapshot can be done with it. Its files, id, policy and labels are kept; its interpreter contexts are gone. The call was refused at once instead of waiting.",
+        fix: "Call `start()` first (`sandbox start <id>` on a session), or `kill()` it.",
+    },
     Execution = "SBX_E1301" {
         title: "Command failed",
         meaning: "`ExecResult::raise_for_status` found a non-zero exit code.",

@@ -400,6 +400,7 @@ fn replay_error(e: &SandboxError) -> SandboxError {
     match e {
         SandboxError::SandboxGone { id, .. } => SandboxError::gone(id.clone()),
         SandboxError::SandboxPaused { id } => SandboxError::paused(id.clone()),
+        SandboxError::SandboxStopped { id } => SandboxError::stopped(id.clone()),
         SandboxError::ExecutionTimeout { after } => {
             SandboxError::ExecutionTimeout { after: *after }
         }

@@ -77,6 +77,32 @@ pub trait Sandbox: Send + Sync + std::fmt::Debug {
             self.backend(),
         ))
     }
+
+    /// Ends every process in the sandbox but keeps the sandbox (needs `STOP_START`): its
+    /// files (written ones and installed packages alike), id, policy and labels stay, and
+    /// [`Sandbox::start`] brings it back. Running commands end (their streams report
+    /// `SandboxGone`), interpreter contexts are lost, and until `start` every call but
+    /// `start`, `kill` and `snapshot` fails at once with `SandboxStopped`. A paused sandbox
+    /// is thawed and stopped. The lifetime keeps running while stopped: a stopped sandbox
+    /// past its deadline is removed by the host as a running one is. Stopping a stopped
+    /// sandbox does nothing.
+    async fn stop(&self) -> Result<()> {
+        Err(crate::SandboxError::unsupported(
+            Capability::STOP_START,
+            self.backend(),
+        ))
+    }
+    /// Brings a stopped sandbox back (needs `STOP_START`): when it returns, the network
+    /// policy is in force again, ingress ports answer, and `run` works; with the
+    /// in-sandbox agent it is the sandbox's first process again. Interpreter contexts
+    /// start afresh. Starting a running sandbox does nothing; a sandbox past its
+    /// deadline is `SandboxGone`.
+    async fn start(&self) -> Result<()> {
+        Err(crate::SandboxError::unsupported(
+            Capability::STOP_START,
+            self.backend(),
+        ))
+    }
     /// Moves the sandbox's deadline `by` later and returns the new one (needs
     /// `EXTEND_LIFETIME`). The moved deadline is enforced exactly as the one set at create
     /// (inside the sandbox where that was, and by the host), and never passes

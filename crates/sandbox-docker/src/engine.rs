@@ -428,6 +428,17 @@ impl ContainerEngine for DockerEngine {
             .map_err(|e| engine_error("pause container", e))
     }
 
+    async fn stop(&self, id: &str, grace: Duration) -> EngineResult<()> {
+        let t = i32::try_from(grace.as_secs()).unwrap_or(i32::MAX);
+        let opts = bollard::query_parameters::StopContainerOptionsBuilder::new()
+            .t(t)
+            .build();
+        self.client
+            .stop_container(id, Some(opts))
+            .await
+            .map_err(|e| engine_error("stop container", e))
+    }
+
     async fn unpause(&self, id: &str) -> EngineResult<()> {
         self.client
             .unpause_container(id)

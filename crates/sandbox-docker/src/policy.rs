@@ -6,8 +6,9 @@
 //! `no-new-privileges`, not privileged, a pids limit, memory == memory+swap, a CPU quota,
 //! Docker's init as PID 1, network `none` unless the spec asks for a network, ports
 //! published on loopback only, log driver `none` (nothing PID 1 writes reaches the
-//! engine's disk), and `auto_remove`, so the container is deleted when its main process
-//! (the lifetime backstop) ends.
+//! engine's disk). No `auto_remove`: a stopped container is kept so that
+//! `Sandbox::start` can run it again; the host removes it (the kill, the deadline timer,
+//! the sweeps, `sandbox reap`).
 //!
 //! Egress `Allow`/`AllowList` sandboxes run on the library's network (a bridge with
 //! `com.docker.network.bridge.enable_icc=false`: no traffic between its containers), with
@@ -33,8 +34,9 @@ use crate::config::DockerConfig;
 /// What a Docker sandbox can declare: the container layer's set, a disk limit (a
 /// read-only root with tmpfs-backed scratch volumes), the egress allowlist where the
 /// container layer can load its rules, the agent with its terminals, moved deadlines and
-/// idle limits where it runs, pause/resume (the freezer, under runc and runsc), and
-/// filesystem snapshots (an export imported as a new image).
+/// idle limits where it runs, pause/resume (the freezer, under runc and runsc),
+/// filesystem snapshots (an export imported as a new image), and stop/start (the engine
+/// keeps a stopped container; under runc and runsc).
 pub const CAPABILITIES: Capability = LAYER_CAPABILITIES
     .union(Capability::DISK_LIMIT)
     .union(Capability::EGRESS_ALLOWLIST)
@@ -45,7 +47,8 @@ pub const CAPABILITIES: Capability = LAYER_CAPABILITIES
     .union(Capability::EXTEND_LIFETIME)
     .union(Capability::IDLE_TIMEOUT)
     .union(Capability::SNAPSHOT)
-    .union(Capability::RESET_PROCESSES);
+    .union(Capability::RESET_PROCESSES)
+    .union(Capability::STOP_START);
 
 /// What the engine offers the container layer under this runtime: [`CAPABILITIES`]
 /// without the agent, its terminals, extend, the idle limit and the reset of processes (which the container layer
@@ -209,7 +212,8 @@ fn host_config(
         memory_swap: Some(memory),
         nano_cpus: Some((r.cpu * 1e9) as i64),
         init: Some(spec.init),
-        auto_remove: Some(true),
+        // Kept when stopped (`Sandbox::stop`); the container layer removes it.
+        auto_remove: Some(false),
         runtime: Some(runtime.as_str().into()),
         publish_all_ports: Some(false),
         // No container is logged: the agent's output is its channel, and on the exec path

@@ -117,18 +117,14 @@ impl Probes for DockerProbes {
     }
 
     /// Kills the sandbox's container through the engine (as a crashed init would end
-    /// it). Docker sandboxes are created with `AutoRemove`, so the engine then deletes it.
+    /// it). The engine keeps a stopped sandbox (for `Sandbox::start`), so it stays listed.
     async fn stop_sandbox(&self, sandbox_id: &str) -> anyhow::Result<Injection> {
         self.backend()?
             .client()
             .kill_container(sandbox_id, None)
             .await
             .with_context(|| format!("kill container {sandbox_id}"))?;
-        Ok(Injection::Removed(
-            "Docker sandboxes are created with AutoRemove: the engine deletes a stopped one \
-             itself"
-                .into(),
-        ))
+        Ok(Injection::Injected)
     }
 
     async fn faults(&self) -> anyhow::Result<Option<Arc<dyn Faults>>> {

@@ -46,7 +46,10 @@ fn hardening_is_always_applied() {
     assert_eq!(h["PidsLimit"], 512);
     assert_eq!(h["NanoCpus"], 1_000_000_000);
     assert_eq!(h["Init"], true);
-    assert_eq!(h["AutoRemove"], true);
+    assert_eq!(
+        h["AutoRemove"], false,
+        "kept when stopped, so that start can run it"
+    );
     assert_eq!(h["Runtime"], "runc");
     assert_eq!(h["PublishAllPorts"], false);
     assert!(h.get("PortBindings").is_none());

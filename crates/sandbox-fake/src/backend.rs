@@ -379,7 +379,9 @@ impl Backend for FakeBackend {
             found: found.is_some(),
         });
         match found {
-            Some(sb) if sb.life() == Life::Running => {
+            // A sandbox stopped with `Sandbox::stop` is reattached too: its handle can
+            // start or kill it.
+            Some(sb) if sb.life() == Life::Running || sb.is_stopped_by_call() => {
                 Ok(Box::new(FakeSandbox::new(sb, self.faults.clone())))
             }
             _ => Err(SandboxError::connect(

@@ -11,7 +11,8 @@ pub const DEFAULT_TEMPLATE: &str = "sandbox-rs/python:3.11";
 /// before their next output or start; `extend` moves the virtual deadline up to the
 /// maximum lifetime; an idle limit removes a sandbox with no call, no program and no
 /// context for that long; a snapshot copies the in-memory filesystem into a template
-/// `create` accepts). `PTY`, `SNAPSHOT_FORK`, `GPU`,
+/// `create` accepts; stop ends every program and context and keeps the filesystem until
+/// start or the deadline). `PTY`, `SNAPSHOT_FORK`, `GPU`,
 /// `INGRESS_PORTS` (nothing in a fake sandbox can accept a host connection) and `TUNNELS`
 /// are not implemented and therefore never declared: asking for them is
 /// `CapabilityNotSupported`.
@@ -30,6 +31,7 @@ pub fn full_capabilities() -> Capability {
         | Capability::EXTEND_LIFETIME
         | Capability::IDLE_TIMEOUT
         | Capability::SNAPSHOT
+        | Capability::STOP_START
 }
 
 /// Options of a [`FakeBackend`](crate::FakeBackend). Build one with

@@ -149,7 +149,10 @@ fn sandbox_killer(inner: Arc<SandboxInner>, faults: FaultInjector) -> Killer {
         let inner = inner.clone();
         let faults = faults.clone();
         Box::pin(async move {
-            inner.alive()?;
+            // A stopped sandbox is still held, and killed like a running one.
+            if !inner.is_stopped_by_call() {
+                inner.alive()?;
+            }
             inner.record(Call::Kill {
                 sandbox_id: inner.id.clone(),
             });
@@ -380,6 +383,20 @@ impl Sandbox for FakeSandbox {
 
     async fn resume(&self) -> Result<()> {
         self.set_paused(false)
+    }
+
+    async fn stop(&self) -> Result<()> {
+        self.require(Capability::STOP_START)?;
+        let sb = self.inner();
+        sb.touch();
+        sb.stop_by_call()
+    }
+
+    async fn start(&self) -> Result<()> {
+        self.require(Capability::STOP_START)?;
+        let sb = self.inner();
+        sb.touch();
+        sb.restart()
     }
 
     async fn extend(&self, by: std::time::Duration) -> Result<std::time::SystemTime> {

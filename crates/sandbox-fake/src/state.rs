@@ -125,6 +125,9 @@ pub(crate) struct SandboxInner {
     frozen: tokio::sync::watch::Sender<bool>,
     /// The egress policy in force (the create's, until `set_egress` replaces it).
     egress: Mutex<sandbox_core::Egress>,
+    /// `true` while stopped with `Sandbox::stop` (not by a crash): calls are refused with
+    /// `SandboxStopped` and `start` brings it back.
+    stopped_by_call: std::sync::atomic::AtomicBool,
     engine: Weak<Engine>,
 }
 
@@ -171,6 +174,7 @@ impl SandboxInner {
             contexts: Mutex::new(BTreeMap::new()),
             frozen: tokio::sync::watch::channel(false).0,
             egress: Mutex::new(spec.policy.egress.clone()),
+            stopped_by_call: std::sync::atomic::AtomicBool::new(false),
             created_at: now,
             spec,
             engine,
@@ -247,12 +251,59 @@ impl SandboxInner {
         }
     }
 
-    /// `Ok` while the sandbox is creating or running; past its deadline it is torn down here.
+    /// `Ok` while the sandbox is creating or running; `SandboxStopped` while stopped with
+    /// `Sandbox::stop`; past its deadline it is torn down here.
     pub(crate) fn alive(&self) -> Result<()> {
         match self.life() {
             Life::Creating | Life::Running if self.held() => Ok(()),
+            Life::Stopped if self.is_stopped_by_call() && self.held() => {
+                Err(SandboxError::stopped(self.id.clone()))
+            }
             _ => Err(self.gone()),
         }
+    }
+
+    /// Whether it is stopped with `Sandbox::stop` (and may be started again).
+    pub(crate) fn is_stopped_by_call(&self) -> bool {
+        self.life() == Life::Stopped
+            && self
+                .stopped_by_call
+                .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// `Sandbox::stop`: thawed, every process and context ended, kept (`Stopped`) until
+    /// [`SandboxInner::restart`] or its deadline.
+    pub(crate) fn stop_by_call(&self) -> Result<()> {
+        if self.is_stopped_by_call() {
+            return Ok(());
+        }
+        self.alive()?;
+        self.set_frozen(false);
+        self.stopped_by_call
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.stop();
+        Ok(())
+    }
+
+    /// `Sandbox::start` of a sandbox stopped with `Sandbox::stop`: running again, with its
+    /// files, policy and labels; its contexts start afresh. A running one is left alone.
+    pub(crate) fn restart(&self) -> Result<()> {
+        if !self.is_stopped_by_call() {
+            return self.alive();
+        }
+        if !self.held() {
+            return Err(self.gone());
+        }
+        {
+            let mut l = lock(&self.life);
+            if *l != Life::Stopped {
+                return Err(self.gone());
+            }
+            *l = Life::Running;
+        }
+        self.stopped_by_call
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
     }
 
     /// Pauses (`true`) or resumes every program of the sandbox, as the cgroup freezer
@@ -345,10 +396,14 @@ impl SandboxInner {
     }
 
     /// Whether anything runs (a program, a stateful context's interpreter) or the
-    /// sandbox is paused (its programs wait, frozen): not idle, as in a container, where
-    /// those are processes below the agent and a frozen agent counts no time.
+    /// sandbox is paused (its programs wait, frozen) or stopped with `Sandbox::stop`: not
+    /// idle, as in a container, where those are processes below the agent and a frozen or
+    /// stopped agent counts no time (a started one counts afresh).
     pub(crate) fn busy(&self) -> bool {
-        !self.procs().list().is_empty() || !lock(&self.contexts).is_empty() || *self.frozen.borrow()
+        !self.procs().list().is_empty()
+            || !lock(&self.contexts).is_empty()
+            || *self.frozen.borrow()
+            || self.is_stopped_by_call()
     }
 
     /// The virtual wall-clock time of a moment on tokio's clock.

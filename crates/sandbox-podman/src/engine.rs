@@ -340,6 +340,14 @@ impl ContainerEngine for PodmanEngine {
         self.api("container pause", c.pause()).await
     }
 
+    async fn stop(&self, id: &str, grace: Duration) -> EngineResult<()> {
+        let c = self.client.containers().get(id);
+        let opts = podman_api::opts::ContainerStopOpts::builder()
+            .timeout(usize::try_from(grace.as_secs()).unwrap_or(usize::MAX))
+            .build();
+        self.api("container stop", c.stop(&opts)).await
+    }
+
     async fn unpause(&self, id: &str) -> EngineResult<()> {
         let c = self.client.containers().get(id);
         self.api("container unpause", c.unpause()).await

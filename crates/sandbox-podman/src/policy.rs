@@ -20,8 +20,9 @@ use crate::config::{MountMode, PodmanOptions, Sharing};
 /// read-only root with tmpfs scratch mounts), the egress allowlist where the container
 /// layer can load its rules, the agent with its terminals, moved deadlines and idle limits
 /// where it runs, GPUs for a sandbox created with CDI devices
-/// ([`PodmanOptions::cdi_device`]), pause/resume (the freezer), and filesystem snapshots
-/// (an export imported as a new image).
+/// ([`PodmanOptions::cdi_device`]), pause/resume (the freezer), filesystem snapshots
+/// (an export imported as a new image), and stop/start (the engine keeps a stopped
+/// container).
 pub const CAPABILITIES: Capability = LAYER_CAPABILITIES
     .union(Capability::DISK_LIMIT)
     .union(Capability::EGRESS_ALLOWLIST)
@@ -33,7 +34,8 @@ pub const CAPABILITIES: Capability = LAYER_CAPABILITIES
     .union(Capability::EXTEND_LIFETIME)
     .union(Capability::IDLE_TIMEOUT)
     .union(Capability::SNAPSHOT)
-    .union(Capability::RESET_PROCESSES);
+    .union(Capability::RESET_PROCESSES)
+    .union(Capability::STOP_START);
 
 /// What the engine offers the container layer under these options: [`CAPABILITIES`]
 /// without the agent, its terminals, extend, the idle limit and the reset of processes (which the container layer
@@ -97,6 +99,9 @@ fn labels(spec: &ContainerSpec, podman: &PodmanOptions) -> Map<String, Value> {
     if let Some(rt) = podman.runtime {
         l.insert(LABEL_RUNTIME.into(), rt.as_str().into());
     }
+    if !podman.ephemeral {
+        l.insert(sandbox_container::LABEL_RETAINED.into(), "true".into());
+    }
     l
 }
 
@@ -137,7 +142,10 @@ pub(crate) fn create_body(spec: &ContainerSpec, podman: &PodmanOptions) -> Resul
         "env": env,
         "work_dir": spec.workdir,
         "create_working_dir": true,
-        "remove": podman.ephemeral,
+        // Never Podman's `--rm`: a stopped container is kept so that `Sandbox::start` can
+        // run it again; the container layer removes it (`ephemeral` decides whether its
+        // deadline timer removes it once stopped, see `LABEL_RETAINED`).
+        "remove": false,
         "cap_drop": ["ALL"],
         "no_new_privileges": true,
         "netns": { "nsmode": netns },

@@ -76,8 +76,7 @@ impl Probes for PodmanProbes {
     }
 
     /// Kills the sandbox's container through the engine (as a crashed init would end
-    /// it). Podman sandboxes are created with `--rm` (`PodmanOptions::ephemeral`, the
-    /// default the suite runs with), so the engine then deletes it.
+    /// it). The engine keeps a stopped sandbox (for `Sandbox::start`), so it stays listed.
     async fn stop_sandbox(&self, sandbox_id: &str) -> anyhow::Result<Injection> {
         self.backend()
             .await?
@@ -87,11 +86,7 @@ impl Probes for PodmanProbes {
             .kill()
             .await
             .with_context(|| format!("kill container {sandbox_id}"))?;
-        Ok(Injection::Removed(
-            "Podman sandboxes are created with --rm (PodmanOptions::ephemeral): the engine \
-             deletes a stopped one itself"
-                .into(),
-        ))
+        Ok(Injection::Injected)
     }
 
     async fn faults(&self) -> anyhow::Result<Option<Arc<dyn Faults>>> {

@@ -72,7 +72,11 @@ fn hardening_is_always_in_the_body() {
     assert!(v.get("cap_add").is_none());
     assert_eq!(v["init"], true);
     assert_eq!(v["netns"]["nsmode"], "none");
-    assert_eq!(v["remove"], true);
+    assert_eq!(
+        v["remove"], false,
+        "kept when stopped, so that start can run it"
+    );
+    assert!(v["labels"].get(sandbox_container::LABEL_RETAINED).is_none());
     let mem = 512 * 1024 * 1024;
     assert_eq!(v["resource_limits"]["memory"]["limit"], mem);
     assert_eq!(v["resource_limits"]["memory"]["swap"], mem);
@@ -129,6 +133,7 @@ fn options_map_to_the_body() {
     assert_eq!(v["cap_add"], json!(["CHOWN"]));
     assert_eq!(v["annotations"]["krun.cpus"], "2");
     assert_eq!(v["remove"], false);
+    assert_eq!(v["labels"][sandbox_container::LABEL_RETAINED], "true");
     assert_eq!(v["netns"]["nsmode"], "bridge");
     assert_eq!(v["portmappings"][0]["host_ip"], "127.0.0.1");
     assert_eq!(v["portmappings"][0]["container_port"], 8080);

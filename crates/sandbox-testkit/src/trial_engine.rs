@@ -251,6 +251,9 @@ impl<E: ContainerEngine> ContainerEngine for TrialEngine<E> {
     async fn unpause(&self, id: &str) -> EngineResult<()> {
         self.inner.unpause(id).await
     }
+    async fn stop(&self, id: &str, grace: std::time::Duration) -> EngineResult<()> {
+        self.inner.stop(id, grace).await
+    }
     async fn image_config(
         &self,
         image: &str,

@@ -218,6 +218,14 @@ impl Sandbox {
     pub fn resume(&self) -> Result<()> {
         block_on(self.inner().resume())?
     }
+    /// Blocking [`crate::Sandbox::stop`]: ends every process, keeps the sandbox.
+    pub fn stop(&self) -> Result<()> {
+        block_on(self.inner().stop())?
+    }
+    /// Blocking [`crate::Sandbox::start`]: runs a stopped sandbox again.
+    pub fn start(&self) -> Result<()> {
+        block_on(self.inner().start())?
+    }
     /// Blocking [`crate::Sandbox::snapshot`]: the sandbox's filesystem as a template.
     pub fn snapshot(&self) -> Result<crate::Snapshot> {
         block_on(self.inner().snapshot())?

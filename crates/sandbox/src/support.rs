@@ -47,8 +47,8 @@ mod recorded {
 
     /// What Docker and Podman sandboxes can declare: the container layer's set, the
     /// egress allowlist and its live change, a disk limit, the agent with its terminals,
-    /// moved deadlines and idle limits, pause and resume, filesystem snapshots, the reset
-    /// of processes.
+    /// moved deadlines and idle limits, pause and resume, filesystem snapshots, stop and
+    /// start, the reset of processes.
     const CONTAINER: Capability = Capability::RUN_COMMAND
         .union(Capability::RUN_CODE)
         .union(Capability::STATEFUL_CODE)
@@ -67,7 +67,8 @@ mod recorded {
         .union(Capability::EXTEND_LIFETIME)
         .union(Capability::IDLE_TIMEOUT)
         .union(Capability::SNAPSHOT)
-        .union(Capability::RESET_PROCESSES);
+        .union(Capability::RESET_PROCESSES)
+        .union(Capability::STOP_START);
 
     /// `sandbox_docker::CAPABILITIES`.
     #[cfg(any(test, not(feature = "docker")))]
@@ -78,8 +79,8 @@ mod recorded {
     pub(super) const PODMAN: Capability = CONTAINER.union(Capability::GPU);
 
     /// `sandbox_fake::full_capabilities()`: an egress allowlist and its live change,
-    /// pause/resume and snapshots, but no ingress ports, no disk, no terminals, no agent
-    /// and no reset of processes.
+    /// pause/resume, snapshots and stop/start, but no ingress ports, no disk, no
+    /// terminals, no agent and no reset of processes.
     #[cfg(any(test, not(feature = "fake")))]
     pub(super) const FAKE: Capability = CONTAINER
         .difference(Capability::INGRESS_PORTS)
@@ -143,6 +144,10 @@ mod tests {
         assert_eq!(
             first_party_support(Capability::RESET_PROCESSES),
             ["docker", "podman"]
+        );
+        assert_eq!(
+            first_party_support(Capability::STOP_START),
+            ["docker", "podman", "fake"]
         );
         assert!(first_party_support(Capability::SNAPSHOT_FORK).is_empty());
         assert!(first_party_support(Capability::empty()).is_empty());

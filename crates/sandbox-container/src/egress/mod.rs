@@ -859,7 +859,6 @@ async fn library_network<E: ContainerEngine + ?Sized>(engine: &E) -> Result<Netw
 /// Applies sandbox `id`'s current policy into its network namespace again (a container
 /// that was stopped and started has a new one): what a restart calls before the user's
 /// code runs. A sandbox created with egress `Deny` (no network) has none to apply.
-#[allow(dead_code, reason = "the restart of a stopped sandbox is its caller")]
 pub(crate) async fn apply_current<E: ContainerEngine + ?Sized>(engine: &E, id: &str) -> Result<()> {
     let backend = engine.backend();
     let files = state::Files::of(id);
@@ -877,6 +876,12 @@ pub(crate) async fn apply_current<E: ContainerEngine + ?Sized>(engine: &E, id: &
             Loaded::Refused(e) => e,
             Loaded::Failed(why) => creation(backend, why),
         })
+}
+
+/// Whether this host records a policy for sandbox `id` (it runs on the library's network
+/// and any process here can re-apply its current policy).
+pub(crate) fn recorded(id: &str) -> bool {
+    matches!(state::Files::of(id).read(), Ok(Some(_)))
 }
 
 /// The egress policy in force for sandbox `id`, as recorded on this host; a sandbox with

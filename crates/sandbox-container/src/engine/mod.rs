@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -278,6 +278,18 @@ pub trait ContainerEngine: Send + Sync + fmt::Debug + 'static {
         Err(EngineError::new(
             EngineErrorKind::InvalidRequest,
             format!("this engine cannot pause the container {id}"),
+        ))
+    }
+    /// Ends every process of a running container and keeps the container (its
+    /// filesystem, id and labels), so that [`Self::start`] runs it again; the engine kills
+    /// the main process after `grace`. An engine that implements it, and keeps a stopped
+    /// container rather than removing it, declares `STOP_START` in [`Self::capabilities`].
+    /// Default: not supported.
+    async fn stop(&self, id: &str, grace: Duration) -> EngineResult<()> {
+        let _ = grace;
+        Err(EngineError::new(
+            EngineErrorKind::InvalidRequest,
+            format!("this engine cannot stop the container {id}"),
         ))
     }
     /// Thaws a container [`Self::pause`] froze. Default: not supported.

@@ -64,8 +64,8 @@ impl<E: ContainerEngine> ContainerFiles<E> {
     }
 
     /// The agent's file operations, when this sandbox has an agent.
-    fn agent(&self) -> Option<AgentFiles<'_>> {
-        self.sh.agent.as_ref().map(|client| AgentFiles {
+    fn agent(&self) -> Option<AgentFiles> {
+        self.sh.agent().map(|client| AgentFiles {
             client,
             call_timeout: self.sh.config.call_timeout,
             read_cap: self.sh.config.read_cap,
@@ -74,7 +74,7 @@ impl<E: ContainerEngine> ContainerFiles<E> {
 
     fn resolve(&self, path: &str) -> Result<String> {
         self.sh.remaining()?;
-        self.sh.refuse_if_paused()?;
+        self.sh.refuse_unless_running()?;
         resolve_path(&self.sh.workdir, path)
     }
 

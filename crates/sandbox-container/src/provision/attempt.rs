@@ -204,8 +204,13 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                 .collect(),
             interpreters: Mutex::new(HashMap::new()),
             contexts: Mutex::new(HashMap::new()),
-            agent,
+            agent: Mutex::new(agent),
             paused: std::sync::atomic::AtomicBool::new(false),
+            stopped: std::sync::atomic::AtomicBool::new(false),
+            network: Some(crate::sandbox::restart::NetworkPlan {
+                policy: options.network.clone(),
+                net: egress_net.cloned(),
+            }),
             expiry,
         });
         tracing::debug!(

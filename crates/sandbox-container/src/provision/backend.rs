@@ -114,11 +114,13 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         // GPU is the engine's alone (devices in its create body, e.g. Podman's CDI names):
         // passed through when the engine declares it.
         // So is DISK_LIMIT (a read-only root and sized scratch mounts in its create body).
-        // And PAUSE_RESUME (the engine's freezer, see `ContainerEngine::pause`), and
-        // SNAPSHOT (its export and import, see `crate::snapshot`).
+        // And PAUSE_RESUME (the engine's freezer, see `ContainerEngine::pause`),
+        // SNAPSHOT (its export and import, see `crate::snapshot`), and STOP_START (its
+        // stop and start, see `crate::sandbox::restart`).
         let mut caps = (LAYER_CAPABILITIES
             | Capability::GPU
             | Capability::PAUSE_RESUME
+            | Capability::STOP_START
             | Capability::SNAPSHOT
             | Capability::EGRESS_ALLOWLIST
             | Capability::LIVE_EGRESS
@@ -220,8 +222,10 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         let deadline = sandbox_core::labels::latest_deadline(&c.labels)
             .map(|d| SystemTime::UNIX_EPOCH + Duration::from_secs(d))
             .unwrap_or(SystemTime::UNIX_EPOCH);
-        // A paused sandbox is reattached too: its handle can resume or kill it.
-        let up = c.is_running() || c.state == sandbox_core::SandboxState::Paused;
+        // A paused or stopped sandbox is reattached too: its handle can resume, start or
+        // kill it.
+        let stopped = c.state == sandbox_core::SandboxState::Stopped;
+        let up = c.is_running() || c.state == sandbox_core::SandboxState::Paused || stopped;
         if !up || deadline <= SystemTime::now() {
             return Err(error::connect(
                 id,
@@ -235,7 +239,19 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             .and_then(|r| Runtime::parse(r))
             .map(Runtime::tier)
             .unwrap_or_else(|| eng.tier());
-        let agent = self.take_agent_over(&c).await;
+        let agent = if stopped {
+            None
+        } else {
+            self.take_agent_over(&c).await
+        };
+        // A stopped sandbox has no agent to greet yet: the capabilities are those its
+        // agent brings where `start` will take it over (this build's takeover version has
+        // them all).
+        let agent_caps = if stopped && self.takes_agent_over(&c.labels) {
+            crate::sandbox::agent::restarted_capabilities(tier)
+        } else {
+            crate::sandbox::agent::capabilities(agent.as_ref(), tier)
+        };
         let info = OrphanInfo::new(c.id.clone(), eng.backend(), c.labels.clone());
         let expiry = self.arm_expiry(&c.id, deadline);
         let guard = TeardownGuard::new(
@@ -261,16 +277,19 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             max_deadline: deadline,
             tier,
             caps: crate::snapshot::instance_caps(
-                self.caps() | crate::sandbox::agent::capabilities(agent.as_ref(), tier),
+                self.caps() | agent_caps,
                 c.labels.contains_key(crate::snapshot::LABEL_DISK_LIMITED),
             ),
             // Secrets are never stored engine-side, so a reattached handle has none.
             secrets: Vec::new(),
             interpreters: Mutex::new(HashMap::new()),
             contexts: Mutex::new(HashMap::new()),
-            agent,
+            agent: Mutex::new(agent),
             // Paused by another handle: kill must thaw it first.
             paused: AtomicBool::new(c.state == sandbox_core::SandboxState::Paused),
+            stopped: AtomicBool::new(stopped),
+            // The policy is not kept engine-side: `start` re-applies what it can know.
+            network: None,
             expiry,
         });
         tracing::debug!(
@@ -292,10 +311,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         &self,
         c: &ContainerInfo,
     ) -> Option<sandbox_agent::client::AgentClient> {
-        if !crate::sandbox::agent::takes_over(&c.labels)
-            || !self.engine.supports_attach()
-            || !self.engine.attach_survives_detach()
-        {
+        if !self.takes_agent_over(&c.labels) {
             return None;
         }
         if c.state == sandbox_core::SandboxState::Paused {
@@ -325,6 +341,14 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                 None
             }
         }
+    }
+
+    /// Whether a reattached handle talks to the agent of a sandbox with these labels: one
+    /// that takes a new session over, on an engine whose attach survives this process.
+    fn takes_agent_over(&self, labels: &BTreeMap<String, String>) -> bool {
+        crate::sandbox::agent::takes_over(labels)
+            && self.engine.supports_attach()
+            && self.engine.attach_survives_detach()
     }
 
     /// [`Backend::create`], returning the concrete sandbox type.

@@ -483,6 +483,13 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                         crate::sandbox::agent::protocol_label(),
                     );
                 }
+                // Whether a start must load rules into the new network namespace: a
+                // reattached handle, which does not know the policy, starts only a
+                // sandbox without network.
+                labels.insert(
+                    crate::sandbox::restart::LABEL_EGRESS.to_string(),
+                    crate::sandbox::restart::egress_label(&options.network).to_string(),
+                );
                 if resources.disk_mb.is_some() {
                     labels.insert(
                         crate::snapshot::LABEL_DISK_LIMITED.to_string(),

@@ -29,6 +29,12 @@ use crate::provision::teardown::remove_in_state;
 /// ends are this host's clock).
 pub const DEADLINE_GRACE: Duration = Duration::from_secs(2);
 
+/// Label (value `true`) of a sandbox whose container is kept, stopped, for inspection once
+/// its lifetime ends (Podman's `ephemeral(false)`): the host-side timer leaves it to
+/// `sandbox reap`. Every other stopped sandbox past its deadline is removed: engines keep a
+/// stopped container (so that `Sandbox::start` can run it again), and the host removes it.
+pub const LABEL_RETAINED: &str = "io.sandbox-rs.retained";
+
 /// Default interval of the periodic sweep while a backend lives.
 pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(300);
 
@@ -110,8 +116,8 @@ impl Upkeep {
     }
 
     /// Arms the deadline timer of container `id` on `engine`: at `deadline` plus
-    /// [`DEADLINE_GRACE`] it is removed unless it stopped by itself (an engine that keeps
-    /// stopped containers keeps them for inspection, as configured).
+    /// [`DEADLINE_GRACE`] it is removed, running, paused or stopped (by `Sandbox::stop` or
+    /// by its own end), unless it is stopped and labelled [`LABEL_RETAINED`].
     pub(crate) fn arm<E: ContainerEngine>(
         &self,
         engine: &Arc<E>,
@@ -155,10 +161,15 @@ pub(crate) fn fires_in(deadline: SystemTime, now: SystemTime) -> Duration {
         .unwrap_or_default()
 }
 
-/// Whether a container the engine reports in `state` past its deadline is removed: all
-/// but a stopped one still hold the resources the lifetime bounds.
-pub(crate) fn outlived(state: SandboxState) -> bool {
-    state != SandboxState::Stopped
+/// Whether a container the engine reports in `state` with `labels` past its deadline is
+/// removed: every one but a stopped one kept for inspection ([`LABEL_RETAINED`]). A
+/// stopped one is removed too: a sandbox stopped with `Sandbox::stop` lives as long as its
+/// deadline, and engines no longer delete a container whose processes ended.
+pub(crate) fn outlived(
+    state: SandboxState,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    state != SandboxState::Stopped || labels.get(LABEL_RETAINED).map(String::as_str) != Some("true")
 }
 
 /// The timer's work once it fires: the container removed if it still runs.
@@ -166,13 +177,13 @@ async fn expire<E: ContainerEngine>(engine: Weak<E>, call_timeout: Duration, id:
     let Some(engine) = engine.upgrade() else {
         return;
     };
-    let state = match bounded(call_timeout, "inspect", engine.inspect(id)).await {
-        Ok(c) => c.state,
+    let (state, labels) = match bounded(call_timeout, "inspect", engine.inspect(id)).await {
+        Ok(c) => (c.state, c.labels),
         Err(e) if e.kind == EngineErrorKind::NotFound => return,
         // Unknown: removed anyway, the deadline has passed.
-        Err(_) => SandboxState::Unknown,
+        Err(_) => (SandboxState::Unknown, Default::default()),
     };
-    if !outlived(state) {
+    if !outlived(state, &labels) {
         return;
     }
     match remove_in_state(&*engine, call_timeout, id, state).await {
@@ -216,15 +227,22 @@ mod tests {
     }
 
     #[test]
-    fn only_a_container_that_stopped_by_itself_is_kept() {
-        assert!(!outlived(SandboxState::Stopped));
+    fn only_a_stopped_container_kept_for_inspection_is_kept() {
+        let retained = BTreeMap::from([(LABEL_RETAINED.to_string(), "true".to_string())]);
+        let plain = BTreeMap::new();
+        assert!(!outlived(SandboxState::Stopped, &retained));
+        assert!(
+            outlived(SandboxState::Stopped, &plain),
+            "a stopped sandbox past its deadline is removed"
+        );
         for s in [
             SandboxState::Running,
             SandboxState::Paused,
             SandboxState::Creating,
             SandboxState::Unknown,
         ] {
-            assert!(outlived(s), "{s:?}");
+            assert!(outlived(s, &plain), "{s:?}");
+            assert!(outlived(s, &retained), "{s:?}");
         }
     }
 

@@ -409,6 +409,16 @@ pub(crate) fn capabilities(
     caps
 }
 
+/// [`capabilities`] of an agent of this build's takeover version, for a handle reattached
+/// to a stopped sandbox whose agent `start` will greet.
+pub(crate) fn restarted_capabilities(tier: IsolationTier) -> Capability {
+    let mut caps = Capability::AGENT | Capability::EXTEND_LIFETIME | Capability::IDLE_TIMEOUT;
+    if terminals_work(tier) {
+        caps |= Capability::PTY;
+    }
+    caps
+}
+
 /// What the template holds at [`AGENT_PATH`] that keeps the agent out, if anything: a
 /// directory (also a volume the image declares there) or a symbolic link. A regular file
 /// is no obstacle (the upload replaces it, a bind mount covers it).

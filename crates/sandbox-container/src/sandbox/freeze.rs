@@ -24,6 +24,9 @@ use crate::sandbox::shared::Shared;
 pub(crate) async fn set_paused<E: ContainerEngine>(shared: &Shared<E>, pause: bool) -> Result<()> {
     let backend = shared.engine.backend();
     sandbox_core::policy::require(shared.caps, Capability::PAUSE_RESUME, backend)?;
+    if shared.stopped.load(Ordering::SeqCst) {
+        return Err(sandbox_core::SandboxError::stopped(&shared.id));
+    }
     let (op, wanted) = if pause {
         ("pause", SandboxState::Paused)
     } else {

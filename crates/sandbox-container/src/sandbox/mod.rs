@@ -14,6 +14,7 @@ mod lifetime;
 mod pids;
 mod process;
 mod reset;
+pub(crate) mod restart;
 pub(crate) mod shared;
 pub(crate) mod stdin;
 
@@ -153,7 +154,29 @@ impl<E: ContainerEngine> ContainerSandbox<E> {
     /// The host loopback address where container port `port` is reachable, for ports
     /// requested in `NetworkPolicy::ingress_ports`.
     pub fn ingress_addr(&self, port: u16) -> Option<SocketAddr> {
-        self.native.ingress.get(&port).copied()
+        self.ingress
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .addrs
+            .get(&port)
+            .copied()
+    }
+
+    /// After a start, the host addresses the engine published the ingress ports at again
+    /// (it may pick other host ports for a restarted container). Loopback forwarders (a
+    /// sandbox without network) keep their listeners and need nothing.
+    async fn refresh_published_ingress(&self) -> Result<()> {
+        let Some(plan) = &self.shared.network else {
+            return Ok(());
+        };
+        let ports = &plan.policy.ingress_ports;
+        if ports.is_empty() || plan.policy.egress == sandbox_core::Egress::Deny {
+            return Ok(());
+        }
+        let fresh = crate::sandbox::ingress::published(&self.shared, ports).await?;
+        let mut ingress = self.ingress.lock().unwrap_or_else(|p| p.into_inner());
+        ingress.addrs = fresh.addrs.clone();
+        Ok(())
     }
 }
 
@@ -177,7 +200,7 @@ impl<E: ContainerEngine> Sandbox for ContainerSandbox<E> {
 
     async fn run(&self, cmd: Command, options: RunOptions) -> Result<ExecResult> {
         sandbox_core::policy::require(self.shared.caps, Capability::RUN_COMMAND, self.backend())?;
-        self.shared.refuse_if_paused()?;
+        self.shared.refuse_unless_running()?;
         cmd.validate()?;
         let timeout = options.validate(self.shared.remaining()?)?;
         let cap = options.output_cap.unwrap_or(DEFAULT_OUTPUT_CAP);
@@ -186,13 +209,13 @@ impl<E: ContainerEngine> Sandbox for ContainerSandbox<E> {
     }
 
     async fn run_code(&self, code: &str, options: CodeOptions) -> Result<ExecResult> {
-        self.shared.refuse_if_paused()?;
+        self.shared.refuse_unless_running()?;
         crate::sandbox::interpreter::run_code(&self.shared, code, options).await
     }
 
     fn stream(&self, cmd: Command, options: RunOptions) -> Result<Process> {
         sandbox_core::policy::require(self.shared.caps, Capability::STREAMING, self.backend())?;
-        self.shared.refuse_if_paused()?;
+        self.shared.refuse_unless_running()?;
         cmd.validate()?;
         let timeout = options.validate(self.shared.remaining()?)?;
         self.shared.user_process(cmd.to_argv(), &options, timeout)
@@ -247,6 +270,15 @@ impl<E: ContainerEngine> Sandbox for ContainerSandbox<E> {
 
     async fn resume(&self) -> Result<()> {
         freeze::set_paused(&self.shared, false).await
+    }
+
+    async fn stop(&self) -> Result<()> {
+        restart::stop(&self.shared).await
+    }
+
+    async fn start(&self) -> Result<()> {
+        restart::start(&self.shared).await?;
+        self.refresh_published_ingress().await
     }
 
     async fn extend(&self, by: std::time::Duration) -> Result<std::time::SystemTime> {

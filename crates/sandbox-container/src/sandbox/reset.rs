@@ -15,13 +15,13 @@ use crate::sandbox::shared::Shared;
 pub(crate) async fn reset_processes<E: ContainerEngine>(shared: &Shared<E>) -> Result<u32> {
     let backend = shared.engine.backend();
     sandbox_core::policy::require(shared.caps, Capability::RESET_PROCESSES, backend)?;
-    let Some(agent) = &shared.agent else {
+    shared.refuse_unless_running()?;
+    let Some(agent) = shared.agent() else {
         return Err(SandboxError::unsupported(
             Capability::RESET_PROCESSES,
             backend,
         ));
     };
-    shared.refuse_if_paused()?;
     let killed = agent.reset_processes().await?;
     let forgotten = std::mem::take(&mut *shared.contexts.lock().unwrap_or_else(|e| e.into_inner()));
     tracing::info!(

@@ -44,11 +44,18 @@ pub(crate) struct Shared<E> {
     /// Persistent interpreters by context id.
     pub contexts: Mutex<HashMap<String, ContextSlot>>,
     /// The in-sandbox agent, when it is this container's PID 1 and answered its hello;
-    /// `None` on the engine's exec path.
-    pub agent: Option<AgentClient>,
+    /// `None` on the engine's exec path. Replaced by `start` (a restarted container has a
+    /// new agent).
+    pub agent: Mutex<Option<AgentClient>>,
     /// Paused (the engine's freezer) and not resumed since, as far as this handle knows:
     /// its teardown thaws the container before removing it.
     pub paused: AtomicBool,
+    /// Stopped (`Sandbox::stop`, or found stopped by `connect`) and not started since.
+    pub stopped: AtomicBool,
+    /// What `start` re-applies into the restarted container's new network namespace;
+    /// `None` on a reattached handle, which does not know the policy (it is not kept
+    /// engine-side).
+    pub network: Option<crate::sandbox::restart::NetworkPlan>,
     /// The host-side deadline timer; every removal through the handle cancels it.
     pub expiry: Expiry,
 }
@@ -82,11 +89,18 @@ impl<E: ContainerEngine> Shared<E> {
         }
     }
 
-    /// `SandboxPaused` while the container is known paused: a handle reattached to a
-    /// paused sandbox (its enforcement layer does not know) refuses at once instead of
-    /// waiting on frozen processes.
-    pub(crate) fn refuse_if_paused(&self) -> Result<()> {
-        if self.paused.load(std::sync::atomic::Ordering::SeqCst) {
+    /// The agent of the running container, if this handle talks to one.
+    pub(crate) fn agent(&self) -> Option<AgentClient> {
+        self.agent.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// `SandboxStopped` or `SandboxPaused` while the container is known stopped or
+    /// paused: a handle reattached to such a sandbox (its enforcement layer does not
+    /// know) refuses at once instead of waiting on processes that are frozen or gone.
+    pub(crate) fn refuse_unless_running(&self) -> Result<()> {
+        if self.stopped.load(std::sync::atomic::Ordering::SeqCst) {
+            Err(sandbox_core::SandboxError::stopped(&self.id))
+        } else if self.paused.load(std::sync::atomic::Ordering::SeqCst) {
             Err(sandbox_core::SandboxError::paused(&self.id))
         } else {
             Ok(())

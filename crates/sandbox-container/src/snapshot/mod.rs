@@ -157,7 +157,11 @@ impl<E: ContainerEngine> Freeze<E> {
     /// Freezes the container unless it is paused already or the engine cannot freeze.
     /// While frozen it counts as paused, so a removal meanwhile thaws it first.
     async fn begin(shared: &Arc<Shared<E>>) -> Result<Self> {
-        if shared.paused.load(Ordering::SeqCst) || !shared.caps.contains(Capability::PAUSE_RESUME) {
+        // A stopped container has nothing to freeze: its files are still.
+        if shared.paused.load(Ordering::SeqCst)
+            || shared.stopped.load(Ordering::SeqCst)
+            || !shared.caps.contains(Capability::PAUSE_RESUME)
+        {
             return Ok(Freeze { shared: None });
         }
         match shared.call("pause", shared.engine.pause(&shared.id)).await {

@@ -84,6 +84,7 @@ impl EnforcedBackend {
             deadline: std::sync::Mutex::new(deadline),
             killed: AtomicBool::new(false),
             paused: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
             kill_lock: tokio::sync::Mutex::new(()),
         });
         EnforcedSandbox::new(shared)

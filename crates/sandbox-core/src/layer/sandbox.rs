@@ -1,8 +1,10 @@
 //! The sandbox wrapper ([`EnforcedSandbox`]): each call on a wrapped sandbox — run,
-//! run_code, stream, files, kill, ingress, pause, resume, extend, snapshot, set_egress — is checked
+//! run_code, stream, files, kill, ingress, pause, resume, stop, start, extend, snapshot,
+//! set_egress, reset_processes — is checked
 //! (the shared state's gate), spanned and audited (its operation), then forwarded to the
 //! adapter. A kill is idempotent, and nothing reaches the adapter after a successful one;
-//! while paused, only resume, kill and snapshot do.
+//! while paused, only resume, stop, kill and snapshot do; while stopped, only start, kill
+//! and snapshot.
 
 use std::any::Any;
 use std::fmt;
@@ -57,6 +59,10 @@ impl EnforcedSandbox {
                 let gone = Err(crate::SandboxError::gone(&s.id));
                 return op.end(&s.layer, &s.redactor, gone);
             }
+            if s.stopped.load(Ordering::SeqCst) {
+                let stopped = Err(crate::SandboxError::stopped(&s.id));
+                return op.end(&s.layer, &s.redactor, stopped);
+            }
             // Forwarded even when this handle already is in that state: a handle
             // reattached to a sandbox paused elsewhere does not know it, and adapters
             // answer a repeated pause or resume with success.
@@ -70,6 +76,51 @@ impl EnforcedSandbox {
             };
             if r.is_ok() {
                 s.paused.store(to_paused, Ordering::SeqCst);
+            }
+            op.end(&s.layer, &s.redactor, r)
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// `stop` (`to_stopped`) or `start`: serialised with kills, pauses and resumes,
+    /// refused once killed, always forwarded (a handle reattached to a sandbox stopped
+    /// elsewhere does not know it; adapters answer a repeat with success). A stop thaws
+    /// a paused sandbox (the adapter's job); a start of a paused one is `SandboxPaused`.
+    async fn stop_or_start(&self, name: &'static str, to_stopped: bool) -> Result<()> {
+        let s = &self.shared;
+        let span = if to_stopped {
+            op_span!("sandbox.stop", s.backend, s.tier)
+        } else {
+            op_span!("sandbox.start", s.backend, s.tier)
+        };
+        let mut op = s.op(span.clone(), name);
+        async move {
+            let _serial = s.kill_lock.lock().await;
+            if let Err(e) = s.require(Capability::STOP_START) {
+                return op.end(&s.layer, &s.redactor, Err(e));
+            }
+            if s.killed.load(Ordering::SeqCst) {
+                let gone = Err(crate::SandboxError::gone(&s.id));
+                return op.end(&s.layer, &s.redactor, gone);
+            }
+            if !to_stopped && s.paused.load(Ordering::SeqCst) {
+                let paused = Err(crate::SandboxError::paused(&s.id));
+                return op.end(&s.layer, &s.redactor, paused);
+            }
+            if s.stopped.load(Ordering::SeqCst) == to_stopped {
+                op.noop();
+            }
+            let r = if to_stopped {
+                s.inner.stop().await
+            } else {
+                s.inner.start().await
+            };
+            if r.is_ok() {
+                s.stopped.store(to_stopped, Ordering::SeqCst);
+                if to_stopped {
+                    s.paused.store(false, Ordering::SeqCst);
+                }
             }
             op.end(&s.layer, &s.redactor, r)
         }
@@ -273,6 +324,11 @@ impl Sandbox for EnforcedSandbox {
                 if s.killed.load(Ordering::SeqCst) {
                     return Err(crate::SandboxError::gone(&s.id));
                 }
+                // A stopped sandbox has no network namespace to load rules into: start
+                // it first (its policy is re-applied at start).
+                if s.stopped.load(Ordering::SeqCst) {
+                    return Err(crate::SandboxError::stopped(&s.id));
+                }
                 if egress.lists_entries() {
                     s.require(Capability::EGRESS_ALLOWLIST)?;
                 }
@@ -304,6 +360,14 @@ impl Sandbox for EnforcedSandbox {
             })
             .map_err(|e| s.layer.fill_support(e))?;
         s.inner.egress().await.map_err(|e| s.layer.fill_support(e))
+    }
+
+    async fn stop(&self) -> Result<()> {
+        self.stop_or_start("sandbox.stop", true).await
+    }
+
+    async fn start(&self) -> Result<()> {
+        self.stop_or_start("sandbox.start", false).await
     }
 
     async fn snapshot(&self) -> Result<Snapshot> {

@@ -36,6 +36,8 @@ pub(super) struct Shared {
     pub(super) killed: AtomicBool,
     /// Paused through this handle and not resumed since.
     pub(super) paused: AtomicBool,
+    /// Stopped through this handle and not started since.
+    pub(super) stopped: AtomicBool,
     /// Serialises kills, pauses, resumes and extensions, so two concurrent kills call
     /// the adapter once and a pause or an extension never races a kill.
     pub(super) kill_lock: tokio::sync::Mutex<()>,
@@ -50,11 +52,13 @@ impl Shared {
         policy::require(self.inner.capabilities(), needed, &self.backend)
     }
 
-    /// Not killed, and not paused: a paused sandbox's processes are frozen, so a call
-    /// would wait for a resume that may never come.
+    /// Not killed, not stopped and not paused: a paused sandbox's processes are frozen,
+    /// so a call would wait for a resume that may never come; a stopped one has none.
     pub(super) fn alive(&self) -> Result<()> {
         if self.killed.load(Ordering::SeqCst) {
             Err(SandboxError::gone(&self.id))
+        } else if self.stopped.load(Ordering::SeqCst) {
+            Err(SandboxError::stopped(&self.id))
         } else if self.paused.load(Ordering::SeqCst) {
             Err(SandboxError::paused(&self.id))
         } else {
