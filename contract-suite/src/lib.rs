@@ -15,6 +15,7 @@ mod disk;
 mod egress;
 mod errors;
 mod files;
+mod fork;
 mod hardening;
 mod hostile;
 mod lifecycle;
@@ -211,6 +212,7 @@ fn all_trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
     t.extend(pause::trials(ctx));
     t.extend(lifetime::trials(ctx));
     t.extend(snapshot::trials(ctx));
+    t.extend(fork::trials(ctx));
     t.extend(files::trials(ctx));
     // The run and files areas once more on every other test image the adapter knows
     // (busybox `ls`/`stat`/`sh` differ from Debian's).

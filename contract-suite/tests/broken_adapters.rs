@@ -256,4 +256,9 @@ caught! {
     snapshot_keeping_secrets_is_caught => SnapshotKeepsSecrets,
     unlisted_snapshots_are_caught => SnapshotsUnlisted,
     snapshot_ending_its_source_is_caught => SnapshotEndsTheSource,
+    fork_forgetting_contexts_is_caught => ForkForgetsContexts,
+    forks_sharing_contexts_are_caught => ForksShareContexts,
+    fork_ending_the_original_is_caught => ForkEndsTheOriginal,
+    fork_losing_files_is_caught => ForkLosesFiles,
+    forks_left_behind_are_caught => ForksLeftBehind,
 }

@@ -19,6 +19,7 @@ const AREAS: &[&str] = &[
     "pause",
     "lifetime",
     "snapshot",
+    "fork",
     "files",
     "policy",
     "hardening",

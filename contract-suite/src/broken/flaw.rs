@@ -160,11 +160,21 @@ pub enum Flaw {
     SnapshotsUnlisted,
     /// `snapshot` ends the sandbox it was made from.
     SnapshotEndsTheSource,
+    /// A fork's interpreter contexts start empty: what was set before the fork is gone.
+    ForkForgetsContexts,
+    /// The forks' code runs in the original's contexts: nothing diverges.
+    ForksShareContexts,
+    /// `fork` ends the original.
+    ForkEndsTheOriginal,
+    /// A fork's workdir starts empty: the files written before the fork are not there.
+    ForkLosesFiles,
+    /// A fork's `kill` answers success and removes nothing: the fork is left behind.
+    ForksLeftBehind,
 }
 
 impl Flaw {
     /// Every flaw.
-    pub const ALL: [Flaw; 63] = [
+    pub const ALL: [Flaw; 68] = [
         Flaw::SwallowTimeouts,
         Flaw::PretendNetworkPolicy,
         Flaw::LeakSecrets,
@@ -228,6 +238,11 @@ impl Flaw {
         Flaw::SnapshotKeepsSecrets,
         Flaw::SnapshotsUnlisted,
         Flaw::SnapshotEndsTheSource,
+        Flaw::ForkForgetsContexts,
+        Flaw::ForksShareContexts,
+        Flaw::ForkEndsTheOriginal,
+        Flaw::ForkLosesFiles,
+        Flaw::ForksLeftBehind,
     ];
 
     /// The trials that must fail on a backend with this flaw (each passes without it).
@@ -351,6 +366,15 @@ impl Flaw {
             Flaw::SnapshotsUnlisted => &["contract::snapshot::snapshots_are_listed_and_removable"],
             Flaw::SnapshotEndsTheSource => {
                 &["contract::snapshot::the_original_goes_on_after_a_snapshot"]
+            }
+            Flaw::ForkForgetsContexts => {
+                &["contract::fork::a_context_variable_survives_into_each_fork"]
+            }
+            Flaw::ForksShareContexts => &["contract::fork::forks_diverge_independently"],
+            Flaw::ForkEndsTheOriginal => &["contract::fork::the_original_goes_on"],
+            Flaw::ForkLosesFiles => &["contract::fork::a_file_survives_into_each_fork"],
+            Flaw::ForksLeftBehind => {
+                &["contract::fork::each_fork_has_its_own_id_and_kill_leaves_nothing"]
             }
         }
     }

@@ -7,7 +7,10 @@
 //! Docker's init as PID 1, network `none` unless the spec asks for a network, ports
 //! published on loopback only, log driver `none` (nothing PID 1 writes reaches the
 //! engine's disk), and `auto_remove`, so the container is deleted when its main process
-//! (the lifetime backstop) ends.
+//! (the lifetime backstop) ends — except on an engine that forks with memory, where a
+//! fork's checkpoint stops the original and the engine would delete it: there an ended
+//! container stays until its handle, the host's deadline timer, the sweep or `sandbox
+//! reap` removes it.
 //!
 //! Egress `Allow`/`AllowList` sandboxes run on the library's network (a bridge with
 //! `com.docker.network.bridge.enable_icc=false`: no traffic between its containers), with
@@ -43,17 +46,22 @@ pub const CAPABILITIES: Capability = LAYER_CAPABILITIES
     .union(Capability::AGENT)
     .union(Capability::EXTEND_LIFETIME)
     .union(Capability::IDLE_TIMEOUT)
-    .union(Capability::SNAPSHOT);
+    .union(Capability::SNAPSHOT)
+    .union(Capability::SNAPSHOT_FORK);
 
 /// What the engine offers the container layer under this runtime: [`CAPABILITIES`]
 /// without the agent, its terminals, extend and the idle limit (which the container layer
-/// adds where the agent runs), and without the allowlist where the runtime forces `--network=none`.
-pub(crate) fn capabilities(runtime_forces_no_network: bool) -> Capability {
-    let caps = CAPABILITIES
+/// adds where the agent runs), without the allowlist where the runtime forces
+/// `--network=none`, and without forks unless the engine can checkpoint (`forks`).
+pub(crate) fn capabilities(runtime_forces_no_network: bool, forks: bool) -> Capability {
+    let mut caps = CAPABILITIES
         .difference(Capability::PTY)
         .difference(Capability::AGENT)
         .difference(Capability::EXTEND_LIFETIME)
         .difference(Capability::IDLE_TIMEOUT);
+    if !forks {
+        caps.remove(Capability::SNAPSHOT_FORK);
+    }
     if runtime_forces_no_network {
         caps.difference(Capability::EGRESS_ALLOWLIST)
     } else {
@@ -70,9 +78,11 @@ pub(crate) fn netfilter_applies(runtime: Runtime) -> bool {
 impl DockerConfig {
     /// The create body the adapter sends for `spec` under this configuration, as the
     /// Engine API's JSON: every hardening field, limit and mount is visible in it, for an
-    /// audit or a test.
+    /// audit or a test. (On an engine that can fork with memory, `AutoRemove` is off: see
+    /// the module docs.)
     pub fn create_body(&self, spec: &ContainerSpec) -> serde_json::Value {
-        serde_json::to_value(create_body(spec, self.runtime)).unwrap_or(serde_json::Value::Null)
+        serde_json::to_value(create_body(spec, self.runtime, true))
+            .unwrap_or(serde_json::Value::Null)
     }
 
     /// The network create body the adapter sends for the library's egress network.
@@ -113,8 +123,13 @@ pub(crate) fn check_spec(
     Ok(())
 }
 
-/// The create body for `spec` under `runtime`.
-pub(crate) fn create_body(spec: &ContainerSpec, runtime: Runtime) -> ContainerCreateBody {
+/// The create body for `spec` under `runtime`; `auto_remove` off where forks are possible
+/// (a fork's checkpoint stops the original, which the engine would then delete).
+pub(crate) fn create_body(
+    spec: &ContainerSpec,
+    runtime: Runtime,
+    auto_remove: bool,
+) -> ContainerCreateBody {
     let mut labels: HashMap<String, String> = spec.labels.clone().into_iter().collect();
     labels.insert(LABEL_RUNTIME.into(), runtime.as_str().into());
     let publish: &[u16] = spec.network.published();
@@ -132,7 +147,7 @@ pub(crate) fn create_body(spec: &ContainerSpec, runtime: Runtime) -> ContainerCr
         attach_stderr: Some(false),
         tty: Some(false),
         open_stdin: Some(false),
-        host_config: Some(host_config(spec, runtime, publish)),
+        host_config: Some(host_config(spec, runtime, publish, auto_remove)),
         ..Default::default()
     };
     if spec.attach_stdin {
@@ -152,7 +167,12 @@ fn open_agent_channel(body: &mut ContainerCreateBody) {
     body.attach_stderr = Some(true);
 }
 
-fn host_config(spec: &ContainerSpec, runtime: Runtime, publish: &[u16]) -> HostConfig {
+fn host_config(
+    spec: &ContainerSpec,
+    runtime: Runtime,
+    publish: &[u16],
+    auto_remove: bool,
+) -> HostConfig {
     let r = &spec.resources;
     let memory = spec.memory_bytes();
     // Every mode is named: a new one must be handled here, never fall back to a bridge.
@@ -194,7 +214,7 @@ fn host_config(spec: &ContainerSpec, runtime: Runtime, publish: &[u16]) -> HostC
         memory_swap: Some(memory),
         nano_cpus: Some((r.cpu * 1e9) as i64),
         init: Some(spec.init),
-        auto_remove: Some(true),
+        auto_remove: Some(auto_remove),
         runtime: Some(runtime.as_str().into()),
         publish_all_ports: Some(false),
         // No container is logged: the agent's output is its channel, and on the exec path

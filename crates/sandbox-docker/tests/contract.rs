@@ -117,18 +117,40 @@ impl Probes for DockerProbes {
     }
 
     /// Kills the sandbox's container through the engine (as a crashed init would end
-    /// it). Docker sandboxes are created with `AutoRemove`, so the engine then deletes it.
+    /// it). Docker sandboxes are created with `AutoRemove`, so the engine then deletes it
+    /// — except where forks with memory are possible (gVisor with experimental
+    /// features), where the stopped container stays for `reap`.
     async fn stop_sandbox(&self, sandbox_id: &str) -> anyhow::Result<Injection> {
-        self.backend()?
-            .client()
+        let client = self.backend()?.client();
+        client
             .kill_container(sandbox_id, None)
             .await
             .with_context(|| format!("kill container {sandbox_id}"))?;
-        Ok(Injection::Removed(
-            "Docker sandboxes are created with AutoRemove: the engine deletes a stopped one \
-             itself"
-                .into(),
-        ))
+        let auto_remove = client
+            .inspect_container(sandbox_id, None)
+            .await
+            .ok()
+            .and_then(|c| c.host_config)
+            .and_then(|h| h.auto_remove);
+        Ok(match auto_remove {
+            Some(false) => Injection::Injected,
+            _ => Injection::Removed(
+                "Docker sandboxes are created with AutoRemove: the engine deletes a stopped \
+                 one itself"
+                    .into(),
+            ),
+        })
+    }
+
+    /// The checkpoints Docker lists for the container.
+    async fn checkpoints(&self, sandbox_id: &str) -> anyhow::Result<Option<Vec<String>>> {
+        let list = self
+            .backend()?
+            .client()
+            .list_checkpoints(sandbox_id, None)
+            .await
+            .with_context(|| format!("list the checkpoints of {sandbox_id}"))?;
+        Ok(Some(list.into_iter().map(|c| c.name).collect()))
     }
 
     async fn faults(&self) -> anyhow::Result<Option<Arc<dyn Faults>>> {

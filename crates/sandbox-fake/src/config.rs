@@ -11,7 +11,8 @@ pub const DEFAULT_TEMPLATE: &str = "sandbox-rs/python:3.11";
 /// before their next output or start; `extend` moves the virtual deadline up to the
 /// maximum lifetime; an idle limit removes a sandbox with no call, no program and no
 /// context for that long; a snapshot copies the in-memory filesystem into a template
-/// `create` accepts). `PTY`, `SNAPSHOT_FORK`, `GPU`,
+/// `create` accepts; a fork copies the filesystem and the contexts' variables into new
+/// sandboxes, but not running programs, which are tasks of this process). `PTY`, `GPU`,
 /// `INGRESS_PORTS` (nothing in a fake sandbox can accept a host connection) and `TUNNELS`
 /// are not implemented and therefore never declared: asking for them is
 /// `CapabilityNotSupported`.
@@ -29,6 +30,7 @@ pub fn full_capabilities() -> Capability {
         | Capability::EXTEND_LIFETIME
         | Capability::IDLE_TIMEOUT
         | Capability::SNAPSHOT
+        | Capability::SNAPSHOT_FORK
 }
 
 /// Options of a [`FakeBackend`](crate::FakeBackend). Build one with

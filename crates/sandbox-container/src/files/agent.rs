@@ -19,15 +19,15 @@ use sandbox_core::{ErrorCode, FileInfo, Result};
 use crate::error;
 
 /// Where the files of one sandbox go through its agent.
-pub(crate) struct AgentFiles<'a> {
-    pub client: &'a AgentClient,
+pub(crate) struct AgentFiles {
+    pub client: AgentClient,
     /// Bound of one call, and of the wait for each chunk of a read.
     pub call_timeout: Duration,
     /// Largest file `read` returns.
     pub read_cap: u64,
 }
 
-impl AgentFiles<'_> {
+impl AgentFiles {
     async fn bounded<T>(
         &self,
         what: &str,

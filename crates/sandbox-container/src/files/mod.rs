@@ -64,8 +64,8 @@ impl<E: ContainerEngine> ContainerFiles<E> {
     }
 
     /// The agent's file operations, when this sandbox has an agent.
-    fn agent(&self) -> Option<AgentFiles<'_>> {
-        self.sh.agent.as_ref().map(|client| AgentFiles {
+    fn agent(&self) -> Option<AgentFiles> {
+        self.sh.agent().map(|client| AgentFiles {
             client,
             call_timeout: self.sh.config.call_timeout,
             read_cap: self.sh.config.read_cap,

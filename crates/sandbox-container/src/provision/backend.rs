@@ -114,12 +114,14 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         // GPU is the engine's alone (devices in its create body, e.g. Podman's CDI names):
         // passed through when the engine declares it.
         // So is DISK_LIMIT (a read-only root and sized scratch mounts in its create body).
-        // And PAUSE_RESUME (the engine's freezer, see `ContainerEngine::pause`), and
-        // SNAPSHOT (its export and import, see `crate::snapshot`).
+        // And PAUSE_RESUME (the engine's freezer, see `ContainerEngine::pause`),
+        // SNAPSHOT (its export and import, see `crate::snapshot`), and SNAPSHOT_FORK (its
+        // checkpoints, see `crate::sandbox::fork`; declared only beside the agent).
         let mut caps = (LAYER_CAPABILITIES
             | Capability::GPU
             | Capability::PAUSE_RESUME
             | Capability::SNAPSHOT
+            | Capability::SNAPSHOT_FORK
             | Capability::EGRESS_ALLOWLIST
             | Capability::DISK_LIMIT)
             & self.engine.capabilities();
@@ -258,18 +260,24 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             deadline: Mutex::new(deadline),
             max_deadline: deadline,
             tier,
-            caps: crate::snapshot::instance_caps(
-                self.caps() | crate::sandbox::agent::capabilities(agent.as_ref(), tier),
-                c.labels.contains_key(crate::snapshot::LABEL_DISK_LIMITED),
+            // No fork base: a reattached handle does not know the secrets a fork needs.
+            caps: crate::sandbox::fork::instance_caps(
+                crate::snapshot::instance_caps(
+                    self.caps() | crate::sandbox::agent::capabilities(agent.as_ref(), tier),
+                    c.labels.contains_key(crate::snapshot::LABEL_DISK_LIMITED),
+                ),
+                agent.as_ref(),
+                None,
             ),
             // Secrets are never stored engine-side, so a reattached handle has none.
             secrets: Vec::new(),
             interpreters: Mutex::new(HashMap::new()),
             contexts: Mutex::new(HashMap::new()),
-            agent,
+            agent: std::sync::RwLock::new(agent),
             // Paused by another handle: kill must thaw it first.
             paused: AtomicBool::new(c.state == sandbox_core::SandboxState::Paused),
             expiry,
+            fork_base: None,
         });
         tracing::debug!(
             sandbox_id = %shared.id,

@@ -172,7 +172,9 @@ async fn expire<E: ContainerEngine>(engine: Weak<E>, call_timeout: Duration, id:
         // Unknown: removed anyway, the deadline has passed.
         Err(_) => SandboxState::Unknown,
     };
-    if !outlived(state) {
+    // An engine that forks keeps ended containers only because a fork's checkpoint must
+    // not delete the original: such a leftover is removed too.
+    if !outlived(state) && engine.fork_support().is_err() {
         return;
     }
     match remove_in_state(&*engine, call_timeout, id, state).await {

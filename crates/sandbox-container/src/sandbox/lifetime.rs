@@ -22,7 +22,7 @@ pub(crate) async fn extend<E: ContainerEngine>(
 ) -> Result<SystemTime> {
     let backend = shared.engine.backend();
     sandbox_core::policy::require(shared.caps, Capability::EXTEND_LIFETIME, backend)?;
-    let Some(agent) = &shared.agent else {
+    let Some(agent) = shared.agent() else {
         return Err(SandboxError::unsupported(
             Capability::EXTEND_LIFETIME,
             backend,

@@ -16,7 +16,7 @@ use crate::sandbox::stdin::Stdin;
 impl<E: ContainerEngine> Shared<E> {
     /// Which path user commands take.
     pub(crate) fn exec_path(&self) -> ExecPath {
-        if self.agent.is_some() {
+        if self.agent().is_some() {
             ExecPath::Agent
         } else {
             ExecPath::Engine
@@ -52,9 +52,9 @@ impl<E: ContainerEngine> Shared<E> {
         timeout: Duration,
         stdin: Stdin,
     ) -> Result<Process> {
-        match &self.agent {
+        match self.agent() {
             Some(client) => {
-                crate::sandbox::agent::process(self, client, argv, env, workdir, timeout, stdin)
+                crate::sandbox::agent::process(self, &client, argv, env, workdir, timeout, stdin)
             }
             None => crate::sandbox::exec::process(self, argv, env, workdir, timeout, stdin),
         }

@@ -44,13 +44,17 @@ pub(crate) struct Shared<E> {
     /// Persistent interpreters by context id.
     pub contexts: Mutex<HashMap<String, ContextSlot>>,
     /// The in-sandbox agent, when it is this container's PID 1 and answered its hello;
-    /// `None` on the engine's exec path.
-    pub agent: Option<AgentClient>,
+    /// `None` on the engine's exec path. Replaced by a new session when a fork restored
+    /// the container from its checkpoint (the old attach ended with the checkpoint).
+    pub agent: std::sync::RwLock<Option<AgentClient>>,
     /// Paused (the engine's freezer) and not resumed since, as far as this handle knows:
     /// its teardown thaws the container before removing it.
     pub paused: AtomicBool,
     /// The host-side deadline timer; every removal through the handle cancels it.
     pub expiry: Expiry,
+    /// How the sandbox was made, for its forks; `None` for a reattached handle (which
+    /// does not know its secrets or spec, and so cannot fork).
+    pub fork_base: Option<crate::sandbox::fork::ForkBase>,
 }
 
 impl<E: ContainerEngine> Shared<E> {
@@ -62,6 +66,11 @@ impl<E: ContainerEngine> Shared<E> {
         fut: impl Future<Output = EngineResult<T>>,
     ) -> EngineResult<T> {
         bounded(self.config.call_timeout, op, fut).await
+    }
+
+    /// The agent's current session, if the sandbox has an agent.
+    pub(crate) fn agent(&self) -> Option<AgentClient> {
+        self.agent.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// What orphan warnings name.
