@@ -318,6 +318,20 @@ async fn each_fork_has_its_own_id_and_kill_leaves_nothing(ctx: Arc<Ctx>) -> anyh
     unique.sort();
     unique.dedup();
     ensure!(unique.len() == 3, "the ids are not distinct: {ids:?}");
+    // A sandbox that no longer declares SNAPSHOT_FORK (a backend may refuse to fork a
+    // restored sandbox again) refuses a fork, never half-does one.
+    let all: Vec<&dyn Sandbox> = std::iter::once(&*sb)
+        .chain(forks.iter().map(|f| &**f))
+        .collect();
+    for s in all {
+        if !s.capabilities().contains(C::SNAPSHOT_FORK) {
+            must_code(
+                s.fork(ForkOptions::new(1)).await.map(|_| ()),
+                ErrorCode::CapabilityNotSupported,
+            )
+            .with_context(|| format!("a second fork of {}", s.id()))?;
+        }
+    }
     let listed = ctx.listed(&case(name)).await?;
     for id in &ids {
         ensure!(

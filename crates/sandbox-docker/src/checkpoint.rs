@@ -37,6 +37,10 @@ use bollard::models::SystemInfo;
 use sandbox_container::{EngineError, EngineErrorKind, EngineResult, Runtime};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// The file [`ForkHost::start_from`] adds to a checkpoint directory before a restore
+/// (runsc reads only its own image files).
+const RESTORE_MARKER: &str = "sandbox-rs-restore";
+
 /// Where forks work on this host: the engine's root directory and its socket.
 #[derive(Debug, Clone)]
 pub(crate) struct ForkHost {
@@ -157,6 +161,13 @@ impl ForkHost {
     }
 
     /// `POST /containers/{id}/start?checkpoint={name}` over the engine's socket.
+    ///
+    /// dockerd uploads the checkpoint directory as a tar into containerd's content store
+    /// before the restore, and fails when that content already exists ("commit failed:
+    /// content sha256:… already exists") — which it does when the same checkpoint was
+    /// restored moments ago (the original, then each fork from an identical copy) and
+    /// containerd has not collected it yet. A marker naming this restore makes every
+    /// upload's content its own.
     pub(crate) async fn start_from(
         &self,
         id: &str,
@@ -164,7 +175,18 @@ impl ForkHost {
         limit: Duration,
     ) -> EngineResult<()> {
         // Both are checked to be plain names: nothing to escape in the request line.
-        self.checkpoint_dir(id, name)?;
+        let dir = self.checkpoint_dir(id, name)?;
+        let marker = format!(
+            "{id} {name} {}\n",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos()
+        );
+        blocking("mark the checkpoint", move || {
+            std::fs::write(dir.join(RESTORE_MARKER), marker)
+        })
+        .await?;
         let request = format!(
             "POST /containers/{id}/start?checkpoint={name} HTTP/1.1\r\nHost: docker\r\n\
              Content-Length: 0\r\nConnection: close\r\n\r\n"

@@ -217,6 +217,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             paused: std::sync::atomic::AtomicBool::new(false),
             expiry,
             fork_base: Some(fork_base),
+            restored: std::sync::atomic::AtomicBool::new(false),
         });
         tracing::debug!(
             sandbox_id = %shared.id,

@@ -278,6 +278,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             paused: AtomicBool::new(c.state == sandbox_core::SandboxState::Paused),
             expiry,
             fork_base: None,
+            restored: AtomicBool::new(false),
         });
         tracing::debug!(
             sandbox_id = %shared.id,

@@ -25,10 +25,15 @@
 //!
 //! Only where the agent runs (it is the host's way back into a restored sandbox) and on
 //! an engine that can checkpoint; not on the library's network, whose rules a restored
-//! fork's processes would run before they could be loaded.
+//! fork's processes would run before they could be loaded; and once per sandbox: a
+//! container started from a checkpoint (the original after its fork, each fork) cannot
+//! be checkpointed again without leaking host state under runsc 2022-12 (measured:
+//! `invalid state transition: paused => stopped`, its runsc state, cgroups and task
+//! directory left behind, the next restore refused with "id already in use"), so it no
+//! longer declares `SNAPSHOT_FORK`.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -46,6 +51,13 @@ use crate::sandbox::agent::Session;
 use crate::sandbox::context::{CodeContext, ContextSlot};
 use crate::sandbox::ingress::Ingress;
 use crate::sandbox::shared::Shared;
+
+/// Why a sandbox restored from a checkpoint cannot be forked again.
+const RESTORED_ONCE: &str = "this sandbox was started from a checkpoint (it was forked, or is a \
+     fork): gVisor (runsc 2022-12) cannot checkpoint a restored sandbox cleanly — it fails with \
+     'invalid state transition: paused => stopped' and leaves its state, cgroups and task \
+     directory on the host, and the next start is refused ('id already in use'). Fork a \
+     sandbox once, asking for every fork needed at once (ForkOptions::new(n))";
 
 /// What a sandbox keeps so it can be forked: how it was made.
 #[derive(Clone)]
@@ -98,7 +110,14 @@ pub(crate) async fn fork<E: ContainerEngine>(
     options: ForkOptions,
 ) -> Result<Vec<ContainerSandbox<E>>> {
     let backend = sh.engine.backend();
-    sandbox_core::policy::require(sh.caps, Capability::SNAPSHOT_FORK, backend)?;
+    if sh.restored.load(Ordering::SeqCst) && sh.caps.contains(Capability::SNAPSHOT_FORK) {
+        return Err(
+            SandboxError::unsupported(Capability::SNAPSHOT_FORK, backend).with_source(
+                crate::engine::EngineError::new(EngineErrorKind::InvalidRequest, RESTORED_ONCE),
+            ),
+        );
+    }
+    sandbox_core::policy::require(sh.caps(), Capability::SNAPSHOT_FORK, backend)?;
     let (Some(base), Some(agent)) = (sh.fork_base.as_ref(), sh.agent()) else {
         return Err(SandboxError::unsupported(
             Capability::SNAPSHOT_FORK,
@@ -212,6 +231,7 @@ pub(crate) async fn fork<E: ContainerEngine>(
         }
     }
     *sh.agent.write().unwrap_or_else(|e| e.into_inner()) = Some(client);
+    sh.restored.store(true, Ordering::SeqCst);
     // 5 (the forks' side). Each becomes a sandbox of its own.
     let mut out = Vec::with_capacity(forks.len());
     for ((id, spec, guard), client) in forks.into_iter().zip(clients.forks) {
@@ -252,6 +272,9 @@ async fn restore_all<E: ContainerEngine>(
     sh.call("checkpoint", eng.checkpoint(id, checkpoint))
         .await
         .map_err(|e| on("checkpoint the sandbox", e))?;
+    // The engine finishes the stop after it answered (Docker: the runtime's exit event);
+    // a restore before that is refused ("id already in use").
+    stopped(sh, id).await?;
     // From here the original is stopped: it is started again whatever else fails.
     let mut copied = Ok(());
     for (fork, _, _) in forks {
@@ -287,6 +310,29 @@ async fn restore_all<E: ContainerEngine>(
         original,
         forks: clients,
     })
+}
+
+/// Waits (bounded by the call timeout) until the engine reports container `id` stopped.
+async fn stopped<E: ContainerEngine>(sh: &Shared<E>, id: &str) -> Result<()> {
+    let until = tokio::time::Instant::now() + sh.config.call_timeout;
+    loop {
+        let info = sh
+            .call("inspect", sh.engine.inspect(id))
+            .await
+            .map_err(|e| {
+                error::on_sandbox(&*sh.engine, id, "inspect the checkpointed sandbox", e)
+            })?;
+        if info.state == sandbox_core::SandboxState::Stopped {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= until {
+            return Err(error::internal(
+                sh.engine.backend(),
+                format!("the checkpointed sandbox {id} did not stop within the call timeout"),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// Takes over the restored agent of container `id`, which ends at `deadline` from now on;
@@ -399,6 +445,7 @@ async fn sandbox_of<E: ContainerEngine>(
         paused: AtomicBool::new(false),
         expiry,
         fork_base: Some(fork_base),
+        restored: AtomicBool::new(true),
     });
     let ports = &base.ingress_ports;
     let ingress = if ports.is_empty() {

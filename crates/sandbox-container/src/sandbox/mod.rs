@@ -163,7 +163,7 @@ impl<E: ContainerEngine> Sandbox for ContainerSandbox<E> {
     }
 
     fn capabilities(&self) -> Capability {
-        self.shared.caps
+        self.shared.caps()
     }
 
     fn isolation(&self) -> IsolationTier {

@@ -55,6 +55,10 @@ pub(crate) struct Shared<E> {
     /// How the sandbox was made, for its forks; `None` for a reattached handle (which
     /// does not know its secrets or spec, and so cannot fork).
     pub fork_base: Option<crate::sandbox::fork::ForkBase>,
+    /// The container was started from a checkpoint (it was forked, or is a fork): it
+    /// cannot be forked again (see `sandbox/fork.rs`), so it no longer declares
+    /// `SNAPSHOT_FORK`.
+    pub restored: AtomicBool,
 }
 
 impl<E: ContainerEngine> Shared<E> {
@@ -66,6 +70,16 @@ impl<E: ContainerEngine> Shared<E> {
         fut: impl Future<Output = EngineResult<T>>,
     ) -> EngineResult<T> {
         bounded(self.config.call_timeout, op, fut).await
+    }
+
+    /// The capabilities this sandbox declares now: those it was made with, without
+    /// `SNAPSHOT_FORK` once it was restored from a checkpoint.
+    pub(crate) fn caps(&self) -> Capability {
+        if self.restored.load(std::sync::atomic::Ordering::SeqCst) {
+            self.caps.difference(Capability::SNAPSHOT_FORK)
+        } else {
+            self.caps
+        }
     }
 
     /// The agent's current session, if the sandbox has an agent.
