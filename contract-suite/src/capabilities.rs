@@ -13,7 +13,7 @@ use crate::ctx::{Ctx, must_code};
 const AREA: &str = "capabilities";
 
 /// Which areas hold the positive trials of each capability flag the suite can test.
-/// Flags missing here (SNAPSHOT_FORK, GPU, TUNNELS) have no positive
+/// Flags missing here (GPU, TUNNELS) have no positive
 /// trials yet, so an adapter must not declare them.
 pub const COVERED: &[(C, &str)] = &[
     (C::RUN_COMMAND, "run, lifecycle, cancellation, hardening"),
@@ -30,6 +30,7 @@ pub const COVERED: &[(C, &str)] = &[
     (C::PTY, "pty"),
     (C::PAUSE_RESUME, "pause"),
     (C::SNAPSHOT, "snapshot"),
+    (C::SNAPSHOT_FORK, "fork"),
     (C::AGENT, "lifecycle"),
     (C::EXTEND_LIFETIME, "lifetime"),
     (C::IDLE_TIMEOUT, "lifetime"),
@@ -106,7 +107,7 @@ fn names_the_flag(e: &sandbox_core::SandboxError, flag: C) -> anyhow::Result<()>
 
 /// Every undeclared flag with an entry point refuses with `CapabilityNotSupported` from
 /// that entry point (run, run with stdin, run on a terminal, run_code, run_code with a context, stream,
-/// files, upload, download, pause, resume, extend, set_egress, egress, create with an allowlist / ingress port / GPU /
+/// files, upload, download, pause, resume, extend, set_egress, egress, snapshot, fork, stop, start, reset_processes, create with an allowlist / ingress port / GPU /
 /// disk limit / a required agent / an idle limit / a maximum lifetime / any policy).
 async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let c = case("every_undeclared_flag_refuses");
@@ -289,8 +290,15 @@ async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
         refused(C::STOP_START, sb.start().await)?;
         checked.push(C::STOP_START);
     }
-    // SNAPSHOT_FORK and TUNNELS have no entry point in the traits yet, so an undeclared
-    // one cannot be invoked at all.
+    if !caps.contains(C::SNAPSHOT_FORK) {
+        refused(
+            C::SNAPSHOT_FORK,
+            sb.fork(sandbox_core::ForkOptions::new(1)).await.map(|_| ()),
+        )?;
+        checked.push(C::SNAPSHOT_FORK);
+    }
+    // TUNNELS has no entry point in the traits yet, so an undeclared one cannot be
+    // invoked at all.
     let files_refused = sb.files().is_err();
     sb.kill().await?;
     let mut unreachable = if files_refused {
@@ -327,7 +335,8 @@ fn all_reachable_checked(declared: C, unreachable: C, checked: &[C]) -> anyhow::
         | C::IDLE_TIMEOUT
         | C::SNAPSHOT
         | C::RESET_PROCESSES
-        | C::STOP_START;
+        | C::STOP_START
+        | C::SNAPSHOT_FORK;
     let expected = with_entry_point - declared - unreachable;
     let got = checked.iter().fold(C::empty(), |acc, c| acc | *c);
     ensure!(

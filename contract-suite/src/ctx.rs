@@ -366,6 +366,12 @@ impl Ctx {
         }
     }
 
+    /// The counter of the suite's background kills, for guarding sandboxes a trial did not
+    /// create itself (forks).
+    pub fn background_counter(&self) -> Arc<AtomicUsize> {
+        self.background_kills.clone()
+    }
+
     /// Waits for the suite's own background kills (guards dropped in failing trials).
     pub async fn wait_background_kills(&self, max: Duration) {
         let deadline = Instant::now() + max;

@@ -16,6 +16,7 @@ mod egress;
 mod egress_live;
 mod errors;
 mod files;
+mod fork;
 mod hardening;
 mod hostile;
 mod lifecycle;
@@ -214,6 +215,7 @@ fn all_trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
     t.extend(lifetime::trials(ctx));
     t.extend(snapshot::trials(ctx));
     t.extend(stopstart::trials(ctx));
+    t.extend(fork::trials(ctx));
     t.extend(files::trials(ctx));
     // The run and files areas once more on every other test image the adapter knows
     // (busybox `ls`/`stat`/`sh` differ from Debian's).

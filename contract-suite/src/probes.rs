@@ -127,6 +127,12 @@ pub trait Probes: Send + Sync {
     async fn stop_sandbox(&self, _sandbox_id: &str) -> anyhow::Result<Injection> {
         Ok(Injection::NotProvided)
     }
+
+    /// The checkpoints the engine keeps for sandbox `id` (forks with memory), or `None`
+    /// when the adapter cannot show them (the default): the fork trials then check less.
+    async fn checkpoints(&self, _sandbox_id: &str) -> anyhow::Result<Option<Vec<String>>> {
+        Ok(None)
+    }
 }
 
 /// What a probe did about a state the suite asked it to bring about.

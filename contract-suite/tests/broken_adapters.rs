@@ -275,4 +275,9 @@ caught! {
     start_that_leaves_it_stopped_is_caught => StartLeavesItStopped,
     start_that_loses_files_is_caught => StartLosesFiles,
     start_without_egress_rules_is_caught => StartWithoutEgressRules,
+    fork_forgetting_contexts_is_caught => ForkForgetsContexts,
+    forks_sharing_contexts_are_caught => ForksShareContexts,
+    fork_ending_the_original_is_caught => ForkEndsTheOriginal,
+    fork_losing_files_is_caught => ForkLosesFiles,
+    forks_left_behind_are_caught => ForksLeftBehind,
 }

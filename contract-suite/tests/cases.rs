@@ -20,6 +20,7 @@ const AREAS: &[&str] = &[
     "lifetime",
     "snapshot",
     "stopstart",
+    "fork",
     "files",
     "policy",
     "hardening",

@@ -190,11 +190,21 @@ pub enum Flaw {
     /// new network namespace nobody loaded them into): modelled as the restarted
     /// sandbox's commands running in a sandbox with egress `Allow`.
     StartWithoutEgressRules,
+    /// A fork's interpreter contexts start empty: what was set before the fork is gone.
+    ForkForgetsContexts,
+    /// The forks' code runs in the original's contexts: nothing diverges.
+    ForksShareContexts,
+    /// `fork` ends the original.
+    ForkEndsTheOriginal,
+    /// A fork's workdir starts empty: the files written before the fork are not there.
+    ForkLosesFiles,
+    /// A fork's `kill` answers success and removes nothing: the fork is left behind.
+    ForksLeftBehind,
 }
 
 impl Flaw {
     /// Every flaw.
-    pub const ALL: [Flaw; 74] = [
+    pub const ALL: [Flaw; 79] = [
         Flaw::SwallowTimeouts,
         Flaw::PretendNetworkPolicy,
         Flaw::LeakSecrets,
@@ -269,6 +279,11 @@ impl Flaw {
         Flaw::StartLeavesItStopped,
         Flaw::StartLosesFiles,
         Flaw::StartWithoutEgressRules,
+        Flaw::ForkForgetsContexts,
+        Flaw::ForksShareContexts,
+        Flaw::ForkEndsTheOriginal,
+        Flaw::ForkLosesFiles,
+        Flaw::ForksLeftBehind,
     ];
 
     /// The trials that must fail on a backend with this flaw (each passes without it).
@@ -425,6 +440,15 @@ impl Flaw {
             }
             Flaw::StartWithoutEgressRules => {
                 &["contract::stopstart::the_egress_policy_holds_after_start"]
+            }
+            Flaw::ForkForgetsContexts => {
+                &["contract::fork::a_context_variable_survives_into_each_fork"]
+            }
+            Flaw::ForksShareContexts => &["contract::fork::forks_diverge_independently"],
+            Flaw::ForkEndsTheOriginal => &["contract::fork::the_original_goes_on"],
+            Flaw::ForkLosesFiles => &["contract::fork::a_file_survives_into_each_fork"],
+            Flaw::ForksLeftBehind => {
+                &["contract::fork::each_fork_has_its_own_id_and_kill_leaves_nothing"]
             }
         }
     }

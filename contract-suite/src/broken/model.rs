@@ -306,6 +306,14 @@ impl Sandbox for ModelSandbox {
     async fn start(&self) -> Result<()> {
         self.inner.start().await
     }
+
+    async fn fork(&self, options: sandbox_core::ForkOptions) -> Result<Vec<Box<dyn Sandbox>>> {
+        let forks = self.inner.fork(options).await?;
+        Ok(forks
+            .into_iter()
+            .map(|f| Box::new(ModelSandbox::new(f, self.view.clone())) as Box<dyn Sandbox>)
+            .collect())
+    }
     fn native(&self) -> &dyn Any {
         self.inner.native()
     }

@@ -3,8 +3,9 @@
 //! flaws of the handle itself — a kill that leaks its error or poisons later calls, a drop
 //! that tears nothing down, a `Debug` that shows secrets, a wrong tier, pretended ingress,
 //! a pause that freezes nothing, a resume that thaws nothing, an extension that moves
-//! nothing or too much, a snapshot that ends its sandbox, and a stop or start that does
-//! not do what it says.
+//! nothing or too much, a snapshot that ends its sandbox, a stop or start that does not
+//! do what it says, and forks that forget, share, lose or leave behind what a fork must
+//! carry or remove.
 
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -39,6 +40,8 @@ pub(super) struct BrokenSandbox {
     /// once started, that sandbox (egress `Allow`), where `run` goes from then on.
     open_backend: Option<Arc<dyn sandbox_core::Backend>>,
     restarted_open: tokio::sync::Mutex<Option<Box<dyn Sandbox>>>,
+    /// For a fork: the sandbox it was forked from (the fork flaws reach it).
+    fork_of: Option<Arc<dyn Sandbox>>,
 }
 
 impl std::fmt::Debug for BrokenSandbox {
@@ -79,6 +82,7 @@ impl BrokenSandbox {
             poisoned: Mutex::new(None),
             open_backend: None,
             restarted_open: tokio::sync::Mutex::new(None),
+            fork_of: None,
         }
     }
 
@@ -213,6 +217,16 @@ impl Sandbox for BrokenSandbox {
     }
     async fn run_code(&self, code: &str, mut options: CodeOptions) -> Result<ExecResult> {
         self.poison()?;
+        match (self.flaw, &self.fork_of) {
+            (Flaw::ForkForgetsContexts, Some(_)) => {
+                options.context_id = options.context_id.map(|c| format!("{c}-after-the-fork"));
+                return self.inner.run_code(code, options).await;
+            }
+            (Flaw::ForksShareContexts, Some(original)) => {
+                return original.run_code(code, options).await;
+            }
+            _ => {}
+        }
         match self.flaw {
             Flaw::SwallowTimeouts => {
                 options.timeout = None;
@@ -275,6 +289,11 @@ impl Sandbox for BrokenSandbox {
     async fn kill(&self) -> Result<()> {
         if let Some(open) = self.restarted_open.lock().await.take() {
             let _ = open.kill().await;
+        }
+
+        if self.flaw == Flaw::ForksLeftBehind && self.fork_of.is_some() {
+            abandon(self.inner.clone());
+            return Ok(());
         }
         match self.inner.kill().await {
             Err(e) if self.flaw == Flaw::LeakKillError && e.code() == ErrorCode::Connect => Err(
@@ -399,6 +418,26 @@ impl Sandbox for BrokenSandbox {
             self.inner.kill().await?;
         }
         Ok(snap)
+    }
+
+    async fn fork(&self, options: sandbox_core::ForkOptions) -> Result<Vec<Box<dyn Sandbox>>> {
+        let forks = self.inner.fork(options).await?;
+        let mut out: Vec<Box<dyn Sandbox>> = Vec::with_capacity(forks.len());
+        for f in forks {
+            if self.flaw == Flaw::ForkLosesFiles {
+                let files = f.files()?;
+                let workdir = "/work";
+                files.remove(workdir).await?;
+                files.mkdir(workdir, true).await?;
+            }
+            let mut fork = BrokenSandbox::new(f, self.flaw, self.secrets.clone(), Vec::new());
+            fork.fork_of = Some(self.inner.clone());
+            out.push(Box::new(fork));
+        }
+        if self.flaw == Flaw::ForkEndsTheOriginal {
+            self.inner.kill().await?;
+        }
+        Ok(out)
     }
 
     fn native(&self) -> &dyn Any {

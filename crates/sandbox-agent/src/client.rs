@@ -19,7 +19,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Semaphore, mpsc, watch};
 
 use crate::protocol::{
-    self, AGENT_ID, DATA_CHUNK, ErrorKind, FileStat, Frame, FrameKind, HEADER_LEN,
+    self, AGENT_ID, DATA_CHUNK, ErrorKind, FORK_VERSION, FileStat, Frame, FrameKind, HEADER_LEN,
     LIFETIME_VERSION, PREAMBLE_LEN, PTY_VERSION, RESET_VERSION, Reply, Request, SUPPORTED_VERSIONS,
     SpawnSpec, TAKEOVER_MAGIC, TAKEOVER_PAD_BYTE, TAKEOVER_PAD_LEN, TOKEN_LEN, WINDOW, WindowSize,
 };
@@ -325,6 +325,42 @@ impl AgentClient {
         }
     }
 
+    /// Asks the agent to carry the processes `ids` of this session over the next takeover
+    /// (see [`Request::Keep`]); returns how many of them are alive. An agent older than
+    /// [`FORK_VERSION`] cannot: `CapabilityNotSupported` (`SNAPSHOT_FORK`), nothing sent.
+    pub async fn keep(&self, ids: Vec<u32>) -> Result<u32> {
+        if self.version < FORK_VERSION {
+            return Err(SandboxError::unsupported(
+                sandbox_core::Capability::SNAPSHOT_FORK,
+                BACKEND,
+            ));
+        }
+        match self.call(Request::Keep { ids }).await? {
+            Reply::Kept { processes } => Ok(processes),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Takes on a process the agent carried over into this session under `id` (kept by
+    /// the session before this takeover): its events arrive through the returned handle
+    /// as through a spawn's, and with `stdin` it takes input. Nothing is sent; a wrong id
+    /// simply never answers. The id is kept out of this session's own requests.
+    pub async fn adopt(&self, id: u32, stdin: bool) -> Result<RemoteProcess> {
+        let credit = stdin.then(|| Arc::new(Semaphore::new(WINDOW as usize)));
+        let req = register_id(&self.shared, id, credit.clone()).await?;
+        let stdin = credit.map(|sem| StdinWriter {
+            out: req.shared.out.clone(),
+            id: req.id,
+            sem,
+            sandbox: req.shared.sandbox.clone(),
+        });
+        Ok(RemoteProcess {
+            req,
+            stdin,
+            exited: None,
+        })
+    }
+
     /// Reads a whole file, refusing (with `ResourceLimitExceeded`) past `max_bytes`.
     pub async fn read_file(&self, path: &str, max_bytes: u64) -> Result<Bytes> {
         let mut r = self.read_file_stream(path).await?;
@@ -506,6 +542,53 @@ fn random_token() -> [u8; TOKEN_LEN] {
         half.copy_from_slice(&h.finish().to_be_bytes());
     }
     token
+}
+
+/// Registers a route for the given `id` (a process carried over from an earlier session)
+/// without sending anything; refused when the id is this session's own or in use.
+async fn register_id(
+    shared: &Arc<Shared>,
+    id: u32,
+    credit: Option<Arc<Semaphore>>,
+) -> Result<Pending> {
+    let permit = shared
+        .in_flight
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| shared.ended())?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let unacked = Arc::new(AtomicU32::new(0));
+    let replies = Arc::new(AtomicU32::new(0));
+    {
+        let mut routes = shared.routes.lock().unwrap_or_else(|e| e.into_inner());
+        if routes.dead {
+            return Err(shared.ended());
+        }
+        if id == AGENT_ID || routes.map.contains_key(&id) {
+            return Err(SandboxError::engine(
+                BACKEND,
+                format!("request id {id} is in use in this session"),
+            ));
+        }
+        routes.map.insert(
+            id,
+            Route {
+                tx,
+                credit,
+                unacked: unacked.clone(),
+                replies: replies.clone(),
+            },
+        );
+    }
+    Ok(Pending {
+        shared: shared.clone(),
+        id,
+        rx,
+        unacked,
+        replies,
+        _permit: permit,
+    })
 }
 
 /// Registers a route for a new id without sending anything.
@@ -712,6 +795,12 @@ impl std::fmt::Debug for RemoteProcess {
 }
 
 impl RemoteProcess {
+    /// The request id the process runs under in its session (what [`AgentClient::keep`]
+    /// names).
+    pub fn id(&self) -> u32 {
+        self.req.id
+    }
+
     /// The next event; `Ok(None)` after the exit was returned.
     pub async fn next_event(&mut self) -> Result<Option<ProcessEvent>> {
         if self.exited.is_some() {

@@ -24,7 +24,9 @@ use serde::{Deserialize, Serialize};
 /// forged length and exits, which ends the sandbox), so it learns that from outside the
 /// stream (the container's labels), never by trying; nor may it rely on a moved deadline
 /// or an idle limit with an older agent. Version 4 adds [`Request::ResetProcesses`] and
-/// the [`ErrorKind::Pids`] refusal of a spawn or read for lack of pids.
+/// the [`ErrorKind::Pids`] refusal of a spawn or read for lack of pids, and carrying
+/// processes over the next takeover ([`Request::Keep`]), which forks with memory need: the
+/// host of a restored copy of the sandbox adopts the interpreters its original served.
 pub const SUPPORTED_VERSIONS: &[u32] = &[1, 2, 3, 4];
 
 /// The first version with pseudo-terminals.
@@ -81,6 +83,9 @@ pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 
 /// The first version whose deadline can move and that enforces an idle limit.
 pub const LIFETIME_VERSION: u32 = 3;
+
+/// The first version that carries processes over a takeover ([`Request::Keep`]).
+pub const FORK_VERSION: u32 = 4;
 
 /// Bytes of the fixed header: length (4), kind (1), id (4).
 pub const HEADER_LEN: usize = 9;
@@ -374,6 +379,16 @@ pub enum Request {
     /// Kill every process below the agent, whichever spawn started it; answered by
     /// [`Reply::Killed`] with how many were sent SIGKILL. Version 4.
     ResetProcesses,
+    /// Carry the processes started under `ids` in this session over the next takeover:
+    /// instead of being detached, they join the new session under the same ids, with
+    /// their input open and a fresh output window, so the new host can adopt them (the
+    /// host of a fork restored from a checkpoint taken after this request, or of the
+    /// original restored from it). A later `keep` replaces the list; ids of no live
+    /// process are ignored. Answered by [`Reply::Kept`]. Version 4.
+    Keep {
+        /// Request ids of processes of this session.
+        ids: Vec<u32>,
+    },
 }
 
 /// What to start.
@@ -465,6 +480,11 @@ pub enum Reply {
     DeadlineSet {
         /// The deadline, Unix seconds.
         deadline_unix: u64,
+    },
+    /// Answer to [`Request::Keep`]: how many of the ids name a live process. Version 4.
+    Kept {
+        /// Live processes that the next takeover carries over.
+        processes: u32,
     },
 }
 

@@ -1056,3 +1056,48 @@ async fn a_takeover_shuts_out_a_host_still_attached_and_detaches_its_processes()
     assert!(agent.alive());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A process the old session asked to keep (version 4) joins the session that takes the
+/// agent over: the new host adopts it under the same id and it goes on with its state,
+/// its input still open — what a fork's host does with the interpreters of the sandbox it
+/// was restored from. A process not kept is detached as before (its input closed).
+#[tokio::test]
+async fn a_kept_process_joins_the_session_that_takes_over_with_its_state() {
+    let agent = SharedAgent::start();
+    let (r, w) = agent.attach();
+    let first = AgentClient::connect(r, w, "pipe-test", quick())
+        .await
+        .unwrap();
+    let counter = "n=0; while read l; do n=$((n+1)); echo \"$n $l\"; done; echo eof";
+    let mut s = spec(&["sh", "-c", counter]);
+    s.stdin = true;
+    let mut kept = first.spawn(s.clone()).await.unwrap();
+    let mut other = first.spawn(s).await.unwrap();
+    let mut seen = String::new();
+    kept.stdin().unwrap().write(b"a\n").await.unwrap();
+    stdout_until(&mut kept, &mut seen, "1 a\n").await;
+    let mut seen_other = String::new();
+    other.stdin().unwrap().write(b"x\n").await.unwrap();
+    stdout_until(&mut other, &mut seen_other, "1 x\n").await;
+    let (kept_id, other_id) = (kept.id(), other.id());
+    assert_eq!(first.keep(vec![kept_id, 999_999]).await.unwrap(), 1);
+    let (r, w) = agent.attach();
+    let next = AgentClient::take_over(r, w, "pipe-test", quick())
+        .await
+        .unwrap();
+    drop((kept, other, first));
+    let mut adopted = next.adopt(kept_id, true).await.unwrap();
+    adopted.stdin().unwrap().write(b"b\n").await.unwrap();
+    let mut seen = String::new();
+    stdout_until(&mut adopted, &mut seen, "2 b\n").await;
+    // The one not kept was detached: its input closed, its end reported to nobody.
+    let mut lost = next.adopt(other_id, true).await.unwrap();
+    lost.stdin().unwrap().write(b"y\n").await.unwrap();
+    let quiet = tokio::time::timeout(Duration::from_millis(300), lost.next_event()).await;
+    assert!(
+        quiet.is_err(),
+        "a process not kept answered the new host: {quiet:?}"
+    );
+    adopted.stdin().unwrap().close().await.unwrap();
+    stdout_until(&mut adopted, &mut seen, "eof\n").await;
+}

@@ -30,6 +30,24 @@ pub async fn backend(name: &str) -> Result<Arc<dyn Backend>> {
     })
 }
 
+/// The backend forks are measured on: Docker under gVisor (the only engine here whose
+/// sandboxes checkpoint), or the fake; `Err` says why there is none.
+pub async fn fork_backend(name: &str) -> Result<Arc<dyn Backend>> {
+    match name {
+        "docker" => Ok(Arc::new(
+            sandbox_docker::DockerBackend::connect(
+                sandbox_docker::DockerConfig::from_env().runtime(sandbox_docker::Runtime::Runsc),
+            )
+            .await?,
+        )),
+        "fake" => backend(name).await,
+        other => bail!(
+            "{other} sandboxes cannot fork with memory here (CRIU fails on this kernel); \
+             forks are measured on Docker with gVisor"
+        ),
+    }
+}
+
 /// The drivers of `variants` for `name` (raw and CLI exist for docker and podman only).
 pub async fn drivers(
     name: &str,

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! sandbox-bench [--backend docker|podman|fake|all] [--runs 30] [--warmup 3] [--json]
-//!               [--report docs/benchmarks.md] [--quick]
+//!               [--report docs/benchmarks.md] [--quick] [--only forks]
 //! ```
 //!
 //! Every container is labelled `io.sandbox-rs.managed=true` and
@@ -79,6 +79,9 @@ struct Args {
     /// Skip the request-level profile of ours vs raw.
     #[arg(long)]
     no_profile: bool,
+    /// Measure only these rows: `forks` (fork n = 1 and 4; no profile, no other rows).
+    #[arg(long, value_parser = ["forks"])]
+    only: Option<String>,
     /// Progress on stderr.
     #[arg(long, short)]
     verbose: bool,
@@ -322,6 +325,13 @@ async fn run_backend(
         verbose: args.verbose,
     };
     let mut rec = Recorder::default();
+    if args.only.as_deref() == Some("forks") {
+        suite::forks(&plan, &mut rec).await;
+        result.rows = rec.rows(s.transfer_mib, conc);
+        result.targets = report::check_targets(&rec);
+        result.wall_seconds = started.elapsed().as_secs_f64();
+        return result;
+    }
     suite::lifecycle(&plan, &drivers, &mut rec).await;
     suite::execs(&plan, &drivers, &mut rec).await;
     if let Err(e) = suite::transfers(&plan, &variants, &mut rec).await {
@@ -331,6 +341,7 @@ async fn run_backend(
     if let Some(b) = &backend {
         suite::pool(&plan, b.clone(), &mut rec).await;
     }
+    suite::forks(&plan, &mut rec).await;
     if !args.no_profile {
         result.profile = profile::run(&plan, &drivers, &rec).await;
     }

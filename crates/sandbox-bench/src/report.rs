@@ -31,6 +31,8 @@ pub enum Op {
     ConcurrentSmall,
     ConcurrentLarge,
     PoolAcquire,
+    Fork1,
+    Fork4,
 }
 
 impl Op {
@@ -52,6 +54,8 @@ impl Op {
             Op::ConcurrentSmall => format!("{} concurrent create+run+kill, total", c.0),
             Op::ConcurrentLarge => format!("{} concurrent create+run+kill, total", c.1),
             Op::PoolAcquire => "Pool::acquire(), spare ready".into(),
+            Op::Fork1 => "fork (n = 1) of a sandbox with a warm Python context".into(),
+            Op::Fork4 => "fork (n = 4) of a sandbox with a warm Python context".into(),
         }
     }
 
@@ -240,6 +244,12 @@ pub fn check_targets(rec: &Recorder) -> Vec<TargetCheck> {
         "run_code(\"print(1)\") in a warm stateful context p50 (ms)",
         m(Op::RunCodeWarm, Variant::Ours),
         5.0,
+        "≤",
+    );
+    le(
+        "fork (n = 1) of a warm Python context p50 (ms)",
+        m(Op::Fork1, Variant::Ours),
+        1000.0,
         "≤",
     );
     le(

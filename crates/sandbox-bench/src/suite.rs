@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
 use bytes::Bytes;
-use sandbox_core::{Backend, Pool, PoolConfig};
+use sandbox_core::{Backend, CodeOptions, ForkOptions, Pool, PoolConfig};
 
 use crate::driver::{Driver, Handle, Spec, Variant, timed};
 use crate::report::{Op, Recorder};
@@ -294,4 +294,70 @@ pub fn same_file(a: &Path, b: &Path) -> Result<bool> {
             return Ok(false);
         }
     }
+}
+
+/// `fork(1)` and `fork(4)` of a sandbox holding a warm Python context (its variable set
+/// before the fork), on the backend that forks (`engines::fork_backend`). A sandbox is
+/// forked once (a restored one does not declare `SNAPSHOT_FORK` under gVisor), so each
+/// measurement creates and warms its own original first (not timed) and kills it and
+/// its forks after (not timed).
+pub async fn forks(plan: &Plan, rec: &mut Recorder) {
+    progress(plan, "fork (n = 1, 4)");
+    let fail = |rec: &mut Recorder, e: &anyhow::Error| {
+        rec.error(Op::Fork1, Variant::Ours, e);
+        rec.error(Op::Fork4, Variant::Ours, e);
+    };
+    let backend = match crate::engines::fork_backend(&plan.backend).await {
+        Ok(b)
+            if b.capabilities()
+                .contains(sandbox_core::Capability::SNAPSHOT_FORK) =>
+        {
+            b
+        }
+        Ok(_) => {
+            let e = anyhow!(
+                "{} does not declare SNAPSHOT_FORK here (see `sandbox doctor`)",
+                plan.backend
+            );
+            return fail(rec, &e);
+        }
+        Err(e) => return fail(rec, &e),
+    };
+    for i in 0..plan.warmup + plan.runs {
+        for (op, n) in [(Op::Fork1, 1), (Op::Fork4, 4)] {
+            match fork_once(&*backend, plan, n).await {
+                Ok(took) if i >= plan.warmup => rec.add(op, Variant::Ours, ms(took)),
+                Ok(_) => {}
+                Err(e) => rec.error(op, Variant::Ours, &e),
+            }
+        }
+    }
+}
+
+/// One measured `fork(n)` of a new sandbox with a warm context; everything killed after.
+async fn fork_once(backend: &dyn Backend, plan: &Plan, n: usize) -> Result<Duration> {
+    let sb = bounded(async { Ok(backend.create(plan.spec.options()).await?) }).await?;
+    let measured = async {
+        sb.run_code("x = 1", CodeOptions::default().context("bench"))
+            .await?;
+        let t = Instant::now();
+        let forks = bounded(async { Ok(sb.fork(ForkOptions::new(n)).await?) }).await?;
+        let took = t.elapsed();
+        for f in forks {
+            let r = f
+                .run_code("print(x)", CodeOptions::default().context("bench"))
+                .await;
+            let _ = bounded(async { f.kill().await.map_err(anyhow::Error::from) }).await;
+            let r = r?;
+            anyhow::ensure!(
+                r.stdout.as_ref() == b"1\n",
+                "a fork lost the context: {:?}",
+                r.stdout
+            );
+        }
+        Ok::<_, anyhow::Error>(took)
+    }
+    .await;
+    let _ = bounded(async { sb.kill().await.map_err(anyhow::Error::from) }).await;
+    measured
 }

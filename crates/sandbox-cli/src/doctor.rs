@@ -52,6 +52,12 @@ struct Engine {
     /// How `--disk-mb` (`Resources::disk_mb`) is enforced on this engine, or `"refused"`;
     /// `null` when the engine was not reached.
     disk_limit: Option<String>,
+    /// Whether forks with memory (`sandbox fork`, `Sandbox::fork`) work on this engine as
+    /// configured; `null` when the engine was not reached.
+    forks: Option<bool>,
+    /// What forks would need, when they are not available.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    forks_fix: Option<String>,
     problems: Vec<Problem>,
 }
 
@@ -79,6 +85,10 @@ pub async fn doctor(args: DoctorArgs, out: Out) -> sandbox::Result<u8> {
         });
         if allowlist == Some(false) && scheme != "fake" {
             engine.egress_allowlist_fix = Some(ALLOWLIST_FIX.to_string());
+        }
+        engine.forks = caps.map(|c| c.contains(sandbox::Capability::SNAPSHOT_FORK));
+        if engine.forks == Some(false) {
+            engine.forks_fix = Some(forks_fix(scheme).to_string());
         }
         engines.push(engine);
     }
@@ -130,6 +140,22 @@ pub fn selected_engines(requested: &[String]) -> sandbox::Result<Vec<String>> {
 
 /// What egress allowlists need (docs/network.md): the rules are loaded from this host
 /// into each sandbox's network namespace.
+/// What forks with memory need on `scheme`, when its backend does not declare them.
+fn forks_fix(scheme: &str) -> &'static str {
+    match scheme {
+        "podman" => {
+            "Podman checkpoints through CRIU, which fails on this kernel; fork on Docker with \
+             gVisor instead (SBX_DOCKER_RUNTIME=runsc)"
+        }
+        _ => {
+            "forks need Docker with the gVisor runtime (SBX_DOCKER_RUNTIME=runsc), dockerd's \
+             experimental features (`sudo cargo xtask setup` writes \"experimental\": true into \
+             /etc/docker/daemon.json), the overlay2 storage driver, and sandbox-rs running as \
+             root on the engine's host (a unix socket)"
+        }
+    }
+}
+
 const ALLOWLIST_FIX: &str = "run sandbox-rs as root on the engine's own host (a unix socket, \
 not a remote endpoint) with nftables and nsenter installed (`sudo apt-get install -y nftables \
 util-linux`), with a runtime other than runsc (gVisor's netstack bypasses the rules); see \
@@ -204,6 +230,8 @@ fn to_engine(r: EngineReport, default: bool) -> Engine {
         egress_allowlist: None,
         egress_allowlist_fix: None,
         disk_limit: None,
+        forks: None,
+        forks_fix: None,
         problems: r
             .problems
             .into_iter()
@@ -260,6 +288,16 @@ fn print_human(report: &DoctorReport, out: &Out) {
         }
         if let Some(d) = &e.disk_limit {
             out.line(format!("  disk limit: {d}"));
+        }
+        match e.forks {
+            Some(true) => out.line(format!("  forks:    {}", out.green("available"))),
+            Some(false) => {
+                out.line(format!("  forks:    {}", out.yellow("unavailable")));
+                if let Some(fix) = &e.forks_fix {
+                    out.line(format!("  {}     {}", out.bold("fix:"), fix));
+                }
+            }
+            None => {}
         }
         for p in &e.problems {
             out.line(format!("  {} {}", out.red("problem:"), esc(&p.problem)));

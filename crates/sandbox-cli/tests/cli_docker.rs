@@ -336,8 +336,28 @@ fn docker_doctor_reports_a_healthy_engine() {
     v["engines"][0]["problems"] = "[problems]".into();
     v["engines"][0]["healthy"] = "[healthy]".into();
     v["engines"][0]["tier"] = "[tier]".into();
+    // Forks depend on the runtime under test (SBX_DOCKER_RUNTIME) and dockerd's features.
+    let forks = e_forks(&v);
+    assert!(forks.is_some(), "doctor must say whether forks work: {v:#}");
+    v["engines"][0]["forks"] = "[forks]".into();
+    if let Some(o) = v["engines"][0].as_object_mut() {
+        o.remove("forks_fix");
+    }
     v["ok"] = "[ok]".into();
     insta::assert_json_snapshot!("doctor_json_docker", v);
+}
+
+/// The doctor's `forks` answer, and when false, that a fix says what forks need.
+fn e_forks(v: &serde_json::Value) -> Option<bool> {
+    let e = &v["engines"][0];
+    let forks = e["forks"].as_bool()?;
+    if !forks {
+        assert!(
+            e["forks_fix"].as_str().is_some_and(|f| f.contains("runsc")),
+            "{v:#}"
+        );
+    }
+    Some(forks)
 }
 
 /// bollard logs every request body through the `log` crate at debug level, and an exec

@@ -43,6 +43,8 @@ pub const LABEL_AGENT_PROTOCOL: &str = "io.sandbox-rs.agent-protocol";
 /// On a snapshot image: the id of the sandbox whose filesystem it holds. It marks the
 /// image as a snapshot (with [`LABEL_MANAGED`]).
 pub const LABEL_SNAPSHOT_OF: &str = "io.sandbox-rs.snapshot-of";
+/// On a fork made by `Sandbox::fork`: the id of the sandbox it was forked from.
+pub const LABEL_FORK_OF: &str = "io.sandbox-rs.fork-of";
 /// On a snapshot image: when it was made, Unix seconds.
 pub const LABEL_CREATED: &str = "io.sandbox-rs.created";
 /// Prefix of user metadata labels.

@@ -5,8 +5,8 @@ use std::any::Any;
 use async_trait::async_trait;
 
 use crate::{
-    Capability, CodeOptions, Command, ExecResult, FileSystem, IsolationTier, Process, Result,
-    RunOptions, Snapshot,
+    Capability, CodeOptions, Command, ExecResult, FileSystem, ForkOptions, IsolationTier, Process,
+    Result, RunOptions, Snapshot,
 };
 
 /// One live sandbox.
@@ -149,6 +149,24 @@ pub trait Sandbox: Send + Sync + std::fmt::Debug {
     async fn egress(&self) -> Result<crate::Egress> {
         Err(crate::SandboxError::unsupported(
             Capability::LIVE_EGRESS,
+            self.backend(),
+        ))
+    }
+
+    /// Forks the running sandbox with its memory (needs `SNAPSHOT_FORK`): returns
+    /// `options.count` new sandboxes whose processes, interpreter contexts (`run_code`
+    /// with a `context_id`) and files continue from the instant of the fork, each with an
+    /// id, labels, policy and lifetime of its own (see [`ForkOptions::timeout`]); the
+    /// original goes on. Each fork is a sandbox like any other (run, files, kill) and
+    /// diverges from the others independently. Whatever the fork needed in between (a
+    /// checkpoint image) is removed by the time it returns, also when it fails, which
+    /// leaves no fork behind. A command streaming on the original while it is forked
+    /// keeps running inside, but its output no longer reaches the caller (as after a
+    /// takeover); contexts continue. Refused with `SandboxPaused` while paused.
+    async fn fork(&self, options: ForkOptions) -> Result<Vec<Box<dyn Sandbox>>> {
+        let _ = options;
+        Err(crate::SandboxError::unsupported(
+            Capability::SNAPSHOT_FORK,
             self.backend(),
         ))
     }

@@ -39,6 +39,9 @@ pub struct DockerEngine {
     /// The runtime is registered with `--network=none` (as `cargo xtask setup` registers
     /// runsc), so no sandbox can get a network: egress `Allow` is refused instead of ignored.
     runtime_forces_no_network: bool,
+    /// Where forks with memory work, or why they do not (`checkpoint.rs`), from `/info`
+    /// at connect.
+    fork: Result<crate::checkpoint::ForkHost, String>,
     /// The ssh tunnel an `ssh://` endpoint goes through; it lives as long as the engine.
     _tunnel: Option<std::sync::Arc<sandbox_container::endpoint::ssh::SshTunnel>>,
 }
@@ -53,6 +56,30 @@ impl std::fmt::Debug for DockerEngine {
 }
 
 impl DockerEngine {
+    /// Where forks work, or the refusal naming what they need.
+    fn fork_host(&self) -> EngineResult<&crate::checkpoint::ForkHost> {
+        self.fork
+            .as_ref()
+            .map_err(|why| EngineError::new(EngineErrorKind::InvalidRequest, why.clone()))
+    }
+
+    /// The full id and the overlay2 writable layer (`UpperDir`) of container `id`.
+    async fn writable_layer(&self, id: &str) -> EngineResult<(String, std::path::PathBuf)> {
+        let c = self
+            .client
+            .inspect_container(id, None)
+            .await
+            .map_err(during("inspect container"))?;
+        let driver = c.graph_driver.unwrap_or_default();
+        match (c.id, driver.name.as_str(), driver.data.get("UpperDir")) {
+            (Some(full), "overlay2", Some(upper)) => Ok((full, upper.into())),
+            (_, name, _) => Err(EngineError::new(
+                EngineErrorKind::InvalidRequest,
+                format!("container {id} has no overlay2 writable layer (driver {name:?})"),
+            )),
+        }
+    }
+
     /// Under a disk limit, the mounts Docker gave the new container `id` must be those the
     /// body asked for. Docker adds an anonymous volume on its own disk for every `VOLUME`
     /// of the image no mount covers; the container layer covered those it read, but the
@@ -175,10 +202,26 @@ impl DockerEngine {
             config,
             endpoint,
             runtime_forces_no_network: false,
+            fork: Err(String::new()),
             _tunnel: tunnel,
         };
-        if engine.config.runtime != Runtime::Runc {
-            engine.runtime_forces_no_network = engine.check_runtime().await?;
+        let socket = engine
+            .config
+            .resolved_endpoint()
+            .strip_prefix("unix://")
+            .map(std::path::PathBuf::from);
+        let runtime = engine.config.runtime;
+        engine.fork = if runtime != Runtime::Runc {
+            // A failed /info fails the connect: forks are never left undeclared because
+            // the engine could not be asked.
+            let info = engine.check_runtime().await?;
+            engine.runtime_forces_no_network = forces_no_network(&info, runtime);
+            crate::checkpoint::probe(&info, runtime, socket.as_deref())
+        } else {
+            crate::checkpoint::probe(&Default::default(), runtime, socket.as_deref())
+        };
+        if let Err(why) = &engine.fork {
+            tracing::debug!(why = %why, "forks with memory are not available");
         }
         Ok(engine)
     }
@@ -204,8 +247,8 @@ impl DockerEngine {
         Ok(c.await?.config.and_then(|c| c.env).unwrap_or_default())
     }
 
-    /// Checks the runtime is registered; returns whether it forces `--network=none`.
-    async fn check_runtime(&self) -> sandbox_core::Result<bool> {
+    /// Checks the runtime is registered; returns the engine's `/info`.
+    async fn check_runtime(&self) -> sandbox_core::Result<bollard::models::SystemInfo> {
         let info = tokio::time::timeout(CONNECT_TIMEOUT, self.client.info())
             .await
             .map_err(|_| EngineError::new(EngineErrorKind::Timeout, "info timed out"))
@@ -219,12 +262,8 @@ impl DockerEngine {
                 .with_source(e)
             })?;
         let name = self.config.runtime.as_str();
-        match info.runtimes.unwrap_or_default().get(name) {
-            Some(rt) => Ok(rt
-                .runtime_args
-                .iter()
-                .flatten()
-                .any(|a| a == "--network=none" || a == "--network none")),
+        match info.runtimes.as_ref().and_then(|r| r.get(name)) {
+            Some(_) => Ok(info),
             None => Err(SandboxError::config(
                 format!(
                     "the Docker engine at {} has no `{name}` runtime",
@@ -234,6 +273,18 @@ impl DockerEngine {
             )),
         }
     }
+}
+
+/// Whether the engine registers `runtime` with `--network=none`.
+fn forces_no_network(info: &bollard::models::SystemInfo, runtime: Runtime) -> bool {
+    info.runtimes
+        .as_ref()
+        .and_then(|r| r.get(runtime.as_str()))
+        .and_then(|rt| rt.runtime_args.as_ref())
+        .is_some_and(|args| {
+            args.iter()
+                .any(|a| a == "--network=none" || a == "--network none")
+        })
 }
 
 /// The fix for a runtime the engine does not have.
@@ -297,7 +348,7 @@ impl ContainerEngine for DockerEngine {
     }
 
     fn capabilities(&self) -> Capability {
-        policy::capabilities(self.runtime_forces_no_network)
+        policy::capabilities(self.runtime_forces_no_network, self.fork.is_ok())
     }
 
     fn is_local(&self) -> bool {
@@ -419,6 +470,47 @@ impl ContainerEngine for DockerEngine {
         info.addresses = policy::container_addresses(c.network_settings.as_ref());
         info.published = published_ports(c.network_settings.and_then(|n| n.ports));
         Ok(info)
+    }
+
+    fn fork_support(&self) -> Result<(), String> {
+        self.fork.as_ref().map(|_| ()).map_err(Clone::clone)
+    }
+
+    async fn checkpoint(&self, id: &str, checkpoint: &str) -> EngineResult<()> {
+        self.fork_host()?;
+        let opts = bollard::container::CreateCheckpointOptions {
+            checkpoint_id: checkpoint.to_string(),
+            checkpoint_dir: None,
+            exit: true,
+        };
+        self.client
+            .create_checkpoint(id, opts)
+            .await
+            .map_err(|e| engine_error("checkpoint container", e))
+    }
+
+    async fn copy_for_fork(&self, from: &str, checkpoint: &str, to: &str) -> EngineResult<()> {
+        let host = self.fork_host()?;
+        let (from_id, from_layer) = self.writable_layer(from).await?;
+        let (to_id, to_layer) = self.writable_layer(to).await?;
+        host.copy_layer(from_layer, to_layer).await?;
+        host.place_checkpoint(&from_id, checkpoint, &to_id).await
+    }
+
+    async fn start_from_checkpoint(&self, id: &str, checkpoint: &str) -> EngineResult<()> {
+        let host = self.fork_host()?;
+        host.start_from(id, checkpoint, self.config.layer.call_timeout)
+            .await
+    }
+
+    async fn remove_checkpoint(&self, id: &str, checkpoint: &str) -> EngineResult<()> {
+        match self.client.delete_checkpoint(id, checkpoint, None).await {
+            Ok(()) => Ok(()),
+            Err(e) => match engine_error("remove checkpoint", e) {
+                e if e.kind == EngineErrorKind::NotFound => Ok(()),
+                e => Err(e),
+            },
+        }
     }
 
     async fn pause(&self, id: &str) -> EngineResult<()> {

@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod backend;
+mod checkpoint;
 mod config;
 mod engine;
 mod error;

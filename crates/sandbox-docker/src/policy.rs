@@ -48,18 +48,24 @@ pub const CAPABILITIES: Capability = LAYER_CAPABILITIES
     .union(Capability::IDLE_TIMEOUT)
     .union(Capability::SNAPSHOT)
     .union(Capability::RESET_PROCESSES)
-    .union(Capability::STOP_START);
+    .union(Capability::STOP_START)
+    .union(Capability::SNAPSHOT_FORK);
 
 /// What the engine offers the container layer under this runtime: [`CAPABILITIES`]
-/// without the agent, its terminals, extend, the idle limit and the reset of processes (which the container layer
-/// adds where the agent runs), and without the allowlist where the runtime forces `--network=none`.
-pub(crate) fn capabilities(runtime_forces_no_network: bool) -> Capability {
-    let caps = CAPABILITIES
+/// without the agent, its terminals, extend, the idle limit and the reset of processes
+/// (which the container layer adds where the agent runs), without the allowlist where the
+/// runtime forces `--network=none`, and without forks unless the engine can checkpoint
+/// (`forks`).
+pub(crate) fn capabilities(runtime_forces_no_network: bool, forks: bool) -> Capability {
+    let mut caps = CAPABILITIES
         .difference(Capability::PTY)
         .difference(Capability::AGENT)
         .difference(Capability::EXTEND_LIFETIME)
         .difference(Capability::IDLE_TIMEOUT)
         .difference(Capability::RESET_PROCESSES);
+    if !forks {
+        caps.remove(Capability::SNAPSHOT_FORK);
+    }
     if runtime_forces_no_network {
         caps.difference(Capability::EGRESS_ALLOWLIST | Capability::LIVE_EGRESS)
     } else {

@@ -119,12 +119,23 @@ impl Probes for DockerProbes {
     /// Kills the sandbox's container through the engine (as a crashed init would end
     /// it). The engine keeps a stopped sandbox (for `Sandbox::start`), so it stays listed.
     async fn stop_sandbox(&self, sandbox_id: &str) -> anyhow::Result<Injection> {
-        self.backend()?
-            .client()
+        let client = self.backend()?.client();
+        client
             .kill_container(sandbox_id, None)
             .await
             .with_context(|| format!("kill container {sandbox_id}"))?;
         Ok(Injection::Injected)
+    }
+
+    /// The checkpoints Docker lists for the container.
+    async fn checkpoints(&self, sandbox_id: &str) -> anyhow::Result<Option<Vec<String>>> {
+        let list = self
+            .backend()?
+            .client()
+            .list_checkpoints(sandbox_id, None)
+            .await
+            .with_context(|| format!("list the checkpoints of {sandbox_id}"))?;
+        Ok(Some(list.into_iter().map(|c| c.name).collect()))
     }
 
     async fn faults(&self) -> anyhow::Result<Option<Arc<dyn Faults>>> {

@@ -188,7 +188,7 @@ impl FakeBackend {
 
 /// Watches the deadline: at the lifetime's end every process dies and the sandbox is
 /// removed (the provider-side backstop). Holds the sandbox weakly.
-fn spawn_lifetime(sb: &Arc<SandboxInner>) {
+pub(crate) fn spawn_lifetime(sb: &Arc<SandboxInner>) {
     let weak = Arc::downgrade(sb);
     tokio::spawn(async move {
         // The deadline may move (`expire_now`): re-read it after every wake-up.
@@ -212,7 +212,7 @@ const IDLE_POLL: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Watches the idle limit, when there is one: a sandbox with no call and nothing running
 /// for that long is removed. Holds the sandbox weakly.
-fn spawn_idle(sb: &Arc<SandboxInner>) {
+pub(crate) fn spawn_idle(sb: &Arc<SandboxInner>) {
     if sb.idle.is_none() {
         return;
     }

@@ -12,7 +12,8 @@ pub const DEFAULT_TEMPLATE: &str = "sandbox-rs/python:3.11";
 /// maximum lifetime; an idle limit removes a sandbox with no call, no program and no
 /// context for that long; a snapshot copies the in-memory filesystem into a template
 /// `create` accepts; stop ends every program and context and keeps the filesystem until
-/// start or the deadline). `PTY`, `SNAPSHOT_FORK`, `GPU`,
+/// start or the deadline; a fork copies the filesystem and the contexts' variables into
+/// new sandboxes, but not running programs, which are tasks of this process). `PTY`, `GPU`,
 /// `INGRESS_PORTS` (nothing in a fake sandbox can accept a host connection) and `TUNNELS`
 /// are not implemented and therefore never declared: asking for them is
 /// `CapabilityNotSupported`.
@@ -32,6 +33,7 @@ pub fn full_capabilities() -> Capability {
         | Capability::IDLE_TIMEOUT
         | Capability::SNAPSHOT
         | Capability::STOP_START
+        | Capability::SNAPSHOT_FORK
 }
 
 /// Options of a [`FakeBackend`](crate::FakeBackend). Build one with

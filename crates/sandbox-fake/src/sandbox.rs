@@ -128,6 +128,8 @@ impl SandboxHandle {
 /// [`TeardownGuard`]. `Debug` shows the id and template, never env values or secrets.
 pub struct FakeSandbox {
     handle: SandboxHandle,
+    /// The backend's faults, which its forks share.
+    faults: FaultInjector,
     killer: Killer,
     info: OrphanInfo,
     guard: tokio::sync::Mutex<TeardownGuard>,
@@ -176,8 +178,9 @@ impl FakeSandbox {
 
     pub(crate) fn new(inner: Arc<SandboxInner>, faults: FaultInjector) -> Self {
         let info = OrphanInfo::new(inner.id.clone(), BACKEND_NAME, inner.labels.clone());
-        let killer = sandbox_killer(inner.clone(), faults);
+        let killer = sandbox_killer(inner.clone(), faults.clone());
         FakeSandbox {
+            faults,
             guard: tokio::sync::Mutex::new(TeardownGuard::new(info.clone(), killer.clone())),
             handle: SandboxHandle(inner),
             killer,
@@ -412,6 +415,27 @@ impl Sandbox for FakeSandbox {
         sandbox_core::policy::require(inner.capabilities, Capability::SNAPSHOT, BACKEND_NAME)?;
         inner.alive()?;
         inner.snapshot()
+    }
+
+    async fn fork(&self, options: sandbox_core::ForkOptions) -> Result<Vec<Box<dyn Sandbox>>> {
+        self.require(Capability::SNAPSHOT_FORK)?;
+        options.validate()?;
+        let sb = self.inner();
+        sb.alive()?;
+        sb.touch();
+        let lifetime = options.timeout.unwrap_or_else(|| {
+            sb.deadline()
+                .saturating_duration_since(tokio::time::Instant::now())
+        });
+        let engine = sb.engine().ok_or_else(|| sb.gone())?;
+        let mut forks: Vec<Box<dyn Sandbox>> = Vec::with_capacity(options.count);
+        for _ in 0..options.count {
+            let fork = sb.fork_copy(engine.new_id(), lifetime, &options.metadata)?;
+            crate::backend::spawn_lifetime(&fork);
+            crate::backend::spawn_idle(&fork);
+            forks.push(Box::new(FakeSandbox::new(fork, self.faults.clone())));
+        }
+        Ok(forks)
     }
 
     fn native(&self) -> &dyn Any {

@@ -342,6 +342,11 @@ impl SandboxInner {
         true
     }
 
+    /// The engine holding this sandbox, while a backend handle lives.
+    pub(crate) fn engine(&self) -> Option<Arc<Engine>> {
+        self.engine.upgrade()
+    }
+
     pub(crate) fn gone(&self) -> SandboxError {
         SandboxError::gone(self.id.clone())
     }
@@ -428,6 +433,72 @@ impl SandboxInner {
         )?;
         *deadline += by;
         Ok(to)
+    }
+
+    /// A fork of this sandbox as a new one the engine holds, with id `id`, ending
+    /// `lifetime` from now and labelled with `metadata` too: this one's spec, a copy of its
+    /// files and of its contexts' variables. Its programs are not copied: the fake runs
+    /// them as tasks of this process, which cannot be duplicated (a container engine's
+    /// fork restores them). Past the maximum lifetime: `ResourceLimitExceeded`.
+    pub(crate) fn fork_copy(
+        &self,
+        id: String,
+        lifetime: Duration,
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<Arc<SandboxInner>> {
+        let engine = self.engine.upgrade().ok_or_else(|| self.gone())?;
+        let max_left = self.max_deadline.saturating_duration_since(Instant::now());
+        if lifetime > max_left + Duration::from_secs(1) {
+            return Err(SandboxError::resource_limit(
+                "the original sandbox's maximum lifetime (a fork cannot outlive it)",
+                Some(
+                    "ask for a shorter ForkOptions::timeout, or create the original with a \
+                     longer CreateOptions::max_lifetime"
+                        .into(),
+                ),
+            ));
+        }
+        let mut labels = self.labels.clone();
+        labels.insert(
+            sandbox_core::labels::LABEL_DEADLINE.to_string(),
+            self.clock.unix_after(lifetime).to_string(),
+        );
+        labels.insert(
+            sandbox_core::labels::LABEL_FORK_OF.to_string(),
+            self.id.clone(),
+        );
+        for (k, v) in metadata {
+            labels.insert(
+                format!("{}{k}", sandbox_core::labels::LABEL_META_PREFIX),
+                v.clone(),
+            );
+        }
+        let spec = Spec {
+            id,
+            template: self.template.clone(),
+            labels,
+            policy: self.policy.clone(),
+            resources: self.resources,
+            env: self.env.clone(),
+            secrets: self.secrets.clone(),
+            workdir: self.workdir.clone(),
+            lifetime,
+            max_lifetime: max_left.max(lifetime),
+            idle: self.idle,
+            capabilities: self.capabilities,
+            isolation: self.isolation,
+            has_python: self.has_python,
+            clock: self.clock,
+        };
+        let fork = Arc::new(SandboxInner::new(spec, self.engine.clone()));
+        *lock(&fork.fs) = self.fs().clone();
+        *lock(&fork.contexts) = lock(&self.contexts)
+            .iter()
+            .map(|(k, vars)| (k.clone(), Arc::new(Mutex::new(lock(vars).clone()))))
+            .collect();
+        engine.insert(fork.clone());
+        fork.set_running();
+        Ok(fork)
     }
 
     /// Moves the deadline to now and tears the sandbox down.

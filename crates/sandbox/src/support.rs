@@ -70,19 +70,21 @@ mod recorded {
         .union(Capability::RESET_PROCESSES)
         .union(Capability::STOP_START);
 
-    /// `sandbox_docker::CAPABILITIES`.
+    /// `sandbox_docker::CAPABILITIES`: plus forks with memory (under gVisor with
+    /// dockerd's experimental features).
     #[cfg(any(test, not(feature = "docker")))]
-    pub(super) const DOCKER: Capability = CONTAINER;
+    pub(super) const DOCKER: Capability = CONTAINER.union(Capability::SNAPSHOT_FORK);
 
-    /// `sandbox_podman::CAPABILITIES`: Docker's, plus GPUs through CDI devices.
+    /// `sandbox_podman::CAPABILITIES`: the container set, plus GPUs through CDI devices.
     #[cfg(any(test, not(feature = "podman")))]
     pub(super) const PODMAN: Capability = CONTAINER.union(Capability::GPU);
 
     /// `sandbox_fake::full_capabilities()`: an egress allowlist and its live change,
-    /// pause/resume, snapshots and stop/start, but no ingress ports, no disk, no
-    /// terminals, no agent and no reset of processes.
+    /// pause/resume, snapshots, stop/start and forks (files and contexts), but no ingress
+    /// ports, no disk, no terminals, no agent and no reset of processes.
     #[cfg(any(test, not(feature = "fake")))]
     pub(super) const FAKE: Capability = CONTAINER
+        .union(Capability::SNAPSHOT_FORK)
         .difference(Capability::INGRESS_PORTS)
         .difference(Capability::DISK_LIMIT)
         .difference(Capability::PTY)
@@ -149,7 +151,10 @@ mod tests {
             first_party_support(Capability::STOP_START),
             ["docker", "podman", "fake"]
         );
-        assert!(first_party_support(Capability::SNAPSHOT_FORK).is_empty());
+        assert_eq!(
+            first_party_support(Capability::SNAPSHOT_FORK),
+            ["docker", "fake"]
+        );
         assert!(first_party_support(Capability::empty()).is_empty());
     }
 

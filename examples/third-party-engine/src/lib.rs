@@ -217,6 +217,22 @@ impl<E: ContainerEngine> ContainerEngine for JournaledEngine<E> {
     async fn stop(&self, id: &str, grace: std::time::Duration) -> EngineResult<()> {
         self.inner.stop(id, grace).await
     }
+
+    fn fork_support(&self) -> Result<(), String> {
+        self.inner.fork_support()
+    }
+    async fn checkpoint(&self, id: &str, checkpoint: &str) -> EngineResult<()> {
+        self.inner.checkpoint(id, checkpoint).await
+    }
+    async fn copy_for_fork(&self, from: &str, checkpoint: &str, to: &str) -> EngineResult<()> {
+        self.inner.copy_for_fork(from, checkpoint, to).await
+    }
+    async fn start_from_checkpoint(&self, id: &str, checkpoint: &str) -> EngineResult<()> {
+        self.inner.start_from_checkpoint(id, checkpoint).await
+    }
+    async fn remove_checkpoint(&self, id: &str, checkpoint: &str) -> EngineResult<()> {
+        self.inner.remove_checkpoint(id, checkpoint).await
+    }
     async fn image_config(&self, image: &str) -> EngineResult<sandbox_container::engine::ImageConfig> {
         self.inner.image_config(image).await
     }

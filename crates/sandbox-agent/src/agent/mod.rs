@@ -21,6 +21,7 @@ mod spawn;
 
 use std::collections::HashMap;
 use std::io::{self, BufWriter, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -121,36 +122,52 @@ const ANY_SESSION: u64 = u64::MAX;
 /// Where one host session's frames go: the writer, tagged with the session they belong
 /// to, so frames of a session that was taken over are never written after the marker (a
 /// process of the old session that is still draining cannot answer the new host's ids).
+/// Clones share the session; a process gets a route of its own ([`Out::route`]), which a
+/// takeover that carries the process over moves to the new session.
 #[derive(Clone)]
 pub(crate) struct Out {
     tx: SyncSender<Outgoing>,
-    session: u64,
+    session: Arc<AtomicU64>,
 }
 
 impl Out {
     pub(crate) fn agent(tx: SyncSender<Outgoing>) -> Self {
+        Out::new(tx, ANY_SESSION)
+    }
+
+    fn new(tx: SyncSender<Outgoing>, session: u64) -> Self {
         Out {
             tx,
-            session: ANY_SESSION,
+            session: Arc::new(AtomicU64::new(session)),
         }
     }
 
     /// The session these frames belong to.
     pub(crate) fn session(&self) -> u64 {
-        self.session
+        self.session.load(Ordering::SeqCst)
+    }
+
+    /// A route of its own for one process, in this session for now.
+    pub(crate) fn route(&self) -> Out {
+        Out::new(self.tx.clone(), self.session())
+    }
+
+    /// Moves this route (and every clone of it) to `session`.
+    pub(crate) fn move_to(&self, session: u64) {
+        self.session.store(session, Ordering::SeqCst);
     }
 
     /// Queues a frame; blocks while the writer is behind (back-pressure, never loss).
     /// Fails only when the writer is gone.
     pub(crate) fn send(&self, frame: Frame) -> Result<(), ()> {
         self.tx
-            .send(Outgoing::Frame(self.session, frame))
+            .send(Outgoing::Frame(self.session(), frame))
             .map_err(|_| ())
     }
 
     /// Queues a frame unless the queue is full.
     pub(crate) fn try_send(&self, frame: Frame) {
-        let _ = self.tx.try_send(Outgoing::Frame(self.session, frame));
+        let _ = self.tx.try_send(Outgoing::Frame(self.session(), frame));
     }
 }
 
@@ -221,6 +238,8 @@ struct Session {
     version: Option<u32>,
     /// Files being written, by request id.
     writes: HashMap<u32, files::Upload>,
+    /// Processes the next takeover carries over instead of detaching (`keep`).
+    keep: Vec<u32>,
 }
 
 impl Session {
@@ -230,6 +249,7 @@ impl Session {
             token,
             version: None,
             writes: HashMap::new(),
+            keep: Vec::new(),
         }
     }
 }
@@ -237,13 +257,7 @@ impl Session {
 fn serve(procs: &spawn::Processes, life: &lifetime::Lifetime, tx: &SyncSender<Outgoing>) -> i32 {
     let stdin = io::stdin();
     let mut input = input::Input::new(stdin.lock());
-    let mut s = Session::new(
-        Out {
-            tx: tx.clone(),
-            session: 0,
-        },
-        None,
-    );
+    let mut s = Session::new(Out::new(tx.clone(), 0), None);
     loop {
         let item = match input.next_item() {
             Ok(item) => item,
@@ -289,6 +303,11 @@ fn serve(procs: &spawn::Processes, life: &lifetime::Lifetime, tx: &SyncSender<Ou
                         Err((kind, message)) => reply_error(out, id, kind, message),
                     }
                 }
+                Ok(Request::Keep { ids }) => {
+                    let processes = procs.live(out.session(), &ids);
+                    send(out, id, Reply::Kept { processes });
+                    s.keep = ids;
+                }
                 Ok(req) => dispatch(id, req, procs, out, &mut s.writes),
                 Err(e) => reply_error(out, id, ErrorKind::InvalidRequest, e.to_string()),
             },
@@ -312,24 +331,22 @@ fn serve(procs: &spawn::Processes, life: &lifetime::Lifetime, tx: &SyncSender<Ou
     }
 }
 
-/// Ends session `old` for a new host's session `token`. The old session's processes keep
-/// running, detached (docs/agent.md says why): their output is discarded, their input is
-/// closed; its file reads stop and its unfinished uploads are removed. The marker goes out
-/// before anything of the new session, and nothing of the old one follows it.
+/// Ends session `old` for a new host's session `token`. The processes the old session
+/// asked to keep join the new one under the same ids; the others keep running, detached
+/// (docs/agent.md says why): their output is discarded, their input is closed. Its file
+/// reads stop and its unfinished uploads are removed. The marker goes out before anything
+/// of the new session, and nothing of the old one follows it.
 fn take_over(procs: &spawn::Processes, old: Session, token: [u8; TOKEN_LEN]) -> Session {
     for (_, upload) in old.writes {
         upload.abandon();
     }
-    procs.detach_session(old.out.session());
     let session = old.out.session() + 1;
+    // Moved before the marker is queued: a kept process's frames queued after this carry
+    // the new session, any queued before it are the old host's and are dropped.
+    procs.carry_over(old.out.session(), session, &old.keep);
+    procs.detach_session(old.out.session());
     let _ = old.out.tx.send(Outgoing::Takeover(session, token));
-    Session::new(
-        Out {
-            tx: old.out.tx,
-            session,
-        },
-        Some(token),
-    )
+    Session::new(Out::new(old.out.tx.clone(), session), Some(token))
 }
 
 /// The process-table key of request `id` in the session `out` belongs to.
@@ -431,8 +448,8 @@ fn dispatch(
         Request::List { path } => send(out, id, files::list(&path)),
         Request::Mkdir { path, parents } => send(out, id, files::mkdir(&path, parents)),
         Request::Remove { path, recursive } => send(out, id, files::remove(&path, recursive)),
-        // Answered by `serve`, which holds the lifetime.
-        Request::SetDeadline { .. } => {}
+        // Answered by `serve`, which holds the lifetime and the session.
+        Request::SetDeadline { .. } | Request::Keep { .. } => {}
     }
 }
 
@@ -499,6 +516,15 @@ impl Credits {
     pub(crate) fn close(&self) {
         if let Ok(mut s) = self.state.lock() {
             s.1 = true;
+            self.cv.notify_all();
+        }
+    }
+
+    /// A whole window again: a new host has received nothing of this stream yet (what
+    /// the old one was sent and had not acknowledged is not coming back).
+    pub(crate) fn refill(&self) {
+        if let Ok(mut s) = self.state.lock() {
+            s.0 = u64::from(protocol::WINDOW);
             self.cv.notify_all();
         }
     }

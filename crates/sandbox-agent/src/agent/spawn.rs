@@ -113,6 +113,8 @@ pub(crate) struct Entry {
     /// end-of-file instead of closing the input).
     pty: Option<std::fs::File>,
     events: Sender<Event>,
+    /// Where its frames go; moved to the new session when a takeover carries it over.
+    route: Out,
 }
 
 enum Event {
@@ -145,6 +147,9 @@ impl Processes {
 
     pub(crate) fn spawn(&self, key: Key, spec: SpawnSpec, out: &Out) {
         let id = key.id;
+        // Its own route: its readers, stdin pump and supervisor follow it when a takeover
+        // carries it over to another session.
+        let out = &out.route();
         let send = |reply: Reply| {
             let _ = out.send(Frame::control(id, &reply));
         };
@@ -301,6 +306,7 @@ impl Processes {
                 stdin,
                 pty,
                 events: events_tx.clone(),
+                route: out.clone(),
             },
         );
         t.generation += 1;
@@ -385,6 +391,11 @@ impl Processes {
         credits.close();
         let (code, signal) = status.unwrap_or((None, None));
         let mut t = self.lock();
+        // Under the lock a takeover moves the route under: the session it is in now.
+        let key = Key {
+            session: out.session(),
+            id: key.id,
+        };
         if let Some(e) = t.by_id.remove(&key) {
             t.remember(&e);
         }
@@ -561,6 +572,40 @@ impl Processes {
             std::thread::sleep(Duration::from_millis(1));
         }
         total
+    }
+
+    /// How many of `ids` name a live process of host session `session`.
+    pub(crate) fn live(&self, session: u64, ids: &[u32]) -> u32 {
+        let t = self.lock();
+        let mut seen: Vec<u32> = ids.to_vec();
+        seen.sort_unstable();
+        seen.dedup();
+        seen.iter()
+            .filter(|&&id| t.by_id.contains_key(&Key { session, id }))
+            .count() as u32
+    }
+
+    /// Moves the processes `ids` of session `from` into session `to` under the same ids:
+    /// their frames go to the new host from now on, their input stays open, and their
+    /// output gets a whole window (the new host has acknowledged nothing yet).
+    pub(crate) fn carry_over(&self, from: u64, to: u64, ids: &[u32]) {
+        let mut t = self.lock();
+        for &id in ids {
+            let old = Key { session: from, id };
+            let new = Key { session: to, id };
+            let Some(e) = t.by_id.remove(&old) else {
+                continue;
+            };
+            e.route.move_to(to);
+            if t.by_pid.get(&e.pid) == Some(&old) {
+                t.by_pid.insert(e.pid, new);
+            }
+            t.by_id.insert(new, e);
+            if let Some(c) = t.credits.remove(&old) {
+                c.refill();
+                t.credits.insert(new, c);
+            }
+        }
     }
 
     /// Detaches the processes of host session `session` (taken over by another host):

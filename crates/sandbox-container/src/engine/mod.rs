@@ -300,6 +300,51 @@ pub trait ContainerEngine: Send + Sync + fmt::Debug + 'static {
         ))
     }
 
+    /// Whether this engine can fork running containers with their memory
+    /// ([`Self::checkpoint`], [`Self::copy_for_fork`], [`Self::start_from_checkpoint`],
+    /// [`Self::remove_checkpoint`]): `Err` says why not and what would be needed. An
+    /// engine that can declares `SNAPSHOT_FORK` in [`Self::capabilities`]. Default: not
+    /// supported.
+    fn fork_support(&self) -> Result<(), String> {
+        Err("this engine cannot checkpoint a running container".to_string())
+    }
+    /// Checkpoints the running container `id` under the name `checkpoint` (its processes'
+    /// memory and state) and stops it: the container stays, stopped, until started from
+    /// the checkpoint or removed. Default: not supported.
+    async fn checkpoint(&self, id: &str, checkpoint: &str) -> EngineResult<()> {
+        let _ = checkpoint;
+        Err(EngineError::new(
+            EngineErrorKind::InvalidRequest,
+            format!("this engine cannot checkpoint the container {id}"),
+        ))
+    }
+    /// Gives the created, never started container `to` what it needs to start as a copy
+    /// of the checkpointed, stopped container `from`: `from`'s own files (its writable
+    /// layer, which the checkpoint does not hold) and the checkpoint `checkpoint`.
+    /// Default: not supported.
+    async fn copy_for_fork(&self, from: &str, checkpoint: &str, to: &str) -> EngineResult<()> {
+        let _ = (from, checkpoint);
+        Err(EngineError::new(
+            EngineErrorKind::InvalidRequest,
+            format!("this engine cannot prepare the container {to} as a fork"),
+        ))
+    }
+    /// Starts the stopped container `id` from its checkpoint `checkpoint`: its processes
+    /// continue where the checkpoint left them. Default: not supported.
+    async fn start_from_checkpoint(&self, id: &str, checkpoint: &str) -> EngineResult<()> {
+        let _ = checkpoint;
+        Err(EngineError::new(
+            EngineErrorKind::InvalidRequest,
+            format!("this engine cannot restore the container {id}"),
+        ))
+    }
+    /// Removes the checkpoint `checkpoint` of container `id`; `Ok` when it was already
+    /// gone (with the container, too). Default: nothing to remove.
+    async fn remove_checkpoint(&self, id: &str, checkpoint: &str) -> EngineResult<()> {
+        let _ = (id, checkpoint);
+        Ok(())
+    }
+
     /// The configuration `image` declares (env, command, entrypoint, workdir, user,
     /// labels): a snapshot of a sandbox created from it keeps them. An engine that
     /// implements the snapshot calls ([`Self::export`], [`Self::import_image`],

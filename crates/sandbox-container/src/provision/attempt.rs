@@ -178,6 +178,11 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         } else {
             None
         };
+        let fork_base = crate::sandbox::fork::ForkBase {
+            spec: spec.clone(),
+            ingress_ports: options.network.ingress_ports.clone(),
+            upkeep: self.upkeep.clone(),
+        };
         let shared = Arc::new(Shared {
             engine: self.engine.clone(),
             config: self.config.clone(),
@@ -193,9 +198,13 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             max_deadline: labelled(&spec, LABEL_MAX_DEADLINE)
                 .unwrap_or_else(|| SystemTime::now() + options.effective_max_lifetime()),
             tier,
-            caps: crate::snapshot::instance_caps(
-                self.caps() | crate::sandbox::agent::capabilities(agent.as_ref(), tier),
-                spec.resources.disk_mb.is_some(),
+            caps: crate::sandbox::fork::instance_caps(
+                crate::snapshot::instance_caps(
+                    self.caps() | crate::sandbox::agent::capabilities(agent.as_ref(), tier),
+                    spec.resources.disk_mb.is_some(),
+                ),
+                agent.as_ref(),
+                Some(&fork_base),
             ),
             secrets: options
                 .secrets
@@ -212,6 +221,8 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                 net: egress_net.cloned(),
             }),
             expiry,
+            fork_base: Some(fork_base),
+            restored: std::sync::atomic::AtomicBool::new(false),
         });
         tracing::debug!(
             sandbox_id = %shared.id,

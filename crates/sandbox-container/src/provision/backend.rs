@@ -115,13 +115,15 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         // passed through when the engine declares it.
         // So is DISK_LIMIT (a read-only root and sized scratch mounts in its create body).
         // And PAUSE_RESUME (the engine's freezer, see `ContainerEngine::pause`),
-        // SNAPSHOT (its export and import, see `crate::snapshot`), and STOP_START (its
-        // stop and start, see `crate::sandbox::restart`).
+        // SNAPSHOT (its export and import, see `crate::snapshot`), STOP_START (its stop
+        // and start, see `crate::sandbox::restart`), and SNAPSHOT_FORK (its checkpoints,
+        // see `crate::sandbox::fork`; declared only beside the agent).
         let mut caps = (LAYER_CAPABILITIES
             | Capability::GPU
             | Capability::PAUSE_RESUME
             | Capability::STOP_START
             | Capability::SNAPSHOT
+            | Capability::SNAPSHOT_FORK
             | Capability::EGRESS_ALLOWLIST
             | Capability::LIVE_EGRESS
             | Capability::DISK_LIMIT)
@@ -276,9 +278,14 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             deadline: Mutex::new(deadline),
             max_deadline: deadline,
             tier,
-            caps: crate::snapshot::instance_caps(
-                self.caps() | agent_caps,
-                c.labels.contains_key(crate::snapshot::LABEL_DISK_LIMITED),
+            // No fork base: a reattached handle does not know the secrets a fork needs.
+            caps: crate::sandbox::fork::instance_caps(
+                crate::snapshot::instance_caps(
+                    self.caps() | agent_caps,
+                    c.labels.contains_key(crate::snapshot::LABEL_DISK_LIMITED),
+                ),
+                agent.as_ref(),
+                None,
             ),
             // Secrets are never stored engine-side, so a reattached handle has none.
             secrets: Vec::new(),
@@ -291,6 +298,8 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             // The policy is not kept engine-side: `start` re-applies what it can know.
             network: None,
             expiry,
+            fork_base: None,
+            restored: AtomicBool::new(false),
         });
         tracing::debug!(
             sandbox_id = %shared.id,

@@ -518,7 +518,9 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                 | sandbox_core::Capability::IDLE_TIMEOUT
                 | sandbox_core::Capability::RESET_PROCESSES
         } else {
+            // A fork's host reaches the restored sandbox through its agent.
             self.caps()
+                .difference(sandbox_core::Capability::SNAPSHOT_FORK)
         }
     }
 
@@ -554,7 +556,7 @@ fn deadline_secs(now: SystemTime, lifetime: Duration) -> u64 {
     end.as_secs() + u64::from(end.subsec_nanos() > 0)
 }
 
-fn container_name() -> String {
+pub(crate) fn container_name() -> String {
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let n = SEQ.fetch_add(1, Ordering::Relaxed);
     format!("{NAME_PREFIX}{}-{n}", sandbox_core::labels::session_id())

@@ -10,7 +10,7 @@ mod attempt;
 pub(crate) mod backend;
 pub(crate) mod config;
 pub mod copy_in;
-mod create;
+pub(crate) mod create;
 pub mod expiry;
 pub(crate) mod image_volumes;
 pub(crate) mod sweep;

@@ -25,6 +25,9 @@ pub(crate) struct CodeContext {
     pub(crate) exit: ContextExit,
     pub(crate) buf: BytesMut,
     pub(crate) killer: Killer,
+    /// The agent's request id of the interpreter (what a fork keeps and adopts); `None`
+    /// on the engine's exec path.
+    pub(crate) agent_id: Option<u32>,
 }
 
 /// Where requests go: the engine exec's attached stdin, or the agent's stdin stream.

@@ -227,26 +227,7 @@ impl CodeContext {
                 pty: None,
             };
             let p = client.spawn(spec).await?;
-            let input = p.stdin().ok_or_else(|| {
-                error::internal(
-                    sh.engine.backend(),
-                    "the agent gave the interpreter no stdin",
-                )
-            })?;
-            let handle = p.kill_handle();
-            let killer: Killer = Arc::new(move || {
-                let handle = handle.clone();
-                Box::pin(async move { handle.kill().await })
-            });
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            return Ok(CodeContext {
-                name: "agent interpreter".into(),
-                input: ContextInput::Agent(input),
-                output: crate::sandbox::agent::events(p, client.clone(), tx),
-                exit: ContextExit::Agent(rx),
-                buf: BytesMut::new(),
-                killer,
-            });
+            return CodeContext::of_agent(sh.engine.backend(), p, &client);
         }
         let mut l = launch(
             sh,
@@ -272,6 +253,35 @@ impl CodeContext {
             exit: ContextExit::Engine(l.exec_id),
             buf: BytesMut::new(),
             killer: l.killer,
+            agent_id: None,
+        })
+    }
+
+    /// The context of an interpreter the agent runs as `p` (spawned, or adopted by a
+    /// fork's session).
+    pub(crate) fn of_agent(
+        backend: &str,
+        p: sandbox_agent::client::RemoteProcess,
+        client: &sandbox_agent::client::AgentClient,
+    ) -> Result<CodeContext> {
+        let input = p
+            .stdin()
+            .ok_or_else(|| error::internal(backend, "the agent gave the interpreter no stdin"))?;
+        let handle = p.kill_handle();
+        let killer: Killer = Arc::new(move || {
+            let handle = handle.clone();
+            Box::pin(async move { handle.kill().await })
+        });
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let agent_id = Some(p.id());
+        Ok(CodeContext {
+            agent_id,
+            name: "agent interpreter".into(),
+            input: ContextInput::Agent(input),
+            output: crate::sandbox::agent::events(p, client.clone(), tx),
+            exit: ContextExit::Agent(rx),
+            buf: BytesMut::new(),
+            killer,
         })
     }
 
@@ -362,7 +372,7 @@ async fn ensure_interpreter<E: ContainerEngine>(
                     let none = Default::default();
                     crate::sandbox::agent::process(
                         sh,
-                        client,
+                        &client,
                         argv,
                         &none,
                         Some("/"),

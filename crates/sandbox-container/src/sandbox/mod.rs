@@ -6,6 +6,7 @@ use crate::sandbox::shared::Shared;
 pub(crate) mod agent;
 pub(crate) mod context;
 pub(crate) mod exec;
+pub(crate) mod fork;
 mod freeze;
 pub(crate) mod ingress;
 pub(crate) mod interpreter;
@@ -191,7 +192,7 @@ impl<E: ContainerEngine> Sandbox for ContainerSandbox<E> {
     }
 
     fn capabilities(&self) -> Capability {
-        self.shared.caps
+        self.shared.caps()
     }
 
     fn isolation(&self) -> IsolationTier {
@@ -291,6 +292,14 @@ impl<E: ContainerEngine> Sandbox for ContainerSandbox<E> {
 
     async fn snapshot(&self) -> Result<sandbox_core::Snapshot> {
         crate::snapshot::take(&self.shared).await
+    }
+
+    async fn fork(&self, options: sandbox_core::ForkOptions) -> Result<Vec<Box<dyn Sandbox>>> {
+        let forks = fork::fork(&self.shared, options).await?;
+        Ok(forks
+            .into_iter()
+            .map(|f| Box::new(f) as Box<dyn Sandbox>)
+            .collect())
     }
 
     fn ingress_address(&self, port: u16) -> Result<SocketAddr> {

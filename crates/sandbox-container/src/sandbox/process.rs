@@ -54,7 +54,7 @@ impl<E: ContainerEngine> Shared<E> {
     ) -> Result<Process> {
         match &self.agent() {
             Some(client) => {
-                crate::sandbox::agent::process(self, client, argv, env, workdir, timeout, stdin)
+                crate::sandbox::agent::process(self, &client, argv, env, workdir, timeout, stdin)
             }
             None => crate::sandbox::exec::process(self, argv, env, workdir, timeout, stdin),
         }

@@ -58,6 +58,13 @@ pub(crate) struct Shared<E> {
     pub network: Option<crate::sandbox::restart::NetworkPlan>,
     /// The host-side deadline timer; every removal through the handle cancels it.
     pub expiry: Expiry,
+    /// How the sandbox was made, for its forks; `None` for a reattached handle (which
+    /// does not know its secrets or spec, and so cannot fork).
+    pub fork_base: Option<crate::sandbox::fork::ForkBase>,
+    /// The container was started from a checkpoint (it was forked, or is a fork): it
+    /// cannot be forked again (see `sandbox/fork.rs`), so it no longer declares
+    /// `SNAPSHOT_FORK`.
+    pub restored: AtomicBool,
 }
 
 impl<E: ContainerEngine> Shared<E> {
@@ -69,6 +76,16 @@ impl<E: ContainerEngine> Shared<E> {
         fut: impl Future<Output = EngineResult<T>>,
     ) -> EngineResult<T> {
         bounded(self.config.call_timeout, op, fut).await
+    }
+
+    /// The capabilities this sandbox declares now: those it was made with, without
+    /// `SNAPSHOT_FORK` once it was restored from a checkpoint.
+    pub(crate) fn caps(&self) -> Capability {
+        if self.restored.load(std::sync::atomic::Ordering::SeqCst) {
+            self.caps.difference(Capability::SNAPSHOT_FORK)
+        } else {
+            self.caps
+        }
     }
 
     /// What orphan warnings name.

@@ -1,6 +1,6 @@
 //! The sandbox wrapper ([`EnforcedSandbox`]): each call on a wrapped sandbox — run,
 //! run_code, stream, files, kill, ingress, pause, resume, stop, start, extend, snapshot,
-//! set_egress, reset_processes — is checked
+//! fork, set_egress, reset_processes — is checked
 //! (the shared state's gate), spanned and audited (its operation), then forwarded to the
 //! adapter. A kill is idempotent, and nothing reaches the adapter after a successful one;
 //! while paused, only resume, stop, kill and snapshot do; while stopped, only start, kill
@@ -15,8 +15,8 @@ use async_trait::async_trait;
 use tracing::Instrument as _;
 
 use crate::{
-    Capability, CodeOptions, Command, ExecResult, FileSystem, IsolationTier, Process, Result,
-    RunOptions, Sandbox, Snapshot,
+    Capability, CodeOptions, Command, ExecResult, FileSystem, ForkOptions, IsolationTier, Process,
+    Result, RunOptions, Sandbox, Snapshot,
 };
 
 use super::files::EnforcedFiles;
@@ -390,6 +390,43 @@ impl Sandbox for EnforcedSandbox {
                 Ok(()) => s.inner.snapshot().await,
                 Err(e) => Err(e),
             };
+            op.end(&s.layer, &s.redactor, r)
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn fork(&self, options: ForkOptions) -> Result<Vec<Box<dyn Sandbox>>> {
+        let s = &self.shared;
+        let span = op_span!("sandbox.fork", s.backend, s.tier);
+        let op = s.op(span.clone(), "sandbox.fork");
+        async move {
+            // Serialised with kill, pause and resume: the adapter stops and restores the
+            // original, which must not race its removal or a freeze.
+            let _serial = s.kill_lock.lock().await;
+            let checked = s
+                .require(Capability::SNAPSHOT_FORK)
+                .and_then(|()| s.alive())
+                .and_then(|()| options.validate());
+            let r = match checked {
+                Ok(()) => s.inner.fork(options.clone()).await,
+                Err(e) => Err(e),
+            };
+            let r = r.map(|forks| {
+                // Each fork's deadline as the layer knows it: its own timeout from now,
+                // else the original's (a deadline counted from after the call is never
+                // earlier than the adapter's).
+                let deadline = match options.timeout {
+                    Some(t) => Some(tokio::time::Instant::now() + t),
+                    None => *s.deadline.lock().unwrap_or_else(|e| e.into_inner()),
+                };
+                forks
+                    .into_iter()
+                    .map(|f| {
+                        Box::new(EnforcedSandbox::new(s.forked(f, deadline))) as Box<dyn Sandbox>
+                    })
+                    .collect::<Vec<_>>()
+            });
             op.end(&s.layer, &s.redactor, r)
         }
         .instrument(span)

@@ -44,6 +44,28 @@ pub(super) struct Shared {
 }
 
 impl Shared {
+    /// The shared state of `fork`, a fork of this sandbox: the same backend, layer and
+    /// secrets to redact, its own id, deadline and kill state.
+    pub(super) fn forked(
+        &self,
+        fork: Box<dyn Sandbox>,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Arc<Shared> {
+        Arc::new(Shared {
+            id: fork.id().to_string(),
+            backend: self.backend.clone(),
+            tier: self.tier,
+            inner: fork,
+            layer: self.layer.clone(),
+            redactor: self.redactor.clone(),
+            deadline: std::sync::Mutex::new(deadline),
+            killed: AtomicBool::new(false),
+            paused: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
+            kill_lock: tokio::sync::Mutex::new(()),
+        })
+    }
+
     pub(super) fn op(&self, span: tracing::Span, operation: &'static str) -> Op {
         Op::new(span, operation, &self.backend, self.tier).sandbox(&self.id)
     }
