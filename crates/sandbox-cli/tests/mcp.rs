@@ -22,6 +22,7 @@ const TOOLS: &[&str] = &[
     "sandbox_pause",
     "sandbox_resume",
     "sandbox_set_egress",
+    "sandbox_fork",
     "sandbox_kill",
 ];
 
@@ -1213,4 +1214,58 @@ async fn mcp_http_slow_or_many_connections_cannot_hold_the_server() {
     }
     assert!(closed > 0, "200 idle connections were all held open");
     server.stop().await;
+}
+
+/// `sandbox_fork` on the fake (which forks files and contexts): each fork is a sandbox of
+/// the session with the context's variable, and the forks diverge; a bad count is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_fork_branches_a_context_on_the_fake() {
+    let client = start().await;
+    let (failed, r) = call(&client, "sandbox_create", json!({"engine": "fake"})).await;
+    assert!(!failed, "{r}");
+    let id = r["sandbox_id"].as_str().unwrap().to_string();
+    let (failed, r) = call(
+        &client,
+        "sandbox_run_code",
+        json!({"sandbox_id": id, "code": "x = 41", "context_id": "c"}),
+    )
+    .await;
+    assert!(!failed, "{r}");
+    let (failed, r) = call(
+        &client,
+        "sandbox_fork",
+        json!({"sandbox_id": id, "count": 9}),
+    )
+    .await;
+    assert!(failed, "{r}");
+    assert_eq!(r["error"]["code"], "SBX_E1000", "{r}");
+    let (failed, r) = call(
+        &client,
+        "sandbox_fork",
+        json!({"sandbox_id": id, "count": 2}),
+    )
+    .await;
+    assert!(!failed, "{r}");
+    let forks: Vec<String> = r["forks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(forks.len(), 2, "{r}");
+    for (n, fork) in forks.iter().enumerate() {
+        let (failed, r) = call(
+            &client,
+            "sandbox_run_code",
+            json!({"sandbox_id": fork, "code": format!("x = x + 1 + {n}\nprint(x)"), "context_id": "c"}),
+        )
+        .await;
+        assert!(!failed, "{r}");
+        assert_eq!(r["stdout"].as_str().unwrap().trim(), (42 + n).to_string(), "{r}");
+    }
+    for sb in forks.iter().chain([&id]) {
+        let (failed, r) = call(&client, "sandbox_kill", json!({"sandbox_id": sb})).await;
+        assert!(!failed && r["killed"] == true, "{r}");
+    }
+    client.cancel().await.unwrap();
 }

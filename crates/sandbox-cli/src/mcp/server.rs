@@ -252,6 +252,19 @@ pub struct SetEgressParams {
     pub allow_hosts: Option<Vec<String>>,
 }
 
+/// Most forks one `sandbox_fork` call makes.
+const MAX_FORKS: usize = 4;
+
+/// Arguments of `sandbox_fork`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ForkParams {
+    /// The id `sandbox_create` returned.
+    pub sandbox_id: String,
+    /// How many forks (1 to 4, default 1).
+    #[serde(default)]
+    pub count: Option<usize>,
+}
+
 /// Arguments of `sandbox_kill`, `sandbox_pause` and `sandbox_resume`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct KillParams {
@@ -703,6 +716,45 @@ impl SandboxServer {
     )]
     async fn sandbox_resume(&self, Parameters(p): Parameters<KillParams>) -> CallToolResult {
         to_result(self.pause_or_resume(p, false).await)
+    }
+
+    #[tool(
+        description = "Fork a running sandbox with its memory, to branch an agent's work: `count` (1-4) new sandboxes whose processes, interpreter contexts (sandbox_run_code with context_id) and files continue from this instant; the original goes on and each fork diverges on its own. Each fork counts against this server's limits like a created sandbox and ends when the original's lifetime would. Needs Docker with gVisor and experimental features (`sandbox doctor`); elsewhere it fails with SBX_E1101. A fork cannot be forked again: ask for every branch in one call."
+    )]
+    async fn sandbox_fork(&self, Parameters(p): Parameters<ForkParams>) -> CallToolResult {
+        to_result(self.fork(p).await)
+    }
+
+    async fn fork(&self, p: ForkParams) -> sandbox::Result<Value> {
+        let owner = self.owner()?;
+        let count = p.count.unwrap_or(1);
+        if !(1..=MAX_FORKS).contains(&count) {
+            return Err(SandboxError::config(
+                format!("count {count} is not between 1 and {MAX_FORKS}"),
+                format!("ask for 1 to {MAX_FORKS} forks"),
+            ));
+        }
+        let sb = self.get(&p.sandbox_id)?;
+        let (claim, deadline) = {
+            let live = self.sandboxes.lock();
+            let e = live.entries.get(&p.sandbox_id).ok_or_else(|| {
+                SandboxError::connect(&p.sandbox_id, "the sandbox ended meanwhile")
+            })?;
+            (e.claim, e.deadline)
+        };
+        self.release_expired();
+        // Every fork is held against the limits before any is made, as a create is.
+        let reservations = (0..count)
+            .map(|_| Reservation::take(&self.sandboxes, claim, self.policy.budget))
+            .collect::<sandbox::Result<Vec<_>>>()?;
+        let forks = sb.fork(sandbox::ForkOptions::new(count)).await?;
+        let mut ids = Vec::with_capacity(forks.len());
+        for (fork, reservation) in forks.into_iter().zip(reservations) {
+            let id = fork.id().to_string();
+            ids.push(id.clone());
+            reservation.commit(id, Arc::from(fork), owner, deadline);
+        }
+        Ok(json!({"sandbox_id": p.sandbox_id, "forks": ids}))
     }
 
     async fn pause_or_resume(&self, p: KillParams, pause: bool) -> sandbox::Result<Value> {
