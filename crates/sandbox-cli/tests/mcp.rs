@@ -1253,16 +1253,25 @@ async fn mcp_fork_branches_a_context_on_the_fake() {
         .map(|f| f.as_str().unwrap().to_string())
         .collect();
     assert_eq!(forks.len(), 2, "{r}");
-    for (n, fork) in forks.iter().enumerate() {
-        let (failed, r) = call(
-            &client,
-            "sandbox_run_code",
-            json!({"sandbox_id": fork, "code": format!("x = x + 1 + {n}\nprint(x)"), "context_id": "c"}),
-        )
-        .await;
-        assert!(!failed, "{r}");
-        assert_eq!(r["stdout"].as_str().unwrap().trim(), (42 + n).to_string(), "{r}");
-    }
+    // Each fork has the variable; a change in one does not reach the other.
+    let code = |sb: &str, code: &str| json!({"sandbox_id": sb, "code": code, "context_id": "c"});
+    let (failed, r) = call(&client, "sandbox_run_code", code(&forks[0], "x = 100")).await;
+    assert!(!failed, "{r}");
+    let (failed, r) = call(&client, "sandbox_run_code", code(&forks[1], "print(x + 1)")).await;
+    assert!(
+        !failed && r["stdout"].as_str().unwrap().trim() == "42",
+        "{r}"
+    );
+    let (failed, r) = call(&client, "sandbox_run_code", code(&forks[0], "print(x)")).await;
+    assert!(
+        !failed && r["stdout"].as_str().unwrap().trim() == "100",
+        "{r}"
+    );
+    let (failed, r) = call(&client, "sandbox_run_code", code(&id, "print(x)")).await;
+    assert!(
+        !failed && r["stdout"].as_str().unwrap().trim() == "41",
+        "the original goes on: {r}"
+    );
     for sb in forks.iter().chain([&id]) {
         let (failed, r) = call(&client, "sandbox_kill", json!({"sandbox_id": sb})).await;
         assert!(!failed && r["killed"] == true, "{r}");
