@@ -216,7 +216,7 @@ impl CodeContext {
     ) -> Result<CodeContext> {
         let argv = vec![interpreter.into(), "-u".into(), "-c".into(), DRIVER.into()];
         let env = sh.exec_env(&Default::default());
-        if let Some(client) = &sh.agent() {
+        if let Some(client) = sh.agent() {
             // Through the agent: no engine round-trip per request, and a kill reaches every
             // process the interpreter started, re-parented or not.
             let spec = SpawnSpec {
@@ -366,7 +366,7 @@ async fn ensure_interpreter<E: ContainerEngine>(
         Some(p) => p,
         None => {
             let check = format!("command -v {interpreter} >/dev/null 2>&1");
-            let r = match &sh.agent() {
+            let r = match sh.agent() {
                 Some(client) => {
                     let argv = ["sh", "-c", &check].map(String::from).to_vec();
                     let none = Default::default();

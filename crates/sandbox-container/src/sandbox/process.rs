@@ -52,7 +52,7 @@ impl<E: ContainerEngine> Shared<E> {
         timeout: Duration,
         stdin: Stdin,
     ) -> Result<Process> {
-        match &self.agent() {
+        match self.agent() {
             Some(client) => {
                 crate::sandbox::agent::process(self, &client, argv, env, workdir, timeout, stdin)
             }
