@@ -327,6 +327,7 @@ fn all_reachable_checked(declared: C, unreachable: C, checked: &[C]) -> anyhow::
         | C::IDLE_TIMEOUT
         | C::SNAPSHOT
         | C::RESET_PROCESSES
+        | C::LIVE_EGRESS
         | C::STOP_START;
     let expected = with_entry_point - declared - unreachable;
     let got = checked.iter().fold(C::empty(), |acc, c| acc | *c);
