@@ -218,6 +218,15 @@ impl Sandbox {
     pub fn resume(&self) -> Result<()> {
         block_on(self.inner().resume())?
     }
+    /// Blocking [`crate::Sandbox::fork`]: new sandboxes that continue from this instant,
+    /// with their memory; the original goes on.
+    pub fn fork(&self, options: crate::ForkOptions) -> Result<Vec<Sandbox>> {
+        let forks = block_on(self.inner().fork(options))??;
+        Ok(forks
+            .into_iter()
+            .map(|f| Sandbox { inner: Some(f) })
+            .collect())
+    }
     /// Blocking [`crate::Sandbox::stop`]: ends every process, keeps the sandbox.
     pub fn stop(&self) -> Result<()> {
         block_on(self.inner().stop())?
