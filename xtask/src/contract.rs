@@ -201,7 +201,7 @@ pub fn run(backend: Backend, options: Options, passthrough: &[String]) -> Result
 }
 
 /// The workspace root (xtask lives one level below it).
-fn workspace_root() -> Result<PathBuf> {
+pub(crate) fn workspace_root() -> Result<PathBuf> {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .map(Path::to_path_buf)
@@ -330,7 +330,7 @@ fn run_once(
     }
     println!("contract {label}: {env}{}", process::describe(&cmd));
     let start = Instant::now();
-    let result = process::run(&mut cmd);
+    let result = crate::digest::run_teed(&mut cmd, &format!("contract {label}"));
     let took = seconds(start.elapsed());
     match &result {
         Ok(()) => println!("contract {label}: passed in {took}"),

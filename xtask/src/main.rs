@@ -13,6 +13,7 @@ mod ci;
 mod contract;
 mod daemons;
 mod demo;
+mod digest;
 mod docs;
 mod engine_config;
 mod images;

@@ -117,6 +117,9 @@ fn build_wheel(
         cmd.arg("--release");
     }
     cmd.arg("--out").arg(out).arg("-i").arg(python);
+    // Cargo's compile lines would fill the tail of a CI log that is all a CI service may
+    // keep; errors and warnings still print.
+    cmd.env("CARGO_TERM_QUIET", "true");
     println!("python: {}", process::describe(&cmd));
     process::run(&mut cmd)?;
     let wheel = std::fs::read_dir(out)?
@@ -226,7 +229,7 @@ pub fn run() -> Result<()> {
         ])
         .arg(&report);
     println!("python: {}", process::describe(&pytest));
-    if let Err(e) = process::run(&mut pytest) {
+    if let Err(e) = crate::digest::run_teed(&mut pytest, "python conformance suite") {
         eprintln!("python: {e:#}");
         failed.push("conformance suite");
     }

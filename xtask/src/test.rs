@@ -19,6 +19,7 @@ pub fn run(passthrough: &[String]) -> Result<()> {
     let mut failed = Vec::new();
     let mut timings = Vec::new();
 
+    crate::digest::reset()?;
     let start = Instant::now();
     let mut workspace = process::cargo();
     // --no-fail-fast: one failing test binary must not hide the results of the others.
@@ -27,7 +28,7 @@ pub fn run(passthrough: &[String]) -> Result<()> {
         workspace.arg("--").args(passthrough);
     }
     println!("test: {}", process::describe(&workspace));
-    if let Err(err) = process::run(&mut workspace) {
+    if let Err(err) = crate::digest::run_teed(&mut workspace, "cargo test --workspace") {
         eprintln!("test: {err:#}");
         failed.push("cargo test --workspace".to_string());
     }
@@ -51,6 +52,8 @@ pub fn run(passthrough: &[String]) -> Result<()> {
 
     println!("test: timings: {}", timings.join(", "));
     if !failed.is_empty() {
+        // Last, so that a log cut to its tail still says which tests failed and why.
+        crate::digest::print()?;
         bail!("failed: {}", failed.join(", "));
     }
     Ok(())
