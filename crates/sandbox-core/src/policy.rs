@@ -36,6 +36,9 @@ pub fn check_create(
     if options.network.egress.lists_entries() {
         require(caps, Capability::EGRESS_ALLOWLIST, backend)?;
     }
+    if !options.network.egress.host_ports().is_empty() {
+        require(caps, Capability::HOST_PORTS, backend)?;
+    }
     if !options.network.ingress_ports.is_empty() {
         require(caps, Capability::INGRESS_PORTS, backend)?;
     }

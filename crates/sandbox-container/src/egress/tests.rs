@@ -283,6 +283,39 @@ async fn rules_load_into_a_namespace_and_read_back() {
     assert!(!String::from_utf8_lossy(&host.stdout).contains(TABLE));
 }
 
+/// Granted host ports load into a real namespace and read back as loaded (nft prints
+/// them as numbers in the set, the rule ahead of the blocked set); a listing checked
+/// against other ports is refused.
+#[tokio::test]
+async fn host_ports_load_and_read_back() {
+    if !require_host() {
+        return;
+    }
+    let ns = Netns::new().await.expect("unshare --net");
+    let rules = nft::Ruleset {
+        host_ports: vec![8080, 8443],
+        ..sample_rules()
+    };
+    nft::load(&netns::of_pid(ns.pid()), &rules).await.unwrap();
+    let listing = nft::nft(
+        &netns::of_pid(ns.pid()),
+        &["list", "table", "inet", TABLE],
+        "",
+    )
+    .await
+    .unwrap();
+    assert!(
+        listing.contains("ip daddr 172.30.0.1 tcp dport @hostports accept"),
+        "{listing}"
+    );
+    let other = nft::Ruleset {
+        host_ports: vec![8080],
+        ..sample_rules()
+    };
+    let e = nft::verify(&listing, &other).unwrap_err();
+    assert!(e.contains("8443"), "{e}");
+}
+
 #[tokio::test]
 async fn a_failing_load_is_an_error() {
     if !require_host() {

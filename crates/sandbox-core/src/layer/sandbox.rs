@@ -332,6 +332,9 @@ impl Sandbox for EnforcedSandbox {
                 if egress.lists_entries() {
                     s.require(Capability::EGRESS_ALLOWLIST)?;
                 }
+                if !egress.host_ports().is_empty() {
+                    s.require(Capability::HOST_PORTS)?;
+                }
                 crate::NetworkPolicy {
                     egress: egress.clone(),
                     ..Default::default()
