@@ -221,6 +221,38 @@ impl Ruleset {
         ))
     }
 
+    /// Every accepting line of the output chain as loaded (in the form `nft list` prints).
+    fn accept_lines(&self) -> Vec<String> {
+        let mut v: Vec<String> = [
+            "oifname \"lo\" accept",
+            "ct direction reply accept",
+            "ct state related accept",
+        ]
+        .map(String::from)
+        .to_vec();
+        if let Some(r) = self.resolver {
+            let m = if r.ip().is_ipv4() { "ip" } else { "ip6" };
+            for proto in ["udp", "tcp"] {
+                v.push(format!(
+                    "{m} daddr {} {proto} dport {} accept",
+                    r.ip(),
+                    r.port()
+                ));
+            }
+        }
+        v.extend(self.host_port_rule());
+        v.extend(
+            OUT_ORDER
+                .iter()
+                .filter(|r| r.ends_with(" accept"))
+                .map(|r| r.to_string()),
+        );
+        if self.allow_all {
+            v.push("accept".into());
+        }
+        v
+    }
+
     /// Lines `nft list table` must show for this ruleset to be the one in force (nft
     /// prints its own normalised form, so the check is on the decisive statements).
     pub(crate) fn expected_listing(&self) -> Vec<String> {
@@ -238,6 +270,18 @@ impl Ruleset {
         v.extend(self.host_port_rule());
         v
     }
+}
+
+/// The lines of chain `name` in a trimmed `nft list table` listing (empty when absent).
+fn chain_lines<'a>(lines: &[&'a str], name: &str) -> Vec<&'a str> {
+    let head = format!("chain {name} {{");
+    lines
+        .iter()
+        .skip_while(|l| **l != head)
+        .skip(1)
+        .take_while(|l| **l != "}")
+        .copied()
+        .collect()
 }
 
 /// The set of granted host ports (TCP, to the host's address on the sandbox's network).
@@ -378,6 +422,17 @@ pub(crate) fn verify(listing: &str, rules: &Ruleset) -> Result<(), String> {
     {
         return Err(format!(
             "the egress rules read back with `{rule}` after the blocked set: the ruleset in force is not the one loaded"
+        ));
+    }
+    // Nothing is accepted that was not loaded: an extra accept (the host's address on
+    // every port, say) would open what the sets and their order keep shut.
+    let known = rules.accept_lines();
+    if let Some(extra) = chain_lines(&lines, "out")
+        .into_iter()
+        .find(|l| (l.ends_with(" accept") || *l == "accept") && !known.iter().any(|k| k == l))
+    {
+        return Err(format!(
+            "the egress rules read back with `{extra}`, which was not loaded: the ruleset in force is not the one loaded"
         ));
     }
     let mut want: Vec<String> = rules.host_ports.iter().map(ToString::to_string).collect();
@@ -557,6 +612,13 @@ mod tests {
         assert!(e.contains("after the blocked set"), "{e}");
         let gone = good.replace(rule, "");
         assert!(verify(&gone, &r).is_err());
+        // The host's address accepted on every port, beside the right rule.
+        let whole = good.replace(
+            &format!("    {rule}\n"),
+            &format!("    {rule}\n    ip daddr 172.30.0.1 accept\n"),
+        );
+        let e = verify(&whole, &r).unwrap_err();
+        assert!(e.contains("ip daddr 172.30.0.1 accept"), "{e}");
     }
 
     #[test]
