@@ -18,6 +18,7 @@ mod errors;
 mod files;
 mod fork;
 mod hardening;
+mod host_ports;
 mod hostile;
 mod lifecycle;
 mod lifetime;
@@ -226,6 +227,7 @@ fn all_trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
     t.extend(policy::trials(ctx));
     t.extend(egress::trials(ctx));
     t.extend(egress_live::trials(ctx));
+    t.extend(host_ports::trials(ctx));
     t.extend(hostile::trials(ctx));
     t.extend(hardening::trials(ctx));
     t.extend(disk::trials(ctx));

@@ -283,4 +283,5 @@ caught! {
     fork_ending_the_original_is_caught => ForkEndsTheOriginal,
     fork_losing_files_is_caught => ForkLosesFiles,
     forks_left_behind_are_caught => ForksLeftBehind,
+    host_port_opening_the_whole_host_is_caught => HostPortOpensWholeHost,
 }

@@ -110,6 +110,9 @@ impl Backend for BrokenBackend {
             {
                 options.network = NetworkPolicy::allow();
             }
+            Flaw::HostPortOpensWholeHost => {
+                options.network.egress = super::sandbox::whole_host(options.network.egress);
+            }
             Flaw::IgnoreLimits => {
                 options.resources = Resources::default();
             }

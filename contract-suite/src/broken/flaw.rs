@@ -200,11 +200,15 @@ pub enum Flaw {
     ForkLosesFiles,
     /// A fork's `kill` answers success and removes nothing: the fork is left behind.
     ForksLeftBehind,
+    /// Declares `HOST_PORTS`, but a granted host port opens the whole host: its address
+    /// on every port (modelled as the fake's host address, loopback, added to the allow
+    /// tier, as putting the host on the allowlist would).
+    HostPortOpensWholeHost,
 }
 
 impl Flaw {
     /// Every flaw.
-    pub const ALL: [Flaw; 79] = [
+    pub const ALL: [Flaw; 80] = [
         Flaw::SwallowTimeouts,
         Flaw::PretendNetworkPolicy,
         Flaw::LeakSecrets,
@@ -284,6 +288,7 @@ impl Flaw {
         Flaw::ForkEndsTheOriginal,
         Flaw::ForkLosesFiles,
         Flaw::ForksLeftBehind,
+        Flaw::HostPortOpensWholeHost,
     ];
 
     /// The trials that must fail on a backend with this flaw (each passes without it).
@@ -450,6 +455,12 @@ impl Flaw {
             Flaw::ForksLeftBehind => {
                 &["contract::fork::each_fork_has_its_own_id_and_kill_leaves_nothing"]
             }
+            Flaw::HostPortOpensWholeHost => &[
+                "contract::host_ports::a_granted_port_is_reachable_and_no_other_of_the_host",
+                "contract::host_ports::root_inside_cannot_open_the_neighbouring_port",
+                "contract::host_ports::host_ports_beside_an_allowlist_change_with_the_policy",
+                "contract::host_ports::host_ports_hold_after_stop_and_start",
+            ],
         }
     }
 }

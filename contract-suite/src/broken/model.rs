@@ -75,6 +75,13 @@ impl KernelView {
             "/proc/1/comm" => "docker-init\n".to_string(),
             "/proc/sys/kernel/hostname" => format!("{}\n", self.hostname),
             "/proc/net/dev" if self.egress => net(&["lo", "eth0"]),
+            // The default route through the host's address on the sandbox's network; the
+            // fake's host is this machine, reached through loopback.
+            "/proc/net/route" if self.egress => {
+                "Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\tMTU\tWindow\tIRTT\n\
+                 eth0\t00000000\t0100007F\t0003\t0\t0\t0\t00000000\t0\t0\t0\n"
+                    .to_string()
+            }
             "/proc/net/dev" => net(&["lo"]),
             "/sys/fs/cgroup/memory.max" => format!("{}\n", self.memory_bytes),
             "/sys/fs/cgroup/memory.swap.max" => "0\n".to_string(),

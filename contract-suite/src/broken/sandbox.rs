@@ -367,6 +367,7 @@ impl Sandbox for BrokenSandbox {
                 });
                 Ok(())
             }
+            Flaw::HostPortOpensWholeHost => self.inner.set_egress(whole_host(egress)).await,
             Flaw::DenyTierIgnored => self.inner.set_egress(without(false, true)).await,
             Flaw::ExceptionTierIgnored => self.inner.set_egress(without(true, false)).await,
             _ => self.inner.set_egress(egress).await,
@@ -442,5 +443,18 @@ impl Sandbox for BrokenSandbox {
 
     fn native(&self) -> &dyn Any {
         self.inner.native()
+    }
+}
+
+/// Under `HostPortOpensWholeHost`: `egress` with the host's address (the fake's, loopback)
+/// allowed on every port whenever a host port is granted.
+pub(super) fn whole_host(egress: sandbox_core::Egress) -> sandbox_core::Egress {
+    use sandbox_core::{Egress, EgressRule};
+    let Egress::Tiers(t) = &egress else {
+        return egress;
+    };
+    match EgressRule::parse("127.0.0.1") {
+        Ok(host) if !t.host_ports.is_empty() => Egress::Tiers(t.clone().allow(host)),
+        _ => egress,
     }
 }

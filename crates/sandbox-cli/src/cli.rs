@@ -254,12 +254,19 @@ pub struct HostTiers {
     /// Reach this host, wildcard or CIDR although a deny entry covers it.
     #[arg(long = "except-host", value_name = "NAME_OR_CIDR")]
     pub except_hosts: Vec<String>,
+    /// Reach this TCP port of a service on the host at `host.sandbox.internal` (no other
+    /// port or address of the host); with no other flag, the only way out.
+    #[arg(long = "host-port", value_name = "PORT")]
+    pub host_ports: Vec<u16>,
 }
 
 impl HostTiers {
     /// Whether any host flag was given.
     pub fn is_empty(&self) -> bool {
-        self.allow_hosts.is_empty() && self.deny_hosts.is_empty() && self.except_hosts.is_empty()
+        self.allow_hosts.is_empty()
+            && self.deny_hosts.is_empty()
+            && self.except_hosts.is_empty()
+            && self.host_ports.is_empty()
     }
 }
 
@@ -273,7 +280,7 @@ pub struct EgressArgs {
     #[arg(long)]
     pub json: bool,
     /// Deny all egress (the sandbox keeps its interface; everything is refused).
-    #[arg(long, conflicts_with_all = ["allow", "allow_hosts", "deny_hosts", "except_hosts"])]
+    #[arg(long, conflicts_with_all = ["allow", "allow_hosts", "deny_hosts", "except_hosts", "host_ports"])]
     pub deny: bool,
     /// Allow all egress but the always-blocked set, or, with host flags, make allow the
     /// default (`--allow --deny-host H`: everything except H).

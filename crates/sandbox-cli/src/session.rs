@@ -658,7 +658,7 @@ pub async fn kill(args: KillArgs, out: Out) -> sandbox::Result<u8> {
 }
 
 /// `sandbox egress ID [--deny | --allow] [--allow-host H…] [--deny-host H…]
-/// [--except-host H…]`: with no policy flag, prints the policy in force; with one,
+/// [--except-host H…] [--host-port P…]`: with no policy flag, prints the policy in force; with one,
 /// replaces it (in force when this returns) and prints the policy read back.
 pub async fn egress(args: EgressArgs, out: Out) -> sandbox::Result<u8> {
     let wanted = if args.deny {
@@ -694,7 +694,7 @@ pub async fn egress(args: EgressArgs, out: Out) -> sandbox::Result<u8> {
 }
 
 /// The policy as JSON: `{"default": "deny"|"allow", "allow": […], "deny": […], "except":
-/// […]}`, the same shape for every policy.
+/// […], "host_ports": […]}`, the same shape for every policy.
 fn egress_json(e: &sandbox::Egress) -> serde_json::Value {
     let Ok(t) = e.tiers() else {
         return serde_json::Value::Null;
@@ -707,6 +707,7 @@ fn egress_json(e: &sandbox::Egress) -> serde_json::Value {
         "allow": list(&t.allow),
         "deny": list(&t.deny),
         "except": list(&t.except),
+        "host_ports": t.host_ports.iter().map(|p| p.get()).collect::<Vec<u16>>(),
     })
 }
 

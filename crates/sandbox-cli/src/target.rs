@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use sandbox::{
-    CreateOptions, Dsn, Egress, EgressRule, EgressTiers, IsolationTier, NetworkPolicy, Resources,
-    SandboxError, Target,
+    CreateOptions, Dsn, Egress, EgressRule, EgressTiers, HostPort, IsolationTier, NetworkPolicy,
+    Resources, SandboxError, Target,
 };
 
 use crate::cli::{HostTiers, NetworkArg, PullArg, RuntimeArg, SandboxArgs, TierArg};
@@ -49,9 +49,14 @@ pub fn egress_of(network: NetworkArg, hosts: &HostTiers) -> sandbox::Result<Egre
         parse(&hosts.deny_hosts)?,
         parse(&hosts.except_hosts)?,
     );
+    let ports = hosts
+        .host_ports
+        .iter()
+        .map(|p| HostPort::new(*p))
+        .collect::<sandbox::Result<Vec<_>>>()?;
     Ok(match network {
         NetworkArg::Deny | NetworkArg::Closed
-            if deny.is_empty() && except.is_empty() && !allow.is_empty() =>
+            if deny.is_empty() && except.is_empty() && ports.is_empty() && !allow.is_empty() =>
         {
             Egress::AllowList(hosts.allow_hosts.clone())
         }
@@ -70,6 +75,9 @@ pub fn egress_of(network: NetworkArg, hosts: &HostTiers) -> sandbox::Result<Egre
             }
             for r in except {
                 t = t.except(r);
+            }
+            for p in ports {
+                t = t.host_port(p);
             }
             Egress::Tiers(t)
         }
@@ -174,7 +182,39 @@ mod tests {
             allow_hosts: v(allow),
             deny_hosts: v(deny),
             except_hosts: v(except),
+            host_ports: vec![],
         }
+    }
+
+    /// `--host-port` grants the port over the default the other flags say (alone, over
+    /// deny: the only way out); a repeat is merged; port 0 is refused.
+    #[test]
+    fn host_port_flags_become_tiers() {
+        let p = |n: u16| HostPort::new(n).unwrap();
+        let with = |h: HostTiers, ports: &[u16]| HostTiers {
+            host_ports: ports.to_vec(),
+            ..h
+        };
+        assert_eq!(
+            egress_of(NetworkArg::Deny, &with(hosts(&[], &[], &[]), &[8080, 8080])).unwrap(),
+            Egress::Tiers(EgressTiers::deny_by_default().host_port(p(8080)))
+        );
+        let r = |s: &str| EgressRule::parse(s).unwrap();
+        assert_eq!(
+            egress_of(
+                NetworkArg::Deny,
+                &with(hosts(&["pypi.org"], &[], &[]), &[8080, 9000])
+            )
+            .unwrap(),
+            Egress::Tiers(
+                EgressTiers::deny_by_default()
+                    .allow(r("pypi.org"))
+                    .host_port(p(8080))
+                    .host_port(p(9000))
+            )
+        );
+        let e = egress_of(NetworkArg::Deny, &with(hosts(&[], &[], &[]), &[0])).unwrap_err();
+        assert_eq!(e.code(), sandbox::ErrorCode::Configuration);
     }
 
     /// The flags name the policy: bare `--network` values, an allowlist, tiers over the

@@ -77,6 +77,12 @@ bitflags! {
         /// identity and policy are kept. Needs the in-sandbox agent (an engine's exec
         /// cannot start anything once the pids limit is exhausted).
         const RESET_PROCESSES = 1 << 23;
+        /// `EgressTiers::host_ports`: single TCP ports of services on the host, reachable
+        /// inside at `host.sandbox.internal` (the host's address on the sandbox's network)
+        /// and no other port or address of the host, enforced where the egress rules
+        /// live. Declared where `EGRESS_ALLOWLIST` is and the engine's network has an
+        /// address of the host.
+        const HOST_PORTS = 1 << 22;
         /// `Sandbox::set_egress` and `Sandbox::egress`: the egress policy of a running
         /// sandbox is replaced at once (one transaction where the rules live, read back
         /// before the call returns; connections the new policy forbids are cut) and read
@@ -127,7 +133,8 @@ mod tests {
             "RUN_CODE|STREAMING"
         );
         assert_eq!(Capability::empty().to_string(), "NONE");
-        assert_eq!(Capability::each().count(), 23);
+        assert_eq!(Capability::each().count(), 24);
+        assert_eq!(Capability::HOST_PORTS.names(), "HOST_PORTS");
         assert_eq!(Capability::LIVE_EGRESS.names(), "LIVE_EGRESS");
         assert_eq!(Capability::STOP_START.names(), "STOP_START");
         assert_eq!(Capability::EXTEND_LIFETIME.names(), "EXTEND_LIFETIME");

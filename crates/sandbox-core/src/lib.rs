@@ -44,7 +44,8 @@ pub use isolation::IsolationTier;
 pub use managed::{ManagedSandbox, SandboxState};
 pub use network::{
     ALWAYS_BLOCKED, BlockedNetwork, BlockedSetOverride, Egress, EgressDefault, EgressRule,
-    EgressTarget, EgressTiers, MIN_ALLOWLIST_PREFIX, NetworkPolicy, TierVerdict,
+    EgressTarget, EgressTiers, HOST_SANDBOX_NAME, HostPort, MAX_HOST_PORTS, MIN_ALLOWLIST_PREFIX,
+    NetworkPolicy, TierVerdict,
 };
 pub use options::{CodeOptions, Command, CreateOptions, Language, PtySize, PullPolicy, RunOptions};
 pub use pool::{Pool, PoolConfig, PoolStats};

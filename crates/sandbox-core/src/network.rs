@@ -56,8 +56,24 @@ impl Egress {
         })
     }
 
-    /// Whether the policy names hosts or networks (an allowlist, or tiers with an entry):
-    /// enforcing it needs `EGRESS_ALLOWLIST`.
+    /// The host ports the policy grants (only tiers grant any).
+    pub fn host_ports(&self) -> &[HostPort] {
+        match self {
+            Egress::Tiers(t) => &t.host_ports,
+            _ => &[],
+        }
+    }
+
+    /// The policy with the host's TCP port `port` granted as well: `Deny`, `Allow` and an
+    /// allowlist become the tiers they stand for, plus the port. (A sandbox needs a
+    /// network for it: from `Deny` this is a default of deny where the host port is the
+    /// only way out.)
+    pub fn with_host_port(self, port: HostPort) -> Result<Egress> {
+        Ok(Egress::Tiers(self.tiers()?.host_port(port)))
+    }
+
+    /// Whether the policy names hosts or networks or grants host ports (an allowlist, or
+    /// tiers with an entry): enforcing it needs `EGRESS_ALLOWLIST`.
     pub fn lists_entries(&self) -> bool {
         match self {
             Egress::Deny | Egress::Allow => false,
@@ -154,6 +170,83 @@ pub struct EgressTiers {
     pub allow: Vec<EgressRule>,
     /// What the rest gets.
     pub default: EgressDefault,
+    /// TCP ports of services on the host, reachable at [`HOST_SANDBOX_NAME`] (the host's
+    /// address on the sandbox's network) and nowhere else: no other port of the host,
+    /// none of its other addresses, nothing else of the always-blocked set. Needs
+    /// `HOST_PORTS`. Part of the policy, so a live change replaces them with the rest.
+    pub host_ports: Vec<HostPort>,
+}
+
+/// The name a sandbox reaches its granted host ports at (resolved inside the sandbox to
+/// the host's address on its network, only while the policy grants a host port).
+pub const HOST_SANDBOX_NAME: &str = "host.sandbox.internal";
+
+/// The most host ports one policy may grant: each is a service of the host's opened to
+/// hostile code, and a list past this is a range, which is what no rule should open.
+pub const MAX_HOST_PORTS: usize = 16;
+
+/// One TCP port of a service on the host a sandbox may reach (1..=65535; see
+/// [`EgressTiers::host_ports`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct HostPort(std::num::NonZeroU16);
+
+impl HostPort {
+    /// The port `port`; 0 is a `Configuration` error.
+    pub fn new(port: u16) -> Result<Self> {
+        std::num::NonZeroU16::new(port)
+            .map(HostPort)
+            .ok_or_else(|| {
+                SandboxError::config("host port 0 is not a port", "grant host ports in 1..=65535")
+            })
+    }
+
+    /// The port number.
+    pub fn get(self) -> u16 {
+        self.0.get()
+    }
+}
+
+impl TryFrom<u16> for HostPort {
+    type Error = SandboxError;
+    fn try_from(port: u16) -> Result<Self> {
+        HostPort::new(port)
+    }
+}
+
+impl FromStr for HostPort {
+    type Err = SandboxError;
+    fn from_str(s: &str) -> Result<Self> {
+        let port: u16 = s.parse().map_err(|_| {
+            SandboxError::config(
+                format!("host port {s:?} is not a port number"),
+                "grant host ports in 1..=65535",
+            )
+        })?;
+        HostPort::new(port)
+    }
+}
+
+impl fmt::Display for HostPort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// A host port serialises as its number and deserialises through [`HostPort::new`], so
+/// no serialized policy carries port 0.
+#[cfg(feature = "serde")]
+impl serde::Serialize for HostPort {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_u16(self.get())
+    }
+}
+
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for HostPort {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let port = u16::deserialize(d)?;
+        HostPort::new(port).map_err(|e| serde::de::Error::custom(e.to_string()))
+    }
 }
 
 impl EgressTiers {
@@ -189,9 +282,21 @@ impl EgressTiers {
         self
     }
 
-    /// Whether no tier lists anything.
+    /// Grants the host's TCP port `port` (at [`HOST_SANDBOX_NAME`]); a port granted
+    /// already is not listed twice.
+    pub fn host_port(mut self, port: HostPort) -> Self {
+        if !self.host_ports.contains(&port) {
+            self.host_ports.push(port);
+        }
+        self
+    }
+
+    /// Whether no tier lists anything and no host port is granted.
     pub fn is_empty(&self) -> bool {
-        self.except.is_empty() && self.deny.is_empty() && self.allow.is_empty()
+        self.except.is_empty()
+            && self.deny.is_empty()
+            && self.allow.is_empty()
+            && self.host_ports.is_empty()
     }
 
     /// Every entry of every tier.
@@ -244,6 +349,10 @@ impl fmt::Display for EgressTiers {
             if !list.is_empty() {
                 write!(f, "; {name} {}", join(list))?;
             }
+        }
+        if !self.host_ports.is_empty() {
+            let ports: Vec<String> = self.host_ports.iter().map(ToString::to_string).collect();
+            write!(f, "; host-ports {}", ports.join(","))?;
         }
         Ok(())
     }
@@ -687,6 +796,21 @@ impl NetworkPolicy {
             ..Self::default()
         }
     }
+    /// Grants the host's TCP port `port`, reachable inside at [`HOST_SANDBOX_NAME`] (needs
+    /// `HOST_PORTS`; see [`EgressTiers::host_ports`]). The egress becomes the tiers it
+    /// stands for, plus the port: `NetworkPolicy::deny().host_port(p)` is a sandbox whose
+    /// only way out is that port. An allowlist entry that does not parse is refused later,
+    /// by [`NetworkPolicy::validate`], as it would be without the port.
+    pub fn host_port(mut self, port: HostPort) -> Self {
+        let tiers = match self.egress.tiers() {
+            Ok(t) => t,
+            // Kept as given so validation names the entry that does not parse.
+            Err(_) => return self,
+        };
+        self.egress = Egress::Tiers(tiers.host_port(port));
+        self
+    }
+
     /// Adds a port to publish on the host's loopback.
     pub fn ingress_port(mut self, port: u16) -> Self {
         self.ingress_ports.push(port);
@@ -754,6 +878,24 @@ impl NetworkPolicy {
     /// deny network may: denying what is blocked anyway changes nothing.
     pub fn validate_egress(&self) -> Result<()> {
         let tiers = self.egress.tiers()?;
+        if tiers.host_ports.len() > MAX_HOST_PORTS {
+            return Err(SandboxError::config(
+                format!(
+                    "{} host ports are granted, at most {MAX_HOST_PORTS} may be",
+                    tiers.host_ports.len()
+                ),
+                "grant only the ports of the services the sandbox needs",
+            ));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for p in &tiers.host_ports {
+            if !seen.insert(*p) {
+                return Err(SandboxError::config(
+                    format!("host port {p} is granted twice"),
+                    "list each host port once (EgressTiers::host_port merges repeats)",
+                ));
+            }
+        }
         for rule in &tiers.deny {
             if let EgressTarget::Network { addr, prefix } = *rule.target() {
                 check_destination(rule, addr, prefix)?;

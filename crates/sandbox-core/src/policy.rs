@@ -31,6 +31,11 @@ pub fn check_create(
         ));
     }
     require(caps, Capability::NETWORK_POLICY, backend)?;
+    // The most specific need first: a host port needs the rules too, but the refusal
+    // should name what was asked for.
+    if !options.network.egress.host_ports().is_empty() {
+        require(caps, Capability::HOST_PORTS, backend)?;
+    }
     // Tiers without an entry are Deny or Allow by other means; anything listed needs the
     // rules and the resolver.
     if options.network.egress.lists_entries() {

@@ -41,6 +41,7 @@ pub const CAPABILITIES: Capability = LAYER_CAPABILITIES
     .union(Capability::DISK_LIMIT)
     .union(Capability::EGRESS_ALLOWLIST)
     .union(Capability::LIVE_EGRESS)
+    .union(Capability::HOST_PORTS)
     .union(Capability::PTY)
     .union(Capability::PAUSE_RESUME)
     .union(Capability::AGENT)
@@ -67,7 +68,9 @@ pub(crate) fn capabilities(runtime_forces_no_network: bool, forks: bool) -> Capa
         caps.remove(Capability::SNAPSHOT_FORK);
     }
     if runtime_forces_no_network {
-        caps.difference(Capability::EGRESS_ALLOWLIST | Capability::LIVE_EGRESS)
+        caps.difference(
+            Capability::EGRESS_ALLOWLIST | Capability::LIVE_EGRESS | Capability::HOST_PORTS,
+        )
     } else {
         caps
     }

@@ -28,6 +28,7 @@ pub fn full_capabilities() -> Capability {
         | Capability::NETWORK_POLICY
         | Capability::EGRESS_ALLOWLIST
         | Capability::LIVE_EGRESS
+        | Capability::HOST_PORTS
         | Capability::PAUSE_RESUME
         | Capability::EXTEND_LIFETIME
         | Capability::IDLE_TIMEOUT

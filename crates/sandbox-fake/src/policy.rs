@@ -2,11 +2,40 @@
 //! semantics as the container engines' allowlist (docs/network.md): a *name* must be
 //! listed (exactly, or below a `*.` wildcard) to resolve at all, and then its addresses
 //! are reachable; an *address* dialed directly must be inside a listed CIDR, and one in
-//! the always-blocked set stays blocked unless an explicit override holds it.
+//! the always-blocked set stays blocked unless an explicit override holds it. Granted host
+//! ports are reachable at `host.sandbox.internal` and at the host's address, on those
+//! ports only.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 
-use sandbox_core::{ALWAYS_BLOCKED, Egress, NetworkPolicy};
+use sandbox_core::{ALWAYS_BLOCKED, Egress, HOST_SANDBOX_NAME, NetworkPolicy};
+
+/// The host's address on a fake sandbox's network: the fake's sandboxes run on this
+/// machine, so the host's services are reached through its loopback.
+pub(crate) const HOST_ADDRESS: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+/// The verdict on dialing `host` at TCP `port`: a granted host port at
+/// `host.sandbox.internal` or the host's address is reachable; that name resolves only
+/// while a port is granted, and reaches no other port; everything else is
+/// [`egress_verdict`]'s.
+pub(crate) fn dial_verdict(policy: &NetworkPolicy, host: &str, port: u16) -> Verdict {
+    let ports = policy.egress.host_ports();
+    let granted = ports.iter().any(|p| p.get() == port);
+    if host
+        .trim_end_matches('.')
+        .eq_ignore_ascii_case(HOST_SANDBOX_NAME)
+    {
+        return match (ports.is_empty(), granted) {
+            (true, _) => Verdict::NameRefused,
+            (false, true) => Verdict::Allowed,
+            (false, false) => Verdict::Rejected,
+        };
+    }
+    if granted && host.parse::<IpAddr>() == Ok(HOST_ADDRESS) {
+        return Verdict::Allowed;
+    }
+    egress_verdict(policy, host)
+}
 
 /// The verdict on one dial.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +124,23 @@ mod tests {
         let p = p.through_blocked_set(o);
         assert_eq!(egress_verdict(&p, "169.254.169.254"), Verdict::Allowed);
         assert_eq!(egress_verdict(&p, "169.254.169.253"), Verdict::Rejected);
+    }
+
+    #[test]
+    fn a_host_port_opens_that_port_of_the_host_only() {
+        let port = sandbox_core::HostPort::new(8080).unwrap();
+        let p = NetworkPolicy::deny().host_port(port);
+        assert_eq!(dial_verdict(&p, HOST_SANDBOX_NAME, 8080), Verdict::Allowed);
+        assert_eq!(dial_verdict(&p, "127.0.0.1", 8080), Verdict::Allowed);
+        assert_eq!(dial_verdict(&p, HOST_SANDBOX_NAME, 8081), Verdict::Rejected);
+        assert_eq!(dial_verdict(&p, "127.0.0.1", 8081), Verdict::Rejected);
+        assert_eq!(dial_verdict(&p, "172.17.0.1", 8080), Verdict::Rejected);
+        assert_eq!(dial_verdict(&p, "169.254.169.254", 8080), Verdict::Rejected);
+        let none = NetworkPolicy::tiers(sandbox_core::EgressTiers::deny_by_default());
+        assert_eq!(
+            dial_verdict(&none, HOST_SANDBOX_NAME, 8080),
+            Verdict::NameRefused
+        );
     }
 
     #[test]

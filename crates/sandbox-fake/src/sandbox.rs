@@ -361,6 +361,12 @@ impl Sandbox for FakeSandbox {
 
     async fn set_egress(&self, egress: sandbox_core::Egress) -> Result<()> {
         self.require(Capability::LIVE_EGRESS)?;
+        if !egress.host_ports().is_empty() {
+            self.require(Capability::HOST_PORTS)?;
+        }
+        let mut checked = sandbox_core::NetworkPolicy::deny();
+        checked.egress = egress.clone();
+        checked.validate_egress()?;
         let sb = self.inner();
         sb.alive()?;
         sb.touch();

@@ -27,6 +27,7 @@ pub const CAPABILITIES: Capability = LAYER_CAPABILITIES
     .union(Capability::DISK_LIMIT)
     .union(Capability::EGRESS_ALLOWLIST)
     .union(Capability::LIVE_EGRESS)
+    .union(Capability::HOST_PORTS)
     .union(Capability::PTY)
     .union(Capability::AGENT)
     .union(Capability::GPU)

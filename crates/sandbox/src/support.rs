@@ -58,6 +58,7 @@ mod recorded {
         .union(Capability::NETWORK_POLICY)
         .union(Capability::EGRESS_ALLOWLIST)
         .union(Capability::LIVE_EGRESS)
+        .union(Capability::HOST_PORTS)
         .union(Capability::INGRESS_PORTS)
         .union(Capability::STDIN)
         .union(Capability::DISK_LIMIT)

@@ -815,6 +815,11 @@ impl SandboxServer {
             for r in now.except.iter().cloned() {
                 t = t.except(r);
             }
+            // Host ports the operator granted stay as they are: this tool neither grants
+            // nor (short of closing everything) drops them.
+            for p in now.host_ports.iter().copied() {
+                t = t.host_port(p);
+            }
             let t = sandbox::Egress::Tiers(t);
             // A new allow list is a widening: held to the operator's bounds. Denying more
             // over what is in force only narrows.

@@ -834,6 +834,7 @@ fn ruleset_for(
         resolver: None,
         pinned_except,
         pinned_allow,
+        host_ports: tiers.host_ports.iter().map(|p| p.get()).collect(),
     })
 }
 

@@ -47,6 +47,10 @@ pub(crate) struct Ruleset {
     /// Addresses the resolver pinned for allowed names (`dyn` sets), carried over a
     /// change.
     pub pinned_allow: Vec<IpAddr>,
+    /// TCP ports of the host granted to the sandbox: accepted to the host's address on
+    /// the sandbox's network (the resolver's address) only, ahead of the blocked set that
+    /// holds that address. Every other port and address of the host stays blocked.
+    pub host_ports: Vec<u16>,
 }
 
 fn elements(cidrs: &[Cidr], v4: bool) -> Vec<String> {
@@ -146,6 +150,8 @@ impl Ruleset {
             "ipv6_addr",
             &addresses(&self.pinned_except, false),
         );
+        let ports: Vec<String> = self.host_ports.iter().map(ToString::to_string).collect();
+        plain_set(&mut t, HOST_PORTS_SET, "inet_service", &ports);
         // DNS to anywhere goes to the resolver. Loopback is left alone: an engine's own
         // in-namespace DNS (Docker's 127.0.0.11) forwards to the configured server, which
         // is the resolver, from this namespace, so it is redirected on its way out.
@@ -178,6 +184,12 @@ impl Ruleset {
             let _ = writeln!(t, "    {m} daddr {ip} udp dport {} accept", r.port());
             let _ = writeln!(t, "    {m} daddr {ip} tcp dport {} accept", r.port());
         }
+        // Granted host ports: TCP to the granted ports of the host's address on this
+        // network (where the resolver listens), nothing else of the host. Ahead of the
+        // blocked set, which holds that address.
+        if let Some(rule) = self.host_port_rule() {
+            let _ = writeln!(t, "    {rule}");
+        }
         // The blocked set comes before every listed network and every resolved address:
         // a CIDR that contains the host or the metadata service, or a name that resolves
         // into them, leaves them blocked. Only an explicit override goes first.
@@ -198,6 +210,49 @@ impl Ruleset {
         t
     }
 
+    /// The rule accepting the granted host ports (the same text `nft list` prints), when
+    /// the ruleset has a resolver (the host's address on the network) to accept them at.
+    fn host_port_rule(&self) -> Option<String> {
+        let r = self.resolver?;
+        let m = if r.ip().is_ipv4() { "ip" } else { "ip6" };
+        Some(format!(
+            "{m} daddr {} tcp dport @{HOST_PORTS_SET} accept",
+            r.ip()
+        ))
+    }
+
+    /// Every accepting line of the output chain as loaded (in the form `nft list` prints).
+    fn accept_lines(&self) -> Vec<String> {
+        let mut v: Vec<String> = [
+            "oifname \"lo\" accept",
+            "ct direction reply accept",
+            "ct state related accept",
+        ]
+        .map(String::from)
+        .to_vec();
+        if let Some(r) = self.resolver {
+            let m = if r.ip().is_ipv4() { "ip" } else { "ip6" };
+            for proto in ["udp", "tcp"] {
+                v.push(format!(
+                    "{m} daddr {} {proto} dport {} accept",
+                    r.ip(),
+                    r.port()
+                ));
+            }
+        }
+        v.extend(self.host_port_rule());
+        v.extend(
+            OUT_ORDER
+                .iter()
+                .filter(|r| r.ends_with(" accept"))
+                .map(|r| r.to_string()),
+        );
+        if self.allow_all {
+            v.push("accept".into());
+        }
+        v
+    }
+
     /// Lines `nft list table` must show for this ruleset to be the one in force (nft
     /// prints its own normalised form, so the check is on the decisive statements).
     pub(crate) fn expected_listing(&self) -> Vec<String> {
@@ -212,8 +267,43 @@ impl Ruleset {
             v.push(format!("udp dport 53 dnat ip to {r}"));
             v.push(format!("tcp dport 53 dnat ip to {r}"));
         }
+        v.extend(self.host_port_rule());
         v
     }
+}
+
+/// The lines of chain `name` in a trimmed `nft list table` listing (empty when absent).
+fn chain_lines<'a>(lines: &[&'a str], name: &str) -> Vec<&'a str> {
+    let head = format!("chain {name} {{");
+    lines
+        .iter()
+        .skip_while(|l| **l != head)
+        .skip(1)
+        .take_while(|l| **l != "}")
+        .copied()
+        .collect()
+}
+
+/// The set of granted host ports (TCP, to the host's address on the sandbox's network).
+const HOST_PORTS_SET: &str = "hostports";
+
+/// The elements of the set `name` in a `nft list table` listing (as printed: `elements =
+/// { 8080, 8081 }`, possibly over several lines); `None` when the set is not there.
+fn listed_elements(listing: &str, name: &str) -> Option<Vec<String>> {
+    let start = listing.find(&format!("set {name} {{"))?;
+    let body = &listing[start..];
+    let end = body.find('}')?;
+    let body = &body[..end];
+    let Some(at) = body.find("elements = {") else {
+        return Some(Vec::new());
+    };
+    Some(
+        body[at + "elements = {".len()..]
+            .split(|c: char| c == ',' || c.is_whitespace())
+            .filter(|e| !e.is_empty())
+            .map(str::to_string)
+            .collect(),
+    )
 }
 
 /// The set rules of the output chain, in the order they must be evaluated (and read
@@ -324,6 +414,37 @@ pub(crate) fn verify(listing: &str, rules: &Ruleset) -> Result<(), String> {
     if accepts_all != rules.allow_all {
         return Err("the egress rules read back with the wrong default".into());
     }
+    // The host-port rule must run before the blocked set (else it opens nothing), and
+    // the set must hold exactly the granted ports (one more would open another service
+    // of the host).
+    if let Some(rule) = rules.host_port_rule()
+        && at(&rule) > at(OUT_ORDER[2]).min(at(OUT_ORDER[3]))
+    {
+        return Err(format!(
+            "the egress rules read back with `{rule}` after the blocked set: the ruleset in force is not the one loaded"
+        ));
+    }
+    // Nothing is accepted that was not loaded: an extra accept (the host's address on
+    // every port, say) would open what the sets and their order keep shut.
+    let known = rules.accept_lines();
+    if let Some(extra) = chain_lines(&lines, "out")
+        .into_iter()
+        .find(|l| (l.ends_with(" accept") || *l == "accept") && !known.iter().any(|k| k == l))
+    {
+        return Err(format!(
+            "the egress rules read back with `{extra}`, which was not loaded: the ruleset in force is not the one loaded"
+        ));
+    }
+    let mut want: Vec<String> = rules.host_ports.iter().map(ToString::to_string).collect();
+    want.sort();
+    let mut got = listed_elements(listing, HOST_PORTS_SET)
+        .ok_or("the egress rules read back without the set of host ports")?;
+    got.sort();
+    if got != want {
+        return Err(format!(
+            "the egress rules read back with host ports {got:?}, {want:?} were loaded"
+        ));
+    }
     Ok(())
 }
 
@@ -371,6 +492,7 @@ mod tests {
             resolver: Some("172.30.0.1:40000".parse().unwrap()),
             pinned_except: vec![],
             pinned_allow: vec!["198.18.0.7".parse().unwrap()],
+            host_ports: vec![8080],
         }
     }
 
@@ -432,6 +554,71 @@ mod tests {
             .replace("SWAP", "ip daddr @allow4 accept");
         let e = verify(&swapped, &r).unwrap_err();
         assert!(e.contains("@block4"), "{e}");
+    }
+
+    /// The listing `nft list table` would print for `r` (near enough for `verify`).
+    fn listing(r: &Ruleset) -> String {
+        r.text()
+            .lines()
+            .filter(|l| !l.starts_with("add table") && !l.starts_with("delete table"))
+            .map(|l| l.replace("priority 0", "priority filter"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// A granted host port is accepted to the host's address on the network (the
+    /// resolver's) and that port only, before the blocked set that holds the address.
+    #[test]
+    fn host_ports_open_one_address_and_those_ports_only() {
+        let r = sample(false);
+        let t = r.text();
+        let rule = "ip daddr 172.30.0.1 tcp dport @hostports accept";
+        let at = |l: &str| t.find(l).unwrap_or_else(|| panic!("{l} in {t}"));
+        assert!(at(rule) < at("ip daddr @block4 jump refuse"));
+        assert!(at(rule) < at("ip6 daddr @block6 jump refuse"));
+        assert!(
+            t.contains("type inet_service;\n    elements = { 8080 }"),
+            "{t}"
+        );
+        // No other rule names the host port set or the host's address.
+        assert_eq!(t.matches("@hostports").count(), 1);
+        assert_eq!(t.matches("172.30.0.1 tcp dport").count(), 2, "{t}");
+        // None granted: the set is empty and opens nothing.
+        let none = Ruleset {
+            host_ports: vec![],
+            ..sample(false)
+        };
+        assert!(!none.text().contains("elements = { 8080 }"));
+        assert_eq!(verify(&listing(&none), &none), Ok(()));
+    }
+
+    /// A listing with another port in the set, or the host-port rule after the blocked
+    /// set (or gone), is not the ruleset loaded.
+    #[test]
+    fn verify_catches_a_wrong_host_port_rule() {
+        let r = sample(false);
+        let good = listing(&r);
+        assert_eq!(verify(&good, &r), Ok(()));
+        let wider = good.replace("elements = { 8080 }", "elements = { 8080, 8081 }");
+        let e = verify(&wider, &r).unwrap_err();
+        assert!(e.contains("8081"), "{e}");
+        let rule = "ip daddr 172.30.0.1 tcp dport @hostports accept";
+        let late = good.replace(&format!("    {rule}\n"), "").replace(
+            "    jump refuse\n  }",
+            &format!("    {rule}\n    jump refuse\n  }}"),
+        );
+        assert!(late.contains(rule), "{late}");
+        let e = verify(&late, &r).unwrap_err();
+        assert!(e.contains("after the blocked set"), "{e}");
+        let gone = good.replace(rule, "");
+        assert!(verify(&gone, &r).is_err());
+        // The host's address accepted on every port, beside the right rule.
+        let whole = good.replace(
+            &format!("    {rule}\n"),
+            &format!("    {rule}\n    ip daddr 172.30.0.1 accept\n"),
+        );
+        let e = verify(&whole, &r).unwrap_err();
+        assert!(e.contains("ip daddr 172.30.0.1 accept"), "{e}");
     }
 
     #[test]

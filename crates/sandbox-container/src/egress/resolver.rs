@@ -15,6 +15,10 @@
 //! it, the answer's addresses are added to the matching pinned set in the sandbox's
 //! namespace (and recorded, so a change can re-pin them), and only then is the answer
 //! sent: a connect that follows the answer never races the rule.
+//!
+//! `host.sandbox.internal` is answered here and nowhere else: the host's address on the
+//! sandbox's network while the policy grants a host port, NXDOMAIN otherwise (it follows a
+//! live change with the next query, which a hosts file written at create could not).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -22,7 +26,7 @@ use std::os::unix::fs::MetadataExt as _;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
-use sandbox_core::{EgressDefault, TierVerdict};
+use sandbox_core::{EgressDefault, HOST_SANDBOX_NAME, TierVerdict};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::Semaphore;
@@ -300,6 +304,9 @@ impl Resolver {
         if ns_inode(client.pid) != Some(client.ns_inode) {
             return Some(dns::reply(&q, Rcode::Refused));
         }
+        if q.name == HOST_SANDBOX_NAME {
+            return Some(host_answer(&client, &q, max_len).await);
+        }
         let Some(verdict) = self.verdict(&client, &q.name).await else {
             return Some(dns::reply(&q, Rcode::ServFail));
         };
@@ -398,6 +405,33 @@ impl Resolver {
         let _held = client.files.lock_shared().await.ok()?;
         judge(client, name).map(|(_, v)| v)
     }
+}
+
+/// The answer for [`HOST_SANDBOX_NAME`]: the host's address on the sandbox's network (where
+/// this resolver listens for it) while its policy grants a host port, NXDOMAIN otherwise.
+/// Never looked up on the host and never pinned: the rules accept that address on the
+/// granted ports only, whatever resolves to it.
+async fn host_answer(client: &Client, q: &dns::Query, max_len: usize) -> Vec<u8> {
+    let Ok(_held) = client.files.lock_shared().await else {
+        return dns::reply(q, Rcode::ServFail);
+    };
+    let st = match client.files.read() {
+        Ok(Some(st)) => st,
+        _ => return dns::reply(q, Rcode::ServFail),
+    };
+    let granted = st.egress().ok().is_some_and(|e| !e.host_ports().is_empty());
+    if !granted {
+        return dns::reply(q, Rcode::NxDomain);
+    }
+    if !q.wants_addresses() {
+        return dns::reply(q, Rcode::NotImp);
+    }
+    let host = st.resolver.ip();
+    let wanted: Vec<IpAddr> = [host]
+        .into_iter()
+        .filter(|a| (q.qtype == dns::TYPE_A) == a.is_ipv4())
+        .collect();
+    dns::answer(q, &wanted, ANSWER_TTL, max_len)
 }
 
 /// The state's generation and the tier that decides for `name` (the caller holds the

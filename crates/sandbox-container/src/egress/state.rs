@@ -21,7 +21,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 
-use sandbox_core::{Egress, EgressDefault, EgressRule, EgressTiers};
+use sandbox_core::{Egress, EgressDefault, EgressRule, EgressTiers, HostPort};
 use serde::{Deserialize, Serialize};
 
 /// The directory of every sandbox's egress state on this host.
@@ -56,6 +56,9 @@ struct StoredEgress {
     except: Vec<String>,
     #[serde(default)]
     default_allow: bool,
+    /// Granted host ports (tiers only; a state written before they existed has none).
+    #[serde(default)]
+    host_ports: Vec<u16>,
 }
 
 fn texts(rules: &[EgressRule]) -> Vec<String> {
@@ -90,6 +93,7 @@ impl StoredEgress {
             deny: texts(&t.deny),
             except: texts(&t.except),
             default_allow: t.default == EgressDefault::Allow,
+            host_ports: t.host_ports.iter().map(|p| p.get()).collect(),
         })
     }
 
@@ -112,6 +116,9 @@ impl StoredEgress {
                 }
                 for r in parsed(&self.except)? {
                     t = t.except(r);
+                }
+                for p in &self.host_ports {
+                    t = t.host_port(HostPort::new(*p).map_err(|e| e.to_string())?);
                 }
                 Egress::Tiers(t)
             }
@@ -349,13 +356,42 @@ mod tests {
                 "10.0.0.0/8".into(),
                 "192.0.2.1".into(),
             ]),
-            Egress::Tiers(tiers),
+            Egress::Tiers(tiers.clone()),
             Egress::Tiers(EgressTiers::deny_by_default()),
+            // Host ports are part of the policy: a state that dropped them would load
+            // rules without them (and the resolver would not answer their name).
+            Egress::Tiers(
+                tiers
+                    .host_port(HostPort::new(8080).unwrap())
+                    .host_port(HostPort::new(9000).unwrap()),
+            ),
+            Egress::Tiers(EgressTiers::deny_by_default().host_port(HostPort::new(1).unwrap())),
         ] {
             let s = State::new(&e, vec![], "172.30.0.1:53".parse().unwrap(), 1, 2).unwrap();
             let back: State = serde_json::from_slice(&serde_json::to_vec(&s).unwrap()).unwrap();
             assert_eq!(back.egress().unwrap(), e);
         }
+    }
+
+    /// A state written before host ports existed reads as none; one holding port 0 (no
+    /// writer of this library makes one) is refused, not read as a grant.
+    #[test]
+    fn stored_host_ports_are_checked_on_read() {
+        let s = State::new(
+            &Egress::Tiers(EgressTiers::deny_by_default()),
+            vec![],
+            "172.30.0.1:53".parse().unwrap(),
+            1,
+            2,
+        )
+        .unwrap();
+        let mut v = serde_json::to_value(&s).unwrap();
+        v["egress"].as_object_mut().unwrap().remove("host_ports");
+        let old: State = serde_json::from_value(v.clone()).unwrap();
+        assert!(old.egress().unwrap().host_ports().is_empty());
+        v["egress"]["host_ports"] = serde_json::json!([0]);
+        let bad: State = serde_json::from_value(v).unwrap();
+        assert!(bad.egress().is_err());
     }
 
     #[test]

@@ -283,6 +283,102 @@ async fn rules_load_into_a_namespace_and_read_back() {
     assert!(!String::from_utf8_lossy(&host.stdout).contains(TABLE));
 }
 
+/// Granted host ports load into a real namespace and read back as loaded (nft prints
+/// them as numbers in the set, the rule ahead of the blocked set); a listing checked
+/// against other ports is refused.
+#[tokio::test]
+async fn host_ports_load_and_read_back() {
+    if !require_host() {
+        return;
+    }
+    let ns = Netns::new().await.expect("unshare --net");
+    let rules = nft::Ruleset {
+        host_ports: vec![8080, 8443],
+        ..sample_rules()
+    };
+    nft::load(&netns::of_pid(ns.pid()), &rules).await.unwrap();
+    let listing = nft::nft(
+        &netns::of_pid(ns.pid()),
+        &["list", "table", "inet", TABLE],
+        "",
+    )
+    .await
+    .unwrap();
+    assert!(
+        listing.contains("ip daddr 172.30.0.1 tcp dport @hostports accept"),
+        "{listing}"
+    );
+    let other = nft::Ruleset {
+        host_ports: vec![8080],
+        ..sample_rules()
+    };
+    let e = nft::verify(&listing, &other).unwrap_err();
+    assert!(e.contains("8443"), "{e}");
+}
+
+/// `host.sandbox.internal` is answered with the host's address on the sandbox's network
+/// (where the resolver listens) while the policy grants a host port, NXDOMAIN once a
+/// change drops them, and never pinned (the rules accept that address on the ports only).
+#[tokio::test]
+async fn the_resolver_answers_the_host_name_only_while_a_port_is_granted() {
+    if !require_host() {
+        return;
+    }
+    let ns = Netns::new().await.expect("unshare --net");
+    nft::load(&netns::of_pid(ns.pid()), &sample_rules())
+        .await
+        .unwrap();
+    let r = resolver::resolver().unwrap();
+    // A source address no other test uses.
+    let src: IpAddr = "203.0.113.78".parse().unwrap();
+    let granted = EgressTiers::deny_by_default()
+        .allow(EgressRule::parse("*.sandbox.internal").unwrap())
+        .host_port(sandbox_core::HostPort::new(8080).unwrap());
+    let files = test_state("hostname", &Egress::Tiers(granted));
+    r.register(&[src], ns.pid(), inode(ns.pid()), files.clone())
+        .unwrap();
+    let name = sandbox_core::HOST_SANDBOX_NAME;
+    let a = r
+        .answer(&dns::build_query(1, name, dns::TYPE_A), src, 512)
+        .await
+        .unwrap();
+    // test_state records the resolver at 127.0.0.1.
+    assert_eq!(
+        dns::answer_addrs(&a),
+        vec!["127.0.0.1".parse::<IpAddr>().unwrap()]
+    );
+    let six = r
+        .answer(&dns::build_query(2, name, dns::TYPE_AAAA), src, 512)
+        .await
+        .unwrap();
+    assert_eq!(dns::rcode_of(&six), Some(0));
+    assert!(dns::answer_addrs(&six).is_empty());
+    let listing = nft::nft(
+        &netns::of_pid(ns.pid()),
+        &["list", "set", "inet", TABLE, "dyn4"],
+        "",
+    )
+    .await
+    .unwrap();
+    assert!(
+        !listing.contains("127.0.0.1"),
+        "the host name was pinned: {listing}"
+    );
+    // No host port any more: NXDOMAIN, although a wildcard lists the domain.
+    let mut st = files.read().unwrap().unwrap();
+    st.set_egress(&Egress::Tiers(
+        EgressTiers::deny_by_default().allow(EgressRule::parse("*.sandbox.internal").unwrap()),
+    ))
+    .unwrap();
+    files.write(&st).unwrap();
+    let no = r
+        .answer(&dns::build_query(3, name, dns::TYPE_A), src, 512)
+        .await
+        .unwrap();
+    assert_eq!(dns::rcode_of(&no), Some(3), "no host port: NXDOMAIN");
+    files.remove();
+}
+
 #[tokio::test]
 async fn a_failing_load_is_an_error() {
     if !require_host() {

@@ -126,12 +126,16 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             | Capability::SNAPSHOT_FORK
             | Capability::EGRESS_ALLOWLIST
             | Capability::LIVE_EGRESS
+            | Capability::HOST_PORTS
             | Capability::DISK_LIMIT)
             & self.engine.capabilities();
         // Declared only where the rules can really be loaded (see egress/mod.rs); a live
-        // change replaces those rules, so it goes with them.
+        // change replaces those rules, so it goes with them, and so do host ports (a rule
+        // of the same table).
         if !crate::egress::allowlist_available(&*self.engine) {
-            caps.remove(Capability::EGRESS_ALLOWLIST | Capability::LIVE_EGRESS);
+            caps.remove(
+                Capability::EGRESS_ALLOWLIST | Capability::LIVE_EGRESS | Capability::HOST_PORTS,
+            );
         }
         caps
     }

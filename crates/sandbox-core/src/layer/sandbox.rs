@@ -329,6 +329,9 @@ impl Sandbox for EnforcedSandbox {
                 if s.stopped.load(Ordering::SeqCst) {
                     return Err(crate::SandboxError::stopped(&s.id));
                 }
+                if !egress.host_ports().is_empty() {
+                    s.require(Capability::HOST_PORTS)?;
+                }
                 if egress.lists_entries() {
                     s.require(Capability::EGRESS_ALLOWLIST)?;
                 }

@@ -10,7 +10,7 @@ use sandbox_core::{Egress, Result};
 use tokio::io::AsyncReadExt;
 
 use crate::commands::refusal::form_not_in_vocabulary;
-use crate::policy::{Verdict, egress_verdict};
+use crate::policy::{HOST_ADDRESS, Verdict, dial_verdict};
 use crate::program::{BROKEN_PIPE_EXIT, Proc};
 
 /// Writes an error line to stderr and exits 1.
@@ -42,11 +42,18 @@ pub(crate) async fn nc(p: Proc, a: Vec<String>) -> Result<i64> {
         return fail(&p, msg).await;
     }
     // The allowlist's resolver refuses an unlisted name before any lookup.
-    if egress_verdict(policy, host) == Verdict::NameRefused {
+    if dial_verdict(policy, host, port) == Verdict::NameRefused {
         return fail(&p, bad_address()).await;
     }
     let addrs: Vec<SocketAddr> = match literal {
         Some(ip) => vec![SocketAddr::new(ip, port)],
+        // The name of the host's services: the host's address on the sandbox's network.
+        None if host
+            .trim_end_matches('.')
+            .eq_ignore_ascii_case(sandbox_core::HOST_SANDBOX_NAME) =>
+        {
+            vec![SocketAddr::new(HOST_ADDRESS, port)]
+        }
         None => {
             match tokio::time::timeout(wait, tokio::net::lookup_host((host.as_str(), port))).await {
                 Ok(Ok(it)) => it.collect(),
@@ -54,7 +61,7 @@ pub(crate) async fn nc(p: Proc, a: Vec<String>) -> Result<i64> {
             }
         }
     };
-    if egress_verdict(policy, host) != Verdict::Allowed {
+    if dial_verdict(policy, host, port) != Verdict::Allowed {
         let shown = addrs
             .first()
             .map_or_else(|| host.clone(), |a| a.ip().to_string());
@@ -83,7 +90,7 @@ pub(crate) async fn nc(p: Proc, a: Vec<String>) -> Result<i64> {
             Ok(Ok(n)) => {
                 // A live change that forbids the host cuts the open connection, as the
                 // engines' rules refuse its next packet.
-                if egress_verdict(&p.sb.network_now(), host) != Verdict::Allowed {
+                if dial_verdict(&p.sb.network_now(), host, port) != Verdict::Allowed {
                     return fail(&p, "nc: read error: connection reset".into()).await;
                 }
                 if !p.out(Bytes::copy_from_slice(&buf[..n])).await {
