@@ -162,7 +162,10 @@ async fn a_terminal_takes_input_resizes_and_ends_with_eof() {
     let from = seen.len();
     let deadline = Instant::now() + Duration::from_secs(10);
     while seen[from..].matches("typed").count() < 2 {
-        assert!(Instant::now() < deadline, "cat did not copy the line: {seen:?}");
+        assert!(
+            Instant::now() < deadline,
+            "cat did not copy the line: {seen:?}"
+        );
         match tokio::time::timeout(Duration::from_secs(10), p.next_event()).await {
             Ok(Ok(Some(ProcessEvent::Stdout(b)))) => seen.push_str(&String::from_utf8_lossy(&b)),
             other => panic!("waiting for cat's copy of the line in {seen:?}: {other:?}"),

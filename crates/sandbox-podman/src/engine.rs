@@ -264,8 +264,12 @@ impl ContainerEngine for PodmanEngine {
     }
 
     async fn remove_network(&self, name: &str) -> EngineResult<bool> {
+        // `delete`, never podman-api's `remove`: that one passes `force=true`, which makes
+        // Podman remove every container on the network with it — running sandboxes and
+        // stopped ones waiting to be started included. Unforced, a network in use is
+        // refused, and the caller leaves it.
         match self
-            .api("network remove", self.client.networks().get(name).remove())
+            .api("network remove", self.client.networks().get(name).delete())
             .await
         {
             Ok(_) => Ok(true),

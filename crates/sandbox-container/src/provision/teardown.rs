@@ -130,7 +130,11 @@ async fn kill_and_remove<E: ContainerEngine>(
     };
     let joined = |r: std::result::Result<Result<()>, tokio::task::JoinError>| {
         r.unwrap_or_else(|join| {
-            Err(error::connect(&id, format!("the removal task failed: {join}"), None))
+            Err(error::connect(
+                &id,
+                format!("the removal task failed: {join}"),
+                None,
+            ))
         })
     };
     if let Ok(r) = tokio::time::timeout(budget, &mut removal).await {
@@ -291,7 +295,11 @@ mod tests {
         )
         .await;
         assert!(r.is_ok(), "{r:?}");
-        assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
     }
 
     #[tokio::test]
@@ -307,7 +315,11 @@ mod tests {
         )
         .await;
         assert!(r.is_ok(), "{r:?}");
-        assert!(start.elapsed() >= Duration::from_millis(1_400), "{:?}", start.elapsed());
+        assert!(
+            start.elapsed() >= Duration::from_millis(1_400),
+            "{:?}",
+            start.elapsed()
+        );
     }
 
     #[tokio::test]
@@ -326,6 +338,9 @@ mod tests {
 
     #[test]
     fn the_budget_leaves_time_to_look() {
-        assert_eq!(removal_budget(Duration::from_secs(5)), Duration::from_secs(3));
+        assert_eq!(
+            removal_budget(Duration::from_secs(5)),
+            Duration::from_secs(3)
+        );
     }
 }

@@ -313,6 +313,56 @@ pub async fn network_removed_during_create_is_recreated<E: ContainerEngine>(engi
     );
 }
 
+/// Reaping one networked sandbox (`kill_managed`, which also removes the library network
+/// when nothing uses it) leaves every other sandbox on that network alone: a running one
+/// still runs and a stopped one still starts. Podman's forced network removal once took
+/// every container on the network with it.
+pub async fn reaping_one_sandbox_leaves_the_others_on_the_network<E: ContainerEngine>(engine: E) {
+    let _one = SERIAL.lock().await;
+    let b = trial_backend(TrialEngine::new(engine)).await;
+    let opts = || test_options(BUSYBOX, "egress_reap_neighbours").network(NetworkPolicy::allow());
+    let running = b
+        .create(opts())
+        .await
+        .expect("create the running neighbour");
+    let stopped = b
+        .create(opts())
+        .await
+        .expect("create the stopped neighbour");
+    let reaped = b.create(opts()).await.expect("create the reaped one");
+    let can_stop = b.capabilities().contains(Capability::STOP_START);
+    if can_stop {
+        stopped.stop().await.expect("stop the neighbour");
+    }
+    let reaper = b.as_reapable().expect("container backends reap");
+    assert!(
+        reaper.kill_managed(reaped.id()).await.expect("reap one"),
+        "the reaped sandbox was not removed"
+    );
+    let alive = running.run("true".into(), Default::default()).await;
+    let started = if can_stop {
+        stopped.start().await.map(|_| ())
+    } else {
+        Ok(())
+    };
+    let _ = running.kill().await;
+    let _ = stopped.kill().await;
+    let _ = reaped.kill().await;
+    let alive = alive.unwrap_or_else(|e| {
+        panic!(
+            "a running neighbour died when another sandbox was reaped: {}",
+            e.render()
+        )
+    });
+    assert_eq!(alive.exit_code, 0);
+    started.unwrap_or_else(|e| {
+        panic!(
+            "a stopped neighbour could not start after another sandbox was reaped: {}",
+            e.render()
+        )
+    });
+}
+
 /// The error and every source under it, one line: where a refusal's reason is found.
 fn chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
@@ -639,6 +689,12 @@ macro_rules! egress_trials {
         async fn network_removed_during_create_is_recreated() {
             let Some(e) = $engine else { return };
             $crate::trials::egress::network_removed_during_create_is_recreated(e).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn reaping_one_sandbox_leaves_the_others_on_the_network() {
+            let Some(e) = $engine else { return };
+            $crate::trials::egress::reaping_one_sandbox_leaves_the_others_on_the_network(e).await;
         }
 
         #[tokio::test(flavor = "multi_thread")]
