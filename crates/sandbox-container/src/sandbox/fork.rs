@@ -449,6 +449,7 @@ async fn sandbox_of<E: ContainerEngine>(
         expiry,
         fork_base: Some(fork_base),
         restored: AtomicBool::new(true),
+        ssh_relay: Mutex::new(None),
     });
     let ports = &base.ingress_ports;
     let ingress = if ports.is_empty() {
