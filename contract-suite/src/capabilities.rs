@@ -37,6 +37,7 @@ pub const COVERED: &[(C, &str)] = &[
     (C::RESET_PROCESSES, "hostile"),
     (C::LIVE_EGRESS, "egress_live"),
     (C::STOP_START, "stopstart"),
+    (C::SSH_AGENT, "ssh_agent"),
 ];
 
 /// The flags [`COVERED`] lists.
@@ -108,7 +109,7 @@ fn names_the_flag(e: &sandbox_core::SandboxError, flag: C) -> anyhow::Result<()>
 /// Every undeclared flag with an entry point refuses with `CapabilityNotSupported` from
 /// that entry point (run, run with stdin, run on a terminal, run_code, run_code with a context, stream,
 /// files, upload, download, pause, resume, extend, set_egress, egress, snapshot, fork, stop, start, reset_processes, create with an allowlist / ingress port / GPU /
-/// disk limit / a required agent / an idle limit / a maximum lifetime / any policy).
+/// disk limit / a required agent / an idle limit / a maximum lifetime / ssh agent forwarding / any policy).
 async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let c = case("every_undeclared_flag_refuses");
     let mut checked = Vec::new();
@@ -138,6 +139,12 @@ async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
             C::EXTEND_LIFETIME,
             ctx.opts(&c)
                 .max_lifetime(ctx.opts(&c).timeout + std::time::Duration::from_secs(60)),
+        ),
+        (
+            C::SSH_AGENT,
+            // Refused before the agent is looked for: no agent needs to run.
+            ctx.opts(&c)
+                .ssh_agent(sandbox_core::SshAgentOptions::all_keys()),
         ),
         (C::NETWORK_POLICY, ctx.opts(&c)),
     ];
@@ -337,7 +344,8 @@ fn all_reachable_checked(declared: C, unreachable: C, checked: &[C]) -> anyhow::
         | C::RESET_PROCESSES
         | C::LIVE_EGRESS
         | C::STOP_START
-        | C::SNAPSHOT_FORK;
+        | C::SNAPSHOT_FORK
+        | C::SSH_AGENT;
     let expected = with_entry_point - declared - unreachable;
     let got = checked.iter().fold(C::empty(), |acc, c| acc | *c);
     ensure!(

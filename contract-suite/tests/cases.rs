@@ -31,6 +31,7 @@ const AREAS: &[&str] = &[
     "egress",
     "egress_live",
     "hostile",
+    "ssh_agent",
 ];
 
 /// Every trial name, from a suite whose backend is unavailable (so every case is listed,
