@@ -94,6 +94,23 @@ except socket.timeout:
 print("list_after", req(conn(), b"\x0b")[0])
 "#;
 
+/// Lists the keys through `$SSH_AUTH_SOCK` and prints the first one's blob (base64).
+const LIST_ONE: &str = r#"
+import base64, os, socket, struct
+s = socket.socket(socket.AF_UNIX)
+s.connect(os.environ["SSH_AUTH_SOCK"])
+s.sendall(struct.pack(">I", 1) + b"\x0b")
+b = b""
+while len(b) < 4 or len(b) < 4 + struct.unpack(">I", b[:4])[0]:
+    c = s.recv(65536)
+    if not c:
+        raise EOFError
+    b += c
+a = b[4:]
+n = struct.unpack(">I", a[5:9])[0]
+print(base64.b64encode(a[9:9 + n]).decode())
+"#;
+
 /// The message the probe signs (in the `file` namespace of `ssh-keygen -Y`).
 const SIGNED: &[u8] = b"signed inside the sandbox\n";
 
@@ -257,8 +274,9 @@ fn blob_b64(line: &str) -> &str {
 /// The sandbox lists exactly the selected key and signs with it (the signature verifies
 /// on the host); signing with the other key, adding, removing one or all keys, locking
 /// and extensions are refused, and the host agent still holds both keys, unlocked; a
-/// gibibyte length prefix closes that connection and the socket goes on serving; after
-/// kill the sandbox is gone.
+/// gibibyte length prefix closes that connection and the socket goes on serving; where
+/// `STOP_START` is declared, the socket serves again after a stop and a start; after kill
+/// the sandbox is gone.
 async fn the_sandbox_signs_with_the_selected_key_and_nothing_else(
     ctx: Arc<Ctx>,
 ) -> anyhow::Result<()> {
@@ -337,6 +355,17 @@ async fn the_sandbox_signs_with_the_selected_key_and_nothing_else(
     );
     let held = agent.listed().await?;
     ensure!(held == 2, "the host agent holds {held} keys, not its 2");
+    if sb.capabilities().contains(C::STOP_START) {
+        // A start runs a new agent: the handle that created the sandbox opens the socket
+        // on it again.
+        sbx(sb.stop().await, "stop")?;
+        sbx(sb.start().await, "start")?;
+        let listed = crate::ctx::run_ok(&*sb, ["python3", "-c", LIST_ONE]).await?;
+        ensure!(
+            listed.trim() == blob_b64(&keys[0]),
+            "after stop and start the list holds {listed:?}"
+        );
+    }
     sb.kill().await?;
     if ctx.backend.as_reapable().is_some() && !ctx.listed(&c).await?.is_empty() {
         bail!("the sandbox is still listed after kill");

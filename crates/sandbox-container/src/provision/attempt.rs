@@ -185,15 +185,17 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             None
         };
         // The socket listens before `create` returns, so the first command finds it.
-        let ssh_relay = match (host_agent, &agent) {
+        let ssh_agent = match (host_agent, &agent) {
             (None, _) => None,
-            (Some(host), Some(client)) => match crate::ssh_agent::start(client, host, &id).await {
-                Ok(relay) => Some(relay),
-                Err(e) => {
-                    let _ = guard.kill_now().await;
-                    return Err(e);
+            (Some(host), Some(client)) => {
+                match crate::ssh_agent::Forwarding::start(client, host, &id).await {
+                    Ok(f) => Some(f),
+                    Err(e) => {
+                        let _ = guard.kill_now().await;
+                        return Err(e);
+                    }
                 }
-            },
+            }
             // `create.rs` never takes the exec path for it; kept for a direct caller.
             (Some(_), None) => {
                 let _ = guard.kill_now().await;
@@ -247,7 +249,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             expiry,
             fork_base: Some(fork_base),
             restored: std::sync::atomic::AtomicBool::new(false),
-            ssh_relay: Mutex::new(ssh_relay),
+            ssh_agent: Mutex::new(ssh_agent),
         });
         tracing::debug!(
             sandbox_id = %shared.id,

@@ -238,7 +238,7 @@ impl<E: ContainerEngine> Sandbox for ContainerSandbox<E> {
         // The ssh agent answers nothing from here on, whatever the removal takes.
         drop(
             self.shared
-                .ssh_relay
+                .ssh_agent
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .take(),

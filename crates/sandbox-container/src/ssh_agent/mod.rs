@@ -135,7 +135,7 @@ impl HostAgent {
     }
 }
 
-/// The relay of one sandbox; dropping it ends the relay.
+/// The relay of one agent session; dropping it ends the relay.
 #[derive(Debug)]
 pub(crate) struct Relay(tokio::task::JoinHandle<()>);
 
@@ -145,13 +145,59 @@ impl Drop for Relay {
     }
 }
 
+/// One sandbox's forwarding: the host agent with the selection, and the relay on the
+/// agent session in use. Kept by the handle that created the sandbox, so a new session
+/// of its own (a start after a stop, the original's restore after a fork) opens the
+/// socket again; dropped (ending the relay) at kill.
+#[derive(Debug)]
+pub(crate) struct Forwarding {
+    host: HostAgent,
+    relay: Option<Relay>,
+}
+
+impl Forwarding {
+    /// Opens the socket through `client` and starts relaying to `host`.
+    pub(crate) async fn start(
+        client: &AgentClient,
+        host: HostAgent,
+        sandbox_id: &str,
+    ) -> Result<Forwarding> {
+        let relay = start(client, host.clone(), sandbox_id).await?;
+        Ok(Forwarding {
+            host,
+            relay: Some(relay),
+        })
+    }
+
+    /// After this handle started a new session with the sandbox's agent (`client`): the
+    /// old relay ends and the socket is opened again on the new session. Nothing when the
+    /// sandbox has no forwarding.
+    pub(crate) async fn resume(
+        slot: &std::sync::Mutex<Option<Forwarding>>,
+        client: &AgentClient,
+        sandbox_id: &str,
+    ) -> Result<()> {
+        let host = {
+            let mut f = slot.lock().unwrap_or_else(|p| p.into_inner());
+            match f.as_mut() {
+                Some(f) => {
+                    f.relay = None;
+                    f.host.clone()
+                }
+                None => return Ok(()),
+            }
+        };
+        let relay = start(client, host, sandbox_id).await?;
+        if let Some(f) = slot.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            f.relay = Some(relay);
+        }
+        Ok(())
+    }
+}
+
 /// Opens the socket inside the sandbox `sandbox_id` through its agent and relays it to
 /// `host`.
-pub(crate) async fn start(
-    client: &AgentClient,
-    host: HostAgent,
-    sandbox_id: &str,
-) -> Result<Relay> {
+async fn start(client: &AgentClient, host: HostAgent, sandbox_id: &str) -> Result<Relay> {
     let relay = client
         .ssh_agent_listen(SSH_AUTH_SOCK_PATH)
         .await
