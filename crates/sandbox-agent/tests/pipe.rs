@@ -1123,7 +1123,7 @@ fn framed(message: &[u8]) -> Vec<u8> {
 #[tokio::test]
 async fn the_ssh_agent_socket_relays_messages_to_the_host_and_refuses_a_forged_length() {
     let a = agent(30).await;
-    let dir = std::env::temp_dir().join(format!("sbx-ssh-pipe-{}", std::process::id()));
+    let dir = tempfile_dir();
     let path = dir.join("run/agent.sock");
     let mut relay = a
         .client
@@ -1186,4 +1186,45 @@ async fn the_ssh_agent_socket_relays_messages_to_the_host_and_refuses_a_forged_l
         .unwrap();
     assert_eq!(seen, vec![vec![11], vec![13, 1, 2, 3], vec![17]]);
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A takeover closes the ssh-agent socket the old session opened: its answers could only
+/// come from the host that was shut out. The relay of the old host ends; the new host can
+/// open the socket again at the same path.
+#[tokio::test]
+async fn a_takeover_closes_the_old_sessions_ssh_agent_socket() {
+    let dir = tempfile_dir();
+    let path = dir.join("agent.sock");
+    let path_s = path.to_str().unwrap().to_string();
+    let mut agent = SharedAgent::start();
+    let (r, w) = agent.attach();
+    let first = AgentClient::connect(r, w, "pipe-test", quick())
+        .await
+        .unwrap();
+    let mut old = first.ssh_agent_listen(&path_s).await.unwrap();
+    assert!(path.exists());
+    let (r, w) = agent.attach();
+    let next = AgentClient::take_over(r, w, "pipe-test", quick())
+        .await
+        .unwrap();
+    next.ping().await.unwrap();
+    assert!(!path.exists(), "the old session's socket is removed");
+    let e = tokio::time::timeout(Duration::from_secs(5), old.next_message())
+        .await
+        .expect("the old relay ends")
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Connect, "{}", e.render());
+    let mut relay = next.ssh_agent_listen(&path_s).await.unwrap();
+    let answers = relay.answers();
+    let p = path.clone();
+    let client = tokio::task::spawn_blocking(move || {
+        let mut c = std::os::unix::net::UnixStream::connect(&p).expect("connects");
+        ssh_exchange(&mut c, &framed(&[11]))
+    });
+    let m = relay.next_message().await.unwrap();
+    assert_eq!(&m.message[..], &[11]);
+    answers.answer(m.conn, &[5]).await.unwrap();
+    assert_eq!(client.await.unwrap(), Some(vec![5]));
+    assert!(agent.alive());
+    let _ = std::fs::remove_dir_all(&dir);
 }
