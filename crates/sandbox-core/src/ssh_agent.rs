@@ -262,6 +262,24 @@ mod tests {
         }
     }
 
+    /// Keys travel as fingerprints (a public key line becomes its fingerprint), and a
+    /// malformed one is refused when read, not ignored.
+    #[cfg(feature = "serde")]
+    #[test]
+    fn options_round_trip_as_fingerprints() {
+        let o = crate::CreateOptions::new("img").ssh_agent(
+            SshAgentOptions::keys([SshKey::parse(LINE).unwrap()]).socket("/run/agent.sock"),
+        );
+        let v = serde_json::to_value(&o).unwrap();
+        assert_eq!(v["ssh_agent"]["keys"], serde_json::json!([FP]));
+        assert_eq!(v["ssh_agent"]["socket"], "/run/agent.sock");
+        let back: crate::CreateOptions = serde_json::from_value(v).unwrap();
+        let keys = &back.ssh_agent.as_ref().unwrap().keys;
+        assert_eq!(keys, &[SshKey::fingerprint(FP).unwrap()]);
+        let bad = serde_json::json!({ "ssh_agent": { "keys": ["SHA256:short"] } });
+        assert!(serde_json::from_value::<crate::CreateOptions>(bad).is_err());
+    }
+
     #[test]
     fn a_selection_is_keys_or_all_bounded() {
         let key = SshKey::parse(FP).unwrap();
@@ -284,6 +302,21 @@ mod tests {
                 .socket("relative.sock")
                 .validate()
                 .is_err()
+        );
+        // The sandbox's SSH_AUTH_SOCK is the forwarding's; another value would win or lose
+        // silently.
+        let clash = crate::CreateOptions::new("img")
+            .env("SSH_AUTH_SOCK", "/elsewhere")
+            .ssh_agent(SshAgentOptions::all_keys());
+        assert_eq!(
+            clash.validate().unwrap_err().code(),
+            ErrorCode::Configuration
+        );
+        assert!(
+            crate::CreateOptions::new("img")
+                .ssh_agent(SshAgentOptions::all_keys())
+                .validate()
+                .is_ok()
         );
     }
 }
