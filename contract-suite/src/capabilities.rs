@@ -38,6 +38,7 @@ pub const COVERED: &[(C, &str)] = &[
     (C::LIVE_EGRESS, "egress_live"),
     (C::STOP_START, "stopstart"),
     (C::HOST_PORTS, "host_ports"),
+    (C::SSH_AGENT, "ssh_agent"),
 ];
 
 /// The flags [`COVERED`] lists.
@@ -109,7 +110,7 @@ fn names_the_flag(e: &sandbox_core::SandboxError, flag: C) -> anyhow::Result<()>
 /// Every undeclared flag with an entry point refuses with `CapabilityNotSupported` from
 /// that entry point (run, run with stdin, run on a terminal, run_code, run_code with a context, stream,
 /// files, upload, download, pause, resume, extend, set_egress, egress, snapshot, fork, stop, start, reset_processes, create with an allowlist / a host port / ingress port / GPU /
-/// disk limit / a required agent / an idle limit / a maximum lifetime / any policy).
+/// disk limit / a required agent / an idle limit / a maximum lifetime / ssh agent forwarding / any policy).
 async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let c = case("every_undeclared_flag_refuses");
     let mut checked = Vec::new();
@@ -145,6 +146,12 @@ async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
             ctx.opts(&c).network(NetworkPolicy::deny().host_port(
                 sandbox_core::HostPort::new(8080).map_err(|e| anyhow::anyhow!("{}", e.render()))?,
             )),
+        ),
+        (
+            C::SSH_AGENT,
+            // Refused before the agent is looked for: no agent needs to run.
+            ctx.opts(&c)
+                .ssh_agent(sandbox_core::SshAgentOptions::all_keys()),
         ),
         (C::NETWORK_POLICY, ctx.opts(&c)),
     ];
@@ -345,7 +352,8 @@ fn all_reachable_checked(declared: C, unreachable: C, checked: &[C]) -> anyhow::
         | C::LIVE_EGRESS
         | C::STOP_START
         | C::SNAPSHOT_FORK
-        | C::HOST_PORTS;
+        | C::HOST_PORTS
+        | C::SSH_AGENT;
     let expected = with_entry_point - declared - unreachable;
     let got = checked.iter().fold(C::empty(), |acc, c| acc | *c);
     ensure!(

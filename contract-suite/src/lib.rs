@@ -30,6 +30,7 @@ mod pty;
 mod run;
 mod run_code;
 mod snapshot;
+mod ssh_agent;
 mod stopstart;
 mod streaming;
 
@@ -234,6 +235,7 @@ fn all_trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
     t.extend(errors::trials(ctx));
     t.extend(capabilities::trials(ctx));
     t.extend(observability::trials(ctx));
+    t.extend(ssh_agent::trials(ctx));
     t
 }
 

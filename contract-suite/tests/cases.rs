@@ -32,6 +32,7 @@ const AREAS: &[&str] = &[
     "egress_live",
     "hostile",
     "host_ports",
+    "ssh_agent",
 ];
 
 /// Every trial name, from a suite whose backend is unavailable (so every case is listed,

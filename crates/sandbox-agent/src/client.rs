@@ -20,8 +20,9 @@ use tokio::sync::{Semaphore, mpsc, watch};
 
 use crate::protocol::{
     self, AGENT_ID, DATA_CHUNK, ErrorKind, FORK_VERSION, FileStat, Frame, FrameKind, HEADER_LEN,
-    LIFETIME_VERSION, PREAMBLE_LEN, PTY_VERSION, RESET_VERSION, Reply, Request, SUPPORTED_VERSIONS,
-    SpawnSpec, TAKEOVER_MAGIC, TAKEOVER_PAD_BYTE, TAKEOVER_PAD_LEN, TOKEN_LEN, WINDOW, WindowSize,
+    LIFETIME_VERSION, PREAMBLE_LEN, PTY_VERSION, RESET_VERSION, Reply, Request,
+    SSH_AGENT_MAX_MESSAGE, SSH_AGENT_VERSION, SUPPORTED_VERSIONS, SpawnSpec, TAKEOVER_MAGIC,
+    TAKEOVER_PAD_BYTE, TAKEOVER_PAD_LEN, TOKEN_LEN, WINDOW, WindowSize,
 };
 
 type Result<T> = std::result::Result<T, SandboxError>;
@@ -338,6 +339,27 @@ impl AgentClient {
         match self.call(Request::Keep { ids }).await? {
             Reply::Kept { processes } => Ok(processes),
             other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Opens the ssh-agent relay socket at `path` inside the sandbox
+    /// ([`Request::SshAgentListen`]): the messages its connections send arrive through the
+    /// returned relay, and the host answers each. An agent older than
+    /// [`SSH_AGENT_VERSION`] has none: `CapabilityNotSupported` (`SSH_AGENT`), nothing
+    /// sent.
+    pub async fn ssh_agent_listen(&self, path: &str) -> Result<SshAgentRelay> {
+        if self.version < SSH_AGENT_VERSION {
+            return Err(SandboxError::unsupported(
+                sandbox_core::Capability::SSH_AGENT,
+                BACKEND,
+            ));
+        }
+        let listen = Request::SshAgentListen { path: path.into() };
+        let mut req = self.open(Frame::control(0, &listen), None).await?;
+        let timeout = self.shared.opts.call_timeout;
+        match req.reply_within(timeout).await? {
+            Reply::Done => Ok(SshAgentRelay { req }),
+            other => Err(reply_error(other, path)),
         }
     }
 
@@ -733,6 +755,108 @@ impl Pending {
                 return Ok(r);
             }
         }
+    }
+}
+
+/// The host end of the ssh-agent relay socket opened by [`AgentClient::ssh_agent_listen`]:
+/// the messages connections in the sandbox send, each to be answered through
+/// [`SshAgentAnswers`]. Whatever arrives here was written by code in the sandbox.
+pub struct SshAgentRelay {
+    req: Pending,
+}
+
+impl std::fmt::Debug for SshAgentRelay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SshAgentRelay")
+            .field("id", &self.req.id)
+            .finish()
+    }
+}
+
+/// One message from a connection to the relay socket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SshAgentMessage {
+    /// The connection, as the agent numbers them; answers go back under it.
+    pub conn: u32,
+    /// The ssh-agent message without its length prefix: untrusted bytes, at most
+    /// [`SSH_AGENT_MAX_MESSAGE`] long (longer ones are dropped here too).
+    pub message: Bytes,
+}
+
+impl SshAgentRelay {
+    /// The next message; `SandboxGone` (or the takeover's error) once the channel ended,
+    /// after which no message comes.
+    pub async fn next_message(&mut self) -> Result<SshAgentMessage> {
+        loop {
+            let Incoming::Data(FrameKind::SshAgent, body) = self.req.next().await? else {
+                continue;
+            };
+            let Some(head) = body.get(..4) else {
+                continue;
+            };
+            let conn = u32::from_be_bytes([head[0], head[1], head[2], head[3]]);
+            let message = body.slice(4..);
+            if message.len() > SSH_AGENT_MAX_MESSAGE {
+                // The agent never sends one; an answer would be refused by the agent too,
+                // so the connection is left to its own end.
+                continue;
+            }
+            return Ok(SshAgentMessage { conn, message });
+        }
+    }
+
+    /// Where answers go; cheap to clone, usable while [`Self::next_message`] waits.
+    pub fn answers(&self) -> SshAgentAnswers {
+        SshAgentAnswers {
+            out: self.req.shared.out.clone(),
+            id: self.req.id,
+            sandbox: self.req.shared.sandbox.clone(),
+        }
+    }
+}
+
+/// Sends answers to connections of an [`SshAgentRelay`].
+#[derive(Clone)]
+pub struct SshAgentAnswers {
+    out: mpsc::Sender<Frame>,
+    id: u32,
+    sandbox: String,
+}
+
+impl std::fmt::Debug for SshAgentAnswers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SshAgentAnswers")
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
+impl SshAgentAnswers {
+    /// Answers connection `conn` with `message` (without its length prefix; empty, or
+    /// longer than [`SSH_AGENT_MAX_MESSAGE`], is refused as an engine error: the caller
+    /// builds answers and must keep them within the bound).
+    pub async fn answer(&self, conn: u32, message: &[u8]) -> Result<()> {
+        if message.is_empty() || message.len() > SSH_AGENT_MAX_MESSAGE {
+            return Err(SandboxError::engine(
+                BACKEND,
+                format!(
+                    "an ssh-agent answer of {} bytes is not within 1..={SSH_AGENT_MAX_MESSAGE}",
+                    message.len()
+                ),
+            ));
+        }
+        let mut body = Vec::with_capacity(4 + message.len());
+        body.extend_from_slice(&conn.to_be_bytes());
+        body.extend_from_slice(message);
+        let frame = Frame {
+            kind: FrameKind::SshAgent,
+            id: self.id,
+            body,
+        };
+        self.out
+            .send(frame)
+            .await
+            .map_err(|_| SandboxError::gone(self.sandbox.clone()))
     }
 }
 

@@ -27,7 +27,8 @@ use serde::{Deserialize, Serialize};
 /// the [`ErrorKind::Pids`] refusal of a spawn or read for lack of pids, and carrying
 /// processes over the next takeover ([`Request::Keep`]), which forks with memory need: the
 /// host of a restored copy of the sandbox adopts the interpreters its original served.
-pub const SUPPORTED_VERSIONS: &[u32] = &[1, 2, 3, 4];
+/// Version 5 adds the ssh-agent relay ([`Request::SshAgentListen`], [`FrameKind::SshAgent`]).
+pub const SUPPORTED_VERSIONS: &[u32] = &[1, 2, 3, 4, 5];
 
 /// The first version with pseudo-terminals.
 pub const PTY_VERSION: u32 = 2;
@@ -87,6 +88,14 @@ pub const LIFETIME_VERSION: u32 = 3;
 /// The first version that carries processes over a takeover ([`Request::Keep`]).
 pub const FORK_VERSION: u32 = 4;
 
+/// The first version with the ssh-agent relay ([`Request::SshAgentListen`]).
+pub const SSH_AGENT_VERSION: u32 = 5;
+
+/// Largest ssh-agent message (the bytes after its own 4-byte length) the relay carries, in
+/// either direction. Real requests are a few kilobytes (a signature over a session hash,
+/// a commit); a length above this is refused before a byte of its body is read.
+pub const SSH_AGENT_MAX_MESSAGE: usize = 256 * 1024;
+
 /// Bytes of the fixed header: length (4), kind (1), id (4).
 pub const HEADER_LEN: usize = 9;
 
@@ -120,6 +129,12 @@ pub enum FrameKind {
     FileData = 5,
     /// Flow-control credit: the body is a big-endian `u32` byte count.
     Ack = 6,
+    /// One ssh-agent message of a connection to the relay socket opened by
+    /// [`Request::SshAgentListen`] (under that request's id): `conn: u32` (big endian,
+    /// chosen by the agent per accepted connection), then the message without its length
+    /// prefix (at most [`SSH_AGENT_MAX_MESSAGE`] bytes). Agent → host: a request read from
+    /// the connection; host → agent: the answer written back to it. Version 5.
+    SshAgent = 7,
 }
 
 impl FrameKind {
@@ -131,6 +146,7 @@ impl FrameKind {
             4 => Self::Stderr,
             5 => Self::FileData,
             6 => Self::Ack,
+            7 => Self::SshAgent,
             _ => return None,
         })
     }
@@ -389,6 +405,18 @@ pub enum Request {
         /// Request ids of processes of this session.
         ids: Vec<u32>,
     },
+    /// Listen on a unix socket at `path` (its directory created) that speaks the
+    /// ssh-agent protocol to programs in the sandbox: each message read from a connection
+    /// goes to the host as a [`FrameKind::SshAgent`] frame under this request's id, and
+    /// the host's answer goes back to that connection. The agent frames messages only
+    /// (a length above [`SSH_AGENT_MAX_MESSAGE`] closes the connection unread); what a
+    /// message may ask is the host's to decide. Answered by [`Reply::Done`] once the
+    /// socket listens. The socket is removed when this session ends (a takeover).
+    /// Version 5.
+    SshAgentListen {
+        /// Sandbox path of the socket.
+        path: String,
+    },
 }
 
 /// What to start.
@@ -634,6 +662,7 @@ mod tests {
             Just(FrameKind::Stderr),
             Just(FrameKind::FileData),
             Just(FrameKind::Ack),
+            Just(FrameKind::SshAgent),
         ]
     }
 

@@ -1114,3 +1114,130 @@ async fn a_kept_process_joins_the_session_that_takes_over_with_its_state() {
     adopted.stdin().unwrap().close().await.unwrap();
     stdout_until(&mut adopted, &mut seen, "eof\n").await;
 }
+
+/// One ssh-agent exchange on a connection to the relay socket: `message` framed with its
+/// length; the answer's bytes, or `None` when the agent closed the connection.
+fn ssh_exchange(stream: &mut std::os::unix::net::UnixStream, framed: &[u8]) -> Option<Vec<u8>> {
+    use std::io::{Read, Write};
+    stream.write_all(framed).ok()?;
+    let mut len = [0u8; 4];
+    stream.read_exact(&mut len).ok()?;
+    let mut answer = vec![0u8; u32::from_be_bytes(len) as usize];
+    stream.read_exact(&mut answer).ok()?;
+    Some(answer)
+}
+
+fn framed(message: &[u8]) -> Vec<u8> {
+    let mut f = (message.len() as u32).to_be_bytes().to_vec();
+    f.extend_from_slice(message);
+    f
+}
+
+#[tokio::test]
+async fn the_ssh_agent_socket_relays_messages_to_the_host_and_refuses_a_forged_length() {
+    let a = agent(30).await;
+    let dir = tempfile_dir();
+    let path = dir.join("run/agent.sock");
+    let mut relay = a
+        .client
+        .ssh_agent_listen(path.to_str().unwrap())
+        .await
+        .expect("listens");
+    let answers = relay.answers();
+    // The host side: answers every message with its type byte plus one.
+    let host = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        loop {
+            let Ok(m) = relay.next_message().await else {
+                return seen;
+            };
+            seen.push(m.message.to_vec());
+            answers
+                .answer(m.conn, &[m.message[0] + 1])
+                .await
+                .expect("answer sent");
+        }
+    });
+    let p = path.clone();
+    let outcome = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        use std::os::unix::net::UnixStream;
+        let mut c = UnixStream::connect(&p).expect("connects");
+        let first = ssh_exchange(&mut c, &framed(&[11]));
+        let second = ssh_exchange(&mut c, &framed(&[13, 1, 2, 3]));
+        // A gibibyte announced: the connection is closed before any body is read or sent.
+        let mut forged = UnixStream::connect(&p).expect("connects");
+        forged.write_all(&(1u32 << 30).to_be_bytes()).unwrap();
+        let _ = forged.write_all(&[0u8; 1024]);
+        let mut rest = Vec::new();
+        // Closed with bytes unread, the socket may report a reset instead of the end.
+        let closed = match forged.read_to_end(&mut rest) {
+            Ok(_) => Ok(rest.is_empty()),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Ok(true),
+            Err(e) => Err(e),
+        };
+        // The socket goes on serving other connections.
+        let mut after = UnixStream::connect(&p).expect("connects");
+        let third = ssh_exchange(&mut after, &framed(&[17]));
+        (first, second, closed, third)
+    })
+    .await
+    .unwrap();
+    assert_eq!(outcome.0, Some(vec![12]));
+    assert_eq!(outcome.1, Some(vec![14]));
+    assert!(
+        matches!(outcome.2, Ok(true)),
+        "forged length: {:?}",
+        outcome.2
+    );
+    assert_eq!(outcome.3, Some(vec![18]));
+    let mut a = a;
+    a.child.kill().await.unwrap();
+    let seen = tokio::time::timeout(Duration::from_secs(10), host)
+        .await
+        .expect("the relay ends with the agent")
+        .unwrap();
+    assert_eq!(seen, vec![vec![11], vec![13, 1, 2, 3], vec![17]]);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A takeover closes the ssh-agent socket the old session opened: its answers could only
+/// come from the host that was shut out. The relay of the old host ends; the new host can
+/// open the socket again at the same path.
+#[tokio::test]
+async fn a_takeover_closes_the_old_sessions_ssh_agent_socket() {
+    let dir = tempfile_dir();
+    let path = dir.join("agent.sock");
+    let path_s = path.to_str().unwrap().to_string();
+    let mut agent = SharedAgent::start();
+    let (r, w) = agent.attach();
+    let first = AgentClient::connect(r, w, "pipe-test", quick())
+        .await
+        .unwrap();
+    let mut old = first.ssh_agent_listen(&path_s).await.unwrap();
+    assert!(path.exists());
+    let (r, w) = agent.attach();
+    let next = AgentClient::take_over(r, w, "pipe-test", quick())
+        .await
+        .unwrap();
+    next.ping().await.unwrap();
+    assert!(!path.exists(), "the old session's socket is removed");
+    let e = tokio::time::timeout(Duration::from_secs(5), old.next_message())
+        .await
+        .expect("the old relay ends")
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Connect, "{}", e.render());
+    let mut relay = next.ssh_agent_listen(&path_s).await.unwrap();
+    let answers = relay.answers();
+    let p = path.clone();
+    let client = tokio::task::spawn_blocking(move || {
+        let mut c = std::os::unix::net::UnixStream::connect(&p).expect("connects");
+        ssh_exchange(&mut c, &framed(&[11]))
+    });
+    let m = relay.next_message().await.unwrap();
+    assert_eq!(&m.message[..], &[11]);
+    answers.answer(m.conn, &[5]).await.unwrap();
+    assert_eq!(client.await.unwrap(), Some(vec![5]));
+    assert!(agent.alive());
+    let _ = std::fs::remove_dir_all(&dir);
+}

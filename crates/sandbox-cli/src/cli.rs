@@ -157,6 +157,20 @@ pub struct SandboxArgs {
     /// kill runs the image's own shell).
     #[arg(long)]
     pub allow_engine_exec: bool,
+    /// Forward this host's ssh-agent (`$SSH_AUTH_SOCK`) into the sandbox: its
+    /// `SSH_AUTH_SOCK` lists and signs with the selected keys only, and nothing else of the
+    /// agent is reachable. Bare: every key the agent holds now; `--ssh-agent=KEY`
+    /// (repeatable): a key by its fingerprint (`SHA256:…`, as `ssh-add -l` prints it) or
+    /// its public key file (`~/.ssh/id_ed25519.pub`). `run` only: the relay lives in the
+    /// process holding the sandbox's channel, which `sandbox exec` takes over.
+    #[arg(
+        long = "ssh-agent",
+        value_name = "KEY",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "*"
+    )]
+    pub ssh_agent: Vec<String>,
 }
 
 /// `sandbox create`.

@@ -58,6 +58,12 @@ struct Engine {
     /// What forks would need, when they are not available.
     #[serde(skip_serializing_if = "Option::is_none")]
     forks_fix: Option<String>,
+    /// Whether SSH agent forwarding (`sandbox run --ssh-agent`, `CreateOptions::ssh_agent`)
+    /// works on this engine as configured; `null` when the engine was not reached.
+    ssh_agent: Option<bool>,
+    /// What it would need, when it is not available.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ssh_agent_fix: Option<String>,
     problems: Vec<Problem>,
 }
 
@@ -89,6 +95,10 @@ pub async fn doctor(args: DoctorArgs, out: Out) -> sandbox::Result<u8> {
         engine.forks = caps.map(|c| c.contains(sandbox::Capability::SNAPSHOT_FORK));
         if engine.forks == Some(false) {
             engine.forks_fix = Some(forks_fix(scheme).to_string());
+        }
+        engine.ssh_agent = caps.map(|c| c.contains(sandbox::Capability::SSH_AGENT));
+        if engine.ssh_agent == Some(false) {
+            engine.ssh_agent_fix = Some(SSH_AGENT_FIX.to_string());
         }
         engines.push(engine);
     }
@@ -140,6 +150,11 @@ pub fn selected_engines(requested: &[String]) -> sandbox::Result<Vec<String>> {
 
 /// What egress allowlists need (docs/network.md): the rules are loaded from this host
 /// into each sandbox's network namespace.
+/// What SSH agent forwarding needs, when a backend does not declare it.
+const SSH_AGENT_FIX: &str = "SSH agent forwarding needs the in-sandbox agent, which relays the \
+socket over its channel: Docker or Podman with the agent on (SBX_AGENT unset) and an engine that \
+can attach; see docs/credentials.md";
+
 /// What forks with memory need on `scheme`, when its backend does not declare them.
 fn forks_fix(scheme: &str) -> &'static str {
     match scheme {
@@ -232,6 +247,8 @@ fn to_engine(r: EngineReport, default: bool) -> Engine {
         disk_limit: None,
         forks: None,
         forks_fix: None,
+        ssh_agent: None,
+        ssh_agent_fix: None,
         problems: r
             .problems
             .into_iter()
@@ -294,6 +311,16 @@ fn print_human(report: &DoctorReport, out: &Out) {
             Some(false) => {
                 out.line(format!("  forks:    {}", out.yellow("unavailable")));
                 if let Some(fix) = &e.forks_fix {
+                    out.line(format!("  {}     {}", out.bold("fix:"), fix));
+                }
+            }
+            None => {}
+        }
+        match e.ssh_agent {
+            Some(true) => out.line(format!("  ssh agent: {}", out.green("available"))),
+            Some(false) => {
+                out.line(format!("  ssh agent: {}", out.yellow("unavailable")));
+                if let Some(fix) = &e.ssh_agent_fix {
                     out.line(format!("  {}     {}", out.bold("fix:"), fix));
                 }
             }

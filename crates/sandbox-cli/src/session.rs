@@ -56,6 +56,17 @@ struct HolderReport {
 
 /// `sandbox create` (the parent side): starts the holder and relays its report.
 pub async fn create(args: CreateArgs, out: Out) -> sandbox::Result<u8> {
+    // The relay answers on the channel of the process that holds the sandbox, and the
+    // first `sandbox exec` takes that channel over: a socket that stops answering then
+    // would be a setting silently dropped, so it is refused here.
+    if !args.sandbox.ssh_agent.is_empty() {
+        return Err(SandboxError::config(
+            "--ssh-agent works with `sandbox run`, not `sandbox create`: the relay lives in \
+             the process holding the sandbox's agent channel, which `sandbox exec` takes over",
+            "use `sandbox run --ssh-agent[=KEY] DSN -- CMD`, or the library's \
+             CreateOptions::ssh_agent with one handle for the sandbox's whole life",
+        ));
+    }
     // Validate here so usage errors come back fast, without a holder.
     let (_, _) = crate::target::resolve(&args.dsn, &args.sandbox, create_base(&args))?;
     let exe = std::env::current_exe()

@@ -111,6 +111,9 @@ fn apply_sandbox_args(args: &SandboxArgs, base: CreateOptions) -> sandbox::Resul
     if let Some(h) = &args.hostname {
         o = o.hostname(h.clone());
     }
+    if let Some(agent) = ssh_agent_of(&args.ssh_agent)? {
+        o = o.ssh_agent(agent);
+    }
     if let Some(t) = args.require_isolation {
         o = o.require_isolation(match t {
             TierArg::Container => IsolationTier::Container,
@@ -119,6 +122,33 @@ fn apply_sandbox_args(args: &SandboxArgs, base: CreateOptions) -> sandbox::Resul
         });
     }
     Ok(o)
+}
+
+/// The `--ssh-agent` values: `*` (the bare flag) for every key, else fingerprints or
+/// public key files.
+fn ssh_agent_of(values: &[String]) -> sandbox::Result<Option<sandbox::SshAgentOptions>> {
+    if values.is_empty() {
+        return Ok(None);
+    }
+    if values.iter().all(|v| v == "*") {
+        return Ok(Some(sandbox::SshAgentOptions::all_keys()));
+    }
+    let mut keys = Vec::new();
+    for v in values.iter().filter(|v| *v != "*") {
+        let key = if v.starts_with("SHA256:") {
+            sandbox::SshKey::fingerprint(v)?
+        } else {
+            let line = std::fs::read_to_string(v).map_err(|e| {
+                SandboxError::config(
+                    format!("--ssh-agent={v}: not a fingerprint, and not a readable public key file: {e}"),
+                    "give a fingerprint as `ssh-add -l` prints it (SHA256:…), or a .pub file",
+                )
+            })?;
+            sandbox::SshKey::public_key(line.trim())?
+        };
+        keys.push(key);
+    }
+    Ok(Some(sandbox::SshAgentOptions::keys(keys)))
 }
 
 fn runtime_target(scheme: &str, runtime: RuntimeArg) -> sandbox::Result<Target> {

@@ -343,6 +343,24 @@ fn docker_doctor_reports_a_healthy_engine() {
     if let Some(o) = v["engines"][0].as_object_mut() {
         o.remove("forks_fix");
     }
+    // SSH agent forwarding needs the agent, which SBX_AGENT=off turns off.
+    let ssh_agent = v["engines"][0]["ssh_agent"].as_bool();
+    assert!(
+        ssh_agent.is_some(),
+        "doctor must say whether ssh agent forwarding works: {v:#}"
+    );
+    if ssh_agent == Some(false) {
+        assert!(
+            v["engines"][0]["ssh_agent_fix"]
+                .as_str()
+                .is_some_and(|f| f.contains("agent")),
+            "{v:#}"
+        );
+    }
+    v["engines"][0]["ssh_agent"] = "[ssh_agent]".into();
+    if let Some(o) = v["engines"][0].as_object_mut() {
+        o.remove("ssh_agent_fix");
+    }
     v["ok"] = "[ok]".into();
     insta::assert_json_snapshot!("doctor_json_docker", v);
 }

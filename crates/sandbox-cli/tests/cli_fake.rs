@@ -397,3 +397,19 @@ fn piped_stdin_reaches_the_command() {
     assert_eq!(code(&o), 0, "stderr: {}", stderr(&o));
     assert_eq!(stdout(&o), "line one\nline two\n");
 }
+
+#[test]
+fn ssh_agent_is_refused_where_it_cannot_work_and_says_why() {
+    // The fake has no channel to relay the agent over: refused, never ignored.
+    let o = run(&["run", "--ssh-agent", "fake://", "--", "true"]);
+    assert_ne!(code(&o), 0);
+    assert!(stderr(&o).contains("SSH_AGENT"), "{}", stderr(&o));
+    // `create` hands the sandbox to a holder whose channel `exec` takes over.
+    let o = run(&["create", "--ssh-agent", "fake://"]);
+    assert_ne!(code(&o), 0);
+    assert!(stderr(&o).contains("sandbox run"), "{}", stderr(&o));
+    // A key that is neither a fingerprint nor a readable public key file.
+    let o = run(&["run", "--ssh-agent=SHA256:short", "fake://", "--", "true"]);
+    assert_ne!(code(&o), 0);
+    assert!(stderr(&o).contains("fingerprint"), "{}", stderr(&o));
+}

@@ -14,6 +14,7 @@ mod sandbox;
 mod settings;
 pub mod snapshot;
 pub mod spec;
+mod ssh_agent;
 pub mod time;
 
 pub use engine::{

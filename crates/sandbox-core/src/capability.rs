@@ -94,6 +94,12 @@ bitflags! {
         /// contexts and running commands do not survive a stop (that is
         /// [`Capability::SNAPSHOT_FORK`]'s memory).
         const STOP_START = 1 << 20;
+        /// `CreateOptions::ssh_agent`: a socket inside the sandbox (`SSH_AUTH_SOCK`)
+        /// speaking the ssh-agent protocol, relayed to an agent on the host over the
+        /// sandbox's own channel, which lists only the selected keys and signs only with
+        /// them; every other request is refused on the host and no private key enters
+        /// the sandbox. It stops working when the sandbox is killed.
+        const SSH_AGENT = 1 << 24;
     }
 }
 
@@ -133,8 +139,9 @@ mod tests {
             "RUN_CODE|STREAMING"
         );
         assert_eq!(Capability::empty().to_string(), "NONE");
-        assert_eq!(Capability::each().count(), 24);
+        assert_eq!(Capability::each().count(), 25);
         assert_eq!(Capability::HOST_PORTS.names(), "HOST_PORTS");
+        assert_eq!(Capability::SSH_AGENT.names(), "SSH_AGENT");
         assert_eq!(Capability::LIVE_EGRESS.names(), "LIVE_EGRESS");
         assert_eq!(Capability::STOP_START.names(), "STOP_START");
         assert_eq!(Capability::EXTEND_LIFETIME.names(), "EXTEND_LIFETIME");

@@ -29,6 +29,7 @@ mod secret;
 #[cfg(feature = "serde")]
 mod serialization;
 mod snapshot;
+pub mod ssh_agent;
 pub mod teardown;
 
 pub use backend::{Backend, ReapableBackend};
@@ -58,6 +59,7 @@ pub use result::{ExecResult, OutputChunk, RichResult, StreamKind};
 pub use sandbox::{Sandbox, SandboxExt};
 pub use secret::Secret;
 pub use snapshot::Snapshot;
+pub use ssh_agent::{SshAgentOptions, SshKey};
 
 /// Re-exported so adapters implement the traits with the same macro version.
 pub use async_trait::async_trait;

@@ -94,6 +94,13 @@ pub struct CreateOptions {
     /// hostname of at most 63 bytes: dot-separated labels of ASCII letters, digits and
     /// inner hyphens.
     pub hostname: Option<String>,
+    /// SSH agent forwarding: a socket inside the sandbox (`SSH_AUTH_SOCK` in every
+    /// command's environment) through which its programs list and sign with the
+    /// selected keys of an agent on the host, and do nothing else with it. The keys
+    /// never enter the sandbox; the socket stops working when the sandbox is killed.
+    /// Needs [`Capability::SSH_AGENT`](crate::Capability::SSH_AGENT). `None` (the
+    /// default): no socket.
+    pub ssh_agent: Option<crate::SshAgentOptions>,
 }
 
 /// When a backend pulls the template image from its registry before creating a sandbox.
@@ -158,6 +165,7 @@ impl Default for CreateOptions {
             max_lifetime: None,
             idle_timeout: None,
             hostname: None,
+            ssh_agent: None,
         }
     }
 }
@@ -179,6 +187,7 @@ impl fmt::Debug for CreateOptions {
             .field("max_lifetime", &self.max_lifetime)
             .field("idle_timeout", &self.idle_timeout)
             .field("hostname", &self.hostname)
+            .field("ssh_agent", &self.ssh_agent)
             .finish()
     }
 }
@@ -261,6 +270,12 @@ impl CreateOptions {
         self.hostname = Some(name.into());
         self
     }
+    /// Forwards the selected keys of a host ssh-agent into the sandbox (see the
+    /// `ssh_agent` field).
+    pub fn ssh_agent(mut self, agent: crate::SshAgentOptions) -> Self {
+        self.ssh_agent = Some(agent);
+        self
+    }
 
     /// The maximum lifetime in effect: `max_lifetime`, else `timeout`.
     pub fn effective_max_lifetime(&self) -> Duration {
@@ -319,6 +334,16 @@ impl CreateOptions {
         validate_workdir(self.effective_workdir())?;
         if let Some(h) = &self.hostname {
             validate_hostname(h)?;
+        }
+        if let Some(a) = &self.ssh_agent {
+            a.validate()?;
+            if self.env.contains_key("SSH_AUTH_SOCK") || self.secrets.contains_key("SSH_AUTH_SOCK")
+            {
+                return Err(SandboxError::config(
+                    "SSH_AUTH_SOCK is set in env while ssh_agent sets it to the sandbox's socket",
+                    "leave SSH_AUTH_SOCK out of env: ssh_agent sets it in every command",
+                ));
+            }
         }
         self.network.validate()?;
         self.resources.effective()

@@ -61,6 +61,9 @@ pub fn check_create(
     if options.idle_timeout.is_some() {
         require(caps, Capability::IDLE_TIMEOUT, backend)?;
     }
+    if options.ssh_agent.is_some() {
+        require(caps, Capability::SSH_AGENT, backend)?;
+    }
     Ok(resources)
 }
 
@@ -101,6 +104,10 @@ mod tests {
         );
         assert_eq!(
             code(CreateOptions::default().require_agent(true)),
+            ErrorCode::CapabilityNotSupported
+        );
+        assert_eq!(
+            code(CreateOptions::default().ssh_agent(crate::SshAgentOptions::all_keys())),
             ErrorCode::CapabilityNotSupported
         );
         // The refusal says how to get on: drop the requirement, or turn an agent on.

@@ -49,6 +49,7 @@ pub const CAPABILITIES: Capability = LAYER_CAPABILITIES
     .union(Capability::IDLE_TIMEOUT)
     .union(Capability::SNAPSHOT)
     .union(Capability::RESET_PROCESSES)
+    .union(Capability::SSH_AGENT)
     .union(Capability::STOP_START)
     .union(Capability::SNAPSHOT_FORK);
 
@@ -63,7 +64,8 @@ pub(crate) fn capabilities(runtime_forces_no_network: bool, forks: bool) -> Capa
         .difference(Capability::AGENT)
         .difference(Capability::EXTEND_LIFETIME)
         .difference(Capability::IDLE_TIMEOUT)
-        .difference(Capability::RESET_PROCESSES);
+        .difference(Capability::RESET_PROCESSES)
+        .difference(Capability::SSH_AGENT);
     if !forks {
         caps.remove(Capability::SNAPSHOT_FORK);
     }

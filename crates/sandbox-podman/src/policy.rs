@@ -36,6 +36,7 @@ pub const CAPABILITIES: Capability = LAYER_CAPABILITIES
     .union(Capability::IDLE_TIMEOUT)
     .union(Capability::SNAPSHOT)
     .union(Capability::RESET_PROCESSES)
+    .union(Capability::SSH_AGENT)
     .union(Capability::STOP_START);
 
 /// What the engine offers the container layer under these options: [`CAPABILITIES`]
@@ -48,7 +49,8 @@ pub(crate) fn capabilities(podman: &PodmanOptions) -> Capability {
         .difference(Capability::AGENT)
         .difference(Capability::EXTEND_LIFETIME)
         .difference(Capability::IDLE_TIMEOUT)
-        .difference(Capability::RESET_PROCESSES);
+        .difference(Capability::RESET_PROCESSES)
+        .difference(Capability::SSH_AGENT);
     if podman.cdi_devices.is_empty() {
         caps.difference(Capability::GPU)
     } else {

@@ -69,7 +69,8 @@ mod recorded {
         .union(Capability::IDLE_TIMEOUT)
         .union(Capability::SNAPSHOT)
         .union(Capability::RESET_PROCESSES)
-        .union(Capability::STOP_START);
+        .union(Capability::STOP_START)
+        .union(Capability::SSH_AGENT);
 
     /// `sandbox_docker::CAPABILITIES`: plus forks with memory (under gVisor with
     /// dockerd's experimental features).
@@ -90,7 +91,8 @@ mod recorded {
         .difference(Capability::DISK_LIMIT)
         .difference(Capability::PTY)
         .difference(Capability::AGENT)
-        .difference(Capability::RESET_PROCESSES);
+        .difference(Capability::RESET_PROCESSES)
+        .difference(Capability::SSH_AGENT);
 }
 
 /// First-party backends that can declare `capability` (what `CapabilityNotSupported`
@@ -155,6 +157,10 @@ mod tests {
         assert_eq!(
             first_party_support(Capability::SNAPSHOT_FORK),
             ["docker", "fake"]
+        );
+        assert_eq!(
+            first_party_support(Capability::SSH_AGENT),
+            ["docker", "podman"]
         );
         assert!(first_party_support(Capability::empty()).is_empty());
     }

@@ -18,6 +18,7 @@ mod lifetime;
 mod pids;
 pub mod pty;
 mod spawn;
+mod ssh;
 
 use std::collections::HashMap;
 use std::io::{self, BufWriter, Write};
@@ -258,6 +259,7 @@ fn serve(procs: &spawn::Processes, life: &lifetime::Lifetime, tx: &SyncSender<Ou
     let stdin = io::stdin();
     let mut input = input::Input::new(stdin.lock());
     let mut s = Session::new(Out::new(tx.clone(), 0), None);
+    let ssh = ssh::Listeners::default();
     loop {
         let item = match input.next_item() {
             Ok(item) => item,
@@ -282,6 +284,9 @@ fn serve(procs: &spawn::Processes, life: &lifetime::Lifetime, tx: &SyncSender<Ou
                 continue;
             }
             input::Item::Takeover(token) => {
+                // Answers for the old session's relay connections could only come from
+                // the host that was shut out.
+                ssh.close_session(s.out.session());
                 s = take_over(procs, s, token);
                 continue;
             }
@@ -303,6 +308,13 @@ fn serve(procs: &spawn::Processes, life: &lifetime::Lifetime, tx: &SyncSender<Ou
                         Err((kind, message)) => reply_error(out, id, kind, message),
                     }
                 }
+                Ok(Request::SshAgentListen { path }) => {
+                    if let Err(e) =
+                        ssh.listen(key(out, id), &path, out, || send(out, id, Reply::Done))
+                    {
+                        reply_error(out, id, ErrorKind::of(&e), e.to_string());
+                    }
+                }
                 Ok(Request::Keep { ids }) => {
                     let processes = procs.live(out.session(), &ids);
                     send(out, id, Reply::Kept { processes });
@@ -321,6 +333,7 @@ fn serve(procs: &spawn::Processes, life: &lifetime::Lifetime, tx: &SyncSender<Ou
                     reply_error(out, id, ErrorKind::of(&e), e.to_string());
                 }
             }
+            FrameKind::SshAgent => ssh.answer(key(out, id), &frame.body),
             FrameKind::Stdout | FrameKind::Stderr => reply_error(
                 out,
                 id,
@@ -449,7 +462,7 @@ fn dispatch(
         Request::Mkdir { path, parents } => send(out, id, files::mkdir(&path, parents)),
         Request::Remove { path, recursive } => send(out, id, files::remove(&path, recursive)),
         // Answered by `serve`, which holds the lifetime and the session.
-        Request::SetDeadline { .. } | Request::Keep { .. } => {}
+        Request::SetDeadline { .. } | Request::Keep { .. } | Request::SshAgentListen { .. } => {}
     }
 }
 

@@ -49,6 +49,12 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                 error::on_create(eng, &spec.image, op, e)
             }
         };
+        // The host agent and the selected keys are checked before anything is created: a
+        // key that is not there refuses the create.
+        let host_agent = match &options.ssh_agent {
+            Some(o) => Some(crate::ssh_agent::HostAgent::resolve(o).await?),
+            None => None,
+        };
         // Named before the request, so a create dropped while the engine works on it can
         // still be found and removed (by name) by the guard.
         let info = OrphanInfo::new(spec.name.clone(), backend, spec.labels.clone());
@@ -178,6 +184,26 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         } else {
             None
         };
+        // The socket listens before `create` returns, so the first command finds it.
+        let ssh_agent = match (host_agent, &agent) {
+            (None, _) => None,
+            (Some(host), Some(client)) => {
+                match crate::ssh_agent::Forwarding::start(client, host, &id).await {
+                    Ok(f) => Some(f),
+                    Err(e) => {
+                        let _ = guard.kill_now().await;
+                        return Err(e);
+                    }
+                }
+            }
+            // `create.rs` never takes the exec path for it; kept for a direct caller.
+            (Some(_), None) => {
+                let _ = guard.kill_now().await;
+                return Err(crate::sandbox::agent::required(
+                    "the sandbox runs without it, and only it can relay the ssh agent",
+                ));
+            }
+        };
         let fork_base = crate::sandbox::fork::ForkBase {
             spec: spec.clone(),
             ingress_ports: options.network.ingress_ports.clone(),
@@ -223,6 +249,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             expiry,
             fork_base: Some(fork_base),
             restored: std::sync::atomic::AtomicBool::new(false),
+            ssh_agent: Mutex::new(ssh_agent),
         });
         tracing::debug!(
             sandbox_id = %shared.id,

@@ -304,6 +304,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             expiry,
             fork_base: None,
             restored: AtomicBool::new(false),
+            ssh_agent: Mutex::new(None),
         });
         tracing::debug!(
             sandbox_id = %shared.id,

@@ -454,6 +454,13 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                 .env
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone()))
+                // Every command finds the relay socket (a path, no secret).
+                .chain(options.ssh_agent.as_ref().map(|_| {
+                    (
+                        crate::ssh_agent::SSH_AUTH_SOCK.to_string(),
+                        sandbox_core::ssh_agent::SSH_AUTH_SOCK_PATH.to_string(),
+                    )
+                }))
                 .collect(),
             workdir: options.effective_workdir().to_string(),
             hostname: options.hostname.clone(),
@@ -517,6 +524,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                 | sandbox_core::Capability::EXTEND_LIFETIME
                 | sandbox_core::Capability::IDLE_TIMEOUT
                 | sandbox_core::Capability::RESET_PROCESSES
+                | sandbox_core::Capability::SSH_AGENT
         } else {
             // A fork's host reaches the restored sandbox through its agent.
             self.caps()

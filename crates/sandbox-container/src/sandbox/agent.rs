@@ -406,6 +406,10 @@ pub(crate) fn capabilities(
     if a.version() >= sandbox_agent::protocol::RESET_VERSION {
         caps |= Capability::RESET_PROCESSES;
     }
+    // The ssh-agent relay socket is the agent's: the exec path has no channel for it.
+    if a.version() >= sandbox_agent::protocol::SSH_AGENT_VERSION {
+        caps |= Capability::SSH_AGENT;
+    }
     caps
 }
 
@@ -453,11 +457,11 @@ pub(crate) fn required(reason: &str) -> sandbox_core::SandboxError {
     sandbox_core::SandboxError::config(
         format!(
             "the in-sandbox agent could not be used ({reason}), and this sandbox needs it \
-             (require_agent, an idle_timeout, or a max_lifetime beyond the timeout): the \
-             engine's exec path cannot enforce them"
+             (require_agent, an idle_timeout, a max_lifetime beyond the timeout, or \
+             ssh_agent): the engine's exec path cannot enforce or relay them"
         ),
-        "fix the cause above and retry, or leave CreateOptions::require_agent, idle_timeout \
-         and max_lifetime unset (`--allow-engine-exec` on the CLI and the MCP server) to \
+        "fix the cause above and retry, or leave CreateOptions::require_agent, idle_timeout, \
+         max_lifetime and ssh_agent unset (`--allow-engine-exec` on the CLI and the MCP server) to \
          accept the engine's exec path",
     )
 }
@@ -469,6 +473,7 @@ pub(crate) fn needed(options: &sandbox_core::CreateOptions) -> bool {
     options.require_agent
         || options.idle_timeout.is_some()
         || options.effective_max_lifetime() > options.timeout
+        || options.ssh_agent.is_some()
 }
 
 /// gVisor's own terminals (runsc 2022-12, what Debian 12 ships) ignore `^D`, so a

@@ -230,6 +230,8 @@ pub(crate) async fn fork<E: ContainerEngine>(
             None => drop(ctx),
         }
     }
+    // The takeover closed the socket the old session had opened; the original's goes on.
+    crate::ssh_agent::Forwarding::resume(&sh.ssh_agent, &client, &sh.id).await?;
     *sh.agent.lock().unwrap_or_else(|e| e.into_inner()) = Some(client);
     sh.restored.store(true, Ordering::SeqCst);
     // 5 (the forks' side). Each becomes a sandbox of its own.
@@ -449,6 +451,7 @@ async fn sandbox_of<E: ContainerEngine>(
         expiry,
         fork_base: Some(fork_base),
         restored: AtomicBool::new(true),
+        ssh_agent: Mutex::new(None),
     });
     let ports = &base.ingress_ports;
     let ingress = if ports.is_empty() {

@@ -235,6 +235,14 @@ impl<E: ContainerEngine> Sandbox for ContainerSandbox<E> {
         if self.killed.load(Ordering::SeqCst) || !guard.is_armed() {
             return Ok(());
         }
+        // The ssh agent answers nothing from here on, whatever the removal takes.
+        drop(
+            self.shared
+                .ssh_agent
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
         // On failure the guard stays armed: a later kill or the drop retries, and the
         // lifetime backstop bounds the container regardless.
         shielded_kill(self.shared.info(), (self.killer)()).await?;

@@ -212,6 +212,8 @@ async fn reconnect_agent<E: ContainerEngine>(shared: &Shared<E>) -> Result<()> {
             client.set_deadline(secs).await?;
         }
     }
+    // The socket went with the old agent: the new one opens it again.
+    crate::ssh_agent::Forwarding::resume(&shared.ssh_agent, &client, &shared.id).await?;
     *shared.agent.lock().unwrap_or_else(|e| e.into_inner()) = Some(client);
     Ok(())
 }

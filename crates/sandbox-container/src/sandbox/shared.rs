@@ -65,6 +65,10 @@ pub(crate) struct Shared<E> {
     /// cannot be forked again (see `sandbox/fork.rs`), so it no longer declares
     /// `SNAPSHOT_FORK`.
     pub restored: AtomicBool,
+    /// The ssh-agent forwarding of a sandbox created with `CreateOptions::ssh_agent`;
+    /// taken (which ends its relay) at kill. Only the creating handle has one: the host
+    /// agent and the selection are not kept engine-side.
+    pub ssh_agent: Mutex<Option<crate::ssh_agent::Forwarding>>,
 }
 
 impl<E: ContainerEngine> Shared<E> {
