@@ -651,3 +651,30 @@ fn docker_extend_from_another_process_moves_the_holders_deadline() {
         "ended {gone_after:?} after create, before its new deadline"
     );
 }
+
+/// A session extended, stopped and started again, each from another process: the agent
+/// that `start` runs anew (its command line has the deadline of create) is given the
+/// moved deadline by the reattached handle that started it.
+#[test]
+fn docker_start_through_another_process_keeps_the_extension() {
+    if !docker_available("docker_start_through_another_process_keeps_the_extension") {
+        return;
+    }
+    let (id, _remove, created) = short_extendable_session();
+    extend_by_25(&id);
+    let o = run(&["stop", &id]);
+    assert_eq!(code(&o), 0, "stop: {}", stderr(&o));
+    let o = run(&["start", &id]);
+    assert_eq!(code(&o), 0, "start: {}", stderr(&o));
+    sleep_until(created, Duration::from_secs(16));
+    let o = run(&["exec", &id, "--", "echo", "alive"]);
+    assert_eq!(
+        (code(&o), stdout(&o)),
+        (0, "alive\n".to_string()),
+        "the restarted sandbox ended at the deadline of create: {}",
+        stderr(&o)
+    );
+    let o = run(&["kill", &id]);
+    assert_eq!(code(&o), 0, "kill: {}", stderr(&o));
+    assert_eq!(containers("docker", &id), "", "killed and removed");
+}
