@@ -826,6 +826,15 @@ pub async fn extend(args: ExtendArgs, out: Out) -> sandbox::Result<u8> {
                     .into(),
             ),
         ),
+        // A handle reattached on Podman keeps to the engine's exec path (an attach that
+        // ends would end the agent), so no session there can move its agent's deadline.
+        SandboxError::CapabilityNotSupported {
+            capability,
+            backend,
+            ..
+        } if backend == "podman" => {
+            SandboxError::capability_not_supported(capability, backend, vec!["docker".into()])
+        }
         e => e,
     })?;
     let unix = deadline

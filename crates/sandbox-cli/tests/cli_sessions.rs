@@ -678,3 +678,37 @@ fn docker_start_through_another_process_keeps_the_extension() {
     assert_eq!(code(&o), 0, "kill: {}", stderr(&o));
     assert_eq!(containers("docker", &id), "", "killed and removed");
 }
+
+/// On Podman a reattached handle keeps to the engine's exec path, so `sandbox extend`
+/// cannot move the agent's deadline: it is refused with the typed error naming the engine
+/// where it works, and the session is left as it was.
+#[test]
+fn podman_extend_is_refused_as_unsupported() {
+    if !engine_available("podman", "podman_extend_is_refused_as_unsupported") {
+        return;
+    }
+    let o = run(&[
+        "create",
+        "--timeout",
+        "60",
+        "--max-lifetime",
+        "120",
+        "podman://sandbox-rs/busybox:latest",
+    ]);
+    assert_eq!(code(&o), 0, "create: {}", stderr(&o));
+    let id = stdout(&o).trim().to_string();
+    let o = run(&["extend", "--json", &id, "10"]);
+    let refused = (code(&o), json(&o));
+    let killed = run(&["kill", &id]);
+    assert_eq!(refused.0, 1, "{}", refused.1);
+    assert_eq!(refused.1["error"]["code"], "SBX_E1101", "{}", refused.1);
+    assert!(
+        refused.1["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("docker") && !m.contains("podman, ")),
+        "{}",
+        refused.1
+    );
+    assert_eq!(code(&killed), 0, "kill: {}", stderr(&killed));
+    assert_eq!(containers("podman", &id), "", "killed and removed");
+}
