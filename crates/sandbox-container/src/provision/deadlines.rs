@@ -14,7 +14,8 @@
 //! A record only ever moves later (extensions only add time), and a reader never takes
 //! one past the sandbox's labelled maximum (`io.sandbox-rs.max-deadline`): a damaged
 //! record cannot keep a sandbox longer than an extension could. The record goes with the
-//! sandbox (every removal through this crate forgets it).
+//! sandbox (every removal through this crate forgets it), and the sweep drops records
+//! past their deadline (a sandbox removed by other means).
 
 use std::fs::OpenOptions;
 use std::io::Write as _;
@@ -97,6 +98,29 @@ impl Deadlines {
         })
     }
 
+    /// Removes every record of a deadline before `before`: a sandbox past its recorded
+    /// deadline is over, so such a record moves nothing, and one whose sandbox was
+    /// removed outside this crate would otherwise stay.
+    pub(crate) fn prune_past(&self, before: SystemTime) {
+        let Ok(dir) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        let limit = before
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        for entry in dir.filter_map(|e| e.ok()) {
+            let path = entry.path();
+            let past = std::fs::read_to_string(&path)
+                .ok()
+                .and_then(|t| t.trim().parse::<u64>().ok())
+                .is_some_and(|s| s < limit);
+            if past {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+
     /// Removes the record of sandbox `id` (it is gone; none is fine).
     pub(crate) fn forget(&self, id: &str) {
         for ext in ["", ".tmp"] {
@@ -134,6 +158,12 @@ mod tests {
         assert!(d.record("../", at(1)).is_err());
         d.forget("abc1");
         assert_eq!(d.recorded("abc1", max), None);
+        // Records past their deadline go; later ones stay.
+        d.record("old1", at(100)).unwrap();
+        d.record("new1", at(1_000)).unwrap();
+        d.prune_past(at(500));
+        assert_eq!(d.recorded("old1", max), None);
+        assert_eq!(d.recorded("new1", max), Some(at(1_000)));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
