@@ -66,10 +66,15 @@ pub enum Cmd {
     /// Run a stopped sandbox again: its network policy is re-applied before it returns;
     /// interpreter contexts start afresh.
     Start(KillArgs),
+    /// Move the deadline of a sandbox made by `create` S seconds later (up to the
+    /// `--max-lifetime` it was created with); prints the new deadline. Its holder, and
+    /// every other process on this host, follows the moved deadline.
+    Extend(ExtendArgs),
     /// Serve the Model Context Protocol on stdin/stdout, or over streamable HTTP with --http
     /// (tools: sandbox_create, sandbox_run, sandbox_run_code, sandbox_write_file,
     /// sandbox_read_file, sandbox_list_files, sandbox_pause, sandbox_resume,
-    /// sandbox_set_egress, sandbox_kill); a
+    /// sandbox_stop, sandbox_start, sandbox_extend, sandbox_fork, sandbox_set_egress,
+    /// sandbox_kill); a
     /// sandbox belongs to the session that created it and is killed when that session ends
     /// or the server stops.
     Mcp(McpArgs),
@@ -180,8 +185,16 @@ pub struct CreateArgs {
     /// Default 600 (10 min), at most 86400.
     #[arg(long, value_name = "S", value_parser = parse_positive_secs)]
     pub timeout: Option<Duration>,
-    /// Remove the sandbox once it has had no call and no running command for S seconds
-    /// (a command still running keeps it). Needs the in-sandbox agent.
+    /// The latest the lifetime can be moved to with `sandbox extend`, in seconds from
+    /// create (at least --timeout, at most 86400). Default: the lifetime itself, which
+    /// then cannot be extended. Needs the in-sandbox agent.
+    #[arg(long = "max-lifetime", value_name = "S", value_parser = parse_positive_secs)]
+    pub max_lifetime: Option<Duration>,
+    /// End the sandbox's processes once it has had no call and no running command for S
+    /// seconds (a command still running keeps it). It is then stopped, not removed:
+    /// `sandbox ls` shows it `stopped`, `sandbox start` runs it again, and it is removed
+    /// at its deadline (--timeout, or as extended) or by `sandbox kill`. Needs the
+    /// in-sandbox agent.
     #[arg(long = "idle-timeout", value_name = "S", value_parser = parse_positive_secs)]
     pub idle_timeout: Option<Duration>,
     /// Sandbox settings.
@@ -331,6 +344,23 @@ pub struct KillArgs {
     /// Sandbox id (or a unique prefix) printed by `sandbox create`.
     #[arg(value_name = "ID")]
     pub id: String,
+}
+
+/// `sandbox extend`.
+#[derive(Debug, Args)]
+pub struct ExtendArgs {
+    /// Only look on this engine (default: every compiled-in one).
+    #[arg(long, value_name = "NAME")]
+    pub engine: Option<String>,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// Sandbox id (or a unique prefix) printed by `sandbox create`.
+    #[arg(value_name = "ID")]
+    pub id: String,
+    /// Seconds to add to the deadline in force.
+    #[arg(value_name = "S", value_parser = parse_positive_secs)]
+    pub by: Duration,
 }
 
 /// `sandbox mcp`.
@@ -529,6 +559,7 @@ impl Cmd {
             Cmd::Ls(a) => a.json,
             Cmd::Kill(a) | Cmd::Pause(a) | Cmd::Resume(a) | Cmd::Stop(a) | Cmd::Start(a) => a.json,
             Cmd::Egress(a) => a.json,
+            Cmd::Extend(a) => a.json,
             Cmd::Mcp(_) | Cmd::Completions(_) => false,
         }
     }

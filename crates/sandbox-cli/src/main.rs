@@ -147,6 +147,7 @@ async fn dispatch(cmd: Cmd, out: Out) -> sandbox::Result<u8> {
         Cmd::Resume(args) => session::pause_or_resume(args, false, out).await,
         Cmd::Stop(args) => session::stop_or_start(args, true, out).await,
         Cmd::Start(args) => session::stop_or_start(args, false, out).await,
+        Cmd::Extend(args) => session::extend(args, out).await,
         // Handled before dispatch.
         Cmd::Mcp(args) => serve_mcp(&args).await,
         Cmd::Completions(_) => Ok(exit_code::OK),

@@ -6,6 +6,9 @@
 //! *holder* — this binary again, detached in its own process group with no terminal — that
 //! creates the sandbox, reports its id back through a pipe, and then keeps the handle (and
 //! the ownership) until `sandbox kill`, the `--timeout` lifetime, or SIGTERM to the holder.
+//! `sandbox extend` moves the lifetime from another process through the host's record of
+//! the deadline in force, which the holder's poll reads (and reads again before it ends
+//! the sandbox).
 //! Until the parent acknowledges the id, the holder kills the sandbox if the parent goes
 //! away (Ctrl-C during `create` leaves nothing behind).
 //!
@@ -23,7 +26,9 @@ use sandbox::{Backend, CreateOptions, ManagedSandbox, Sandbox, SandboxError, San
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
-use crate::cli::{CpArgs, CreateArgs, EgressArgs, ExecArgs, KillArgs, LsArgs, NetworkArg};
+use crate::cli::{
+    CpArgs, CreateArgs, EgressArgs, ExecArgs, ExtendArgs, KillArgs, LsArgs, NetworkArg,
+};
 use crate::exit_code;
 use crate::output::{Out, error_json};
 use crate::run::{SandboxInfo, execute, report};
@@ -132,6 +137,9 @@ fn create_base(args: &CreateArgs) -> CreateOptions {
     if let Some(idle) = args.idle_timeout {
         o = o.idle_timeout(idle);
     }
+    if let Some(max) = args.max_lifetime {
+        o = o.max_lifetime(max);
+    }
     // Last, so a user label cannot pass for the CLI's own.
     o.timeout(
         args.timeout
@@ -192,20 +200,43 @@ pub async fn hold(args: CreateArgs) -> u8 {
         release(&backend, sb).await;
         return exit_code::INTERRUPTED;
     }
+    let mut deadline = deadline;
     loop {
         tokio::select! {
             _ = &mut terminated => break,
-            _ = tokio::time::sleep_until(deadline.into()) => break,
-            _ = tokio::time::sleep(HOLDER_POLL) => {
-                if !still_there(&backend, sb.id()).await {
-                    // Killed by `sandbox kill` (or the engine): nothing left to hold.
-                    return exit_code::OK;
+            _ = tokio::time::sleep_until(deadline.into()) => {
+                // Moved since the last poll? Asked once more before ending it.
+                match look(&backend, sb.id()).await {
+                    Presence::Gone => return exit_code::OK,
+                    Presence::There(Some(d)) if later(d, deadline).is_some() => {
+                        deadline = later(d, deadline).unwrap_or(deadline);
+                    }
+                    _ => break,
                 }
             }
+            _ = tokio::time::sleep(HOLDER_POLL) => match look(&backend, sb.id()).await {
+                // Killed by `sandbox kill` (or the engine): nothing left to hold.
+                Presence::Gone => return exit_code::OK,
+                // Extended by another process (`sandbox extend`): the host's record
+                // says so, and this holder follows.
+                Presence::There(Some(d)) => deadline = later(d, deadline).unwrap_or(deadline),
+                Presence::There(None) | Presence::Unknown => {}
+            },
         }
     }
     release(&backend, sb).await;
     exit_code::OK
+}
+
+/// `listed` as an instant of this process's clock, when it is later than `held`.
+fn later(listed: SystemTime, held: Instant) -> Option<Instant> {
+    let at = match listed.duration_since(SystemTime::now()) {
+        Ok(left) => Instant::now() + left,
+        Err(_) => Instant::now(),
+    };
+    // A second of slack: the wall clock and the monotonic one are read apart, and a
+    // deadline is kept in whole seconds.
+    (at > held + Duration::from_secs(1)).then_some(at)
 }
 
 /// Kills the held sandbox for good before the holder exits. A kill that outlasts the
@@ -229,17 +260,29 @@ async fn release(backend: &Arc<dyn Backend>, sb: Box<dyn Sandbox>) {
     sandbox::teardown::wait_for_teardowns(grace).await;
 }
 
-/// Whether the engine still holds the sandbox, running, paused or stopped (`sandbox
-/// stop` keeps it for `sandbox start`; at its deadline the host removes it). An engine
-/// that does not answer counts as "still there": the holder keeps ownership until the
-/// deadline.
-async fn still_there(backend: &Arc<dyn Backend>, id: &str) -> bool {
+/// What the holder's poll finds of its sandbox.
+enum Presence {
+    /// The engine no longer holds it.
+    Gone,
+    /// Held, running, paused or stopped (`sandbox stop` keeps it for `sandbox start`; at
+    /// its deadline the host removes it), with the deadline in force where the backend
+    /// says (it follows extensions from other processes).
+    There(Option<SystemTime>),
+    /// The engine did not answer: the holder keeps ownership until its deadline.
+    Unknown,
+}
+
+/// Looks for the held sandbox on the engine.
+async fn look(backend: &Arc<dyn Backend>, id: &str) -> Presence {
     let Some(reapable) = backend.as_reapable() else {
-        return true;
+        return Presence::Unknown;
     };
     match tokio::time::timeout(LIST_TIMEOUT, reapable.list_managed(&BTreeMap::new())).await {
-        Ok(Ok(list)) => list.iter().any(|m| m.id == id),
-        _ => true,
+        Ok(Ok(list)) => match list.into_iter().find(|m| m.id == id) {
+            Some(m) => Presence::There(m.deadline),
+            None => Presence::Gone,
+        },
+        _ => Presence::Unknown,
     }
 }
 
@@ -465,9 +508,9 @@ struct LsEntry {
     state: &'static str,
     created_at: Option<u64>,
     age_s: Option<u64>,
-    /// The deadline set at create (Unix seconds). Its owner may have moved it since
-    /// (`Sandbox::extend`), up to `max_deadline`: engine labels cannot follow a move, and
-    /// the sandbox's agent answers its owner only.
+    /// The deadline in force (Unix seconds): the one set at create, or where an
+    /// extension moved it (`sandbox extend`, `Sandbox::extend` in any process on this
+    /// host), up to `max_deadline`.
     deadline: Option<u64>,
     expires_in_s: Option<u64>,
     /// The latest deadline extensions can reach (`CreateOptions::max_lifetime`); equal to
@@ -521,10 +564,7 @@ pub async fn ls(args: LsArgs, out: Out) -> sandbox::Result<u8> {
                     .into_iter()
                     .filter_map(|m| ls_state(m.state).map(|state| (state, m)))
                     .map(|(state, m)| {
-                        let deadline = m
-                            .labels
-                            .get(LABEL_DEADLINE)
-                            .and_then(|d| d.parse::<u64>().ok());
+                        let deadline = deadline_unix(&m);
                         let label_secs =
                             |k: &str| m.labels.get(k).and_then(|v| v.parse::<u64>().ok());
                         LsEntry {
@@ -635,6 +675,21 @@ pub async fn ls(args: LsArgs, out: Out) -> sandbox::Result<u8> {
         ));
     }
     Ok(exit_code::OK)
+}
+
+/// The deadline in force of a listed sandbox, Unix seconds: the backend's (which follows
+/// extensions), else the label of create.
+fn deadline_unix(m: &ManagedSandbox) -> Option<u64> {
+    match m.deadline {
+        Some(d) => d
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()
+            .map(|d| d.as_secs()),
+        None => m
+            .labels
+            .get(LABEL_DEADLINE)
+            .and_then(|d| d.parse::<u64>().ok()),
+    }
 }
 
 fn human_secs(s: u64) -> String {
@@ -763,6 +818,51 @@ pub async fn stop_or_start(args: KillArgs, stop: bool, out: Out) -> sandbox::Res
         }));
     } else {
         out.line(&found.id);
+    }
+    Ok(exit_code::OK)
+}
+
+/// `sandbox extend ID S`: moves the deadline through a reattached handle. The extension
+/// is recorded on this host, so the session's holder (and every other process) follows
+/// it: the holder ends the sandbox at the new deadline, not the one of create.
+pub async fn extend(args: ExtendArgs, out: Out) -> sandbox::Result<u8> {
+    let found = find(&args.id, args.engine.as_deref()).await?;
+    let sb = connect(&found).await?;
+    let sb = sb.get();
+    let deadline = sb.extend(args.by).await.map_err(|e| match e {
+        // The library's hint names the API; say how to get there from here.
+        SandboxError::ResourceLimitExceeded { limit, .. } => SandboxError::resource_limit(
+            limit,
+            Some(
+                "extend by less, or create the sandbox with a longer `sandbox create --max-lifetime S` (at most 86400)"
+                    .into(),
+            ),
+        ),
+        // A handle reattached on Podman keeps to the engine's exec path (an attach that
+        // ends would end the agent), so no session there can move its agent's deadline.
+        SandboxError::CapabilityNotSupported {
+            capability,
+            backend,
+            ..
+        } if backend == "podman" => {
+            SandboxError::capability_not_supported(capability, backend, vec!["docker".into()])
+        }
+        e => e,
+    })?;
+    let unix = deadline
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    let left = unix.saturating_sub(sandbox::labels::unix_now());
+    if out.json {
+        out.json_value(&serde_json::json!({
+            "id": found.id,
+            "backend": found.scheme,
+            "deadline": unix,
+            "expires_in_s": left,
+        }));
+    } else {
+        out.line(format!("{} expires in {}", found.id, human_secs(left)));
     }
     Ok(exit_code::OK)
 }

@@ -554,3 +554,161 @@ fn interrupted_create_leaves_no_container(name: &str, grace: Option<&str>) {
     assert_eq!(status.code(), Some(130), "interrupted");
     assert_eq!(labelled(), "", "the interrupted create left a container");
 }
+
+/// Removes a session's container when a test ends, passed or failed (its holder notices
+/// within its poll and exits).
+struct RemoveOnDrop(String);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = Command::new("docker")
+            .args(["rm", "-f", &self.0])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// `sandbox create --timeout 10 --max-lifetime 120` on Docker: its id, the guard that
+/// removes it, and when `create` returned.
+fn short_extendable_session() -> (String, RemoveOnDrop, Instant) {
+    let o = run(&[
+        "create",
+        "--json",
+        "--timeout",
+        "10",
+        "--max-lifetime",
+        "120",
+        "docker://sandbox-rs/busybox:latest",
+    ]);
+    assert_eq!(code(&o), 0, "create: {}", stderr(&o));
+    let created = Instant::now();
+    let id = json(&o)["sandbox"]["id"].as_str().expect("id").to_string();
+    (id.clone(), RemoveOnDrop(id), created)
+}
+
+/// `sandbox extend ID 25` from its own process; the new deadline (Unix seconds).
+fn extend_by_25(id: &str) -> u64 {
+    let o = run(&["extend", "--json", id, "25"]);
+    assert_eq!(code(&o), 0, "extend: {}", stderr(&o));
+    let v = json(&o);
+    let left = v["expires_in_s"].as_u64().expect("expires_in_s");
+    assert!((28..=37).contains(&left), "10 s + 25 s from create: {v:#}");
+    v["deadline"].as_u64().expect("deadline")
+}
+
+/// Waits until `when` after `since`.
+fn sleep_until(since: Instant, when: Duration) {
+    if let Some(left) = (since + when).checked_duration_since(Instant::now()) {
+        std::thread::sleep(left);
+    }
+}
+
+/// A session extended from another process (`sandbox extend`, a reattached handle) is not
+/// ended at its old deadline by its holder (the process that owns it, whose host-side
+/// timer knew only the deadline of create), and ends at the new one.
+#[test]
+fn docker_extend_from_another_process_moves_the_holders_deadline() {
+    if !docker_available("docker_extend_from_another_process_moves_the_holders_deadline") {
+        return;
+    }
+    let (id, _remove, created) = short_extendable_session();
+    let deadline = extend_by_25(&id);
+    // Every process sees the moved deadline, not the labelled one of create.
+    let o = run(&["ls", "--json", "--engine", "docker"]);
+    let listed = json(&o)["sandboxes"]
+        .as_array()
+        .expect("sandboxes")
+        .iter()
+        .find(|s| s["id"] == id.as_str())
+        .cloned()
+        .unwrap_or_else(|| panic!("ls lists it: {}", stdout(&o)));
+    assert_eq!(listed["deadline"], deadline, "{listed:#}");
+
+    // Past the old deadline, its grace and the holder's poll: still there, still usable.
+    sleep_until(created, Duration::from_secs(16));
+    assert_eq!(
+        containers("docker", &id),
+        id,
+        "ended at the deadline of create although it was extended"
+    );
+    let o = run(&["exec", &id, "--", "echo", "alive"]);
+    assert_eq!(
+        (code(&o), stdout(&o)),
+        (0, "alive\n".to_string()),
+        "{}",
+        stderr(&o)
+    );
+
+    // The new deadline holds: gone soon after it, not long before.
+    while !containers("docker", &id).is_empty() && created.elapsed() < Duration::from_secs(70) {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let gone_after = created.elapsed();
+    assert_eq!(containers("docker", &id), "", "gone after its new deadline");
+    assert!(
+        gone_after > Duration::from_secs(28),
+        "ended {gone_after:?} after create, before its new deadline"
+    );
+}
+
+/// A session extended, stopped and started again, each from another process: the agent
+/// that `start` runs anew (its command line has the deadline of create) is given the
+/// moved deadline by the reattached handle that started it.
+#[test]
+fn docker_start_through_another_process_keeps_the_extension() {
+    if !docker_available("docker_start_through_another_process_keeps_the_extension") {
+        return;
+    }
+    let (id, _remove, created) = short_extendable_session();
+    extend_by_25(&id);
+    let o = run(&["stop", &id]);
+    assert_eq!(code(&o), 0, "stop: {}", stderr(&o));
+    let o = run(&["start", &id]);
+    assert_eq!(code(&o), 0, "start: {}", stderr(&o));
+    sleep_until(created, Duration::from_secs(16));
+    let o = run(&["exec", &id, "--", "echo", "alive"]);
+    assert_eq!(
+        (code(&o), stdout(&o)),
+        (0, "alive\n".to_string()),
+        "the restarted sandbox ended at the deadline of create: {}",
+        stderr(&o)
+    );
+    let o = run(&["kill", &id]);
+    assert_eq!(code(&o), 0, "kill: {}", stderr(&o));
+    assert_eq!(containers("docker", &id), "", "killed and removed");
+}
+
+/// On Podman a reattached handle keeps to the engine's exec path, so `sandbox extend`
+/// cannot move the agent's deadline: it is refused with the typed error naming the engine
+/// where it works, and the session is left as it was.
+#[test]
+fn podman_extend_is_refused_as_unsupported() {
+    if !engine_available("podman", "podman_extend_is_refused_as_unsupported") {
+        return;
+    }
+    let o = run(&[
+        "create",
+        "--timeout",
+        "60",
+        "--max-lifetime",
+        "120",
+        "podman://sandbox-rs/busybox:latest",
+    ]);
+    assert_eq!(code(&o), 0, "create: {}", stderr(&o));
+    let id = stdout(&o).trim().to_string();
+    let o = run(&["extend", "--json", &id, "10"]);
+    let refused = (code(&o), json(&o));
+    let killed = run(&["kill", &id]);
+    assert_eq!(refused.0, 1, "{}", refused.1);
+    assert_eq!(refused.1["error"]["code"], "SBX_E1101", "{}", refused.1);
+    assert!(
+        refused.1["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("docker") && !m.contains("podman, ")),
+        "{}",
+        refused.1
+    );
+    assert_eq!(code(&killed), 0, "kill: {}", stderr(&killed));
+    assert_eq!(containers("podman", &id), "", "killed and removed");
+}

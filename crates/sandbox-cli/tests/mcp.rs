@@ -21,6 +21,9 @@ const TOOLS: &[&str] = &[
     "sandbox_list_files",
     "sandbox_pause",
     "sandbox_resume",
+    "sandbox_stop",
+    "sandbox_start",
+    "sandbox_extend",
     "sandbox_set_egress",
     "sandbox_fork",
     "sandbox_kill",
@@ -112,7 +115,7 @@ async fn assert_tools(client: &Client) {
 /// list tools → create → print(6*7) → 42 → files → kill → kill again; returns the id.
 async fn round_trip(client: &Client, engine: &str, image: Option<&str>) -> String {
     assert_tools(client).await;
-    let mut args = json!({"engine": engine, "timeout_s": 120});
+    let mut args = json!({"engine": engine, "timeout_s": 120, "max_lifetime_s": 300});
     if let Some(i) = image {
         args["image"] = json!(i);
     }
@@ -228,6 +231,61 @@ async fn round_trip(client: &Client, engine: &str, image: Option<&str>) -> Strin
     )
     .await;
     assert!(!failed, "{r}");
+
+    // More time, up to the maximum of create; beyond it nothing moves.
+    let (failed, r) = call(
+        client,
+        "sandbox_extend",
+        json!({"sandbox_id": id, "seconds": 60}),
+    )
+    .await;
+    assert!(!failed, "{r}");
+    let left = r["expires_in_s"].as_u64().expect("expires_in_s");
+    assert!((150..=181).contains(&left), "120 s + 60 s from create: {r}");
+    let (failed, r) = call(
+        client,
+        "sandbox_extend",
+        json!({"sandbox_id": id, "seconds": 600}),
+    )
+    .await;
+    assert!(failed, "{r}");
+    assert_eq!(r["error"]["code"], "SBX_E1402", "{r}");
+    assert!(
+        r["error"]["hint"]
+            .as_str()
+            .is_some_and(|h| h.contains("max_lifetime_s")),
+        "{r}"
+    );
+
+    // Stopped, every other tool fails at once with SBX_E1207; started, its files are
+    // still there and commands run again.
+    let (failed, r) = call(
+        client,
+        "sandbox_write_file",
+        json!({"sandbox_id": id, "path": "kept.txt", "content": "kept"}),
+    )
+    .await;
+    assert!(!failed, "{r}");
+    let (failed, r) = call(client, "sandbox_stop", json!({"sandbox_id": id})).await;
+    assert!(!failed && r["state"] == "stopped", "{r}");
+    let (failed, r) = call(
+        client,
+        "sandbox_run",
+        json!({"sandbox_id": id, "command": "echo hi"}),
+    )
+    .await;
+    assert!(failed, "{r}");
+    assert_eq!(r["error"]["code"], "SBX_E1207", "{r}");
+    let (failed, r) = call(client, "sandbox_start", json!({"sandbox_id": id})).await;
+    assert!(!failed && r["state"] == "running", "{r}");
+    let (failed, r) = call(
+        client,
+        "sandbox_run",
+        json!({"sandbox_id": id, "command": "cat kept.txt"}),
+    )
+    .await;
+    assert!(!failed, "{r}");
+    assert_eq!(r["stdout"], "kept", "{r}");
 
     let (failed, r) = call(client, "sandbox_kill", json!({"sandbox_id": id})).await;
     assert!(!failed, "{r}");

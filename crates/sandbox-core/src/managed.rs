@@ -36,6 +36,12 @@ pub struct ManagedSandbox {
     pub created_at: Option<SystemTime>,
     /// All engine labels (including `io.sandbox-rs.*`).
     pub labels: BTreeMap<String, String>,
+    /// The deadline in force, as the host records it: the one set at create, moved by
+    /// every `Sandbox::extend` of any process on this host. Labels cannot change after
+    /// create, so `io.sandbox-rs.deadline` keeps the first one. `None` where the backend
+    /// does not say (then the labels are all there is).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<SystemTime>,
 }
 
 impl ManagedSandbox {
@@ -53,6 +59,13 @@ impl ManagedSandbox {
             state,
             created_at,
             labels,
+            deadline: None,
         }
+    }
+
+    /// The record with the deadline in force (see [`ManagedSandbox::deadline`]).
+    pub fn with_deadline(mut self, deadline: Option<SystemTime>) -> Self {
+        self.deadline = deadline;
+        self
     }
 }

@@ -83,9 +83,12 @@ pub struct CreateOptions {
     /// agent's argument), so no request, from the host or from inside, moves the deadline
     /// past it.
     pub max_lifetime: Option<Duration>,
-    /// Remove the sandbox once it has had no API call and no running process for this
-    /// long (a command still running, even a silent one, keeps it). `None` (the default):
-    /// no idle limit, only the lifetime. Needs
+    /// End the sandbox once it has had no API call and no running process for this long
+    /// (a command still running, even a silent one, keeps it): every process ends and the
+    /// handle's calls fail with `SandboxGone`. Container backends then hold it stopped
+    /// (its files kept, `start` runs it again) until the host removes it at its deadline
+    /// or a `kill`; the fake removes it at once. `None` (the default): no idle limit,
+    /// only the lifetime. Needs
     /// [`Capability::IDLE_TIMEOUT`](crate::Capability::IDLE_TIMEOUT). At least
     /// [`MIN_IDLE_TIMEOUT`], at most [`MAX_SANDBOX_TIMEOUT`].
     pub idle_timeout: Option<Duration>,
@@ -259,8 +262,8 @@ impl CreateOptions {
         self.max_lifetime = Some(max);
         self
     }
-    /// Removes the sandbox after `idle` with no API call and no running process (see the
-    /// `idle_timeout` field).
+    /// Ends the sandbox after `idle` with no API call and no running process (see the
+    /// `idle_timeout` field: stopped, then removed at its deadline).
     pub fn idle_timeout(mut self, idle: Duration) -> Self {
         self.idle_timeout = Some(idle);
         self

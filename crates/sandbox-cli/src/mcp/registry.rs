@@ -132,6 +132,14 @@ impl Registry {
         self.take_where(|e| e.owner == owner)
     }
 
+    /// Moves the end of `id`'s lifetime to `deadline` when that is later (an extension):
+    /// it counts until then, and is not released as expired at its old deadline.
+    pub(super) fn move_deadline(&self, id: &str, deadline: Instant) {
+        if let Some(e) = self.lock().entries.get_mut(id) {
+            e.deadline = e.deadline.max(deadline);
+        }
+    }
+
     /// Takes out every sandbox whose lifetime is over: its container ended at its
     /// deadline, and it should stop counting against the limits. Returned to be killed
     /// anyway, so a container that outlived its deadline is removed from here too.

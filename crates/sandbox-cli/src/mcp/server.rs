@@ -1,6 +1,8 @@
 //! The MCP server's tools (rmcp's tool router): `sandbox_create`, `sandbox_run`,
 //! `sandbox_run_code`, `sandbox_write_file`, `sandbox_read_file`, `sandbox_list_files`,
-//! `sandbox_pause`, `sandbox_resume`, `sandbox_set_egress`, `sandbox_kill`, with the bounds a model's requests are held to (lifetime, resources,
+//! `sandbox_pause`, `sandbox_resume`, `sandbox_stop`, `sandbox_start`, `sandbox_extend`,
+//! `sandbox_fork`, `sandbox_set_egress`, `sandbox_kill`, with the bounds a model's
+//! requests are held to (lifetime and its extensions, resources,
 //! sandbox count, output size), the operator's [`Policy`] with the server's total
 //! [`Budget`], and who may use which sandbox: the session that created it, alone. The
 //! server keeps a registry of every sandbox it created so that the transport serving it
@@ -159,6 +161,11 @@ pub struct CreateParams {
     /// Sandbox lifetime in seconds (default 600, at most 3600); it is killed after that.
     #[serde(default)]
     pub timeout_s: Option<u64>,
+    /// The latest sandbox_extend may move the lifetime to, in seconds from create (at
+    /// least the lifetime, at most 3600). Default: the lifetime, which then cannot be
+    /// extended.
+    #[serde(default)]
+    pub max_lifetime_s: Option<u64>,
     /// Egress: `deny` (default) or `allow`.
     #[serde(default)]
     pub network: Option<NetworkParam>,
@@ -265,7 +272,18 @@ pub struct ForkParams {
     pub count: Option<usize>,
 }
 
-/// Arguments of `sandbox_kill`, `sandbox_pause` and `sandbox_resume`.
+/// Arguments of `sandbox_extend`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ExtendParams {
+    /// The id `sandbox_create` returned.
+    pub sandbox_id: String,
+    /// Seconds to add to the sandbox's deadline (at most 3600; the sandbox's
+    /// max_lifetime_s from create bounds the total).
+    pub seconds: f64,
+}
+
+/// Arguments of `sandbox_kill`, `sandbox_pause`, `sandbox_resume`, `sandbox_stop` and
+/// `sandbox_start`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct KillParams {
     /// The id `sandbox_create` returned.
@@ -436,6 +454,16 @@ fn create_options(p: &CreateParams, policy: &Policy) -> sandbox::Result<CreateOp
         .metadata("command", "mcp");
     if let Some(image) = &p.image {
         o = o.template(image.clone());
+    }
+    if let Some(max) = p.max_lifetime_s {
+        // The same bound as the lifetime: extensions never take a sandbox past what a
+        // create could have asked for.
+        o = o.max_lifetime(secs(max as f64).map_err(|_| {
+            SandboxError::config(
+                format!("max_lifetime_s must be in (0, {}]", MAX_LIFETIME.as_secs()),
+                "ask for at most 3600",
+            )
+        })?);
     }
     Ok(o)
 }
@@ -766,6 +794,75 @@ impl SandboxServer {
         }
         let state = if pause { "paused" } else { "running" };
         Ok(json!({"sandbox_id": p.sandbox_id, "state": state}))
+    }
+
+    #[tool(
+        description = "Stop a sandbox: every process in it ends (commands, interpreter contexts), its files, id and network policy are kept for sandbox_start. Its lifetime keeps running (past it the stopped sandbox is removed); every tool but sandbox_start and sandbox_kill fails with SBX_E1207 until started. It still counts against this server's limits. Idempotent."
+    )]
+    async fn sandbox_stop(&self, Parameters(p): Parameters<KillParams>) -> CallToolResult {
+        to_result(self.stop_or_start(p, true).await)
+    }
+
+    #[tool(
+        description = "Run a stopped sandbox again: its network policy is in force before this returns; its files are as they were, processes and interpreter contexts start afresh. Idempotent on a running sandbox."
+    )]
+    async fn sandbox_start(&self, Parameters(p): Parameters<KillParams>) -> CallToolResult {
+        to_result(self.stop_or_start(p, false).await)
+    }
+
+    async fn stop_or_start(&self, p: KillParams, stop: bool) -> sandbox::Result<Value> {
+        let sb = self.get(&p.sandbox_id)?;
+        if stop {
+            sb.stop().await?;
+        } else {
+            sb.start().await?;
+        }
+        let state = if stop { "stopped" } else { "running" };
+        Ok(json!({"sandbox_id": p.sandbox_id, "state": state}))
+    }
+
+    #[tool(
+        description = "Give a sandbox more time: its deadline moves `seconds` later (enforced inside the sandbox and by the host as the first one), up to the max_lifetime_s it was created with (beyond it: SBX_E1402, nothing changes). Returns the new deadline (Unix seconds) and the seconds left."
+    )]
+    async fn sandbox_extend(&self, Parameters(p): Parameters<ExtendParams>) -> CallToolResult {
+        to_result(self.extend(p).await)
+    }
+
+    async fn extend(&self, p: ExtendParams) -> sandbox::Result<Value> {
+        let by = secs(p.seconds).map_err(|_| {
+            SandboxError::config(
+                format!("seconds must be in (0, {}]", MAX_LIFETIME.as_secs()),
+                "ask for at most 3600 more seconds",
+            )
+        })?;
+        let sb = self.get(&p.sandbox_id)?;
+        let deadline = sb.extend(by).await.map_err(|e| match e {
+            // The library's hint names its API; say what a tool call can do instead.
+            SandboxError::ResourceLimitExceeded { limit, .. } => SandboxError::resource_limit(
+                limit,
+                Some(
+                    "extend by less, or create the sandbox with a longer max_lifetime_s (at most 3600)"
+                        .into(),
+                ),
+            ),
+            e => e,
+        })?;
+        let left = deadline
+            .duration_since(std::time::SystemTime::now())
+            .unwrap_or_default();
+        // The server counts the sandbox against its limits until its deadline: the moved
+        // one, or the sandbox would be released (and killed) at the old one.
+        self.sandboxes
+            .move_deadline(&p.sandbox_id, Instant::now() + left);
+        let unix = deadline
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        Ok(json!({
+            "sandbox_id": p.sandbox_id,
+            "deadline": unix,
+            "expires_in_s": left.as_secs(),
+        }))
     }
 
     #[tool(
@@ -1105,6 +1202,20 @@ mod tests {
             create_options(&p, &Policy::default()).expect("ok").timeout,
             DEFAULT_LIFETIME
         );
+        // The maximum an extension can reach is held to the same bound.
+        let p: CreateParams =
+            serde_json::from_value(json!({"engine": "fake", "max_lifetime_s": 3601})).expect("p");
+        let e = create_options(&p, &Policy::default()).expect_err("too long");
+        assert_eq!(e.code(), ErrorCode::Configuration);
+        assert!(e.to_string().contains("max_lifetime_s"), "{e}");
+        let p: CreateParams =
+            serde_json::from_value(json!({"engine": "fake", "max_lifetime_s": 3600})).expect("p");
+        assert_eq!(
+            create_options(&p, &Policy::default())
+                .expect("ok")
+                .max_lifetime,
+            Some(Duration::from_secs(3600))
+        );
     }
 
     #[test]
@@ -1221,6 +1332,68 @@ mod tests {
         assert!(registry.take_expired(now).is_empty());
         assert_eq!(registry.take_expired(now + Duration::from_secs(5)).len(), 1);
         assert_eq!(registry.lock().held, Claim::default());
+    }
+
+    /// sandbox_extend moves the deadline the server counts the sandbox until: it is not
+    /// released (and killed) at the old one. Beyond its maximum nothing moves.
+    #[tokio::test]
+    async fn an_extended_sandbox_is_not_released_at_its_old_deadline() {
+        let server = SandboxServer::new(Policy::default());
+        let owner = Owner::next();
+        server.session.owner.set(owner).expect("owner");
+        let sb: Arc<dyn Sandbox> = Arc::from(
+            sandbox::create(
+                "fake://",
+                CreateOptions::default()
+                    .timeout(Duration::from_secs(60))
+                    .max_lifetime(Duration::from_secs(600)),
+            )
+            .await
+            .expect("fake sandbox"),
+        );
+        let id = sb.id().to_string();
+        let registry = server.registry();
+        let r = Reservation::take(&registry, claim(512, 1.0), Budget::default()).expect("room");
+        let now = Instant::now();
+        r.commit(id.clone(), sb, owner, now + Duration::from_secs(60));
+        let v = server
+            .extend(ExtendParams {
+                sandbox_id: id.clone(),
+                seconds: 120.0,
+            })
+            .await
+            .expect("extend");
+        assert!(
+            (170..=181).contains(&v["expires_in_s"].as_u64().expect("left")),
+            "{v}"
+        );
+        assert!(
+            registry
+                .take_expired(now + Duration::from_secs(61))
+                .is_empty(),
+            "released at the deadline of create"
+        );
+        let e = server
+            .extend(ExtendParams {
+                sandbox_id: id.clone(),
+                seconds: 1000.0,
+            })
+            .await
+            .expect_err("past the maximum");
+        assert_eq!(e.code(), ErrorCode::ResourceLimitExceeded);
+        assert!(e.hint().contains("max_lifetime_s"), "{}", e.hint());
+        let e = server
+            .extend(ExtendParams {
+                sandbox_id: id.clone(),
+                seconds: 0.0,
+            })
+            .await
+            .expect_err("nothing to add");
+        assert_eq!(e.code(), ErrorCode::Configuration);
+        assert_eq!(
+            registry.take_expired(now + Duration::from_secs(200)).len(),
+            1
+        );
     }
 
     #[test]

@@ -85,7 +85,10 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         // backstop fail.
         let deadline =
             labelled_deadline(&spec).unwrap_or_else(|| SystemTime::now() + options.timeout);
-        let expiry = self.arm_expiry(&id, deadline);
+        let max = labelled(&spec, LABEL_MAX_DEADLINE)
+            .unwrap_or(deadline)
+            .max(deadline);
+        let expiry = self.arm_expiry(&id, deadline, max);
         let info = OrphanInfo::new(id.clone(), backend, spec.labels.clone());
         let mut guard = TeardownGuard::new(
             info,

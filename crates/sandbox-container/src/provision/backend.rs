@@ -158,12 +158,13 @@ impl<E: ContainerEngine> ContainerBackend<E> {
     }
 
     /// Arms the host-side deadline timer of container `id` ([`DEADLINE_GRACE`] after
-    /// `deadline`, the labelled one where it parses).
+    /// `deadline`, the labelled one where it parses; a deadline recorded on this host
+    /// later, up to `max`, moves it).
     ///
     /// [`DEADLINE_GRACE`]: crate::provision::expiry::DEADLINE_GRACE
-    pub(crate) fn arm_expiry(&self, id: &str, deadline: SystemTime) -> Expiry {
+    pub(crate) fn arm_expiry(&self, id: &str, deadline: SystemTime, max: SystemTime) -> Expiry {
         self.upkeep
-            .arm(&self.engine, self.config.call_timeout, id, deadline)
+            .arm(&self.engine, self.config.call_timeout, id, deadline, max)
     }
 
     pub(crate) async fn list_raw(
@@ -220,19 +221,26 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         {
             return Err(error::connect(id, "a sandbox of another backend", None));
         }
-        // The creator may have moved the labelled deadline (engine labels cannot follow):
-        // this handle knows only the latest one it can reach. Its checks, its inherited
-        // timeouts and its host-side timer use that one, so a reattached handle never
-        // ends an extended sandbox early; the creator's agent and timer enforce the real
-        // one.
-        let deadline = sandbox_core::labels::latest_deadline(&c.labels)
+        // Engine labels cannot follow a moved deadline: every extension records it on
+        // this host (`deadlines.rs`), so this handle's checks, inherited timeouts and
+        // extensions count from the deadline in force. Without a record (never
+        // extended, or by a build that did not record) the labelled one is all there is
+        // for those, while the host-side timer and the check below count from the latest
+        // deadline the sandbox can reach: a reattached handle never removes a sandbox its
+        // creator may have extended.
+        let latest = sandbox_core::labels::latest_deadline(&c.labels)
             .map(|d| SystemTime::UNIX_EPOCH + Duration::from_secs(d))
             .unwrap_or(SystemTime::UNIX_EPOCH);
+        let recorded = self.upkeep.deadlines().recorded(&c.id, latest);
+        let deadline = recorded
+            .or_else(|| labelled_unix(&c.labels, sandbox_core::labels::LABEL_DEADLINE))
+            .unwrap_or(latest)
+            .min(latest);
         // A paused or stopped sandbox is reattached too: its handle can resume, start or
         // kill it.
         let stopped = c.state == sandbox_core::SandboxState::Stopped;
         let up = c.is_running() || c.state == sandbox_core::SandboxState::Paused || stopped;
-        if !up || deadline <= SystemTime::now() {
+        if !up || recorded.unwrap_or(latest) <= SystemTime::now() {
             return Err(error::connect(
                 id,
                 "the sandbox is not running (stopped or past its lifetime)",
@@ -259,7 +267,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             crate::sandbox::agent::capabilities(agent.as_ref(), tier)
         };
         let info = OrphanInfo::new(c.id.clone(), eng.backend(), c.labels.clone());
-        let expiry = self.arm_expiry(&c.id, deadline);
+        let expiry = self.arm_expiry(&c.id, recorded.unwrap_or(latest), latest);
         let guard = TeardownGuard::new(
             info,
             expiry.cancelled_by(container_killer(
@@ -280,7 +288,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                 .unwrap_or_else(|| sandbox_core::options::DEFAULT_WORKDIR.into()),
             labels: c.labels.clone(),
             deadline: Mutex::new(deadline),
-            max_deadline: deadline,
+            max_deadline: latest,
             tier,
             // No fork base: a reattached handle does not know the secrets a fork needs.
             caps: crate::sandbox::fork::instance_caps(
@@ -469,13 +477,23 @@ impl<E: ContainerEngine> Backend for ContainerBackend<E> {
 
 #[async_trait]
 impl<E: ContainerEngine> ReapableBackend for ContainerBackend<E> {
+    /// Each with the deadline in force: the one recorded on this host when an extension
+    /// moved it, else the labelled one.
     async fn list_managed(&self, labels: &BTreeMap<String, String>) -> Result<Vec<ManagedSandbox>> {
         let backend = self.engine.backend();
         Ok(self
             .list_raw(labels)
             .await?
             .into_iter()
-            .map(|c| ManagedSandbox::new(c.id, backend, c.state, c.created_at, c.labels))
+            .map(|c| {
+                let latest = sandbox_core::labels::latest_deadline(&c.labels)
+                    .map(|d| SystemTime::UNIX_EPOCH + Duration::from_secs(d));
+                let deadline = latest
+                    .and_then(|max| self.upkeep.deadlines().recorded(&c.id, max))
+                    .or_else(|| labelled_unix(&c.labels, sandbox_core::labels::LABEL_DEADLINE));
+                ManagedSandbox::new(c.id, backend, c.state, c.created_at, c.labels)
+                    .with_deadline(deadline)
+            })
             .collect())
     }
 
@@ -504,6 +522,7 @@ impl<E: ContainerEngine> ReapableBackend for ContainerBackend<E> {
             Err(e) => return Err(error::engine(eng, "remove container", e)),
         };
         crate::egress::forget(&c.id);
+        crate::provision::deadlines::Deadlines::default().forget(&c.id);
         // A networked sandbox may have been the library network's last user: the network
         // goes with it (the engine refuses while another container uses it), so
         // `reap --kill` leaves nothing of ours behind.
@@ -553,4 +572,10 @@ impl<E: ContainerEngine> ReapableBackend for ContainerBackend<E> {
             Err(e) => Err(error::engine(eng, "remove image", e)),
         }
     }
+}
+
+/// A Unix-seconds label, if it parses.
+fn labelled_unix(labels: &BTreeMap<String, String>, key: &str) -> Option<SystemTime> {
+    let secs = labels.get(key)?.parse::<u64>().ok()?;
+    Some(SystemTime::UNIX_EPOCH + Duration::from_secs(secs))
 }

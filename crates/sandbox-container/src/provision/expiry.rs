@@ -6,7 +6,8 @@
 //! Both run as tokio tasks that hold no handle of the backend (its engine only weakly):
 //! `Upkeep`, shared by every clone of one backend, cancels them all when the last clone
 //! drops, and a sandbox's timer is cancelled as soon as its container is removed
-//! normally. A timer follows its sandbox's deadline when `extend` moves it. What the
+//! normally. A timer follows its sandbox's deadline when `extend` moves it, through this
+//! handle or, by the host's record (`deadlines.rs`), through any other process. What the
 //! sweep removes, and why, is `sweep.rs`'s.
 
 use std::sync::{Arc, Weak};
@@ -18,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::engine::transfer::bounded;
 use crate::engine::{ContainerEngine, EngineErrorKind};
+use crate::provision::deadlines::Deadlines;
 use crate::provision::sweep::{Sweep, sweep};
 use crate::provision::teardown::remove_in_state;
 
@@ -47,6 +49,8 @@ pub const MIN_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 #[derive(Debug, Default)]
 pub(crate) struct Upkeep {
     stop: CancellationToken,
+    /// Where the timers read deadlines other processes moved.
+    deadlines: Deadlines,
 }
 
 impl Drop for Upkeep {
@@ -87,6 +91,11 @@ impl Expiry {
 }
 
 impl Upkeep {
+    /// Where this backend reads and writes the deadlines in force.
+    pub(crate) fn deadlines(&self) -> &Deadlines {
+        &self.deadlines
+    }
+
     /// Starts the periodic sweep on `engine` every `interval` (none when `None`).
     pub(crate) fn start_sweeps<E: ContainerEngine>(
         &self,
@@ -117,31 +126,42 @@ impl Upkeep {
 
     /// Arms the deadline timer of container `id` on `engine`: at `deadline` plus
     /// [`DEADLINE_GRACE`] it is removed, running, paused or stopped (by `Sandbox::stop` or
-    /// by its own end), unless it is stopped and labelled [`LABEL_RETAINED`].
+    /// by its own end), unless it is stopped and labelled [`LABEL_RETAINED`]. Before it
+    /// removes anything it reads the deadline this host records for the sandbox
+    /// (`deadlines.rs`, at most `max`): a deadline another process moved (an extension
+    /// through a reattached handle) moves this timer too.
     pub(crate) fn arm<E: ContainerEngine>(
         &self,
         engine: &Arc<E>,
         call_timeout: Duration,
         id: &str,
         deadline: SystemTime,
+        max: SystemTime,
     ) -> Expiry {
         let token = self.stop.child_token();
         let (moves, mut moved) = tokio::sync::watch::channel(deadline);
         let (engine, id, cancel) = (Arc::downgrade(engine), id.to_string(), token.clone());
+        let records = self.deadlines.clone();
         tokio::spawn(async move {
+            let mut at = *moved.borrow_and_update();
+            // Every handle gone: the deadline cannot move in this process any more (it
+            // still can in another).
+            let mut orphaned = false;
             loop {
-                let wait = fires_in(*moved.borrow_and_update(), SystemTime::now());
+                let wait = fires_in(at, SystemTime::now());
                 tokio::select! {
                     () = cancel.cancelled() => return,
-                    () = tokio::time::sleep(wait) => break,
-                    changed = moved.changed() => {
+                    () = tokio::time::sleep(wait) => {
+                        match records.recorded(&id, max) {
+                            Some(later) if later > at => at = later,
+                            _ => break,
+                        }
+                    }
+                    changed = moved.changed(), if !orphaned => {
                         if changed.is_err() {
-                            // Every handle is gone: the deadline cannot move any more.
-                            let slept = cancel.run_until_cancelled(tokio::time::sleep(wait));
-                            if slept.await.is_none() {
-                                return;
-                            }
-                            break;
+                            orphaned = true;
+                        } else {
+                            at = *moved.borrow_and_update();
                         }
                     }
                 }
@@ -348,6 +368,64 @@ mod tests {
 
     const CALL: Duration = Duration::from_secs(5);
 
+    /// A maximum deadline no test reaches.
+    fn far() -> SystemTime {
+        SystemTime::now() + Duration::from_secs(86_400)
+    }
+
+    /// An upkeep whose timers read recorded deadlines from a directory of this test's.
+    fn upkeep_reading(dir: &std::path::Path) -> Upkeep {
+        Upkeep {
+            stop: CancellationToken::new(),
+            deadlines: Deadlines::in_dir(dir),
+        }
+    }
+
+    /// A deadline another process moved (an extension through a reattached handle, which
+    /// records it on the host) moves this process's timer: nothing is removed at the old
+    /// deadline, the new one holds, and a record past the maximum counts as the maximum.
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_moved_by_another_process_moves_the_timer() {
+        let dir = std::env::temp_dir().join(format!("sbx-expiry-moved-{}", std::process::id()));
+        let engine = holding(&["a1", "b1"]);
+        let upkeep = upkeep_reading(&dir);
+        let start = SystemTime::now();
+        let _a = upkeep.arm(&engine, CALL, "a1", start + Duration::from_secs(10), far());
+        let _b = upkeep.arm(
+            &engine,
+            CALL,
+            "b1",
+            start + Duration::from_secs(10),
+            start + Duration::from_secs(20),
+        );
+        settle().await;
+        // Another process extends both, through its own handle: only the record moves.
+        let other = Deadlines::in_dir(&dir);
+        other.record("a1", start + Duration::from_secs(30)).unwrap();
+        other
+            .record("b1", start + Duration::from_secs(600))
+            .unwrap();
+        // (The paused clock moves tokio's time only: the wall clock the timer reads stays
+        // near `start`, so after reading the record at 12 s the timer waits the whole
+        // 32 s of the new deadline plus grace again, and 22 s for the clamped one.)
+        tokio::time::sleep(Duration::from_secs(10) + DEADLINE_GRACE + Duration::from_secs(1)).await;
+        settle().await;
+        assert!(
+            removed(&engine).is_empty(),
+            "removed at the old deadline after another process extended it"
+        );
+        tokio::time::sleep(Duration::from_secs(33)).await;
+        settle().await;
+        let mut gone = removed(&engine);
+        gone.sort();
+        assert_eq!(
+            gone,
+            ["a1", "b1"],
+            "the moved deadline and the maximum hold"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// Left alone, a sandbox is removed at its deadline plus the grace, not before.
     #[tokio::test(start_paused = true)]
     async fn an_abandoned_sandbox_is_removed_at_deadline_plus_grace() {
@@ -358,6 +436,7 @@ mod tests {
             CALL,
             "a",
             SystemTime::now() + Duration::from_secs(10),
+            far(),
         );
         tokio::time::sleep(Duration::from_secs(10) + DEADLINE_GRACE - Duration::from_millis(50))
             .await;
@@ -378,7 +457,7 @@ mod tests {
         let engine = holding(&["a"]);
         let upkeep = Upkeep::default();
         let start = SystemTime::now();
-        let timer = upkeep.arm(&engine, CALL, "a", start + Duration::from_secs(10));
+        let timer = upkeep.arm(&engine, CALL, "a", start + Duration::from_secs(10), far());
         settle().await;
         // (The paused clock moves tokio's time only: the wall clock the timer reads
         // stays at `start`, so the move is made at once.)
@@ -407,6 +486,7 @@ mod tests {
             CALL,
             "a",
             SystemTime::now() + Duration::from_secs(10),
+            far(),
         );
         assert_eq!(alive_tasks(), before + 1);
         let e = engine.clone();
@@ -433,8 +513,8 @@ mod tests {
         let upkeep = Upkeep::default();
         let before = alive_tasks();
         let soon = SystemTime::now() + Duration::from_secs(5);
-        let _a = upkeep.arm(&engine, CALL, "a", soon);
-        let _b = upkeep.arm(&engine, CALL, "b", soon);
+        let _a = upkeep.arm(&engine, CALL, "a", soon, far());
+        let _b = upkeep.arm(&engine, CALL, "b", soon, far());
         upkeep.start_sweeps(&engine, CALL, Some(Duration::from_secs(1)));
         tokio::time::sleep(Duration::from_millis(2500)).await;
         settle().await;

@@ -84,6 +84,11 @@ pub(crate) async fn sweep<E: ContainerEngine>(
     // while any container uses it, so a concurrent create elsewhere keeps it). The
     // periodic sweep tries only after removing something: an idle backend does not race
     // its own creates for the network every interval.
+    // Deadline records whose sandbox was removed outside this crate (`docker rm`): one
+    // past its deadline by the sweep's margin ends nothing any more, whichever engine held
+    // it.
+    crate::provision::deadlines::Deadlines::default()
+        .prune_past(now.checked_sub(SWEEP_PAST_DEADLINE).unwrap_or(now));
     let tries = removed == listed && (which == Sweep::Startup || removed > 0);
     if tries && crate::egress::remove_network_if_unused(engine).await {
         tracing::info!(sweep, "the sweep removed the egress network");

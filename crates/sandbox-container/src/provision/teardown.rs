@@ -14,7 +14,7 @@ use crate::error;
 
 /// Force-removes a container; one already gone counts as removed. A removal someone else
 /// started (a concurrent kill, reap or sweep) is waited for, bounded. Its recorded egress
-/// policy goes with it.
+/// policy and deadline go with it.
 pub(crate) async fn remove_container<E: ContainerEngine>(
     engine: &E,
     call_timeout: Duration,
@@ -23,6 +23,7 @@ pub(crate) async fn remove_container<E: ContainerEngine>(
     let r = remove_only(engine, call_timeout, id).await;
     if r.is_ok() {
         crate::egress::forget(id);
+        crate::provision::deadlines::Deadlines::default().forget(id);
     }
     r
 }

@@ -417,9 +417,13 @@ async fn sandbox_of<E: ContainerEngine>(
             Arc::new(tokio::sync::Mutex::new(Some(ctx))) as ContextSlot,
         );
     }
-    let expiry = base
-        .upkeep
-        .arm(&sh.engine, sh.config.call_timeout, &id, deadline);
+    let expiry = base.upkeep.arm(
+        &sh.engine,
+        sh.config.call_timeout,
+        &id,
+        deadline,
+        sh.max_deadline,
+    );
     let fork_base = ForkBase {
         spec: spec.clone(),
         ..base.clone()

@@ -250,6 +250,7 @@ impl<E: ContainerEngine> Sandbox for ContainerSandbox<E> {
         self.killed.store(true, Ordering::SeqCst);
         // The policy in force goes with the sandbox (the rules went with its namespace).
         crate::egress::forget(&self.shared.id);
+        crate::provision::deadlines::Deadlines::default().forget(&self.shared.id);
         let forwarders = self
             .ingress
             .lock()

@@ -183,8 +183,9 @@ fn refuse_unknown_policy<E: ContainerEngine>(shared: &Shared<E>) -> Result<()> {
 }
 
 /// A new host session with the agent the engine just started, when this handle had one:
-/// it is PID 1 again. A handle that created the sandbox also gives the agent a deadline
-/// it moved meanwhile (the agent starts with the one from create, its command line).
+/// it is PID 1 again. The agent starts with the deadline of create (its command line), so
+/// it is given the deadline in force when an extension moved it (by this handle, or by
+/// any process on this host: `provision/deadlines.rs`).
 async fn reconnect_agent<E: ContainerEngine>(shared: &Shared<E>) -> Result<()> {
     if !shared.caps.contains(Capability::AGENT) {
         return Ok(());
@@ -202,15 +203,15 @@ async fn reconnect_agent<E: ContainerEngine>(shared: &Shared<E>) -> Result<()> {
             format!("the restarted sandbox's agent did not answer: {reason}"),
         )
     })?;
-    if shared.network.is_some() {
-        let deadline = shared.deadline();
-        if labelled_deadline(&shared.labels).is_some_and(|d| deadline > d) {
-            let secs = deadline
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_secs();
-            client.set_deadline(secs).await?;
-        }
+    // Whichever handle starts it, the creating one or one reattached in another process:
+    // the deadline in force includes an extension recorded on this host by any of them.
+    let deadline = shared.deadline();
+    if labelled_deadline(&shared.labels).is_some_and(|d| deadline > d) {
+        let secs = deadline
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        client.set_deadline(secs).await?;
     }
     // The socket went with the old agent: the new one opens it again.
     crate::ssh_agent::Forwarding::resume(&shared.ssh_agent, &client, &shared.id).await?;

@@ -97,9 +97,17 @@ impl<E: ContainerEngine> Shared<E> {
         OrphanInfo::new(self.id.clone(), self.engine.backend(), self.labels.clone())
     }
 
-    /// The deadline in force.
+    /// The deadline in force: this handle's, or a later one another process's extension
+    /// recorded on this host (never past the maximum).
     pub(crate) fn deadline(&self) -> SystemTime {
-        *self.deadline.lock().unwrap_or_else(|e| e.into_inner())
+        let mut own = self.deadline.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(later) = crate::provision::deadlines::Deadlines::default()
+            .recorded(&self.id, self.max_deadline)
+            .filter(|r| *r > *own)
+        {
+            *own = later;
+        }
+        *own
     }
 
     /// Time left before the lifetime backstop; `SandboxGone` once it passed.
