@@ -88,7 +88,19 @@ async fn removing(
 ) -> anyhow::Result<()> {
     let template = &snap.template;
     let r = body.await;
-    let removed = ctx.reaper()?.remove_snapshot(template).await;
+    // A failed body dropped its copies: their kills finish in the background within the
+    // teardown grace, and until then the engine refuses to remove the image they use.
+    // Retrying that long keeps a failed trial from also leaking its snapshot.
+    let deadline = tokio::time::Instant::now()
+        + sandbox_core::teardown::teardown_grace()
+        + std::time::Duration::from_secs(5);
+    let removed = loop {
+        let removed = ctx.reaper()?.remove_snapshot(template).await;
+        if removed.is_ok() || tokio::time::Instant::now() >= deadline {
+            break removed;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    };
     match (r, removed) {
         (Err(e), _) => Err(e),
         (Ok(()), Err(e)) => bail!("removing snapshot {template}: {}", e.render()),
@@ -138,8 +150,9 @@ async fn a_template_starts_with_the_files_and_without_the_secrets(
     let note = token("note-");
     write_files(&sb, &note).await?;
     let snap = sbx(sb.snapshot().await, "snapshot")?;
-    sb.kill().await?;
+    // The kill inside `removing`: a failed kill must not leave the snapshot's image.
     removing(&ctx, &snap, async {
+        sb.kill().await?;
         ensure!(
             !format!("{snap:?}").contains(&secret),
             "the snapshot's record carries the secret: {snap:?}"
@@ -179,10 +192,10 @@ async fn snapshots_are_listed_and_removable(ctx: Arc<Ctx>) -> anyhow::Result<()>
     };
     let snap = sbx(sb.snapshot().await, "snapshot")?;
     let source = sb.id().to_string();
-    sb.kill().await?;
     let reaper = ctx.reaper()?;
     let template = snap.template.clone();
     let listed = removing(&ctx, &snap, async {
+        sb.kill().await?;
         let all = sbx(reaper.list_snapshots().await, "list snapshots")?;
         let found = all.iter().find(|s| s.template == snap.template);
         let Some(found) = found else {
