@@ -106,6 +106,35 @@ pub fn run_teed(cmd: &mut Command, label: &str) -> Result<()> {
     bail!("`{}` failed ({status})", process::describe(cmd))
 }
 
+/// The failed tests of `label`'s last run, from its log (empty when there is none).
+pub fn failed_in_log(label: &str) -> Vec<String> {
+    let Ok(dir) = target_dir() else {
+        return Vec::new();
+    };
+    let path = dir.join("test-logs").join(format!("{}.log", slug(label)));
+    let text = fs::read(&path)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    failures(&text).into_iter().map(|(name, _)| name).collect()
+}
+
+/// Records that `label`'s failed tests `names` all passed when rerun alone.
+pub fn note_flaky(label: &str, names: &[String]) -> Result<()> {
+    let path = path()?;
+    let mut file = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    writeln!(
+        file,
+        "--- {label}: FLAKY, not failed: the {} test(s) above passed when rerun alone: {}",
+        names.len(),
+        names.join(", ")
+    )
+    .with_context(|| format!("writing {}", path.display()))
+}
+
 /// Appends `label`'s failures (parsed from its output `text`) and the engines' recent
 /// complaints to the digest.
 fn record(label: &str, text: &str, log_path: &Path) -> Result<()> {
@@ -132,7 +161,14 @@ fn record(label: &str, text: &str, log_path: &Path) -> Result<()> {
             entry.push_str(&format!("    {line}\n"));
         }
     }
-    for daemon in [&daemons::DOCKERD, &daemons::PODMAN] {
+    let engines: &[&daemons::Daemon] = if label.contains("podman") {
+        &[&daemons::PODMAN]
+    } else if label.contains("docker") {
+        &[&daemons::DOCKERD]
+    } else {
+        &[&daemons::DOCKERD, &daemons::PODMAN]
+    };
+    for daemon in engines {
         let path = daemon.log_file();
         let Ok(bytes) = fs::read(&path) else { continue };
         let complaints = complaints(&String::from_utf8_lossy(&bytes));
@@ -192,6 +228,10 @@ fn complaints(log: &str) -> Vec<String> {
     let mut lines: Vec<String> = log
         .lines()
         .filter(|l| {
+            // Routine after every container's end: noise that would push out the news.
+            if l.contains("cleaning up after shim disconnected") || l.contains("cleanup warnings") {
+                return false;
+            }
             let lower = l.to_ascii_lowercase();
             lower.contains("level=error")
                 || lower.contains("level=warn")

@@ -51,9 +51,10 @@ pub fn run(passthrough: &[String]) -> Result<()> {
     timings.push(format!("python {}", seconds(start.elapsed())));
 
     println!("test: timings: {}", timings.join(", "));
+    // Last, so that a log cut to its tail still says which tests failed (or were flaky)
+    // and why.
+    crate::digest::print()?;
     if !failed.is_empty() {
-        // Last, so that a log cut to its tail still says which tests failed and why.
-        crate::digest::print()?;
         bail!("failed: {}", failed.join(", "));
     }
     Ok(())
