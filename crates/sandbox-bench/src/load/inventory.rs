@@ -77,11 +77,11 @@ pub async fn read(engine: Engine, run_label: &str, ids: &BTreeSet<String>) -> Re
             containers(engine, "io.sandbox-rs.managed=true").await,
         ),
         (
-            "networks".to_string(),
+            "networks (any program; this run creates none)".to_string(),
             cli_lines(engine, &["network", "ls", "-q"]).await,
         ),
         (
-            "volumes".to_string(),
+            "volumes (any program; this run creates none)".to_string(),
             cli_lines(engine, &["volume", "ls", "-q"]).await,
         ),
     ];

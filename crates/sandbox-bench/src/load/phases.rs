@@ -245,6 +245,8 @@ pub struct Minute {
     pub cycle_p99_ms: Option<f64>,
     /// `run(["true"])` p99 on random held sandboxes, sampled at the minute's end.
     pub held_run_p99_ms: Option<f64>,
+    /// Of those samples, how many failed.
+    pub held_run_errors: usize,
     /// This process (the library's): resident memory, descriptors, threads.
     pub rss_mib: f64,
     pub fds: usize,
@@ -260,6 +262,8 @@ pub struct Churn {
     pub rate_per_s: f64,
     pub cycles: usize,
     pub errors: usize,
+    /// Failed `run(["true"])` samples on held sandboxes.
+    pub held_errors: usize,
     /// The first distinct error messages.
     pub error_samples: Vec<String>,
     /// Ticks skipped because `max_in_flight` cycles were still running.
@@ -304,7 +308,7 @@ fn record(
         Err(e) => {
             c.errors += 1;
             minute.errors += 1;
-            if c.error_samples.len() < 5 && !c.error_samples.contains(&e) {
+            if c.error_samples.len() < 8 && !c.error_samples.contains(&e) {
                 c.error_samples.push(e);
             }
         }
@@ -359,7 +363,15 @@ pub async fn churn(
                 for f in finished.drain(..) {
                     record(&mut c, &mut minute, f, ids);
                 }
-                let (held, _) = run_samples(driver, plan.held, 20, rng).await;
+                let (held, held_failures) = run_samples(driver, plan.held, 20, rng).await;
+                let held_errors = held_failures.len();
+                c.held_errors += held_errors;
+                for e in held_failures {
+                    let e = format!("held sandbox {e}");
+                    if c.error_samples.len() < 8 && !c.error_samples.contains(&e) {
+                        c.error_samples.push(e);
+                    }
+                }
                 let (rss, fds, threads) = probe::own();
                 let row = Minute {
                     minute: c.rows.len() + 1,
@@ -368,6 +380,7 @@ pub async fn churn(
                     cycle_p50_ms: percentile(&minute.times, 0.5),
                     cycle_p99_ms: percentile(&minute.times, 0.99),
                     held_run_p99_ms: percentile(&held, 0.99),
+                    held_run_errors: held_errors,
                     rss_mib: rss as f64 / 1024.0,
                     fds,
                     threads,

@@ -300,12 +300,14 @@ fn churn_section(o: &mut String, c: &crate::load::phases::Churn) {
     let _ = writeln!(
         o,
         "Churn beside the held population: {} cycles (create + `run([\"true\"])` + kill) in \
-         {} minute(s) at {} cycle(s)/s, **{} errors**, {} ticks skipped because the \
-         in-flight limit was reached{}.\n",
+         {} minute(s) at {} cycle(s)/s, **{} errors**; `run([\"true\"])` on held sandboxes \
+         (20 a minute): **{} failed**; {} ticks skipped because the in-flight limit was \
+         reached{}.\n",
         c.cycles,
         c.rows.len(),
         c.rate_per_s,
         c.errors,
+        c.held_errors,
         c.behind,
         c.stopped
             .as_ref()
@@ -317,20 +319,21 @@ fn churn_section(o: &mut String, c: &crate::load::phases::Churn) {
     }
     let _ = writeln!(
         o,
-        "| minute | cycles | errors | cycle p50, ms | cycle p99, ms | held run p99, ms | \
+        "| minute | cycles | errors | cycle p50, ms | cycle p99, ms | held run p99, ms | held run errors | \
          library RSS, MiB | library fds | threads | engine lists |\n\
-         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for m in &c.rows {
         let _ = writeln!(
             o,
-            "| {} | {} | {} | {} | {} | {} | {:.1} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {:.1} | {} | {} | {} |",
             m.minute,
             m.cycles,
             m.errors,
             f(m.cycle_p50_ms),
             f(m.cycle_p99_ms),
             f(m.held_run_p99_ms),
+            m.held_run_errors,
             m.rss_mib,
             m.fds,
             m.threads,
@@ -398,10 +401,10 @@ pub fn target_rows(e: &EngineLoad) -> Vec<(String, String, &'static str, Option<
     ));
     if let Some(c) = &e.churn {
         t.push((
-            "churn errors".to_string(),
-            c.errors.to_string(),
+            "churn errors (cycles + runs on held sandboxes)".to_string(),
+            (c.errors + c.held_errors).to_string(),
             "0",
-            Some(c.errors == 0),
+            Some(c.errors + c.held_errors == 0),
         ));
         let (rss, fds) = flatness(c);
         t.push((
