@@ -3,6 +3,10 @@
 //! `docs/benchmarks.md`. Arguments after `--` go to the binary (e.g. `--runs 10`,
 //! `--backend docker`, `--quick`, `--json`); `--backend` and `--report` given there replace
 //! the defaults (`--backend all --report docs/benchmarks.md`).
+//!
+//! `cargo xtask bench --load [-- <args>...]` runs `sandbox-bench load` instead: many live
+//! sandboxes per engine, held and churned for tens of minutes, so it is never part of
+//! `cargo xtask test` or `ci`; it rewrites only the load section of the same report.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -41,6 +45,44 @@ pub fn bench_args(passthrough: &[String]) -> Vec<String> {
     args
 }
 
+/// The load run's arguments: the `load` subcommand, the report unless given, then the
+/// passthrough.
+pub fn load_args(passthrough: &[String]) -> Vec<String> {
+    let mut args = vec!["load".to_string()];
+    if !passthrough
+        .iter()
+        .any(|a| a == "--report" || a.starts_with("--report="))
+    {
+        args.extend([
+            "--report".to_string(),
+            report_path().to_string_lossy().into_owned(),
+        ]);
+    }
+    args.extend(passthrough.iter().cloned());
+    args
+}
+
+/// Runs the load benchmark and rewrites the report's load section.
+pub fn run_load(passthrough: &[String]) -> Result<()> {
+    let start = Instant::now();
+    let mut cmd = process::cargo();
+    cmd.args(["run", "--release", "--quiet", "-p", "sandbox-bench", "--"])
+        .args(load_args(passthrough));
+    let mut invoked = "cargo xtask bench --load".to_string();
+    if !passthrough.is_empty() {
+        invoked.push_str(" -- ");
+        invoked.push_str(&passthrough.join(" "));
+    }
+    cmd.env("SANDBOX_BENCH_COMMAND", &invoked);
+    println!("bench: {}", process::describe(&cmd));
+    let result = process::run(&mut cmd);
+    println!(
+        "bench: load run finished in {:.0} s (build included)",
+        start.elapsed().as_secs_f64()
+    );
+    result
+}
+
 /// Runs the benchmarks and regenerates the report.
 pub fn run(passthrough: &[String]) -> Result<()> {
     let start = Instant::now();
@@ -76,6 +118,17 @@ mod tests {
         assert_eq!(&a[..2], &s(&["--backend", "all"])[..]);
         assert_eq!(a[2], "--report");
         assert!(a[3].ends_with("docs/benchmarks.md"));
+    }
+
+    #[test]
+    fn load_runs_the_subcommand_into_the_docs_report() {
+        let a = load_args(&s(&["--population", "100"]));
+        assert_eq!(a[0], "load");
+        assert_eq!(a[1], "--report");
+        assert!(a[2].ends_with("docs/benchmarks.md"));
+        assert!(a.ends_with(&s(&["--population", "100"])));
+        let own = load_args(&s(&["--report", "x.md"]));
+        assert_eq!(own, s(&["load", "--report", "x.md"]));
     }
 
     #[test]

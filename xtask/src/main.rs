@@ -56,6 +56,12 @@ commands:
   bench [-- <args>...]       benchmarks: sandbox-rs vs raw engine crates vs engine CLIs on
                              docker, podman and fake; regenerates docs/benchmarks.md
                              (args go to sandbox-bench, e.g. `-- --runs 10 --backend docker`)
+  bench --load [-- <args>...]
+                             the load run: N live sandboxes per engine against plain
+                             containers, latency and host cost at N, churn, leaks; writes
+                             the load section of docs/benchmarks.md (long: never part of
+                             test or ci; args e.g. `-- --population 100 --churn-minutes 5
+                             --engines docker --stop-by 20:25`)
   python                     the Python wheel: build it with maturin, run sandboxio's
                              conformance suite on docker and podman beside the reference
                              sandboxio-docker, the timing comparison and the README's
@@ -83,6 +89,7 @@ enum Command {
     Demo,
     Agent { check: bool },
     Bench(Vec<String>),
+    BenchLoad(Vec<String>),
     PublishCheck { verify: bool },
     Python,
     Teardown,
@@ -113,6 +120,7 @@ fn dispatch(command: Command) -> Result<()> {
         Command::Demo => demo::run(),
         Command::Agent { check } => agent::run(check),
         Command::Bench(passthrough) => bench::run(&passthrough),
+        Command::BenchLoad(passthrough) => bench::run_load(&passthrough),
         Command::PublishCheck { verify } => publish::run(verify),
         Command::Python => python::run(),
         Command::Teardown => teardown::run(),
@@ -160,6 +168,7 @@ fn parse(args: &[String]) -> Result<Command> {
         ("agent", []) => Command::Agent { check: false },
         ("agent", ["--check"]) => Command::Agent { check: true },
         ("bench", []) => Command::Bench(passthrough),
+        ("bench", ["--load"]) => Command::BenchLoad(passthrough),
         ("publish-check", []) => Command::PublishCheck { verify: false },
         ("publish-check", ["--verify"]) => Command::PublishCheck { verify: true },
         ("teardown", []) => Command::Teardown,
@@ -194,6 +203,21 @@ mod tests {
         assert!(parse(&args(&["contract", "lxc"])).is_err());
         assert!(parse(&args(&["setup", "--fast"])).is_err());
         assert!(parse(&args(&["docs", "--chek"])).is_err());
+    }
+
+    #[test]
+    fn bench_load_is_its_own_command() {
+        let Command::BenchLoad(rest) =
+            parse(&args(&["bench", "--load", "--", "--population", "100"])).unwrap()
+        else {
+            panic!("not the load run")
+        };
+        assert_eq!(rest, args(&["--population", "100"]));
+        assert!(matches!(
+            parse(&args(&["bench"])).unwrap(),
+            Command::Bench(_)
+        ));
+        assert!(parse(&args(&["bench", "--lod"])).is_err());
     }
 
     #[test]

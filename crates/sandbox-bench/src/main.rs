@@ -23,6 +23,7 @@ mod cli;
 mod docker_raw;
 mod driver;
 mod engines;
+mod load;
 mod machine;
 mod ours;
 mod podman_raw;
@@ -89,6 +90,8 @@ struct Args {
 
 #[derive(Debug, Subcommand)]
 enum Sub {
+    /// Many live sandboxes at once: ramp, hold, churn, kill; the load section of the report.
+    Load(load::LoadArgs),
     /// Internal: one large transfer in a fresh process (prints one JSON line).
     #[command(hide = true)]
     TransferChild {
@@ -134,6 +137,9 @@ fn main() -> ExitCode {
 }
 
 async fn async_main(args: Args) -> Result<ExitCode> {
+    if let Some(Sub::Load(load)) = &args.command {
+        return load_main(load.clone()).await;
+    }
     if let Some(Sub::TransferChild {
         backend,
         variant,
@@ -244,11 +250,104 @@ async fn async_main(args: Args) -> Result<ExitCode> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)?;
         }
-        std::fs::write(path, report::markdown(&report))
-            .with_context(|| format!("writing {}", path.display()))?;
+        // The load section is `cargo xtask bench --load`'s: carried over untouched.
+        let mut md = report::markdown(&report);
+        if let Some(section) = std::fs::read_to_string(path)
+            .ok()
+            .as_deref()
+            .and_then(load::report::load_section)
+        {
+            md = load::report::replace_section(&md, section);
+        }
+        std::fs::write(path, md).with_context(|| format!("writing {}", path.display()))?;
         eprintln!("sandbox-bench: wrote {}", path.display());
     }
     let failed = report.backends.iter().any(|b| b.rows.is_empty());
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// The load run: every engine in turn, then the sweep of this run's label whatever
+/// happened (also on Ctrl-C), then the report.
+async fn load_main(args: load::LoadArgs) -> Result<ExitCode> {
+    let started = Instant::now();
+    let guard = load::phases::Guard {
+        deadline: match &args.stop_by {
+            Some(s) => Some(load::parse_stop_by(s, std::time::SystemTime::now())?),
+            None => None,
+        },
+        min_available_mib: args.min_available_mib,
+    };
+    for e in &args.engines {
+        if load::probe::Engine::parse(e).is_none() {
+            bail!("unknown engine {e:?}: use docker and/or podman");
+        }
+    }
+    let run_id = format!(
+        "load-{}-{}",
+        sandbox_core::labels::unix_now(),
+        std::process::id()
+    );
+    // Long enough that no sandbox reaches its deadline during the run (an expiry would
+    // show up as a churn error that is not one).
+    let lifetime = Duration::from_secs(1800 + 60 * args.churn_minutes as u64 * 2);
+    let spec = Spec {
+        image: args.image.clone(),
+        lifetime,
+        run_id,
+    };
+    let machine = machine::Machine::describe();
+    let work = async {
+        let mut out = Vec::new();
+        for e in &args.engines {
+            out.push(load::run_engine(&args, e, &spec, &guard).await);
+        }
+        out
+    };
+    let outcome = tokio::select! {
+        r = work => Some(r),
+        _ = tokio::signal::ctrl_c() => None,
+    };
+    sandbox_core::teardown::wait_for_teardowns(Duration::from_secs(10)).await;
+    for e in &args.engines {
+        match engines::sweep(e, &spec).await {
+            Ok(0) => {}
+            Ok(n) => eprintln!("sandbox-bench: swept {n} leftover {e} container(s)"),
+            Err(err) => eprintln!("sandbox-bench: sweeping {e} failed: {err:#}"),
+        }
+    }
+    let Some(engines) = outcome else {
+        eprintln!("sandbox-bench: interrupted; containers removed");
+        return Ok(ExitCode::from(130));
+    };
+    let report = load::LoadReport {
+        date: machine::utc_now(),
+        command: command_line(),
+        machine,
+        load_at_end: machine::Machine::describe().load_at_start,
+        settings: args.clone(),
+        engines,
+        wall_seconds: started.elapsed().as_secs_f64(),
+    };
+    if let Some(path) = &args.json_out {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    let md = load::report::markdown(&report);
+    print!("{md}");
+    if let Some(path) = &args.report {
+        let old = std::fs::read_to_string(path).unwrap_or_default();
+        std::fs::write(path, load::report::replace_section(&old, &md))
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!(
+            "sandbox-bench: wrote the load section of {}",
+            path.display()
+        );
+    }
+    let failed = report.engines.iter().any(|e| e.ours.ramp.reached == 0);
     Ok(if failed {
         ExitCode::FAILURE
     } else {

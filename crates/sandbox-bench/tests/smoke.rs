@@ -74,3 +74,38 @@ fn unknown_backend_is_refused() {
     let out = bench().args(["--backend", "lxc"]).output().unwrap();
     assert!(!out.status.success());
 }
+
+#[test]
+fn the_regular_run_keeps_the_load_section_of_the_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("bench.md");
+    let section =
+        "<!-- load section: written by `cargo xtask bench --load` -->\n\n## Under load\n\nN = 7\n";
+    std::fs::write(&report, format!("# Benchmarks\n\nold figures\n\n{section}")).unwrap();
+    let out = bench()
+        .args(["--quick", "--backend", "fake", "--report"])
+        .arg(&report)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let md = std::fs::read_to_string(&report).unwrap();
+    assert!(
+        !md.contains("old figures"),
+        "the regular figures are rewritten"
+    );
+    assert!(md.contains("## fake"));
+    assert!(
+        md.ends_with(section),
+        "the load section is kept at the end:\n{md}"
+    );
+}
+
+#[test]
+fn the_load_run_refuses_an_unknown_engine_before_touching_any() {
+    let out = bench()
+        .args(["load", "--engines", "lxc", "--population", "1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown engine"));
+}
