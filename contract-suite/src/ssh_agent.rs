@@ -147,8 +147,11 @@ async fn declared_or_refused(ctx: &Ctx, c: &str) -> anyhow::Result<bool> {
         return Ok(true);
     }
     let opts = ctx.opts(c).ssh_agent(SshAgentOptions::all_keys());
-    must_code(ctx.backend.create(opts).await, ErrorCode::CapabilityNotSupported)
-        .context("create with ssh agent forwarding where SSH_AGENT is undeclared")?;
+    must_code(
+        ctx.backend.create(opts).await,
+        ErrorCode::CapabilityNotSupported,
+    )
+    .context("create with ssh agent forwarding where SSH_AGENT is undeclared")?;
     Ok(false)
 }
 

@@ -607,6 +607,9 @@ pub async fn ls(args: LsArgs, out: Out) -> sandbox::Result<u8> {
     // each bounded: one slow engine must not hold the listing).
     let policies = futures::future::join_all(report.sandboxes.iter().map(|s| async move {
         let read = async {
+            if let Some(recorded) = recorded_policy(&s.backend, &s.id) {
+                return recorded;
+            }
             let sb = sandbox::connect(format!("{}://", s.backend).as_str(), &s.id).await?;
             // Borrowed: a handle reattached to read must not kill what it did not create.
             let sb = Borrowed(std::mem::ManuallyDrop::new(sb));
@@ -865,6 +868,23 @@ pub async fn extend(args: ExtendArgs, out: Out) -> sandbox::Result<u8> {
         out.line(format!("{} expires in {}", found.id, human_secs(left)));
     }
     Ok(exit_code::OK)
+}
+
+/// The egress policy of a container engine's sandbox, read from this host's record without
+/// reattaching: a reattached Docker handle takes the in-sandbox agent over, which would end
+/// the session of the program holding the sandbox. `None` for other backends (the fake's
+/// policy lives in its handle).
+fn recorded_policy(backend: &str, id: &str) -> Option<sandbox::Result<sandbox::Egress>> {
+    match backend {
+        #[cfg(feature = "docker")]
+        "docker" => Some(sandbox::docker::recorded_policy(backend, id)),
+        #[cfg(feature = "podman")]
+        "podman" => Some(sandbox::podman::recorded_policy(backend, id)),
+        _ => {
+            let _ = id;
+            None
+        }
+    }
 }
 
 #[cfg(test)]

@@ -712,3 +712,32 @@ fn podman_extend_is_refused_as_unsupported() {
     assert_eq!(code(&killed), 0, "kill: {}", stderr(&killed));
     assert_eq!(containers("podman", &id), "", "killed and removed");
 }
+
+/// `sandbox ls` in another process reads each sandbox's egress policy; on Docker a
+/// reattached handle takes the in-sandbox agent over from its owner, so reading through
+/// one ended the session of every program holding a sandbox ("another handle took this
+/// sandbox's agent over", found by the load benchmark). The owner must go on running
+/// commands after a listing.
+#[test]
+fn ls_leaves_the_owners_agent_session_alone() {
+    if !docker_available("ls_leaves_the_owners_agent_session_alone") {
+        return;
+    }
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let opts = sandbox::CreateOptions::default().timeout(Duration::from_secs(120));
+        let sb = sandbox::create("docker://sandbox-rs/busybox:latest", opts)
+            .await
+            .expect("create");
+        let before = sb.run("true".into(), Default::default()).await;
+        let o = tokio::task::spawn_blocking(|| run(&["ls", "--json", "--engine", "docker"]))
+            .await
+            .expect("ls");
+        let after = sb.run("true".into(), Default::default()).await;
+        let _ = sb.kill().await;
+        assert_eq!(code(&o), 0, "ls: {}", stderr(&o));
+        assert_eq!(before.expect("run before ls").exit_code, 0);
+        let after = after.unwrap_or_else(|e| panic!("run after `sandbox ls`: {}", e.render()));
+        assert_eq!(after.exit_code, 0);
+    });
+}

@@ -17,5 +17,6 @@ pub use config::{
 };
 pub use engine::DockerEngine;
 pub use policy::CAPABILITIES;
+pub use sandbox_container::egress::recorded_policy;
 pub use sandbox_container::endpoint::discovery::{EndpointSource, EnvSnapshot};
 pub use sandbox_container::{RUNSC_PIDS_HEADROOM, Runtime};

@@ -18,4 +18,5 @@ pub use config::{
 pub use engine::PodmanEngine;
 pub use policy::CAPABILITIES;
 pub use sandbox_container::Runtime;
+pub use sandbox_container::egress::recorded_policy;
 pub use sandbox_container::endpoint::discovery::{EndpointSource, EnvSnapshot};

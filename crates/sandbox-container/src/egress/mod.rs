@@ -895,6 +895,14 @@ pub(crate) fn current(backend: &str, id: &str) -> Result<Egress> {
     }
 }
 
+/// The egress policy in force for sandbox `id` on `backend`, as this host records it,
+/// read without a sandbox handle. Tools that only list (the CLI's `sandbox ls`) use this:
+/// reattaching to read would take the in-sandbox agent over from the program that holds
+/// the sandbox and end that program's session.
+pub fn recorded_policy(backend: &str, id: &str) -> Result<Egress> {
+    current(backend, id)
+}
+
 fn live_error(backend: &str, why: String) -> SandboxError {
     SandboxError::engine(
         backend,
