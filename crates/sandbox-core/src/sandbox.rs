@@ -34,7 +34,9 @@ pub trait Sandbox: Send + Sync + std::fmt::Debug {
     fn stream(&self, cmd: Command, options: RunOptions) -> Result<Process>;
     /// The filesystem, or `CapabilityNotSupported`.
     fn files(&self) -> Result<&dyn FileSystem>;
-    /// Kills and removes the sandbox. Idempotent and bounded by the teardown grace.
+    /// Kills and removes the sandbox. Idempotent and bounded by the teardown grace. When it
+    /// returns `Ok`, nothing in the sandbox runs any more; an engine may still be finishing
+    /// the removal of what is left (a container's layer), as docs/lifecycle.md describes.
     async fn kill(&self) -> Result<()>;
     /// The host address where a container port listed in
     /// `NetworkPolicy::ingress_ports` is published (on loopback). Needs `INGRESS_PORTS`;
