@@ -64,32 +64,32 @@ pub fn load_args(passthrough: &[String]) -> Vec<String> {
 
 /// Runs the load benchmark and rewrites the report's load section.
 pub fn run_load(passthrough: &[String]) -> Result<()> {
-    let start = Instant::now();
-    let mut cmd = process::cargo();
-    cmd.args(["run", "--release", "--quiet", "-p", "sandbox-bench", "--"])
-        .args(load_args(passthrough));
-    let mut invoked = "cargo xtask bench --load".to_string();
-    if !passthrough.is_empty() {
-        invoked.push_str(" -- ");
-        invoked.push_str(&passthrough.join(" "));
-    }
-    cmd.env("SANDBOX_BENCH_COMMAND", &invoked);
-    println!("bench: {}", process::describe(&cmd));
-    let result = process::run(&mut cmd);
-    println!(
-        "bench: load run finished in {:.0} s (build included)",
-        start.elapsed().as_secs_f64()
-    );
-    result
+    run_bench(
+        load_args(passthrough),
+        "cargo xtask bench --load",
+        passthrough,
+        "load run",
+    )
 }
 
 /// Runs the benchmarks and regenerates the report.
 pub fn run(passthrough: &[String]) -> Result<()> {
+    run_bench(
+        bench_args(passthrough),
+        "cargo xtask bench",
+        passthrough,
+        "run",
+    )
+}
+
+/// `sandbox-bench` in release with `args`; the report records `invoked` (plus the
+/// passthrough) as the command that made it.
+fn run_bench(args: Vec<String>, invoked: &str, passthrough: &[String], what: &str) -> Result<()> {
     let start = Instant::now();
     let mut cmd = process::cargo();
     cmd.args(["run", "--release", "--quiet", "-p", "sandbox-bench", "--"])
-        .args(bench_args(passthrough));
-    let mut invoked = "cargo xtask bench".to_string();
+        .args(args);
+    let mut invoked = invoked.to_string();
     if !passthrough.is_empty() {
         invoked.push_str(" -- ");
         invoked.push_str(&passthrough.join(" "));
@@ -98,7 +98,7 @@ pub fn run(passthrough: &[String]) -> Result<()> {
     println!("bench: {}", process::describe(&cmd));
     let result = process::run(&mut cmd);
     println!(
-        "bench: finished in {:.0} s (build included)",
+        "bench: {what} finished in {:.0} s (build included)",
         start.elapsed().as_secs_f64()
     );
     result
