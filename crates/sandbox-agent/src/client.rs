@@ -249,6 +249,12 @@ impl AgentClient {
         *self.shared.gone.borrow()
     }
 
+    /// Whether this session ended because another host took the agent over (the sandbox
+    /// lives on; a new session can take it back).
+    pub fn is_superseded(&self) -> bool {
+        self.shared.superseded.load(Ordering::SeqCst)
+    }
+
     /// Round trip to the agent.
     pub async fn ping(&self) -> Result<Duration> {
         let t = Instant::now();

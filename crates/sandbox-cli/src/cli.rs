@@ -70,6 +70,12 @@ pub enum Cmd {
     /// `--max-lifetime` it was created with); prints the new deadline. Its holder, and
     /// every other process on this host, follows the moved deadline.
     Extend(ExtendArgs),
+    /// Fork a sandbox made by `create` with its memory: COUNT new sandboxes whose
+    /// processes and files continue from this instant (prints their ids, one per line).
+    /// The session's holder makes and keeps them; each ends at its own deadline (the
+    /// original's, or --timeout from now) or with `sandbox kill`. Needs Docker with gVisor
+    /// and experimental features (`sandbox doctor`).
+    Fork(ForkArgs),
     /// Serve the Model Context Protocol on stdin/stdout, or over streamable HTTP with --http
     /// (tools: sandbox_create, sandbox_run, sandbox_run_code, sandbox_write_file,
     /// sandbox_read_file, sandbox_list_files, sandbox_pause, sandbox_resume,
@@ -363,6 +369,27 @@ pub struct ExtendArgs {
     pub by: Duration,
 }
 
+/// `sandbox fork`.
+#[derive(Debug, Args)]
+pub struct ForkArgs {
+    /// Only look on this engine (default: every compiled-in one).
+    #[arg(long, value_name = "NAME")]
+    pub engine: Option<String>,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// How many forks (1 to 16).
+    #[arg(long, short = 'n', value_name = "COUNT", default_value_t = 1)]
+    pub count: usize,
+    /// Each fork's lifetime in seconds from the fork (default: the original's deadline
+    /// in force; never past its --max-lifetime).
+    #[arg(long, value_name = "S", value_parser = parse_positive_secs)]
+    pub timeout: Option<Duration>,
+    /// Sandbox id (or a unique prefix) printed by `sandbox create`.
+    #[arg(value_name = "ID")]
+    pub id: String,
+}
+
 /// `sandbox mcp`.
 #[derive(Debug, Args)]
 pub struct McpArgs {
@@ -560,6 +587,7 @@ impl Cmd {
             Cmd::Kill(a) | Cmd::Pause(a) | Cmd::Resume(a) | Cmd::Stop(a) | Cmd::Start(a) => a.json,
             Cmd::Egress(a) => a.json,
             Cmd::Extend(a) => a.json,
+            Cmd::Fork(a) => a.json,
             Cmd::Mcp(_) | Cmd::Completions(_) => false,
         }
     }

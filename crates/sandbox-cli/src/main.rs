@@ -8,6 +8,7 @@ mod demo;
 mod doctor;
 mod egress;
 mod exit_code;
+mod holder;
 mod mcp;
 mod output;
 mod reap;
@@ -77,8 +78,8 @@ fn main() -> ExitCode {
                 sandbox::teardown::wait_for_teardowns(grace).await;
                 code
             }
-            Cmd::Create(args) if std::env::var_os(session::HOLDER_ENV).is_some() => {
-                session::hold(args).await
+            Cmd::Create(args) if std::env::var_os(holder::HOLDER_ENV).is_some() => {
+                holder::hold(args).await
             }
             command => run_command(command, out).await,
         }
@@ -148,6 +149,7 @@ async fn dispatch(cmd: Cmd, out: Out) -> sandbox::Result<u8> {
         Cmd::Stop(args) => session::stop_or_start(args, true, out).await,
         Cmd::Start(args) => session::stop_or_start(args, false, out).await,
         Cmd::Extend(args) => session::extend(args, out).await,
+        Cmd::Fork(args) => holder::fork(args, out).await,
         // Handled before dispatch.
         Cmd::Mcp(args) => serve_mcp(&args).await,
         Cmd::Completions(_) => Ok(exit_code::OK),

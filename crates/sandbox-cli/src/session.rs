@@ -3,9 +3,10 @@
 //! A sandbox is owned by the process that made it: its labels name that process, other
 //! sandbox-rs processes on the host sweep it as soon as the owner is gone, and dropping its
 //! handle kills it. So `sandbox create` does not create the sandbox itself: it starts a
-//! *holder* — this binary again, detached in its own process group with no terminal — that
-//! creates the sandbox, reports its id back through a pipe, and then keeps the handle (and
-//! the ownership) until `sandbox kill`, the `--timeout` lifetime, or SIGTERM to the holder.
+//! *holder* ([`crate::holder`]) — this binary again, detached in its own process group
+//! with no terminal — that creates the sandbox, reports its id back through a pipe, and
+//! then keeps the handle (and the ownership) until `sandbox kill`, the `--timeout`
+//! lifetime, or SIGTERM to the holder. `sandbox fork` asks that holder for forks.
 //! `sandbox extend` moves the lifetime from another process through the host's record of
 //! the deadline in force, which the holder's poll reads (and reads again before it ends
 //! the sandbox).
@@ -23,41 +24,21 @@ use std::time::{Duration, Instant, SystemTime};
 
 use sandbox::labels::LABEL_DEADLINE;
 use sandbox::{Backend, CreateOptions, ManagedSandbox, Sandbox, SandboxError, SandboxState};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use crate::cli::{
     CpArgs, CreateArgs, EgressArgs, ExecArgs, ExtendArgs, KillArgs, LsArgs, NetworkArg,
 };
 use crate::exit_code;
+use crate::holder::{ACK, HOLDER_ENV, HolderReport};
 use crate::output::{Out, error_json};
 use crate::run::{SandboxInfo, execute, report};
 
-/// Set in the environment of the holder process.
-pub const HOLDER_ENV: &str = "SANDBOX_CLI_HOLDER";
 /// How long `create` waits for the holder to report (image pulls can be slow).
 const CREATE_WAIT: Duration = Duration::from_secs(300);
-/// How often the holder checks that its sandbox still exists (after `sandbox kill`).
-const HOLDER_POLL: Duration = Duration::from_secs(2);
 /// Bound on listing one engine.
 const LIST_TIMEOUT: Duration = Duration::from_secs(10);
-/// The acknowledgement the parent sends once it printed the id.
-const ACK: &str = "ok";
-/// How long the holder keeps trying to remove its sandbox once a kill outlasted the
-/// teardown grace (a loaded engine): it is detached and about to exit, and whatever it
-/// leaves unfinished would outlive it.
-const HOLDER_RELEASE_BOUND: Duration = Duration::from_secs(60);
-
-/// What the holder reports on its stdout: one JSON line.
-#[derive(Debug, Serialize, Deserialize)]
-struct HolderReport {
-    /// `sandbox create`'s exit code.
-    exit: u8,
-    /// `--json` body on success, `{"error": …}` on failure.
-    body: serde_json::Value,
-    /// The human line: the id, or the rendered error.
-    text: String,
-}
 
 /// `sandbox create` (the parent side): starts the holder and relays its report.
 pub async fn create(args: CreateArgs, out: Out) -> sandbox::Result<u8> {
@@ -129,7 +110,7 @@ fn holder_error(message: String) -> SandboxError {
     SandboxError::engine("cli", message)
 }
 
-fn create_base(args: &CreateArgs) -> CreateOptions {
+pub(crate) fn create_base(args: &CreateArgs) -> CreateOptions {
     let mut o = CreateOptions::default();
     for (k, v) in &args.labels {
         o = o.metadata(k.clone(), v.clone());
@@ -149,151 +130,6 @@ fn create_base(args: &CreateArgs) -> CreateOptions {
     .metadata("command", "create")
 }
 
-/// The holder: creates the sandbox, reports, waits for the ack, then keeps the sandbox
-/// until it is killed elsewhere, its lifetime ends, or SIGTERM/SIGINT arrives.
-pub async fn hold(args: CreateArgs) -> u8 {
-    // Installed first: a signal between create and the loop below still tears down.
-    let mut terminated = std::pin::pin!(crate::signals::terminated_not_hangup());
-    let lifetime = args
-        .timeout
-        .unwrap_or(crate::target::DEFAULT_SESSION_LIFETIME);
-    let created = async {
-        let (target, options) =
-            crate::target::resolve(&args.dsn, &args.sandbox, create_base(&args))?;
-        let options = crate::target::require_agent_where_offered(
-            options,
-            &target,
-            args.sandbox.allow_engine_exec,
-        )
-        .await?;
-        let backend = sandbox::backend(target).await?;
-        let sb = backend.create(options).await?;
-        Ok::<_, SandboxError>((backend, sb))
-    };
-    let (backend, sb) = match created.await {
-        Ok(v) => v,
-        Err(e) => {
-            let code = exit_code::for_error(&e);
-            send_report(&HolderReport {
-                exit: code,
-                body: error_json(&e),
-                text: crate::terminal::escape_text(&e.render()),
-            });
-            return code;
-        }
-    };
-    let deadline = Instant::now() + lifetime;
-    let info = SandboxInfo::of(&*sb);
-    let deadline_unix = sandbox::labels::unix_now().saturating_add(lifetime.as_secs());
-    send_report(&HolderReport {
-        exit: exit_code::OK,
-        body: serde_json::json!({
-            "sandbox": info,
-            "timeout_s": lifetime.as_secs(),
-            "deadline": deadline_unix,
-        }),
-        text: sb.id().to_string(),
-    });
-    let mut ack = String::new();
-    let acked = BufReader::new(tokio::io::stdin()).read_line(&mut ack).await;
-    if !matches!(acked, Ok(n) if n > 0 && ack.trim() == ACK) {
-        release(&backend, sb).await;
-        return exit_code::INTERRUPTED;
-    }
-    let mut deadline = deadline;
-    loop {
-        tokio::select! {
-            _ = &mut terminated => break,
-            _ = tokio::time::sleep_until(deadline.into()) => {
-                // Moved since the last poll? Asked once more before ending it.
-                match look(&backend, sb.id()).await {
-                    Presence::Gone => return exit_code::OK,
-                    Presence::There(Some(d)) if later(d, deadline).is_some() => {
-                        deadline = later(d, deadline).unwrap_or(deadline);
-                    }
-                    _ => break,
-                }
-            }
-            _ = tokio::time::sleep(HOLDER_POLL) => match look(&backend, sb.id()).await {
-                // Killed by `sandbox kill` (or the engine): nothing left to hold.
-                Presence::Gone => return exit_code::OK,
-                // Extended by another process (`sandbox extend`): the host's record
-                // says so, and this holder follows.
-                Presence::There(Some(d)) => deadline = later(d, deadline).unwrap_or(deadline),
-                Presence::There(None) | Presence::Unknown => {}
-            },
-        }
-    }
-    release(&backend, sb).await;
-    exit_code::OK
-}
-
-/// `listed` as an instant of this process's clock, when it is later than `held`.
-fn later(listed: SystemTime, held: Instant) -> Option<Instant> {
-    let at = match listed.duration_since(SystemTime::now()) {
-        Ok(left) => Instant::now() + left,
-        Err(_) => Instant::now(),
-    };
-    // A second of slack: the wall clock and the monotonic one are read apart, and a
-    // deadline is kept in whole seconds.
-    (at > held + Duration::from_secs(1)).then_some(at)
-}
-
-/// Kills the held sandbox for good before the holder exits. A kill that outlasts the
-/// teardown grace leaves its removal to a background task, which this process's exit
-/// would abandon (a leaked container, seen under load in CI): the removal is then retried
-/// through the reaper until the engine confirms it, for at most [`HOLDER_RELEASE_BOUND`].
-async fn release(backend: &Arc<dyn Backend>, sb: Box<dyn Sandbox>) {
-    let id = sb.id().to_string();
-    let killed = sb.kill().await;
-    drop(sb);
-    if let (Err(e), Some(reaper)) = (killed, backend.as_reapable()) {
-        tracing::debug!(error = %e, sandbox_id = %id, "holder kill failed; retrying through the reaper");
-        let _ = tokio::time::timeout(HOLDER_RELEASE_BOUND, async {
-            while reaper.kill_managed(&id).await.is_err() {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-        })
-        .await;
-    }
-    let grace = sandbox::teardown::teardown_grace() + Duration::from_secs(1);
-    sandbox::teardown::wait_for_teardowns(grace).await;
-}
-
-/// What the holder's poll finds of its sandbox.
-enum Presence {
-    /// The engine no longer holds it.
-    Gone,
-    /// Held, running, paused or stopped (`sandbox stop` keeps it for `sandbox start`; at
-    /// its deadline the host removes it), with the deadline in force where the backend
-    /// says (it follows extensions from other processes).
-    There(Option<SystemTime>),
-    /// The engine did not answer: the holder keeps ownership until its deadline.
-    Unknown,
-}
-
-/// Looks for the held sandbox on the engine.
-async fn look(backend: &Arc<dyn Backend>, id: &str) -> Presence {
-    let Some(reapable) = backend.as_reapable() else {
-        return Presence::Unknown;
-    };
-    match tokio::time::timeout(LIST_TIMEOUT, reapable.list_managed(&BTreeMap::new())).await {
-        Ok(Ok(list)) => match list.into_iter().find(|m| m.id == id) {
-            Some(m) => Presence::There(m.deadline),
-            None => Presence::Gone,
-        },
-        _ => Presence::Unknown,
-    }
-}
-
-fn send_report(r: &HolderReport) {
-    use std::io::Write;
-    let line = serde_json::to_string(r).unwrap_or_default();
-    let mut o = std::io::stdout().lock();
-    // The parent may be gone (interrupted); the missing ack handles that.
-    let _ = writeln!(o, "{line}").and_then(|_| o.flush());
-}
-
 /// A handle from `connect`. Dropping it must not kill a sandbox this process does not own,
 /// and the `Sandbox` port has no way to give a handle up, so it is never dropped (a few
 /// hundred bytes, once per command, in a process about to exit).
@@ -306,14 +142,20 @@ impl Borrowed {
 }
 
 /// A sandbox found on an engine.
-struct Found {
+pub(crate) struct Found {
     scheme: String,
     backend: Arc<dyn Backend>,
-    id: String,
+    /// The full id.
+    pub(crate) id: String,
+    /// The runtime it was created with (its label), when known.
+    runtime: Option<String>,
 }
 
+/// The label naming the OCI runtime a container sandbox was created with.
+const LABEL_RUNTIME: &str = "io.sandbox-rs.runtime";
+
 /// Finds `id` (or a unique prefix of it) on `engine`, or on every compiled-in engine.
-async fn find(id: &str, engine: Option<&str>) -> sandbox::Result<Found> {
+pub(crate) async fn find(id: &str, engine: Option<&str>) -> sandbox::Result<Found> {
     if id.is_empty() {
         return Err(SandboxError::config(
             "empty sandbox id",
@@ -335,12 +177,14 @@ async fn find(id: &str, engine: Option<&str>) -> sandbox::Result<Found> {
                         return Ok(Found {
                             scheme,
                             backend,
+                            runtime: m.labels.get(LABEL_RUNTIME).cloned(),
                             id: m.id,
                         });
                     }
                     matches.push(Found {
                         scheme: scheme.clone(),
                         backend: backend.clone(),
+                        runtime: m.labels.get(LABEL_RUNTIME).cloned(),
                         id: m.id,
                     });
                 }
@@ -405,8 +249,17 @@ async fn list_one(scheme: &str) -> Listing {
     Ok((backend, items))
 }
 
+/// Reattaches to `found`, through a backend configured for the runtime the sandbox was
+/// made with: the engine's default backend declares its own runtime's isolation and
+/// refuses a sandbox of another (one made with `create --runtime runsc`).
 async fn connect(found: &Found) -> sandbox::Result<Borrowed> {
-    let sb = sandbox::connect(format!("{}://", found.scheme).as_str(), &found.id).await?;
+    let runsc = found.runtime.as_deref() == Some("runsc");
+    let sb = if runsc {
+        let target = crate::target::runtime_target(&found.scheme, crate::cli::RuntimeArg::Runsc)?;
+        sandbox::connect(target, &found.id).await?
+    } else {
+        sandbox::connect(format!("{}://", found.scheme).as_str(), &found.id).await?
+    };
     Ok(Borrowed(std::mem::ManuallyDrop::new(sb)))
 }
 

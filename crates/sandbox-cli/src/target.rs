@@ -151,7 +151,7 @@ fn ssh_agent_of(values: &[String]) -> sandbox::Result<Option<sandbox::SshAgentOp
     Ok(Some(sandbox::SshAgentOptions::keys(keys)))
 }
 
-fn runtime_target(scheme: &str, runtime: RuntimeArg) -> sandbox::Result<Target> {
+pub(crate) fn runtime_target(scheme: &str, runtime: RuntimeArg) -> sandbox::Result<Target> {
     #[cfg(any(feature = "docker", feature = "podman"))]
     let rt = match runtime {
         RuntimeArg::Runc => Runtime::Runc,

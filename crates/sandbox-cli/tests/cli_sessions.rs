@@ -741,3 +741,154 @@ fn ls_leaves_the_owners_agent_session_alone() {
         assert_eq!(after.exit_code, 0);
     });
 }
+
+/// Whether Docker here can fork with memory: gVisor registered and experimental features
+/// on (what `sandbox doctor` checks for `--runtime runsc`). Under `CI=true` setup provides
+/// both, so a missing one fails.
+fn docker_forks(test: &str) -> bool {
+    let o = Command::new("docker")
+        .args([
+            "info",
+            "--format",
+            "{{json .Runtimes}} {{.ExperimentalBuild}}",
+        ])
+        .output()
+        .expect("docker info");
+    let info = String::from_utf8_lossy(&o.stdout).to_string();
+    if info.contains("runsc") && info.trim_end().ends_with("true") {
+        return true;
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "{test}: Docker cannot fork here ({info}); CI's setup registers runsc with experimental features"
+    );
+    eprintln!("SKIPPED {test}: Docker cannot fork here (needs runsc and experimental features)");
+    false
+}
+
+/// `sandbox fork` asks the session's holder, which alone has the original's handle, for
+/// forks with memory, and then holds them: each fork has the original's files, diverges on
+/// its own, outlives `sandbox kill` of the original, and ends with its own kill.
+#[test]
+fn docker_fork_through_the_session_holder() {
+    if !docker_available("docker_fork_through_the_session_holder")
+        || !docker_forks("docker_fork_through_the_session_holder")
+    {
+        return;
+    }
+    let o = run(&[
+        "create",
+        "--json",
+        "--runtime",
+        "runsc",
+        "--timeout",
+        "120",
+        "docker://sandbox-rs/busybox:latest",
+    ]);
+    assert_eq!(code(&o), 0, "create: {}", stderr(&o));
+    let id = json(&o)["sandbox"]["id"].as_str().expect("id").to_string();
+    let _remove = RemoveOnDrop(id.clone());
+    let o = run(&["exec", &id, "--", "sh", "-c", "echo before > /tmp/state"]);
+    assert_eq!(code(&o), 0, "exec: {}", stderr(&o));
+
+    let o = run(&["fork", "--json", "-n", "2", &id]);
+    assert_eq!(code(&o), 0, "fork: {}{}", stdout(&o), stderr(&o));
+    let v = json(&o);
+    assert_eq!(v["sandbox"], id.as_str(), "{v:#}");
+    let forks: Vec<String> = v["forks"]
+        .as_array()
+        .expect("forks")
+        .iter()
+        .map(|f| f["id"].as_str().expect("fork id").to_string())
+        .collect();
+    let _removes: Vec<RemoveOnDrop> = forks.iter().cloned().map(RemoveOnDrop).collect();
+    assert_eq!(forks.len(), 2, "{v:#}");
+    assert!(forks.iter().all(|f| f != &id), "{v:#}");
+
+    // Each fork starts from the original's files and diverges on its own.
+    let o = run(&[
+        "exec",
+        &forks[0],
+        "--",
+        "sh",
+        "-c",
+        "cat /tmp/state; echo fork0 > /tmp/state",
+    ]);
+    assert_eq!(
+        (code(&o), stdout(&o)),
+        (0, "before\n".to_string()),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&["exec", &forks[1], "--", "cat", "/tmp/state"]);
+    assert_eq!(
+        (code(&o), stdout(&o)),
+        (0, "before\n".to_string()),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&["exec", &id, "--", "cat", "/tmp/state"]);
+    assert_eq!(
+        (code(&o), stdout(&o)),
+        (0, "before\n".to_string()),
+        "{}",
+        stderr(&o)
+    );
+
+    // The original's end does not end its forks: the holder keeps them.
+    let o = run(&["kill", &id]);
+    assert_eq!(code(&o), 0, "kill: {}", stderr(&o));
+    assert_eq!(containers("docker", &id), "", "original removed");
+    std::thread::sleep(Duration::from_secs(5));
+    for f in &forks {
+        assert_eq!(
+            containers("docker", f),
+            *f,
+            "a fork ended with its original"
+        );
+    }
+    let o = run(&["exec", &forks[1], "--", "echo", "alive"]);
+    assert_eq!(
+        (code(&o), stdout(&o)),
+        (0, "alive\n".to_string()),
+        "{}",
+        stderr(&o)
+    );
+    // Once the original is gone there is nothing to fork from, and the answer says so.
+    let o = run(&["fork", "--json", &forks[0]]);
+    assert_ne!(
+        code(&o),
+        0,
+        "a fork has no holder socket of its own: {}",
+        stdout(&o)
+    );
+    for f in &forks {
+        let o = run(&["kill", f]);
+        assert_eq!(code(&o), 0, "kill fork: {}", stderr(&o));
+        assert_eq!(containers("docker", f), "", "fork removed");
+    }
+    // With nothing left to hold the holder ends and removes its socket.
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(
+        !std::path::Path::new(&format!("/run/sandbox-rs/holder/{id}.sock")).exists(),
+        "the holder's control socket outlived it"
+    );
+}
+
+/// A fork the engine cannot make comes back as the library's typed refusal, and a
+/// sandbox no holder answers for gets an error saying where forks are made.
+#[test]
+fn docker_fork_refusals_are_typed() {
+    if !docker_available("docker_fork_refusals_are_typed") {
+        return;
+    }
+    let (id, _remove, _) = short_extendable_session();
+    // runc cannot checkpoint memory: the holder answers with the capability refusal.
+    let o = run(&["fork", "--json", &id]);
+    assert_ne!(code(&o), 0, "{}", stdout(&o));
+    assert_eq!(json(&o)["error"]["code"], "SBX_E1101", "{}", stdout(&o));
+    let o = run(&["fork", "--json", "-n", "0", &id]);
+    assert_eq!(code(&o), 2, "count 0 is a usage error: {}", stdout(&o));
+    let o = run(&["kill", &id]);
+    assert_eq!(code(&o), 0, "kill: {}", stderr(&o));
+}

@@ -253,6 +253,22 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             .and_then(|r| Runtime::parse(r))
             .map(Runtime::tier)
             .unwrap_or_else(|| eng.tier());
+        // Refused before the agent is taken over: a takeover ends the owner's session, and
+        // under gVisor the handle dropped after a refusal would end the agent with it.
+        if tier != eng.tier() {
+            return Err(error::connect(
+                id,
+                format!(
+                    "sandbox reports isolation tier `{tier}` but this backend declares `{}`; \
+                     connect through a backend configured for its runtime ({})",
+                    eng.tier(),
+                    c.labels
+                        .get(LABEL_RUNTIME)
+                        .map_or("unknown", String::as_str),
+                ),
+                None,
+            ));
+        }
         let agent = if stopped {
             None
         } else {
