@@ -33,6 +33,9 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// dockerd drains running containers on SIGTERM (10 s stop timeout each, in parallel).
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Raises the open-files soft limit to the hard one, then execs its arguments.
+const RAISE_NOFILE_AND_EXEC: &str = r#"ulimit -n "$(ulimit -Hn)" 2>/dev/null; exec "$@""#;
+
 /// A daemon serving an engine API on a unix socket.
 pub struct Daemon {
     /// Name in messages and in the pid/log file names.
@@ -132,6 +135,13 @@ impl Daemon {
         is_alive(pid) && cmdline_matches(pid, self.identity)
     }
 
+    /// The daemon's open-files limit (soft), from `/proc/<pid>/limits`.
+    pub fn open_files_limit(pid: u32) -> Option<u64> {
+        let limits = fs::read_to_string(format!("/proc/{pid}/limits")).ok()?;
+        let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+        line.split_whitespace().nth(3)?.parse().ok()
+    }
+
     /// Starts the daemon detached (own session, so it survives xtask and the terminal),
     /// records its pid and waits until the API answers.
     pub fn start(&self) -> Result<u32> {
@@ -150,9 +160,13 @@ impl Daemon {
             .open(&log_path)
             .with_context(|| format!("cannot open {}", log_path.display()))?;
         // `setsid` execs in place when its caller is not a process-group leader (a spawned
-        // child never is), so the child's pid is the daemon's pid.
-        let mut child = Command::new("setsid")
-            .arg(self.program)
+        // child never is), and so does the shell before it, so the child's pid is the
+        // daemon's pid. The shell first raises the open-files soft limit to the hard one:
+        // an engine keeps about a dozen descriptors per live container, and a soft limit
+        // inherited from a login shell (often 1024) caps a machine at a few dozen
+        // sandboxes.
+        let mut child = Command::new("sh")
+            .args(["-c", RAISE_NOFILE_AND_EXEC, "sh", "setsid", self.program])
             .args(self.args)
             .current_dir(&work_dir)
             .stdin(Stdio::null())
@@ -330,6 +344,23 @@ pub const PODMAN_PING: &str = "/v4.0.0/libpod/_ping";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_open_files_limit_is_read_from_proc_and_raised_by_the_start_shell() {
+        let own = Daemon::open_files_limit(std::process::id()).expect("own limit");
+        assert!(own > 0);
+        // The start shell's exec keeps the pid and raises the soft limit to the hard one.
+        let out = Command::new("sh")
+            .args(["-c", "ulimit -Sn 64; exec \"$@\"", "sh"])
+            .args(["sh", "-c", RAISE_NOFILE_AND_EXEC, "sh"])
+            .args(["sh", "-c", "ulimit -n; ulimit -Hn"])
+            .output()
+            .expect("sh");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert_eq!(lines[0], lines[1], "soft limit raised to the hard one: {text}");
+    }
 
     #[test]
     fn http_status_and_body_are_parsed() {

@@ -269,5 +269,21 @@ fn versions() -> Result<((), String)> {
         "--format",
         "podman {{.Version.Version}} (API {{.Version.APIVersion}}), cgroup {{.Host.CgroupsVersion}} ({{.Host.CgroupManager}}), runtime {{.Host.OCIRuntime.Name}}",
     ]))?;
-    Ok(((), format!("{docker}, {docker_api}; {podman}")))
+    // Each live container holds about a dozen of its engine's descriptors
+    // (docs/benchmarks.md), so this bounds how many sandboxes the machine can hold.
+    let open_files = [&DOCKERD, &PODMAN]
+        .iter()
+        .map(|d| {
+            let limit = d
+                .running_pid()
+                .and_then(Daemon::open_files_limit)
+                .map_or_else(|| "unknown".to_string(), |n| n.to_string());
+            format!("{} {limit}", d.name)
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    Ok((
+        (),
+        format!("{docker}, {docker_api}; {podman}; open files: {open_files}"),
+    ))
 }

@@ -47,6 +47,7 @@ fn main() -> ExitCode {
         return completions(args.shell);
     }
     init_tracing(cli.command.json());
+    raise_open_files_limit();
     let out = Out::new(cli.command.json());
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -181,4 +182,20 @@ fn init_tracing(json: bool) {
         .with(log)
         .with(output::PullBar::layer(json).map(|bar| bar.with_filter(output::pull_events())));
     let _ = tracing::subscriber::set_global_default(subscriber);
+}
+
+/// Raises this process's open-files soft limit to its hard limit. Every live sandbox a
+/// process holds keeps one descriptor (its agent's attach stream), and the soft limit a
+/// shell hands down is often 1024: `sandbox mcp` serving many sessions, or a holder of
+/// many forks, would run out long before the engine does. A binary may decide this for
+/// itself; the library leaves it to its caller (docs/benchmarks.md).
+fn raise_open_files_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        limit.current = limit.maximum;
+        if let Err(e) = setrlimit(Resource::Nofile, limit) {
+            tracing::debug!(error = %e, "cannot raise the open-files limit");
+        }
+    }
 }
