@@ -16,7 +16,8 @@
 //!    deadline again (the restored agent's clock for it is the monotonic one, which did
 //!    not run while the container was down).
 //! 5. Each fork starts from the checkpoint; a new session takes its agent over, adopts
-//!    the same interpreters and sets the fork's own deadline.
+//!    the same interpreters and sets the fork's own deadline. Steps 4 and 5 run
+//!    concurrently: each is a restore of its own from the same checkpoint.
 //!
 //! Nothing is left behind: a fork container is owned by its guard until its sandbox
 //! exists (any failure or a dropped call removes it), and the checkpoint lives in the
@@ -291,26 +292,38 @@ async fn restore_all<E: ContainerEngine>(
             break;
         }
     }
-    sh.call("restore", eng.start_from_checkpoint(id, checkpoint))
-        .await
-        .map_err(|e| on("start the sandbox again from its checkpoint", e))?;
-    let original = resume_session(sh, id, agent, kept, sh.deadline()).await?;
-    copied?;
-    let mut clients = Vec::with_capacity(forks.len());
-    for (fork, _, _) in forks {
-        let on = |op: &str, e| error::on_sandbox(eng, fork, op, e);
-        sh.call("start fork", eng.start_from_checkpoint(fork, checkpoint))
+    // The original's restore and the forks' starts are independent runtime work (each
+    // a restore from the same checkpoint): done concurrently, a fork costs one restore's
+    // time instead of one per sandbox. The original is restored whatever the forks do.
+    let original = async {
+        sh.call("restore", eng.start_from_checkpoint(id, checkpoint))
             .await
-            .map_err(|e| on("start a fork from the checkpoint", e))?;
-        let (client, _) = resume_session(sh, fork, agent, kept, fork_deadline).await?;
-        if let Err(e) = sh
-            .call("remove checkpoint", eng.remove_checkpoint(fork, checkpoint))
+            .map_err(|e| on("start the sandbox again from its checkpoint", e))?;
+        resume_session(sh, id, agent, kept, sh.deadline()).await
+    };
+    let started = async {
+        copied?;
+        let starts = forks.iter().map(|(fork, _, _)| async move {
+            let on = |op: &str, e| error::on_sandbox(eng, fork, op, e);
+            sh.call("start fork", eng.start_from_checkpoint(fork, checkpoint))
+                .await
+                .map_err(|e| on("start a fork from the checkpoint", e))?;
+            let (client, _) = resume_session(sh, fork, agent, kept, fork_deadline).await?;
+            if let Err(e) = sh
+                .call("remove checkpoint", eng.remove_checkpoint(fork, checkpoint))
+                .await
+            {
+                tracing::debug!(sandbox_id = %fork, error = %e, "a fork's checkpoint copy stays until it is removed");
+            }
+            Ok::<_, SandboxError>(client)
+        });
+        futures::future::join_all(starts)
             .await
-        {
-            tracing::debug!(sandbox_id = %fork, error = %e, "a fork's checkpoint copy stays until it is removed");
-        }
-        clients.push(client);
-    }
+            .into_iter()
+            .collect::<Result<Vec<_>>>()
+    };
+    let (original, clients) = tokio::join!(original, started);
+    let (original, clients) = (original?, clients?);
     Ok(Restored {
         original,
         forks: clients,
