@@ -119,9 +119,10 @@ impl NativeBackend {
         self.inner.isolation().as_str()
     }
 
-    /// Creates a sandbox; resolves to a `NativeSandbox`.
+    /// Creates a sandbox; resolves to a `NativeSandbox`. `max_lifetime` (seconds from
+    /// create) is how far `extend` may take the deadline; by default it cannot move.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (*, template, timeout, cpu, memory_mb, disk_mb, gpu, egress, allow, ingress_ports, env, secrets, metadata))]
+    #[pyo3(signature = (*, template, timeout, cpu, memory_mb, disk_mb, gpu, egress, allow, ingress_ports, env, secrets, metadata, max_lifetime = None))]
     fn create<'py>(
         &self,
         py: Python<'py>,
@@ -137,7 +138,9 @@ impl NativeBackend {
         env: HashMap<String, String>,
         secrets: HashMap<String, String>,
         metadata: HashMap<String, String>,
+        max_lifetime: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let max_lifetime = crate::sandbox::seconds_arg_opt(max_lifetime, "max_lifetime")?;
         let timeout = Duration::try_from_secs_f64(timeout).map_err(|_| {
             to_py(SandboxError::config(
                 format!("sandbox timeout {timeout} is not a positive number of seconds"),
@@ -160,6 +163,9 @@ impl NativeBackend {
             .map(|(k, v)| (k, Secret::from(v)))
             .collect();
         options.metadata = metadata.into_iter().collect();
+        if let Some(max) = max_lifetime {
+            options = options.max_lifetime(max);
+        }
         let backend = self.inner.clone();
         crate::awaitable(py, async move {
             let sb = backend.create(options).await.map_err(to_py)?;

@@ -30,17 +30,32 @@ impl NativeSandbox {
 /// lifetime then bounds the call).
 pub(crate) fn seconds(t: Option<f64>) -> PyResult<Option<Duration>> {
     t.map(|s| {
-        Duration::try_from_secs_f64(s)
-            .ok()
-            .filter(|d| !d.is_zero())
-            .ok_or_else(|| {
-                to_py(SandboxError::config(
-                    format!("timeout {s} is not a positive number of seconds"),
-                    "pass a positive timeout, or None for the sandbox's remaining lifetime",
-                ))
-            })
+        seconds_arg(
+            s,
+            "timeout",
+            "pass a positive timeout, or None for the sandbox's remaining lifetime",
+        )
     })
     .transpose()
+}
+
+/// An optional positive number of seconds for the setting `what`.
+pub(crate) fn seconds_arg_opt(s: Option<f64>, what: &str) -> PyResult<Option<Duration>> {
+    s.map(|s| seconds_arg(s, what, "pass a positive number of seconds, or None"))
+        .transpose()
+}
+
+/// A positive number of seconds as a duration, or a typed error naming `what`.
+fn seconds_arg(s: f64, what: &str, hint: &str) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(s)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            to_py(SandboxError::config(
+                format!("{what} {s} is not a positive number of seconds"),
+                hint.to_string(),
+            ))
+        })
 }
 
 /// A Python `bytes` of `data` (made where the result is handed over, under the GIL).
@@ -146,6 +161,78 @@ impl NativeSandbox {
                 results,
             );
             Ok(out)
+        })
+    }
+
+    /// Freezes every process in the sandbox (`PAUSE_RESUME`); calls other than `resume`
+    /// and `kill` then fail with `SBX_E1208` until it resumes.
+    fn pause<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let sb = self.inner.clone();
+        crate::awaitable(py, async move { sb.pause().await.map_err(to_py) })
+    }
+
+    /// Lets a paused sandbox's processes continue where they were.
+    fn resume<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let sb = self.inner.clone();
+        crate::awaitable(py, async move { sb.resume().await.map_err(to_py) })
+    }
+
+    /// Ends every process but keeps the sandbox's files, id and policy (`STOP_START`).
+    fn stop<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let sb = self.inner.clone();
+        crate::awaitable(py, async move { sb.stop().await.map_err(to_py) })
+    }
+
+    /// Runs a stopped sandbox again, its network policy re-applied before it resolves.
+    fn start<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let sb = self.inner.clone();
+        crate::awaitable(py, async move { sb.start().await.map_err(to_py) })
+    }
+
+    /// Moves the deadline `seconds` later (`EXTEND_LIFETIME`, at most to the maximum
+    /// lifetime set at create); resolves to the new deadline in Unix seconds.
+    fn extend<'py>(&self, py: Python<'py>, seconds: f64) -> PyResult<Bound<'py, PyAny>> {
+        let by = seconds_arg(seconds, "extend by", "pass a positive number of seconds")?;
+        let sb = self.inner.clone();
+        crate::awaitable(py, async move {
+            let deadline = sb.extend(by).await.map_err(to_py)?;
+            Ok(deadline
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_secs_f64())
+        })
+    }
+
+    /// Turns the sandbox's files into a template `create` accepts (`SNAPSHOT`); resolves
+    /// to the template's reference.
+    fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let sb = self.inner.clone();
+        crate::awaitable(py, async move {
+            Ok(sb.snapshot().await.map_err(to_py)?.template)
+        })
+    }
+
+    /// Forks the running sandbox with its memory (`SNAPSHOT_FORK`): `count` new sandboxes
+    /// that continue from this instant, each living `timeout` seconds (default: the
+    /// original's deadline); resolves to a list of `NativeSandbox`.
+    #[pyo3(signature = (count = 1, *, timeout = None))]
+    fn fork<'py>(
+        &self,
+        py: Python<'py>,
+        count: usize,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let mut options = sandbox::ForkOptions::new(count);
+        if let Some(t) = seconds(timeout)? {
+            options = options.timeout(t);
+        }
+        let sb = self.inner.clone();
+        crate::awaitable(py, async move {
+            let forks = sb.fork(options).await.map_err(to_py)?;
+            Ok(forks
+                .into_iter()
+                .map(NativeSandbox::new)
+                .collect::<Vec<_>>())
         })
     }
 

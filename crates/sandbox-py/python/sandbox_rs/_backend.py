@@ -157,7 +157,10 @@ class RustBackend:
         secrets: dict[str, str] | None = None,
         timeout: float = 300,
         metadata: dict[str, str] | None = None,
+        max_lifetime: float | None = None,
     ) -> RustSandbox:
+        """sandboxio's ``create``; ``max_lifetime`` (a sandbox-rs extra, seconds from
+        create) is how far ``native.extend`` may move the deadline (default: not at all)."""
         native = self._open()
         _policy.validate_request(
             resources=resources,
@@ -185,6 +188,7 @@ class RustBackend:
                     env=dict(env or {}),
                     secrets=dict(secrets or {}),
                     metadata=dict(metadata or {}),
+                    max_lifetime=max_lifetime,
                 )
         except TimeoutError as exc:
             raise CreateTimeout(
