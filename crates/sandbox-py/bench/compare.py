@@ -14,6 +14,10 @@ The first create of each backend (client setup, image check) is printed apart. B
 returns with its in-sandbox agent ready, the reference with ``sleep`` started (its first
 exec then still costs an engine exec).
 
+``--pool N`` adds, apart from the table, the time of ``WarmPool.acquire`` with ready spares
+(a pool of N on rsdocker, the opt-in warm pool): not like for like (the reference has no
+pool, and a spare's lifetime started when the pool made it), so never in the table.
+
 ``--check`` exits non-zero unless rsdocker's ``run(["true"])`` is at least 10x faster than
 the reference's. Create is reported, not checked: even the median of 15 samples moves by
 ~10% between runs here, more than the difference it would check.
@@ -94,6 +98,8 @@ async def measure(backend: Any, template: str) -> dict[str, float]:
 
 def fmt(seconds: float) -> str:
     ms = seconds * 1000
+    if ms < 1:
+        return f"{ms:.2f} ms"
     return f"{ms:.1f} ms" if ms < 100 else f"{ms:.0f} ms"
 
 
@@ -101,6 +107,7 @@ async def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--creates", type=int, default=5)
+    ap.add_argument("--pool", type=int, default=0)
     ap.add_argument("--template", default="sandbox-rs/python:3.11")
     ap.add_argument("--check", action="store_true")
     args = ap.parse_args()
@@ -140,6 +147,21 @@ async def main() -> int:
         f"{names[0]} no slower in {not_slower} of {len(pairs)} adjacent pairs; "
         f"first create (unmeasured above): {fmt(cold[names[0]])} and {fmt(cold[names[1]])}"
     )
+    if args.pool:
+        from sandbox_rs import WarmPool
+
+        acquired = []
+        async with WarmPool(backends[names[0]], size=args.pool, template=args.template, timeout=120) as pool:
+            for _ in range(args.rounds * args.creates):
+                await pool.wait_ready(timeout=60)
+                t = time.perf_counter()
+                sb = await pool.acquire()
+                acquired.append(time.perf_counter() - t)
+                await sb.kill()
+        print(
+            f"WarmPool.acquire with a spare ready (opt-in, not in the table: no pool on the "
+            f"other side): {fmt(statistics.median(acquired))}, median of {len(acquired)}"
+        )
     if args.check:
         if ref['run(["true"])'] / rs['run(["true"])'] < 10:
             print('compare: run(["true"]) is less than 10x faster', file=sys.stderr)
