@@ -5,13 +5,16 @@ the engines of the run (SBX_PY_ENGINES); the session's leak check covers Docker'
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import time
 import uuid
 
 import pytest
 from sandboxio.errors import ConfigurationError
 
-from engines import TEMPLATE, engines
+from engines import TEMPLATE, containers, engines
 from sandbox_rs import DockerBackend, FakeBackend, WarmPool
 
 pytestmark = pytest.mark.anyio
@@ -71,3 +74,41 @@ async def test_closing_kills_every_spare_and_refuses_more(kind: str) -> None:
 async def test_a_pool_size_out_of_range_is_refused(size: int) -> None:
     with pytest.raises(ConfigurationError, match="pool size"):
         WarmPool(FakeBackend(), size=size)
+
+
+EXITS_WITHOUT_CLOSING = textwrap.dedent(
+    """
+    import sys
+    import anyio
+    from sandbox_rs import DockerBackend, WarmPool
+
+    async def main():
+        global pool  # alive until the interpreter's exit, as a module-level pool would be
+        pool = WarmPool(DockerBackend(default_template=sys.argv[1]), size=3, timeout=120,
+                        metadata={"warm-pool-test": sys.argv[2]})
+        print(await pool.wait_ready(2, timeout=60), flush=True)
+
+    anyio.run(main)
+    """
+)
+
+
+@pytest.mark.skipif("docker" not in engines(), reason="Docker is not among this run's engines")
+async def test_a_pool_never_closed_is_closed_at_exit() -> None:
+    # The interpreter exits with spares ready and, most likely, one still being created.
+    tag = uuid.uuid4().hex
+    done = subprocess.run(
+        [sys.executable, "-c", EXITS_WITHOUT_CLOSING, TEMPLATE, tag],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.split()[-1]) >= 2, done.stdout
+    # Asked of the engine's CLI, not of a backend (whose startup sweep would remove what
+    # a dead process left); a few seconds for a removal the engine finishes on its own.
+    label = f"io.sandbox-rs.meta.warm-pool-test={tag}"
+    deadline = time.monotonic() + 3
+    while (left := containers("docker", label)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"spares outlived their process: {left}"
