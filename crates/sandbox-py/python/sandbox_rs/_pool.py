@@ -14,6 +14,8 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING
 
+import anyio
+
 from sandboxio import _policy
 from sandboxio.errors import ConfigurationError
 from sandboxio.models import NetworkPolicy, Resources
@@ -131,9 +133,12 @@ class WarmPool:
         )
 
     async def aclose(self) -> None:
-        """Stops refilling and kills every spare (idempotent)."""
+        """Stops refilling and kills every spare (idempotent). Shielded from cancellation
+        and bounded (each kill by the teardown grace, ``SBX_TEARDOWN_GRACE``): a cancelled
+        close must not leave spares running until their deadline."""
         if self._finalizer.detach() is not None:
-            await self._native.shutdown()
+            with anyio.CancelScope(shield=True):
+                await self._native.shutdown()
 
     async def __aenter__(self) -> WarmPool:
         return self
