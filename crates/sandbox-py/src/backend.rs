@@ -89,7 +89,7 @@ fn network(egress: &str, allow: Vec<String>, ingress: Vec<u16>) -> PyResult<Netw
 }
 
 /// The resource arguments of a create, as Python passes them.
-struct Resources4 {
+struct ResourceArgs {
     cpu: Option<f64>,
     memory_mb: Option<u64>,
     disk_mb: Option<u64>,
@@ -100,7 +100,7 @@ struct Resources4 {
 fn create_options(
     template: Option<String>,
     timeout: f64,
-    r: Resources4,
+    r: ResourceArgs,
     network: NetworkPolicy,
     env: HashMap<String, String>,
     secrets: HashMap<String, String>,
@@ -185,7 +185,7 @@ impl NativeBackend {
         let options = create_options(
             template,
             timeout,
-            Resources4 {
+            ResourceArgs {
                 cpu,
                 memory_mb,
                 disk_mb,
@@ -227,7 +227,7 @@ impl NativeBackend {
         let options = create_options(
             template,
             timeout,
-            Resources4 {
+            ResourceArgs {
                 cpu,
                 memory_mb,
                 disk_mb,
