@@ -83,7 +83,8 @@ pub struct PoolStats {
 /// A bounded warm pool; see the module docs.
 pub struct Pool {
     inner: Arc<Inner>,
-    refill: tokio::task::JoinHandle<()>,
+    /// The background refill; taken (aborted and awaited) by the first `shutdown`.
+    refill: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -125,7 +126,7 @@ impl Pool {
             wake_refill: Notify::new(),
             spare_ready: Notify::new(),
         });
-        let refill = tokio::spawn(refill_loop(inner.clone()));
+        let refill = Mutex::new(Some(tokio::spawn(refill_loop(inner.clone()))));
         Ok(Pool { inner, refill })
     }
 
@@ -218,14 +219,21 @@ impl Pool {
         found
     }
 
-    /// Stops refilling and kills every spare (bounded by the teardown grace each).
+    /// Stops refilling and kills every spare (bounded by the teardown grace each). Returns
+    /// once the creates still in flight are dropped too: their removal is then scheduled
+    /// by the adapter's teardown guard (see `teardown::wait_for_teardowns`).
     pub async fn shutdown(&self) {
         let spares: Vec<Spare> = {
             let mut s = self.inner.lock();
             s.closed = true;
             s.spares.drain(..).collect()
         };
-        self.refill.abort();
+        let refill = self.refill.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(task) = refill {
+            // Aborting only asks; awaiting the task is what drops its creates.
+            task.abort();
+            let _ = task.await;
+        }
         let kills = spares.iter().map(|s| s.sandbox.kill());
         let _ = futures::future::join_all(kills).await;
     }
@@ -233,7 +241,14 @@ impl Pool {
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        self.refill.abort();
+        if let Some(task) = self
+            .refill
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            task.abort();
+        }
         let mut s = self.inner.lock();
         s.closed = true;
         // Each spare's own drop schedules its bounded kill.
@@ -343,6 +358,19 @@ mod tests {
     struct Counts {
         created: AtomicUsize,
         killed: AtomicUsize,
+        /// Creates dropped before they finished (what an engine's teardown guard removes).
+        abandoned: AtomicUsize,
+    }
+
+    /// Counts a create dropped before it finished.
+    struct InFlightCreate(Arc<Counts>, bool);
+
+    impl Drop for InFlightCreate {
+        fn drop(&mut self) {
+            if !self.1 {
+                self.0.abandoned.fetch_add(1, Ordering::SeqCst);
+            }
+        }
     }
 
     #[derive(Debug)]
@@ -378,7 +406,9 @@ mod tests {
             IsolationTier::Container
         }
         async fn create(&self, _o: CreateOptions) -> Result<Box<dyn Sandbox>> {
+            let mut in_flight = InFlightCreate(self.counts.clone(), false);
             tokio::time::sleep(self.create_delay).await;
+            in_flight.1 = true;
             let n = self.counts.created.fetch_add(1, Ordering::SeqCst);
             Ok(Box::new(TestSandbox {
                 id: format!("sb-{n}"),
@@ -496,6 +526,19 @@ mod tests {
         p.shutdown().await;
         assert_eq!(counts.killed.load(Ordering::SeqCst), 4);
         assert!(p.acquire().await.is_err(), "closed pool refuses");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_returns_after_the_creates_in_flight_are_dropped() {
+        // A create dropped mid-way is removed by the adapter's teardown guard, which its
+        // drop schedules: a shutdown that returned before that drop would let a caller
+        // (a process about to exit) miss the removal.
+        let (p, counts) = pool(2, Duration::from_secs(300), Duration::from_secs(10));
+        tokio::task::yield_now().await;
+        assert_eq!(p.stats().creating, 2, "both creates in flight");
+        p.shutdown().await;
+        assert_eq!(counts.abandoned.load(Ordering::SeqCst), 2);
+        assert_eq!(counts.created.load(Ordering::SeqCst), 0);
     }
 
     #[tokio::test(start_paused = true)]

@@ -8,11 +8,12 @@ use std::time::{Duration, UNIX_EPOCH};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use sandbox::{
-    Backend, BackendConfig, CreateOptions, NetworkPolicy, Resources, SandboxError, SandboxState,
-    Secret,
+    Backend, BackendConfig, CreateOptions, NetworkPolicy, Pool, PoolConfig, Resources,
+    SandboxError, SandboxState, Secret,
 };
 
 use crate::error::to_py;
+use crate::pool::NativePool;
 use crate::sandbox::NativeSandbox;
 
 /// One backend of the facade, shared by every sandbox it creates.
@@ -87,6 +88,49 @@ fn network(egress: &str, allow: Vec<String>, ingress: Vec<u16>) -> PyResult<Netw
     Ok(policy)
 }
 
+/// The resource arguments of a create, as Python passes them.
+struct ResourceArgs {
+    cpu: Option<f64>,
+    memory_mb: Option<u64>,
+    disk_mb: Option<u64>,
+    gpu: Option<u32>,
+}
+
+/// The facade's options for one create (or every spare of a pool).
+fn create_options(
+    template: Option<String>,
+    timeout: f64,
+    r: ResourceArgs,
+    network: NetworkPolicy,
+    env: HashMap<String, String>,
+    secrets: HashMap<String, String>,
+    metadata: HashMap<String, String>,
+) -> PyResult<CreateOptions> {
+    let timeout = Duration::try_from_secs_f64(timeout).map_err(|_| {
+        to_py(SandboxError::config(
+            format!("sandbox timeout {timeout} is not a positive number of seconds"),
+            "pass timeout=300 (seconds)",
+        ))
+    })?;
+    let mut resources = Resources::default();
+    resources.cpu = r.cpu;
+    resources.memory_mb = r.memory_mb;
+    resources.disk_mb = r.disk_mb;
+    resources.gpu = r.gpu;
+    let mut options = CreateOptions::default();
+    options.template = template;
+    options.resources = resources;
+    options.network = network;
+    options.timeout = timeout;
+    options.env = env.into_iter().collect::<BTreeMap<_, _>>();
+    options.secrets = secrets
+        .into_iter()
+        .map(|(k, v)| (k, Secret::from(v)))
+        .collect();
+    options.metadata = metadata.into_iter().collect();
+    Ok(options)
+}
+
 fn state_name(s: &SandboxState) -> &'static str {
     match s {
         SandboxState::Running | SandboxState::Creating => "running",
@@ -141,28 +185,20 @@ impl NativeBackend {
         max_lifetime: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let max_lifetime = crate::sandbox::seconds_arg_opt(max_lifetime, "max_lifetime")?;
-        let timeout = Duration::try_from_secs_f64(timeout).map_err(|_| {
-            to_py(SandboxError::config(
-                format!("sandbox timeout {timeout} is not a positive number of seconds"),
-                "pass timeout=300 (seconds)",
-            ))
-        })?;
-        let mut resources = Resources::default();
-        resources.cpu = cpu;
-        resources.memory_mb = memory_mb;
-        resources.disk_mb = disk_mb;
-        resources.gpu = gpu;
-        let mut options = CreateOptions::default();
-        options.template = template;
-        options.resources = resources;
-        options.network = network(egress, allow, ingress_ports)?;
-        options.timeout = timeout;
-        options.env = env.into_iter().collect::<BTreeMap<_, _>>();
-        options.secrets = secrets
-            .into_iter()
-            .map(|(k, v)| (k, Secret::from(v)))
-            .collect();
-        options.metadata = metadata.into_iter().collect();
+        let mut options = create_options(
+            template,
+            timeout,
+            ResourceArgs {
+                cpu,
+                memory_mb,
+                disk_mb,
+                gpu,
+            },
+            network(egress, allow, ingress_ports)?,
+            env,
+            secrets,
+            metadata,
+        )?;
         if let Some(max) = max_lifetime {
             options = options.max_lifetime(max);
         }
@@ -170,6 +206,61 @@ impl NativeBackend {
         crate::awaitable(py, async move {
             let sb = backend.create(options).await.map_err(to_py)?;
             Ok(NativeSandbox::new(sb))
+        })
+    }
+
+    /// Starts a warm pool of `size` sandboxes created with these options, filled in the
+    /// background at once; see `NativePool`. The options are checked now.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (*, size, template, timeout, cpu, memory_mb, disk_mb, gpu, egress, allow, ingress_ports, env, secrets, metadata))]
+    fn pool(
+        &self,
+        py: Python<'_>,
+        size: usize,
+        template: Option<String>,
+        timeout: f64,
+        cpu: Option<f64>,
+        memory_mb: Option<u64>,
+        disk_mb: Option<u64>,
+        gpu: Option<u32>,
+        egress: &str,
+        allow: Vec<String>,
+        ingress_ports: Vec<u16>,
+        env: HashMap<String, String>,
+        secrets: HashMap<String, String>,
+        metadata: HashMap<String, String>,
+    ) -> PyResult<NativePool> {
+        let options = create_options(
+            template,
+            timeout,
+            ResourceArgs {
+                cpu,
+                memory_mb,
+                disk_mb,
+                gpu,
+            },
+            network(egress, allow, ingress_ports)?,
+            env,
+            secrets,
+            metadata,
+        )?;
+        // The backend refuses what it cannot do before a spare is made: a pool of refusals
+        // would only retry them in the background.
+        sandbox::policy::check_create(
+            self.inner.name(),
+            self.inner.capabilities(),
+            self.inner.isolation(),
+            &options,
+        )
+        .map_err(to_py)?;
+        let backend = self.inner.clone();
+        // The pool's refill task is spawned on the module's runtime.
+        let pool = py.detach(|| {
+            let _entered = runtime().enter();
+            Pool::new(backend, PoolConfig::new(size, options))
+        });
+        Ok(NativePool {
+            inner: Arc::new(pool.map_err(to_py)?),
         })
     }
 

@@ -11,6 +11,7 @@
 
 mod backend;
 mod error;
+mod pool;
 mod process;
 mod sandbox;
 
@@ -98,6 +99,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<backend::NativeBackend>()?;
     m.add_class::<sandbox::NativeSandbox>()?;
     m.add_class::<process::NativeProcess>()?;
+    m.add_class::<pool::NativePool>()?;
     m.add_function(wrap_pyfunction!(backend::open_backend, m)?)?;
     m.add_function(wrap_pyfunction!(quiesce, m)?)?;
     m.add_function(wrap_pyfunction!(session_id, m)?)?;

@@ -9,6 +9,8 @@ entry-point group, so a DSN reaches them with nothing imported by hand::
         print((await sb.run(["echo", "hi"])).stdout)
 
 ``rsdocker`` (Docker), ``rspodman`` (Podman) and ``rsfake`` (sandbox-rs's in-memory fake).
+``WarmPool`` (opt-in, outside sandboxio's API) keeps sandboxes ready for an ``acquire``
+that does not wait for the engine.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from sandbox_rs._backend import (
     RustProcess,
     RustSandbox,
 )
+from sandbox_rs._pool import WarmPool
 
 # Results cross from tokio's worker threads to the event loop a moment after each Rust
 # future ends; the interpreter must not finalize under one of those threads.
@@ -39,4 +42,5 @@ __all__ = [
     "RustFileSystem",
     "RustProcess",
     "RustSandbox",
+    "WarmPool",
 ]
