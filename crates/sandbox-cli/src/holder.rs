@@ -61,6 +61,18 @@ pub struct HolderReport {
 }
 
 impl HolderReport {
+    /// Prints the report as the command's own output; returns its exit code.
+    pub fn print(&self, out: &Out) -> u8 {
+        if out.json {
+            out.json_value(&self.body);
+        } else if self.exit == exit_code::OK {
+            out.line(&self.text);
+        } else {
+            out.note(format!("{} {}", out.red("error:"), self.text));
+        }
+        self.exit
+    }
+
     fn failed(e: &SandboxError) -> Self {
         HolderReport {
             exit: exit_code::for_error(e),
@@ -419,14 +431,7 @@ pub async fn fork(args: ForkArgs, out: Out) -> sandbox::Result<u8> {
             ));
         }
     };
-    if out.json {
-        out.json_value(&report.body);
-    } else if report.exit == exit_code::OK {
-        out.line(&report.text);
-    } else {
-        out.note(format!("{} {}", out.red("error:"), report.text));
-    }
-    Ok(report.exit)
+    Ok(report.print(&out))
 }
 
 #[cfg(test)]

@@ -96,14 +96,7 @@ pub async fn create(args: CreateArgs, out: Out) -> sandbox::Result<u8> {
             .map_err(|e| holder_error(format!("cannot hand the sandbox over: {e}")))?;
     }
     drop(stdin);
-    if out.json {
-        out.json_value(&report.body);
-    } else if report.exit == exit_code::OK {
-        out.line(&report.text);
-    } else {
-        out.note(format!("{} {}", out.red("error:"), report.text));
-    }
-    Ok(report.exit)
+    Ok(report.print(&out))
 }
 
 fn holder_error(message: String) -> SandboxError {
