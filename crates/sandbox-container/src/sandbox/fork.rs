@@ -232,6 +232,7 @@ pub(crate) async fn fork<E: ContainerEngine>(
     }
     // The takeover closed the socket the old session had opened; the original's goes on.
     crate::ssh_agent::Forwarding::resume(&sh.ssh_agent, &client, &sh.id).await?;
+    crate::git_gate::Forwarding::resume(&sh.git_gate, &client).await?;
     *sh.agent.lock().unwrap_or_else(|e| e.into_inner()) = Some(client);
     sh.restored.store(true, Ordering::SeqCst);
     // 5 (the forks' side). Each becomes a sandbox of its own.
@@ -456,6 +457,8 @@ async fn sandbox_of<E: ContainerEngine>(
         fork_base: Some(fork_base),
         restored: AtomicBool::new(true),
         ssh_agent: Mutex::new(None),
+        git_gate: Mutex::new(None),
+        git_env: Vec::new(),
     });
     let ports = &base.ingress_ports;
     let ingress = if ports.is_empty() {
