@@ -24,11 +24,6 @@ pub const GATE_PORT: u16 = 7418;
 /// separated by spaces.
 pub const LABEL_GIT_GATE: &str = "io.sandbox-rs.git-gate";
 
-/// Where the agent writes the URLs with the token inside the sandbox (one `VAR=URL` line
-/// per repository, readable by every user of the sandbox, which may use the gate anyway):
-/// a handle that reattaches reads it to give its commands the same variables.
-pub const GIT_ENV_PATH: &str = "/run/sandbox-rs/git-gate.env";
-
 /// The names of `repos` in URLs (`http://127.0.0.1:7418/<name>.git`): each directory's
 /// name without `.git`, reduced to letters, digits, `-` and `_`, made unique by its
 /// position when two are alike.
@@ -157,6 +152,23 @@ impl GitRepo {
         }
         Ok(())
     }
+}
+
+/// Where git's smart-HTTP server (`git http-backend`, which the gate runs) is on this
+/// host: in `git --exec-path`, else where Debian's `git` package puts it. `None` when git
+/// is not installed.
+pub fn http_backend() -> Option<PathBuf> {
+    let exec_path = std::process::Command::new("git")
+        .arg("--exec-path")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    exec_path
+        .into_iter()
+        .chain([PathBuf::from("/usr/lib/git-core")])
+        .map(|d| d.join("git-http-backend"))
+        .find(|c| c.is_file())
 }
 
 /// The git directory of the repository at `path`, if it is one.

@@ -228,7 +228,7 @@ async fn cgi(
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
         // On top of the repository's own config (command-line level wins): the gate's
         // hook and nothing served beyond the protocol.
-        .env("GIT_CONFIG_COUNT", "3")
+        .env("GIT_CONFIG_COUNT", "4")
         .env("GIT_CONFIG_KEY_0", "core.hooksPath")
         .env("GIT_CONFIG_VALUE_0", gate.hooks_dir())
         .env("GIT_CONFIG_KEY_1", "http.receivepack")
@@ -242,6 +242,9 @@ async fn cgi(
         )
         .env("GIT_CONFIG_KEY_2", "http.getanyfile")
         .env("GIT_CONFIG_VALUE_2", "false")
+        // One push may not write more than a request body may carry.
+        .env("GIT_CONFIG_KEY_3", "receive.maxInputSize")
+        .env("GIT_CONFIG_VALUE_3", MAX_BODY.to_string())
         .env("SBX_GIT_PUSH_PREFIX", &repo.prefix)
         .env("PATH_INFO", path_info)
         .env("REQUEST_METHOD", req.method().as_str())

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use sandbox_agent::client::{AgentClient, TcpRelay};
-use sandbox_core::git_gate::{GATE_PORT, GIT_ENV_PATH, git_dir, git_url_var, url_names};
+use sandbox_core::git_gate::{GATE_PORT, git_dir, git_url_var, url_names};
 use sandbox_core::{GitAccess, GitRepo, Result, SandboxError};
 
 /// Bytes of the token (hex-encoded in URLs).
@@ -182,22 +182,10 @@ impl Gate {
     }
 }
 
-/// `git http-backend` on this host: in `git --exec-path`, else Debian's place.
+/// `git http-backend` on this host, or what to do without it.
 pub(crate) fn http_backend() -> Result<PathBuf> {
-    let exec_path = std::process::Command::new("git")
-        .arg("--exec-path")
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
-    let candidates = exec_path
-        .into_iter()
-        .chain([PathBuf::from("/usr/lib/git-core")])
-        .map(|d| d.join("git-http-backend"));
-    for c in candidates {
-        if c.is_file() {
-            return Ok(c);
-        }
+    if let Some(found) = sandbox_core::git_gate::http_backend() {
+        return Ok(found);
     }
     Err(SandboxError::config(
         "git_repo: git's HTTP backend (git-http-backend) is not on this host",
@@ -258,7 +246,6 @@ impl Forwarding {
         let gate = Arc::new(gate);
         let relay = listen(client, GATE_PORT).await?;
         let port = relay.port();
-        write_env(client, &gate.env(port)).await?;
         tracing::debug!(sandbox_id, port, repos = gate.repos.len(), "git gate open");
         Ok(Forwarding {
             serving: Some(serve_port(relay, gate.clone())),
@@ -285,7 +272,6 @@ impl Forwarding {
             }
         };
         let relay = listen(client, port).await?;
-        write_env(client, &gate.env(port)).await?;
         if let Some(f) = slot.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
             f.serving = Some(serve_port(relay, gate));
         }
@@ -296,39 +282,6 @@ impl Forwarding {
     pub(crate) fn env(&self) -> Vec<(String, String)> {
         self.gate.env(self.port)
     }
-}
-
-/// Writes the URLs with the token inside the sandbox, for handles that reattach.
-async fn write_env(client: &AgentClient, env: &[(String, String)]) -> Result<()> {
-    let body: String = env.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
-    let dir = GIT_ENV_PATH.rsplit_once('/').map(|(d, _)| d).unwrap_or("/");
-    let written = async {
-        client.mkdir(dir, true).await?;
-        client
-            .write_file(GIT_ENV_PATH, body.as_bytes(), Some(0o644))
-            .await
-    };
-    written.await.map_err(|e| {
-        SandboxError::config(
-            format!(
-                "git_repo: {GIT_ENV_PATH} could not be written in the sandbox: {}",
-                e.render()
-            ),
-            "use an image whose /run is writable by its user (the root filesystem must not \
-             be read-only), or create the sandbox without git_repo",
-        )
-    })
-}
-
-/// The variables of a gate as [`GIT_ENV_PATH`] holds them; lines of any other shape, and
-/// names that are not the gate's, are ignored (the file is the sandbox's to change, so
-/// it can only set the gate's own variables of its own commands).
-pub(crate) fn parse_env(file: &str) -> Vec<(String, String)> {
-    file.lines()
-        .filter_map(|l| l.split_once('='))
-        .filter(|(k, _)| (0..sandbox_core::git_gate::MAX_GIT_REPOS).any(|i| git_url_var(i) == *k))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
 }
 
 async fn listen(client: &AgentClient, port: u16) -> Result<TcpRelay> {

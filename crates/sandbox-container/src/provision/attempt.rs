@@ -284,7 +284,6 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             restored: std::sync::atomic::AtomicBool::new(false),
             ssh_agent: Mutex::new(ssh_agent),
             git_gate: Mutex::new(git_gate),
-            git_env: Vec::new(),
         });
         tracing::debug!(
             sandbox_id = %shared.id,

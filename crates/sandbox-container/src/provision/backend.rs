@@ -266,20 +266,6 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         } else {
             crate::sandbox::agent::capabilities(agent.as_ref(), tier)
         };
-        // The git gate's URLs, for this handle's commands too: only the creating handle
-        // serves the gate, but the sandbox's own copy names it.
-        let git_env = match (
-            &agent,
-            c.labels
-                .contains_key(sandbox_core::git_gate::LABEL_GIT_GATE),
-        ) {
-            (Some(client), true) => client
-                .read_file(sandbox_core::git_gate::GIT_ENV_PATH, 64 * 1024)
-                .await
-                .map(|b| crate::git_gate::parse_env(&String::from_utf8_lossy(&b)))
-                .unwrap_or_default(),
-            _ => Vec::new(),
-        };
         let info = OrphanInfo::new(c.id.clone(), eng.backend(), c.labels.clone());
         let expiry = self.arm_expiry(&c.id, recorded.unwrap_or(latest), latest);
         let guard = TeardownGuard::new(
@@ -328,7 +314,6 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             restored: AtomicBool::new(false),
             ssh_agent: Mutex::new(None),
             git_gate: Mutex::new(None),
-            git_env,
         });
         tracing::debug!(
             sandbox_id = %shared.id,

@@ -458,7 +458,6 @@ async fn sandbox_of<E: ContainerEngine>(
         restored: AtomicBool::new(true),
         ssh_agent: Mutex::new(None),
         git_gate: Mutex::new(None),
-        git_env: Vec::new(),
     });
     let ports = &base.ingress_ports;
     let ingress = if ports.is_empty() {

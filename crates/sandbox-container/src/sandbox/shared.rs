@@ -73,9 +73,6 @@ pub(crate) struct Shared<E> {
     /// closes it and forgets its token) at kill. Only the creating handle has one: the
     /// token is not kept engine-side.
     pub git_gate: Mutex<Option<crate::git_gate::Forwarding>>,
-    /// A reattached handle's copy of the gate's variables, read from inside the sandbox
-    /// at connect (empty otherwise); it serves nothing.
-    pub git_env: Vec<(String, String)>,
 }
 
 impl<E: ContainerEngine> Shared<E> {
@@ -153,7 +150,7 @@ impl<E: ContainerEngine> Shared<E> {
             .unwrap_or_else(|p| p.into_inner())
             .as_ref()
             .map(|g| g.env())
-            .unwrap_or_else(|| self.git_env.clone());
+            .unwrap_or_default();
         self.secrets
             .iter()
             .map(|(k, v)| (k.clone(), v.expose().to_string()))
