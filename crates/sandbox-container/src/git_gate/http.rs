@@ -3,8 +3,9 @@
 //! both bodies streamed.
 //!
 //! Bounds against the code inside the sandbox, which writes every request: headers at
-//! most [`MAX_HEADERS`] bytes and read within [`HEADER_TIME`]; one request at most
-//! [`REQUEST_TIME`] and [`MAX_BODY`] bytes of body; the backend's CGI header at most
+//! most [`MAX_HEADERS`] bytes and read within [`HEADER_TIME`]; one connection (and so
+//! each of its requests) at most [`REQUEST_TIME`], a request body at most [`MAX_BODY`]
+//! bytes; the backend's CGI header at most
 //! [`MAX_CGI_HEADER`] bytes. The backend runs with the gate's config on top of the
 //! repository's: its hooks directory (the prefix check), receive-pack only with
 //! read-write access, no file served but the protocol's.
@@ -30,7 +31,7 @@ const MAX_HEADERS: usize = 64 * 1024;
 /// Time to send a request head.
 const HEADER_TIME: Duration = Duration::from_secs(30);
 
-/// Longest one request may take, body and backend included.
+/// Longest one connection may last (its requests, bodies and backends included).
 const REQUEST_TIME: Duration = Duration::from_secs(600);
 
 /// Largest request body (a push's pack).
