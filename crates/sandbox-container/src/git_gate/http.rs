@@ -37,6 +37,9 @@ const REQUEST_TIME: Duration = Duration::from_secs(600);
 /// Largest request body (a push's pack).
 const MAX_BODY: u64 = 1 << 30;
 
+/// Largest command list of one push (its pkt-lines up to the flush): thousands of refs.
+const MAX_COMMANDS: usize = 1 << 20;
+
 /// Largest CGI header the backend may write.
 const MAX_CGI_HEADER: usize = 64 * 1024;
 
@@ -267,6 +270,42 @@ async fn cgi(
             cmd.env(cgi_name, v);
         }
     }
+    // A push's ref updates are checked here before git sees the request, and again by
+    // the gate's hook inside git: two independent checks of the same prefix.
+    let encoding = header("content-encoding");
+    let mut body = req.into_body();
+    let mut read_ahead = Vec::new();
+    if endpoint == Endpoint::ReceivePack {
+        if encoding.is_some_and(|e| !e.eq_ignore_ascii_case("identity")) {
+            return Ok(text(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "the gate reads a push's commands itself: send them uncompressed",
+            ));
+        }
+        let commands = loop {
+            match parse_commands(&read_ahead) {
+                Ok(Some(c)) => break c,
+                Ok(None) if read_ahead.len() <= MAX_COMMANDS => {}
+                Ok(None) => {
+                    return Ok(text(StatusCode::PAYLOAD_TOO_LARGE, "too many ref updates"));
+                }
+                Err(why) => return Ok(text(StatusCode::BAD_REQUEST, &why)),
+            }
+            match body.frame().await {
+                Some(Ok(f)) => {
+                    if let Ok(data) = f.into_data() {
+                        read_ahead.extend_from_slice(&data);
+                    }
+                }
+                Some(Err(e)) => return Err(std::io::Error::other(e)),
+                None => return Ok(text(StatusCode::BAD_REQUEST, "the push ended early")),
+            }
+        };
+        if let Err(why) = refs_allowed(&commands, &repo.prefix) {
+            tracing::info!(repo = %repo.name, "git gate: push refused (outside the prefix)");
+            return Ok(text(StatusCode::FORBIDDEN, &why));
+        }
+    }
     let mut child = cmd.spawn()?;
     let mut stdin = child.stdin.take();
     let mut stdout = child
@@ -274,13 +313,15 @@ async fn cgi(
         .take()
         .ok_or_else(|| std::io::Error::other("no stdout"))?;
     let mut stderr = child.stderr.take();
-    // The request body goes to the backend as it arrives.
-    let mut body = req.into_body();
+    // The request body goes to the backend as it arrives (what was read ahead first).
     let feed = tokio::spawn(async move {
         let Some(mut input) = stdin.take() else {
             return;
         };
-        let mut total = 0u64;
+        let mut total = read_ahead.len() as u64;
+        if input.write_all(&read_ahead).await.is_err() {
+            return;
+        }
         while let Some(frame) = body.frame().await {
             let Ok(frame) = frame else { return };
             if let Ok(data) = frame.into_data() {
@@ -359,6 +400,77 @@ async fn cgi(
         .map_err(std::io::Error::other)
 }
 
+/// A push's ref updates: the `refname` of each command of a receive-pack request, once
+/// `buf` holds the command list up to its flush packet (`Ok(None)` until then). Shallow
+/// lines are skipped; a signed push (`push-cert`), a malformed packet or command is an
+/// error saying why.
+pub(super) fn parse_commands(buf: &[u8]) -> Result<Option<Vec<String>>, String> {
+    let mut refs = Vec::new();
+    let mut at = 0;
+    loop {
+        let Some(len) = buf.get(at..at + 4) else {
+            return Ok(None);
+        };
+        let len = std::str::from_utf8(len)
+            .ok()
+            .and_then(|l| usize::from_str_radix(l, 16).ok())
+            .ok_or("a push's command list is not pkt-lines")?;
+        if len == 0 {
+            return Ok(Some(refs));
+        }
+        if !(5..=65520).contains(&len) {
+            return Err(format!("a push's command packet has the length {len}"));
+        }
+        let Some(line) = buf.get(at + 4..at + len) else {
+            return Ok(None);
+        };
+        at += len;
+        let line = line.strip_suffix(b"\n").unwrap_or(line);
+        let command = line.split(|b| *b == 0).next().unwrap_or_default();
+        let command =
+            std::str::from_utf8(command).map_err(|_| "a push command is not UTF-8".to_string())?;
+        if command.starts_with("shallow ") {
+            continue;
+        }
+        if command.starts_with("push-cert") {
+            return Err("the gate does not take signed pushes".into());
+        }
+        let parts: Vec<&str> = command.split(' ').collect();
+        let [old, new, name] = parts[..] else {
+            return Err(format!("malformed push command {command:?}"));
+        };
+        let oid = |o: &str| matches!(o.len(), 40 | 64) && o.bytes().all(|b| b.is_ascii_hexdigit());
+        if !oid(old) || !oid(new) {
+            return Err(format!("malformed push command {command:?}"));
+        }
+        refs.push(name.to_string());
+    }
+}
+
+/// `Ok` when every ref is under `prefix` and a plain ref name; else why not.
+pub(super) fn refs_allowed(refs: &[String], prefix: &str) -> Result<(), String> {
+    for r in refs {
+        let plain = !r.contains("..")
+            && !r.contains("//")
+            && !r.contains("@{")
+            && !r.ends_with('/')
+            && !r.ends_with(".lock")
+            && !r.split('/').any(|c| c.starts_with('.'))
+            && !r
+                .bytes()
+                .any(|b| b.is_ascii_control() || b" ~^:?*[\\".contains(&b));
+        if !plain {
+            return Err(format!("push refused: {r} is not a plain ref name"));
+        }
+        if !r.starts_with(prefix) || r.len() == prefix.len() {
+            return Err(format!(
+                "push refused: {r} is outside {prefix}, the only refs this sandbox may update"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Where the CGI header ends: (end of the header lines, start of the body).
 fn find_blank_line(buf: &[u8]) -> Option<(usize, usize)> {
     let crlf = sandbox_agent::protocol::find(buf, b"\r\n\r\n").map(|i| (i, i + 4));
@@ -366,5 +478,74 @@ fn find_blank_line(buf: &[u8]) -> Option<(usize, usize)> {
     match (crlf, lf) {
         (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
         (a, b) => a.or(b),
+    }
+}
+
+#[cfg(test)]
+mod checks {
+    use super::*;
+
+    fn pkt(s: &str) -> Vec<u8> {
+        let mut v = format!("{:04x}", s.len() + 4).into_bytes();
+        v.extend_from_slice(s.as_bytes());
+        v
+    }
+
+    fn commands(lines: &[&str]) -> Vec<u8> {
+        let mut v = Vec::new();
+        for (i, l) in lines.iter().enumerate() {
+            if i == 0 {
+                v.extend(pkt(&format!("{l}\0report-status\n")));
+            } else {
+                v.extend(pkt(&format!("{l}\n")));
+            }
+        }
+        v.extend_from_slice(b"0000PACK");
+        v
+    }
+
+    const Z: &str = "0000000000000000000000000000000000000000";
+    const A: &str = "1111111111111111111111111111111111111111";
+
+    #[test]
+    fn every_ref_of_a_push_is_read_and_checked() {
+        let p = "refs/heads/sandbox/s1/";
+        let ok = commands(&[&format!("{Z} {A} refs/heads/sandbox/s1/x")]);
+        let refs = parse_commands(&ok).unwrap().unwrap();
+        assert_eq!(refs, ["refs/heads/sandbox/s1/x"]);
+        assert!(refs_allowed(&refs, p).is_ok());
+        // Incomplete: more is needed, never a guess.
+        assert_eq!(parse_commands(&ok[..ok.len() - 8]).unwrap(), None);
+        for bad in [
+            format!("{A} {Z} refs/heads/main"),
+            format!("{Z} {A} refs/tags/v1"),
+            format!("{Z} {A} refs/heads/sandbox/s1/../../main"),
+            format!("{Z} {A} refs/heads/sandbox/s10/x"),
+            format!("{Z} {A} refs/heads/sandbox/s1/"),
+            format!("{Z} {A} refs/heads/sandbox/s1//x"),
+            format!("{Z} {A} refs/heads/sandbox/s1/.x"),
+        ] {
+            let buf = commands(&[&format!("{Z} {A} refs/heads/sandbox/s1/ok"), &bad]);
+            let refs = parse_commands(&buf).unwrap().unwrap();
+            assert!(refs_allowed(&refs, p).is_err(), "{bad}");
+        }
+        for malformed in [
+            b"zzzz".to_vec(),
+            pkt("push-cert\0caps\n"),
+            pkt(&format!("{Z} refs/heads/x")),
+            pkt(&format!("{Z} {A} refs/heads/x extra")),
+            b"0003".to_vec(),
+        ] {
+            assert!(parse_commands(&malformed).is_err(), "{malformed:?}");
+        }
+        let shallow = [
+            pkt(&format!("shallow {A}")),
+            commands(&[&format!("{Z} {A} refs/heads/sandbox/s1/y")]),
+        ]
+        .concat();
+        assert_eq!(
+            parse_commands(&shallow).unwrap().unwrap(),
+            ["refs/heads/sandbox/s1/y"]
+        );
     }
 }
