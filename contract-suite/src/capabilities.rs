@@ -39,6 +39,7 @@ pub const COVERED: &[(C, &str)] = &[
     (C::STOP_START, "stopstart"),
     (C::HOST_PORTS, "host_ports"),
     (C::SSH_AGENT, "ssh_agent"),
+    (C::GIT_GATE, "git_gate"),
 ];
 
 /// The flags [`COVERED`] lists.
@@ -152,6 +153,14 @@ async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
             // Refused before the agent is looked for: no agent needs to run.
             ctx.opts(&c)
                 .ssh_agent(sandbox_core::SshAgentOptions::all_keys()),
+        ),
+        (
+            C::GIT_GATE,
+            // Refused before the repository is looked at: the capability comes first.
+            ctx.opts(&c).git_repo(sandbox_core::GitRepo::new(
+                std::env::temp_dir(),
+                sandbox_core::GitAccess::ReadOnly,
+            )),
         ),
         (C::NETWORK_POLICY, ctx.opts(&c)),
     ];
@@ -353,7 +362,8 @@ fn all_reachable_checked(declared: C, unreachable: C, checked: &[C]) -> anyhow::
         | C::STOP_START
         | C::SNAPSHOT_FORK
         | C::HOST_PORTS
-        | C::SSH_AGENT;
+        | C::SSH_AGENT
+        | C::GIT_GATE;
     let expected = with_entry_point - declared - unreachable;
     let got = checked.iter().fold(C::empty(), |acc, c| acc | *c);
     ensure!(

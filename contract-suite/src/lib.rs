@@ -17,6 +17,7 @@ mod egress_live;
 mod errors;
 mod files;
 mod fork;
+mod git_gate;
 mod hardening;
 mod host_ports;
 mod hostile;
@@ -236,6 +237,7 @@ fn all_trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
     t.extend(capabilities::trials(ctx));
     t.extend(observability::trials(ctx));
     t.extend(ssh_agent::trials(ctx));
+    t.extend(git_gate::trials(ctx));
     t
 }
 

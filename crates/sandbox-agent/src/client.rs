@@ -25,6 +25,10 @@ use crate::protocol::{
     TAKEOVER_PAD_BYTE, TAKEOVER_PAD_LEN, TOKEN_LEN, WINDOW, WindowSize,
 };
 
+mod tcp;
+
+pub use tcp::{TcpConn, TcpRelay};
+
 type Result<T> = std::result::Result<T, SandboxError>;
 
 /// Backend name used in errors.

@@ -28,7 +28,11 @@ use serde::{Deserialize, Serialize};
 /// processes over the next takeover ([`Request::Keep`]), which forks with memory need: the
 /// host of a restored copy of the sandbox adopts the interpreters its original served.
 /// Version 5 adds the ssh-agent relay ([`Request::SshAgentListen`], [`FrameKind::SshAgent`]).
-pub const SUPPORTED_VERSIONS: &[u32] = &[1, 2, 3, 4, 5];
+/// Version 6 adds TCP forwarding from a loopback port inside the sandbox to the host
+/// ([`Request::TcpListen`], [`Reply::Listening`], [`FrameKind::Tcp`]); a host must not send
+/// either to an older agent (it would answer an unknown request with an error, and drop
+/// the frames of an unknown kind as a broken stream).
+pub const SUPPORTED_VERSIONS: &[u32] = &[1, 2, 3, 4, 5, 6];
 
 /// The first version with pseudo-terminals.
 pub const PTY_VERSION: u32 = 2;
@@ -96,6 +100,81 @@ pub const SSH_AGENT_VERSION: u32 = 5;
 /// a commit); a length above this is refused before a byte of its body is read.
 pub const SSH_AGENT_MAX_MESSAGE: usize = 256 * 1024;
 
+/// The first version with TCP forwarding ([`Request::TcpListen`]).
+pub const TCP_FORWARD_VERSION: u32 = 6;
+
+/// Live connections per forwarded port; further ones are closed by the agent as soon as
+/// they are accepted (and by the host, should an agent announce more).
+pub const TCP_MAX_CONNECTIONS: usize = 16;
+
+/// Flow-control window of one forwarded connection, per direction: the bytes a sender may
+/// have sent that the receiver has not yet handed on (to the socket inside, or to the
+/// reader on the host). All connections of a port together, with their frame overhead,
+/// stay below one request's [`WINDOW`], so the host never buffers more than that for a
+/// port whatever the code inside does.
+pub const TCP_WINDOW: u32 = 48 * 1024;
+
+/// Largest payload of one [`TcpOp::Data`] frame.
+pub const TCP_CHUNK: usize = 16 * 1024;
+
+/// What a [`FrameKind::Tcp`] frame says about its connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum TcpOp {
+    /// Agent → host: a connection was accepted (no payload).
+    Open = 1,
+    /// Either way: bytes of the stream (1..=[`TCP_CHUNK`]), within the receiver's credit.
+    Data = 2,
+    /// Either way: the sender will send no more bytes (a half-close: the other direction
+    /// goes on).
+    Eof = 3,
+    /// Agent → host: the connection is gone in both directions (reset, or the socket
+    /// broke). Host → agent: the host is done with it (dropped): what it sent still
+    /// reaches the socket, then its write side is shut, and nothing more is read. Host →
+    /// agent under connection 0: close the listening port and every connection on it.
+    Close = 4,
+    /// Either way: the payload is a big-endian `u32` of bytes the receiver handed on, which
+    /// the sender may send again.
+    Credit = 5,
+}
+
+impl TcpOp {
+    fn from_u8(b: u8) -> Option<Self> {
+        Some(match b {
+            1 => Self::Open,
+            2 => Self::Data,
+            3 => Self::Eof,
+            4 => Self::Close,
+            5 => Self::Credit,
+            _ => return None,
+        })
+    }
+}
+
+/// The body of a [`FrameKind::Tcp`] frame: `conn: u32` (big endian), the op, the payload.
+pub fn tcp_body(conn: u32, op: TcpOp, payload: &[u8]) -> Vec<u8> {
+    let mut body = Vec::with_capacity(5 + payload.len());
+    body.extend_from_slice(&conn.to_be_bytes());
+    body.push(op as u8);
+    body.extend_from_slice(payload);
+    body
+}
+
+/// Connection, op and payload of a [`FrameKind::Tcp`] body; `None` when malformed (too
+/// short, an unknown op, a data payload empty or above [`TCP_CHUNK`], a credit that is not
+/// four bytes, or a payload on an op that has none).
+pub fn parse_tcp(body: &[u8]) -> Option<(u32, TcpOp, &[u8])> {
+    let (head, payload) = body.split_at_checked(5)?;
+    let conn = u32::from_be_bytes([head[0], head[1], head[2], head[3]]);
+    let op = TcpOp::from_u8(head[4])?;
+    let ok = match op {
+        TcpOp::Data => (1..=TCP_CHUNK).contains(&payload.len()),
+        TcpOp::Credit => payload.len() == 4,
+        TcpOp::Open | TcpOp::Eof | TcpOp::Close => payload.is_empty(),
+    };
+    ok.then_some((conn, op, payload))
+}
+
 /// Bytes of the fixed header: length (4), kind (1), id (4).
 pub const HEADER_LEN: usize = 9;
 
@@ -135,6 +214,9 @@ pub enum FrameKind {
     /// prefix (at most [`SSH_AGENT_MAX_MESSAGE`] bytes). Agent → host: a request read from
     /// the connection; host → agent: the answer written back to it. Version 5.
     SshAgent = 7,
+    /// One event of a connection to a port opened by [`Request::TcpListen`] (under that
+    /// request's id): see [`tcp_body`] and [`TcpOp`]. Version 6.
+    Tcp = 8,
 }
 
 impl FrameKind {
@@ -147,6 +229,7 @@ impl FrameKind {
             5 => Self::FileData,
             6 => Self::Ack,
             7 => Self::SshAgent,
+            8 => Self::Tcp,
             _ => return None,
         })
     }
@@ -417,6 +500,17 @@ pub enum Request {
         /// Sandbox path of the socket.
         path: String,
     },
+    /// Listen on `127.0.0.1:port` inside the sandbox (0: a free port the kernel picks) and
+    /// relay every accepted connection to the host as a byte stream: [`FrameKind::Tcp`]
+    /// frames under this request's id, one connection number per accepted connection,
+    /// flow-controlled per connection by [`TCP_WINDOW`] credit in each direction. At most
+    /// [`TCP_MAX_CONNECTIONS`] live connections (more are closed at once). Answered by
+    /// [`Reply::Listening`] once the port listens; the port closes when the host sends
+    /// [`TcpOp::Close`] for connection 0, or this session ends (a takeover). Version 6.
+    TcpListen {
+        /// Loopback port inside the sandbox; 0 for any free one.
+        port: u16,
+    },
 }
 
 /// What to start.
@@ -513,6 +607,12 @@ pub enum Reply {
     Kept {
         /// Live processes that the next takeover carries over.
         processes: u32,
+    },
+    /// Answer to [`Request::TcpListen`]: the port now listening on `127.0.0.1` inside the
+    /// sandbox. Version 6.
+    Listening {
+        /// The port.
+        port: u16,
     },
 }
 
@@ -649,6 +749,35 @@ mod tests {
     }
 
     #[test]
+    fn tcp_bodies_are_checked() {
+        let b = tcp_body(7, TcpOp::Data, b"abc");
+        assert_eq!(parse_tcp(&b), Some((7, TcpOp::Data, &b"abc"[..])));
+        assert_eq!(
+            parse_tcp(&tcp_body(7, TcpOp::Data, b"")),
+            None,
+            "empty data"
+        );
+        let big = vec![0u8; TCP_CHUNK + 1];
+        assert_eq!(
+            parse_tcp(&tcp_body(7, TcpOp::Data, &big)),
+            None,
+            "over a chunk"
+        );
+        assert_eq!(parse_tcp(&tcp_body(7, TcpOp::Credit, &[0, 0, 1])), None);
+        assert_eq!(
+            parse_tcp(&tcp_body(1, TcpOp::Credit, &9u32.to_be_bytes())),
+            Some((1, TcpOp::Credit, &9u32.to_be_bytes()[..]))
+        );
+        assert_eq!(parse_tcp(&tcp_body(1, TcpOp::Eof, b"x")), None);
+        assert_eq!(parse_tcp(&[0, 0, 0, 1, 9]), None, "unknown op");
+        assert_eq!(parse_tcp(&[0, 0, 0, 1]), None, "no op");
+        // Every connection's window with its frames' overhead fits one request's window.
+        let frames = TCP_WINDOW as usize / TCP_CHUNK + 1;
+        let per_conn = TCP_WINDOW as usize + frames * (HEADER_LEN + 5) + 4 * (HEADER_LEN + 5);
+        assert!(TCP_MAX_CONNECTIONS * per_conn < WINDOW as usize);
+    }
+
+    #[test]
     fn negotiation_picks_highest_common_or_none() {
         assert_eq!(negotiate(&[1, 2, 3], &[2, 3, 7]), Some(3));
         assert_eq!(negotiate(&[1], &[2]), None);
@@ -663,6 +792,7 @@ mod tests {
             Just(FrameKind::FileData),
             Just(FrameKind::Ack),
             Just(FrameKind::SshAgent),
+            Just(FrameKind::Tcp),
         ]
     }
 
@@ -689,7 +819,7 @@ mod tests {
         }
 
         #[test]
-        fn any_header_length_is_checked(len in any::<u32>(), k in 0u8..8) {
+        fn any_header_length_is_checked(len in any::<u32>(), k in 0u8..10) {
             let mut h = [0u8; HEADER_LEN];
             h[..4].copy_from_slice(&len.to_be_bytes());
             h[4] = k;

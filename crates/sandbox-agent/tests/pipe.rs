@@ -1241,3 +1241,144 @@ async fn a_takeover_closes_the_old_sessions_ssh_agent_socket() {
     assert!(agent.alive());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The forwarded port carries several windows both ways on one connection (only possible
+/// if credit flows back on both sides), with a half-close in each direction, while other
+/// connections go on; dropping the relay closes the port inside.
+#[tokio::test]
+async fn a_forwarded_port_relays_a_byte_stream_both_ways_with_half_close() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let a = agent(30).await;
+    let mut relay = a.client.tcp_listen(0).await.expect("listens");
+    let port = relay.port();
+    assert_ne!(port, 0);
+    // The host side: reads everything, then answers it reversed and half-closes.
+    let host = tokio::spawn(async move {
+        let mut served = 0;
+        while let Ok(mut conn) = relay.accept().await {
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                conn.read_to_end(&mut got).await.unwrap();
+                got.reverse();
+                conn.write_all(&got).await.unwrap();
+                conn.shutdown().await.unwrap();
+                // Held until the other side is done reading.
+                let mut rest = Vec::new();
+                let _ = conn.read_to_end(&mut rest).await;
+            });
+            served += 1;
+            if served == 2 {
+                return relay;
+            }
+        }
+        panic!("the relay ended early");
+    });
+    let data: Vec<u8> = (0..(5 * sandbox_agent::protocol::TCP_WINDOW as usize + 7))
+        .map(|i| (i % 251) as u8)
+        .collect();
+    let sent = data.clone();
+    let answers = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut outs = Vec::new();
+        for payload in [&sent[..], b"short"] {
+            let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            c.write_all(payload).unwrap();
+            c.shutdown(std::net::Shutdown::Write).unwrap();
+            let mut back = Vec::new();
+            c.read_to_end(&mut back).unwrap();
+            outs.push(back);
+        }
+        outs
+    })
+    .await
+    .unwrap();
+    let mut reversed = data.clone();
+    reversed.reverse();
+    assert!(
+        answers[0] == reversed,
+        "the long stream arrives whole: {} of {} bytes",
+        answers[0].len(),
+        reversed.len()
+    );
+    assert_eq!(answers[1], b"trohs");
+    let relay = host.await.unwrap();
+    drop(relay);
+    // The close reaches the agent through the channel; the port is gone soon after.
+    let t = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the port still listens"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Code in the sandbox that opens connections without end and writes without reading
+/// gets at most the bound of live connections, and the host buffers at most a window
+/// per connection while nobody reads: the agent's channel stays healthy (a ping answers)
+/// and the connections past the bound are closed unserved.
+#[tokio::test]
+async fn a_flooding_sandbox_is_bounded_by_connections_and_credit() {
+    use sandbox_agent::protocol::{TCP_MAX_CONNECTIONS, TCP_WINDOW};
+    let a = agent(30).await;
+    let mut relay = a.client.tcp_listen(0).await.expect("listens");
+    let port = relay.port();
+    let flood = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut held = Vec::new();
+        let mut refused = 0;
+        for _ in 0..TCP_MAX_CONNECTIONS + 4 {
+            let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            c.set_write_timeout(Some(Duration::from_millis(300)))
+                .unwrap();
+            // Eight windows each: far more than the host may buffer.
+            let _ = c.write_all(&vec![1u8; 8 * TCP_WINDOW as usize]);
+            held.push(c);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        for c in &mut held {
+            c.set_read_timeout(Some(Duration::from_millis(200)))
+                .unwrap();
+            let mut b = [0u8; 1];
+            let closed = match c.read(&mut b) {
+                Ok(n) => n == 0,
+                Err(e) => matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+                ),
+            };
+            if closed {
+                refused += 1;
+            }
+        }
+        (held, refused)
+    });
+    let mut accepted = Vec::new();
+    while let Ok(Ok(c)) = tokio::time::timeout(Duration::from_secs(3), relay.accept()).await {
+        accepted.push(c);
+    }
+    let (held, refused) = flood.await.unwrap();
+    assert_eq!(
+        accepted.len(),
+        TCP_MAX_CONNECTIONS,
+        "the bound of live connections"
+    );
+    assert_eq!(refused, 4, "the ones past it are closed unserved");
+    a.client.ping().await.expect("the channel is healthy");
+    // Each accepted connection holds exactly one window, nothing more, unread.
+    use tokio::io::AsyncReadExt;
+    for mut c in accepted {
+        let mut got = vec![0u8; 2 * TCP_WINDOW as usize];
+        let mut n = 0;
+        while n < TCP_WINDOW as usize {
+            n += c.read(&mut got[n..]).await.unwrap();
+        }
+        let more = tokio::time::timeout(Duration::from_millis(50), c.read(&mut got[n..])).await;
+        // More arrives only after the credit for the first window went back.
+        if let Ok(Ok(m)) = more {
+            assert!(m <= TCP_WINDOW as usize);
+        }
+    }
+    drop(held);
+}

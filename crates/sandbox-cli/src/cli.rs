@@ -182,6 +182,15 @@ pub struct SandboxArgs {
         default_missing_value = "*"
     )]
     pub ssh_agent: Vec<String>,
+    /// Serve this host repository to the sandbox through the git gate: commands inside
+    /// find its clone URL (with the sandbox's token) in `$SANDBOX_GIT_URL` (the next
+    /// ones in `$SANDBOX_GIT_URL_1`, …), and may clone and fetch it; with `:rw` they may
+    /// also push refs under `refs/heads/sandbox/<sandbox id>/`, nothing else. The
+    /// repository's config, remotes and credentials are never served. Repeatable (at
+    /// most 8). `run` only, as `--ssh-agent`: the gate lives with the process holding
+    /// the sandbox's channel.
+    #[arg(long = "git-repo", value_name = "PATH[:rw]")]
+    pub git_repo: Vec<String>,
 }
 
 /// `sandbox create`.

@@ -64,6 +64,13 @@ struct Engine {
     /// What it would need, when it is not available.
     #[serde(skip_serializing_if = "Option::is_none")]
     ssh_agent_fix: Option<String>,
+    /// Whether the git gate (`sandbox run --git-repo`, `CreateOptions::git_repo`) works on
+    /// this engine as configured and git's HTTP backend is on this host; `null` when the
+    /// engine was not reached.
+    git_gate: Option<bool>,
+    /// What it would need, when it is not available.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    git_gate_fix: Option<String>,
     problems: Vec<Problem>,
 }
 
@@ -100,6 +107,17 @@ pub async fn doctor(args: DoctorArgs, out: Out) -> sandbox::Result<u8> {
         if engine.ssh_agent == Some(false) {
             engine.ssh_agent_fix = Some(SSH_AGENT_FIX.to_string());
         }
+        let backend = sandbox::git_gate::http_backend();
+        engine.git_gate =
+            caps.map(|c| c.contains(sandbox::Capability::GIT_GATE) && backend.is_some());
+        engine.git_gate_fix = match (
+            caps.map(|c| c.contains(sandbox::Capability::GIT_GATE)),
+            &backend,
+        ) {
+            (Some(false), _) => Some(GIT_GATE_FIX.to_string()),
+            (Some(true), None) => Some(GIT_BACKEND_FIX.to_string()),
+            _ => None,
+        };
         engines.push(engine);
     }
     let ok = if args.engines.is_empty() {
@@ -154,6 +172,15 @@ pub fn selected_engines(requested: &[String]) -> sandbox::Result<Vec<String>> {
 const SSH_AGENT_FIX: &str = "SSH agent forwarding needs the in-sandbox agent, which relays the \
 socket over its channel: Docker or Podman with the agent on (SBX_AGENT unset) and an engine that \
 can attach; see docs/credentials.md";
+
+/// What the git gate needs, when a backend does not declare it.
+const GIT_GATE_FIX: &str = "the git gate needs the in-sandbox agent, which forwards the gate's \
+port over its channel: Docker or Podman with the agent on (SBX_AGENT unset); see \
+docs/credentials.md";
+
+/// What the git gate needs on the host.
+const GIT_BACKEND_FIX: &str = "git's HTTP backend (git http-backend) was not found on this \
+host: install git (Debian/Ubuntu: apt-get install git)";
 
 /// What forks with memory need on `scheme`, when its backend does not declare them.
 fn forks_fix(scheme: &str) -> &'static str {
@@ -249,6 +276,8 @@ fn to_engine(r: EngineReport, default: bool) -> Engine {
         forks_fix: None,
         ssh_agent: None,
         ssh_agent_fix: None,
+        git_gate: None,
+        git_gate_fix: None,
         problems: r
             .problems
             .into_iter()
@@ -321,6 +350,19 @@ fn print_human(report: &DoctorReport, out: &Out) {
             Some(false) => {
                 out.line(format!("  ssh agent: {}", out.yellow("unavailable")));
                 if let Some(fix) = &e.ssh_agent_fix {
+                    out.line(format!("  {}     {}", out.bold("fix:"), fix));
+                }
+            }
+            None => {}
+        }
+        match e.git_gate {
+            Some(true) => out.line(format!(
+                "  git gate: {} (git http-backend found)",
+                out.green("available")
+            )),
+            Some(false) => {
+                out.line(format!("  git gate: {}", out.yellow("unavailable")));
+                if let Some(fix) = &e.git_gate_fix {
                     out.line(format!("  {}     {}", out.bold("fix:"), fix));
                 }
             }

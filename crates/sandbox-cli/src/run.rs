@@ -28,6 +28,10 @@ pub(crate) struct SandboxInfo {
     /// Which way this handle's commands go: `agent` (the in-sandbox agent) or `exec` (the
     /// engine's exec path, or a backend without an agent).
     exec_path: &'static str,
+    /// The git gate's clone URLs (`--git-repo`), without the token: commands inside have
+    /// them with it in `$SANDBOX_GIT_URL`, `$SANDBOX_GIT_URL_1`, ….
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    git_urls: Vec<String>,
 }
 
 impl SandboxInfo {
@@ -37,7 +41,14 @@ impl SandboxInfo {
             backend: sb.backend().to_string(),
             tier: sb.isolation().to_string(),
             exec_path: exec_path(sb.capabilities()),
+            git_urls: Vec::new(),
         }
+    }
+
+    /// With the git gate's URLs (no token) of the repositories the sandbox was given.
+    pub(crate) fn with_git_urls(mut self, urls: Vec<String>) -> Self {
+        self.git_urls = urls;
+        self
     }
 }
 
@@ -73,6 +84,7 @@ pub async fn run(args: RunArgs, out: Out) -> sandbox::Result<u8> {
     for name in &args.secrets {
         options = options.secret(name.clone(), crate::secret_env::read(name)?);
     }
+    let git_urls = sandbox::git_gate::public_urls(&options.git_repos);
     // Read before creating, so a bad or oversized stdin costs no sandbox. (With a
     // terminal, stdin is typed in live instead.)
     let input = if !args.tty && crate::stdin::wanted(args.interactive) {
@@ -91,7 +103,7 @@ pub async fn run(args: RunArgs, out: Out) -> sandbox::Result<u8> {
         .await?;
         sandbox::create(target, options).await?
     };
-    let info = SandboxInfo::of(&*sb);
+    let info = SandboxInfo::of(&*sb).with_git_urls(git_urls);
     let result = if args.tty {
         crate::tty::session(&*sb, Command::Argv(args.cmd.clone()), timeout)
             .await

@@ -53,6 +53,15 @@ pub async fn create(args: CreateArgs, out: Out) -> sandbox::Result<u8> {
              CreateOptions::ssh_agent with one handle for the sandbox's whole life",
         ));
     }
+    // The gate serves on the same channel: the same reason.
+    if !args.sandbox.git_repo.is_empty() {
+        return Err(SandboxError::config(
+            "--git-repo works with `sandbox run`, not `sandbox create`: the gate lives in the \
+             process holding the sandbox's agent channel, which `sandbox exec` takes over",
+            "use `sandbox run --git-repo PATH[:rw] DSN -- CMD`, or the library's \
+             CreateOptions::git_repo with one handle for the sandbox's whole life",
+        ));
+    }
     // Validate here so usage errors come back fast, without a holder.
     let (_, _) = crate::target::resolve(&args.dsn, &args.sandbox, create_base(&args))?;
     let exe = std::env::current_exe()
@@ -370,6 +379,10 @@ struct LsEntry {
     /// The egress policy in force (`Sandbox::egress`), `None` where the backend cannot
     /// say (no `LIVE_EGRESS`) or did not answer in time.
     egress: Option<String>,
+    /// The git gate's clone URLs (`--git-repo`), without the token: commands inside the
+    /// sandbox have them with it in `$SANDBOX_GIT_URL`, `$SANDBOX_GIT_URL_1`, ….
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    git_urls: Vec<String>,
     labels: BTreeMap<String, String>,
 }
 
@@ -435,6 +448,11 @@ pub async fn ls(args: LsArgs, out: Out) -> sandbox::Result<u8> {
                             id: m.id,
                             backend: m.backend,
                             egress: None,
+                            git_urls: m
+                                .labels
+                                .get(sandbox::git_gate::LABEL_GIT_GATE)
+                                .map(|u| u.split_whitespace().map(String::from).collect())
+                                .unwrap_or_default(),
                             labels: m.labels,
                         }
                     }),

@@ -114,6 +114,9 @@ fn apply_sandbox_args(args: &SandboxArgs, base: CreateOptions) -> sandbox::Resul
     if let Some(agent) = ssh_agent_of(&args.ssh_agent)? {
         o = o.ssh_agent(agent);
     }
+    for repo in &args.git_repo {
+        o = o.git_repo(git_repo_of(repo)?);
+    }
     if let Some(t) = args.require_isolation {
         o = o.require_isolation(match t {
             TierArg::Container => IsolationTier::Container,
@@ -149,6 +152,31 @@ fn ssh_agent_of(values: &[String]) -> sandbox::Result<Option<sandbox::SshAgentOp
         keys.push(key);
     }
     Ok(Some(sandbox::SshAgentOptions::keys(keys)))
+}
+
+/// A `--git-repo` value: `PATH` (read-only) or `PATH:rw` (`PATH:ro` is read-only too).
+/// The path is made absolute, so the gate serves what the user named from here.
+pub(crate) fn git_repo_of(value: &str) -> sandbox::Result<sandbox::GitRepo> {
+    let (path, access) = match value.rsplit_once(':') {
+        Some((p, "rw")) => (p, sandbox::GitAccess::ReadWrite),
+        Some((p, "ro")) => (p, sandbox::GitAccess::ReadOnly),
+        _ => (value, sandbox::GitAccess::ReadOnly),
+    };
+    if path.is_empty() {
+        return Err(SandboxError::config(
+            format!("--git-repo={value}: no path"),
+            "give a repository's path, with `:rw` to allow pushes under the sandbox's prefix",
+        ));
+    }
+    let path = std::path::absolute(path).map_err(|e| {
+        SandboxError::config(
+            format!("--git-repo={value}: {e}"),
+            "give a repository's path, with `:rw` to allow pushes under the sandbox's prefix",
+        )
+    })?;
+    let repo = sandbox::GitRepo::new(path, access);
+    repo.validate()?;
+    Ok(repo)
 }
 
 pub(crate) fn runtime_target(scheme: &str, runtime: RuntimeArg) -> sandbox::Result<Target> {

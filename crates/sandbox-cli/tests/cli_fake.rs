@@ -413,3 +413,43 @@ fn ssh_agent_is_refused_where_it_cannot_work_and_says_why() {
     assert_ne!(code(&o), 0);
     assert!(stderr(&o).contains("fingerprint"), "{}", stderr(&o));
 }
+
+#[test]
+fn git_repo_is_refused_where_it_cannot_work_and_says_why() {
+    let repo = std::env::temp_dir().join(format!("sbx-cli-git-{}", std::process::id()));
+    std::fs::create_dir_all(&repo).unwrap();
+    let init = std::process::Command::new("git")
+        .args(["init", "-q"])
+        .arg(&repo)
+        .status()
+        .expect("git runs");
+    assert!(init.success());
+    let rw = format!("{}:rw", repo.display());
+    // The fake has no channel to forward the gate over: refused, never ignored.
+    let o = run(&["run", "--git-repo", &rw, "fake://", "--", "true"]);
+    assert_ne!(code(&o), 0);
+    assert!(stderr(&o).contains("GIT_GATE"), "{}", stderr(&o));
+    // `create` hands the sandbox to a holder whose channel `exec` takes over.
+    let o = run(&["create", "--git-repo", &rw, "fake://"]);
+    assert_ne!(code(&o), 0);
+    assert!(stderr(&o).contains("sandbox run"), "{}", stderr(&o));
+    // A directory that is no repository, refused with what to do.
+    let not_repo = std::env::temp_dir().join(format!("sbx-cli-nogit-{}", std::process::id()));
+    std::fs::create_dir_all(&not_repo).unwrap();
+    let o = run(&[
+        "run",
+        "--git-repo",
+        not_repo.to_str().unwrap(),
+        "fake://",
+        "--",
+        "true",
+    ]);
+    assert_ne!(code(&o), 0);
+    assert!(
+        stderr(&o).contains("not a git repository"),
+        "{}",
+        stderr(&o)
+    );
+    let _ = std::fs::remove_dir_all(repo);
+    let _ = std::fs::remove_dir_all(not_repo);
+}

@@ -8,6 +8,7 @@ pub mod engine;
 mod error;
 mod files;
 mod forward;
+mod git_gate;
 pub mod image;
 pub mod provision;
 mod sandbox;

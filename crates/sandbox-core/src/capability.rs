@@ -100,6 +100,13 @@ bitflags! {
         /// them; every other request is refused on the host and no private key enters
         /// the sandbox. It stops working when the sandbox is killed.
         const SSH_AGENT = 1 << 24;
+        /// `CreateOptions::git_repo`: a host repository served to the sandbox over git's
+        /// smart HTTP by a gate on the host, reached through a loopback port inside the
+        /// sandbox relayed over the sandbox's own channel; a per-sandbox token opens it,
+        /// pushes land only under the chosen ref prefix (and only with read-write
+        /// access), the repository's config, remotes and credentials are never served,
+        /// and the gate is gone when the sandbox is killed.
+        const GIT_GATE = 1 << 25;
     }
 }
 
@@ -139,7 +146,8 @@ mod tests {
             "RUN_CODE|STREAMING"
         );
         assert_eq!(Capability::empty().to_string(), "NONE");
-        assert_eq!(Capability::each().count(), 25);
+        assert_eq!(Capability::each().count(), 26);
+        assert_eq!(Capability::GIT_GATE.names(), "GIT_GATE");
         assert_eq!(Capability::HOST_PORTS.names(), "HOST_PORTS");
         assert_eq!(Capability::SSH_AGENT.names(), "SSH_AGENT");
         assert_eq!(Capability::LIVE_EGRESS.names(), "LIVE_EGRESS");

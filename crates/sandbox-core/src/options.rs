@@ -104,6 +104,14 @@ pub struct CreateOptions {
     /// Needs [`Capability::SSH_AGENT`](crate::Capability::SSH_AGENT). `None` (the
     /// default): no socket.
     pub ssh_agent: Option<crate::SshAgentOptions>,
+    /// Host repositories served to the sandbox over git's smart HTTP through a gate on
+    /// the host (clone URLs in `SANDBOX_GIT_URL`, `SANDBOX_GIT_URL_1`, … of every
+    /// command): opened by a per-sandbox token, pushes only under each repository's
+    /// prefix and only with read-write access, never the repository's config, remotes
+    /// or credentials; gone at kill. Needs
+    /// [`Capability::GIT_GATE`](crate::Capability::GIT_GATE). Empty (the default): none.
+    /// At most [`MAX_GIT_REPOS`](crate::git_gate::MAX_GIT_REPOS).
+    pub git_repos: Vec<crate::GitRepo>,
 }
 
 /// When a backend pulls the template image from its registry before creating a sandbox.
@@ -169,6 +177,7 @@ impl Default for CreateOptions {
             idle_timeout: None,
             hostname: None,
             ssh_agent: None,
+            git_repos: Vec::new(),
         }
     }
 }
@@ -191,6 +200,7 @@ impl fmt::Debug for CreateOptions {
             .field("idle_timeout", &self.idle_timeout)
             .field("hostname", &self.hostname)
             .field("ssh_agent", &self.ssh_agent)
+            .field("git_repos", &self.git_repos)
             .finish()
     }
 }
@@ -280,6 +290,13 @@ impl CreateOptions {
         self
     }
 
+    /// Serves the host repository `repo` to the sandbox through the git gate (see the
+    /// `git_repos` field); call once per repository.
+    pub fn git_repo(mut self, repo: crate::GitRepo) -> Self {
+        self.git_repos.push(repo);
+        self
+    }
+
     /// The maximum lifetime in effect: `max_lifetime`, else `timeout`.
     pub fn effective_max_lifetime(&self) -> Duration {
         self.max_lifetime.unwrap_or(self.timeout)
@@ -345,6 +362,16 @@ impl CreateOptions {
                 return Err(SandboxError::config(
                     "SSH_AUTH_SOCK is set in env while ssh_agent sets it to the sandbox's socket",
                     "leave SSH_AUTH_SOCK out of env: ssh_agent sets it in every command",
+                ));
+            }
+        }
+        crate::git_gate::validate_options(&self.git_repos)?;
+        for i in 0..self.git_repos.len() {
+            let var = crate::git_gate::git_url_var(i);
+            if self.env.contains_key(&var) || self.secrets.contains_key(&var) {
+                return Err(SandboxError::config(
+                    format!("{var} is set in env while git_repo sets it to the gate's URL"),
+                    format!("leave {var} out of env: git_repo sets it in every command"),
                 ));
             }
         }

@@ -64,6 +64,9 @@ pub fn check_create(
     if options.ssh_agent.is_some() {
         require(caps, Capability::SSH_AGENT, backend)?;
     }
+    if !options.git_repos.is_empty() {
+        require(caps, Capability::GIT_GATE, backend)?;
+    }
     Ok(resources)
 }
 

@@ -51,6 +51,7 @@ pub const CAPABILITIES: Capability = LAYER_CAPABILITIES
     .union(Capability::RESET_PROCESSES)
     .union(Capability::SSH_AGENT)
     .union(Capability::STOP_START)
+    .union(Capability::GIT_GATE)
     .union(Capability::SNAPSHOT_FORK);
 
 /// What the engine offers the container layer under this runtime: [`CAPABILITIES`]
@@ -65,7 +66,8 @@ pub(crate) fn capabilities(runtime_forces_no_network: bool, forks: bool) -> Capa
         .difference(Capability::EXTEND_LIFETIME)
         .difference(Capability::IDLE_TIMEOUT)
         .difference(Capability::RESET_PROCESSES)
-        .difference(Capability::SSH_AGENT);
+        .difference(Capability::SSH_AGENT)
+        .difference(Capability::GIT_GATE);
     if !forks {
         caps.remove(Capability::SNAPSHOT_FORK);
     }

@@ -37,7 +37,8 @@ pub const CAPABILITIES: Capability = LAYER_CAPABILITIES
     .union(Capability::SNAPSHOT)
     .union(Capability::RESET_PROCESSES)
     .union(Capability::SSH_AGENT)
-    .union(Capability::STOP_START);
+    .union(Capability::STOP_START)
+    .union(Capability::GIT_GATE);
 
 /// What the engine offers the container layer under these options: [`CAPABILITIES`]
 /// without the agent, its terminals, extend, the idle limit and the reset of processes (which the container layer
@@ -50,7 +51,8 @@ pub(crate) fn capabilities(podman: &PodmanOptions) -> Capability {
         .difference(Capability::EXTEND_LIFETIME)
         .difference(Capability::IDLE_TIMEOUT)
         .difference(Capability::RESET_PROCESSES)
-        .difference(Capability::SSH_AGENT);
+        .difference(Capability::SSH_AGENT)
+        .difference(Capability::GIT_GATE);
     if podman.cdi_devices.is_empty() {
         caps.difference(Capability::GPU)
     } else {

@@ -70,7 +70,8 @@ mod recorded {
         .union(Capability::SNAPSHOT)
         .union(Capability::RESET_PROCESSES)
         .union(Capability::STOP_START)
-        .union(Capability::SSH_AGENT);
+        .union(Capability::SSH_AGENT)
+        .union(Capability::GIT_GATE);
 
     /// `sandbox_docker::CAPABILITIES`: plus forks with memory (under gVisor with
     /// dockerd's experimental features).
@@ -92,7 +93,8 @@ mod recorded {
         .difference(Capability::PTY)
         .difference(Capability::AGENT)
         .difference(Capability::RESET_PROCESSES)
-        .difference(Capability::SSH_AGENT);
+        .difference(Capability::SSH_AGENT)
+        .difference(Capability::GIT_GATE);
 }
 
 /// First-party backends that can declare `capability` (what `CapabilityNotSupported`
@@ -160,6 +162,10 @@ mod tests {
         );
         assert_eq!(
             first_party_support(Capability::SSH_AGENT),
+            ["docker", "podman"]
+        );
+        assert_eq!(
+            first_party_support(Capability::GIT_GATE),
             ["docker", "podman"]
         );
         assert!(first_party_support(Capability::empty()).is_empty());

@@ -19,6 +19,7 @@ mod pids;
 pub mod pty;
 mod spawn;
 mod ssh;
+mod tcp;
 
 use std::collections::HashMap;
 use std::io::{self, BufWriter, Write};
@@ -260,6 +261,7 @@ fn serve(procs: &spawn::Processes, life: &lifetime::Lifetime, tx: &SyncSender<Ou
     let mut input = input::Input::new(stdin.lock());
     let mut s = Session::new(Out::new(tx.clone(), 0), None);
     let ssh = ssh::Listeners::default();
+    let tcp = tcp::Ports::default();
     loop {
         let item = match input.next_item() {
             Ok(item) => item,
@@ -287,6 +289,7 @@ fn serve(procs: &spawn::Processes, life: &lifetime::Lifetime, tx: &SyncSender<Ou
                 // Answers for the old session's relay connections could only come from
                 // the host that was shut out.
                 ssh.close_session(s.out.session());
+                tcp.close_session(s.out.session());
                 s = take_over(procs, s, token);
                 continue;
             }
@@ -315,6 +318,13 @@ fn serve(procs: &spawn::Processes, life: &lifetime::Lifetime, tx: &SyncSender<Ou
                         reply_error(out, id, ErrorKind::of(&e), e.to_string());
                     }
                 }
+                Ok(Request::TcpListen { port }) => {
+                    if let Err(e) = tcp.listen(key(out, id), port, out, |port| {
+                        send(out, id, Reply::Listening { port })
+                    }) {
+                        reply_error(out, id, ErrorKind::of(&e), e.to_string());
+                    }
+                }
                 Ok(Request::Keep { ids }) => {
                     let processes = procs.live(out.session(), &ids);
                     send(out, id, Reply::Kept { processes });
@@ -334,6 +344,7 @@ fn serve(procs: &spawn::Processes, life: &lifetime::Lifetime, tx: &SyncSender<Ou
                 }
             }
             FrameKind::SshAgent => ssh.answer(key(out, id), &frame.body),
+            FrameKind::Tcp => tcp.host_frame(key(out, id), &frame.body),
             FrameKind::Stdout | FrameKind::Stderr => reply_error(
                 out,
                 id,
@@ -462,7 +473,10 @@ fn dispatch(
         Request::Mkdir { path, parents } => send(out, id, files::mkdir(&path, parents)),
         Request::Remove { path, recursive } => send(out, id, files::remove(&path, recursive)),
         // Answered by `serve`, which holds the lifetime and the session.
-        Request::SetDeadline { .. } | Request::Keep { .. } | Request::SshAgentListen { .. } => {}
+        Request::SetDeadline { .. }
+        | Request::Keep { .. }
+        | Request::SshAgentListen { .. }
+        | Request::TcpListen { .. } => {}
     }
 }
 
@@ -478,6 +492,8 @@ fn reply_error(out: &Out, id: u32, kind: ErrorKind, message: String) {
 /// A shared byte budget: a producer takes before sending, the peer's acks give back.
 pub(crate) struct Credits {
     state: Mutex<(u64, bool)>,
+    /// The window: never more credit than this at once.
+    cap: u64,
     cv: std::sync::Condvar,
     /// Producers blocked for credit: the host is behind, the process is not idle.
     waiting: std::sync::atomic::AtomicUsize,
@@ -485,8 +501,14 @@ pub(crate) struct Credits {
 
 impl Credits {
     pub(crate) fn new() -> Arc<Self> {
+        Self::with_window(protocol::WINDOW)
+    }
+
+    /// A budget of `window` bytes.
+    pub(crate) fn with_window(window: u32) -> Arc<Self> {
         Arc::new(Credits {
-            state: Mutex::new((u64::from(protocol::WINDOW), false)),
+            state: Mutex::new((u64::from(window), false)),
+            cap: u64::from(window),
             cv: std::sync::Condvar::new(),
             waiting: std::sync::atomic::AtomicUsize::new(0),
         })
@@ -521,7 +543,7 @@ impl Credits {
     pub(crate) fn give(&self, n: u32) {
         if let Ok(mut s) = self.state.lock() {
             // Capped: a confused peer cannot grant more than one window in advance.
-            s.0 = (s.0 + u64::from(n)).min(u64::from(protocol::WINDOW));
+            s.0 = (s.0 + u64::from(n)).min(self.cap);
             self.cv.notify_all();
         }
     }
@@ -537,7 +559,7 @@ impl Credits {
     /// the old one was sent and had not acknowledged is not coming back).
     pub(crate) fn refill(&self) {
         if let Ok(mut s) = self.state.lock() {
-            s.0 = u64::from(protocol::WINDOW);
+            s.0 = self.cap;
             self.cv.notify_all();
         }
     }

@@ -55,6 +55,12 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             Some(o) => Some(crate::ssh_agent::HostAgent::resolve(o).await?),
             None => None,
         };
+        // The repositories and git's HTTP backend too, before anything is created.
+        let gate_repos = (!options.git_repos.is_empty()).then(|| options.git_repos.clone());
+        if gate_repos.is_some() {
+            crate::git_gate::http_backend()?;
+            sandbox_core::git_gate::validate_repos(&options.git_repos)?;
+        }
         // Named before the request, so a create dropped while the engine works on it can
         // still be found and removed (by name) by the guard.
         let info = OrphanInfo::new(spec.name.clone(), backend, spec.labels.clone());
@@ -187,6 +193,30 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         } else {
             None
         };
+        // The gate listens before `create` returns, so the first command finds it; its
+        // token is minted for this sandbox id.
+        let git_gate = match (gate_repos, &agent) {
+            (None, _) => None,
+            (Some(repos), Some(client)) => {
+                let started = match crate::git_gate::Gate::new(&repos, &id) {
+                    Ok(gate) => crate::git_gate::Forwarding::start(client, gate, &id).await,
+                    Err(e) => Err(e),
+                };
+                match started {
+                    Ok(f) => Some(f),
+                    Err(e) => {
+                        let _ = guard.kill_now().await;
+                        return Err(e);
+                    }
+                }
+            }
+            (Some(_), None) => {
+                let _ = guard.kill_now().await;
+                return Err(crate::sandbox::agent::required(
+                    "the sandbox runs without it, and only it can relay the git gate",
+                ));
+            }
+        };
         // The socket listens before `create` returns, so the first command finds it.
         let ssh_agent = match (host_agent, &agent) {
             (None, _) => None,
@@ -253,6 +283,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             fork_base: Some(fork_base),
             restored: std::sync::atomic::AtomicBool::new(false),
             ssh_agent: Mutex::new(ssh_agent),
+            git_gate: Mutex::new(git_gate),
         });
         tracing::debug!(
             sandbox_id = %shared.id,

@@ -329,6 +329,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             fork_base: None,
             restored: AtomicBool::new(false),
             ssh_agent: Mutex::new(None),
+            git_gate: Mutex::new(None),
         });
         tracing::debug!(
             sandbox_id = %shared.id,

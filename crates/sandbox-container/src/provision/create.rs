@@ -484,6 +484,13 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                     }
                     .to_string(),
                 );
+                // The clone URLs without the token, for listings.
+                if !options.git_repos.is_empty() {
+                    labels.insert(
+                        sandbox_core::git_gate::LABEL_GIT_GATE.to_string(),
+                        sandbox_core::git_gate::public_urls(&options.git_repos).join(" "),
+                    );
+                }
                 if agent {
                     labels.insert(
                         sandbox_core::labels::LABEL_AGENT_PROTOCOL.to_string(),
@@ -525,6 +532,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                 | sandbox_core::Capability::IDLE_TIMEOUT
                 | sandbox_core::Capability::RESET_PROCESSES
                 | sandbox_core::Capability::SSH_AGENT
+                | sandbox_core::Capability::GIT_GATE
         } else {
             // A fork's host reaches the restored sandbox through its agent.
             self.caps()

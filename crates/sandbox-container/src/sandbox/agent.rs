@@ -410,6 +410,10 @@ pub(crate) fn capabilities(
     if a.version() >= sandbox_agent::protocol::SSH_AGENT_VERSION {
         caps |= Capability::SSH_AGENT;
     }
+    // The gate's port is forwarded over the agent's channel, which the exec path lacks.
+    if a.version() >= sandbox_agent::protocol::TCP_FORWARD_VERSION {
+        caps |= Capability::GIT_GATE;
+    }
     caps
 }
 
@@ -458,10 +462,10 @@ pub(crate) fn required(reason: &str) -> sandbox_core::SandboxError {
         format!(
             "the in-sandbox agent could not be used ({reason}), and this sandbox needs it \
              (require_agent, an idle_timeout, a max_lifetime beyond the timeout, or \
-             ssh_agent): the engine's exec path cannot enforce or relay them"
+             ssh_agent, git_repo): the engine's exec path cannot enforce or relay them"
         ),
         "fix the cause above and retry, or leave CreateOptions::require_agent, idle_timeout, \
-         max_lifetime and ssh_agent unset (`--allow-engine-exec` on the CLI and the MCP server) to \
+         max_lifetime, ssh_agent and git_repo unset (`--allow-engine-exec` on the CLI and the MCP server) to \
          accept the engine's exec path",
     )
 }
@@ -474,6 +478,7 @@ pub(crate) fn needed(options: &sandbox_core::CreateOptions) -> bool {
         || options.idle_timeout.is_some()
         || options.effective_max_lifetime() > options.timeout
         || options.ssh_agent.is_some()
+        || !options.git_repos.is_empty()
 }
 
 /// gVisor's own terminals (runsc 2022-12, what Debian 12 ships) ignore `^D`, so a

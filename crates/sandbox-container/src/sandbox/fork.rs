@@ -236,6 +236,7 @@ pub(crate) async fn fork<E: ContainerEngine>(
     }
     // The takeover closed the socket the old session had opened; the original's goes on.
     crate::ssh_agent::Forwarding::resume(&sh.ssh_agent, &client, &sh.id).await?;
+    crate::git_gate::Forwarding::resume(&sh.git_gate, &client).await?;
     *sh.agent.lock().unwrap_or_else(|e| e.into_inner()) = Some(client);
     sh.restored.store(true, Ordering::SeqCst);
     // 5 (the forks' side). Each becomes a sandbox of its own.
@@ -357,7 +358,8 @@ async fn stopped<E: ContainerEngine>(sh: &Shared<E>, id: &str) -> Result<()> {
 /// e.g. `sandbox exec` while `sandbox create`'s holder keeps the sandbox): only this
 /// handle knows what a fork is made from, so it must hold the session the fork runs
 /// through. The other handle's session ends, as a later `connect` would end this one's;
-/// the deadline in force and the ssh-agent relay are given to the new session.
+/// the deadline in force, the ssh-agent relay and the git gate's port are given to the
+/// new session.
 async fn reclaim_agent<E: ContainerEngine>(sh: &Shared<E>) -> Result<()> {
     let Some(old) = sh.agent() else {
         return Ok(());
@@ -381,6 +383,7 @@ async fn reclaim_agent<E: ContainerEngine>(sh: &Shared<E>) -> Result<()> {
     })?;
     client.set_deadline(unix_secs_up(sh.deadline())).await?;
     crate::ssh_agent::Forwarding::resume(&sh.ssh_agent, &client, &sh.id).await?;
+    crate::git_gate::Forwarding::resume(&sh.git_gate, &client).await?;
     *sh.agent.lock().unwrap_or_else(|e| e.into_inner()) = Some(client);
     Ok(())
 }
@@ -504,6 +507,7 @@ async fn sandbox_of<E: ContainerEngine>(
         fork_base: Some(fork_base),
         restored: AtomicBool::new(true),
         ssh_agent: Mutex::new(None),
+        git_gate: Mutex::new(None),
     });
     let ports = &base.ingress_ports;
     let ingress = if ports.is_empty() {

@@ -69,6 +69,10 @@ pub(crate) struct Shared<E> {
     /// taken (which ends its relay) at kill. Only the creating handle has one: the host
     /// agent and the selection are not kept engine-side.
     pub ssh_agent: Mutex<Option<crate::ssh_agent::Forwarding>>,
+    /// The git gate of a sandbox created with `CreateOptions::git_repo`; taken (which
+    /// closes it and forgets its token) at kill. Only the creating handle has one: the
+    /// token is not kept engine-side.
+    pub git_gate: Mutex<Option<crate::git_gate::Forwarding>>,
 }
 
 impl<E: ContainerEngine> Shared<E> {
@@ -136,11 +140,21 @@ impl<E: ContainerEngine> Shared<E> {
         }
     }
 
-    /// Secrets plus per-call env (the container's own env is inherited by every exec).
+    /// Secrets, the git gate's URLs (they hold its token, so they are never in the
+    /// container's configuration either), plus per-call env (the container's own env is
+    /// inherited by every exec).
     pub(crate) fn exec_env(&self, extra: &BTreeMap<String, String>) -> Vec<(String, String)> {
+        let gate = self
+            .git_gate
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|g| g.env())
+            .unwrap_or_default();
         self.secrets
             .iter()
             .map(|(k, v)| (k.clone(), v.expose().to_string()))
+            .chain(gate)
             .chain(extra.iter().map(|(k, v)| (k.clone(), v.clone())))
             .collect()
     }
