@@ -100,6 +100,11 @@ bitflags! {
         /// them; every other request is refused on the host and no private key enters
         /// the sandbox. It stops working when the sandbox is killed.
         const SSH_AGENT = 1 << 24;
+        /// `CreateOptions::credential`: brokered credentials. Requests to the bound hosts
+        /// (HTTP and HTTPS) are forced by the sandbox's own rules through a proxy on the
+        /// host, which puts the real value where the sandbox sent the placeholder; the
+        /// secret never enters the sandbox, and the proxy ends when it is killed.
+        const CREDENTIALS = 1 << 26;
     }
 }
 
@@ -139,9 +144,10 @@ mod tests {
             "RUN_CODE|STREAMING"
         );
         assert_eq!(Capability::empty().to_string(), "NONE");
-        assert_eq!(Capability::each().count(), 25);
+        assert_eq!(Capability::each().count(), 26);
         assert_eq!(Capability::HOST_PORTS.names(), "HOST_PORTS");
         assert_eq!(Capability::SSH_AGENT.names(), "SSH_AGENT");
+        assert_eq!(Capability::CREDENTIALS.names(), "CREDENTIALS");
         assert_eq!(Capability::LIVE_EGRESS.names(), "LIVE_EGRESS");
         assert_eq!(Capability::STOP_START.names(), "STOP_START");
         assert_eq!(Capability::EXTEND_LIFETIME.names(), "EXTEND_LIFETIME");

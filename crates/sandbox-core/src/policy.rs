@@ -64,6 +64,9 @@ pub fn check_create(
     if options.ssh_agent.is_some() {
         require(caps, Capability::SSH_AGENT, backend)?;
     }
+    if !options.credentials.is_empty() {
+        require(caps, Capability::CREDENTIALS, backend)?;
+    }
     Ok(resources)
 }
 
@@ -108,6 +111,19 @@ mod tests {
         );
         assert_eq!(
             code(CreateOptions::default().ssh_agent(crate::SshAgentOptions::all_keys())),
+            ErrorCode::CapabilityNotSupported
+        );
+        assert_eq!(
+            code(
+                CreateOptions::default()
+                    .network(crate::NetworkPolicy::allow())
+                    .credential(crate::Credential::new(
+                        "API_KEY",
+                        "v",
+                        ["api.example.com"],
+                        crate::Placement::header("X-Api-Key"),
+                    ))
+            ),
             ErrorCode::CapabilityNotSupported
         );
         // The refusal says how to get on: drop the requirement, or turn an agent on.
