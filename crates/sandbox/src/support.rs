@@ -59,6 +59,7 @@ mod recorded {
         .union(Capability::EGRESS_ALLOWLIST)
         .union(Capability::LIVE_EGRESS)
         .union(Capability::HOST_PORTS)
+        .union(Capability::CREDENTIALS)
         .union(Capability::INGRESS_PORTS)
         .union(Capability::STDIN)
         .union(Capability::DISK_LIMIT)

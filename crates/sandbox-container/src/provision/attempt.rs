@@ -5,6 +5,7 @@
 //! is `create.rs`'s job.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -38,6 +39,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         options: &CreateOptions,
         tier: IsolationTier,
         egress_net: Option<&crate::engine::NetworkInfo>,
+        credentials: Option<&crate::credentials::Plan>,
     ) -> Result<Provisioned<E>> {
         let eng = &*self.engine;
         let backend = eng.backend();
@@ -54,6 +56,33 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         let host_agent = match &options.ssh_agent {
             Some(o) => Some(crate::ssh_agent::HostAgent::resolve(o).await?),
             None => None,
+        };
+        // The bound hosts are resolved and the proxy listens before anything is created:
+        // the rules loaded after start redirect to its port.
+        let proxy = match (credentials, egress_net) {
+            (None, _) => None,
+            (Some(plan), Some(net)) => {
+                let upstream = plan.resolve(eng, net).await?;
+                let gateway = net
+                    .subnets
+                    .iter()
+                    .filter_map(|s| s.gateway)
+                    .find(IpAddr::is_ipv4)
+                    .ok_or_else(|| {
+                        sandbox_core::SandboxError::creation(
+                            backend,
+                            "the sandbox's network has no IPv4 gateway for the credentials proxy",
+                        )
+                    })?;
+                let listener = crate::credentials::Plan::bind(gateway).await?;
+                Some((plan, listener, upstream))
+            }
+            (Some(_), None) => {
+                return Err(sandbox_core::SandboxError::unsupported(
+                    sandbox_core::Capability::CREDENTIALS,
+                    backend,
+                ));
+            }
         };
         // Named before the request, so a create dropped while the engine works on it can
         // still be found and removed (by name) by the guard.
@@ -111,6 +140,13 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             let _ = guard.kill_now().await;
             return Err(create_err("provision container", e));
         }
+        // The CA goes in before start, like the agent: the first command trusts it.
+        if let Some((plan, _, _)) = &proxy
+            && let Err(e) = plan.install(eng, &id).await
+        {
+            let _ = guard.kill_now().await;
+            return Err(e);
+        }
         // The agent goes in before start: it is the container's main process (unless the
         // engine bind-mounts it).
         if spec.attach_stdin && spec.agent_mount.is_none() {
@@ -162,12 +198,36 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             return Err(create_err("post_start hook", e));
         }
         // Egress rules before anything of the user's runs; a failure removes the container.
+        let proxied = proxy.as_ref().map(|(plan, listener, upstream)| {
+            let port = listener.local_addr().map(|a| a.port()).unwrap_or_default();
+            plan.proxied(port, upstream)
+        });
         if let Some(net) = egress_net
-            && let Err(e) = crate::egress::apply(eng, &id, &options.network, net).await
+            && let Err(e) = crate::egress::apply(eng, &id, &options.network, net, proxied).await
         {
             let _ = guard.kill_now().await;
             return Err(e);
         }
+        // The proxy serves from here; only the sandbox's own addresses are answered.
+        let broker = match proxy {
+            None => None,
+            Some((plan, listener, upstream)) => {
+                let sources = match eng.inspect(&id).await {
+                    Ok(info) => info.addresses,
+                    Err(e) => {
+                        let _ = guard.kill_now().await;
+                        return Err(create_err("inspect container", e));
+                    }
+                };
+                match plan.start(listener, &id, sources, upstream) {
+                    Ok(b) => Some(b),
+                    Err(e) => {
+                        let _ = guard.kill_now().await;
+                        return Err(e);
+                    }
+                }
+            }
+        };
         // Nothing of the user's runs before the hello: the agent only spawns on request.
         let agent = if spec.attach_stdin {
             match crate::sandbox::agent::connect(
@@ -253,6 +313,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             fork_base: Some(fork_base),
             restored: std::sync::atomic::AtomicBool::new(false),
             ssh_agent: Mutex::new(ssh_agent),
+            credentials: Mutex::new(broker),
         });
         tracing::debug!(
             sandbox_id = %shared.id,

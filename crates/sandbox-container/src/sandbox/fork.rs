@@ -456,6 +456,7 @@ async fn sandbox_of<E: ContainerEngine>(
         fork_base: Some(fork_base),
         restored: AtomicBool::new(true),
         ssh_agent: Mutex::new(None),
+        credentials: Mutex::new(None),
     });
     let ports = &base.ingress_ports;
     let ingress = if ports.is_empty() {

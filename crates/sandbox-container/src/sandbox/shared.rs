@@ -69,6 +69,10 @@ pub(crate) struct Shared<E> {
     /// taken (which ends its relay) at kill. Only the creating handle has one: the host
     /// agent and the selection are not kept engine-side.
     pub ssh_agent: Mutex<Option<crate::ssh_agent::Forwarding>>,
+    /// The credentials proxy of a sandbox created with `CreateOptions::credential`;
+    /// taken (which ends it, its listener and its connections) at kill. Only the
+    /// creating handle has one: the secrets never leave that process.
+    pub credentials: Mutex<Option<crate::credentials::Broker>>,
 }
 
 impl<E: ContainerEngine> Shared<E> {
