@@ -267,12 +267,12 @@ impl Plan {
     }
 
     /// Binds the proxy's listener on the host's address on the sandbox's network.
-    pub(crate) async fn bind(gateway: IpAddr) -> Result<tokio::net::TcpListener> {
+    pub(crate) async fn bind(backend: &str, gateway: IpAddr) -> Result<tokio::net::TcpListener> {
         tokio::net::TcpListener::bind((gateway, 0))
             .await
             .map_err(|e| {
                 SandboxError::creation(
-                    "credentials",
+                    backend,
                     format!("the credentials proxy cannot listen on {gateway}: {e}"),
                 )
             })

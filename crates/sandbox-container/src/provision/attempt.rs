@@ -57,8 +57,9 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             Some(o) => Some(crate::ssh_agent::HostAgent::resolve(o).await?),
             None => None,
         };
-        // The bound hosts are resolved and the proxy listens before anything is created:
-        // the rules loaded after start redirect to its port.
+        // The bound hosts are resolved before anything is created; the proxy listens once
+        // the container runs (an engine may bring the network's bridge, and so the
+        // gateway's address, up only with its first container).
         let proxy = match (credentials, egress_net) {
             (None, _) => None,
             (Some(plan), Some(net)) => {
@@ -74,8 +75,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                             "the sandbox's network has no IPv4 gateway for the credentials proxy",
                         )
                     })?;
-                let listener = crate::credentials::Plan::bind(gateway).await?;
-                Some((plan, listener, upstream))
+                Some((plan, gateway, upstream))
             }
             (Some(_), None) => {
                 return Err(sandbox_core::SandboxError::unsupported(
@@ -198,6 +198,19 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             return Err(create_err("post_start hook", e));
         }
         // Egress rules before anything of the user's runs; a failure removes the container.
+        let proxy = match proxy {
+            None => None,
+            Some((plan, gateway, upstream)) => {
+                match crate::credentials::Plan::bind(backend, gateway).await {
+                    Ok(listener) => Some((plan, listener, upstream)),
+                    Err(e) => {
+                        let _ = guard.kill_now().await;
+                        return Err(e);
+                    }
+                }
+            }
+        };
+        // The rules loaded next redirect the bound hosts to the proxy's port.
         let proxied = proxy.as_ref().map(|(plan, listener, upstream)| {
             let port = listener.local_addr().map(|a| a.port()).unwrap_or_default();
             plan.proxied(port, upstream)
