@@ -11,6 +11,7 @@ pub mod broken;
 
 mod cancellation;
 mod capabilities;
+mod credentials;
 mod disk;
 mod egress;
 mod egress_live;
@@ -236,6 +237,7 @@ fn all_trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
     t.extend(capabilities::trials(ctx));
     t.extend(observability::trials(ctx));
     t.extend(ssh_agent::trials(ctx));
+    t.extend(credentials::trials(ctx));
     t
 }
 

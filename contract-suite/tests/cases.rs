@@ -33,6 +33,7 @@ const AREAS: &[&str] = &[
     "hostile",
     "host_ports",
     "ssh_agent",
+    "credentials",
 ];
 
 /// Every trial name, from a suite whose backend is unavailable (so every case is listed,

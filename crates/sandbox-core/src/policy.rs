@@ -31,6 +31,11 @@ pub fn check_create(
         ));
     }
     require(caps, Capability::NETWORK_POLICY, backend)?;
+    // Before the allowlist a credential's create may also carry: the refusal names what
+    // was asked for.
+    if !options.credentials.is_empty() {
+        require(caps, Capability::CREDENTIALS, backend)?;
+    }
     // The most specific need first: a host port needs the rules too, but the refusal
     // should name what was asked for.
     if !options.network.egress.host_ports().is_empty() {
@@ -63,9 +68,6 @@ pub fn check_create(
     }
     if options.ssh_agent.is_some() {
         require(caps, Capability::SSH_AGENT, backend)?;
-    }
-    if !options.credentials.is_empty() {
-        require(caps, Capability::CREDENTIALS, backend)?;
     }
     Ok(resources)
 }
