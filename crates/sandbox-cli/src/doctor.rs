@@ -64,6 +64,12 @@ struct Engine {
     /// What it would need, when it is not available.
     #[serde(skip_serializing_if = "Option::is_none")]
     ssh_agent_fix: Option<String>,
+    /// Whether brokered credentials (`--credential`, `CreateOptions::credential`) work on
+    /// this engine as configured; `null` when the engine was not reached.
+    credentials: Option<bool>,
+    /// What they would need, when they are not available.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    credentials_fix: Option<String>,
     problems: Vec<Problem>,
 }
 
@@ -99,6 +105,10 @@ pub async fn doctor(args: DoctorArgs, out: Out) -> sandbox::Result<u8> {
         engine.ssh_agent = caps.map(|c| c.contains(sandbox::Capability::SSH_AGENT));
         if engine.ssh_agent == Some(false) {
             engine.ssh_agent_fix = Some(SSH_AGENT_FIX.to_string());
+        }
+        engine.credentials = caps.map(|c| c.contains(sandbox::Capability::CREDENTIALS));
+        if engine.credentials == Some(false) {
+            engine.credentials_fix = Some(CREDENTIALS_FIX.to_string());
         }
         engines.push(engine);
     }
@@ -151,6 +161,10 @@ pub fn selected_engines(requested: &[String]) -> sandbox::Result<Vec<String>> {
 /// What egress allowlists need (docs/network.md): the rules are loaded from this host
 /// into each sandbox's network namespace.
 /// What SSH agent forwarding needs, when a backend does not declare it.
+const CREDENTIALS_FIX: &str = "brokered credentials need the sandbox's own nftables rules \
+(they force the bound hosts' traffic through the proxy): Docker (runc) or Podman on this \
+machine, run as root with nftables and util-linux; see docs/credentials.md";
+
 const SSH_AGENT_FIX: &str = "SSH agent forwarding needs the in-sandbox agent, which relays the \
 socket over its channel: Docker or Podman with the agent on (SBX_AGENT unset) and an engine that \
 can attach; see docs/credentials.md";
@@ -249,6 +263,8 @@ fn to_engine(r: EngineReport, default: bool) -> Engine {
         forks_fix: None,
         ssh_agent: None,
         ssh_agent_fix: None,
+        credentials: None,
+        credentials_fix: None,
         problems: r
             .problems
             .into_iter()
@@ -321,6 +337,16 @@ fn print_human(report: &DoctorReport, out: &Out) {
             Some(false) => {
                 out.line(format!("  ssh agent: {}", out.yellow("unavailable")));
                 if let Some(fix) = &e.ssh_agent_fix {
+                    out.line(format!("  {}     {}", out.bold("fix:"), fix));
+                }
+            }
+            None => {}
+        }
+        match e.credentials {
+            Some(true) => out.line(format!("  credentials: {}", out.green("available"))),
+            Some(false) => {
+                out.line(format!("  credentials: {}", out.yellow("unavailable")));
+                if let Some(fix) = &e.credentials_fix {
                     out.line(format!("  {}     {}", out.bold("fix:"), fix));
                 }
             }

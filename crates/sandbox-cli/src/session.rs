@@ -149,6 +149,21 @@ fn create_base(args: &CreateArgs) -> CreateOptions {
     .metadata("command", "create")
 }
 
+/// The brokered credentials of a create as `--json` shows them: the variable, the hosts
+/// and the placement, never the secret.
+pub(crate) fn credentials_json(creds: &[sandbox::Credential]) -> serde_json::Value {
+    creds
+        .iter()
+        .map(|c| {
+            serde_json::json!({
+                "env_var": c.env_var,
+                "hosts": c.hosts,
+                "placement": c.placement.to_string(),
+            })
+        })
+        .collect()
+}
+
 /// The holder: creates the sandbox, reports, waits for the ack, then keeps the sandbox
 /// until it is killed elsewhere, its lifetime ends, or SIGTERM/SIGINT arrives.
 pub async fn hold(args: CreateArgs) -> u8 {
@@ -166,11 +181,12 @@ pub async fn hold(args: CreateArgs) -> u8 {
             args.sandbox.allow_engine_exec,
         )
         .await?;
+        let bindings = credentials_json(&options.credentials);
         let backend = sandbox::backend(target).await?;
         let sb = backend.create(options).await?;
-        Ok::<_, SandboxError>((backend, sb))
+        Ok::<_, SandboxError>((backend, sb, bindings))
     };
-    let (backend, sb) = match created.await {
+    let (backend, sb, credentials) = match created.await {
         Ok(v) => v,
         Err(e) => {
             let code = exit_code::for_error(&e);
@@ -191,6 +207,7 @@ pub async fn hold(args: CreateArgs) -> u8 {
             "sandbox": info,
             "timeout_s": lifetime.as_secs(),
             "deadline": deadline_unix,
+            "credentials": credentials,
         }),
         text: sb.id().to_string(),
     });
