@@ -16,7 +16,8 @@ mod proxy;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
 use futures::StreamExt as _;
@@ -72,13 +73,13 @@ pub fn add_upstream_root(der: Vec<u8>) {
         .push(der);
 }
 
-/// The upstream port of the proxy for this process (443; tests move it).
-static UPSTREAM_PORT: OnceLock<u16> = OnceLock::new();
+/// The upstream port of the proxies this process starts from now on (443; tests move it).
+static UPSTREAM_PORT: AtomicU16 = AtomicU16::new(443);
 
-/// Sends the proxy's upstream requests to `port` instead of 443, for this whole process
-/// (tests whose servers cannot take 443). Set once; later calls are ignored.
+/// Sends the upstream requests of the proxies this process starts from now on to `port`
+/// instead of 443 (tests whose servers cannot take 443); a running proxy keeps its port.
 pub fn set_upstream_port(port: u16) {
-    let _ = UPSTREAM_PORT.set(port);
+    UPSTREAM_PORT.store(port, Ordering::SeqCst);
 }
 
 /// Why brokered credentials cannot work for sandboxes of `engine`, if they cannot: the
@@ -297,7 +298,7 @@ impl Plan {
             sources: sources.clone(),
             tls_server,
             tls_client,
-            upstream_port: *UPSTREAM_PORT.get().unwrap_or(&443),
+            upstream_port: UPSTREAM_PORT.load(Ordering::SeqCst),
             slots: Arc::new(tokio::sync::Semaphore::new(proxy::MAX_CONNECTIONS)),
         });
         let task = tokio::spawn(proxy::serve(listener, proxy));

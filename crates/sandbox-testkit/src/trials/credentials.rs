@@ -79,6 +79,9 @@ open("/tmp/dump.bin", "wb").write(dump)
 print(json.dumps(out))
 "#;
 
+/// The trials set the process-wide lookup and upstream port: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// What a lab server received: each request's head, as text.
 type Seen = Arc<Mutex<Vec<String>>>;
 
@@ -191,6 +194,7 @@ fn proxy_address(id: &str) -> Option<SocketAddr> {
 /// kill the proxy's port is closed and no rule, state or container is left.
 pub async fn the_bound_host_alone_receives_the_secret<B: Backend + ReapableBackend>(b: &B) {
     let test = "credentials-e2e";
+    let _serial = SERIAL.lock().await;
     if !b.capabilities().contains(Capability::CREDENTIALS) {
         let e = b
             .create(credential_options(test))
@@ -298,6 +302,53 @@ pub async fn the_bound_host_alone_receives_the_secret<B: Backend + ReapableBacke
     }
 }
 
+/// The proxy outlives a stop and serves the sandbox again after its start (the
+/// engine may give it a new address; the rules are loaded again with the same port).
+pub async fn the_proxy_serves_again_after_stop_and_start<B: Backend + ReapableBackend>(b: &B) {
+    let test = "credentials-restart";
+    let _serial = SERIAL.lock().await;
+    if !b
+        .capabilities()
+        .contains(Capability::CREDENTIALS | Capability::STOP_START)
+    {
+        return;
+    }
+    egress_lab::ensure().unwrap();
+    let (bound_port, bound_seen) = bound_server();
+    sandbox_container::credentials::set_upstream_port(bound_port);
+    sandbox_container::egress::set_lookup(Arc::new(
+        egress_lab::Names::new().with(BOUND, IpAddr::V4(egress_lab::CANARY)),
+    ))
+    .unwrap();
+    let sb = b.create(credential_options(test)).await.unwrap();
+    sb.stop().await.unwrap();
+    sb.start().await.unwrap();
+    let r = sb
+        .run(
+            sandbox_core::Command::Argv(vec![
+                "python3".into(),
+                "-c".into(),
+                "import os, urllib.request as u; print(u.urlopen(u.Request('https://api.cred-lab.test/again', headers={'Authorization': 'Bearer ' + os.environ['API_KEY']}), timeout=20).status)".into(),
+            ]),
+            sandbox_core::RunOptions::default(),
+        )
+        .await
+        .unwrap();
+    sb.kill().await.unwrap();
+    assert_eq!(r.exit_code, 0, "after start: {}", r.stderr_text());
+    assert_eq!(r.stdout_text().trim(), "200");
+    let seen = bound_seen.lock().unwrap().join("\n");
+    assert!(
+        seen.contains(&format!("authorization: Bearer {SECRET}")),
+        "the bound host did not receive the secret after start: {seen}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !managed_ids(b, test).await.is_empty() {
+        assert!(Instant::now() < deadline, "a container is left");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn credential_options(test: &str) -> sandbox_core::CreateOptions {
     test_options(PYTHON, test)
         .network(NetworkPolicy::allow_list(["198.18.0.0/24", OTHER]))
@@ -342,6 +393,12 @@ macro_rules! credentials_trials {
         async fn the_bound_host_alone_receives_the_secret() {
             let Some(b) = $backend else { return };
             $crate::trials::credentials::the_bound_host_alone_receives_the_secret(&b).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn the_proxy_serves_again_after_stop_and_start() {
+            let Some(b) = $backend else { return };
+            $crate::trials::credentials::the_proxy_serves_again_after_stop_and_start(&b).await;
         }
     };
 }
