@@ -269,3 +269,46 @@ fn the_scrubber_catches_a_value_split_across_chunks() {
         );
     }
 }
+
+/// The query placement: the parameter whose value is the placeholder, and no other.
+#[test]
+fn the_query_placement_replaces_only_its_parameter() {
+    let mut options = CreateOptions::new("img").credential(Credential::new(
+        "K",
+        "s3cr3t&x",
+        ["a.test"],
+        Placement::query("key"),
+    ));
+    let plan = plan(&mut options).unwrap().unwrap();
+    let ph = options.env["K"].clone();
+    let req = |uri: &str| http::Request::get(uri).body(()).unwrap().into_parts().0;
+    let mut p = req(&format!("/v1?key={ph}&other={ph}"));
+    assert_eq!(proxy::inject(&mut p, &plan.bindings, "a.test"), ["K"]);
+    assert_eq!(p.uri.to_string(), format!("/v1?key=s3cr3t%26x&other={ph}"));
+    // Another host: untouched.
+    let mut p = req(&format!("/v1?key={ph}"));
+    assert!(proxy::inject(&mut p, &plan.bindings, "b.test").is_empty());
+    assert_eq!(p.uri.to_string(), format!("/v1?key={ph}"));
+}
+
+/// A connection from an address that is not the sandbox's is closed unread.
+#[tokio::test]
+async fn only_the_sandbox_address_is_answered() {
+    let h = harness().await;
+    // The harness answers 127.0.0.1 only; 127.0.0.2 is loopback too, but not it.
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    let mut s = sock
+        .connect(format!("127.0.0.1:{}", h.port).parse().unwrap())
+        .await
+        .unwrap();
+    let _ = s
+        .write_all(b"GET / HTTP/1.1\r\nhost: api.bound.test\r\n\r\n")
+        .await;
+    let mut out = Vec::new();
+    let n = tokio::time::timeout(std::time::Duration::from_secs(5), s.read_to_end(&mut out))
+        .await
+        .expect("closed at once");
+    assert!(n.is_err() || out.is_empty(), "answered: {out:?}");
+    assert!(h.seen.lock().unwrap().is_empty());
+}
