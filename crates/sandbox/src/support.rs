@@ -84,7 +84,8 @@ mod recorded {
 
     /// `sandbox_fake::full_capabilities()`: an egress allowlist and its live change,
     /// pause/resume, snapshots, stop/start and forks (files and contexts), but no ingress
-    /// ports, no disk, no terminals, no agent and no reset of processes.
+    /// ports, no disk, no terminals, no agent, no reset of processes and no brokered
+    /// credentials.
     #[cfg(any(test, not(feature = "fake")))]
     pub(super) const FAKE: Capability = CONTAINER
         .union(Capability::SNAPSHOT_FORK)
@@ -93,7 +94,8 @@ mod recorded {
         .difference(Capability::PTY)
         .difference(Capability::AGENT)
         .difference(Capability::RESET_PROCESSES)
-        .difference(Capability::SSH_AGENT);
+        .difference(Capability::SSH_AGENT)
+        .difference(Capability::CREDENTIALS);
 }
 
 /// First-party backends that can declare `capability` (what `CapabilityNotSupported`
