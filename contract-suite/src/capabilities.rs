@@ -40,6 +40,7 @@ pub const COVERED: &[(C, &str)] = &[
     (C::HOST_PORTS, "host_ports"),
     (C::SSH_AGENT, "ssh_agent"),
     (C::GIT_GATE, "git_gate"),
+    (C::CREDENTIALS, "credentials"),
 ];
 
 /// The flags [`COVERED`] lists.
@@ -111,7 +112,7 @@ fn names_the_flag(e: &sandbox_core::SandboxError, flag: C) -> anyhow::Result<()>
 /// Every undeclared flag with an entry point refuses with `CapabilityNotSupported` from
 /// that entry point (run, run with stdin, run on a terminal, run_code, run_code with a context, stream,
 /// files, upload, download, pause, resume, extend, set_egress, egress, snapshot, fork, stop, start, reset_processes, create with an allowlist / a host port / ingress port / GPU /
-/// disk limit / a required agent / an idle limit / a maximum lifetime / ssh agent forwarding / any policy).
+/// disk limit / a required agent / an idle limit / a maximum lifetime / ssh agent forwarding / a credential / any policy).
 async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let c = case("every_undeclared_flag_refuses");
     let mut checked = Vec::new();
@@ -161,6 +162,18 @@ async fn every_undeclared_flag_refuses(ctx: Arc<Ctx>) -> anyhow::Result<()> {
                 std::env::temp_dir(),
                 sandbox_core::GitAccess::ReadOnly,
             )),
+        ),
+        (
+            C::CREDENTIALS,
+            // Egress Allow: the only other flag it needs is NETWORK_POLICY's.
+            ctx.opts(&c)
+                .network(NetworkPolicy::allow())
+                .credential(sandbox_core::Credential::new(
+                    "API_KEY",
+                    "not-a-real-secret",
+                    ["api.example.com"],
+                    sandbox_core::Placement::header("X-Api-Key"),
+                )),
         ),
         (C::NETWORK_POLICY, ctx.opts(&c)),
     ];
@@ -363,7 +376,8 @@ fn all_reachable_checked(declared: C, unreachable: C, checked: &[C]) -> anyhow::
         | C::SNAPSHOT_FORK
         | C::HOST_PORTS
         | C::SSH_AGENT
-        | C::GIT_GATE;
+        | C::GIT_GATE
+        | C::CREDENTIALS;
     let expected = with_entry_point - declared - unreachable;
     let got = checked.iter().fold(C::empty(), |acc, c| acc | *c);
     ensure!(

@@ -11,6 +11,7 @@ pub mod broken;
 
 mod cancellation;
 mod capabilities;
+mod credentials;
 mod disk;
 mod egress;
 mod egress_live;
@@ -238,6 +239,7 @@ fn all_trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
     t.extend(observability::trials(ctx));
     t.extend(ssh_agent::trials(ctx));
     t.extend(git_gate::trials(ctx));
+    t.extend(credentials::trials(ctx));
     t
 }
 

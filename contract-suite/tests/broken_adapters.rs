@@ -284,4 +284,5 @@ caught! {
     fork_losing_files_is_caught => ForkLosesFiles,
     forks_left_behind_are_caught => ForksLeftBehind,
     host_port_opening_the_whole_host_is_caught => HostPortOpensWholeHost,
+    credential_in_the_environment_is_caught => CredentialInEnvironment,
 }

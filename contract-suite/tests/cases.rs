@@ -34,6 +34,7 @@ const AREAS: &[&str] = &[
     "host_ports",
     "ssh_agent",
     "git_gate",
+    "credentials",
 ];
 
 /// Every trial name, from a suite whose backend is unavailable (so every case is listed,

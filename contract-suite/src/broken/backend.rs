@@ -113,6 +113,11 @@ impl Backend for BrokenBackend {
             Flaw::HostPortOpensWholeHost => {
                 options.network.egress = super::sandbox::whole_host(options.network.egress);
             }
+            Flaw::CredentialInEnvironment => {
+                for c in std::mem::take(&mut options.credentials) {
+                    options.env.insert(c.env_var, c.secret.expose().to_string());
+                }
+            }
             Flaw::IgnoreLimits => {
                 options.resources = Resources::default();
             }

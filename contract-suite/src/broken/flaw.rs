@@ -204,11 +204,17 @@ pub enum Flaw {
     /// on every port (modelled as the fake's host address, loopback, added to the allow
     /// tier, as putting the host on the allowlist would).
     HostPortOpensWholeHost,
+    /// Declares `CREDENTIALS` and "brokers" a credential by putting its real value in the
+    /// sandbox's environment under the credential's variable (what a proxy that hands the
+    /// secret to the sandbox, rather than to the bound host, amounts to). A proxy that
+    /// injects for every host cannot be modelled here: the broken decorators wrap the
+    /// in-process fake, which has no egress path to put a proxy on.
+    CredentialInEnvironment,
 }
 
 impl Flaw {
     /// Every flaw.
-    pub const ALL: [Flaw; 80] = [
+    pub const ALL: [Flaw; 81] = [
         Flaw::SwallowTimeouts,
         Flaw::PretendNetworkPolicy,
         Flaw::LeakSecrets,
@@ -289,6 +295,7 @@ impl Flaw {
         Flaw::ForkLosesFiles,
         Flaw::ForksLeftBehind,
         Flaw::HostPortOpensWholeHost,
+        Flaw::CredentialInEnvironment,
     ];
 
     /// The trials that must fail on a backend with this flaw (each passes without it).
@@ -461,6 +468,9 @@ impl Flaw {
                 "contract::host_ports::host_ports_beside_an_allowlist_change_with_the_policy",
                 "contract::host_ports::host_ports_hold_after_stop_and_start",
             ],
+            Flaw::CredentialInEnvironment => &[
+                "contract::credentials::the_sandbox_holds_only_the_placeholder_and_reaches_the_bound_host_through_the_proxy",
+            ],
         }
     }
 }
@@ -472,6 +482,7 @@ pub(super) fn adjust_caps(flaw: Flaw, caps: Capability) -> Capability {
         Flaw::PretendIngress => caps | Capability::INGRESS_PORTS,
         Flaw::DeclareUnhonoured => caps | Capability::EGRESS_ALLOWLIST,
         Flaw::EmulateUndeclared => caps - Capability::STATEFUL_CODE,
+        Flaw::CredentialInEnvironment => caps | Capability::CREDENTIALS,
         _ => caps,
     }
 }

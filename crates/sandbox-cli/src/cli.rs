@@ -191,6 +191,14 @@ pub struct SandboxArgs {
     /// the sandbox's channel.
     #[arg(long = "git-repo", value_name = "PATH[:rw]")]
     pub git_repo: Vec<String>,
+    /// A brokered credential (repeatable): `HOST:HEADER=ENV_VAR` sends the value of this
+    /// shell's ENV_VAR as header HEADER on HTTPS requests to HOST, put there by a proxy on
+    /// this host; inside, ENV_VAR holds only a placeholder. The value may be a template:
+    /// `'HOST:Authorization=Bearer {ENV_VAR}'`; a query parameter: `HOST:?PARAM=ENV_VAR`;
+    /// several hosts: `HOST1,HOST2:…`. The value is read from the environment, never the
+    /// command line. Needs egress other than `--network none`.
+    #[arg(long = "credential", value_name = "HOST:HEADER=ENV_VAR")]
+    pub credential: Vec<String>,
 }
 
 /// `sandbox create`.

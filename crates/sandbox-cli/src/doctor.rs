@@ -71,6 +71,12 @@ struct Engine {
     /// What it would need, when it is not available.
     #[serde(skip_serializing_if = "Option::is_none")]
     git_gate_fix: Option<String>,
+    /// Whether brokered credentials (`--credential`, `CreateOptions::credential`) work on
+    /// this engine as configured; `null` when the engine was not reached.
+    credentials: Option<bool>,
+    /// What they would need, when they are not available.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    credentials_fix: Option<String>,
     problems: Vec<Problem>,
 }
 
@@ -118,6 +124,10 @@ pub async fn doctor(args: DoctorArgs, out: Out) -> sandbox::Result<u8> {
             (Some(true), None) => Some(GIT_BACKEND_FIX.to_string()),
             _ => None,
         };
+        engine.credentials = caps.map(|c| c.contains(sandbox::Capability::CREDENTIALS));
+        if engine.credentials == Some(false) {
+            engine.credentials_fix = Some(CREDENTIALS_FIX.to_string());
+        }
         engines.push(engine);
     }
     let ok = if args.engines.is_empty() {
@@ -169,6 +179,10 @@ pub fn selected_engines(requested: &[String]) -> sandbox::Result<Vec<String>> {
 /// What egress allowlists need (docs/network.md): the rules are loaded from this host
 /// into each sandbox's network namespace.
 /// What SSH agent forwarding needs, when a backend does not declare it.
+const CREDENTIALS_FIX: &str = "brokered credentials need the sandbox's own nftables rules \
+(they force the bound hosts' traffic through the proxy): Docker (runc) or Podman on this \
+machine, run as root with nftables and util-linux; see docs/credentials.md";
+
 const SSH_AGENT_FIX: &str = "SSH agent forwarding needs the in-sandbox agent, which relays the \
 socket over its channel: Docker or Podman with the agent on (SBX_AGENT unset) and an engine that \
 can attach; see docs/credentials.md";
@@ -278,6 +292,8 @@ fn to_engine(r: EngineReport, default: bool) -> Engine {
         ssh_agent_fix: None,
         git_gate: None,
         git_gate_fix: None,
+        credentials: None,
+        credentials_fix: None,
         problems: r
             .problems
             .into_iter()
@@ -363,6 +379,16 @@ fn print_human(report: &DoctorReport, out: &Out) {
             Some(false) => {
                 out.line(format!("  git gate: {}", out.yellow("unavailable")));
                 if let Some(fix) = &e.git_gate_fix {
+                    out.line(format!("  {}     {}", out.bold("fix:"), fix));
+                }
+            }
+            None => {}
+        }
+        match e.credentials {
+            Some(true) => out.line(format!("  credentials: {}", out.green("available"))),
+            Some(false) => {
+                out.line(format!("  credentials: {}", out.yellow("unavailable")));
+                if let Some(fix) = &e.credentials_fix {
                     out.line(format!("  {}     {}", out.bold("fix:"), fix));
                 }
             }

@@ -118,11 +118,12 @@ pub async fn hold(args: CreateArgs) -> u8 {
             args.sandbox.allow_engine_exec,
         )
         .await?;
+        let bindings = crate::session::credentials_json(&options.credentials);
         let backend = sandbox::backend(target).await?;
         let sb = backend.create(options).await?;
-        Ok::<_, SandboxError>((backend, sb))
+        Ok::<_, SandboxError>((backend, sb, bindings))
     };
-    let (backend, sb) = match created.await {
+    let (backend, sb, credentials) = match created.await {
         Ok(v) => v,
         Err(e) => {
             let report = HolderReport::failed(&e);
@@ -139,6 +140,7 @@ pub async fn hold(args: CreateArgs) -> u8 {
             "sandbox": info,
             "timeout_s": lifetime.as_secs(),
             "deadline": deadline_unix,
+            "credentials": credentials,
         }),
         text: sb.id().to_string(),
     });

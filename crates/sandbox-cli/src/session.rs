@@ -132,6 +132,21 @@ pub(crate) fn create_base(args: &CreateArgs) -> CreateOptions {
     .metadata("command", "create")
 }
 
+/// The brokered credentials of a create as `--json` shows them: the variable, the hosts
+/// and the placement, never the secret.
+pub(crate) fn credentials_json(creds: &[sandbox::Credential]) -> serde_json::Value {
+    creds
+        .iter()
+        .map(|c| {
+            serde_json::json!({
+                "env_var": c.env_var,
+                "hosts": c.hosts,
+                "placement": c.placement.to_string(),
+            })
+        })
+        .collect()
+}
+
 /// A handle from `connect`. Dropping it must not kill a sandbox this process does not own,
 /// and the `Sandbox` port has no way to give a handle up, so it is never dropped (a few
 /// hundred bytes, once per command, in a process about to exit).

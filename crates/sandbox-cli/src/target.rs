@@ -117,6 +117,9 @@ fn apply_sandbox_args(args: &SandboxArgs, base: CreateOptions) -> sandbox::Resul
     for repo in &args.git_repo {
         o = o.git_repo(git_repo_of(repo)?);
     }
+    for c in &args.credential {
+        o = o.credential(credential_of(c)?);
+    }
     if let Some(t) = args.require_isolation {
         o = o.require_isolation(match t {
             TierArg::Container => IsolationTier::Container,
@@ -125,6 +128,64 @@ fn apply_sandbox_args(args: &SandboxArgs, base: CreateOptions) -> sandbox::Resul
         });
     }
     Ok(o)
+}
+
+/// One `--credential` value: `HOSTS:HEADER=VALUE` or `HOSTS:?PARAM=VALUE`, where VALUE is
+/// an environment variable's name or a template holding `{NAME}` once. The secret is
+/// that variable's value in this process's environment. Errors never repeat the argument
+/// (a value pasted by mistake would be a secret).
+pub(crate) fn credential_of(arg: &str) -> sandbox::Result<sandbox::Credential> {
+    let bad = |why: &str| {
+        SandboxError::config(
+            format!("--credential: {why} (the argument is not shown: it may hold a secret)"),
+            "give HOST:HEADER=ENV_VAR (e.g. `api.example.com:X-Api-Key=API_KEY`, or \
+             `'api.example.com:Authorization=Bearer {API_KEY}'`, or `api.example.com:?key=API_KEY` \
+             for a query parameter); the value is read from ENV_VAR in this shell",
+        )
+    };
+    let (hosts, rest) = arg
+        .split_once(':')
+        .ok_or_else(|| bad("no `:` after the host"))?;
+    let hosts: Vec<&str> = hosts.split(',').collect();
+    let (query, rest) = match rest.strip_prefix('?') {
+        Some(r) => (true, r),
+        None => (false, rest),
+    };
+    let (name, value) = rest
+        .split_once('=')
+        .ok_or_else(|| bad("no `=` between the header and the variable"))?;
+    let (var, template) = match (value.find('{'), value.find('}')) {
+        (None, None) => (value.to_string(), "{}".to_string()),
+        (Some(open), Some(close)) if open < close => {
+            let var = &value[open + 1..close];
+            let template = format!("{}{{}}{}", &value[..open], &value[close + 1..]);
+            if template.matches('{').count() != 1 || template.matches('}').count() != 1 {
+                return Err(bad("the value names more than one variable"));
+            }
+            (var.to_string(), template)
+        }
+        _ => return Err(bad("the value's `{NAME}` is not closed")),
+    };
+    crate::secret_env::check_name("--credential", &var)?;
+    let secret = std::env::var(&var).map_err(|_| {
+        SandboxError::config(
+            format!("--credential: the environment variable {var} is not set (or not UTF-8)"),
+            format!("export {var}=… in the calling shell (the value is never passed on the command line)"),
+        )
+    })?;
+    let placement = if query {
+        if template != "{}" {
+            return Err(bad(
+                "a query parameter takes the variable alone, not a template",
+            ));
+        }
+        sandbox::Placement::query(name)
+    } else {
+        sandbox::Placement::header_template(name, template)
+    };
+    let c = sandbox::Credential::new(var, secret, hosts, placement);
+    c.validate()?;
+    Ok(c)
 }
 
 /// The `--ssh-agent` values: `*` (the bare flag) for every key, else fingerprints or
@@ -241,6 +302,38 @@ mod tests {
             deny_hosts: v(deny),
             except_hosts: v(except),
             host_ports: vec![],
+        }
+    }
+
+    /// `--credential` forms: a variable, a template, a query parameter, several hosts;
+    /// the secret is the variable's value here (PATH: always set, never a real secret).
+    #[test]
+    fn credential_flags_become_credentials() {
+        let path = std::env::var("PATH").unwrap();
+        let c = credential_of("api.example.com:Authorization=Bearer {PATH}").unwrap();
+        assert_eq!(c.env_var, "PATH");
+        assert_eq!(c.secret.expose(), path);
+        assert_eq!(c.hosts, ["api.example.com"]);
+        assert_eq!(
+            c.placement,
+            sandbox::Placement::header_template("Authorization", "Bearer {}")
+        );
+        let c = credential_of("a.example,B.example:X-Api-Key=PATH").unwrap();
+        assert_eq!(c.hosts, ["a.example", "b.example"]);
+        assert_eq!(c.placement, sandbox::Placement::header("X-Api-Key"));
+        let c = credential_of("a.example:?key=PATH").unwrap();
+        assert_eq!(c.placement, sandbox::Placement::query("key"));
+        for bad in [
+            "a.example",
+            "a.example:X-Api-Key",
+            "a.example:A={PATH} {PATH}",
+            "a.example:A={PATH",
+            "a.example:?key=x{PATH}",
+            "a.example:A=1BAD",
+            ":A=PATH",
+        ] {
+            let e = credential_of(bad).unwrap_err();
+            assert!(!e.render().contains(&path), "{bad}");
         }
     }
 

@@ -453,3 +453,50 @@ fn git_repo_is_refused_where_it_cannot_work_and_says_why() {
     let _ = std::fs::remove_dir_all(repo);
     let _ = std::fs::remove_dir_all(not_repo);
 }
+
+#[test]
+fn credential_is_refused_where_it_cannot_work_and_never_shows_the_secret() {
+    let secret = "sk-cli-never-shown-4f1c";
+    let with = |args: &[&str]| {
+        common::sandbox(args)
+            .env("CLI_TEST_API_KEY", secret)
+            .output()
+            .expect("spawn sandbox")
+    };
+    // The fake cannot force traffic through a proxy: refused, never ignored.
+    let o = with(&[
+        "run",
+        "--network",
+        "closed",
+        "--credential",
+        "api.example.com:Authorization=Bearer {CLI_TEST_API_KEY}",
+        "fake://",
+        "--",
+        "true",
+    ]);
+    assert_ne!(code(&o), 0);
+    assert!(stderr(&o).contains("CREDENTIALS"), "{}", stderr(&o));
+    assert!(!stderr(&o).contains(secret) && !stdout(&o).contains(secret));
+    // A malformed argument is not echoed (it may be a pasted secret).
+    let o = with(&["run", "--credential", secret, "fake://", "--", "true"]);
+    assert_ne!(code(&o), 0);
+    assert!(stderr(&o).contains("--credential"), "{}", stderr(&o));
+    assert!(!stderr(&o).contains(secret), "{}", stderr(&o));
+    // The variable must be set in the calling shell.
+    let o = with(&[
+        "run",
+        "--network",
+        "closed",
+        "--credential",
+        "api.example.com:X-Api-Key=CLI_TEST_UNSET_VARIABLE",
+        "fake://",
+        "--",
+        "true",
+    ]);
+    assert_ne!(code(&o), 0);
+    assert!(
+        stderr(&o).contains("CLI_TEST_UNSET_VARIABLE"),
+        "{}",
+        stderr(&o)
+    );
+}

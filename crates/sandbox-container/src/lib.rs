@@ -2,6 +2,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod credentials;
 pub mod egress;
 pub mod endpoint;
 pub mod engine;

@@ -107,6 +107,11 @@ bitflags! {
         /// access), the repository's config, remotes and credentials are never served,
         /// and the gate is gone when the sandbox is killed.
         const GIT_GATE = 1 << 25;
+        /// `CreateOptions::credential`: brokered credentials. Requests to the bound hosts
+        /// (HTTP and HTTPS) are forced by the sandbox's own rules through a proxy on the
+        /// host, which puts the real value where the sandbox sent the placeholder; the
+        /// secret never enters the sandbox, and the proxy ends when it is killed.
+        const CREDENTIALS = 1 << 26;
     }
 }
 
@@ -146,10 +151,11 @@ mod tests {
             "RUN_CODE|STREAMING"
         );
         assert_eq!(Capability::empty().to_string(), "NONE");
-        assert_eq!(Capability::each().count(), 26);
+        assert_eq!(Capability::each().count(), 27);
         assert_eq!(Capability::GIT_GATE.names(), "GIT_GATE");
         assert_eq!(Capability::HOST_PORTS.names(), "HOST_PORTS");
         assert_eq!(Capability::SSH_AGENT.names(), "SSH_AGENT");
+        assert_eq!(Capability::CREDENTIALS.names(), "CREDENTIALS");
         assert_eq!(Capability::LIVE_EGRESS.names(), "LIVE_EGRESS");
         assert_eq!(Capability::STOP_START.names(), "STOP_START");
         assert_eq!(Capability::EXTEND_LIFETIME.names(), "EXTEND_LIFETIME");

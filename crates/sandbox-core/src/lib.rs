@@ -5,6 +5,7 @@
 mod audit;
 mod backend;
 mod capability;
+pub mod credential;
 mod diagnostics;
 pub mod dsn;
 mod error;
@@ -35,6 +36,7 @@ pub mod teardown;
 
 pub use backend::{Backend, ReapableBackend};
 pub use capability::Capability;
+pub use credential::{Credential, Placement};
 pub use diagnostics::{EngineReport, Problem};
 pub use dsn::Dsn;
 pub use error::{BoxError, Result, SandboxError};

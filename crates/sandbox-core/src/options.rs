@@ -112,6 +112,15 @@ pub struct CreateOptions {
     /// [`Capability::GIT_GATE`](crate::Capability::GIT_GATE). Empty (the default): none.
     /// At most [`MAX_GIT_REPOS`](crate::git_gate::MAX_GIT_REPOS).
     pub git_repos: Vec<crate::GitRepo>,
+    /// Brokered credentials: each a secret bound to destination hosts and to one place in
+    /// a request. Inside the sandbox its environment variable holds an opaque placeholder;
+    /// a proxy on the host puts the real value in requests to the bound hosts only. The
+    /// secret never enters the sandbox. Needs
+    /// [`Capability::CREDENTIALS`](crate::Capability::CREDENTIALS). At most
+    /// [`MAX_CREDENTIALS`](crate::credential::MAX_CREDENTIALS). Serialised with the
+    /// secrets as `"***"`; never deserialised (a secret does not travel through JSON).
+    #[cfg_attr(feature = "serde", serde(skip_deserializing))]
+    pub credentials: Vec<crate::Credential>,
 }
 
 /// When a backend pulls the template image from its registry before creating a sandbox.
@@ -178,6 +187,7 @@ impl Default for CreateOptions {
             hostname: None,
             ssh_agent: None,
             git_repos: Vec::new(),
+            credentials: Vec::new(),
         }
     }
 }
@@ -201,6 +211,7 @@ impl fmt::Debug for CreateOptions {
             .field("hostname", &self.hostname)
             .field("ssh_agent", &self.ssh_agent)
             .field("git_repos", &self.git_repos)
+            .field("credentials", &self.credentials)
             .finish()
     }
 }
@@ -297,6 +308,12 @@ impl CreateOptions {
         self
     }
 
+    /// Adds a brokered credential (see the `credentials` field).
+    pub fn credential(mut self, credential: crate::Credential) -> Self {
+        self.credentials.push(credential);
+        self
+    }
+
     /// The maximum lifetime in effect: `max_lifetime`, else `timeout`.
     pub fn effective_max_lifetime(&self) -> Duration {
         self.max_lifetime.unwrap_or(self.timeout)
@@ -374,6 +391,25 @@ impl CreateOptions {
                     format!("leave {var} out of env: git_repo sets it in every command"),
                 ));
             }
+        }
+        crate::credential::validate_all(&self.credentials)?;
+        for c in &self.credentials {
+            if self.env.contains_key(&c.env_var) || self.secrets.contains_key(&c.env_var) {
+                return Err(SandboxError::config(
+                    format!(
+                        "{} is set in env while a credential puts its placeholder there",
+                        c.env_var
+                    ),
+                    "leave the credential's variable out of env and secrets",
+                ));
+            }
+        }
+        if !self.credentials.is_empty() && matches!(self.network.egress, crate::Egress::Deny) {
+            return Err(SandboxError::config(
+                "credentials need a network, and egress Deny gives the sandbox none",
+                "allow egress (an allowlist is enough: the bound hosts are reached through \
+                 the host's proxy whatever it lists)",
+            ));
         }
         self.network.validate()?;
         self.resources.effective()

@@ -31,6 +31,11 @@ pub fn check_create(
         ));
     }
     require(caps, Capability::NETWORK_POLICY, backend)?;
+    // Before the allowlist a credential's create may also carry: the refusal names what
+    // was asked for.
+    if !options.credentials.is_empty() {
+        require(caps, Capability::CREDENTIALS, backend)?;
+    }
     // The most specific need first: a host port needs the rules too, but the refusal
     // should name what was asked for.
     if !options.network.egress.host_ports().is_empty() {
@@ -111,6 +116,19 @@ mod tests {
         );
         assert_eq!(
             code(CreateOptions::default().ssh_agent(crate::SshAgentOptions::all_keys())),
+            ErrorCode::CapabilityNotSupported
+        );
+        assert_eq!(
+            code(
+                CreateOptions::default()
+                    .network(crate::NetworkPolicy::allow())
+                    .credential(crate::Credential::new(
+                        "API_KEY",
+                        "v",
+                        ["api.example.com"],
+                        crate::Placement::header("X-Api-Key"),
+                    ))
+            ),
             ErrorCode::CapabilityNotSupported
         );
         // The refusal says how to get on: drop the requirement, or turn an agent on.

@@ -42,6 +42,7 @@ pub const CAPABILITIES: Capability = LAYER_CAPABILITIES
     .union(Capability::EGRESS_ALLOWLIST)
     .union(Capability::LIVE_EGRESS)
     .union(Capability::HOST_PORTS)
+    .union(Capability::CREDENTIALS)
     .union(Capability::PTY)
     .union(Capability::PAUSE_RESUME)
     .union(Capability::AGENT)
@@ -73,7 +74,10 @@ pub(crate) fn capabilities(runtime_forces_no_network: bool, forks: bool) -> Capa
     }
     if runtime_forces_no_network {
         caps.difference(
-            Capability::EGRESS_ALLOWLIST | Capability::LIVE_EGRESS | Capability::HOST_PORTS,
+            Capability::EGRESS_ALLOWLIST
+                | Capability::LIVE_EGRESS
+                | Capability::HOST_PORTS
+                | Capability::CREDENTIALS,
         )
     } else {
         caps

@@ -28,6 +28,7 @@ pub const CAPABILITIES: Capability = LAYER_CAPABILITIES
     .union(Capability::EGRESS_ALLOWLIST)
     .union(Capability::LIVE_EGRESS)
     .union(Capability::HOST_PORTS)
+    .union(Capability::CREDENTIALS)
     .union(Capability::PTY)
     .union(Capability::AGENT)
     .union(Capability::GPU)

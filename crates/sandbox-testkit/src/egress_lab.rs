@@ -139,6 +139,15 @@ pub fn ensure() -> Result<IpAddr, String> {
     Ok(IpAddr::V4(CANARY))
 }
 
+/// Adds `addr` (a /24 neighbour of [`CANARY`], such as 198.18.0.2) to the namespace end
+/// of the lab, after [`ensure`]: a second host outside the machine's addresses, for
+/// trials that need two destinations apart.
+pub fn ensure_address(addr: Ipv4Addr) -> Result<IpAddr, String> {
+    ensure()?;
+    ensure_addr(Some(NETNS), PEER, &format!("{addr}/24"))?;
+    Ok(IpAddr::V4(addr))
+}
+
 /// Removes [`NETNS`] and the veth pair (absent is fine), whoever uses them: [`Teardown`]
 /// calls it once no other process does.
 pub fn remove() {

@@ -8,6 +8,7 @@
 pub mod agent;
 pub mod binds;
 pub mod caps;
+pub mod credentials;
 pub mod disk;
 pub mod egress;
 pub mod pull;

@@ -59,6 +59,7 @@ mod recorded {
         .union(Capability::EGRESS_ALLOWLIST)
         .union(Capability::LIVE_EGRESS)
         .union(Capability::HOST_PORTS)
+        .union(Capability::CREDENTIALS)
         .union(Capability::INGRESS_PORTS)
         .union(Capability::STDIN)
         .union(Capability::DISK_LIMIT)
@@ -84,7 +85,8 @@ mod recorded {
 
     /// `sandbox_fake::full_capabilities()`: an egress allowlist and its live change,
     /// pause/resume, snapshots, stop/start and forks (files and contexts), but no ingress
-    /// ports, no disk, no terminals, no agent and no reset of processes.
+    /// ports, no disk, no terminals, no agent, no reset of processes and no brokered
+    /// credentials.
     #[cfg(any(test, not(feature = "fake")))]
     pub(super) const FAKE: Capability = CONTAINER
         .union(Capability::SNAPSHOT_FORK)
@@ -94,7 +96,8 @@ mod recorded {
         .difference(Capability::AGENT)
         .difference(Capability::RESET_PROCESSES)
         .difference(Capability::SSH_AGENT)
-        .difference(Capability::GIT_GATE);
+        .difference(Capability::GIT_GATE)
+        .difference(Capability::CREDENTIALS);
 }
 
 /// First-party backends that can declare `capability` (what `CapabilityNotSupported`

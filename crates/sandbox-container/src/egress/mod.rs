@@ -62,6 +62,7 @@ pub const LABEL_NETWORK: &str = "io.sandbox-rs.network";
 pub const TABLE: &str = nft::TABLE;
 
 pub use hosts::{HOSTS_FILE, HOSTS_TEXT, ensure_hosts_file};
+pub(crate) use state::Proxied;
 
 /// How the egress resolver turns a name into addresses. The default is the host's
 /// resolver (getaddrinfo: `/etc/hosts` first, then the host's configured DNS), so a name
@@ -647,6 +648,7 @@ pub(crate) async fn apply<E: ContainerEngine + ?Sized>(
     id: &str,
     policy: &NetworkPolicy,
     net: &NetworkInfo,
+    proxy: Option<Proxied>,
 ) -> Result<()> {
     let backend = engine.backend();
     if matches!(policy.egress, Egress::Deny) {
@@ -676,12 +678,18 @@ pub(crate) async fn apply<E: ContainerEngine + ?Sized>(
         .iter()
         .map(ToString::to_string)
         .collect();
-    load_current(engine, id, net, &files, Some((&policy.egress, exempt)))
-        .await
-        .map_err(|e| match e {
-            Loaded::Refused(e) => e,
-            Loaded::Failed(why) => creation(backend, why),
-        })
+    load_current(
+        engine,
+        id,
+        net,
+        &files,
+        Some((&policy.egress, exempt, proxy)),
+    )
+    .await
+    .map_err(|e| match e {
+        Loaded::Refused(e) => e,
+        Loaded::Failed(why) => creation(backend, why),
+    })
 }
 
 /// Why loading a sandbox's policy failed: a refusal of the policy itself (an entry inside
@@ -710,7 +718,7 @@ async fn load_current<E: ContainerEngine + ?Sized>(
     id: &str,
     net: &NetworkInfo,
     files: &state::Files,
-    fresh: Option<(&Egress, Vec<String>)>,
+    fresh: Option<(&Egress, Vec<String>, Option<Proxied>)>,
 ) -> std::result::Result<(), Loaded> {
     let info = engine
         .inspect(id)
@@ -737,7 +745,11 @@ async fn load_current<E: ContainerEngine + ?Sized>(
     let resolver = resolver::resolver()?;
     let dns = resolver.listen(gw).await?;
     let mut st = match (fresh, files.read()?) {
-        (Some((egress, exempt)), _) => state::State::new(egress, exempt, dns, pid, ns.inode())?,
+        (Some((egress, exempt, proxy)), _) => {
+            let mut st = state::State::new(egress, exempt, dns, pid, ns.inode())?;
+            st.proxy = proxy;
+            st
+        }
         (None, Some(mut st)) => {
             st.resolver = dns;
             st.pid = pid;
@@ -759,6 +771,7 @@ async fn load_current<E: ContainerEngine + ?Sized>(
         .map_err(Loaded::Refused)?;
     let ruleset = nft::Ruleset {
         resolver: Some(dns),
+        proxy: proxy_rules(&st),
         ..ruleset
     };
     nft::load(&ns.path(), &ruleset).await?;
@@ -768,6 +781,53 @@ async fn load_current<E: ContainerEngine + ?Sized>(
     files.write(&st)?;
     resolver.register(&info.addresses, pid, ns.inode(), files.clone())?;
     tracing::debug!(sandbox_id = %id, pid, %dns, %egress, "egress rules applied");
+    Ok(())
+}
+
+/// The redirect a state's credentials proxy needs in the rules.
+fn proxy_rules(st: &state::State) -> Option<nft::Proxy> {
+    st.proxy.as_ref().map(|p| nft::Proxy {
+        port: p.port,
+        addrs: p.addrs.clone(),
+    })
+}
+
+/// The IPv4 addresses of a bound host, resolved the way the resolver resolves names for
+/// sandboxes (the process's [`Lookup`]).
+pub(crate) async fn resolve_bound(name: &str) -> std::result::Result<Vec<Ipv4Addr>, String> {
+    let r = resolver::resolver()?;
+    r.lookup_v4(name).await
+}
+
+/// Refuses bound-host addresses the proxy must never connect to from the host: the
+/// always-blocked set, this host's own addresses and every engine network. The proxy
+/// runs on the host, outside the sandbox's rules, so this is the check that keeps a
+/// name resolving to the metadata service from being reached through it.
+pub(crate) async fn check_bound<E: ContainerEngine + ?Sized>(
+    engine: &E,
+    net: &NetworkInfo,
+    name: &str,
+    addrs: &[Ipv4Addr],
+) -> Result<()> {
+    let block = blocked_set(engine, net).await?;
+    for a in addrs {
+        let ip = IpAddr::V4(*a);
+        let cidr = Cidr::new(ip, 32);
+        let what = if a.is_loopback() || a.is_unspecified() || a.is_broadcast() {
+            Some("this host's loopback or no address at all".to_string())
+        } else {
+            block
+                .iter()
+                .find(|b| b.cidr.holds(cidr))
+                .map(|b| format!("{}, {}", b.cidr, b.what))
+        };
+        if let Some(what) = what {
+            return Err(SandboxError::config(
+                format!("credential host {name} resolves to {a}, inside {what}"),
+                "bind credentials to hosts outside this machine and its engine networks",
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -835,6 +895,7 @@ fn ruleset_for(
         pinned_except,
         pinned_allow,
         host_ports: tiers.host_ports.iter().map(|p| p.get()).collect(),
+        proxy: None,
     })
 }
 
@@ -975,6 +1036,7 @@ pub(crate) async fn set_live<E: ContainerEngine + ?Sized>(
     )?;
     let ruleset = nft::Ruleset {
         resolver: Some(st.resolver),
+        proxy: proxy_rules(&st),
         ..ruleset
     };
     nft::load(&ns.path(), &ruleset)

@@ -51,7 +51,24 @@ pub(crate) struct Ruleset {
     /// the sandbox's network (the resolver's address) only, ahead of the blocked set that
     /// holds that address. Every other port and address of the host stays blocked.
     pub host_ports: Vec<u16>,
+    /// The credentials proxy of this sandbox, when it has brokered credentials: TCP to
+    /// the bound hosts' addresses on ports 80 and 443 is redirected to it, every other
+    /// port of those addresses is refused, ahead of every accepting rule.
+    pub proxy: Option<Proxy>,
 }
+
+/// Where a sandbox's traffic to its bound hosts goes instead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Proxy {
+    /// The proxy's port on the host's address on the sandbox's network (the resolver's).
+    pub port: u16,
+    /// The bound hosts' IPv4 addresses, resolved at create (the resolver answers the
+    /// bound names with these and nothing else).
+    pub addrs: Vec<std::net::Ipv4Addr>,
+}
+
+/// The set of bound hosts' addresses (IPv4: the redirect goes to the IPv4 gateway).
+const PROXIED_SET: &str = "proxied4";
 
 fn elements(cidrs: &[Cidr], v4: bool) -> Vec<String> {
     cidrs
@@ -152,12 +169,21 @@ impl Ruleset {
         );
         let ports: Vec<String> = self.host_ports.iter().map(ToString::to_string).collect();
         plain_set(&mut t, HOST_PORTS_SET, "inet_service", &ports);
+        let proxied: Vec<String> = self
+            .proxy
+            .iter()
+            .flat_map(|p| p.addrs.iter().map(ToString::to_string))
+            .collect();
+        plain_set(&mut t, PROXIED_SET, "ipv4_addr", &proxied);
         // DNS to anywhere goes to the resolver. Loopback is left alone: an engine's own
         // in-namespace DNS (Docker's 127.0.0.11) forwards to the configured server, which
         // is the resolver, from this namespace, so it is redirected on its way out.
         let _ = writeln!(t, "  chain dns {{");
         let _ = writeln!(t, "    type nat hook output priority -150; policy accept;");
         let _ = writeln!(t, "    oifname \"lo\" return");
+        if let Some(rule) = self.redirect_rule() {
+            let _ = writeln!(t, "    {rule}");
+        }
         if let Some(r) = self.resolver {
             let (fam, to) = match r.ip() {
                 IpAddr::V4(ip) => ("ipv4", format!("ip to {ip}:{}", r.port())),
@@ -176,6 +202,12 @@ impl Ruleset {
         // the connections already open to it: their next packet is refused.
         let _ = writeln!(t, "    ct direction reply accept");
         let _ = writeln!(t, "    ct state related accept");
+        // The proxy, then the bound hosts' addresses refused on every port the redirect
+        // did not take: ahead of every accepting rule, so no allowlist entry, override or
+        // default of allow reaches a bound host except through the proxy.
+        for rule in self.proxy_rules() {
+            let _ = writeln!(t, "    {rule}");
+        }
         if let Some(r) = self.resolver {
             let (m, ip) = match r.ip() {
                 IpAddr::V4(ip) => ("ip", ip.to_string()),
@@ -221,6 +253,31 @@ impl Ruleset {
         ))
     }
 
+    /// The redirect of the bound hosts' HTTP and HTTPS to the proxy (as `nft list`
+    /// prints it), when there is a proxy and an IPv4 gateway to reach it at.
+    fn redirect_rule(&self) -> Option<String> {
+        let p = self.proxy.as_ref()?;
+        let IpAddr::V4(gw) = self.resolver?.ip() else {
+            return None;
+        };
+        Some(format!(
+            "ip daddr @{PROXIED_SET} tcp dport {{ 80, 443 }} dnat ip to {gw}:{}",
+            p.port
+        ))
+    }
+
+    /// The output chain's proxy rules, in order: the proxy accepted, the bound hosts'
+    /// addresses refused.
+    fn proxy_rules(&self) -> Vec<String> {
+        let (Some(p), Some(r)) = (&self.proxy, self.resolver) else {
+            return Vec::new();
+        };
+        vec![
+            format!("ip daddr {} tcp dport {} accept", r.ip(), p.port),
+            format!("ip daddr @{PROXIED_SET} jump refuse"),
+        ]
+    }
+
     /// Every accepting line of the output chain as loaded (in the form `nft list` prints).
     fn accept_lines(&self) -> Vec<String> {
         let mut v: Vec<String> = [
@@ -241,6 +298,7 @@ impl Ruleset {
             }
         }
         v.extend(self.host_port_rule());
+        v.extend(self.proxy_rules().into_iter().take(1));
         v.extend(
             OUT_ORDER
                 .iter()
@@ -268,6 +326,8 @@ impl Ruleset {
             v.push(format!("tcp dport 53 dnat ip to {r}"));
         }
         v.extend(self.host_port_rule());
+        v.extend(self.redirect_rule());
+        v.extend(self.proxy_rules());
         v
     }
 }
@@ -435,6 +495,7 @@ pub(crate) fn verify(listing: &str, rules: &Ruleset) -> Result<(), String> {
             "the egress rules read back with `{extra}`, which was not loaded: the ruleset in force is not the one loaded"
         ));
     }
+    verify_proxy(listing, &lines, rules)?;
     let mut want: Vec<String> = rules.host_ports.iter().map(ToString::to_string).collect();
     want.sort();
     let mut got = listed_elements(listing, HOST_PORTS_SET)
@@ -444,6 +505,71 @@ pub(crate) fn verify(listing: &str, rules: &Ruleset) -> Result<(), String> {
         return Err(format!(
             "the egress rules read back with host ports {got:?}, {want:?} were loaded"
         ));
+    }
+    Ok(())
+}
+
+/// The credentials proxy's rules as read back: the redirect in the nat chain (the
+/// expected lines already checked it is there, unaltered), the refusal of the bound
+/// addresses ahead of every accepting rule but the proxy's own, and the set holding
+/// exactly the bound addresses. A missing or altered redirect would let a bound host be
+/// reached directly, or the proxy be skipped.
+fn verify_proxy(listing: &str, lines: &[&str], rules: &Ruleset) -> Result<(), String> {
+    let mut want: Vec<String> = rules
+        .proxy
+        .iter()
+        .flat_map(|p| p.addrs.iter().map(ToString::to_string))
+        .collect();
+    want.sort();
+    let mut got = listed_elements(listing, PROXIED_SET)
+        .ok_or("the egress rules read back without the set of proxied addresses")?;
+    got.sort();
+    if got != want {
+        return Err(format!(
+            "the egress rules read back with proxied addresses {got:?}, {want:?} were loaded"
+        ));
+    }
+    let out = chain_lines(lines, "out");
+    let proxy = rules.proxy_rules();
+    let Some(refuse) = proxy.get(1) else {
+        // No proxy: nothing may be redirected.
+        if let Some(l) = lines
+            .iter()
+            .find(|l| l.contains(&format!("@{PROXIED_SET}")) && !l.starts_with("set "))
+        {
+            return Err(format!(
+                "the egress rules read back with `{l}`, which was not loaded: the ruleset in force is not the one loaded"
+            ));
+        }
+        return Ok(());
+    };
+    let at = |rule: &str| out.iter().position(|l| *l == rule);
+    let Some(refused_at) = at(refuse) else {
+        return Err(format!(
+            "the egress rules read back without `{refuse}`: the ruleset in force is not the one loaded"
+        ));
+    };
+    if let Some(early) = out[..refused_at].iter().find(|l| {
+        (l.ends_with(" accept") || **l == "accept")
+            && !l.starts_with("ct ")
+            && **l != "oifname \"lo\" accept"
+            && **l != proxy[0]
+    }) {
+        return Err(format!(
+            "the egress rules read back with `{early}` ahead of `{refuse}`: the ruleset in force is not the one loaded"
+        ));
+    }
+    let nat = chain_lines(lines, "dns");
+    if nat
+        .iter()
+        .filter(|l| l.contains(&format!("@{PROXIED_SET}")))
+        .count()
+        != 1
+    {
+        return Err(
+            "the egress rules read back with a changed redirect to the credentials proxy: the ruleset in force is not the one loaded"
+                .into(),
+        );
     }
     Ok(())
 }
@@ -493,6 +619,7 @@ mod tests {
             pinned_except: vec![],
             pinned_allow: vec!["198.18.0.7".parse().unwrap()],
             host_ports: vec![8080],
+            proxy: None,
         }
     }
 
@@ -619,6 +746,93 @@ mod tests {
         );
         let e = verify(&whole, &r).unwrap_err();
         assert!(e.contains("ip daddr 172.30.0.1 accept"), "{e}");
+    }
+
+    fn proxied() -> Ruleset {
+        Ruleset {
+            proxy: Some(Proxy {
+                port: 40001,
+                addrs: vec!["198.18.0.1".parse().unwrap()],
+            }),
+            ..sample(true)
+        }
+    }
+
+    /// The bound hosts' HTTP and HTTPS go to the proxy, their other ports are refused,
+    /// and both come before every accepting rule (a default of allow included).
+    #[test]
+    fn bound_hosts_are_redirected_to_the_proxy_ahead_of_every_accept() {
+        let r = proxied();
+        let t = r.text();
+        let at = |l: &str| t.find(l).unwrap_or_else(|| panic!("{l} in {t}"));
+        assert!(t.contains("ip daddr @proxied4 tcp dport { 80, 443 } dnat ip to 172.30.0.1:40001"));
+        let refuse = at("ip daddr @proxied4 jump refuse");
+        assert!(at("ip daddr 172.30.0.1 tcp dport 40001 accept") < refuse);
+        for accept in [
+            "ip daddr @exempt4 accept",
+            "ip daddr @allow4 accept",
+            "ip daddr @dyn4 accept",
+            "tcp dport @hostports accept",
+            "    accept\n",
+        ] {
+            assert!(refuse < at(accept), "{accept} ahead of the refusal");
+        }
+        assert_eq!(verify(&listing(&r), &r), Ok(()));
+    }
+
+    /// The attack the read-back must catch: a table in force whose redirect is gone or
+    /// changed, or whose refusal of the bound addresses is gone or comes after an accept,
+    /// would give the sandbox a direct path to a bound host.
+    #[test]
+    fn verify_catches_a_missing_or_altered_redirect() {
+        let r = proxied();
+        let good = listing(&r);
+        let redirect = "ip daddr @proxied4 tcp dport { 80, 443 } dnat ip to 172.30.0.1:40001";
+        let refuse = "ip daddr @proxied4 jump refuse";
+        let tampered = [
+            ("redirect gone", good.replace(redirect, "")),
+            (
+                "redirect to another port",
+                good.replace(redirect, &redirect.replace("40001", "40002")),
+            ),
+            (
+                "https only",
+                good.replace(redirect, &redirect.replace("{ 80, 443 }", "443")),
+            ),
+            (
+                "an address left out",
+                good.replace("elements = { 198.18.0.1 }", ""),
+            ),
+            ("refusal gone", good.replace(refuse, "")),
+            (
+                "refusal after the allowlist",
+                good.replace(&format!("    {refuse}\n"), "").replace(
+                    "    ip daddr @allow4 accept\n",
+                    &format!("    ip daddr @allow4 accept\n    {refuse}\n"),
+                ),
+            ),
+            (
+                "a second redirect elsewhere",
+                good.replace(
+                    redirect,
+                    &format!("{redirect}\n    ip daddr @proxied4 tcp dport 8443 dnat ip to 198.18.0.1:443"),
+                ),
+            ),
+        ];
+        for (what, listing) in tampered {
+            assert_ne!(listing, good, "{what}: the tampering changed nothing");
+            assert!(
+                verify(&listing, &r).is_err(),
+                "{what}: read back as the loaded table"
+            );
+        }
+        // A table without a proxy must not redirect anything either.
+        let plain = sample(true);
+        let smuggled = listing(&plain).replace(
+            "    oifname \"lo\" return\n",
+            &format!("    oifname \"lo\" return\n    {redirect}\n"),
+        );
+        assert!(verify(&smuggled, &plain).is_err());
     }
 
     #[test]

@@ -124,6 +124,22 @@ fn ns_inode(pid: u32) -> Option<u64> {
 
 impl Resolver {
     /// Replaces how names are resolved (process-wide).
+    /// The IPv4 addresses of `name` by the current lookup (bounded like an answer's).
+    pub(crate) async fn lookup_v4(&self, name: &str) -> Result<Vec<std::net::Ipv4Addr>, String> {
+        let lookup = self.current_lookup();
+        let addrs = tokio::time::timeout(LOOKUP_TIMEOUT, lookup.lookup(name))
+            .await
+            .map_err(|_| format!("resolving {name} took longer than {LOOKUP_TIMEOUT:?}"))?
+            .map_err(|e| format!("resolving {name}: {e}"))?;
+        Ok(addrs
+            .into_iter()
+            .filter_map(|a| match a {
+                IpAddr::V4(a) => Some(a),
+                IpAddr::V6(_) => None,
+            })
+            .collect())
+    }
+
     pub(crate) fn set_lookup(&self, lookup: Arc<dyn Lookup>) {
         if let Ok(mut l) = self.lookup.write() {
             *l = lookup;
@@ -307,6 +323,9 @@ impl Resolver {
         if q.name == HOST_SANDBOX_NAME {
             return Some(host_answer(&client, &q, max_len).await);
         }
+        if let Some(answer) = proxied_answer(&client, &q, max_len).await {
+            return Some(answer);
+        }
         let Some(verdict) = self.verdict(&client, &q.name).await else {
             return Some(dns::reply(&q, Rcode::ServFail));
         };
@@ -432,6 +451,29 @@ async fn host_answer(client: &Client, q: &dns::Query, max_len: usize) -> Vec<u8>
         .filter(|a| (q.qtype == dns::TYPE_A) == a.is_ipv4())
         .collect();
     dns::answer(q, &wanted, ANSWER_TTL, max_len)
+}
+
+/// The answer for a credential's bound host: the addresses resolved at create (where the
+/// rules redirect to the proxy), whatever the tiers say and without a pin; IPv4 only,
+/// since the redirect goes to the IPv4 gateway. `None` when `q` names no bound host.
+async fn proxied_answer(client: &Client, q: &dns::Query, max_len: usize) -> Option<Vec<u8>> {
+    let Ok(_held) = client.files.lock_shared().await else {
+        return Some(dns::reply(q, Rcode::ServFail));
+    };
+    let st = client.files.read().ok()??;
+    let p = st.proxy?;
+    if !p.hosts.contains(&q.name) {
+        return None;
+    }
+    if !q.wants_addresses() {
+        return Some(dns::reply(q, Rcode::NotImp));
+    }
+    let wanted: Vec<IpAddr> = if q.qtype == dns::TYPE_A {
+        p.addrs.iter().map(|a| IpAddr::V4(*a)).collect()
+    } else {
+        Vec::new()
+    };
+    Some(dns::answer(q, &wanted, ANSWER_TTL, max_len))
 }
 
 /// The state's generation and the tier that decides for `name` (the caller holds the

@@ -141,6 +141,21 @@ pub(crate) struct State {
     pub ns_inode: u64,
     /// Incremented by every change.
     pub generation: u64,
+    /// The credentials proxy of a sandbox with brokered credentials (kept across
+    /// changes and restarts: the rules of every load redirect to it).
+    #[serde(default)]
+    pub proxy: Option<Proxied>,
+}
+
+/// A sandbox's credentials proxy as the rules and the resolver need it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Proxied {
+    /// The proxy's port on the host's address on the sandbox's network.
+    pub port: u16,
+    /// The bound host names, answered by the resolver with `addrs`.
+    pub hosts: Vec<String>,
+    /// The bound hosts' IPv4 addresses, resolved at create.
+    pub addrs: Vec<std::net::Ipv4Addr>,
 }
 
 impl State {
@@ -158,6 +173,7 @@ impl State {
             pid,
             ns_inode,
             generation: 0,
+            proxy: None,
         })
     }
 

@@ -5,6 +5,7 @@
 //! is `create.rs`'s job.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -38,6 +39,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         options: &CreateOptions,
         tier: IsolationTier,
         egress_net: Option<&crate::engine::NetworkInfo>,
+        credentials: Option<&crate::credentials::Plan>,
     ) -> Result<Provisioned<E>> {
         let eng = &*self.engine;
         let backend = eng.backend();
@@ -61,6 +63,33 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             crate::git_gate::http_backend()?;
             sandbox_core::git_gate::validate_repos(&options.git_repos)?;
         }
+        // The bound hosts are resolved before anything is created; the proxy listens once
+        // the container runs (an engine may bring the network's bridge, and so the
+        // gateway's address, up only with its first container).
+        let proxy = match (credentials, egress_net) {
+            (None, _) => None,
+            (Some(plan), Some(net)) => {
+                let upstream = plan.resolve(eng, net).await?;
+                let gateway = net
+                    .subnets
+                    .iter()
+                    .filter_map(|s| s.gateway)
+                    .find(IpAddr::is_ipv4)
+                    .ok_or_else(|| {
+                        sandbox_core::SandboxError::creation(
+                            backend,
+                            "the sandbox's network has no IPv4 gateway for the credentials proxy",
+                        )
+                    })?;
+                Some((plan, gateway, upstream))
+            }
+            (Some(_), None) => {
+                return Err(sandbox_core::SandboxError::unsupported(
+                    sandbox_core::Capability::CREDENTIALS,
+                    backend,
+                ));
+            }
+        };
         // Named before the request, so a create dropped while the engine works on it can
         // still be found and removed (by name) by the guard.
         let info = OrphanInfo::new(spec.name.clone(), backend, spec.labels.clone());
@@ -117,6 +146,13 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             let _ = guard.kill_now().await;
             return Err(create_err("provision container", e));
         }
+        // The CA goes in before start, like the agent: the first command trusts it.
+        if let Some((plan, _, _)) = &proxy
+            && let Err(e) = plan.install(eng, &id).await
+        {
+            let _ = guard.kill_now().await;
+            return Err(e);
+        }
         // The agent goes in before start: it is the container's main process (unless the
         // engine bind-mounts it).
         if spec.attach_stdin && spec.agent_mount.is_none() {
@@ -168,12 +204,49 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             return Err(create_err("post_start hook", e));
         }
         // Egress rules before anything of the user's runs; a failure removes the container.
+        let proxy = match proxy {
+            None => None,
+            Some((plan, gateway, upstream)) => {
+                match crate::credentials::Plan::bind(backend, gateway).await {
+                    Ok(listener) => Some((plan, listener, upstream)),
+                    Err(e) => {
+                        let _ = guard.kill_now().await;
+                        return Err(e);
+                    }
+                }
+            }
+        };
+        // The rules loaded next redirect the bound hosts to the proxy's port.
+        let proxied = proxy.as_ref().map(|(plan, listener, upstream)| {
+            let port = listener.local_addr().map(|a| a.port()).unwrap_or_default();
+            plan.proxied(port, upstream)
+        });
         if let Some(net) = egress_net
-            && let Err(e) = crate::egress::apply(eng, &id, &options.network, net).await
+            && let Err(e) = crate::egress::apply(eng, &id, &options.network, net, proxied).await
         {
             let _ = guard.kill_now().await;
             return Err(e);
         }
+        // The proxy serves from here; only the sandbox's own addresses are answered.
+        let broker = match proxy {
+            None => None,
+            Some((plan, listener, upstream)) => {
+                let sources = match eng.inspect(&id).await {
+                    Ok(info) => info.addresses,
+                    Err(e) => {
+                        let _ = guard.kill_now().await;
+                        return Err(create_err("inspect container", e));
+                    }
+                };
+                match plan.start(listener, &id, sources, upstream) {
+                    Ok(b) => Some(b),
+                    Err(e) => {
+                        let _ = guard.kill_now().await;
+                        return Err(e);
+                    }
+                }
+            }
+        };
         // Nothing of the user's runs before the hello: the agent only spawns on request.
         let agent = if spec.attach_stdin {
             match crate::sandbox::agent::connect(
@@ -284,6 +357,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             restored: std::sync::atomic::AtomicBool::new(false),
             ssh_agent: Mutex::new(ssh_agent),
             git_gate: Mutex::new(git_gate),
+            credentials: Mutex::new(broker),
         });
         tracing::debug!(
             sandbox_id = %shared.id,

@@ -127,14 +127,18 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             | Capability::EGRESS_ALLOWLIST
             | Capability::LIVE_EGRESS
             | Capability::HOST_PORTS
+            | Capability::CREDENTIALS
             | Capability::DISK_LIMIT)
             & self.engine.capabilities();
         // Declared only where the rules can really be loaded (see egress/mod.rs); a live
         // change replaces those rules, so it goes with them, and so do host ports (a rule
-        // of the same table).
+        // of the same table), and brokered credentials (the redirect to the proxy).
         if !crate::egress::allowlist_available(&*self.engine) {
             caps.remove(
-                Capability::EGRESS_ALLOWLIST | Capability::LIVE_EGRESS | Capability::HOST_PORTS,
+                Capability::EGRESS_ALLOWLIST
+                    | Capability::LIVE_EGRESS
+                    | Capability::HOST_PORTS
+                    | Capability::CREDENTIALS,
             );
         }
         caps
@@ -330,6 +334,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             restored: AtomicBool::new(false),
             ssh_agent: Mutex::new(None),
             git_gate: Mutex::new(None),
+            credentials: Mutex::new(None),
         });
         tracing::debug!(
             sandbox_id = %shared.id,

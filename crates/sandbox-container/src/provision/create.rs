@@ -166,12 +166,16 @@ impl<E: ContainerEngine> ContainerBackend<E> {
     /// [`Fallbacks`] decides.
     pub(crate) async fn create_sandbox(
         &self,
-        options: CreateOptions,
+        mut options: CreateOptions,
     ) -> Result<ContainerSandbox<E>> {
         let backend = self.engine.backend();
         let tier = self.engine.tier();
         let resources =
             sandbox_core::policy::check_create(backend, self.declared_caps(), tier, &options)?;
+        crate::credentials::check(&*self.engine, &options)?;
+        // The placeholders go into the environment of every spec built from here.
+        let credentials = crate::credentials::plan(&mut options)?;
+        let options = options;
         refuse_root_scratch(&options, resources)?;
         // The library network is ensured before the spec is checked, so a refusal still
         // provisions no container (a network is not a sandbox; the sweep removes it).
@@ -235,7 +239,14 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                     },
                 };
                 let outcome = self
-                    .bounded_attempt(bound, attempt_spec, &options, tier, network.as_ref())
+                    .bounded_attempt(
+                        bound,
+                        attempt_spec,
+                        &options,
+                        tier,
+                        network.as_ref(),
+                        credentials.as_ref(),
+                    )
                     .await;
                 let ready = matches!(outcome, Outcome::Ready(_));
                 if ready && delivery == AgentDelivery::Uploaded {
@@ -387,8 +398,9 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         options: &CreateOptions,
         tier: IsolationTier,
         network: Option<&NetworkInfo>,
+        credentials: Option<&crate::credentials::Plan>,
     ) -> Outcome<ContainerSandbox<E>> {
-        let attempt = self.provision(spec, options, tier, network);
+        let attempt = self.provision(spec, options, tier, network, credentials);
         match tokio::time::timeout_at(bound, attempt).await {
             Ok(Ok(Provisioned::Ready(s))) => Outcome::Ready(*s),
             Ok(Ok(Provisioned::AgentFailed(reason))) => Outcome::AgentFailed(reason),

@@ -508,6 +508,7 @@ async fn sandbox_of<E: ContainerEngine>(
         restored: AtomicBool::new(true),
         ssh_agent: Mutex::new(None),
         git_gate: Mutex::new(None),
+        credentials: Mutex::new(None),
     });
     let ports = &base.ingress_ports;
     let ingress = if ports.is_empty() {

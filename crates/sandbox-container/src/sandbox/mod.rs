@@ -251,6 +251,14 @@ impl<E: ContainerEngine> Sandbox for ContainerSandbox<E> {
                 .unwrap_or_else(|p| p.into_inner())
                 .take(),
         );
+        // The credentials proxy too: its port closes and its connections end.
+        drop(
+            self.shared
+                .credentials
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
         // On failure the guard stays armed: a later kill or the drop retries, and the
         // lifetime backstop bounds the container regardless.
         shielded_kill(self.shared.info(), (self.killer)()).await?;

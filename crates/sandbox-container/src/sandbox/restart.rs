@@ -131,6 +131,7 @@ pub(crate) async fn start<E: ContainerEngine>(shared: &Shared<E>) -> Result<()> 
             .await
             .map_err(|e| error::on_sandbox(eng, id, "post_start hook", e))?;
         apply_network_policy(shared).await?;
+        follow_credentials_proxy(shared).await?;
         reconnect_agent(shared).await
     };
     if let Err(e) = established.await {
@@ -142,6 +143,34 @@ pub(crate) async fn start<E: ContainerEngine>(shared: &Shared<E>) -> Result<()> 
     }
     shared.stopped.store(false, Ordering::SeqCst);
     tracing::debug!(sandbox_id = %id, exec_path = %shared.exec_path(), "sandbox started");
+    Ok(())
+}
+
+/// The creating handle's credentials proxy answers the addresses the container has now
+/// (the engine may give a started container new ones); the rules loaded again already
+/// redirect to its port, which outlives a stop.
+async fn follow_credentials_proxy<E: ContainerEngine>(shared: &Shared<E>) -> Result<()> {
+    if shared
+        .credentials
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .is_none()
+    {
+        return Ok(());
+    }
+    let eng = &*shared.engine;
+    let info = shared
+        .call("inspect", eng.inspect(&shared.id))
+        .await
+        .map_err(|e| error::on_sandbox(eng, &shared.id, "inspect", e))?;
+    if let Some(b) = shared
+        .credentials
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+    {
+        b.set_sources(info.addresses);
+    }
     Ok(())
 }
 
@@ -159,7 +188,9 @@ pub(crate) async fn apply_network_policy<E: ContainerEngine>(shared: &Shared<E>)
         return Ok(());
     };
     match &plan.net {
-        Some(net) => crate::egress::apply(&*shared.engine, &shared.id, &plan.policy, net).await,
+        Some(net) => {
+            crate::egress::apply(&*shared.engine, &shared.id, &plan.policy, net, None).await
+        }
         None => Ok(()),
     }
 }

@@ -73,6 +73,10 @@ pub(crate) struct Shared<E> {
     /// closes it and forgets its token) at kill. Only the creating handle has one: the
     /// token is not kept engine-side.
     pub git_gate: Mutex<Option<crate::git_gate::Forwarding>>,
+    /// The credentials proxy of a sandbox created with `CreateOptions::credential`;
+    /// taken (which ends it, its listener and its connections) at kill. Only the
+    /// creating handle has one: the secrets never leave that process.
+    pub credentials: Mutex<Option<crate::credentials::Broker>>,
 }
 
 impl<E: ContainerEngine> Shared<E> {
