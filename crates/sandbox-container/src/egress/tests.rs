@@ -144,15 +144,17 @@ fn inode(pid: u32) -> u64 {
     std::fs::metadata(netns::of_pid(pid)).unwrap().ino()
 }
 
-/// A sandbox state of `egress` in a directory of this test process's own (never the
-/// host's state directory).
-fn test_state(name: &str, egress: &Egress) -> state::Files {
-    let dir = std::env::temp_dir().join(format!("sbx-egress-test-{}", std::process::id()));
-    let files = state::Files::in_dir(&dir, name);
-    files.remove();
+/// A sandbox state of `egress` in a temporary directory of its own (never the host's
+/// state directory), removed when the returned guard drops.
+fn test_state(name: &str, egress: &Egress) -> (state::Files, tempfile::TempDir) {
+    let dir = tempfile::Builder::new()
+        .prefix("sbx-egress-test-")
+        .tempdir()
+        .unwrap();
+    let files = state::Files::in_dir(dir.path(), name);
     let st = state::State::new(egress, vec![], "127.0.0.1:53".parse().unwrap(), 1, 1).unwrap();
     files.write(&st).unwrap();
-    files
+    (files, dir)
 }
 
 fn sample_rules() -> nft::Ruleset {
@@ -177,7 +179,7 @@ fn sample_rules() -> nft::Ruleset {
 /// sets; a new policy whose allow network lies inside the blocked set is refused.
 #[test]
 fn a_change_re_pins_the_names_still_let_through() {
-    let files = test_state("repin", &Egress::Allow);
+    let (files, _dir) = test_state("repin", &Egress::Allow);
     let pin = |name: &str, a: &str| state::Pin {
         name: name.into(),
         addrs: vec![a.parse().unwrap()],
@@ -334,7 +336,7 @@ async fn the_resolver_answers_the_host_name_only_while_a_port_is_granted() {
     let granted = EgressTiers::deny_by_default()
         .allow(EgressRule::parse("*.sandbox.internal").unwrap())
         .host_port(sandbox_core::HostPort::new(8080).unwrap());
-    let files = test_state("hostname", &Egress::Tiers(granted));
+    let (files, _dir) = test_state("hostname", &Egress::Tiers(granted));
     r.register(&[src], ns.pid(), inode(ns.pid()), files.clone())
         .unwrap();
     let name = sandbox_core::HOST_SANDBOX_NAME;
@@ -442,7 +444,7 @@ async fn the_resolver_pins_listed_names_and_refuses_the_rest() {
     ])));
     // A source address no other test uses.
     let src: IpAddr = "203.0.113.77".parse().unwrap();
-    let files = test_state(
+    let (files, _dir) = test_state(
         "pins",
         &Egress::AllowList(vec!["api.sbx.test".into(), "*.wild.sbx.test".into()]),
     );
@@ -729,18 +731,20 @@ async fn resolver_slots_go_to_known_sandboxes_a_share_each() {
     let greedy: IpAddr = "127.0.77.3".parse().unwrap();
     let victim: IpAddr = "127.0.77.4".parse().unwrap();
     // Two sandboxes (this process's own namespace stands in for theirs), all names allowed.
+    let (greedy_state, _greedy_dir) = test_state("greedy", &Egress::Allow);
+    let (victim_state, _victim_dir) = test_state("victim", &Egress::Allow);
     r.register(
         &[greedy],
         std::process::id(),
         inode(std::process::id()),
-        test_state("greedy", &Egress::Allow),
+        greedy_state,
     )
     .unwrap();
     r.register(
         &[victim],
         std::process::id(),
         inode(std::process::id()),
-        test_state("victim", &Egress::Allow),
+        victim_state,
     )
     .unwrap();
     let strangers = hold_connections(stranger, server, 300).await;

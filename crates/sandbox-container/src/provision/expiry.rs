@@ -386,7 +386,11 @@ mod tests {
     /// deadline, the new one holds, and a record past the maximum counts as the maximum.
     #[tokio::test(start_paused = true)]
     async fn a_deadline_moved_by_another_process_moves_the_timer() {
-        let dir = std::env::temp_dir().join(format!("sbx-expiry-moved-{}", std::process::id()));
+        let tmp = tempfile::Builder::new()
+            .prefix("sbx-expiry-moved-")
+            .tempdir()
+            .unwrap();
+        let dir = tmp.path().to_path_buf();
         let engine = holding(&["a1", "b1"]);
         let upkeep = upkeep_reading(&dir);
         let start = SystemTime::now();
