@@ -28,29 +28,41 @@ const AREA: &str = "credentials";
 /// The secret the trials bind. Nothing inside a sandbox may ever hold these bytes.
 const SECRET: &str = "sk-contract-5b1e0c7d93a24f68e2d0";
 
+/// Python defining `readable_dump()`: every byte code inside the sandbox can read where a
+/// secret could have been put — its environment, each process's `environ` and `cmdline`,
+/// and the files (below 4 MiB) under `/etc`, `/run` and `/tmp`. Prepended to the
+/// credentials probes (this area's and the engine trials'), which search the result for
+/// the secret.
+pub const READABLE_DUMP_PY: &str = r#"
+import os
+def readable_dump():
+    dump = bytearray(repr(dict(os.environ)).encode())
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            for f in ("environ", "cmdline"):
+                try:
+                    dump += open("/proc/%s/%s" % (pid, f), "rb").read()
+                except Exception:
+                    pass
+    for root in ("/etc", "/run", "/tmp"):
+        for d, _, files in os.walk(root):
+            for f in files:
+                p = os.path.join(d, f)
+                try:
+                    if os.path.isfile(p) and os.path.getsize(p) < (4 << 20):
+                        dump += open(p, "rb").read()
+                except Exception:
+                    pass
+    return dump
+"#;
+
 /// The program run inside: argv is the bound name and the canary's port; prints one
 /// `name value` line per result and writes everything it could read to /tmp/dump.bin.
 const PROBE: &str = r#"
 import os, socket, ssl, sys
 name, port = sys.argv[1], int(sys.argv[2])
 ph = os.environ.get("API_KEY", "")
-dump = bytearray(repr(dict(os.environ)).encode())
-for pid in os.listdir("/proc"):
-    if pid.isdigit():
-        for f in ("environ", "cmdline"):
-            try:
-                dump += open("/proc/%s/%s" % (pid, f), "rb").read()
-            except Exception:
-                pass
-for root in ("/etc", "/run", "/tmp"):
-    for d, _, files in os.walk(root):
-        for f in files:
-            p = os.path.join(d, f)
-            try:
-                if os.path.isfile(p) and os.path.getsize(p) < (4 << 20):
-                    dump += open(p, "rb").read()
-            except Exception:
-                pass
+dump = readable_dump()
 open("/tmp/dump.bin", "wb").write(dump)
 print("placeholder", ph)
 def https(sni):
@@ -153,7 +165,10 @@ async fn the_sandbox_holds_only_the_placeholder_and_reaches_the_bound_host_throu
     );
     sbx(
         sbx(sb.files(), "files")?
-            .write("/tmp/cred_probe.py", Bytes::from_static(PROBE.as_bytes()))
+            .write(
+                "/tmp/cred_probe.py",
+                Bytes::from(format!("{READABLE_DUMP_PY}{PROBE}")),
+            )
             .await,
         "write the probe",
     )?;

@@ -51,6 +51,7 @@ use sandbox_core::{
 };
 use tokio::io::AsyncWriteExt;
 
+pub use crate::credentials::READABLE_DUMP_PY;
 pub use crate::ctx::{Ctx, Need, NotApplicable, Skip};
 pub use crate::probes::{
     CanarySpec, EgressNames, EngineLimits, Faults, Injection, MAX_PIDS_HEADROOM, NoProbes, Probes,

@@ -57,23 +57,7 @@ try:
     out["direct"] = "connected"
 except Exception as e:
     out["direct"] = repr(e)
-dump = bytearray(repr(dict(os.environ)).encode())
-for pid in os.listdir("/proc"):
-    if pid.isdigit():
-        for f in ("environ", "cmdline"):
-            try:
-                dump += open("/proc/%s/%s" % (pid, f), "rb").read()
-            except Exception:
-                pass
-for root in ("/etc", "/run", "/tmp"):
-    for d, _, files in os.walk(root):
-        for f in files:
-            p = os.path.join(d, f)
-            try:
-                if os.path.isfile(p) and os.path.getsize(p) < (4 << 20):
-                    dump += open(p, "rb").read()
-            except Exception:
-                pass
+dump = readable_dump()
 dump += json.dumps(out).encode()
 open("/tmp/dump.bin", "wb").write(dump)
 print(json.dumps(out))
@@ -364,7 +348,10 @@ fn credential_options(test: &str) -> sandbox_core::CreateOptions {
 async fn probe(sb: &dyn Sandbox, bound_port: u16, other_port: u16) -> (serde_json::Value, Vec<u8>) {
     let files = sb.files().unwrap();
     files
-        .write("/tmp/cred_probe.py", Bytes::from_static(PROBE.as_bytes()))
+        .write(
+            "/tmp/cred_probe.py",
+            Bytes::from(format!("{}{PROBE}", sandbox_contract::READABLE_DUMP_PY)),
+        )
         .await
         .unwrap();
     let r = sb
