@@ -2,8 +2,8 @@
 //!
 //! What a declared `CREDENTIALS` promises where the suite can see it without a server of
 //! its own: a sandbox created with a credential bound to the listed canary name holds
-//! only the placeholder (its variable, every process's environ and cmdline, the files
-//! under /etc, /run and /tmp: the secret's bytes are in none of them); HTTPS to the bound
+//! only the placeholder (its variable, every process's environ, cmdline and writable
+//! memory, the files under /etc, /run and /tmp: the secret's bytes are in none of them); HTTPS to the bound
 //! name is answered with a certificate the sandbox's installed bundle verifies, for that
 //! name only; plain HTTP to it is refused by the proxy; and the bound host's other ports
 //! are refused although the name is on the allowlist (its traffic goes through the proxy
@@ -30,13 +30,42 @@ const SECRET: &str = "sk-contract-5b1e0c7d93a24f68e2d0";
 
 /// Python defining `readable_dump()`: every byte code inside the sandbox can read where a
 /// secret could have been put — its environment, each process's `environ` and `cmdline`,
-/// and the files (below 4 MiB) under `/etc`, `/run` and `/tmp`. Prepended to the
-/// credentials probes (this area's and the engine trials'), which search the result for
-/// the secret.
+/// the writable memory of every other process it may read (`/proc/<pid>/mem` through
+/// `/proc/<pid>/maps`: heap, stacks, anonymous and data mappings, at most 8 MiB a
+/// process and 32 MiB in all), and the files (below 4 MiB) under `/etc`, `/run` and
+/// `/tmp`. Prepended to the credentials probes (this area's and the engine trials'),
+/// which search the result for the secret; `MEMORY_SCANNED` then lists the pids whose
+/// memory was read. The agent (PID 1) is not among them: it makes itself undumpable, so
+/// root inside, without `CAP_SYS_PTRACE`, cannot read its memory at all.
 pub const READABLE_DUMP_PY: &str = r#"
 import os
+MEMORY_SCANNED = []
+def memory_of(pid, budget):
+    out = bytearray()
+    try:
+        maps = open("/proc/%s/maps" % pid).read().splitlines()
+        mem = open("/proc/%s/mem" % pid, "rb", buffering=0)
+    except Exception:
+        return out
+    with mem:
+        for line in maps:
+            f = line.split()
+            lo, hi = (int(x, 16) for x in f[0].split("-"))
+            # Writable mappings: where a process keeps what it was given or computed.
+            if f[1][0] != "r" or f[1][1] != "w" or len(f) > 5 and f[5] in ("[vvar]", "[vsyscall]"):
+                continue
+            n = min(hi - lo, budget - len(out))
+            if n <= 0:
+                break
+            try:
+                mem.seek(lo)
+                out += mem.read(n)
+            except Exception:
+                pass
+    return out
 def readable_dump():
     dump = bytearray(repr(dict(os.environ)).encode())
+    budget = 32 << 20
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             for f in ("environ", "cmdline"):
@@ -44,6 +73,12 @@ def readable_dump():
                     dump += open("/proc/%s/%s" % (pid, f), "rb").read()
                 except Exception:
                     pass
+            if int(pid) != os.getpid() and budget > 0:
+                m = memory_of(pid, min(8 << 20, budget))
+                if m:
+                    MEMORY_SCANNED.append(int(pid))
+                    budget -= len(m)
+                    dump += m
     for root in ("/etc", "/run", "/tmp"):
         for d, _, files in os.walk(root):
             for f in files:
@@ -65,6 +100,7 @@ ph = os.environ.get("API_KEY", "")
 dump = readable_dump()
 open("/tmp/dump.bin", "wb").write(dump)
 print("placeholder", ph)
+print("memory_scanned", ",".join(map(str, MEMORY_SCANNED)) or "none")
 def https(sni):
     try:
         ctx = ssl.create_default_context()
@@ -163,6 +199,18 @@ async fn the_sandbox_holds_only_the_placeholder_and_reaches_the_bound_host_throu
         !inside.trim().is_empty(),
         "API_KEY is not set inside the sandbox: the placeholder is missing"
     );
+    // A process that holds the placeholder and lives on beside the probe: the memory
+    // scan has one more process to read (and the agent, where the kernel lets it).
+    crate::ctx::run(
+        &*sb,
+        [
+            "sh",
+            "-c",
+            "python3 -c 'import os, time; held = os.environ[\"API_KEY\"]; time.sleep(300)' \
+             >/dev/null 2>&1 &",
+        ],
+    )
+    .await?;
     sbx(
         sbx(sb.files(), "files")?
             .write(
@@ -202,6 +250,11 @@ async fn the_sandbox_holds_only_the_placeholder_and_reaches_the_bound_host_throu
     ensure!(
         !dump.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()),
         "the secret's bytes are readable inside the sandbox (environment, /proc or files)"
+    );
+    ensure!(
+        get("memory_scanned") != "none",
+        "the probe could read the memory of no other process inside: the memory scan \
+         proved nothing"
     );
     let ph = get("placeholder");
     ensure!(

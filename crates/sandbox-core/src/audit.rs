@@ -67,6 +67,17 @@ pub struct AuditRecord {
     pub noop: bool,
     /// The egress policy a `set_egress` set (its display form).
     pub egress: Option<String>,
+    /// The destination host of a request the sandbox's credentials proxy took
+    /// (`credentials.request`).
+    pub host: Option<String>,
+    /// That request's HTTP method.
+    pub method: Option<String>,
+    /// The HTTP status the sandbox was answered with (the host's, or the proxy's own
+    /// refusal).
+    pub status: Option<u16>,
+    /// The variables of the credentials whose real value was put into that request
+    /// (names only, never values).
+    pub credentials: Option<Vec<String>>,
 }
 
 impl AuditRecord {
@@ -98,6 +109,10 @@ impl AuditRecord {
             code: None,
             noop: false,
             egress: None,
+            host: None,
+            method: None,
+            status: None,
+            credentials: None,
         }
     }
 
@@ -255,7 +270,13 @@ impl Redactor {
 
     /// Applies redaction to every free-text field of a record, once, before any sink.
     pub(crate) fn redact_record(&self, record: &mut AuditRecord) {
-        for field in [&mut record.error, &mut record.path, &mut record.code] {
+        for field in [
+            &mut record.error,
+            &mut record.path,
+            &mut record.code,
+            &mut record.host,
+            &mut record.method,
+        ] {
             if let Some(text) = field.as_mut() {
                 *text = self.redact(text);
             }

@@ -70,6 +70,22 @@ pub trait ReapableBackend: Backend {
 }
 
 #[async_trait]
+impl<B: ReapableBackend + ?Sized> ReapableBackend for Arc<B> {
+    async fn list_managed(&self, labels: &BTreeMap<String, String>) -> Result<Vec<ManagedSandbox>> {
+        (**self).list_managed(labels).await
+    }
+    async fn kill_managed(&self, id: &str) -> Result<bool> {
+        (**self).kill_managed(id).await
+    }
+    async fn list_snapshots(&self) -> Result<Vec<Snapshot>> {
+        (**self).list_snapshots().await
+    }
+    async fn remove_snapshot(&self, template: &str) -> Result<bool> {
+        (**self).remove_snapshot(template).await
+    }
+}
+
+#[async_trait]
 impl<B: Backend + ?Sized> Backend for Arc<B> {
     fn name(&self) -> &str {
         (**self).name()

@@ -21,6 +21,7 @@ use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
 use futures::StreamExt as _;
+use sandbox_core::layer::EventReporter;
 use sandbox_core::{Capability, CreateOptions, Placement, Result, SandboxError, Secret};
 
 use crate::engine::{ContainerEngine, NetworkInfo};
@@ -126,6 +127,9 @@ pub(crate) struct Plan {
     bindings: Arc<[Binding]>,
     ca: Arc<ca::Ca>,
     hosts: Vec<String>,
+    /// The audit sinks of the layer this create runs under (taken here, during create,
+    /// while the layer's task-local is visible): the proxy reports every request to them.
+    events: EventReporter,
 }
 
 impl std::fmt::Debug for Plan {
@@ -175,6 +179,7 @@ pub(crate) fn plan(options: &mut CreateOptions) -> Result<Option<Plan>> {
         bindings: bindings.into(),
         ca: Arc::new(ca),
         hosts,
+        events: EventReporter::current(),
     }))
 }
 
@@ -300,6 +305,7 @@ impl Plan {
             tls_client,
             upstream_port: UPSTREAM_PORT.load(Ordering::SeqCst),
             slots: Arc::new(tokio::sync::Semaphore::new(proxy::MAX_CONNECTIONS)),
+            events: self.events.clone(),
         });
         let task = tokio::spawn(proxy::serve(listener, proxy));
         tracing::debug!(sandbox_id = %id, port, hosts = ?self.hosts, "credentials proxy started");

@@ -55,6 +55,8 @@ pub(crate) struct Proxy {
     /// The upstream port (443; tests point it elsewhere).
     pub upstream_port: u16,
     pub slots: Arc<Semaphore>,
+    /// The audit sinks of the layer the sandbox was created under.
+    pub events: sandbox_core::layer::EventReporter,
 }
 
 /// Accepts connections until the task is aborted (which drops the listener, closing the
@@ -174,24 +176,76 @@ fn request_host<B>(req: &Request<B>) -> Option<String> {
     Some(host.trim_end_matches('.').to_ascii_lowercase())
 }
 
+/// What one request came to, for its audit record.
+enum Verdict {
+    /// Forwarded; the host answered (its status is the response's).
+    Forwarded,
+    /// Refused by the proxy by policy (never forwarded).
+    Refused(String),
+    /// Forwarded, but the host failed or did not answer in time.
+    UpstreamFailed(String),
+}
+
+/// Answers one request and reports it to the audit sinks (names and status only: the
+/// secret is never in the record, and the layer's redaction hides it anyway).
 async fn handle(req: Request<Incoming>, proxy: &Proxy, sni: Option<&str>) -> Response<Body> {
+    let started = std::time::SystemTime::now();
     let host = request_host(&req);
+    let method = req.method().to_string();
+    let path = req.uri().path().to_string();
+    let mut injected = Vec::new();
+    let (resp, verdict) = answer(req, proxy, sni, host.as_deref(), &mut injected).await;
+    if proxy.events.is_active() {
+        let mut r = proxy
+            .events
+            .record("credentials.request", &proxy.sandbox_id, started);
+        r.host = sni.map(str::to_string).or(host);
+        r.method = Some(method);
+        r.path = Some(path);
+        r.status = Some(resp.status().as_u16());
+        r.credentials = Some(injected);
+        match verdict {
+            Verdict::Forwarded => {}
+            Verdict::Refused(why) => {
+                r.outcome = sandbox_core::layer::Outcome::Error;
+                r.error_code = Some(sandbox_core::ErrorCode::NetworkPolicyViolation.as_str());
+                r.error = Some(why);
+            }
+            Verdict::UpstreamFailed(why) => {
+                r.outcome = sandbox_core::layer::Outcome::Error;
+                r.error = Some(why);
+            }
+        }
+        proxy.events.report(r);
+    }
+    resp
+}
+
+async fn answer(
+    req: Request<Incoming>,
+    proxy: &Proxy,
+    sni: Option<&str>,
+    host: Option<&str>,
+    injected: &mut Vec<String>,
+) -> (Response<Body>, Verdict) {
+    let refused =
+        |status: StatusCode, why: &str| (refusal(status, why), Verdict::Refused(why.to_string()));
     let Some(sni) = sni else {
-        tracing::info!(sandbox_id = %proxy.sandbox_id, host = host.as_deref().unwrap_or(""), "credentials proxy: plain HTTP to a bound host refused");
-        return refusal(
+        tracing::info!(sandbox_id = %proxy.sandbox_id, host = host.unwrap_or(""), "credentials proxy: plain HTTP to a bound host refused");
+        return refused(
             StatusCode::FORBIDDEN,
             "plain HTTP to a host with a brokered credential is refused (the credential \
              would cross the network in clear); use https",
         );
     };
-    if host.as_deref() != Some(sni) {
-        return refusal(
+    if host != Some(sni) {
+        return refused(
             StatusCode::MISDIRECTED_REQUEST,
             "the request's Host is not the name the connection was opened for",
         );
     }
     let Some(addrs) = proxy.upstream.get(sni) else {
-        return refusal(
+        return refused(
             StatusCode::FORBIDDEN,
             "not a host with a brokered credential",
         );
@@ -199,7 +253,7 @@ async fn handle(req: Request<Incoming>, proxy: &Proxy, sni: Option<&str>) -> Res
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let (mut parts, body) = req.into_parts();
-    let injected = inject(&mut parts, &proxy.bindings, sni);
+    *injected = inject(&mut parts, &proxy.bindings, sni);
     for h in HOP_BY_HOP {
         parts.headers.remove(h);
     }
@@ -215,12 +269,16 @@ async fn handle(req: Request<Incoming>, proxy: &Proxy, sni: Option<&str>) -> Res
         Ok(Ok(r)) => r,
         Ok(Err(why)) => {
             tracing::info!(sandbox_id = %proxy.sandbox_id, host = sni, %method, path, error = %why, "credentials proxy: upstream failed");
-            return refusal(StatusCode::BAD_GATEWAY, &why);
+            return (
+                refusal(StatusCode::BAD_GATEWAY, &why),
+                Verdict::UpstreamFailed(why),
+            );
         }
         Err(_) => {
-            return refusal(
-                StatusCode::GATEWAY_TIMEOUT,
-                "the host did not answer in time",
+            let why = "the host did not answer in time";
+            return (
+                refusal(StatusCode::GATEWAY_TIMEOUT, why),
+                Verdict::UpstreamFailed(why.to_string()),
             );
         }
     };
@@ -234,7 +292,7 @@ async fn handle(req: Request<Incoming>, proxy: &Proxy, sni: Option<&str>) -> Res
         status = resp.status().as_u16(),
         "credentials proxy: request forwarded"
     );
-    scrub_response(resp, &proxy.bindings)
+    (scrub_response(resp, &proxy.bindings), Verdict::Forwarded)
 }
 
 const HOP_BY_HOP: [HeaderName; 5] = [

@@ -107,6 +107,7 @@ async fn harness() -> Harness {
         tls_client: Arc::new(client),
         upstream_port: up_port,
         slots: Arc::new(tokio::sync::Semaphore::new(proxy::MAX_CONNECTIONS)),
+        events: plan.events.clone(),
     });
     let task = tokio::spawn(proxy::serve(listener, proxy));
     Harness {

@@ -17,6 +17,7 @@ use crate::{
 };
 
 use super::config::Layer;
+use super::events::EventReporter;
 use super::op::{Op, op_span};
 use super::sandbox::EnforcedSandbox;
 use super::shared::Shared;
@@ -130,6 +131,8 @@ impl Backend for EnforcedBackend {
         let mut redactor = Redactor::default();
         redactor.extend(options.secrets.values().map(|s| s.expose()));
         redactor.extend(options.env.values().map(String::as_str));
+        redactor.extend(options.credentials.iter().map(|c| c.secret.expose()));
+        let events = EventReporter::for_create(&self.layer, &redactor, name, tier);
         async move {
             let checked =
                 policy::check_create(name, self.inner.capabilities(), tier, &options).map(|_| ());
@@ -139,7 +142,7 @@ impl Backend for EnforcedBackend {
             // The lifetime starts no later than now, so a deadline counted from here is
             // never past the adapter's.
             let deadline = tokio::time::Instant::now() + options.timeout;
-            let created = match self.inner.create(options).await {
+            let created = match events.scope(self.inner.create(options)).await {
                 Ok(sb) => self.check_tier(sb).await,
                 Err(e) => Err(e),
             };

@@ -91,7 +91,27 @@ impl Layer {
 
     /// Writes `record` to every sink, redacted once. In strict mode the first failure is
     /// returned as `AuditSink`; otherwise failures are warnings.
-    pub(super) fn emit(&self, redactor: &Redactor, mut record: AuditRecord) -> Result<()> {
+    pub(super) fn emit(&self, redactor: &Redactor, record: AuditRecord) -> Result<()> {
+        self.emit_to_sinks(redactor, record, self.strict)
+    }
+
+    /// Writes `record` like [`Self::emit`], but a failing sink is only a warning, strict or
+    /// not (for events no call is waiting on).
+    pub(super) fn emit_lenient(&self, redactor: &Redactor, record: AuditRecord) -> Result<()> {
+        self.emit_to_sinks(redactor, record, false)
+    }
+
+    /// Whether no record of this layer reaches anything.
+    pub(super) fn has_no_sinks(&self) -> bool {
+        self.sinks.is_empty()
+    }
+
+    fn emit_to_sinks(
+        &self,
+        redactor: &Redactor,
+        mut record: AuditRecord,
+        strict: bool,
+    ) -> Result<()> {
         if self.sinks.is_empty() {
             return Ok(());
         }
@@ -104,7 +124,7 @@ impl Layer {
                     operation = record.operation,
                     sink = ?sink,
                     error_code = crate::ErrorCode::AuditSink.as_str(),
-                    strict = self.strict,
+                    strict,
                     "audit sink failed"
                 );
                 if first_failure.is_none() {
@@ -113,7 +133,7 @@ impl Layer {
             }
         }
         match first_failure {
-            Some(e) if self.strict => Err(SandboxError::audit_sink(format!(
+            Some(e) if strict => Err(SandboxError::audit_sink(format!(
                 "could not record `{}`",
                 record.operation
             ))

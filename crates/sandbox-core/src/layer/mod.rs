@@ -83,6 +83,8 @@
 //!
 //! - `config`: the [`Layer`] configuration and the writing of audit records to its sinks;
 //! - `op`: one operation's span, timing and audit record;
+//! - `events`: [`EventReporter`] — the sinks a backend reports a sandbox's out-of-call
+//!   events to (its credentials proxy's requests), taken during create;
 //! - `backend`: [`EnforcedBackend`] — admission, the tier check, create, connect, reaping;
 //! - `shared`: a wrapped sandbox's state and the gate every call on it passes first
 //!   (capability, liveness, options, the resolved timeout);
@@ -96,6 +98,7 @@
 
 mod backend;
 mod config;
+mod events;
 mod files;
 mod op;
 mod sandbox;
@@ -107,6 +110,7 @@ use crate::Backend;
 
 pub use self::backend::EnforcedBackend;
 pub use self::config::{Layer, SupportDirectory, TARGET};
+pub use self::events::EventReporter;
 pub use self::sandbox::EnforcedSandbox;
 pub use self::shared::MIN_INHERITED_TIMEOUT;
 pub use crate::audit::{AuditRecord, AuditSink, JsonLinesSink, MemorySink, NoopSink, Outcome};

@@ -4,14 +4,15 @@
 //! echoes what it receives; another host, reachable through the allowlist, is a plain
 //! HTTP server that does the same. A Python program inside calls both with the
 //! placeholder, dials the bound host past the proxy, and gathers everything it can read
-//! (its environment, every process's environ and cmdline, the files under /etc, /run and
-//! /tmp, the answers) for the host to search for the secret.
+//! (its environment, every process's environ, cmdline and writable memory, the files
+//! under /etc, /run and /tmp, the answers) for the host to search for the secret.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use sandbox_core::layer::{Layer, MemorySink, Outcome};
 use sandbox_core::{
     Backend, Capability, Credential, ErrorCode, NetworkPolicy, Placement, ReapableBackend, Sandbox,
 };
@@ -58,6 +59,7 @@ try:
 except Exception as e:
     out["direct"] = repr(e)
 dump = readable_dump()
+out["memory_scanned"] = MEMORY_SCANNED
 dump += json.dumps(out).encode()
 open("/tmp/dump.bin", "wb").write(dump)
 print(json.dumps(out))
@@ -175,8 +177,14 @@ fn proxy_address(id: &str) -> Option<SocketAddr> {
 /// receives only the placeholder; plain HTTP to the bound host is refused; the bound
 /// host cannot be dialled past the proxy (its other ports are refused even with its
 /// network on the allowlist); the secret's bytes are nowhere the sandbox can read; after
-/// kill the proxy's port is closed and no rule, state or container is left.
-pub async fn the_bound_host_alone_receives_the_secret<B: Backend + ReapableBackend>(b: &B) {
+/// kill the proxy's port is closed and no rule, state or container is left. The sandbox
+/// is created through the enforcement layer with an audit sink: each request the proxy
+/// took is one `credentials.request` record (host, method, path, status, the variables
+/// injected), the refused one with its code, and no record holds the secret.
+pub async fn the_bound_host_alone_receives_the_secret<B>(b: &B)
+where
+    B: Backend + ReapableBackend + Clone + 'static,
+{
     let test = "credentials-e2e";
     let _serial = SERIAL.lock().await;
     if !b.capabilities().contains(Capability::CREDENTIALS) {
@@ -203,7 +211,11 @@ pub async fn the_bound_host_alone_receives_the_secret<B: Backend + ReapableBacke
             .with(OTHER, IpAddr::V4(OTHER_ADDR)),
     ))
     .unwrap();
-    let sb = b.create(credential_options(test)).await.unwrap();
+    let sink = Arc::new(MemorySink::default());
+    let audited = Layer::new()
+        .audit(sink.clone())
+        .wrap(Arc::new(b.clone()) as Arc<dyn Backend>);
+    let sb = audited.create(credential_options(test)).await.unwrap();
     let outcome = probe(&*sb, bound_port, other_port).await;
     let proxy = proxy_address(sb.id());
     sb.kill().await.unwrap();
@@ -248,8 +260,16 @@ pub async fn the_bound_host_alone_receives_the_secret<B: Backend + ReapableBacke
         out["direct"], "connected",
         "the bound host was dialled directly"
     );
-    // Nothing the sandbox can read holds the secret.
+    // Nothing the sandbox can read holds the secret: not its files, not any process's
+    // environment, arguments or writable memory (the agent's among them).
     assert!(!dump.is_empty());
+    assert!(
+        out["memory_scanned"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty()),
+        "the probe could read the memory of no other process: {}",
+        out["memory_scanned"]
+    );
     assert!(
         dump.windows(placeholder.len())
             .any(|w| w == placeholder.as_bytes()),
@@ -258,6 +278,40 @@ pub async fn the_bound_host_alone_receives_the_secret<B: Backend + ReapableBacke
     assert!(
         !dump.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()),
         "the secret's bytes were readable inside the sandbox"
+    );
+    // The audit sink: one record per request the proxy took, none with the secret.
+    let records = sink.records();
+    for r in &records {
+        assert!(
+            !r.to_json().contains(SECRET),
+            "an audit record holds the secret: {}",
+            r.to_json()
+        );
+    }
+    let requests: Vec<_> = records
+        .iter()
+        .filter(|r| r.operation == "credentials.request")
+        .collect();
+    let forwarded = requests
+        .iter()
+        .find(|r| r.method.as_deref() == Some("GET") && r.status == Some(200))
+        .unwrap_or_else(|| panic!("no record of the forwarded request: {requests:?}"));
+    assert_eq!(forwarded.host.as_deref(), Some(BOUND));
+    assert_eq!(forwarded.path.as_deref(), Some("/v1/echo"));
+    assert_eq!(forwarded.sandbox_id.as_deref(), Some(sb.id()));
+    assert_eq!(forwarded.credentials, Some(vec!["API_KEY".to_string()]));
+    assert_eq!(forwarded.outcome, Outcome::Ok);
+    let refused = requests
+        .iter()
+        .find(|r| r.status == Some(403))
+        .unwrap_or_else(|| panic!("no record of the refused plain request: {requests:?}"));
+    assert_eq!(refused.outcome, Outcome::Error);
+    assert_eq!(refused.error_code, Some("SBX_E1401"));
+    assert_eq!(refused.credentials, Some(vec![]));
+    assert_eq!(
+        requests.len(),
+        2,
+        "the proxy took two requests (the other host's never reaches it): {requests:?}"
     );
     // After kill: the proxy's port is closed, its state (and so its rules) gone, and
     // no container is left.
@@ -346,6 +400,22 @@ fn credential_options(test: &str) -> sandbox_core::CreateOptions {
 
 /// Runs the probe; its JSON and the dump it gathered.
 async fn probe(sb: &dyn Sandbox, bound_port: u16, other_port: u16) -> (serde_json::Value, Vec<u8>) {
+    // A process that holds the placeholder and lives on beside the probe, whose memory
+    // the probe reads (the agent's it cannot: PID 1 is undumpable).
+    let held = sb
+        .run(
+            sandbox_core::Command::Argv(vec![
+                "sh".into(),
+                "-c".into(),
+                "python3 -c 'import os, time; held = os.environ[\"API_KEY\"]; time.sleep(300)' \
+                 >/dev/null 2>&1 &"
+                    .into(),
+            ]),
+            sandbox_core::RunOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(held.exit_code, 0, "{}", held.stderr_text());
     let files = sb.files().unwrap();
     files
         .write(
