@@ -98,11 +98,21 @@ fn render() -> (String, usize) {
             let doc = docs
                 .get(case)
                 .unwrap_or_else(|| panic!("{n} has no `///` doc on `async fn {case}`"));
-            let flaws: Vec<String> = Flaw::ALL
+            let mut flaws: Vec<String> = Flaw::ALL
                 .iter()
                 .filter(|f| f.caught_by().contains(&n.as_str()))
                 .map(|f| format!("`{f:?}`"))
                 .collect();
+            flaws.extend(
+                Flaw::ON_AN_ENGINE
+                    .iter()
+                    .filter(|f| f.caught_by().contains(&n.as_str()))
+                    .map(|f| {
+                        format!(
+                            "`{f:?}` (on Docker: `crates/sandbox-docker/tests/engine_flaws.rs`)"
+                        )
+                    }),
+            );
             let proof = if flaws.is_empty() {
                 String::new()
             } else {

@@ -19,12 +19,7 @@ use super::sandbox::BrokenSandbox;
 
 /// Wraps `inner` so that it has `flaw`.
 pub fn wrap(inner: Arc<dyn Backend>, flaw: Flaw) -> Arc<dyn Backend> {
-    Arc::new(BrokenBackend {
-        inner,
-        flaw,
-        last_options: Mutex::new(None),
-        secrets_of: Mutex::new(BTreeMap::new()),
-    })
+    Arc::new(BrokenBackend::new(inner, flaw))
 }
 
 /// A backend with a flaw.
@@ -39,6 +34,18 @@ pub struct BrokenBackend {
 }
 
 impl BrokenBackend {
+    /// `inner` with `flaw`, as its concrete type (for trials written against
+    /// `Backend + ReapableBackend`, such as the engine trials of
+    /// [`Flaw::ON_AN_ENGINE`]).
+    pub fn new(inner: Arc<dyn Backend>, flaw: Flaw) -> BrokenBackend {
+        BrokenBackend {
+            inner,
+            flaw,
+            last_options: Mutex::new(None),
+            secrets_of: Mutex::new(BTreeMap::new()),
+        }
+    }
+
     fn sandbox(
         &self,
         inner: Box<dyn Sandbox>,
@@ -116,6 +123,37 @@ impl Backend for BrokenBackend {
             Flaw::CredentialInEnvironment => {
                 for c in std::mem::take(&mut options.credentials) {
                     options.env.insert(c.env_var, c.secret.expose().to_string());
+                }
+            }
+            Flaw::CredentialForEveryHost => {
+                let names: Vec<String> = options
+                    .network
+                    .egress
+                    .rules()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter_map(|r| match r.target() {
+                        sandbox_core::EgressTarget::Host(h) => Some(h.clone()),
+                        _ => None,
+                    })
+                    .collect();
+                for c in &mut options.credentials {
+                    for n in &names {
+                        if !c.hosts.contains(n) {
+                            c.hosts.push(n.clone());
+                        }
+                    }
+                }
+            }
+            Flaw::GitPushAnywhere => {
+                for r in &mut options.git_repos {
+                    r.push_prefix = Some("refs/heads/".to_string());
+                }
+            }
+            Flaw::SshAgentEveryKey => {
+                if let Some(agent) = options.ssh_agent.as_mut() {
+                    agent.keys.clear();
+                    agent.all_keys = true;
                 }
             }
             Flaw::IgnoreLimits => {

@@ -210,10 +210,32 @@ pub enum Flaw {
     /// injects for every host cannot be modelled here: the broken decorators wrap the
     /// in-process fake, which has no egress path to put a proxy on.
     CredentialInEnvironment,
+    /// Declares `CREDENTIALS` and binds each credential to every host name the sandbox's
+    /// allowlist opens, not just its own: the proxy injects the secret for every host
+    /// (and takes over their traffic). Needs a real engine ([`Flaw::ON_AN_ENGINE`]).
+    CredentialForEveryHost,
+    /// Declares `GIT_GATE` but widens the push prefix to every branch
+    /// (`refs/heads/`): a push outside the prefix the caller chose lands. Needs a real
+    /// engine ([`Flaw::ON_AN_ENGINE`]).
+    GitPushAnywhere,
+    /// Declares `SSH_AGENT` but offers every key of the host agent instead of the
+    /// selected ones. Needs a real engine ([`Flaw::ON_AN_ENGINE`]).
+    SshAgentEveryKey,
 }
 
 impl Flaw {
-    /// Every flaw.
+    /// The flaws whose trials need what only a real engine gives (an egress path with a
+    /// proxy on it, the in-sandbox agent's channel to a host-side gate or ssh-agent):
+    /// the fake declares none of those capabilities, so `tests/broken_adapters.rs` cannot
+    /// run them. Each engine crate runs them against its own backend instead
+    /// (`crates/sandbox-docker/tests/engine_flaws.rs`). Not in [`Flaw::ALL`].
+    pub const ON_AN_ENGINE: [Flaw; 3] = [
+        Flaw::CredentialForEveryHost,
+        Flaw::GitPushAnywhere,
+        Flaw::SshAgentEveryKey,
+    ];
+
+    /// Every flaw the fake can carry.
     pub const ALL: [Flaw; 81] = [
         Flaw::SwallowTimeouts,
         Flaw::PretendNetworkPolicy,
@@ -471,6 +493,17 @@ impl Flaw {
             Flaw::CredentialInEnvironment => &[
                 "contract::credentials::the_sandbox_holds_only_the_placeholder_and_reaches_the_bound_host_through_the_proxy",
             ],
+            // The engine trial (`sandbox_testkit::trials::credentials`): only it has a
+            // second host to send the placeholder to.
+            Flaw::CredentialForEveryHost => {
+                &["engine::credentials::the_bound_host_alone_receives_the_secret"]
+            }
+            Flaw::GitPushAnywhere => {
+                &["contract::git_gate::the_sandbox_pushes_under_its_prefix_and_nowhere_else"]
+            }
+            Flaw::SshAgentEveryKey => {
+                &["contract::ssh_agent::the_sandbox_signs_with_the_selected_key_and_nothing_else"]
+            }
         }
     }
 }
