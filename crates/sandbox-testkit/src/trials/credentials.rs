@@ -387,6 +387,80 @@ pub async fn the_proxy_serves_again_after_stop_and_start<B: Backend + ReapableBa
     }
 }
 
+/// A live egress change keeps the broker: after `set_egress` closes the lab network and
+/// opens only the other host, the bound host is still reached through the proxy (with
+/// the secret), its other ports are still refused (the redirect and the refusal are
+/// loaded again with the new policy, not dropped with the old one), and the other host
+/// still gets only the placeholder.
+pub async fn the_proxy_serves_through_a_live_egress_change<B: Backend + ReapableBackend>(b: &B) {
+    let test = "credentials-live-egress";
+    let _serial = SERIAL.lock().await;
+    if !b
+        .capabilities()
+        .contains(Capability::CREDENTIALS | Capability::LIVE_EGRESS)
+    {
+        return;
+    }
+    egress_lab::ensure().unwrap();
+    let (bound_port, bound_seen) = bound_server();
+    let (other_port, other_seen) = other_server();
+    sandbox_container::credentials::set_upstream_port(bound_port);
+    sandbox_container::egress::set_lookup(Arc::new(
+        egress_lab::Names::new()
+            .with(BOUND, IpAddr::V4(egress_lab::CANARY))
+            .with(OTHER, IpAddr::V4(OTHER_ADDR)),
+    ))
+    .unwrap();
+    let sb = b.create(credential_options(test)).await.unwrap();
+    // The lab's network no longer on the list: only the other host by name.
+    let changed = sb
+        .set_egress(sandbox_core::Egress::AllowList(vec![OTHER.to_string()]))
+        .await;
+    let outcome = match changed {
+        Ok(()) => Some(probe(&*sb, bound_port, other_port).await),
+        Err(e) => {
+            eprintln!("set_egress: {}", e.render());
+            None
+        }
+    };
+    sb.kill().await.unwrap();
+    let (out, _dump) = outcome.expect("set_egress failed on a sandbox with a credential");
+    eprintln!(
+        "probe after the change: {out}\nbound saw: {:?}\nother saw: {:?}",
+        bound_seen.lock().unwrap(),
+        other_seen.lock().unwrap()
+    );
+    assert_eq!(
+        out["bound"][0], 200,
+        "through the proxy after the change: {}",
+        out["bound"]
+    );
+    let bound = bound_seen.lock().unwrap().join("\n---\n");
+    assert!(
+        bound.contains(&format!("authorization: Bearer {SECRET}")),
+        "the bound host did not receive the secret after the change: {bound}"
+    );
+    assert_ne!(
+        out["direct"], "connected",
+        "the bound host was dialled directly after the change"
+    );
+    let other = other_seen.lock().unwrap().join("\n---\n");
+    assert!(
+        !other.contains(SECRET),
+        "another host received the secret after the change"
+    );
+    assert_eq!(
+        out["other"][0], 200,
+        "the other host after the change: {}",
+        out["other"]
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !managed_ids(b, test).await.is_empty() {
+        assert!(Instant::now() < deadline, "a container is left");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn credential_options(test: &str) -> sandbox_core::CreateOptions {
     test_options(PYTHON, test)
         .network(NetworkPolicy::allow_list(["198.18.0.0/24", OTHER]))
@@ -450,6 +524,12 @@ macro_rules! credentials_trials {
         async fn the_bound_host_alone_receives_the_secret() {
             let Some(b) = $backend else { return };
             $crate::trials::credentials::the_bound_host_alone_receives_the_secret(&b).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn the_proxy_serves_through_a_live_egress_change() {
+            let Some(b) = $backend else { return };
+            $crate::trials::credentials::the_proxy_serves_through_a_live_egress_change(&b).await;
         }
 
         #[tokio::test(flavor = "multi_thread")]
