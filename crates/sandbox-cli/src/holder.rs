@@ -7,8 +7,11 @@
 //! reattached one does not), so `sandbox fork ID` asks the holder through its control
 //! socket, `/run/sandbox-rs/holder/<container id>.sock` in a directory only its user can
 //! enter. The holder forks, keeps the forks beside the original (each until its own
-//! deadline, `sandbox kill`, or the holder's end) and answers with their ids. One request
-//! per connection, a bounded line each way; the socket is removed when the holder ends.
+//! deadline, `sandbox kill`, or the holder's end) and answers with their ids. `sandbox
+//! extend` asks the same way, for the original or a fork: the holder's handle moves the
+//! agent's deadline (a reattached one would take the agent over on Docker, and has no
+//! agent to ask on Podman). One request per connection, a bounded line each way; the
+//! socket is removed when the holder ends.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -58,6 +61,10 @@ pub struct HolderReport {
     pub body: serde_json::Value,
     /// The human text: the id(s), or the rendered error.
     pub text: String,
+    /// The request named a sandbox this holder does not hold (the client asks the next
+    /// holder).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub not_held: bool,
 }
 
 impl HolderReport {
@@ -78,6 +85,7 @@ impl HolderReport {
             exit: exit_code::for_error(e),
             body: error_json(e),
             text: crate::terminal::escape_text(&e.render()),
+            not_held: false,
         }
     }
 }
@@ -92,6 +100,10 @@ enum ControlRequest {
         count: usize,
         timeout_s: Option<u64>,
     },
+    /// Move the deadline of a held sandbox (the original or one of its forks) `by_s`
+    /// seconds later, through the handle that holds its agent: a reattached handle would
+    /// take the agent over from this holder (Docker) or has none to ask (Podman).
+    Extend { id: String, by_s: u64 },
 }
 
 /// One sandbox the holder keeps.
@@ -143,6 +155,7 @@ pub async fn hold(args: CreateArgs) -> u8 {
             "credentials": credentials,
         }),
         text: sb.id().to_string(),
+        not_held: false,
     });
     let mut ack = String::new();
     let acked = BufReader::new(tokio::io::stdin()).read_line(&mut ack).await;
@@ -334,7 +347,45 @@ async fn serve(stream: UnixStream, original: &str, held: &mut Vec<Held>) {
 }
 
 async fn answer(request: ControlRequest, original: &str, held: &mut Vec<Held>) -> HolderReport {
-    let ControlRequest::Fork { count, timeout_s } = request;
+    match request {
+        ControlRequest::Fork { count, timeout_s } => {
+            answer_fork(count, timeout_s, original, held).await
+        }
+        ControlRequest::Extend { id, by_s } => answer_extend(&id, by_s, held).await,
+    }
+}
+
+/// Extends a held sandbox; `not_held` when it is not this holder's.
+async fn answer_extend(id: &str, by_s: u64, held: &mut [Held]) -> HolderReport {
+    let Some(h) = held.iter_mut().find(|h| h.sb.id() == id) else {
+        let mut r = HolderReport::failed(&SandboxError::connect(id, "not held by this holder"));
+        r.not_held = true;
+        return r;
+    };
+    let set = match h.sb.extend(Duration::from_secs(by_s)).await {
+        Ok(set) => set,
+        Err(e) => return HolderReport::failed(&e),
+    };
+    let left = set.duration_since(SystemTime::now()).unwrap_or_default();
+    h.deadline = Instant::now() + left;
+    let unix = set
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    HolderReport {
+        exit: exit_code::OK,
+        body: serde_json::json!({ "id": id, "deadline": unix }),
+        text: id.to_string(),
+        not_held: false,
+    }
+}
+
+async fn answer_fork(
+    count: usize,
+    timeout_s: Option<u64>,
+    original: &str,
+    held: &mut Vec<Held>,
+) -> HolderReport {
     let Some(base) = held.iter().find(|h| h.sb.id() == original) else {
         return HolderReport::failed(&SandboxError::connect(
             original,
@@ -367,6 +418,7 @@ async fn answer(request: ControlRequest, original: &str, held: &mut Vec<Held>) -
             "deadline": deadline_unix,
         }),
         text: ids.join("\n"),
+        not_held: false,
     }
 }
 
@@ -395,45 +447,97 @@ pub async fn fork(args: ForkArgs, out: Out) -> sandbox::Result<u8> {
             ),
         )
     };
-    let mut stream = UnixStream::connect(control_path(&found.id))
-        .await
-        .map_err(|e| {
-            unreachable(format!(
-                "no holder answers for this sandbox on this host ({e})"
-            ))
-        })?;
     let request = ControlRequest::Fork {
         count: args.count,
         timeout_s: args.timeout.map(|t| t.as_secs()),
     };
-    let mut line = serde_json::to_string(&request).unwrap_or_default();
-    line.push('\n');
-    stream
-        .write_all(line.as_bytes())
-        .await
-        .map_err(|e| unreachable(format!("the holder did not take the request ({e})")))?;
-    let mut answer = String::new();
-    let read = {
+    let report = {
         let _progress = out.progress("forking sandbox");
-        tokio::time::timeout(
-            FORK_WAIT,
-            BufReader::new((&mut stream).take(CONTROL_LINE_MAX)).read_line(&mut answer),
-        )
-        .await
+        ask(&control_path(&found.id), &request, FORK_WAIT).await
     };
-    let report: HolderReport = match read {
+    match report {
+        Ok(report) => Ok(report.print(&out)),
+        Err(Unanswered::Unreachable(why)) => Err(unreachable(why)),
+        Err(Unanswered::Failed(e)) => Err(e),
+    }
+}
+
+/// Why a holder gave no report.
+enum Unanswered {
+    /// No holder at the socket, or it closed without answering.
+    Unreachable(String),
+    /// It answered nothing readable, or not in time.
+    Failed(SandboxError),
+}
+
+/// Sends `request` to the holder at `socket`; its report.
+async fn ask(
+    socket: &Path,
+    request: &ControlRequest,
+    wait: Duration,
+) -> Result<HolderReport, Unanswered> {
+    let mut stream = UnixStream::connect(socket).await.map_err(|e| {
+        Unanswered::Unreachable(format!(
+            "no holder answers for this sandbox on this host ({e})"
+        ))
+    })?;
+    let mut line = serde_json::to_string(request).unwrap_or_default();
+    line.push('\n');
+    stream.write_all(line.as_bytes()).await.map_err(|e| {
+        Unanswered::Unreachable(format!("the holder did not take the request ({e})"))
+    })?;
+    let mut answer = String::new();
+    let read = tokio::time::timeout(
+        wait,
+        BufReader::new((&mut stream).take(CONTROL_LINE_MAX)).read_line(&mut answer),
+    )
+    .await;
+    match read {
         Ok(Ok(n)) if n > 0 => serde_json::from_str(&answer).map_err(|e| {
-            SandboxError::engine("cli", format!("unreadable answer from the holder: {e}"))
-        })?,
-        Ok(_) => return Err(unreachable("the holder closed without answering".into())),
-        Err(_) => {
-            return Err(SandboxError::engine(
+            Unanswered::Failed(SandboxError::engine(
                 "cli",
-                format!("no answer from the holder after {} s", FORK_WAIT.as_secs()),
-            ));
-        }
+                format!("unreadable answer from the holder: {e}"),
+            ))
+        }),
+        Ok(_) => Err(Unanswered::Unreachable(
+            "the holder closed without answering".into(),
+        )),
+        Err(_) => Err(Unanswered::Failed(SandboxError::engine(
+            "cli",
+            format!("no answer from the holder after {} s", wait.as_secs()),
+        ))),
+    }
+}
+
+/// How long `sandbox extend` waits for a holder's answer (one agent round trip).
+const EXTEND_WAIT: Duration = Duration::from_secs(30);
+
+/// `sandbox extend` through the `sandbox create` session that holds sandbox `id` (its
+/// own holder's socket first, then every other holder's, which may hold it as a fork).
+/// `None` when no holder on this host holds it (a sandbox a program created): the
+/// caller then extends through a reattached handle.
+pub async fn extend(id: &str, by: Duration) -> Option<Result<HolderReport, SandboxError>> {
+    let request = ControlRequest::Extend {
+        id: id.to_string(),
+        by_s: by.as_secs(),
     };
-    Ok(report.print(&out))
+    let own = control_path(id);
+    let mut sockets = vec![own.clone()];
+    if let Ok(dir) = std::fs::read_dir(CONTROL_DIR) {
+        sockets.extend(
+            dir.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "sock") && *p != own),
+        );
+    }
+    for socket in sockets {
+        match ask(&socket, &request, EXTEND_WAIT).await {
+            Ok(r) if r.not_held => continue,
+            Ok(r) => return Some(Ok(r)),
+            Err(Unanswered::Unreachable(_)) => continue,
+            Err(Unanswered::Failed(e)) => return Some(Err(e)),
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -459,6 +563,13 @@ mod tests {
             "an unknown field must be refused, not ignored"
         );
         assert!(serde_json::from_str::<ControlRequest>(r#"{"kill":{}}"#).is_err());
+        let r: ControlRequest =
+            serde_json::from_str(r#"{"extend":{"id":"abc","by_s":30}}"#).unwrap();
+        assert!(matches!(r, ControlRequest::Extend { ref id, by_s: 30 } if id == "abc"));
+        assert!(
+            serde_json::from_str::<ControlRequest>(r#"{"extend":{"id":"abc"}}"#).is_err(),
+            "an extend without its seconds must be refused"
+        );
     }
 
     #[test]

@@ -709,28 +709,21 @@ pub async fn stop_or_start(args: KillArgs, stop: bool, out: Out) -> sandbox::Res
 /// it: the holder ends the sandbox at the new deadline, not the one of create.
 pub async fn extend(args: ExtendArgs, out: Out) -> sandbox::Result<u8> {
     let found = find(&args.id, args.engine.as_deref()).await?;
-    let sb = connect(&found).await?;
-    let sb = sb.get();
-    let deadline = sb.extend(args.by).await.map_err(|e| match e {
-        // The library's hint names the API; say how to get there from here.
-        SandboxError::ResourceLimitExceeded { limit, .. } => SandboxError::resource_limit(
-            limit,
-            Some(
-                "extend by less, or create the sandbox with a longer `sandbox create --max-lifetime S` (at most 86400)"
-                    .into(),
-            ),
-        ),
-        // A handle reattached on Podman keeps to the engine's exec path (an attach that
-        // ends would end the agent), so no session there can move its agent's deadline.
-        SandboxError::CapabilityNotSupported {
-            capability,
-            backend,
-            ..
-        } if backend == "podman" => {
-            SandboxError::capability_not_supported(capability, backend, vec!["docker".into()])
+    // A `sandbox create` session's holder extends through the handle that holds the
+    // agent (on either engine, without taking it over).
+    let deadline = match crate::holder::extend(&found.id, args.by).await {
+        Some(report) => {
+            let report = report?;
+            if report.exit != exit_code::OK {
+                return Ok(report.print(&out));
+            }
+            let unix = report.body["deadline"].as_u64().ok_or_else(|| {
+                SandboxError::engine("cli", "the holder's answer names no deadline")
+            })?;
+            std::time::UNIX_EPOCH + std::time::Duration::from_secs(unix)
         }
-        e => e,
-    })?;
+        None => extend_reattached(&found, args.by).await?,
+    };
     let unix = deadline
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default()
@@ -747,6 +740,36 @@ pub async fn extend(args: ExtendArgs, out: Out) -> sandbox::Result<u8> {
         out.line(format!("{} expires in {}", found.id, human_secs(left)));
     }
     Ok(exit_code::OK)
+}
+
+/// Extends a sandbox no holder on this host holds, through a reattached handle.
+async fn extend_reattached(
+    found: &Found,
+    by: std::time::Duration,
+) -> sandbox::Result<std::time::SystemTime> {
+    let sb = connect(found).await?;
+    let sb = sb.get();
+    sb.extend(by).await.map_err(|e| match e {
+        // The library's hint names the API; say how to get there from here.
+        SandboxError::ResourceLimitExceeded { limit, .. } => SandboxError::resource_limit(
+            limit,
+            Some(
+                "extend by less, or create the sandbox with a longer `sandbox create --max-lifetime S` (at most 86400)"
+                    .into(),
+            ),
+        ),
+        // A handle reattached on Podman keeps to the engine's exec path (an attach that
+        // ends would end the agent), so it cannot move the agent's deadline: only the
+        // program that created the sandbox (or a `sandbox create` holder) can.
+        SandboxError::CapabilityNotSupported {
+            capability,
+            backend,
+            ..
+        } if backend == "podman" => {
+            SandboxError::capability_not_supported(capability, backend, vec!["docker".into()])
+        }
+        e => e,
+    })
 }
 
 /// The egress policy of a container engine's sandbox, read from this host's record without

@@ -679,36 +679,53 @@ fn docker_start_through_another_process_keeps_the_extension() {
     assert_eq!(containers("docker", &id), "", "killed and removed");
 }
 
-/// On Podman a reattached handle keeps to the engine's exec path, so `sandbox extend`
-/// cannot move the agent's deadline: it is refused with the typed error naming the engine
-/// where it works, and the session is left as it was.
+/// On Podman a reattached handle keeps to the engine's exec path and cannot move the
+/// agent's deadline; `sandbox extend` asks the session's holder instead, whose handle
+/// holds the agent: the extension holds past the deadline of create, and `ls` shows it.
 #[test]
-fn podman_extend_is_refused_as_unsupported() {
-    if !engine_available("podman", "podman_extend_is_refused_as_unsupported") {
+fn podman_extend_goes_through_the_holder() {
+    if !engine_available("podman", "podman_extend_goes_through_the_holder") {
         return;
     }
     let o = run(&[
         "create",
+        "--json",
         "--timeout",
-        "60",
+        "10",
         "--max-lifetime",
         "120",
         "podman://sandbox-rs/busybox:latest",
     ]);
     assert_eq!(code(&o), 0, "create: {}", stderr(&o));
-    let id = stdout(&o).trim().to_string();
-    let o = run(&["extend", "--json", &id, "10"]);
-    let refused = (code(&o), json(&o));
+    let created = Instant::now();
+    let id = json(&o)["sandbox"]["id"].as_str().expect("id").to_string();
+    let o = run(&["extend", "--json", &id, "25"]);
+    let extended = (code(&o), json(&o));
+    sleep_until(created, Duration::from_secs(16));
+    let alive = run(&["exec", &id, "--", "echo", "alive"]);
+    let listed = run(&["ls", "--json", "--engine", "podman"]);
     let killed = run(&["kill", &id]);
-    assert_eq!(refused.0, 1, "{}", refused.1);
-    assert_eq!(refused.1["error"]["code"], "SBX_E1101", "{}", refused.1);
+    assert_eq!(extended.0, 0, "extend: {}", extended.1);
+    let left = extended.1["expires_in_s"].as_u64().expect("expires_in_s");
     assert!(
-        refused.1["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("docker") && !m.contains("podman, ")),
-        "{}",
-        refused.1
+        (28..=37).contains(&left),
+        "10 s + 25 s from create: {}",
+        extended.1
     );
+    assert_eq!(
+        (code(&alive), stdout(&alive)),
+        (0, "alive\n".to_string()),
+        "ended at the deadline of create although it was extended: {}",
+        stderr(&alive)
+    );
+    let entry = json(&listed)["sandboxes"]
+        .as_array()
+        .expect("sandboxes")
+        .iter()
+        .find(|s| s["id"] == id.as_str())
+        .cloned()
+        .unwrap_or_else(|| panic!("ls lists it: {}", stdout(&listed)));
+    assert_eq!(entry["deadline"], extended.1["deadline"], "{entry:#}");
     assert_eq!(code(&killed), 0, "kill: {}", stderr(&killed));
     assert_eq!(containers("podman", &id), "", "killed and removed");
 }
