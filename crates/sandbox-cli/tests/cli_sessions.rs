@@ -604,15 +604,19 @@ fn sleep_until(since: Instant, when: Duration) {
     }
 }
 
-/// A session extended from another process (`sandbox extend`, a reattached handle) is not
-/// ended at its old deadline by its holder (the process that owns it, whose host-side
-/// timer knew only the deadline of create), and ends at the new one.
+/// A session extended from another process (`sandbox extend`, through the holder, after
+/// a `sandbox exec` took the agent over from it) is not ended at its old deadline by its
+/// holder, and ends at the new one.
 #[test]
 fn docker_extend_from_another_process_moves_the_holders_deadline() {
     if !docker_available("docker_extend_from_another_process_moves_the_holders_deadline") {
         return;
     }
     let (id, _remove, created) = short_extendable_session();
+    // An exec first takes the agent over from the holder (a reattached Docker handle
+    // does): the holder takes it back to extend.
+    let o = run(&["exec", &id, "--", "true"]);
+    assert_eq!(code(&o), 0, "exec: {}", stderr(&o));
     let deadline = extend_by_25(&id);
     // Every process sees the moved deadline, not the labelled one of create.
     let o = run(&["ls", "--json", "--engine", "docker"]);

@@ -167,6 +167,46 @@ pub(crate) fn takes_over(labels: &BTreeMap<String, String>) -> bool {
         })
 }
 
+/// Takes this handle's agent session back when another handle took it over (a reattached
+/// one, e.g. `sandbox exec` while `sandbox create`'s holder keeps the sandbox), for the
+/// calls only the owning handle can make: a fork (only it knows what a fork is made
+/// from) and an extension (the owner's timer and maximum move with it). The other
+/// handle's session ends, as a later `connect` would end this one's; the deadline in
+/// force, the ssh-agent relay and the git gate's port are given to the new session.
+pub(crate) async fn reclaim<E: ContainerEngine>(sh: &Shared<E>) -> Result<()> {
+    let Some(old) = sh.agent() else {
+        return Ok(());
+    };
+    if !old.is_superseded() {
+        return Ok(());
+    }
+    sh.refuse_unless_running()?;
+    let client = crate::sandbox::agent::connect(
+        &*sh.engine,
+        &sh.id,
+        sh.config.call_timeout,
+        Session::TakeOver,
+    )
+    .await
+    .map_err(|reason| {
+        error::internal(
+            sh.engine.backend(),
+            format!("the sandbox's agent did not take this handle's session back: {reason}"),
+        )
+    })?;
+    let deadline = sh
+        .deadline()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    client
+        .set_deadline(deadline.as_secs() + u64::from(deadline.subsec_nanos() > 0))
+        .await?;
+    crate::ssh_agent::Forwarding::resume(&sh.ssh_agent, &client, &sh.id).await?;
+    crate::git_gate::Forwarding::resume(&sh.git_gate, &client).await?;
+    *sh.agent.lock().unwrap_or_else(|e| e.into_inner()) = Some(client);
+    Ok(())
+}
+
 /// Attaches to the agent of container `id` and starts a host session. Each step is
 /// bounded by `limit` (the hello by at most [`HELLO_TIMEOUT`]); the error says which step
 /// failed, for the fallback's log line.

@@ -120,7 +120,7 @@ pub(crate) async fn fork<E: ContainerEngine>(
     }
     sandbox_core::policy::require(sh.caps(), Capability::SNAPSHOT_FORK, backend)?;
     if sh.fork_base.is_some() {
-        reclaim_agent(sh).await?;
+        crate::sandbox::agent::reclaim(sh).await?;
     }
     let (Some(base), Some(agent)) = (sh.fork_base.as_ref(), sh.agent()) else {
         return Err(SandboxError::unsupported(
@@ -352,40 +352,6 @@ async fn stopped<E: ContainerEngine>(sh: &Shared<E>, id: &str) -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-}
-
-/// Takes the original's agent back when another handle took it over (a reattached one,
-/// e.g. `sandbox exec` while `sandbox create`'s holder keeps the sandbox): only this
-/// handle knows what a fork is made from, so it must hold the session the fork runs
-/// through. The other handle's session ends, as a later `connect` would end this one's;
-/// the deadline in force, the ssh-agent relay and the git gate's port are given to the
-/// new session.
-async fn reclaim_agent<E: ContainerEngine>(sh: &Shared<E>) -> Result<()> {
-    let Some(old) = sh.agent() else {
-        return Ok(());
-    };
-    if !old.is_superseded() {
-        return Ok(());
-    }
-    sh.refuse_unless_running()?;
-    let client = crate::sandbox::agent::connect(
-        &*sh.engine,
-        &sh.id,
-        sh.config.call_timeout,
-        Session::TakeOver,
-    )
-    .await
-    .map_err(|reason| {
-        error::internal(
-            sh.engine.backend(),
-            format!("the sandbox's agent did not take this handle's session back: {reason}"),
-        )
-    })?;
-    client.set_deadline(unix_secs_up(sh.deadline())).await?;
-    crate::ssh_agent::Forwarding::resume(&sh.ssh_agent, &client, &sh.id).await?;
-    crate::git_gate::Forwarding::resume(&sh.git_gate, &client).await?;
-    *sh.agent.lock().unwrap_or_else(|e| e.into_inner()) = Some(client);
-    Ok(())
 }
 
 /// Takes over the restored agent of container `id`, which ends at `deadline` from now on;

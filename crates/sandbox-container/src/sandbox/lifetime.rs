@@ -26,6 +26,9 @@ pub(crate) async fn extend<E: ContainerEngine>(
     sandbox_core::policy::require(shared.caps, Capability::EXTEND_LIFETIME, backend)?;
     // Stopped: no agent runs to move the deadline in.
     shared.refuse_unless_running()?;
+    // Another handle took the agent over (`sandbox exec` beside a session's holder):
+    // the owner takes it back to move the deadline, as a fork does.
+    crate::sandbox::agent::reclaim(shared).await?;
     let Some(agent) = shared.agent() else {
         return Err(SandboxError::unsupported(
             Capability::EXTEND_LIFETIME,
