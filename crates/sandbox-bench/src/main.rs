@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! sandbox-bench [--backend docker|podman|fake|all] [--runs 30] [--warmup 3] [--json]
-//!               [--report docs/benchmarks.md] [--quick] [--only forks]
+//!               [--report docs/benchmarks.md] [--quick] [--only forks|snapshots]
 //! ```
 //!
 //! Every container is labelled `io.sandbox-rs.managed=true` and
@@ -80,8 +80,9 @@ struct Args {
     /// Skip the request-level profile of ours vs raw.
     #[arg(long)]
     no_profile: bool,
-    /// Measure only these rows: `forks` (fork n = 1 and 4; no profile, no other rows).
-    #[arg(long, value_parser = ["forks"])]
+    /// Measure only these rows: `forks` (fork n = 1 and 4) or `snapshots` (snapshot and
+    /// create from it); no profile, no other rows.
+    #[arg(long, value_parser = ["forks", "snapshots"])]
     only: Option<String>,
     /// Progress on stderr.
     #[arg(long, short)]
@@ -424,8 +425,12 @@ async fn run_backend(
         verbose: args.verbose,
     };
     let mut rec = Recorder::default();
-    if args.only.as_deref() == Some("forks") {
-        suite::forks(&plan, &mut rec).await;
+    if let Some(only) = args.only.as_deref() {
+        match (only, &backend) {
+            ("snapshots", Some(b)) => suite::snapshots(&plan, b.clone(), &mut rec).await,
+            ("snapshots", None) => {}
+            _ => suite::forks(&plan, &mut rec).await,
+        }
         result.rows = rec.rows(s.transfer_mib, conc);
         result.targets = report::check_targets(&rec);
         result.wall_seconds = started.elapsed().as_secs_f64();
@@ -439,6 +444,7 @@ async fn run_backend(
     suite::concurrent(&plan, &drivers, &mut rec).await;
     if let Some(b) = &backend {
         suite::pool(&plan, b.clone(), &mut rec).await;
+        suite::snapshots(&plan, b.clone(), &mut rec).await;
     }
     suite::forks(&plan, &mut rec).await;
     if !args.no_profile {

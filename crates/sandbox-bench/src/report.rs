@@ -31,6 +31,8 @@ pub enum Op {
     ConcurrentSmall,
     ConcurrentLarge,
     PoolAcquire,
+    Snapshot,
+    CreateFromSnapshot,
     Fork1,
     Fork4,
 }
@@ -54,6 +56,8 @@ impl Op {
             Op::ConcurrentSmall => format!("{} concurrent create+run+kill, total", c.0),
             Op::ConcurrentLarge => format!("{} concurrent create+run+kill, total", c.1),
             Op::PoolAcquire => "Pool::acquire(), spare ready".into(),
+            Op::Snapshot => "snapshot (a sandbox's files into a template)".into(),
+            Op::CreateFromSnapshot => "create from a snapshot's template (until usable)".into(),
             Op::Fork1 => "fork (n = 1) of a sandbox with a warm Python context".into(),
             Op::Fork4 => "fork (n = 4) of a sandbox with a warm Python context".into(),
         }

@@ -9,7 +9,7 @@ use anyhow::{Context, Result, anyhow};
 use bytes::Bytes;
 use sandbox_core::{Backend, CodeOptions, ForkOptions, Pool, PoolConfig};
 
-use crate::driver::{Driver, Handle, Spec, Variant, timed};
+use crate::driver::{Driver, Handle, Spec, Variant, WORKDIR, timed};
 use crate::report::{Op, Recorder};
 use crate::transfer::{self, ChildResult};
 
@@ -274,6 +274,85 @@ pub async fn pool(plan: &Plan, backend: Arc<dyn Backend>, rec: &mut Recorder) {
         }
     }
     pool.shutdown().await;
+}
+
+/// `snapshot()` of a sandbox holding a file written after create, then a create from the
+/// snapshot's template until usable (the file checked there, not timed); each sandbox
+/// and the snapshot removed after (not timed). Where the backend does not declare
+/// `SNAPSHOT` both rows record why.
+pub async fn snapshots(plan: &Plan, backend: Arc<dyn Backend>, rec: &mut Recorder) {
+    progress(plan, "snapshot / create from it");
+    if !backend
+        .capabilities()
+        .contains(sandbox_core::Capability::SNAPSHOT)
+    {
+        let e = anyhow!("{} does not declare SNAPSHOT", plan.backend);
+        rec.error(Op::Snapshot, Variant::Ours, &e);
+        rec.error(Op::CreateFromSnapshot, Variant::Ours, &e);
+        return;
+    }
+    for i in 0..plan.warmup + plan.runs {
+        match snapshot_once(&backend, plan).await {
+            Ok((snap, create)) if i >= plan.warmup => {
+                rec.add(Op::Snapshot, Variant::Ours, ms(snap));
+                rec.add(Op::CreateFromSnapshot, Variant::Ours, ms(create));
+            }
+            Ok(_) => {}
+            Err(e) => {
+                rec.error(Op::Snapshot, Variant::Ours, &e);
+                rec.error(Op::CreateFromSnapshot, Variant::Ours, &e);
+            }
+        }
+    }
+}
+
+/// One measured snapshot and create from it; (snapshot, create) times.
+async fn snapshot_once(backend: &Arc<dyn Backend>, plan: &Plan) -> Result<(Duration, Duration)> {
+    let sb = bounded(async { Ok(backend.create(plan.spec.options()).await?) }).await?;
+    let measured = async {
+        let files = sb.files()?;
+        files
+            .write(
+                &format!("{WORKDIR}/bench-snapshot.txt"),
+                Bytes::from_static(b"kept\n"),
+            )
+            .await?;
+        let t = Instant::now();
+        let snap = bounded(async { Ok(sb.snapshot().await?) }).await?;
+        let took = t.elapsed();
+        let from = async {
+            let t = Instant::now();
+            let copy = bounded(async {
+                Ok(backend
+                    .create(plan.spec.options().template(snap.template.clone()))
+                    .await?)
+            })
+            .await?;
+            let created = t.elapsed();
+            let kept = match copy.files() {
+                Ok(f) => f
+                    .read(&format!("{WORKDIR}/bench-snapshot.txt"))
+                    .await
+                    .map(|b| b.as_ref() == b"kept\n")
+                    .map_err(anyhow::Error::from),
+                Err(e) => Err(e.into()),
+            };
+            let _ = bounded(async { copy.kill().await.map_err(anyhow::Error::from) }).await;
+            anyhow::ensure!(
+                kept?,
+                "the sandbox made from the snapshot lacks the file written before it"
+            );
+            Ok::<_, anyhow::Error>(created)
+        }
+        .await;
+        if let Some(r) = backend.as_reapable() {
+            let _ = r.remove_snapshot(&snap.template).await;
+        }
+        Ok::<_, anyhow::Error>((took, from?))
+    }
+    .await;
+    let _ = bounded(async { sb.kill().await.map_err(anyhow::Error::from) }).await;
+    measured
 }
 
 /// Whether `path` exists and equals `source` byte for byte (read in chunks).
