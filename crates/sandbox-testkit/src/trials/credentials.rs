@@ -162,6 +162,45 @@ fn other_server() -> (u16, Seen) {
     (port, seen)
 }
 
+/// Waits (10 s at most) until no container of `test` is listed.
+async fn assert_none_left<B: ReapableBackend>(b: &B, test: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !managed_ids(b, test).await.is_empty() {
+        assert!(Instant::now() < deadline, "a container is left");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The lab's two servers, with the library pointed at them.
+struct Lab {
+    bound_port: u16,
+    bound_seen: Seen,
+    other_port: u16,
+    other_seen: Seen,
+}
+
+/// Starts the bound and the other host's servers in the egress lab and points the
+/// library at them: the bound name and the other name resolve to their addresses, and
+/// proxies started from now on go upstream to the bound server's port.
+fn lab() -> Lab {
+    egress_lab::ensure().unwrap();
+    let (bound_port, bound_seen) = bound_server();
+    let (other_port, other_seen) = other_server();
+    sandbox_container::credentials::set_upstream_port(bound_port);
+    sandbox_container::egress::set_lookup(Arc::new(
+        egress_lab::Names::new()
+            .with(BOUND, IpAddr::V4(egress_lab::CANARY))
+            .with(OTHER, IpAddr::V4(OTHER_ADDR)),
+    ))
+    .unwrap();
+    Lab {
+        bound_port,
+        bound_seen,
+        other_port,
+        other_seen,
+    }
+}
+
 /// The proxy's address as the sandbox's recorded egress state names it (the resolver's
 /// address on the network, the proxy's port).
 fn proxy_address(id: &str) -> Option<SocketAddr> {
@@ -201,16 +240,12 @@ where
         );
         return;
     }
-    egress_lab::ensure().unwrap();
-    let (bound_port, bound_seen) = bound_server();
-    let (other_port, other_seen) = other_server();
-    sandbox_container::credentials::set_upstream_port(bound_port);
-    sandbox_container::egress::set_lookup(Arc::new(
-        egress_lab::Names::new()
-            .with(BOUND, IpAddr::V4(egress_lab::CANARY))
-            .with(OTHER, IpAddr::V4(OTHER_ADDR)),
-    ))
-    .unwrap();
+    let Lab {
+        bound_port,
+        bound_seen,
+        other_port,
+        other_seen,
+    } = lab();
     let sink = Arc::new(MemorySink::default());
     let audited = Layer::new()
         .audit(sink.clone())
@@ -333,11 +368,7 @@ where
         proxy_address(sb.id()).is_none(),
         "the sandbox's state is left"
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !managed_ids(b, test).await.is_empty() {
-        assert!(Instant::now() < deadline, "a container is left");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    assert_none_left(b, test).await;
 }
 
 /// The proxy outlives a stop and serves the sandbox again after its start (the
@@ -380,11 +411,7 @@ pub async fn the_proxy_serves_again_after_stop_and_start<B: Backend + ReapableBa
         seen.contains(&format!("authorization: Bearer {SECRET}")),
         "the bound host did not receive the secret after start: {seen}"
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !managed_ids(b, test).await.is_empty() {
-        assert!(Instant::now() < deadline, "a container is left");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    assert_none_left(b, test).await;
 }
 
 /// A live egress change keeps the broker: after `set_egress` closes the lab network and
@@ -401,16 +428,12 @@ pub async fn the_proxy_serves_through_a_live_egress_change<B: Backend + Reapable
     {
         return;
     }
-    egress_lab::ensure().unwrap();
-    let (bound_port, bound_seen) = bound_server();
-    let (other_port, other_seen) = other_server();
-    sandbox_container::credentials::set_upstream_port(bound_port);
-    sandbox_container::egress::set_lookup(Arc::new(
-        egress_lab::Names::new()
-            .with(BOUND, IpAddr::V4(egress_lab::CANARY))
-            .with(OTHER, IpAddr::V4(OTHER_ADDR)),
-    ))
-    .unwrap();
+    let Lab {
+        bound_port,
+        bound_seen,
+        other_port,
+        other_seen,
+    } = lab();
     let sb = b.create(credential_options(test)).await.unwrap();
     // The lab's network no longer on the list: only the other host by name.
     let changed = sb
@@ -454,11 +477,7 @@ pub async fn the_proxy_serves_through_a_live_egress_change<B: Backend + Reapable
         "the other host after the change: {}",
         out["other"]
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !managed_ids(b, test).await.is_empty() {
-        assert!(Instant::now() < deadline, "a container is left");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    assert_none_left(b, test).await;
 }
 
 fn credential_options(test: &str) -> sandbox_core::CreateOptions {
