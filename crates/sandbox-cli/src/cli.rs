@@ -430,6 +430,14 @@ pub struct McpArgs {
     /// engine that offers the agent.
     #[arg(long)]
     pub allow_engine_exec: bool,
+    /// Offer a brokered credential that `sandbox_create` may bind by its variable
+    /// (`credentials: ["ENV_VAR"]`), repeatable: `HOST:HEADER=ENV_VAR`,
+    /// `'HOST:Authorization=Bearer {ENV_VAR}'` or `HOST:?PARAM=ENV_VAR`, the value read
+    /// from this process's environment at start. Tool calls never see the value: inside,
+    /// the variable holds a placeholder, and a proxy on this host puts the value into
+    /// HTTPS requests to HOST.
+    #[arg(long = "credential", value_name = "HOST:HEADER=ENV_VAR")]
+    pub credential: Vec<String>,
     /// Let tool calls name images matching PATTERN (repeatable): a reference whose
     /// repository path components and tag may hold `*` (never matching across `/`; the
     /// tag defaults to `latest`, so `team/*:*` is every tag of every image under `team/`),

@@ -44,9 +44,14 @@ async fn start() -> Client {
 }
 
 async fn start_with(flags: &[&str]) -> Client {
+    start_with_env(flags, &[]).await
+}
+
+async fn start_with_env(flags: &[&str], env: &[(&str, &str)]) -> Client {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_sandbox"));
     cmd.arg("mcp")
         .args(flags)
+        .envs(env.iter().copied())
         .env("NO_COLOR", "1")
         .env_remove("SANDBOX_LOG");
     let transport = TokioChildProcess::new(cmd).expect("spawn sandbox mcp");
@@ -349,6 +354,48 @@ async fn mcp_egress_needs_allow_egress() {
     )
     .await;
     assert!(!failed, "{r}");
+    client.cancel().await.expect("close");
+}
+
+/// Credentials are the operator's: `sandbox mcp --credential` offers one by its variable,
+/// a tool call binds it by that name (an unknown name is refused with the ones offered),
+/// and no answer ever holds the value. The fake cannot broker, so the bound create is
+/// refused with SBX_E1101 — the credential reached the backend.
+#[tokio::test]
+async fn mcp_credentials_are_offered_by_the_operator_and_bound_by_name() {
+    const SECRET: &str = "sk-mcp-test-4f1d2a9c";
+    let client = start_with_env(
+        &[
+            "--allow-egress",
+            "--credential",
+            "api.example.com:Authorization=Bearer {SBX_MCP_TEST_KEY}",
+        ],
+        &[("SBX_MCP_TEST_KEY", SECRET)],
+    )
+    .await;
+    let create = |names: Value| json!({"engine": "fake", "allow_hosts": ["api.example.com"], "credentials": names});
+    let (failed, r) = call(&client, "sandbox_create", create(json!(["OTHER_KEY"]))).await;
+    assert!(failed, "{r}");
+    assert_eq!(r["error"]["code"], "SBX_E1000", "{r}");
+    assert!(
+        r.to_string().contains("SBX_MCP_TEST_KEY"),
+        "names what is offered: {r}"
+    );
+    let (failed, r) = call(
+        &client,
+        "sandbox_create",
+        create(json!(["SBX_MCP_TEST_KEY"])),
+    )
+    .await;
+    assert!(failed, "{r}");
+    assert_eq!(r["error"]["code"], "SBX_E1101", "{r}");
+    assert!(r.to_string().contains("CREDENTIALS"), "{r}");
+    // Without credentials the same create works.
+    let (failed, r) = call(&client, "sandbox_create", create(json!([]))).await;
+    assert!(!failed, "{r}");
+    for body in [&r] {
+        assert!(!body.to_string().contains(SECRET), "{body}");
+    }
     client.cancel().await.expect("close");
 }
 

@@ -50,6 +50,7 @@ impl TryFrom<&McpArgs> for McpOptions {
                 .iter()
                 .map(|h| sandbox::EgressRule::parse(h))
                 .collect::<sandbox::Result<_>>()?,
+            credentials: offered_credentials(&a.credential)?,
         };
         let http = match a.http {
             None => None,
@@ -62,6 +63,23 @@ impl TryFrom<&McpArgs> for McpOptions {
         };
         Ok(McpOptions { policy, http })
     }
+}
+
+/// The `--credential` values, read once at start; two with the same variable are
+/// refused (a tool call names a credential by it).
+fn offered_credentials(args: &[String]) -> sandbox::Result<Vec<sandbox::Credential>> {
+    let mut offered: Vec<sandbox::Credential> = Vec::new();
+    for arg in args {
+        let c = crate::target::credential_of(arg)?;
+        if offered.iter().any(|o| o.env_var == c.env_var) {
+            return Err(sandbox::SandboxError::config(
+                format!("--credential: {} is offered twice", c.env_var),
+                "give each credential its own environment variable",
+            ));
+        }
+        offered.push(c);
+    }
+    Ok(offered)
 }
 
 /// Serves MCP until the client goes away (stdio) or a termination signal arrives, then

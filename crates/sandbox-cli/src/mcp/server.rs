@@ -73,6 +73,9 @@ pub struct Policy {
     /// `--egress-host`: the bound every allow or exception entry must lie inside (empty:
     /// no bound beyond `allow_egress`).
     pub egress_hosts: Vec<sandbox::EgressRule>,
+    /// `--credential`: the brokered credentials a `sandbox_create` may bind, by their
+    /// variable. The values stay in this process; tool calls name them, never see them.
+    pub credentials: Vec<sandbox::Credential>,
 }
 
 /// Whether the operator's bound entry `bound` covers all that `want` names: the same
@@ -175,6 +178,14 @@ pub struct CreateParams {
     /// wider than /8, is refused (SBX_E1000).
     #[serde(default)]
     pub allow_hosts: Option<Vec<String>>,
+    /// Brokered credentials to bind, by their variable (the ones this server offers:
+    /// `sandbox mcp --credential`). Inside, each variable holds a placeholder; HTTPS
+    /// requests to the credential's hosts get the real value from a proxy outside the
+    /// sandbox, which the sandbox cannot read. Needs egress (network `allow` or
+    /// `allow_hosts`) and an engine that can force traffic through the proxy (else
+    /// SBX_E1101).
+    #[serde(default)]
+    pub credentials: Option<Vec<String>>,
 }
 
 /// A command: one string run by `sh -c`, or a list run directly (no shell).
@@ -455,6 +466,28 @@ fn create_options(p: &CreateParams, policy: &Policy) -> sandbox::Result<CreateOp
     if let Some(image) = &p.image {
         o = o.template(image.clone());
     }
+    for name in p.credentials.iter().flatten() {
+        let Some(c) = policy.credentials.iter().find(|c| &c.env_var == name) else {
+            let offered: Vec<&str> = policy
+                .credentials
+                .iter()
+                .map(|c| c.env_var.as_str())
+                .collect();
+            return Err(SandboxError::config(
+                format!("this MCP server offers no credential {name:?}"),
+                if offered.is_empty() {
+                    "this server offers none (`sandbox mcp --credential HOST:HEADER=ENV_VAR`)"
+                        .to_string()
+                } else {
+                    format!("name one it offers: {}", offered.join(", "))
+                },
+            ));
+        };
+        if o.credentials.iter().any(|have| have.env_var == c.env_var) {
+            continue;
+        }
+        o = o.credential(c.clone());
+    }
     if let Some(max) = p.max_lifetime_s {
         // The same bound as the lifetime: extensions never take a sandbox past what a
         // create could have asked for.
@@ -554,7 +587,7 @@ impl SandboxServer {
     }
 
     #[tool(
-        description = "Create an isolated sandbox (a locked-down container: no network by default, 1 CPU, 512 MiB). Returns sandbox_id for the other tools. It is destroyed by sandbox_kill, when its lifetime (timeout_s, default 600) ends, or when this MCP session ends."
+        description = "Create an isolated sandbox (a locked-down container: no network by default, 1 CPU, 512 MiB). Returns sandbox_id for the other tools. It is destroyed by sandbox_kill, when its lifetime (timeout_s, default 600) ends, or when this MCP session ends. `credentials` binds API keys this server offers by their variable name: the sandbox sees only a placeholder, and requests to the key's hosts carry the real value."
     )]
     async fn sandbox_create(&self, Parameters(p): Parameters<CreateParams>) -> CallToolResult {
         to_result(self.create(p).await)
@@ -563,6 +596,7 @@ impl SandboxServer {
     async fn create(&self, p: CreateParams) -> sandbox::Result<Value> {
         let owner = self.owner()?;
         let options = create_options(&p, &self.policy)?;
+        let credentials = options.credentials.clone();
         let asked = options.resources.effective()?;
         let claim = Claim {
             count: 1,
@@ -581,12 +615,15 @@ impl SandboxServer {
         .await?;
         let sb: Arc<dyn Sandbox> = Arc::from(sandbox::create(target, options).await?);
         let id = sb.id().to_string();
-        let value = json!({
+        let mut value = json!({
             "sandbox_id": id,
             "backend": sb.backend(),
             "isolation": sb.isolation().to_string(),
             "exec_path": crate::run::exec_path(sb.capabilities()),
         });
+        if !credentials.is_empty() {
+            value["credentials"] = crate::session::credentials_json(&credentials);
+        }
         // Measured from now, after the create: never earlier than the sandbox's own end.
         reservation.commit(id, sb, owner, Instant::now() + lifetime);
         Ok(value)
@@ -1075,6 +1112,47 @@ mod tests {
         assert_eq!(
             create_options(&p, &bounded).unwrap_err().code(),
             ErrorCode::NetworkPolicyViolation
+        );
+    }
+
+    #[test]
+    fn credentials_are_bound_by_the_name_the_operator_offered() {
+        let offered = sandbox::Credential::new(
+            "API_KEY",
+            "sk-unit-secret",
+            ["api.example.com"],
+            sandbox::Placement::header_template("Authorization", "Bearer {}"),
+        );
+        let policy = Policy {
+            allow_egress: true,
+            credentials: vec![offered],
+            ..Policy::default()
+        };
+        let p = |names: Value| -> CreateParams {
+            serde_json::from_value(json!({
+                "engine": "fake", "allow_hosts": ["api.example.com"], "credentials": names
+            }))
+            .unwrap()
+        };
+        let o = create_options(&p(json!(["API_KEY", "API_KEY"])), &policy).unwrap();
+        assert_eq!(o.credentials.len(), 1, "bound once");
+        assert_eq!(o.credentials[0].env_var, "API_KEY");
+        assert_eq!(o.credentials[0].hosts, ["api.example.com"]);
+        assert_eq!(o.credentials[0].secret.expose(), "sk-unit-secret");
+        assert!(
+            create_options(&p(json!([])), &policy)
+                .unwrap()
+                .credentials
+                .is_empty()
+        );
+        let e = create_options(&p(json!(["NOPE"])), &policy).unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Configuration);
+        assert!(e.render().contains("API_KEY") && !e.render().contains("sk-unit-secret"));
+        let e = create_options(&p(json!(["API_KEY"])), &Policy::default()).unwrap_err();
+        assert_eq!(
+            e.code(),
+            ErrorCode::NetworkPolicyViolation,
+            "egress is refused first"
         );
     }
 
