@@ -176,6 +176,25 @@ fn request_host<B>(req: &Request<B>) -> Option<String> {
     Some(host.trim_end_matches('.').to_ascii_lowercase())
 }
 
+/// The longest host, method and path an audit record keeps: the sandbox writes them, and
+/// the host's audit trail must not grow by what hyper's 64 KiB header bound allows.
+const MAX_AUDIT_HOST: usize = 255;
+const MAX_AUDIT_METHOD: usize = 32;
+const MAX_AUDIT_PATH: usize = 1024;
+
+/// `s` cut to at most `max` bytes (at a character boundary), marked with `…` when cut.
+pub(crate) fn capped(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push('…');
+    }
+    s
+}
+
 /// What one request came to, for its audit record.
 enum Verdict {
     /// Forwarded; the host answered (its status is the response's).
@@ -199,9 +218,12 @@ async fn handle(req: Request<Incoming>, proxy: &Proxy, sni: Option<&str>) -> Res
         let mut r = proxy
             .events
             .record("credentials.request", &proxy.sandbox_id, started);
-        r.host = sni.map(str::to_string).or(host);
-        r.method = Some(method);
-        r.path = Some(path);
+        r.host = sni
+            .map(str::to_string)
+            .or(host)
+            .map(|h| capped(h, MAX_AUDIT_HOST));
+        r.method = Some(capped(method, MAX_AUDIT_METHOD));
+        r.path = Some(capped(path, MAX_AUDIT_PATH));
         r.status = Some(resp.status().as_u16());
         r.credentials = Some(injected);
         match verdict {
