@@ -127,7 +127,9 @@ impl Probes for DockerProbes {
         Ok(Injection::Injected)
     }
 
-    /// The checkpoints Docker lists for the container.
+    /// The checkpoints Docker lists for the container, and the copies containerd
+    /// unpacked in /tmp to restore it (a `ctrd-checkpoint*` directory whose restore marker
+    /// names the container), which containerd itself never removes.
     async fn checkpoints(&self, sandbox_id: &str) -> anyhow::Result<Option<Vec<String>>> {
         let list = self
             .backend()?
@@ -135,7 +137,19 @@ impl Probes for DockerProbes {
             .list_checkpoints(sandbox_id, None)
             .await
             .with_context(|| format!("list the checkpoints of {sandbox_id}"))?;
-        Ok(Some(list.into_iter().map(|c| c.name).collect()))
+        let mut left: Vec<String> = list.into_iter().map(|c| c.name).collect();
+        for e in std::fs::read_dir("/tmp").into_iter().flatten().flatten() {
+            let path = e.path();
+            let named = e
+                .file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with("ctrd-checkpoint"));
+            let marker = std::fs::read_to_string(path.join("sandbox-rs-restore"));
+            if named && marker.is_ok_and(|m| m.starts_with(&format!("{sandbox_id} "))) {
+                left.push(format!("containerd's copy {}", path.display()));
+            }
+        }
+        Ok(Some(left))
     }
 
     async fn faults(&self) -> anyhow::Result<Option<Arc<dyn Faults>>> {
