@@ -210,11 +210,14 @@ enum Verdict {
 async fn handle(req: Request<Incoming>, proxy: &Proxy, sni: Option<&str>) -> Response<Body> {
     let started = std::time::SystemTime::now();
     let host = request_host(&req);
-    let method = req.method().to_string();
-    let path = req.uri().path().to_string();
+    // Kept for the record only when a sink will read it.
+    let seen = proxy
+        .events
+        .is_active()
+        .then(|| (req.method().to_string(), req.uri().path().to_string()));
     let mut injected = Vec::new();
     let (resp, verdict) = answer(req, proxy, sni, host.as_deref(), &mut injected).await;
-    if proxy.events.is_active() {
+    if let Some((method, path)) = seen {
         let mut r = proxy
             .events
             .record("credentials.request", &proxy.sandbox_id, started);

@@ -181,7 +181,7 @@ pub(crate) async fn reclaim<E: ContainerEngine>(sh: &Shared<E>) -> Result<()> {
         return Ok(());
     }
     sh.refuse_unless_running()?;
-    let client = crate::sandbox::agent::connect(
+    let client = connect(
         &*sh.engine,
         &sh.id,
         sh.config.call_timeout,
@@ -194,12 +194,8 @@ pub(crate) async fn reclaim<E: ContainerEngine>(sh: &Shared<E>) -> Result<()> {
             format!("the sandbox's agent did not take this handle's session back: {reason}"),
         )
     })?;
-    let deadline = sh
-        .deadline()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
     client
-        .set_deadline(deadline.as_secs() + u64::from(deadline.subsec_nanos() > 0))
+        .set_deadline(crate::sandbox::fork::unix_secs_up(sh.deadline()))
         .await?;
     crate::ssh_agent::Forwarding::resume(&sh.ssh_agent, &client, &sh.id).await?;
     crate::git_gate::Forwarding::resume(&sh.git_gate, &client).await?;

@@ -100,7 +100,7 @@ fn checkpoint_name() -> String {
 }
 
 /// Whole Unix seconds of `t`, rounded up (a deadline is never earlier than asked).
-fn unix_secs_up(t: SystemTime) -> u64 {
+pub(crate) fn unix_secs_up(t: SystemTime) -> u64 {
     let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
