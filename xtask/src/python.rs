@@ -212,27 +212,27 @@ pub fn run() -> Result<()> {
         &[&wheel, &testkit, SANDBOXIO, SANDBOXIO_DOCKER, "pytest"],
     )?;
     let report = dir.join("suite.xml");
+    // pytest keeps its tests' temporary directories (the last three runs) under
+    // /tmp/pytest-of-<user> by default: here they go below the build output and are
+    // removed after the run, so no test file outlives it.
+    let basetemp = dir.join("pytest-tmp");
     let mut pytest = Command::new(&suite);
     pytest
         .current_dir(crate_dir.join("tests"))
         // Nothing may be written into the checkout: no bytecode, no pytest cache.
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .env("SBX_PY_REFERENCE", "1")
-        .args([
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "-rs",
-            "--junitxml",
-        ])
+        .args(["-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs"])
+        .arg("--basetemp")
+        .arg(&basetemp)
+        .arg("--junitxml")
         .arg(&report);
     println!("python: {}", process::describe(&pytest));
     if let Err(e) = crate::digest::run_teed(&mut pytest, "python conformance suite") {
         eprintln!("python: {e:#}");
         failed.push("conformance suite");
     }
+    let _ = std::fs::remove_dir_all(&basetemp);
     // Per area, both adapters side by side: passed / skipped / failed.
     let mut areas = Command::new(&suite);
     areas
