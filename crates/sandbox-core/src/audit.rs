@@ -78,6 +78,19 @@ pub struct AuditRecord {
     /// The variables of the credentials whose real value was put into that request
     /// (names only, never values).
     pub credentials: Option<Vec<String>>,
+    /// The repository a request to the sandbox's git gate named (`git.request`): its name
+    /// in the gate's URLs (`<name>.git`), never its path on the host.
+    pub repo: Option<String>,
+    /// What a request of the sandbox asked for: the git service of a `git.request`
+    /// (`git-upload-pack`, a fetch or clone; `git-receive-pack`, a push), the message type
+    /// of an `ssh_agent.request` (`list`, `sign`, `add_identity`, …, `type_<n>`).
+    pub request: Option<String>,
+    /// The refs a push through the git gate asked to update (`git.request`; written by
+    /// the sandbox, so capped by the gate).
+    pub refs: Option<Vec<String>>,
+    /// The SHA-256 fingerprint (`SHA256:…`, as `ssh-add -l` prints it) of the key an
+    /// `ssh_agent.request` asked to sign with; never more of the key.
+    pub key: Option<String>,
 }
 
 impl AuditRecord {
@@ -113,7 +126,27 @@ impl AuditRecord {
             method: None,
             status: None,
             credentials: None,
+            repo: None,
+            request: None,
+            refs: None,
+            key: None,
         }
+    }
+
+    /// `text` cut to at most `max` bytes (at a character boundary), marked with `…` when
+    /// cut: for the fields a sandbox writes (a host, a path, a ref name), so that the
+    /// host's audit trail does not grow by whatever the sandbox sends.
+    pub fn capped(text: impl Into<String>, max: usize) -> String {
+        let mut s = text.into();
+        if s.len() > max {
+            let mut end = max;
+            while !s.is_char_boundary(end) {
+                end -= 1;
+            }
+            s.truncate(end);
+            s.push('…');
+        }
+        s
     }
 
     /// The record as one line of JSON (no trailing newline).
@@ -281,6 +314,9 @@ impl Redactor {
                 *text = self.redact(text);
             }
         }
+        for text in record.refs.iter_mut().flatten() {
+            *text = self.redact(text);
+        }
     }
 }
 
@@ -346,5 +382,39 @@ mod tests {
         assert_eq!(rec.error.as_deref(), Some("failed with ***"));
         assert_eq!(rec.path.as_deref(), Some("/work/***.txt"));
         assert!(!format!("{r:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn ref_names_are_redacted_like_paths() {
+        let mut r = Redactor::default();
+        r.extend(["hunter2"]);
+        let mut rec = record();
+        rec.refs = Some(vec!["refs/heads/hunter2".into(), "refs/heads/x".into()]);
+        r.redact_record(&mut rec);
+        assert_eq!(
+            rec.refs,
+            Some(vec![
+                "refs/heads/***".to_string(),
+                "refs/heads/x".to_string()
+            ])
+        );
+    }
+
+    #[test]
+    fn capped_text_is_cut_at_a_character_boundary() {
+        assert_eq!(AuditRecord::capped("GET", 32), "GET");
+        let cut = AuditRecord::capped("/".repeat(5000), 1024);
+        assert_eq!(cut.len(), 1024 + '…'.len_utf8());
+        assert!(cut.ends_with('…'));
+        let cut = AuditRecord::capped("é".repeat(600), 1023);
+        assert!(cut.len() <= 1023 + '…'.len_utf8() && cut.ends_with('…'));
+    }
+
+    #[test]
+    fn every_field_is_in_the_json_even_when_empty() {
+        let v: serde_json::Value = serde_json::from_str(&record().to_json()).unwrap();
+        for field in ["host", "credentials", "repo", "request", "refs", "key"] {
+            assert!(v.get(field).is_some_and(|f| f.is_null()), "{field}: {v}");
+        }
     }
 }

@@ -19,6 +19,7 @@ use http_body_util::{BodyExt, Full, Limited, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use sandbox_core::Placement;
+use sandbox_core::layer::AuditRecord;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
@@ -182,19 +183,6 @@ const MAX_AUDIT_HOST: usize = 255;
 const MAX_AUDIT_METHOD: usize = 32;
 const MAX_AUDIT_PATH: usize = 1024;
 
-/// `s` cut to at most `max` bytes (at a character boundary), marked with `…` when cut.
-pub(crate) fn capped(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut end = max;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-        s.push('…');
-    }
-    s
-}
-
 /// What one request came to, for its audit record.
 enum Verdict {
     /// Forwarded; the host answered (its status is the response's).
@@ -224,9 +212,9 @@ async fn handle(req: Request<Incoming>, proxy: &Proxy, sni: Option<&str>) -> Res
         r.host = sni
             .map(str::to_string)
             .or(host)
-            .map(|h| capped(h, MAX_AUDIT_HOST));
-        r.method = Some(capped(method, MAX_AUDIT_METHOD));
-        r.path = Some(capped(path, MAX_AUDIT_PATH));
+            .map(|h| AuditRecord::capped(h, MAX_AUDIT_HOST));
+        r.method = Some(AuditRecord::capped(method, MAX_AUDIT_METHOD));
+        r.path = Some(AuditRecord::capped(path, MAX_AUDIT_PATH));
         r.status = Some(resp.status().as_u16());
         r.credentials = Some(injected);
         match verdict {

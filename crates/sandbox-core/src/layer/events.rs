@@ -1,5 +1,6 @@
 //! Audit records of what happens in a sandbox outside any call: a request its credentials
-//! proxy forwarded or refused, seen by the backend while no operation of the layer runs.
+//! proxy, its git gate or its SSH agent relay answered or refused, seen by the backend
+//! while no operation of the layer runs.
 //!
 //! The layer hands its sinks to the backend through [`EventReporter::current`]: while the
 //! layer's `create` awaits the backend's, a task-local names the layer, the backend and
@@ -87,6 +88,23 @@ impl EventReporter {
         }
     }
 
+    /// This reporter, with `values` also replaced by `***` in every record it writes: a
+    /// secret the backend minted itself (the git gate's token), which the create's
+    /// redaction cannot know. Empty values are skipped.
+    pub fn hiding<'a>(&self, values: impl IntoIterator<Item = &'a str>) -> EventReporter {
+        match &self.to {
+            Some(t) => EventReporter {
+                to: Some(Arc::new(Target {
+                    layer: t.layer.clone(),
+                    redactor: t.redactor.with(values),
+                    backend: t.backend.clone(),
+                    tier: t.tier,
+                })),
+            },
+            None => EventReporter::default(),
+        }
+    }
+
     /// The reporter of `layer` for a create on `backend`.
     pub(super) fn for_create(
         layer: &Layer,
@@ -110,5 +128,36 @@ impl EventReporter {
     /// Runs `fut` with this reporter as [`Self::current`].
     pub(super) async fn scope<F: Future>(self, fut: F) -> F::Output {
         CURRENT.scope(self, fut).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::audit::MemorySink;
+
+    #[tokio::test]
+    async fn a_reporter_hides_the_values_it_was_given_beside_the_creates() {
+        let sink = Arc::new(MemorySink::new());
+        let layer = Layer::new().audit(sink.clone());
+        let mut redactor = Redactor::default();
+        redactor.extend(["create-secret"]);
+        let events = EventReporter::for_create(&layer, &redactor, "tiny", IsolationTier::Container)
+            .scope(async { EventReporter::current() })
+            .await
+            .hiding(["minted-token", ""]);
+        assert!(events.is_active());
+        assert!(!format!("{events:?}").contains("minted-token"));
+        let mut r = events.record("git.request", "sb-1", SystemTime::now());
+        r.path = Some("/minted-token/create-secret".into());
+        r.refs = Some(vec!["refs/heads/minted-token".into()]);
+        events.report(r);
+        let got = sink.records();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].path.as_deref(), Some("/***/***"));
+        assert_eq!(got[0].refs, Some(vec!["refs/heads/***".to_string()]));
+        assert_eq!(got[0].sandbox_id.as_deref(), Some("sb-1"));
+        // Outside a create nothing is reported, hidden values or not.
+        assert!(!EventReporter::current().hiding(["x"]).is_active());
     }
 }
