@@ -291,9 +291,19 @@ impl Ctx {
     /// Creates a sandbox from `opts` (adding `contract=<case>`), wrapped in a guard that
     /// always kills it.
     pub async fn create(&self, case: &str, opts: CreateOptions) -> anyhow::Result<Sbx> {
+        self.create_on(&self.backend, case, opts).await
+    }
+
+    /// [`Self::create`] through `backend` (the suite's backend with more in front of it:
+    /// an audit sink).
+    pub async fn create_on(
+        &self,
+        backend: &Arc<dyn Backend>,
+        case: &str,
+        opts: CreateOptions,
+    ) -> anyhow::Result<Sbx> {
         let opts = opts.metadata(CASE_LABEL, case);
-        let sb = self
-            .backend
+        let sb = backend
             .create(opts)
             .await
             .map_err(|e| anyhow!("create failed: {}", e.render()))?;
@@ -378,6 +388,29 @@ impl Ctx {
         while self.background_kills.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+}
+
+/// The records of `operation` for sandbox `id` in `sink`, once `done` holds for them
+/// or after five seconds (a relay may write a request's record a moment after the
+/// sandbox got its answer).
+pub async fn records_when(
+    sink: &sandbox_core::layer::MemorySink,
+    operation: &str,
+    id: &str,
+    done: impl Fn(&[sandbox_core::layer::AuditRecord]) -> bool,
+) -> Vec<sandbox_core::layer::AuditRecord> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let records: Vec<_> = sink
+            .records()
+            .into_iter()
+            .filter(|r| r.operation == operation && r.sandbox_id.as_deref() == Some(id))
+            .collect();
+        if done(&records) || Instant::now() > deadline {
+            return records;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

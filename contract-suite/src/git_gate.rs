@@ -9,8 +9,12 @@
 //! the repository's refs are unchanged; a read-only sandbox's push is refused; no token,
 //! a wrong token and another sandbox's token get 401; the repository's config, `HEAD`
 //! and object files are not served; after kill nothing of the gate is left on the host
-//! (its hooks directory, a backend process). Without `GIT_GATE` a create asking for it
-//! is refused with `CapabilityNotSupported` (`capabilities::every_undeclared_flag_refuses`).
+//! (its hooks directory, a backend process). The sandboxes are created through the layer
+//! with an audit sink: each request is one `git.request` record (the fetch served, the
+//! push under the prefix landed with its ref, every refusal an error with its code and
+//! status), and no record holds the token, the repository's host path or its config.
+//! Without `GIT_GATE` a create asking for it is refused with `CapabilityNotSupported`
+//! (`capabilities::every_undeclared_flag_refuses`).
 //!
 //! The trial needs `git` (with `git http-backend`) on the host and `python3` in the
 //! template; without git it is ignored with the reason.
@@ -22,10 +26,14 @@ use std::sync::Arc;
 use anyhow::{Context as _, bail, ensure};
 use bytes::Bytes;
 use libtest_mimic::Trial;
+use sandbox_core::layer::{AuditRecord, Layer, MemorySink, Outcome};
 use sandbox_core::{Capability as C, ErrorCode, GitAccess, GitRepo, Sandbox};
 use tokio::process::Command;
 
-use crate::ctx::{Ctx, Need, Skip, must_code, sbx};
+use crate::ctx::{Ctx, Need, Skip, must_code, records_when, sbx};
+
+/// Requests the probe makes: refs, fetch, seven pushes, three token checks, three files.
+const PROBE_REQUESTS: usize = 15;
 
 const AREA: &str = "git_gate";
 
@@ -209,20 +217,25 @@ async fn the_sandbox_pushes_under_its_prefix_and_nowhere_else(ctx: Arc<Ctx>) -> 
     }
     let (origin, head, parent) = bare_repo(tmp.path()).await?;
     let before = hooks_dirs();
+    let sink = Arc::new(MemorySink::new());
+    let audited = Layer::new().audit(sink.clone()).wrap(ctx.backend.clone());
     let rw = ctx
-        .create(
+        .create_on(
+            &audited,
             &c,
             ctx.opts(&c)
                 .git_repo(GitRepo::new(&origin, GitAccess::ReadWrite)),
         )
         .await?;
     let ro = ctx
-        .create(
+        .create_on(
+            &audited,
             &c,
             ctx.opts(&c)
                 .git_repo(GitRepo::new(&origin, GitAccess::ReadOnly)),
         )
         .await?;
+    let rw_token = password_of(&url_in(&*rw).await?).context("the sandbox's URL")?;
     let ro_url = url_in(&*ro).await?;
     let ro_token = password_of(&ro_url).context("the read-only sandbox's URL")?;
     let id = rw.id().to_string();
@@ -332,7 +345,8 @@ async fn the_sandbox_pushes_under_its_prefix_and_nowhere_else(ctx: Arc<Ctx>) -> 
         "a read-only sandbox's push: {ro_push:?} ({})",
         r.stderr_text()
     );
-    if rw.capabilities().contains(C::STOP_START) {
+    let restarted = rw.capabilities().contains(C::STOP_START);
+    if restarted {
         // A start runs a new agent: the creating handle opens the gate's port again.
         sbx(rw.stop().await, "stop")?;
         sbx(rw.start().await, "start")?;
@@ -355,6 +369,42 @@ async fn the_sandbox_pushes_under_its_prefix_and_nowhere_else(ctx: Arc<Ctx>) -> 
     if ctx.backend.as_reapable().is_some() && !ctx.listed(&c).await?.is_empty() {
         bail!("a sandbox is still listed after kill");
     }
+    let secrets = [
+        rw_token.as_str(),
+        ro_token.as_str(),
+        "hunter2-secret",
+        tmp.path().to_str().unwrap_or("/"),
+    ];
+    let expected = PROBE_REQUESTS + usize::from(restarted);
+    let records = records_when(&sink, "git.request", &id, |r| r.len() >= expected).await;
+    audited_as_served_and_refused(&records, expected, &id, &inside, &secrets)?;
+    let ro_records =
+        records_when(&sink, "git.request", &ro_id, |r| r.len() >= PROBE_REQUESTS).await;
+    let ro_push = ro_records
+        .iter()
+        .find(|r| {
+            r.method.as_deref() == Some("POST") && r.request.as_deref() == Some("git-receive-pack")
+        })
+        .with_context(|| {
+            format!(
+                "no record of the read-only sandbox's push: {}",
+                shown(&ro_records)
+            )
+        })?;
+    ensure!(
+        ro_push.status == Some(403)
+            && ro_push.outcome == Outcome::Error
+            && ro_push.error_code == Some(ErrorCode::NetworkPolicyViolation.as_str()),
+        "the read-only sandbox's refused push: {}",
+        ro_push.to_json()
+    );
+    for r in &ro_records {
+        let json = r.to_json();
+        ensure!(
+            !secrets.iter().any(|s| json.contains(s)),
+            "a record holds a token, the config's secret or the host path: {json}"
+        );
+    }
     // The gates' tasks end with the kill; their hooks go with the last connection.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
@@ -371,6 +421,86 @@ async fn the_sandbox_pushes_under_its_prefix_and_nowhere_else(ctx: Arc<Ctx>) -> 
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+    Ok(())
+}
+
+fn shown(records: &[AuditRecord]) -> String {
+    records
+        .iter()
+        .map(AuditRecord::to_json)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The read-write sandbox's records: one per request (`expected`), all of repository
+/// `origin`; the fetch served; the push under the prefix landed, naming its ref; the push
+/// outside refused with its ref, 403 and `SBX_E1401`; the three token refusals 401 with
+/// `SBX_E1501`; the three files 404 with `SBX_E1401`; none holding a secret.
+fn audited_as_served_and_refused(
+    records: &[AuditRecord],
+    expected: usize,
+    id: &str,
+    inside: &str,
+    secrets: &[&str],
+) -> anyhow::Result<()> {
+    let all = shown(records);
+    ensure!(
+        records.len() == expected,
+        "{} git.request records for {expected} requests:\n{all}",
+        records.len()
+    );
+    for r in records {
+        let json = r.to_json();
+        ensure!(
+            !secrets.iter().any(|s| json.contains(s)),
+            "a record holds a token, the config's secret or the host path: {json}"
+        );
+        ensure!(r.sandbox_id.as_deref() == Some(id), "{json}");
+    }
+    let one = |what: &str, f: &dyn Fn(&AuditRecord) -> bool| {
+        records
+            .iter()
+            .find(|r| f(r))
+            .with_context(|| format!("no record of {what} in:\n{all}"))
+    };
+    one("the fetch", &|r| {
+        r.request.as_deref() == Some("git-upload-pack")
+            && r.method.as_deref() == Some("POST")
+            && r.repo.as_deref() == Some("origin")
+            && r.status == Some(200)
+            && r.outcome == Outcome::Ok
+    })?;
+    one("the push under the prefix, landed", &|r| {
+        r.request.as_deref() == Some("git-receive-pack")
+            && r.refs == Some(vec![inside.to_string()])
+            && r.status == Some(200)
+            && r.outcome == Outcome::Ok
+    })?;
+    one("the push outside the prefix, refused", &|r| {
+        r.refs == Some(vec!["refs/heads/main".to_string()])
+            && r.status == Some(403)
+            && r.outcome == Outcome::Error
+            && r.error_code == Some(ErrorCode::NetworkPolicyViolation.as_str())
+    })?;
+    let count = |status: u16, code: ErrorCode| {
+        records
+            .iter()
+            .filter(|r| {
+                r.status == Some(status)
+                    && r.outcome == Outcome::Error
+                    && r.error_code == Some(code.as_str())
+            })
+            .count()
+    };
+    ensure!(
+        count(401, ErrorCode::Auth) == 3,
+        "no token, a wrong token and another sandbox's token: three 401 records with \
+         SBX_E1501 in:\n{all}"
+    );
+    ensure!(
+        count(404, ErrorCode::NetworkPolicyViolation) == 3,
+        "config, HEAD and objects/info/packs: three 404 records with SBX_E1401 in:\n{all}"
+    );
     Ok(())
 }
 

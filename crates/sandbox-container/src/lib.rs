@@ -17,6 +17,8 @@ mod settings;
 pub mod snapshot;
 pub mod spec;
 mod ssh_agent;
+#[cfg(test)]
+mod test_events;
 pub mod time;
 
 pub use engine::{

@@ -8,7 +8,8 @@
 //! bytes; the backend's CGI header at most
 //! [`MAX_CGI_HEADER`] bytes. The backend runs with the gate's config on top of the
 //! repository's: its hooks directory (the prefix check), receive-pack only with
-//! read-write access, no file served but the protocol's.
+//! read-write access, no file served but the protocol's. Every request it answers is one
+//! audit record ([`super::audit`]).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -20,9 +21,10 @@ use futures::StreamExt;
 use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
 use hyper::body::{Frame, Incoming};
 use hyper::{Request, Response, StatusCode};
-use sandbox_core::GitAccess;
+use sandbox_core::{ErrorCode, GitAccess};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::audit::{self, Audit};
 use super::{Gate, Served};
 
 /// Largest request head (line and headers).
@@ -140,25 +142,49 @@ pub(super) fn route<'g>(
     Some((repo, endpoint))
 }
 
+/// Answers `status` with `why`, and records the request as refused by the gate's rules.
+fn refuse(audit: Audit, status: StatusCode, why: &str) -> Response<Body> {
+    audit.refused(status, ErrorCode::NetworkPolicyViolation, why);
+    text(status, why)
+}
+
+/// Answers `status` with `why`, and records the request as failed on the host's side.
+fn fail(audit: Audit, status: StatusCode, why: &str) -> Response<Body> {
+    audit.failed(status, why);
+    text(status, why)
+}
+
 async fn handle(gate: Arc<Gate>, req: Request<Incoming>) -> Response<Body> {
+    let mut audit = Audit::begin(&gate, &req);
+    let routed = route(
+        &gate.repos,
+        req.method(),
+        req.uri().path(),
+        req.uri().query(),
+    );
+    if let Some((repo, endpoint)) = routed {
+        audit.routed(repo, endpoint);
+    }
     if !authorized(&gate, &req) {
-        let mut r = text(
-            StatusCode::UNAUTHORIZED,
-            "this sandbox's gate token is required",
-        );
+        let why = "this sandbox's gate token is required";
+        // A git client's first request carries no credentials: the 401 is its cue to send
+        // the token. The record tells that apart from a token that is not this gate's.
+        let recorded = if req.headers().contains_key(hyper::header::AUTHORIZATION) {
+            "refused: the credentials are not this sandbox's gate token"
+        } else {
+            "refused: no credentials (a git client sends the token after this answer)"
+        };
+        audit.refused(StatusCode::UNAUTHORIZED, ErrorCode::Auth, recorded);
+        let mut r = text(StatusCode::UNAUTHORIZED, why);
         r.headers_mut().insert(
             hyper::header::WWW_AUTHENTICATE,
             hyper::header::HeaderValue::from_static("Basic realm=\"sandbox git gate\""),
         );
         return r;
     }
-    let Some((repo, endpoint)) = route(
-        &gate.repos,
-        req.method(),
-        req.uri().path(),
-        req.uri().query(),
-    ) else {
-        return text(
+    let Some((repo, endpoint)) = routed else {
+        return refuse(
+            audit,
             StatusCode::NOT_FOUND,
             "the gate serves git's smart HTTP endpoints of its repositories only",
         );
@@ -169,7 +195,8 @@ async fn handle(gate: Arc<Gate>, req: Request<Incoming>) -> Response<Body> {
     );
     if push && repo.access != GitAccess::ReadWrite {
         tracing::info!(repo = %repo.name, "git gate: push refused (read-only access)");
-        return text(
+        return refuse(
+            audit,
             StatusCode::FORBIDDEN,
             "this sandbox has read-only access to the repository: push refused",
         );
@@ -178,28 +205,40 @@ async fn handle(gate: Arc<Gate>, req: Request<Incoming>) -> Response<Body> {
     // host's temporary files), git would run no hook and accept any ref, so no push.
     if push && !gate.hooks_dir().join("pre-receive").is_file() {
         tracing::warn!(repo = %repo.name, "git gate: push refused, the gate's hook is gone");
-        return text(
+        return fail(
+            audit,
             StatusCode::SERVICE_UNAVAILABLE,
             "the gate cannot check this push's refs: push refused",
         );
     }
     let repo = repo.clone();
-    match tokio::time::timeout(REQUEST_TIME, cgi(&gate, &repo, endpoint, req)).await {
+    match tokio::time::timeout(REQUEST_TIME, cgi(&gate, &repo, endpoint, req, &mut audit)).await {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => {
             tracing::warn!(repo = %repo.name, error = %e, "git gate: the backend failed");
-            text(StatusCode::INTERNAL_SERVER_ERROR, "the git backend failed")
+            fail(
+                audit,
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the git backend failed",
+            )
         }
-        Err(_) => text(StatusCode::GATEWAY_TIMEOUT, "the request took too long"),
+        Err(_) => fail(
+            audit,
+            StatusCode::GATEWAY_TIMEOUT,
+            "the request took too long",
+        ),
     }
 }
 
-/// Runs `git http-backend` for one request.
+/// Runs `git http-backend` for one request. A refusal here writes the request's record;
+/// once the backend answers, its record is taken from `audit` and written when the
+/// backend ends.
 async fn cgi(
     gate: &Gate,
     repo: &Served,
     endpoint: Endpoint,
     req: Request<Incoming>,
+    audit: &mut Audit,
 ) -> std::io::Result<Response<Body>> {
     let (root, dir) = match (repo.git_dir.parent(), repo.git_dir.file_name()) {
         (Some(p), Some(d)) => (p.to_path_buf(), d.to_string_lossy().into_owned()),
@@ -275,21 +314,27 @@ async fn cgi(
     let encoding = header("content-encoding");
     let mut body = req.into_body();
     let mut read_ahead = Vec::new();
+    let mut updates = Vec::new();
     if endpoint == Endpoint::ReceivePack {
         if encoding.is_some_and(|e| !e.eq_ignore_ascii_case("identity")) {
-            return Ok(text(
+            return Ok(refuse(
+                audit.take(),
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "the gate reads a push's commands itself: send them uncompressed",
             ));
         }
-        let commands = loop {
+        updates = loop {
             match parse_commands(&read_ahead) {
                 Ok(Some(c)) => break c,
                 Ok(None) if read_ahead.len() <= MAX_COMMANDS => {}
                 Ok(None) => {
-                    return Ok(text(StatusCode::PAYLOAD_TOO_LARGE, "too many ref updates"));
+                    return Ok(refuse(
+                        audit.take(),
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "too many ref updates",
+                    ));
                 }
-                Err(why) => return Ok(text(StatusCode::BAD_REQUEST, &why)),
+                Err(why) => return Ok(refuse(audit.take(), StatusCode::BAD_REQUEST, &why)),
             }
             match body.frame().await {
                 Some(Ok(f)) => {
@@ -298,12 +343,19 @@ async fn cgi(
                     }
                 }
                 Some(Err(e)) => return Err(std::io::Error::other(e)),
-                None => return Ok(text(StatusCode::BAD_REQUEST, "the push ended early")),
+                None => {
+                    return Ok(refuse(
+                        audit.take(),
+                        StatusCode::BAD_REQUEST,
+                        "the push ended early",
+                    ));
+                }
             }
         };
-        if let Err(why) = refs_allowed(&commands, &repo.prefix) {
+        audit.refs(&updates);
+        if let Err(why) = refs_allowed(&updates, &repo.prefix) {
             tracing::info!(repo = %repo.name, "git gate: push refused (outside the prefix)");
-            return Ok(text(StatusCode::FORBIDDEN, &why));
+            return Ok(refuse(audit.take(), StatusCode::FORBIDDEN, &why));
         }
     }
     let mut child = cmd.spawn()?;
@@ -353,6 +405,7 @@ async fn cgi(
     let (header_end, body_start) = split;
     let rest = Bytes::copy_from_slice(&head[body_start..]);
     let mut response = Response::builder().status(StatusCode::OK);
+    let mut answered = StatusCode::OK;
     for line in String::from_utf8_lossy(&head[..header_end]).lines() {
         let Some((k, v)) = line.split_once(':') else {
             continue;
@@ -366,6 +419,7 @@ async fn cgi(
                 .and_then(|c| StatusCode::from_u16(c).ok())
                 .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             response = response.status(code);
+            answered = code;
         } else if ["content-type", "cache-control", "expires", "pragma"]
             .iter()
             .any(|h| k.eq_ignore_ascii_case(h))
@@ -373,8 +427,12 @@ async fn cgi(
             response = response.header(k, v);
         }
     }
-    // The backend's end: its stderr (bounded) to the debug log, the process reaped.
+    // The backend's end: its stderr (bounded) to the debug log, the process reaped, the
+    // request's record written (after a push's refs were read back).
     let name = repo.name.clone();
+    let audit = audit.take();
+    let read_back = (endpoint == Endpoint::ReceivePack && audit.is_active())
+        .then(|| (repo.git_dir.clone(), repo.prefix.clone(), updates));
     tokio::spawn(async move {
         let mut err = Vec::new();
         if let Some(e) = stderr.as_mut() {
@@ -384,12 +442,32 @@ async fn cgi(
         }
         let status = tokio::time::timeout(REQUEST_TIME, child.wait()).await;
         feed.abort();
+        let status = status.ok().and_then(Result::ok);
         tracing::debug!(
             repo = %name,
-            status = ?status.ok().and_then(Result::ok),
+            status = ?status,
             stderr = %String::from_utf8_lossy(&err),
             "git gate: backend ended"
         );
+        let mut failure = match status {
+            _ if answered.as_u16() >= 400 => Some(format!("the git backend answered {answered}")),
+            Some(s) if s.success() => None,
+            Some(s) => Some(format!("the git backend ended with {s}")),
+            None => Some("the git backend did not end in time".to_string()),
+        };
+        if let (None, Some((git_dir, prefix, updates))) = (&failure, read_back) {
+            failure = match audit::not_landed(&git_dir, &prefix, &updates).await {
+                Ok(missed) if missed.is_empty() => None,
+                Ok(missed) => Some(format!(
+                    "git landed {} of {} ref updates; not landed: {}",
+                    updates.len() - missed.len(),
+                    updates.len(),
+                    missed.join(", ")
+                )),
+                Err(why) => Some(format!("whether the push landed is unknown: {why}")),
+            };
+        }
+        audit.served(answered, failure);
     });
     let first = futures::stream::iter((!rest.is_empty()).then(|| Ok(rest)));
     let stream = first
@@ -400,11 +478,19 @@ async fn cgi(
         .map_err(std::io::Error::other)
 }
 
-/// A push's ref updates: the `refname` of each command of a receive-pack request, once
-/// `buf` holds the command list up to its flush packet (`Ok(None)` until then). Shallow
-/// lines are skipped; a signed push (`push-cert`), a malformed packet or command is an
-/// error saying why.
-pub(super) fn parse_commands(buf: &[u8]) -> Result<Option<Vec<String>>, String> {
+/// One ref update of a push: the ref, and the object it is to point at (all zeros: the
+/// ref is deleted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct RefUpdate {
+    pub(super) name: String,
+    pub(super) new: String,
+}
+
+/// A push's ref updates: the `refname` and new object of each command of a receive-pack
+/// request, once `buf` holds the command list up to its flush packet (`Ok(None)` until
+/// then). Shallow lines are skipped; a signed push (`push-cert`), a malformed packet or
+/// command is an error saying why.
+pub(super) fn parse_commands(buf: &[u8]) -> Result<Option<Vec<RefUpdate>>, String> {
     let mut refs = Vec::new();
     let mut at = 0;
     loop {
@@ -443,13 +529,16 @@ pub(super) fn parse_commands(buf: &[u8]) -> Result<Option<Vec<String>>, String> 
         if !oid(old) || !oid(new) {
             return Err(format!("malformed push command {command:?}"));
         }
-        refs.push(name.to_string());
+        refs.push(RefUpdate {
+            name: name.to_string(),
+            new: new.to_string(),
+        });
     }
 }
 
 /// `Ok` when every ref is under `prefix` and a plain ref name; else why not.
-pub(super) fn refs_allowed(refs: &[String], prefix: &str) -> Result<(), String> {
-    for r in refs {
+pub(super) fn refs_allowed(updates: &[RefUpdate], prefix: &str) -> Result<(), String> {
+    for r in updates.iter().map(|u| &u.name) {
         let plain = !r.contains("..")
             && !r.contains("//")
             && !r.contains("@{")
@@ -512,7 +601,13 @@ mod checks {
         let p = "refs/heads/sandbox/s1/";
         let ok = commands(&[&format!("{Z} {A} refs/heads/sandbox/s1/x")]);
         let refs = parse_commands(&ok).unwrap().unwrap();
-        assert_eq!(refs, ["refs/heads/sandbox/s1/x"]);
+        assert_eq!(
+            refs,
+            [RefUpdate {
+                name: "refs/heads/sandbox/s1/x".into(),
+                new: A.into()
+            }]
+        );
         assert!(refs_allowed(&refs, p).is_ok());
         // Incomplete: more is needed, never a guess.
         assert_eq!(parse_commands(&ok[..ok.len() - 8]).unwrap(), None);
@@ -543,9 +638,12 @@ mod checks {
             commands(&[&format!("{Z} {A} refs/heads/sandbox/s1/y")]),
         ]
         .concat();
-        assert_eq!(
-            parse_commands(&shallow).unwrap().unwrap(),
-            ["refs/heads/sandbox/s1/y"]
-        );
+        let names: Vec<String> = parse_commands(&shallow)
+            .unwrap()
+            .unwrap()
+            .into_iter()
+            .map(|u| u.name)
+            .collect();
+        assert_eq!(names, ["refs/heads/sandbox/s1/y"]);
     }
 }

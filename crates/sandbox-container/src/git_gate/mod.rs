@@ -6,9 +6,12 @@
 //! into a private directory; [`Gate::serve`] answers one connection (any
 //! `AsyncRead + AsyncWrite`, a forwarded [`sandbox_agent::client::TcpConn`] in a
 //! sandbox) with an HTTP/1.1 server ([`http`]) that checks the token and runs
-//! `git http-backend`. The gate is dropped at kill: the token is forgotten, the hooks
-//! directory removed, and the port inside closes with the relay.
+//! `git http-backend`. Each request it answers is one `git.request` audit record
+//! ([`audit`]) in the sinks of the layer the sandbox was created under. The gate is
+//! dropped at kill: the token is forgotten, the hooks directory removed, and the port
+//! inside closes with the relay.
 
+mod audit;
 mod http;
 
 use std::path::{Path, PathBuf};
@@ -16,6 +19,7 @@ use std::sync::Arc;
 
 use sandbox_agent::client::{AgentClient, TcpRelay};
 use sandbox_core::git_gate::{GATE_PORT, git_dir, git_url_var, url_names};
+use sandbox_core::layer::EventReporter;
 use sandbox_core::{GitAccess, GitRepo, Result, SandboxError};
 
 /// Bytes of the token (hex-encoded in URLs).
@@ -117,13 +121,17 @@ pub(crate) struct Gate {
     pub(crate) token: Token,
     backend: PathBuf,
     hooks: HooksDir,
+    sandbox_id: String,
+    /// The audit sinks of the layer the sandbox was created under, hiding the token.
+    events: EventReporter,
 }
 
 impl Gate {
     /// The gate of sandbox `sandbox_id` for `repos`: the repositories resolved, a fresh
-    /// token, the hook written. Refused (with what to do) when git's HTTP backend is not
-    /// on the host or a path is no repository.
-    pub(crate) fn new(repos: &[GitRepo], sandbox_id: &str) -> Result<Gate> {
+    /// token, the hook written; each request it answers is reported to `events` (taken
+    /// during the layer's create). Refused (with what to do) when git's HTTP backend is
+    /// not on the host or a path is no repository.
+    pub(crate) fn new(repos: &[GitRepo], sandbox_id: &str, events: EventReporter) -> Result<Gate> {
         let backend = http_backend()?;
         let mut served: Vec<Served> = Vec::with_capacity(repos.len());
         for (r, name) in repos.iter().zip(url_names(repos)) {
@@ -144,11 +152,14 @@ impl Gate {
         }
         let token = Token::mint()?;
         let hooks = write_hooks()?;
+        let events = events.hiding([token.expose()]);
         Ok(Gate {
             repos: served,
             token,
             backend,
             hooks,
+            sandbox_id: sandbox_id.to_string(),
+            events,
         })
     }
 

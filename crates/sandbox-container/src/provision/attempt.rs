@@ -271,7 +271,8 @@ impl<E: ContainerEngine> ContainerBackend<E> {
         let git_gate = match (gate_repos, &agent) {
             (None, _) => None,
             (Some(repos), Some(client)) => {
-                let started = match crate::git_gate::Gate::new(&repos, &id) {
+                let events = sandbox_core::layer::EventReporter::current();
+                let started = match crate::git_gate::Gate::new(&repos, &id, events) {
                     Ok(gate) => crate::git_gate::Forwarding::start(client, gate, &id).await,
                     Err(e) => Err(e),
                 };
