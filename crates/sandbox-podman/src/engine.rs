@@ -486,7 +486,31 @@ impl ContainerEngine for PodmanEngine {
         self.is_local()
     }
 
+    /// On a local engine, straight through the container's conmon attach socket
+    /// (`conmon.rs`: the service would otherwise relay every live sandbox's channel,
+    /// holding a connection's buffers for each); through the service's attach endpoint
+    /// when that socket cannot be reached (a remote engine, a path this process cannot
+    /// open).
     async fn attach(&self, id: &str) -> EngineResult<AttachStream> {
+        if self.is_local() {
+            let c = self.client.containers().get(id);
+            let bundle = self
+                .api("container inspect", c.inspect())
+                .await?
+                .static_dir
+                .filter(|d| d.starts_with('/'));
+            if let Some(bundle) = bundle {
+                match bounded_call("conmon attach", self.limit, crate::conmon::attach(bundle)).await
+                {
+                    Ok(stream) => return Ok(stream),
+                    Err(e) => tracing::debug!(
+                        container = %id,
+                        error = %e,
+                        "conmon's attach socket is out of reach; attaching through the service"
+                    ),
+                }
+            }
+        }
         let upgraded = self
             .rest_call("container attach", self.rest.attach(id))
             .await?;

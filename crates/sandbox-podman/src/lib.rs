@@ -4,6 +4,7 @@
 
 mod backend;
 mod config;
+mod conmon;
 mod engine;
 mod error;
 mod policy;
