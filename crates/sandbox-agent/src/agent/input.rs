@@ -13,8 +13,14 @@ use std::io::{self, Read};
 
 use crate::protocol::{self, Frame, PREAMBLE_LEN, TAKEOVER_MAGIC, TOKEN_LEN};
 
-/// Bytes asked of the stream per read.
+/// Most bytes asked of the stream per read, while it delivers whole chunks (a file
+/// upload).
 const READ_CHUNK: usize = 64 * 1024;
+
+/// Fewest bytes asked per read, and what an idle agent keeps: most sandboxes are idle
+/// most of their life, and a buffer sized for uploads was 64 KiB of resident memory in
+/// each of them (docs/benchmarks.md, "Under load"), more than the rest of the agent's heap.
+const MIN_READ: usize = 4 * 1024;
 
 /// What the stream delivered.
 #[derive(Debug, PartialEq, Eq)]
@@ -33,6 +39,9 @@ pub(crate) struct Input<R> {
     buf: Vec<u8>,
     /// Start of the unread bytes in `buf`.
     start: usize,
+    /// Bytes asked of the next read: doubles while reads fill it, halves while they do
+    /// not, between [`MIN_READ`] and [`READ_CHUNK`].
+    chunk: usize,
     /// After a malformed header: discarding bytes up to the next preamble.
     scanning: bool,
     /// Bytes discarded while scanning since the last item (for the agent's diagnostics).
@@ -43,8 +52,9 @@ impl<R: Read> Input<R> {
     pub(crate) fn new(r: R) -> Self {
         Input {
             r,
-            buf: Vec::with_capacity(2 * READ_CHUNK),
+            buf: Vec::with_capacity(MIN_READ),
             start: 0,
+            chunk: MIN_READ,
             scanning: false,
             discarded: 0,
         }
@@ -121,12 +131,24 @@ impl<R: Read> Input<R> {
             self.buf.drain(..self.start);
             self.start = 0;
         }
+        // Back to an idle agent's size once the stream slowed and nothing is pending.
+        if self.buf.is_empty() && self.chunk == MIN_READ && self.buf.capacity() > 2 * MIN_READ {
+            self.buf = Vec::with_capacity(MIN_READ);
+        }
         let len = self.buf.len();
-        self.buf.resize(len + READ_CHUNK, 0);
+        let chunk = self.chunk;
+        self.buf.resize(len + chunk, 0);
         loop {
             match self.r.read(&mut self.buf[len..]) {
                 Ok(n) => {
                     self.buf.truncate(len + n);
+                    self.chunk = if n == chunk {
+                        (chunk * 2).min(READ_CHUNK)
+                    } else if n < chunk / 4 {
+                        (chunk / 2).max(MIN_READ)
+                    } else {
+                        chunk
+                    };
                     return Ok(n > 0);
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -192,6 +214,56 @@ mod tests {
         v.extend_from_slice(&takeover_preamble(&TOKEN));
         v.extend(bytes(&ping(9)));
         v
+    }
+
+    /// Delivers its segments one after another, a read never crossing a segment's end:
+    /// an upload's bytes arrive in full reads, an interactive session's one frame a read.
+    struct Segments(std::collections::VecDeque<Vec<u8>>);
+
+    impl Read for Segments {
+        fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+            let Some(seg) = self.0.front_mut() else {
+                return Ok(0);
+            };
+            let n = out.len().min(seg.len());
+            out[..n].copy_from_slice(&seg[..n]);
+            seg.drain(..n);
+            if seg.is_empty() {
+                self.0.pop_front();
+            }
+            Ok(n)
+        }
+    }
+
+    /// The reads grow to [`READ_CHUNK`] while an upload fills them, and once the stream
+    /// is back to small frames the buffer returns to an idle agent's size.
+    #[test]
+    fn the_buffer_grows_for_an_upload_and_shrinks_back_when_idle() {
+        let upload = Frame {
+            kind: FrameKind::Stdin,
+            id: 3,
+            body: vec![b'u'; 1 << 20],
+        };
+        let mut segments = std::collections::VecDeque::from([bytes(&upload)]);
+        segments.extend((0..20).map(|i| bytes(&ping(10 + i))));
+        let mut input = Input::new(Segments(segments));
+        assert!(input.buf.capacity() <= 2 * MIN_READ);
+        assert_eq!(input.next_item().unwrap(), Item::Frame(upload));
+        // The upload's last read is short, so the size may have halved once.
+        assert!(
+            input.chunk >= READ_CHUNK / 2,
+            "full reads grow the read size"
+        );
+        for i in 0..20 {
+            assert_eq!(input.next_item().unwrap(), Item::Frame(ping(10 + i)));
+        }
+        assert_eq!(input.next_item().unwrap(), Item::End);
+        assert_eq!(input.chunk, MIN_READ, "short reads shrink it back");
+        assert!(
+            input.buf.capacity() <= 2 * MIN_READ,
+            "an idle agent keeps {} bytes",
+            input.buf.capacity()
+        );
     }
 
     #[test]
