@@ -6,8 +6,12 @@
 //! signature with it that verifies on the host; signing with the other key, adding,
 //! removing, locking and extensions are refused and leave the host agent as it was; a
 //! gibibyte length prefix closes that connection and the socket goes on serving; a key
-//! the agent does not hold refuses the create; after kill the sandbox is gone. Without
-//! `SSH_AGENT` a create asking for it is refused with `CapabilityNotSupported`
+//! the agent does not hold refuses the create; after kill the sandbox is gone. The sandbox
+//! is created through the layer with an audit sink: each message the relay answers is one
+//! `ssh_agent.request` record (the lists and the sign with the selected key `ok`, the sign
+//! with the fingerprint of the key it named; every refused message an error with
+//! `SBX_E1401`), and no record holds a public key blob or a line of a private key.
+//! Without `SSH_AGENT` a create asking for it is refused with `CapabilityNotSupported`
 //! (`capabilities::every_undeclared_flag_refuses`).
 //!
 //! The trials need OpenSSH's client tools (`ssh-agent`, `ssh-add`, `ssh-keygen`) on the
@@ -22,10 +26,15 @@ use std::time::Duration;
 use anyhow::{Context as _, bail, ensure};
 use bytes::Bytes;
 use libtest_mimic::Trial;
+use sandbox_core::layer::{AuditRecord, Layer, MemorySink, Outcome};
 use sandbox_core::{Capability as C, ErrorCode, SshAgentOptions, SshKey};
 use tokio::process::{Child, Command};
 
-use crate::ctx::{Ctx, Need, Skip, must_code, sbx};
+use crate::ctx::{Ctx, Need, Skip, must_code, records_when, sbx};
+
+/// Messages the probe sends that reach the relay: two lists, two signs, add, remove one,
+/// remove all, lock and an extension (the forged length never leaves the sandbox).
+const PROBE_MESSAGES: usize = 9;
 
 const AREA: &str = "ssh_agent";
 
@@ -310,7 +319,10 @@ async fn the_sandbox_signs_with_the_selected_key_and_nothing_else(
     let opts = ctx
         .opts(&c)
         .ssh_agent(SshAgentOptions::keys([SshKey::parse(&keys[0])?]).socket(&agent.socket));
-    let sb = ctx.create(&c, opts).await?;
+    let sink = Arc::new(MemorySink::new());
+    let audited = Layer::new().audit(sink.clone()).wrap(ctx.backend.clone());
+    let sb = ctx.create_on(&audited, &c, opts).await?;
+    let id = sb.id().to_string();
     sbx(
         sbx(sb.files(), "files")?
             .write("/tmp/ssh_probe.py", Bytes::from_static(PROBE.as_bytes()))
@@ -380,7 +392,8 @@ async fn the_sandbox_signs_with_the_selected_key_and_nothing_else(
     );
     let held = agent.listed().await?;
     ensure!(held == 2, "the host agent holds {held} keys, not its 2");
-    if sb.capabilities().contains(C::STOP_START) {
+    let restarted = sb.capabilities().contains(C::STOP_START);
+    if restarted {
         // A start runs a new agent: the handle that created the sandbox opens the socket
         // on it again.
         sbx(sb.stop().await, "stop")?;
@@ -394,6 +407,96 @@ async fn the_sandbox_signs_with_the_selected_key_and_nothing_else(
     sb.kill().await?;
     if ctx.backend.as_reapable().is_some() && !ctx.listed(&c).await?.is_empty() {
         bail!("the sandbox is still listed after kill");
+    }
+    let expected = PROBE_MESSAGES + usize::from(restarted);
+    let records = records_when(&sink, "ssh_agent.request", &id, |r| r.len() >= expected).await;
+    audited_as_relayed_and_refused(&records, expected, &agent, &keys)
+}
+
+/// The relay's records: one per message (`expected`); the lists and the sign with the
+/// selected key `ok`, the sign naming that key's fingerprint; the sign with the other key
+/// and every other request errors with `SBX_E1401`; no record with a key's blob or a line
+/// of its private key.
+fn audited_as_relayed_and_refused(
+    records: &[AuditRecord],
+    expected: usize,
+    agent: &HostAgent,
+    keys: &[String],
+) -> anyhow::Result<()> {
+    let all = records
+        .iter()
+        .map(AuditRecord::to_json)
+        .collect::<Vec<_>>()
+        .join("\n");
+    ensure!(
+        records.len() == expected,
+        "{} ssh_agent.request records for {expected} messages:\n{all}",
+        records.len()
+    );
+    let mut material: Vec<String> = keys.iter().map(|k| blob_b64(k).to_string()).collect();
+    for i in 0..keys.len() {
+        let private = std::fs::read_to_string(agent.dir.join(format!("key{i}")))
+            .context("the private key file")?;
+        material.extend(
+            private
+                .lines()
+                .filter(|l| !l.starts_with("-----") && l.len() > 16)
+                .map(str::to_string),
+        );
+    }
+    ensure!(
+        material.len() > keys.len(),
+        "no private key lines to look for"
+    );
+    for r in records {
+        let json = r.to_json();
+        ensure!(
+            !material.iter().any(|m| json.contains(m.as_str())),
+            "a record holds key material beyond a fingerprint: {json}"
+        );
+    }
+    let fingerprint = |line: &str| SshKey::parse(line).map(|k| k.to_string());
+    let (selected, other) = (fingerprint(&keys[0])?, fingerprint(&keys[1])?);
+    let of = |request: &str| -> Vec<&AuditRecord> {
+        records
+            .iter()
+            .filter(|r| r.request.as_deref() == Some(request))
+            .collect()
+    };
+    let lists = of("list");
+    ensure!(
+        lists.len() >= 2 && lists.iter().all(|r| r.outcome == Outcome::Ok),
+        "the lists are not all recorded as answered:\n{all}"
+    );
+    let signs = of("sign");
+    ensure!(
+        signs
+            .iter()
+            .any(|r| r.key.as_deref() == Some(selected.as_str()) && r.outcome == Outcome::Ok),
+        "no record of the sign with the selected key {selected}:\n{all}"
+    );
+    ensure!(
+        signs
+            .iter()
+            .any(|r| r.key.as_deref() == Some(other.as_str())
+                && r.outcome == Outcome::Error
+                && r.error_code == Some(ErrorCode::NetworkPolicyViolation.as_str())),
+        "no refused record of the sign with the other key {other}:\n{all}"
+    );
+    for refused in [
+        "add_identity",
+        "remove_identity",
+        "remove_all_identities",
+        "lock",
+        "extension",
+    ] {
+        let found = of(refused);
+        ensure!(
+            found.len() == 1
+                && found[0].outcome == Outcome::Error
+                && found[0].error_code == Some(ErrorCode::NetworkPolicyViolation.as_str()),
+            "{refused}: want one refused record with SBX_E1401 in:\n{all}"
+        );
     }
     Ok(())
 }

@@ -35,40 +35,58 @@ pub(crate) enum Decision {
     /// Ask the host agent this (a sign request for a selected key), then pass its answer
     /// through [`checked_sign_answer`].
     Sign(Vec<u8>),
+    /// Answer [`FAILURE`] without asking the host agent, for this reason (for the audit
+    /// record; never the message's content).
+    Refuse(&'static str),
 }
 
-/// The name of a message type, for the log (never its content).
-pub(crate) fn type_name(message: &[u8]) -> &'static str {
-    match message.first() {
-        Some(&REQUEST_IDENTITIES) => "request_identities",
-        Some(&SIGN_REQUEST) => "sign_request",
-        Some(17) | Some(25) => "add_identity",
+/// The name of a message's type, for the log and the audit record (never its content):
+/// `list`, `sign`, the protocol's name of another known type, `type_<n>` for an unknown
+/// one, `empty`.
+pub(crate) fn request_name(message: &[u8]) -> String {
+    let known = match message.first() {
+        Some(&REQUEST_IDENTITIES) => "list",
+        Some(&SIGN_REQUEST) => "sign",
+        Some(17) => "add_identity",
         Some(18) => "remove_identity",
         Some(19) => "remove_all_identities",
-        Some(20) | Some(26) => "add_smartcard_key",
+        Some(20) => "add_smartcard_key",
         Some(21) => "remove_smartcard_key",
         Some(22) => "lock",
         Some(23) => "unlock",
+        Some(25) => "add_identity_constrained",
+        Some(26) => "add_smartcard_key_constrained",
         Some(27) => "extension",
-        Some(_) => "other",
+        Some(n) => return format!("type_{n}"),
         None => "empty",
+    };
+    known.to_string()
+}
+
+/// The key blob a well-formed sign request names (selected or not), else `None`.
+pub(crate) fn sign_key(message: &[u8]) -> Option<&[u8]> {
+    match message {
+        [SIGN_REQUEST, rest @ ..] if message.len() <= SSH_AGENT_MAX_MESSAGE => parse_sign(rest),
+        _ => None,
     }
 }
 
 /// Decides what message `message` (without its length prefix) from the sandbox gets.
 pub(crate) fn decide(message: &[u8], selected: &[Identity]) -> Decision {
     if message.len() > SSH_AGENT_MAX_MESSAGE {
-        return Decision::Answer(vec![FAILURE]);
+        return Decision::Refuse("the message is longer than the relay takes");
     }
     match message {
         [REQUEST_IDENTITIES] => Decision::Answer(identities_answer(selected)),
+        [REQUEST_IDENTITIES, ..] => Decision::Refuse("a malformed list request"),
         [SIGN_REQUEST, rest @ ..] => match parse_sign(rest) {
             Some(key) if selected.iter().any(|i| i.blob == key) => Decision::Sign(message.to_vec()),
-            _ => Decision::Answer(vec![FAILURE]),
+            Some(_) => Decision::Refuse("a sign request with a key that was not selected"),
+            None => Decision::Refuse("a malformed sign request"),
         },
         // Adding, removing, locking, unlocking, extensions (session binding included),
-        // smartcards, anything malformed or unknown.
-        _ => Decision::Answer(vec![FAILURE]),
+        // smartcards, anything unknown.
+        _ => Decision::Refuse("only lists and signs with a selected key reach the host agent"),
     }
 }
 
@@ -187,10 +205,10 @@ mod tests {
         };
         assert_eq!(parse_identities(&a), Some(selected.to_vec()));
         // A list request with trailing bytes is no list request.
-        assert_eq!(
+        assert!(matches!(
             decide(&[REQUEST_IDENTITIES, 0], &selected),
-            Decision::Answer(vec![FAILURE])
-        );
+            Decision::Refuse(_)
+        ));
     }
 
     #[test]
@@ -199,37 +217,43 @@ mod tests {
         let ok = sign(&key(1).blob, b"data", 0);
         assert_eq!(decide(&ok, &selected), Decision::Sign(ok.clone()));
         let other = sign(&key(2).blob, b"data", 0);
-        assert_eq!(decide(&other, &selected), Decision::Answer(vec![FAILURE]));
+        assert!(matches!(decide(&other, &selected), Decision::Refuse(_)));
         let mut trailing = ok.clone();
         trailing.push(0);
-        assert_eq!(
-            decide(&trailing, &selected),
-            Decision::Answer(vec![FAILURE])
-        );
+        assert!(matches!(decide(&trailing, &selected), Decision::Refuse(_)));
         let truncated = &ok[..ok.len() - 1];
-        assert_eq!(
-            decide(truncated, &selected),
-            Decision::Answer(vec![FAILURE])
-        );
+        assert!(matches!(decide(truncated, &selected), Decision::Refuse(_)));
         // A prefix of a selected key is not that key.
         let prefix = sign(&key(1).blob[..20], b"data", 0);
-        assert_eq!(decide(&prefix, &selected), Decision::Answer(vec![FAILURE]));
+        assert!(matches!(decide(&prefix, &selected), Decision::Refuse(_)));
     }
 
     #[test]
     fn every_other_request_fails_without_reaching_the_host_agent() {
         let selected = [key(1)];
         for t in (0u8..=255).filter(|t| ![REQUEST_IDENTITIES, SIGN_REQUEST].contains(t)) {
-            assert_eq!(
-                decide(&[t, 0, 0, 0, 0], &selected),
-                Decision::Answer(vec![FAILURE]),
+            assert!(
+                matches!(decide(&[t, 0, 0, 0, 0], &selected), Decision::Refuse(_)),
                 "type {t} ({})",
-                type_name(&[t])
+                request_name(&[t])
             );
         }
-        assert_eq!(decide(&[], &selected), Decision::Answer(vec![FAILURE]));
+        assert!(matches!(decide(&[], &selected), Decision::Refuse(_)));
         let huge = vec![SIGN_REQUEST; SSH_AGENT_MAX_MESSAGE + 1];
-        assert_eq!(decide(&huge, &selected), Decision::Answer(vec![FAILURE]));
+        assert!(matches!(decide(&huge, &selected), Decision::Refuse(_)));
+    }
+
+    #[test]
+    fn a_request_is_named_by_its_type_and_a_sign_by_its_key_only() {
+        assert_eq!(request_name(&[REQUEST_IDENTITIES]), "list");
+        assert_eq!(request_name(&sign(&key(1).blob, b"data", 0)), "sign");
+        assert_eq!(request_name(&[17, 0]), "add_identity");
+        assert_eq!(request_name(&[200]), "type_200");
+        assert_eq!(request_name(&[]), "empty");
+        let m = sign(&key(2).blob, b"data", 0);
+        assert_eq!(sign_key(&m), Some(&key(2).blob[..]));
+        assert_eq!(sign_key(&m[..m.len() - 1]), None);
+        assert_eq!(sign_key(&[REQUEST_IDENTITIES]), None);
     }
 
     #[test]
@@ -267,7 +291,8 @@ mod tests {
                     prop_assert_eq!(&fwd, &m);
                     prop_assert_eq!(parse_sign(&m[1..]), Some(&key(1).blob[..]));
                 }
-                Decision::Answer(a) => prop_assert!(a == vec![FAILURE] || m == vec![REQUEST_IDENTITIES]),
+                Decision::Answer(_) => prop_assert_eq!(m, vec![REQUEST_IDENTITIES]),
+                Decision::Refuse(_) => {}
             }
         }
     }

@@ -6,20 +6,23 @@
 //! opens the socket inside and relays: every message the sandbox sends is decided here by
 //! [`filter`] — a list is answered with the selected keys alone, a sign request for a
 //! selected key goes to the host agent on a connection of its own, everything else fails
-//! without reaching it. The relay is a task of this handle: it ends at kill (or when the
-//! handle is dropped, or the sandbox's channel ends), and the socket inside answers
-//! nothing after.
+//! without reaching it. Each message answered is one `ssh_agent.request` audit record in
+//! the sinks of the layer the sandbox was created under (its type, the fingerprint of the
+//! key a sign named, refusals with `SBX_E1401`; never key material, data or signatures).
+//! The relay is a task of this handle: it ends at kill (or when the handle is dropped, or
+//! the sandbox's channel ends), and the socket inside answers nothing after.
 
 pub(crate) mod filter;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use sandbox_agent::client::{AgentClient, SshAgentRelay};
 use sandbox_agent::protocol::SSH_AGENT_MAX_MESSAGE;
+use sandbox_core::layer::{EventReporter, Outcome};
 use sandbox_core::ssh_agent::{SSH_AUTH_SOCK_PATH, SshAgentOptions, fingerprint_of};
-use sandbox_core::{Result, SandboxError};
+use sandbox_core::{ErrorCode, Result, SandboxError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
@@ -41,11 +44,26 @@ const CONCURRENT: usize = 4;
 pub(crate) struct HostAgent {
     socket: PathBuf,
     selected: Arc<Vec<Identity>>,
+    /// The audit sinks of the layer the sandbox was created under (taken in
+    /// [`Self::resolve`], during its create).
+    events: EventReporter,
+}
+
+/// What became of one message, for its audit record.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// Answered: the list, or the host agent's signature.
+    Answered,
+    /// Refused here by the filter, without reaching the host agent.
+    Refused(&'static str),
+    /// Passed to the host agent, which did not sign.
+    HostFailed(String),
 }
 
 impl HostAgent {
     /// Finds the agent `options` names and the selected keys in it; refused (with what
-    /// to do) when the agent does not answer or a key is not in it.
+    /// to do) when the agent does not answer or a key is not in it. Called during the
+    /// layer's create, it keeps the layer's audit sinks for the relay's records.
     pub(crate) async fn resolve(options: &SshAgentOptions) -> Result<HostAgent> {
         let socket = match &options.socket {
             Some(s) => s.clone(),
@@ -109,6 +127,7 @@ impl HostAgent {
         Ok(HostAgent {
             socket,
             selected: Arc::new(selected),
+            events: EventReporter::current(),
         })
     }
 
@@ -120,15 +139,59 @@ impl HostAgent {
             .collect()
     }
 
-    /// The answer to one message from the sandbox.
-    async fn answer(&self, message: &[u8]) -> Vec<u8> {
+    /// The answer to one message from the sandbox `sandbox_id`, its audit record written
+    /// before it is returned (so the record is there by the time the sandbox reads it).
+    async fn handle(&self, message: &[u8], sandbox_id: &str) -> Vec<u8> {
+        let started = SystemTime::now();
+        let (answer, verdict) = self.answer(message).await;
+        let request = filter::request_name(message);
+        tracing::debug!(
+            sandbox_id,
+            request,
+            allowed = verdict == Verdict::Answered,
+            "ssh agent request"
+        );
+        if self.events.is_active() {
+            let mut r = self.events.record("ssh_agent.request", sandbox_id, started);
+            r.request = Some(request);
+            r.key = filter::sign_key(message).map(fingerprint_of);
+            match verdict {
+                Verdict::Answered => {}
+                Verdict::Refused(why) => {
+                    r.outcome = Outcome::Error;
+                    r.error_code = Some(ErrorCode::NetworkPolicyViolation.as_str());
+                    r.error = Some(why.to_string());
+                }
+                Verdict::HostFailed(why) => {
+                    r.outcome = Outcome::Error;
+                    r.error = Some(why);
+                }
+            }
+            self.events.report(r);
+        }
+        answer
+    }
+
+    /// The answer to one message from the sandbox, and what became of it.
+    async fn answer(&self, message: &[u8]) -> (Vec<u8>, Verdict) {
         match filter::decide(message, &self.selected) {
-            Decision::Answer(a) => a,
+            Decision::Answer(a) => (a, Verdict::Answered),
+            Decision::Refuse(why) => (vec![FAILURE], Verdict::Refused(why)),
             Decision::Sign(request) => match exchange(&self.socket, &request).await {
-                Ok(a) => filter::checked_sign_answer(&a),
+                Ok(a) => {
+                    let checked = filter::checked_sign_answer(&a);
+                    if checked == [FAILURE] {
+                        let why = "the host agent did not sign (it failed, or its answer was \
+                                   no signature)";
+                        (checked, Verdict::HostFailed(why.to_string()))
+                    } else {
+                        (checked, Verdict::Answered)
+                    }
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "ssh_agent: the host agent did not sign");
-                    vec![FAILURE]
+                    let why = format!("the host agent did not answer: {e}");
+                    (vec![FAILURE], Verdict::HostFailed(why))
                 }
             },
         }
@@ -238,13 +301,7 @@ async fn relay_loop(mut relay: SshAgentRelay, host: HostAgent, sandbox_id: Strin
         let answers = answers.clone();
         let sandbox_id = sandbox_id.clone();
         tokio::spawn(async move {
-            let answer = host.answer(&m.message).await;
-            tracing::debug!(
-                sandbox_id,
-                request = filter::type_name(&m.message),
-                allowed = answer.first() != Some(&FAILURE),
-                "ssh agent request"
-            );
+            let answer = host.handle(&m.message, &sandbox_id).await;
             let _ = answers.answer(m.conn, &answer).await;
             drop(slot);
         });
@@ -277,3 +334,6 @@ async fn exchange(socket: &std::path::Path, message: &[u8]) -> std::io::Result<V
         .await
         .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
 }
+
+#[cfg(test)]
+mod tests;
