@@ -84,7 +84,8 @@
 //! - `config`: the [`Layer`] configuration and the writing of audit records to its sinks;
 //! - `op`: one operation's span, timing and audit record;
 //! - `events`: [`EventReporter`] — the sinks a backend reports a sandbox's out-of-call
-//!   events to (its credentials proxy's requests), taken during create;
+//!   events to (the requests of its credentials proxy, git gate and SSH agent relay),
+//!   taken during create;
 //! - `backend`: [`EnforcedBackend`] — admission, the tier check, create, connect, reaping;
 //! - `shared`: a wrapped sandbox's state and the gate every call on it passes first
 //!   (capability, liveness, options, the resolved timeout);
