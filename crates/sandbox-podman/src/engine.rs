@@ -493,11 +493,9 @@ impl ContainerEngine for PodmanEngine {
     /// open).
     async fn attach(&self, id: &str) -> EngineResult<AttachStream> {
         if self.is_local() {
-            let c = self.client.containers().get(id);
             let bundle = self
-                .api("container inspect", c.inspect())
+                .rest_call("container inspect", self.rest.static_dir(id))
                 .await?
-                .static_dir
                 .filter(|d| d.starts_with('/'));
             if let Some(bundle) = bundle {
                 match bounded_call("conmon attach", self.limit, crate::conmon::attach(bundle)).await
