@@ -8,8 +8,8 @@ use std::time::{Duration, UNIX_EPOCH};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use sandbox::{
-    Backend, BackendConfig, CreateOptions, NetworkPolicy, Pool, PoolConfig, Resources,
-    SandboxError, SandboxState, Secret,
+    Backend, BackendConfig, CreateOptions, Credential, NetworkPolicy, Placement, Pool, PoolConfig,
+    Resources, SandboxError, SandboxState, Secret,
 };
 
 use crate::error::to_py;
@@ -86,6 +86,33 @@ fn network(egress: &str, allow: Vec<String>, ingress: Vec<u16>) -> PyResult<Netw
         policy = policy.ingress_port(p);
     }
     Ok(policy)
+}
+
+/// One brokered credential as `sandbox_rs.Credential` passes it: the placeholder's
+/// variable, the value, the hosts, and where the value goes (`("header", name, template)`
+/// or `("query", name, _)`). The value never leaves the `Secret` it becomes here.
+type CredentialArg = (String, String, Vec<String>, String, String, String);
+
+/// The facade's credential for one [`CredentialArg`].
+fn credential(
+    (env_var, value, hosts, place, name, template): CredentialArg,
+) -> PyResult<Credential> {
+    let placement = match place.as_str() {
+        "header" => Placement::Header { name, template },
+        "query" => Placement::Query { name },
+        other => {
+            return Err(to_py(SandboxError::config(
+                format!("credential placement {other:?} is neither a header nor a query parameter"),
+                "use Credential(header=...) or Credential(query=...)",
+            )));
+        }
+    };
+    Ok(Credential::new(
+        env_var,
+        Secret::from(value),
+        hosts,
+        placement,
+    ))
 }
 
 /// The resource arguments of a create, as Python passes them.
@@ -165,8 +192,9 @@ impl NativeBackend {
 
     /// Creates a sandbox; resolves to a `NativeSandbox`. `max_lifetime` (seconds from
     /// create) is how far `extend` may take the deadline; by default it cannot move.
+    /// `credentials` are brokered (docs/credentials.md): the sandbox sees placeholders.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (*, template, timeout, cpu, memory_mb, disk_mb, gpu, egress, allow, ingress_ports, env, secrets, metadata, max_lifetime = None))]
+    #[pyo3(signature = (*, template, timeout, cpu, memory_mb, disk_mb, gpu, egress, allow, ingress_ports, env, secrets, metadata, max_lifetime = None, credentials = Vec::new()))]
     fn create<'py>(
         &self,
         py: Python<'py>,
@@ -183,6 +211,7 @@ impl NativeBackend {
         secrets: HashMap<String, String>,
         metadata: HashMap<String, String>,
         max_lifetime: Option<f64>,
+        credentials: Vec<CredentialArg>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let max_lifetime = crate::sandbox::seconds_arg_opt(max_lifetime, "max_lifetime")?;
         let mut options = create_options(
@@ -201,6 +230,9 @@ impl NativeBackend {
         )?;
         if let Some(max) = max_lifetime {
             options = options.max_lifetime(max);
+        }
+        for c in credentials {
+            options = options.credential(credential(c)?);
         }
         let backend = self.inner.clone();
         crate::awaitable(py, async move {

@@ -27,7 +27,9 @@ from sandbox_rs._backend import (
     RustFileSystem,
     RustProcess,
     RustSandbox,
+    RustTerminal,
 )
+from sandbox_rs._credentials import Credential
 from sandbox_rs._pool import WarmPool
 
 # Results cross from tokio's worker threads to the event loop a moment after each Rust
@@ -35,6 +37,7 @@ from sandbox_rs._pool import WarmPool
 atexit.register(_native.quiesce, 2.0)
 
 __all__ = [
+    "Credential",
     "DockerBackend",
     "FakeBackend",
     "PodmanBackend",
@@ -42,5 +45,6 @@ __all__ = [
     "RustFileSystem",
     "RustProcess",
     "RustSandbox",
+    "RustTerminal",
     "WarmPool",
 ]

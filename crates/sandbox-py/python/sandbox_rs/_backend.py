@@ -45,10 +45,11 @@ from sandboxio.models import (
 )
 
 from sandbox_rs import _errors, _native
+from sandbox_rs._credentials import Credential
 from sandbox_rs._errors import KILL_HINT, KILLED_EXIT, NativeError, map_error
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
     from pathlib import Path
     from types import TracebackType
 
@@ -60,6 +61,7 @@ __all__ = [
     "RustFileSystem",
     "RustProcess",
     "RustSandbox",
+    "RustTerminal",
 ]
 
 # The capabilities sandboxio's conformance suite covers. A sandbox-rs capability outside
@@ -158,10 +160,21 @@ class RustBackend:
         timeout: float = 300,
         metadata: dict[str, str] | None = None,
         max_lifetime: float | None = None,
+        credentials: Sequence[Credential] = (),
     ) -> RustSandbox:
-        """sandboxio's ``create``; ``max_lifetime`` (a sandbox-rs extra, seconds from
-        create) is how far ``native.extend`` may move the deadline (default: not at all)."""
+        """sandboxio's ``create``. sandbox-rs extras: ``max_lifetime`` (seconds from
+        create) is how far ``native.extend`` may move the deadline (default: not at all);
+        ``credentials`` are brokered (``sandbox_rs.Credential``): the sandbox's code sees
+        only placeholders."""
         native = self._open()
+        brokered = []
+        for c in credentials:
+            if not isinstance(c, Credential):
+                raise ConfigurationError(
+                    f"credentials holds a {type(c).__name__}, not a sandbox_rs.Credential.",
+                    hint="Pass credentials=[Credential.bearer(\"API_KEY\", value, (\"api.example.com\",))].",
+                )
+            brokered.append(c._native())
         _policy.validate_request(
             resources=resources,
             network=network,
@@ -189,6 +202,7 @@ class RustBackend:
                     secrets=dict(secrets or {}),
                     metadata=dict(metadata or {}),
                     max_lifetime=max_lifetime,
+                    credentials=brokered,
                 )
         except TimeoutError as exc:
             raise CreateTimeout(
@@ -197,8 +211,11 @@ class RustBackend:
             ) from exc
         except NativeError as exc:
             raise map_error(exc, backend=self.name, fallback=_errors.creation) from exc
+        # The records this sandbox writes in Python hide the brokered values as well.
+        hidden = dict(secrets or {})
+        hidden.update({f"credential:{c.env_var}": c.value for c in credentials})
         return RustSandbox(
-            self, handle, metadata=dict(metadata or {}), secrets=secrets, env=env
+            self, handle, metadata=dict(metadata or {}), secrets=hidden or None, env=env
         )
 
     async def connect(self, sandbox_id: str) -> RustSandbox:
@@ -329,13 +346,19 @@ class RustSandbox:
     def _map(self, exc: BaseException, fallback: Any = _errors.execution, **kw: Any) -> Exception:
         return map_error(exc, backend=self._backend.name, fallback=fallback, **kw)
 
-    def _spawn(self, cmd: str | list[str], env: Mapping[str, str] | None, timeout: float | None) -> Any:
+    def _spawn(
+        self,
+        cmd: str | list[str],
+        env: Mapping[str, str] | None,
+        timeout: float | None,
+        pty: tuple[int, int] | None = None,
+    ) -> Any:
         if self._killed:
             raise self._gone()
         try:
             if isinstance(cmd, str):
-                return self._handle.spawn(shell=cmd, env=dict(env or {}), timeout=timeout)
-            return self._handle.spawn(argv=list(cmd), env=dict(env or {}), timeout=timeout)
+                return self._handle.spawn(shell=cmd, env=dict(env or {}), timeout=timeout, pty=pty)
+            return self._handle.spawn(argv=list(cmd), env=dict(env or {}), timeout=timeout, pty=pty)
         except NativeError as exc:
             raise self._map(exc) from exc
 
@@ -418,6 +441,31 @@ class RustSandbox:
             raise self._gone()
         return RustProcess(self, cmd, env, timeout)
 
+    def terminal(
+        self,
+        cmd: str | list[str],
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        timeout: float | None = None,
+        env: dict[str, str] | None = None,
+    ) -> RustTerminal:
+        """A streamed execution with a pseudo-terminal (a sandbox-rs extra, Rust
+        ``RunOptions::pty``; sandboxio has no terminal): the program sees a terminal on
+        stdin, stdout and stderr (both arrive merged as stdout), and the
+        ``RustTerminal`` takes keystrokes (``write``), end of input (``end``) and window
+        sizes (``resize``) while its output is read. A backend without ``PTY`` (the
+        fake) refuses it with ``CapabilityNotSupported`` when entered."""
+        _policy.validate_timeout(timeout)
+        if not (0 < rows < 65536 and 0 < cols < 65536):
+            raise ConfigurationError(
+                f"terminal size {rows}x{cols} is empty or too large.",
+                hint="Pass rows and cols between 1 and 65535, e.g. rows=24, cols=80.",
+            )
+        if self._killed:
+            raise self._gone()
+        return RustTerminal(self, cmd, env, timeout, (rows, cols))
+
     async def kill(self) -> None:
         if self._killed:
             await anyio.lowlevel.checkpoint()
@@ -478,13 +526,14 @@ class RustProcess:
         self._proc: Any = None
         self._exit: int | None = None
         self._record: OperationRecord | None = None
+        self._pty: tuple[int, int] | None = None
 
     @property
     def returncode(self) -> int | None:
         return self._exit
 
     async def __aenter__(self) -> RustProcess:
-        self._proc = self._sb._spawn(self._cmd, self._env, self._timeout)  # pyright: ignore[reportPrivateUsage]
+        self._proc = self._sb._spawn(self._cmd, self._env, self._timeout, self._pty)  # pyright: ignore[reportPrivateUsage]
         self._record = self._sb._record("exec", argv=_argv(self._cmd))  # pyright: ignore[reportPrivateUsage]
         try:
             await self._proc.start()
@@ -555,6 +604,62 @@ class RustProcess:
                 except NativeError as exc:
                     raise self._sb._map(exc, fallback=_errors.teardown) from exc  # pyright: ignore[reportPrivateUsage]
         await anyio.lowlevel.checkpoint()
+
+
+class RustTerminal(RustProcess):
+    """A streamed execution with a pseudo-terminal (``RustSandbox.terminal``). Entering
+    starts it and takes its input; iterating yields its output (stdout: the terminal
+    merges both streams, lines end in ``\r\n``); exiting kills it if it still runs."""
+
+    def __init__(
+        self,
+        sb: RustSandbox,
+        cmd: str | list[str],
+        env: Mapping[str, str] | None,
+        timeout: float | None,
+        size: tuple[int, int],
+    ) -> None:
+        super().__init__(sb, cmd, env, timeout)
+        self._pty = size
+        self._input: Any = None
+
+    async def __aenter__(self) -> RustTerminal:
+        await super().__aenter__()
+        try:
+            self._input = await self._proc.input()
+        except BaseException:
+            await self._sb._kill_process(self._proc)  # pyright: ignore[reportPrivateUsage]
+            self._exit = KILLED_EXIT
+            raise
+        return self
+
+    async def _send(self, call: Any) -> None:
+        if self._input is None:
+            raise RuntimeError("enter the context first: `async with sb.terminal(...)`")
+        try:
+            await call(self._input)
+        except NativeError as exc:
+            raise self._sb._map(exc) from exc  # pyright: ignore[reportPrivateUsage]
+
+    async def write(self, data: bytes | str) -> None:
+        """Sends ``data`` as a keyboard does (``"\r"`` is Enter, ``"\x03"`` Ctrl-C)."""
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        await self._send(lambda i: i.write(raw))
+
+    async def end(self) -> None:
+        """Ends the input: end-of-file (``^D``), which a program reading lines takes as
+        the end."""
+        await self._send(lambda i: i.end())
+
+    async def resize(self, rows: int, cols: int) -> None:
+        """Sets the window size; the program gets ``SIGWINCH``. ``ConfigurationError``
+        for an empty size."""
+        if not (0 < rows < 65536 and 0 < cols < 65536):
+            raise ConfigurationError(
+                f"terminal size {rows}x{cols} is empty or too large.",
+                hint="Pass rows and cols between 1 and 65535, e.g. resize(24, 80).",
+            )
+        await self._send(lambda i: i.resize(rows, cols))
 
 
 class RustFileSystem:
