@@ -99,6 +99,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<backend::NativeBackend>()?;
     m.add_class::<sandbox::NativeSandbox>()?;
     m.add_class::<process::NativeProcess>()?;
+    m.add_class::<process::NativeInput>()?;
     m.add_class::<pool::NativePool>()?;
     m.add_function(wrap_pyfunction!(backend::open_backend, m)?)?;
     m.add_function(wrap_pyfunction!(quiesce, m)?)?;

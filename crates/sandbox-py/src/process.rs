@@ -9,7 +9,7 @@ use futures::StreamExt;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use sandbox::options::DEFAULT_OUTPUT_CAP;
-use sandbox::{Process, SandboxError, StreamKind};
+use sandbox::{Process, ProcessInput, PtySize, SandboxError, StreamKind};
 use tokio::sync::Mutex;
 
 use crate::error::to_py;
@@ -122,9 +122,52 @@ impl NativeProcess {
         )
     }
 
+    /// The live input of a process spawned with a terminal (`pty`), starting it if it has
+    /// not started; resolves to a `NativeInput`. `Configuration` for a process without
+    /// live input. Take it before reading output: `next` holds the process while it waits.
+    fn input<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let p = self.inner.clone();
+        crate::awaitable(py, async move {
+            let input = p.lock().await.input().await.map_err(to_py)?;
+            Ok(NativeInput { inner: input })
+        })
+    }
+
     /// The exit code once the process ended by itself, else `None`.
     #[getter]
     fn returncode(&self) -> Option<i64> {
         self.inner.try_lock().ok().and_then(|p| p.returncode())
+    }
+}
+
+/// The live input of a process with a terminal: keystrokes, end of input, window size.
+/// Usable while another task reads the process's output; input after the process ended
+/// is discarded.
+#[pyclass(module = "sandbox_rs._native", frozen)]
+pub struct NativeInput {
+    inner: ProcessInput,
+}
+
+#[pymethods]
+impl NativeInput {
+    /// Writes `data` as a keyboard sends it (`\r` is Enter, `\x03` Ctrl-C).
+    fn write<'py>(&self, py: Python<'py>, data: Vec<u8>) -> PyResult<Bound<'py, PyAny>> {
+        let input = self.inner.clone();
+        crate::awaitable(py, async move { input.write(data).await.map_err(to_py) })
+    }
+
+    /// Sets the terminal's size; the process gets `SIGWINCH`. `Configuration` for an
+    /// empty size.
+    fn resize<'py>(&self, py: Python<'py>, rows: u16, cols: u16) -> PyResult<Bound<'py, PyAny>> {
+        let input = self.inner.clone();
+        crate::awaitable(py, async move {
+            input.resize(PtySize::new(rows, cols)).await.map_err(to_py)
+        })
+    }
+
+    /// Ends the input (end-of-file, `^D`, on a terminal).
+    fn end<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let input = self.inner.clone();
+        crate::awaitable(py, async move { input.end().await.map_err(to_py) })
     }
 }

@@ -97,14 +97,16 @@ impl NativeSandbox {
     }
 
     /// A process for `argv` (never through a shell) or `shell` (`sh -c`), started by its
-    /// `start`/`next`/`collect`; nothing runs before one of those is awaited.
-    #[pyo3(signature = (*, argv = None, shell = None, env, timeout))]
+    /// `start`/`next`/`collect`; nothing runs before one of those is awaited. `pty`
+    /// (`(rows, cols)`) gives it a terminal, whose input `NativeProcess.input` hands out.
+    #[pyo3(signature = (*, argv = None, shell = None, env, timeout, pty = None))]
     fn spawn(
         &self,
         argv: Option<Vec<String>>,
         shell: Option<String>,
         env: HashMap<String, String>,
         timeout: Option<f64>,
+        pty: Option<(u16, u16)>,
     ) -> PyResult<NativeProcess> {
         let cmd = match (argv, shell) {
             (Some(a), None) => Command::Argv(a),
@@ -119,6 +121,11 @@ impl NativeSandbox {
         let mut options = RunOptions::default();
         options.timeout = seconds(timeout)?;
         options.env = env.into_iter().collect();
+        if let Some((rows, cols)) = pty {
+            let size = sandbox::PtySize::new(rows, cols);
+            size.validate().map_err(to_py)?;
+            options = options.pty(size);
+        }
         let process = self.inner.stream(cmd, options).map_err(to_py)?;
         Ok(NativeProcess::new(process))
     }
