@@ -151,6 +151,19 @@ impl Rest {
         )
     }
 
+    /// `GET ep`: the first `cap` bytes of a `200 OK` answer's body; any other status is
+    /// the engine's error.
+    async fn get_capped(&self, what: &str, ep: &str, cap: usize) -> EngineResult<Vec<u8>> {
+        let req = Request::builder().method(Method::GET).uri(self.uri(ep));
+        let resp = self.send(what, req, Body::empty()).await?;
+        if resp.status() != StatusCode::OK {
+            return Err(Self::error_of(what, resp).await);
+        }
+        read_capped_to(resp.into_body(), cap)
+            .await
+            .map_err(|e| unreachable(what, e))
+    }
+
     /// `POST /libpod/containers/create` with a JSON SpecGenerator body; returns the id.
     pub(crate) async fn create_container(&self, spec: &serde_json::Value) -> EngineResult<String> {
         const WHAT: &str = "container create";
@@ -198,14 +211,7 @@ impl Rest {
     pub(crate) async fn image_volumes(&self, image: &str) -> EngineResult<Vec<String>> {
         const WHAT: &str = "image inspect";
         let ep = format!("/libpod/images/{}/json", encode(image));
-        let req = Request::builder().method(Method::GET).uri(self.uri(&ep));
-        let resp = self.send(WHAT, req, Body::empty()).await?;
-        if resp.status() != StatusCode::OK {
-            return Err(Self::error_of(WHAT, resp).await);
-        }
-        let body = read_capped_to(resp.into_body(), IMAGE_ANSWER_CAP)
-            .await
-            .map_err(|e| unreachable(WHAT, e))?;
+        let body = self.get_capped(WHAT, &ep, IMAGE_ANSWER_CAP).await?;
         image_volumes_of(&body).map_err(|e| invalid(WHAT, e))
     }
 
@@ -221,14 +227,7 @@ impl Rest {
             static_dir: Option<String>,
         }
         let ep = format!("/libpod/containers/{}/json", encode(id));
-        let req = Request::builder().method(Method::GET).uri(self.uri(&ep));
-        let resp = self.send(WHAT, req, Body::empty()).await?;
-        if resp.status() != StatusCode::OK {
-            return Err(Self::error_of(WHAT, resp).await);
-        }
-        let body = read_capped_to(resp.into_body(), IMAGE_ANSWER_CAP)
-            .await
-            .map_err(|e| unreachable(WHAT, e))?;
+        let body = self.get_capped(WHAT, &ep, IMAGE_ANSWER_CAP).await?;
         let dirs: Dirs = serde_json::from_slice(&body).map_err(|e| invalid(WHAT, e))?;
         Ok(dirs.static_dir)
     }
@@ -237,14 +236,7 @@ impl Rest {
     pub(crate) async fn image_config(&self, image: &str) -> EngineResult<ImageConfig> {
         const WHAT: &str = "image inspect";
         let ep = format!("/libpod/images/{}/json", encode(image));
-        let req = Request::builder().method(Method::GET).uri(self.uri(&ep));
-        let resp = self.send(WHAT, req, Body::empty()).await?;
-        if resp.status() != StatusCode::OK {
-            return Err(Self::error_of(WHAT, resp).await);
-        }
-        let body = read_capped_to(resp.into_body(), IMAGE_ANSWER_CAP)
-            .await
-            .map_err(|e| unreachable(WHAT, e))?;
+        let body = self.get_capped(WHAT, &ep, IMAGE_ANSWER_CAP).await?;
         image_config_of(&body).map_err(|e| invalid(WHAT, e))
     }
 

@@ -287,6 +287,15 @@ class FakeBackend(RustBackend):
     name = "rsfake"
 
 
+def _check_terminal_size(rows: int, cols: int) -> None:
+    """A terminal's size fits the Rust side's 16 bits and is not empty."""
+    if not (0 < rows < 65536 and 0 < cols < 65536):
+        raise ConfigurationError(
+            f"terminal size {rows}x{cols} is empty or too large.",
+            hint="Pass rows and cols between 1 and 65535, e.g. rows=24, cols=80.",
+        )
+
+
 def _argv(cmd: str | list[str]) -> list[str]:
     return ["sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
 
@@ -457,11 +466,7 @@ class RustSandbox:
         sizes (``resize``) while its output is read. A backend without ``PTY`` (the
         fake) refuses it with ``CapabilityNotSupported`` when entered."""
         _policy.validate_timeout(timeout)
-        if not (0 < rows < 65536 and 0 < cols < 65536):
-            raise ConfigurationError(
-                f"terminal size {rows}x{cols} is empty or too large.",
-                hint="Pass rows and cols between 1 and 65535, e.g. rows=24, cols=80.",
-            )
+        _check_terminal_size(rows, cols)
         if self._killed:
             raise self._gone()
         return RustTerminal(self, cmd, env, timeout, (rows, cols))
@@ -654,11 +659,7 @@ class RustTerminal(RustProcess):
     async def resize(self, rows: int, cols: int) -> None:
         """Sets the window size; the program gets ``SIGWINCH``. ``ConfigurationError``
         for an empty size."""
-        if not (0 < rows < 65536 and 0 < cols < 65536):
-            raise ConfigurationError(
-                f"terminal size {rows}x{cols} is empty or too large.",
-                hint="Pass rows and cols between 1 and 65535, e.g. resize(24, 80).",
-            )
+        _check_terminal_size(rows, cols)
         await self._send(lambda i: i.resize(rows, cols))
 
 
