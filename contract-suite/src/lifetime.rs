@@ -30,6 +30,10 @@ const EXTENSION: Duration = Duration::from_secs(4);
 /// The idle limit of the idle trial.
 const IDLE: Duration = Duration::from_secs(3);
 
+/// How long after an idle sandbox stopped running it may still be listed (its removal
+/// by the host, a few hundred milliseconds on an engine).
+const IDLE_REMOVED_WITHIN: Duration = Duration::from_secs(5);
+
 /// The trials of this area.
 pub fn trials(ctx: &Arc<Ctx>) -> Vec<Trial> {
     let extend: &[Need] = if ctx.caps.contains(C::EXTEND_LIFETIME) {
@@ -224,7 +228,8 @@ async fn extend_past_the_maximum_is_refused(ctx: Arc<Ctx>) -> anyhow::Result<()>
 }
 
 /// With an idle limit, a sandbox nobody calls and where nothing runs is removed soon
-/// after the limit; one running a silent command longer than the limit is not.
+/// after the limit (not kept stopped: it is no longer listed at all); one running a
+/// silent command longer than the limit is not.
 async fn an_idle_sandbox_is_removed_and_a_busy_one_is_not(ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let c = case("an_idle_sandbox_is_removed_and_a_busy_one_is_not");
     let opts = ctx
@@ -265,6 +270,27 @@ async fn an_idle_sandbox_is_removed_and_a_busy_one_is_not(ctx: Arc<Ctx>) -> anyh
         !idle_running,
         "the idle sandbox still runs {:?} after its idle limit",
         Duration::from_millis(3500)
+    );
+    // Removed, not only stopped: an ended sandbox kept until its deadline would hold its
+    // files and its name on the engine for the rest of a long lifetime.
+    let until = tokio::time::Instant::now() + IDLE_REMOVED_WITHIN;
+    let left = loop {
+        let listed = ctx.listed(&c).await?;
+        let left: Vec<String> = listed
+            .iter()
+            .filter(|m| m.id == idle_id)
+            .map(|m| format!("{:?}", m.state))
+            .collect();
+        if left.is_empty() || tokio::time::Instant::now() >= until {
+            break left;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    ensure!(
+        left.is_empty(),
+        "the idle sandbox is still listed ({}) {IDLE_REMOVED_WITHIN:?} after it stopped running: \
+         the idle limit must remove it",
+        left.join(", ")
     );
     must_code(
         idle.run(["true"].into(), RunOptions::default()).await,

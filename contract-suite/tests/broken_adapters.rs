@@ -263,6 +263,7 @@ caught! {
     forgotten_maximum_lifetime_is_caught => ForgetMaximumLifetime,
     ignored_idle_limit_is_caught => IgnoreIdleLimit,
     idle_limit_ending_busy_sandboxes_is_caught => IdleEndsBusySandboxes,
+    idle_sandbox_left_stopped_is_caught => IdleLeavesItStopped,
     snapshot_without_its_files_is_caught => SnapshotFilesLost,
     snapshot_keeping_secrets_is_caught => SnapshotKeepsSecrets,
     unlisted_snapshots_are_caught => SnapshotsUnlisted,

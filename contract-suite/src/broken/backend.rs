@@ -31,6 +31,9 @@ pub struct BrokenBackend {
     last_options: Mutex<Option<CreateOptions>>,
     /// Each created sandbox's secrets (`SnapshotKeepsSecrets` hands them on).
     secrets_of: Mutex<BTreeMap<String, BTreeMap<String, sandbox_core::Secret>>>,
+    /// Sandboxes created with an idle limit, as first listed (`IdleLeavesItStopped`
+    /// lists them stopped once the inner backend removed them).
+    kept_stopped: Mutex<BTreeMap<String, ManagedSandbox>>,
 }
 
 impl BrokenBackend {
@@ -43,6 +46,7 @@ impl BrokenBackend {
             flaw,
             last_options: Mutex::new(None),
             secrets_of: Mutex::new(BTreeMap::new()),
+            kept_stopped: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -263,6 +267,18 @@ impl Backend for BrokenBackend {
         if let Ok(mut m) = self.secrets_of.lock() {
             m.insert(inner.id().to_string(), options.secrets.clone());
         }
+        if self.flaw == Flaw::IdleLeavesItStopped && options.idle_timeout.is_some() {
+            let listed = match self.inner.as_reapable() {
+                Some(r) => r.list_managed(&BTreeMap::new()).await.unwrap_or_default(),
+                None => Vec::new(),
+            };
+            if let Some(mut m) = listed.into_iter().find(|m| m.id == inner.id())
+                && let Ok(mut kept) = self.kept_stopped.lock()
+            {
+                m.state = sandbox_core::SandboxState::Stopped;
+                kept.insert(m.id.clone(), m);
+            }
+        }
         Ok(self.sandbox(inner, secrets, ingress))
     }
     async fn connect(&self, id: &str) -> Result<Box<dyn Sandbox>> {
@@ -298,9 +314,22 @@ impl ReapableBackend for BrokenBackend {
         if self.flaw == Flaw::HideStopped {
             listed.retain(|m| m.state != sandbox_core::SandboxState::Stopped);
         }
+        if let Ok(kept) = self.kept_stopped.lock() {
+            let filter = sandbox_core::labels::metadata_filter(labels);
+            let ended: Vec<ManagedSandbox> = kept
+                .values()
+                .filter(|k| !listed.iter().any(|m| m.id == k.id))
+                .filter(|k| filter.iter().all(|(l, v)| k.labels.get(l) == Some(v)))
+                .cloned()
+                .collect();
+            listed.extend(ended);
+        }
         Ok(listed)
     }
     async fn kill_managed(&self, id: &str) -> Result<bool> {
+        if let Ok(mut kept) = self.kept_stopped.lock() {
+            kept.remove(id);
+        }
         match self.inner.as_reapable() {
             Some(r) => r.kill_managed(id).await,
             None => Err(SandboxError::unsupported(Capability::empty(), self.name())),

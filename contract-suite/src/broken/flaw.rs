@@ -150,6 +150,10 @@ pub enum Flaw {
     /// The idle limit ends a sandbox even while a command runs (modelled as a lifetime
     /// cut to the idle limit).
     IdleEndsBusySandboxes,
+    /// The idle limit ends the sandbox's processes and leaves it stopped, its files on
+    /// the engine, until its deadline (an adapter that does not remove what its agent
+    /// ended idle): `list_managed` still shows it, stopped.
+    IdleLeavesItStopped,
     /// `create` from a snapshot's template starts from the backend's default template:
     /// the snapshot's files are not there.
     SnapshotFilesLost,
@@ -236,7 +240,7 @@ impl Flaw {
     ];
 
     /// Every flaw the fake can carry.
-    pub const ALL: [Flaw; 81] = [
+    pub const ALL: [Flaw; 82] = [
         Flaw::SwallowTimeouts,
         Flaw::PretendNetworkPolicy,
         Flaw::LeakSecrets,
@@ -296,6 +300,7 @@ impl Flaw {
         Flaw::ForgetMaximumLifetime,
         Flaw::IgnoreIdleLimit,
         Flaw::IdleEndsBusySandboxes,
+        Flaw::IdleLeavesItStopped,
         Flaw::SnapshotFilesLost,
         Flaw::SnapshotKeepsSecrets,
         Flaw::SnapshotsUnlisted,
@@ -432,7 +437,7 @@ impl Flaw {
             Flaw::ForgetMaximumLifetime => {
                 &["contract::lifetime::extend_past_the_maximum_is_refused"]
             }
-            Flaw::IgnoreIdleLimit | Flaw::IdleEndsBusySandboxes => {
+            Flaw::IgnoreIdleLimit | Flaw::IdleEndsBusySandboxes | Flaw::IdleLeavesItStopped => {
                 &["contract::lifetime::an_idle_sandbox_is_removed_and_a_busy_one_is_not"]
             }
             Flaw::SnapshotFilesLost | Flaw::SnapshotKeepsSecrets => {

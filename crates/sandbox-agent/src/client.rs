@@ -104,7 +104,7 @@ struct Shared {
     gone: watch::Sender<bool>,
     /// Set when another host took the agent over: the sandbox lives on, this session
     /// ended.
-    superseded: AtomicBool,
+    superseded: Arc<AtomicBool>,
 }
 
 impl Shared {
@@ -217,7 +217,7 @@ impl AgentClient {
             in_flight: Arc::new(Semaphore::new(opts.max_in_flight)),
             opts,
             gone,
-            superseded: AtomicBool::new(false),
+            superseded: Arc::new(AtomicBool::new(false)),
         });
         let mut tasks = Tasks(vec![tokio::spawn(read_loop(reader, shared.clone(), token))]);
         let offered = shared.opts.versions.clone();
@@ -251,6 +251,19 @@ impl AgentClient {
     /// Whether the agent is known to be gone.
     pub fn is_gone(&self) -> bool {
         *self.shared.gone.borrow()
+    }
+
+    /// A future that completes once this session has ended: with `true` when another host
+    /// took the agent over (the sandbox lives on), `false` when the agent is gone or the
+    /// session was dropped. It holds no part of the session, so it never keeps one open.
+    pub fn ended(&self) -> impl std::future::Future<Output = bool> + Send + 'static {
+        let mut gone = self.shared.gone.subscribe();
+        let superseded = self.shared.superseded.clone();
+        async move {
+            // An error means every sender dropped: the session is over either way.
+            let _ = gone.wait_for(|g| *g).await;
+            superseded.load(Ordering::SeqCst)
+        }
     }
 
     /// Whether this session ended because another host took the agent over (the sandbox

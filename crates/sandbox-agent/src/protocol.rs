@@ -89,6 +89,14 @@ pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 /// The first version whose deadline can move and that enforces an idle limit.
 pub const LIFETIME_VERSION: u32 = 3;
 
+/// The agent's exit status when the idle limit ended the sandbox (at its deadline it exits
+/// with 0). As PID 1 its status is the container's, so the host tells from the engine's
+/// record alone, even after the process that created the sandbox is gone, that the
+/// sandbox ended for being idle and is to be removed rather than kept stopped for a
+/// `start`. Code inside cannot set it: PID 1 cannot be signalled or traced from inside,
+/// and a forged one would only remove the forger's own sandbox.
+pub const IDLE_EXIT_STATUS: i32 = 86;
+
 /// The first version that carries processes over a takeover ([`Request::Keep`]).
 pub const FORK_VERSION: u32 = 4;
 

@@ -913,3 +913,63 @@ fn docker_fork_refusals_are_typed() {
     let o = run(&["kill", &id]);
     assert_eq!(code(&o), 0, "kill: {}", stderr(&o));
 }
+
+/// `sandbox create --idle-timeout`: a session nobody uses ends at its idle limit and is
+/// removed then (not kept stopped until its deadline), and its holder ends with it.
+fn an_idle_session_is_removed_on(engine: &str) {
+    let o = run(&[
+        "create",
+        "--json",
+        "--timeout",
+        "120",
+        "--idle-timeout",
+        "2",
+        &format!("{engine}://sandbox-rs/busybox:latest"),
+    ]);
+    assert_eq!(code(&o), 0, "create: {}", stderr(&o));
+    let created = Instant::now();
+    let id = json(&o)["sandbox"]["id"].as_str().expect("id").to_string();
+    let socket = format!("/run/sandbox-rs/holder/{id}.sock");
+    assert!(std::path::Path::new(&socket).exists(), "the holder listens");
+    // Ended within a second of the limit, removed by the holder's backend at once; the
+    // holder sees it gone at its next check (every 2 s).
+    let removed = loop {
+        let gone = containers(engine, &id).is_empty() && !std::path::Path::new(&socket).exists();
+        if gone || created.elapsed() > Duration::from_secs(20) {
+            break gone;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let took = created.elapsed();
+    let (container, holder) = (
+        containers(engine, &id),
+        std::path::Path::new(&socket).exists(),
+    );
+    if !removed {
+        let _ = run(&["kill", &id]);
+    }
+    assert!(
+        removed,
+        "20 s after create with a 2 s idle limit: container {container:?}, holder socket there: {holder}"
+    );
+    assert!(
+        took >= Duration::from_secs(2),
+        "ended before its idle limit: {took:?}"
+    );
+}
+
+#[test]
+fn docker_idle_session_is_removed() {
+    if !docker_available("docker_idle_session_is_removed") {
+        return;
+    }
+    an_idle_session_is_removed_on("docker");
+}
+
+#[test]
+fn podman_idle_session_is_removed() {
+    if !engine_available("podman", "podman_idle_session_is_removed") {
+        return;
+    }
+    an_idle_session_is_removed_on("podman");
+}

@@ -458,6 +458,7 @@ impl ContainerEngine for DockerEngine {
             .as_ref()
             .and_then(|s| s.pid)
             .and_then(|p| u32::try_from(p).ok());
+        let exit_code = c.state.as_ref().and_then(|s| s.exit_code);
         let status = c.state.and_then(|s| s.status).map(|s| s.to_string());
         let state = state_from_status(status.as_deref());
         let name = c.name.unwrap_or_default();
@@ -467,6 +468,7 @@ impl ContainerEngine for DockerEngine {
         info.image = config.image.unwrap_or_default();
         info.workdir = config.working_dir.filter(|w| !w.is_empty());
         info.pid = pid.filter(|p| *p > 0);
+        info.exit_code = exit_code;
         info.addresses = policy::container_addresses(c.network_settings.as_ref());
         info.published = published_ports(c.network_settings.and_then(|n| n.ports));
         Ok(info)

@@ -373,6 +373,7 @@ impl ContainerEngine for PodmanEngine {
             .and_then(|s| s.pid)
             .and_then(|p| u32::try_from(p).ok())
             .filter(|p| *p > 0);
+        let exit_code = i.state.as_ref().and_then(|s| s.exit_code).map(i64::from);
         let addresses = policy::container_addresses(i.network_settings.as_ref());
         let mut info =
             ContainerInfo::new(i.id.unwrap_or_else(|| id.to_string()), name, state, labels);
@@ -380,6 +381,7 @@ impl ContainerEngine for PodmanEngine {
         info.image = i.image_name.or(image).unwrap_or_default();
         info.workdir = workdir.filter(|w| w.starts_with('/'));
         info.pid = pid;
+        info.exit_code = exit_code;
         info.addresses = addresses;
         let ports = i.network_settings.and_then(|n| n.ports).unwrap_or_default();
         info.published = published_ports(ports.iter().map(|(key, hosts)| {

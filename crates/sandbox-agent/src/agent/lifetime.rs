@@ -149,13 +149,21 @@ impl Lifetime {
     }
 }
 
+/// The agent's exit status for an end: the host removes a sandbox that ended idle.
+fn exit_status(why: End) -> i32 {
+    match why {
+        End::Deadline => 0,
+        End::Idle => crate::protocol::IDLE_EXIT_STATUS,
+    }
+}
+
 /// Starts the watcher thread: at the end it sends the deadline notice (for an idle end
 /// too: for the host either way the sandbox is gone), kills every process and exits.
 pub(crate) fn watch(life: Arc<Lifetime>, procs: Processes, out: Out) {
     let _ = std::thread::Builder::new()
         .name("lifetime".into())
         .spawn(move || {
-            let _why: End = loop {
+            let why: End = loop {
                 let before = Instant::now();
                 // Steps of at most a second: the exit stays within a second of the
                 // deadline even if this thread is delayed, and a moved deadline is seen.
@@ -171,8 +179,8 @@ pub(crate) fn watch(life: Arc<Lifetime>, procs: Processes, out: Out) {
             procs.kill_everything();
             std::thread::sleep(Duration::from_millis(50));
             // As PID 1 this ends the container: the kernel kills what is left in the
-            // namespace.
-            std::process::exit(0);
+            // namespace. The status tells the host why (an idle sandbox is removed).
+            std::process::exit(exit_status(why));
         });
 }
 
@@ -237,6 +245,13 @@ mod tests {
         assert_eq!(life.due(|| false, TICK * 10), None);
         std::thread::sleep(idle * 2);
         assert_eq!(life.due(|| false, TICK), Some(End::Idle));
+    }
+
+    #[test]
+    fn an_idle_end_exits_with_its_own_status() {
+        assert_eq!(exit_status(End::Deadline), 0);
+        assert_eq!(exit_status(End::Idle), crate::protocol::IDLE_EXIT_STATUS);
+        assert_ne!(crate::protocol::IDLE_EXIT_STATUS, 0);
     }
 
     #[test]

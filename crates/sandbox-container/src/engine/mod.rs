@@ -129,6 +129,11 @@ pub struct ContainerInfo {
     pub pid: Option<u32>,
     /// The container's addresses on its networks.
     pub addresses: Vec<std::net::IpAddr>,
+    /// The exit status of its first process once it has stopped (`State.ExitCode`), when
+    /// the engine reports one; filled by `inspect` (a list need not). The agent exits
+    /// with [`sandbox_agent::protocol::IDLE_EXIT_STATUS`] when the idle limit ended the
+    /// sandbox.
+    pub exit_code: Option<i64>,
 }
 
 impl ContainerInfo {
@@ -152,12 +157,20 @@ impl ContainerInfo {
             published: BTreeMap::new(),
             pid: None,
             addresses: Vec::new(),
+            exit_code: None,
         }
     }
 
     /// Whether the container is running.
     pub fn is_running(&self) -> bool {
         self.state == SandboxState::Running
+    }
+
+    /// Whether it is stopped because its agent ended it for being idle: such a sandbox is
+    /// removed, never kept for a `start`.
+    pub fn ended_idle(&self) -> bool {
+        self.state == SandboxState::Stopped
+            && self.exit_code == Some(i64::from(sandbox_agent::protocol::IDLE_EXIT_STATUS))
     }
 }
 

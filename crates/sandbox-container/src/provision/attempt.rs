@@ -346,7 +346,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
                 .collect(),
             interpreters: Mutex::new(HashMap::new()),
             contexts: Mutex::new(HashMap::new()),
-            agent: Mutex::new(agent),
+            agent: Mutex::new(agent.inspect(|a| expiry.watch_session(a))),
             paused: std::sync::atomic::AtomicBool::new(false),
             stopped: std::sync::atomic::AtomicBool::new(false),
             network: Some(crate::sandbox::restart::NetworkPlan {

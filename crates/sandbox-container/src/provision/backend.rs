@@ -323,7 +323,7 @@ impl<E: ContainerEngine> ContainerBackend<E> {
             secrets: Vec::new(),
             interpreters: Mutex::new(HashMap::new()),
             contexts: Mutex::new(HashMap::new()),
-            agent: Mutex::new(agent),
+            agent: Mutex::new(agent.inspect(|a| expiry.watch_session(a))),
             // Paused by another handle: kill must thaw it first.
             paused: AtomicBool::new(c.state == sandbox_core::SandboxState::Paused),
             stopped: AtomicBool::new(stopped),

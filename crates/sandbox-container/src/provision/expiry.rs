@@ -13,8 +13,10 @@
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
+use sandbox_agent::client::AgentClient;
 use sandbox_core::SandboxState;
 use sandbox_core::teardown::Killer;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::transfer::bounded;
@@ -60,22 +62,38 @@ impl Drop for Upkeep {
 }
 
 /// One sandbox's deadline timer, cancelled once its container is removed, moved with
-/// its deadline.
+/// its deadline; it also removes the sandbox as soon as its agent ends it for being idle.
 #[derive(Debug, Clone)]
-pub(crate) struct Expiry(
-    CancellationToken,
-    Arc<tokio::sync::watch::Sender<SystemTime>>,
-);
+pub(crate) struct Expiry {
+    token: CancellationToken,
+    moves: Arc<tokio::sync::watch::Sender<SystemTime>>,
+    /// Told when one of the sandbox's agent sessions ended by itself.
+    agent_ended: Arc<Notify>,
+}
 
 impl Expiry {
     /// Moves the timer to `deadline` (plus the grace), earlier or later.
     pub(crate) fn move_to(&self, deadline: SystemTime) {
-        self.1.send_replace(deadline);
+        self.moves.send_replace(deadline);
+    }
+
+    /// Watches `client`'s session: when it ends with the agent gone (not taken over by
+    /// another host), the timer looks at why the container stopped and removes a sandbox
+    /// that ended idle at once, instead of keeping it stopped until its deadline. Called
+    /// for every session a handle opens (create, start, a fork, a session taken back).
+    pub(crate) fn watch_session(&self, client: &AgentClient) {
+        let ended = client.ended();
+        let (tell, stop) = (self.agent_ended.clone(), self.token.clone());
+        tokio::spawn(async move {
+            if let Some(false) = stop.run_until_cancelled(ended).await {
+                tell.notify_one();
+            }
+        });
     }
 
     /// Wraps `killer` so that a removal that succeeds also cancels this timer.
     pub(crate) fn cancelled_by(&self, killer: Killer) -> Killer {
-        let token = self.0.clone();
+        let token = self.token.clone();
         Arc::new(move || {
             let kill = killer();
             let token = token.clone();
@@ -140,21 +158,33 @@ impl Upkeep {
     ) -> Expiry {
         let token = self.stop.child_token();
         let (moves, mut moved) = tokio::sync::watch::channel(deadline);
+        let agent_ended = Arc::new(Notify::new());
         let (engine, id, cancel) = (Arc::downgrade(engine), id.to_string(), token.clone());
-        let records = self.deadlines.clone();
+        let (records, ended) = (self.deadlines.clone(), agent_ended.clone());
         tokio::spawn(async move {
             let mut at = *moved.borrow_and_update();
             // Every handle gone: the deadline cannot move in this process any more (it
             // still can in another).
             let mut orphaned = false;
-            loop {
+            let why = loop {
                 let wait = fires_in(at, SystemTime::now());
                 tokio::select! {
                     () = cancel.cancelled() => return,
                     () = tokio::time::sleep(wait) => {
                         match records.recorded(&id, max) {
                             Some(later) if later > at => at = later,
-                            _ => break,
+                            _ => break End::Deadline,
+                        }
+                    }
+                    () = ended.notified() => {
+                        let Some(engine) = engine.upgrade() else { return };
+                        let idle = cancel
+                            .run_until_cancelled(ended_idle(&*engine, call_timeout, &id))
+                            .await;
+                        match idle {
+                            None => return,
+                            Some(true) => break End::Idle,
+                            Some(false) => {}
                         }
                     }
                     changed = moved.changed(), if !orphaned => {
@@ -165,12 +195,16 @@ impl Upkeep {
                         }
                     }
                 }
-            }
+            };
             cancel
-                .run_until_cancelled(expire(engine, call_timeout, &id))
+                .run_until_cancelled(expire(engine, call_timeout, &id, why))
                 .await;
         });
-        Expiry(token, Arc::new(moves))
+        Expiry {
+            token,
+            moves: Arc::new(moves),
+            agent_ended,
+        }
     }
 }
 
@@ -192,21 +226,62 @@ pub(crate) fn outlived(
     state != SandboxState::Stopped || labels.get(LABEL_RETAINED).map(String::as_str) != Some("true")
 }
 
-/// The timer's work once it fires: the container removed if it still runs.
-async fn expire<E: ContainerEngine>(engine: Weak<E>, call_timeout: Duration, id: &str) {
+/// Why the timer removes a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// Its deadline passed.
+    Deadline,
+    /// Its agent ended it for being idle.
+    Idle,
+}
+
+/// How long after an agent session ended the engine is given to report the container
+/// stopped (it does within milliseconds; a session that ended with the container still
+/// running was not the agent's exit, and the deadline timer goes on).
+const STOP_REPORTED_WITHIN: Duration = Duration::from_secs(3);
+
+/// Whether container `id` stopped because its agent ended it for being idle (its exit
+/// status says so: [`sandbox_agent::protocol::IDLE_EXIT_STATUS`]). Asked once an agent
+/// session ended; a container still running a little later, gone, or unreadable is not.
+async fn ended_idle<E: ContainerEngine>(engine: &E, call_timeout: Duration, id: &str) -> bool {
+    let until = tokio::time::Instant::now() + STOP_REPORTED_WITHIN;
+    loop {
+        match bounded(call_timeout, "inspect", engine.inspect(id)).await {
+            Ok(c) if c.state == SandboxState::Running => {}
+            Ok(c) => return c.ended_idle(),
+            Err(_) => return false,
+        }
+        if tokio::time::Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The timer's work once it fires: the container removed if it still runs (past its
+/// deadline: stopped too, unless kept for inspection).
+async fn expire<E: ContainerEngine>(engine: Weak<E>, call_timeout: Duration, id: &str, why: End) {
     let Some(engine) = engine.upgrade() else {
         return;
     };
     let (state, labels) = match bounded(call_timeout, "inspect", engine.inspect(id)).await {
+        // Started again since it ended idle (a `start` in between): it lives on.
+        Ok(c) if why == End::Idle && !c.ended_idle() => return,
         Ok(c) => (c.state, c.labels),
         Err(e) if e.kind == EngineErrorKind::NotFound => return,
         // Unknown: removed anyway, the deadline has passed.
-        Err(_) => (SandboxState::Unknown, Default::default()),
+        Err(_) if why == End::Deadline => (SandboxState::Unknown, Default::default()),
+        Err(_) => return,
     };
     if !outlived(state, &labels) {
         return;
     }
     match remove_in_state(&*engine, call_timeout, id, state).await {
+        Ok(()) if why == End::Idle => tracing::info!(
+            sandbox_id = %id,
+            backend = engine.backend(),
+            "the idle limit ended a sandbox; removed by the host"
+        ),
         Ok(()) => tracing::warn!(
             sandbox_id = %id,
             backend = engine.backend(),
@@ -270,6 +345,8 @@ mod tests {
     #[derive(Debug, Default)]
     struct Holding {
         running: Mutex<Vec<String>>,
+        /// Stopped containers with their exit status.
+        stopped: Mutex<Vec<(String, i64)>>,
         removed: Mutex<Vec<String>>,
         lists: Mutex<usize>,
     }
@@ -306,16 +383,24 @@ mod tests {
                     SandboxState::Running,
                     BTreeMap::new(),
                 ))
+            } else if let Some((_, code)) = self.stopped.lock().unwrap().iter().find(|s| s.0 == id)
+            {
+                let mut c = ContainerInfo::new(id, id, SandboxState::Stopped, BTreeMap::new());
+                c.exit_code = Some(*code);
+                Ok(c)
             } else {
                 Err(EngineError::new(EngineErrorKind::NotFound, "no such"))
             }
         }
         async fn remove(&self, id: &str) -> EngineResult<bool> {
             let mut running = self.running.lock().unwrap();
-            let before = running.len();
+            let mut stopped = self.stopped.lock().unwrap();
+            let before = running.len() + stopped.len();
             running.retain(|r| r != id);
+            stopped.retain(|s| s.0 != id);
+            let running = running.len() + stopped.len();
             self.removed.lock().unwrap().push(id.to_string());
-            Ok(running.len() < before)
+            Ok(running < before)
         }
         async fn list(&self, _: &BTreeMap<String, String>) -> EngineResult<Vec<ContainerInfo>> {
             *self.lists.lock().unwrap() += 1;
@@ -428,6 +513,41 @@ mod tests {
             "the moved deadline and the maximum hold"
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// When an agent session ends, a sandbox whose agent exited with the idle status is
+    /// removed at once, long before its deadline; one stopped otherwise (its deadline's
+    /// notice, `stop`) or still running (the session was taken over) is kept.
+    #[tokio::test(start_paused = true)]
+    async fn a_sandbox_that_ended_idle_is_removed_when_its_session_ends() {
+        let engine = holding(&["runs"]);
+        *engine.stopped.lock().unwrap() = vec![
+            (
+                "idle".to_string(),
+                i64::from(sandbox_agent::protocol::IDLE_EXIT_STATUS),
+            ),
+            ("halted".to_string(), 0),
+        ];
+        let upkeep = Upkeep::default();
+        let deadline = SystemTime::now() + Duration::from_secs(3600);
+        let timers: Vec<Expiry> = ["idle", "halted", "runs"]
+            .iter()
+            .map(|id| upkeep.arm(&engine, CALL, id, deadline, far()))
+            .collect();
+        settle().await;
+        for t in &timers {
+            t.agent_ended.notify_one();
+        }
+        // The running one is looked at for the whole STOP_REPORTED_WITHIN.
+        tokio::time::sleep(STOP_REPORTED_WITHIN + Duration::from_secs(1)).await;
+        settle().await;
+        assert_eq!(removed(&engine), ["idle"]);
+        // The others' timers still hold their deadline.
+        tokio::time::sleep(Duration::from_secs(3600) + DEADLINE_GRACE).await;
+        settle().await;
+        let mut gone = removed(&engine);
+        gone.sort();
+        assert_eq!(gone, ["halted", "idle", "runs"]);
     }
 
     /// Left alone, a sandbox is removed at its deadline plus the grace, not before.

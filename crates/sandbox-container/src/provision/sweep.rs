@@ -1,13 +1,13 @@
 //! The sweep, at a backend's start and periodically while it lives: removing leftovers
-//! whose owner is proven gone, or that outlived their deadline. When the periodic one
-//! runs is `expiry.rs`'s.
+//! whose owner is proven gone, that outlived their deadline, or that their agent ended
+//! for being idle. When the periodic one runs is `expiry.rs`'s.
 
 use std::collections::BTreeMap;
 
 use std::time::{Duration, SystemTime};
 
 use sandbox_core::Provenance;
-use sandbox_core::labels::{LABEL_BACKEND, LABEL_MANAGED};
+use sandbox_core::labels::{LABEL_BACKEND, LABEL_IDLE_TIMEOUT, LABEL_MANAGED};
 
 use crate::engine::transfer::bounded;
 use crate::engine::{ContainerEngine, ContainerInfo};
@@ -27,6 +27,17 @@ pub(crate) fn verdict(c: &ContainerInfo, backend: &str, now: SystemTime) -> Opti
     }
     let verdict = Provenance::of(&c.labels, c.created_at, now, SWEEP_PAST_DEADLINE);
     verdict.is_removable().then_some(verdict)
+}
+
+/// Whether a container the verdict keeps may still have ended idle: ours, with an idle
+/// limit, stopped. Only those are inspected for their exit status (a list does not carry
+/// it on every engine); the sweep removes the ones whose agent ended them idle, whoever
+/// their owner is, as the owner's own timer would have.
+fn may_have_ended_idle(c: &ContainerInfo, backend: &str) -> bool {
+    c.name.trim_start_matches('/').starts_with(NAME_PREFIX)
+        && c.labels.get(LABEL_BACKEND).map(String::as_str) == Some(backend)
+        && c.labels.contains_key(LABEL_IDLE_TIMEOUT)
+        && c.state == sandbox_core::SandboxState::Stopped
 }
 
 /// Which sweep runs: the one a backend runs when it starts, or the one it repeats while it
@@ -69,13 +80,21 @@ pub(crate) async fn sweep<E: ContainerEngine>(
     let mut removed = 0;
     let listed = list.len();
     for c in list {
-        let Some(verdict) = verdict(&c, backend, now) else {
-            continue;
+        let verdict = match verdict(&c, backend, now) {
+            Some(v) => format!("{v:?}"),
+            None if may_have_ended_idle(&c, backend)
+                && bounded(call_timeout, "inspect", engine.inspect(&c.id))
+                    .await
+                    .is_ok_and(|i| i.ended_idle()) =>
+            {
+                "EndedIdle".to_string()
+            }
+            None => continue,
         };
         match remove_in_state(engine, call_timeout, &c.id, c.state).await {
             Ok(()) => {
                 removed += 1;
-                tracing::info!(sandbox_id = %c.id, ?verdict, sweep, "the sweep removed a sandbox");
+                tracing::info!(sandbox_id = %c.id, %verdict, sweep, "the sweep removed a sandbox");
             }
             Err(e) => tracing::warn!(sandbox_id = %c.id, error = %e, sweep, "the sweep failed"),
         }
@@ -133,6 +152,35 @@ mod tests {
             None,
             "own live sandbox kept"
         );
+    }
+
+    #[test]
+    fn only_our_stopped_sandboxes_with_an_idle_limit_are_asked_whether_they_ended_idle() {
+        let mut l = sandbox_labels("docker", CREATED + 300, &BTreeMap::new());
+        l.insert(LABEL_IDLE_TIMEOUT.into(), "3".into());
+        let mut c = info("sbx-a-1", l.clone());
+        c.state = SandboxState::Stopped;
+        assert!(may_have_ended_idle(&c, "docker"));
+        assert!(!may_have_ended_idle(&c, "podman"), "another backend's");
+        c.state = SandboxState::Running;
+        assert!(!may_have_ended_idle(&c, "docker"), "running");
+        let mut foreign = info("postgres", l.clone());
+        foreign.state = SandboxState::Stopped;
+        assert!(!may_have_ended_idle(&foreign, "docker"), "not our name");
+        l.remove(LABEL_IDLE_TIMEOUT);
+        let mut no_limit = info("sbx-a-1", l);
+        no_limit.state = SandboxState::Stopped;
+        assert!(!may_have_ended_idle(&no_limit, "docker"), "no idle limit");
+        // What the inspect then decides: stopped with the agent's idle status only.
+        let mut i = info("sbx-a-1", BTreeMap::new());
+        i.state = SandboxState::Stopped;
+        i.exit_code = Some(i64::from(sandbox_agent::protocol::IDLE_EXIT_STATUS));
+        assert!(i.ended_idle());
+        i.exit_code = Some(0);
+        assert!(!i.ended_idle(), "stopped at its deadline or by `stop`");
+        i.exit_code = Some(i64::from(sandbox_agent::protocol::IDLE_EXIT_STATUS));
+        i.state = SandboxState::Running;
+        assert!(!i.ended_idle(), "started again");
     }
 
     #[test]

@@ -199,6 +199,7 @@ pub(crate) async fn reclaim<E: ContainerEngine>(sh: &Shared<E>) -> Result<()> {
         .await?;
     crate::ssh_agent::Forwarding::resume(&sh.ssh_agent, &client, &sh.id).await?;
     crate::git_gate::Forwarding::resume(&sh.git_gate, &client).await?;
+    sh.expiry.watch_session(&client);
     *sh.agent.lock().unwrap_or_else(|e| e.into_inner()) = Some(client);
     Ok(())
 }

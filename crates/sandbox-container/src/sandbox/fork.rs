@@ -237,6 +237,7 @@ pub(crate) async fn fork<E: ContainerEngine>(
     // The takeover closed the socket the old session had opened; the original's goes on.
     crate::ssh_agent::Forwarding::resume(&sh.ssh_agent, &client, &sh.id).await?;
     crate::git_gate::Forwarding::resume(&sh.git_gate, &client).await?;
+    sh.expiry.watch_session(&client);
     *sh.agent.lock().unwrap_or_else(|e| e.into_inner()) = Some(client);
     sh.restored.store(true, Ordering::SeqCst);
     // 5 (the forks' side). Each becomes a sandbox of its own.
@@ -464,7 +465,7 @@ async fn sandbox_of<E: ContainerEngine>(
                 .clone(),
         ),
         contexts: Mutex::new(contexts),
-        agent: Mutex::new(Some(client)),
+        agent: Mutex::new(Some(client).inspect(|a| expiry.watch_session(a))),
         paused: AtomicBool::new(false),
         stopped: AtomicBool::new(false),
         // Forks run without the library's network (refused above), as their original.

@@ -247,6 +247,7 @@ async fn reconnect_agent<E: ContainerEngine>(shared: &Shared<E>) -> Result<()> {
     // The socket went with the old agent: the new one opens it again.
     crate::ssh_agent::Forwarding::resume(&shared.ssh_agent, &client, &shared.id).await?;
     crate::git_gate::Forwarding::resume(&shared.git_gate, &client).await?;
+    shared.expiry.watch_session(&client);
     *shared.agent.lock().unwrap_or_else(|e| e.into_inner()) = Some(client);
     Ok(())
 }

@@ -44,6 +44,30 @@ impl Leftovers {
     /// `labels`, no network, running `sleep 300` when `running`, else created only.
     /// Returns its id.
     pub fn add(&mut self, name: &str, labels: &BTreeMap<String, String>, running: bool) -> String {
+        let id = self.make(name, labels, &["sleep", "300"]);
+        if running {
+            cli_out(Command::new(self.cli).args(["start", &id]));
+        }
+        id
+    }
+
+    /// Makes a container `name` with `labels` whose first process exited with `status`
+    /// (stopped, as a sandbox whose agent ended it is). Returns its id.
+    pub fn add_exited(
+        &mut self,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+        status: i32,
+    ) -> String {
+        let id = self.make(name, labels, &["sh", "-c", &format!("exit {status}")]);
+        // `start --attach` returns once the process has exited.
+        let _ = Command::new(self.cli)
+            .args(["start", "--attach", &id])
+            .output();
+        id
+    }
+
+    fn make(&mut self, name: &str, labels: &BTreeMap<String, String>, argv: &[&str]) -> String {
         remove(self.cli, name);
         self.names.push(name.to_string());
         let mut cmd = Command::new(self.cli);
@@ -51,11 +75,7 @@ impl Leftovers {
         for (k, v) in labels {
             cmd.arg("--label").arg(format!("{k}={v}"));
         }
-        let id = cli_out(cmd.args([IMAGE, "sleep", "300"]));
-        if running {
-            cli_out(Command::new(self.cli).args(["start", &id]));
-        }
-        id
+        cli_out(cmd.arg(IMAGE).args(argv))
     }
 
     /// Removes the container `id` (made by the adapter under test) when this is dropped,
@@ -96,8 +116,11 @@ fn gone_owner() -> Owner {
 /// (whose startup sweep runs before it is returned). Swept, on every engine: a stopped
 /// and a running container whose owner is gone, and a running one past its deadline
 /// (by more than [`SWEEP_PAST_DEADLINE`]) although its owner, this process, is alive.
-/// Kept: a live owner's container within its deadline, and an expired one that only
-/// claims to be managed (not named by sandbox-rs, as an image's labels can claim).
+/// Swept too: a stopped one with an idle limit whose agent ended it for being idle (its
+/// exit status, [`sandbox_agent::protocol::IDLE_EXIT_STATUS`]), owner alive and within its
+/// deadline. Kept: a live owner's container within its deadline, the same with an idle
+/// limit but stopped otherwise (status 0: at `stop`), and an expired one that only claims
+/// to be managed (not named by sandbox-rs, as an image's labels can claim).
 pub async fn startup_sweep_removes_gone_owners_and_expired<B, F>(
     cli: &'static str,
     backend: &str,
@@ -118,9 +141,17 @@ pub async fn startup_sweep_removes_gone_owners_and_expired<B, F>(
     assert!(now - past < sandbox_core::CLOCK_SLACK.as_secs());
     expired.insert(LABEL_DEADLINE.into(), past.to_string());
 
+    let mut with_idle = live.clone();
+    with_idle.insert(sandbox_core::labels::LABEL_IDLE_TIMEOUT.into(), "3".into());
+    let idle_status = sandbox_agent::protocol::IDLE_EXIT_STATUS;
+
     let mut left = Leftovers::new(cli);
     let name = |case: &str| format!("{NAME_PREFIX}sweeptest-{pid}-{case}");
     let swept = [
+        (
+            "stopped, ended idle, owner alive",
+            left.add_exited(&name("ended-idle"), &with_idle, idle_status),
+        ),
         (
             "stopped, owner gone",
             left.add(&name("stopped-gone"), &gone, false),
@@ -136,6 +167,14 @@ pub async fn startup_sweep_removes_gone_owners_and_expired<B, F>(
     ];
     let kept = [
         ("running, owner alive", left.add(&name("live"), &live, true)),
+        (
+            "stopped with an idle limit, not idle (status 0), owner alive",
+            left.add_exited(&name("stopped-idle-limit"), &with_idle, 0),
+        ),
+        (
+            "ended with the idle status, no idle limit",
+            left.add_exited(&name("idle-status-no-limit"), &live, idle_status),
+        ),
         (
             "expired, not named by sandbox-rs",
             left.add(&format!("sweeptest-{pid}-foreign"), &expired, true),
