@@ -1,7 +1,8 @@
 """``WarmPool``, sandbox-rs's opt-in warm pool: every spare handed out once and never
 again, the pool refilled behind it, every spare killed when the pool closes, and a bad
-pool refused before anything is made. On the fake always, on Docker when it is among
-the engines of the run (SBX_PY_ENGINES); the session's leak check covers Docker's spares."""
+pool refused before anything is made. On the fake always, on Docker and Podman when they
+are among the engines of the run (SBX_PY_ENGINES); the session's leak check covers the
+engines' spares."""
 
 from __future__ import annotations
 
@@ -15,15 +16,19 @@ import pytest
 from sandboxio.errors import ConfigurationError
 
 from engines import TEMPLATE, containers, engines
-from sandbox_rs import DockerBackend, FakeBackend, WarmPool
+from sandbox_rs import DockerBackend, FakeBackend, PodmanBackend, WarmPool
 
 pytestmark = pytest.mark.anyio
 
-BACKENDS = ["fake"] + (["docker"] if "docker" in engines() else [])
+ENGINES = [e for e in ("docker", "podman") if e in engines()]
+BACKENDS = ["fake", *ENGINES]
+ENGINE_BACKENDS = {"docker": "DockerBackend", "podman": "PodmanBackend"}
 
 
 def _backend(kind: str):
-    return FakeBackend() if kind == "fake" else DockerBackend(default_template=TEMPLATE)
+    if kind == "fake":
+        return FakeBackend()
+    return (DockerBackend if kind == "docker" else PodmanBackend)(default_template=TEMPLATE)
 
 
 @pytest.mark.parametrize("kind", BACKENDS)
@@ -80,12 +85,13 @@ EXITS_WITHOUT_CLOSING = textwrap.dedent(
     """
     import sys
     import anyio
-    from sandbox_rs import DockerBackend, WarmPool
+    import sandbox_rs
 
     async def main():
         global pool  # alive until the interpreter's exit, as a module-level pool would be
-        pool = WarmPool(DockerBackend(default_template=sys.argv[1]), size=3, timeout=120,
-                        metadata={"warm-pool-test": sys.argv[2]})
+        backend = getattr(sandbox_rs, sys.argv[3])(default_template=sys.argv[1])
+        pool = sandbox_rs.WarmPool(backend, size=3, timeout=120,
+                                   metadata={"warm-pool-test": sys.argv[2]})
         print(await pool.wait_ready(2, timeout=60), flush=True)
 
     anyio.run(main)
@@ -93,12 +99,12 @@ EXITS_WITHOUT_CLOSING = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif("docker" not in engines(), reason="Docker is not among this run's engines")
-async def test_a_pool_never_closed_is_closed_at_exit() -> None:
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_pool_never_closed_is_closed_at_exit(engine: str) -> None:
     # The interpreter exits with spares ready and, most likely, one still being created.
     tag = uuid.uuid4().hex
     done = subprocess.run(
-        [sys.executable, "-c", EXITS_WITHOUT_CLOSING, TEMPLATE, tag],
+        [sys.executable, "-c", EXITS_WITHOUT_CLOSING, TEMPLATE, tag, ENGINE_BACKENDS[engine]],
         capture_output=True,
         text=True,
         timeout=120,
@@ -109,6 +115,6 @@ async def test_a_pool_never_closed_is_closed_at_exit() -> None:
     # a dead process left); a few seconds for a removal the engine finishes on its own.
     label = f"io.sandbox-rs.meta.warm-pool-test={tag}"
     deadline = time.monotonic() + 3
-    while (left := containers("docker", label)) and time.monotonic() < deadline:
+    while (left := containers(engine, label)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, f"spares outlived their process: {left}"
