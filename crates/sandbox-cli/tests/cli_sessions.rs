@@ -915,8 +915,10 @@ fn docker_fork_refusals_are_typed() {
 }
 
 /// `sandbox create --idle-timeout`: a session nobody uses ends at its idle limit and is
-/// removed then (not kept stopped until its deadline), and its holder ends with it.
-fn an_idle_session_is_removed_on(engine: &str) {
+/// removed then (not kept stopped until its deadline), and its holder ends with it. With
+/// `exec_first`, a `sandbox exec` ran in it first (on Docker it takes the agent over from
+/// the holder, whose session then no longer sees the agent's end).
+fn an_idle_session_is_removed_on(engine: &str, exec_first: bool) {
     let o = run(&[
         "create",
         "--json",
@@ -931,6 +933,18 @@ fn an_idle_session_is_removed_on(engine: &str) {
     let id = json(&o)["sandbox"]["id"].as_str().expect("id").to_string();
     let socket = format!("/run/sandbox-rs/holder/{id}.sock");
     assert!(std::path::Path::new(&socket).exists(), "the holder listens");
+    let created = if exec_first {
+        let o = run(&["exec", &id, "--", "echo", "used"]);
+        assert_eq!(
+            (code(&o), stdout(&o)),
+            (0, "used\n".to_string()),
+            "{}",
+            stderr(&o)
+        );
+        Instant::now()
+    } else {
+        created
+    };
     // Ended within a second of the limit, removed by the holder's backend at once; the
     // holder sees it gone at its next check (every 2 s).
     let removed = loop {
@@ -963,7 +977,15 @@ fn docker_idle_session_is_removed() {
     if !docker_available("docker_idle_session_is_removed") {
         return;
     }
-    an_idle_session_is_removed_on("docker");
+    an_idle_session_is_removed_on("docker", false);
+}
+
+#[test]
+fn docker_idle_session_is_removed_after_an_exec() {
+    if !docker_available("docker_idle_session_is_removed_after_an_exec") {
+        return;
+    }
+    an_idle_session_is_removed_on("docker", true);
 }
 
 #[test]
@@ -971,5 +993,13 @@ fn podman_idle_session_is_removed() {
     if !engine_available("podman", "podman_idle_session_is_removed") {
         return;
     }
-    an_idle_session_is_removed_on("podman");
+    an_idle_session_is_removed_on("podman", false);
+}
+
+#[test]
+fn podman_idle_session_is_removed_after_an_exec() {
+    if !engine_available("podman", "podman_idle_session_is_removed_after_an_exec") {
+        return;
+    }
+    an_idle_session_is_removed_on("podman", true);
 }

@@ -10,6 +10,7 @@
 //! handle or, by the host's record (`deadlines.rs`), through any other process. What the
 //! sweep removes, and why, is `sweep.rs`'s.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
@@ -69,7 +70,17 @@ pub(crate) struct Expiry {
     moves: Arc<tokio::sync::watch::Sender<SystemTime>>,
     /// Told when one of the sandbox's agent sessions ended by itself.
     agent_ended: Arc<Notify>,
+    /// Told to look once whether the sandbox ended idle (while no session of this
+    /// process watches its agent).
+    look: Arc<Notify>,
+    /// Counts the sessions watched: a newer one ends the looks for an older one.
+    sessions: Arc<AtomicU64>,
 }
+
+/// How often the timer looks whether a sandbox ended idle while another handle holds its
+/// agent (a session of this process taken over, e.g. by `sandbox exec`): that handle's
+/// process may be gone by the end, so nothing would tell this one.
+const SUPERSEDED_LOOK: Duration = Duration::from_secs(2);
 
 impl Expiry {
     /// Moves the timer to `deadline` (plus the grace), earlier or later.
@@ -81,12 +92,32 @@ impl Expiry {
     /// another host), the timer looks at why the container stopped and removes a sandbox
     /// that ended idle at once, instead of keeping it stopped until its deadline. Called
     /// for every session a handle opens (create, start, a fork, a session taken back).
+    ///
+    /// A session another handle took over leaves the agent without a watcher here: the
+    /// timer then looks every [`SUPERSEDED_LOOK`] until this process watches a session
+    /// again (one taken back, a `start`) or the sandbox is removed.
     pub(crate) fn watch_session(&self, client: &AgentClient) {
         let ended = client.ended();
-        let (tell, stop) = (self.agent_ended.clone(), self.token.clone());
+        let (tell, look, stop) = (
+            self.agent_ended.clone(),
+            self.look.clone(),
+            self.token.clone(),
+        );
+        let sessions = self.sessions.clone();
+        let this = sessions.fetch_add(1, Ordering::SeqCst) + 1;
         tokio::spawn(async move {
-            if let Some(false) = stop.run_until_cancelled(ended).await {
-                tell.notify_one();
+            match stop.run_until_cancelled(ended).await {
+                Some(false) => tell.notify_one(),
+                Some(true) => {
+                    let looks = async {
+                        while sessions.load(Ordering::SeqCst) == this {
+                            tokio::time::sleep(SUPERSEDED_LOOK).await;
+                            look.notify_one();
+                        }
+                    };
+                    stop.run_until_cancelled(looks).await;
+                }
+                None => {}
             }
         });
     }
@@ -158,9 +189,9 @@ impl Upkeep {
     ) -> Expiry {
         let token = self.stop.child_token();
         let (moves, mut moved) = tokio::sync::watch::channel(deadline);
-        let agent_ended = Arc::new(Notify::new());
+        let (agent_ended, look) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
         let (engine, id, cancel) = (Arc::downgrade(engine), id.to_string(), token.clone());
-        let (records, ended) = (self.deadlines.clone(), agent_ended.clone());
+        let (records, ended, looked) = (self.deadlines.clone(), agent_ended.clone(), look.clone());
         tokio::spawn(async move {
             let mut at = *moved.borrow_and_update();
             // Every handle gone: the deadline cannot move in this process any more (it
@@ -187,6 +218,18 @@ impl Upkeep {
                             Some(false) => {}
                         }
                     }
+                    () = looked.notified() => {
+                        let Some(engine) = engine.upgrade() else { return };
+                        let info = cancel
+                            .run_until_cancelled(bounded(call_timeout, "inspect", engine.inspect(&id)))
+                            .await;
+                        match info {
+                            None => return,
+                            Some(Ok(c)) if c.ended_idle() => break End::Idle,
+                            Some(Err(e)) if e.kind == EngineErrorKind::NotFound => return,
+                            Some(_) => {}
+                        }
+                    }
                     changed = moved.changed(), if !orphaned => {
                         if changed.is_err() {
                             orphaned = true;
@@ -204,6 +247,8 @@ impl Upkeep {
             token,
             moves: Arc::new(moves),
             agent_ended,
+            look,
+            sessions: Arc::new(AtomicU64::new(0)),
         }
     }
 }
@@ -542,12 +587,24 @@ mod tests {
         tokio::time::sleep(STOP_REPORTED_WITHIN + Duration::from_secs(1)).await;
         settle().await;
         assert_eq!(removed(&engine), ["idle"]);
+        // A look (while another handle holds the agent) removes one that ended idle since,
+        // and leaves a running one.
+        engine.stopped.lock().unwrap().push((
+            "later".to_string(),
+            i64::from(sandbox_agent::protocol::IDLE_EXIT_STATUS),
+        ));
+        let later = upkeep.arm(&engine, CALL, "later", deadline, far());
+        settle().await;
+        later.look.notify_one();
+        timers[2].look.notify_one();
+        settle().await;
+        assert_eq!(removed(&engine), ["idle", "later"]);
         // The others' timers still hold their deadline.
         tokio::time::sleep(Duration::from_secs(3600) + DEADLINE_GRACE).await;
         settle().await;
         let mut gone = removed(&engine);
         gone.sort();
-        assert_eq!(gone, ["halted", "idle", "runs"]);
+        assert_eq!(gone, ["halted", "idle", "later", "runs"]);
     }
 
     /// Left alone, a sandbox is removed at its deadline plus the grace, not before.
