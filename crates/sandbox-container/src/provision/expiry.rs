@@ -193,6 +193,8 @@ impl Upkeep {
         let (engine, id, cancel) = (Arc::downgrade(engine), id.to_string(), token.clone());
         let (records, ended, looked) = (self.deadlines.clone(), agent_ended.clone(), look.clone());
         tokio::spawn(async move {
+            // However the timer ends, the sessions' watchers end with it.
+            let _done = cancel.clone().drop_guard();
             let mut at = *moved.borrow_and_update();
             // Every handle gone: the deadline cannot move in this process any more (it
             // still can in another).
