@@ -144,6 +144,10 @@ pub async fn hold(args: CreateArgs) -> u8 {
         }
     };
     let deadline = Instant::now() + lifetime;
+    let original = sb.id().to_string();
+    // Listening before the id is reported: a `sandbox extend` or `fork` sent the moment
+    // `sandbox create` returns finds the holder (it waits in the backlog until the loop).
+    let control = Control::open(&original);
     let info = SandboxInfo::of(&*sb);
     let deadline_unix = sandbox::labels::unix_now().saturating_add(lifetime.as_secs());
     send_report(&HolderReport {
@@ -163,8 +167,6 @@ pub async fn hold(args: CreateArgs) -> u8 {
         release(&backend, vec![sb]).await;
         return exit_code::INTERRUPTED;
     }
-    let original = sb.id().to_string();
-    let control = Control::open(&original);
     let mut held = vec![Held { sb, deadline }];
     loop {
         let next = held
