@@ -213,11 +213,9 @@ pub struct CreateArgs {
     /// then cannot be extended. Needs the in-sandbox agent.
     #[arg(long = "max-lifetime", value_name = "S", value_parser = parse_positive_secs)]
     pub max_lifetime: Option<Duration>,
-    /// End the sandbox's processes once it has had no call and no running command for S
-    /// seconds (a command still running keeps it). It is then stopped, not removed:
-    /// `sandbox ls` shows it `stopped`, `sandbox start` runs it again, and it is removed
-    /// at its deadline (--timeout, or as extended) or by `sandbox kill`. Needs the
-    /// in-sandbox agent.
+    /// End and remove the sandbox once it has had no call and no running command for S
+    /// seconds (a command still running keeps it); the session's holder ends with it.
+    /// Needs the in-sandbox agent.
     #[arg(long = "idle-timeout", value_name = "S", value_parser = parse_positive_secs)]
     pub idle_timeout: Option<Duration>,
     /// Sandbox settings.

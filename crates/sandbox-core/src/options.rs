@@ -85,9 +85,9 @@ pub struct CreateOptions {
     pub max_lifetime: Option<Duration>,
     /// End the sandbox once it has had no API call and no running process for this long
     /// (a command still running, even a silent one, keeps it): every process ends and the
-    /// handle's calls fail with `SandboxGone`. Container backends then hold it stopped
-    /// (its files kept, `start` runs it again) until the host removes it at its deadline
-    /// or a `kill`; the fake removes it at once. `None` (the default): no idle limit,
+    /// handle's calls fail with `SandboxGone`, and the sandbox is removed, files and all
+    /// (container backends: by the creating process at once, else by the next sweep of
+    /// any sandbox-rs process; docs/lifecycle.md). `None` (the default): no idle limit,
     /// only the lifetime. Needs
     /// [`Capability::IDLE_TIMEOUT`](crate::Capability::IDLE_TIMEOUT). At least
     /// [`MIN_IDLE_TIMEOUT`], at most [`MAX_SANDBOX_TIMEOUT`].
@@ -283,8 +283,8 @@ impl CreateOptions {
         self.max_lifetime = Some(max);
         self
     }
-    /// Ends the sandbox after `idle` with no API call and no running process (see the
-    /// `idle_timeout` field: stopped, then removed at its deadline).
+    /// Ends and removes the sandbox after `idle` with no API call and no running process
+    /// (see the `idle_timeout` field).
     pub fn idle_timeout(mut self, idle: Duration) -> Self {
         self.idle_timeout = Some(idle);
         self
