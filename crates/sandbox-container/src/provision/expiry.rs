@@ -201,44 +201,38 @@ impl Upkeep {
             let mut orphaned = false;
             let why = loop {
                 let wait = fires_in(at, SystemTime::now());
-                tokio::select! {
+                // How long a look whether the agent ended it idle waits for the engine to
+                // report the container stopped.
+                let patience = tokio::select! {
                     () = cancel.cancelled() => return,
                     () = tokio::time::sleep(wait) => {
                         match records.recorded(&id, max) {
                             Some(later) if later > at => at = later,
                             _ => break End::Deadline,
                         }
+                        continue;
                     }
-                    () = ended.notified() => {
-                        let Some(engine) = engine.upgrade() else { return };
-                        let idle = cancel
-                            .run_until_cancelled(ended_idle(&*engine, call_timeout, &id))
-                            .await;
-                        match idle {
-                            None => return,
-                            Some(true) => break End::Idle,
-                            Some(false) => {}
-                        }
-                    }
-                    () = looked.notified() => {
-                        let Some(engine) = engine.upgrade() else { return };
-                        let info = cancel
-                            .run_until_cancelled(bounded(call_timeout, "inspect", engine.inspect(&id)))
-                            .await;
-                        match info {
-                            None => return,
-                            Some(Ok(c)) if c.ended_idle() => break End::Idle,
-                            Some(Err(e)) if e.kind == EngineErrorKind::NotFound => return,
-                            Some(_) => {}
-                        }
-                    }
+                    () = ended.notified() => STOP_REPORTED_WITHIN,
+                    () = looked.notified() => Duration::ZERO,
                     changed = moved.changed(), if !orphaned => {
                         if changed.is_err() {
                             orphaned = true;
                         } else {
                             at = *moved.borrow_and_update();
                         }
+                        continue;
                     }
+                };
+                let Some(engine) = engine.upgrade() else {
+                    return;
+                };
+                let seen = cancel
+                    .run_until_cancelled(idleness(&*engine, call_timeout, &id, patience))
+                    .await;
+                match seen {
+                    None | Some(Idleness::Gone) => return,
+                    Some(Idleness::EndedIdle) => break End::Idle,
+                    Some(Idleness::Not) => {}
                 }
             };
             cancel
@@ -287,19 +281,37 @@ enum End {
 /// running was not the agent's exit, and the deadline timer goes on).
 const STOP_REPORTED_WITHIN: Duration = Duration::from_secs(3);
 
-/// Whether container `id` stopped because its agent ended it for being idle (its exit
-/// status says so: [`sandbox_agent::protocol::IDLE_EXIT_STATUS`]). Asked once an agent
-/// session ended; a container still running a little later, gone, or unreadable is not.
-async fn ended_idle<E: ContainerEngine>(engine: &E, call_timeout: Duration, id: &str) -> bool {
-    let until = tokio::time::Instant::now() + STOP_REPORTED_WITHIN;
+/// What a look at a sandbox's container found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Idleness {
+    /// Stopped by its agent for being idle (its exit status says so:
+    /// [`sandbox_agent::protocol::IDLE_EXIT_STATUS`]).
+    EndedIdle,
+    /// Running (still, after `patience`), stopped otherwise, or unreadable.
+    Not,
+    /// The engine no longer has it: nothing is left to time.
+    Gone,
+}
+
+/// Looks whether container `id` ended idle, giving the engine up to `patience` to report
+/// a running container stopped (after an agent session ended; none for a periodic look).
+async fn idleness<E: ContainerEngine>(
+    engine: &E,
+    call_timeout: Duration,
+    id: &str,
+    patience: Duration,
+) -> Idleness {
+    let until = tokio::time::Instant::now() + patience;
     loop {
         match bounded(call_timeout, "inspect", engine.inspect(id)).await {
-            Ok(c) if c.state == SandboxState::Running => {}
-            Ok(c) => return c.ended_idle(),
-            Err(_) => return false,
+            Ok(c) if c.ended_idle() => return Idleness::EndedIdle,
+            Ok(c) if c.state != SandboxState::Running => return Idleness::Not,
+            Ok(_) => {}
+            Err(e) if e.kind == EngineErrorKind::NotFound => return Idleness::Gone,
+            Err(_) => return Idleness::Not,
         }
         if tokio::time::Instant::now() >= until {
-            return false;
+            return Idleness::Not;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -20,9 +20,7 @@ use crate::provision::teardown::remove_in_state;
 /// gives, with expiry counted [`SWEEP_PAST_DEADLINE`] after the deadline so the sweep never
 /// races a sandbox's own end.
 pub(crate) fn verdict(c: &ContainerInfo, backend: &str, now: SystemTime) -> Option<Provenance> {
-    if !c.name.trim_start_matches('/').starts_with(NAME_PREFIX)
-        || c.labels.get(LABEL_BACKEND).map(String::as_str) != Some(backend)
-    {
+    if !ours(c, backend) {
         return None;
     }
     let verdict = Provenance::of(&c.labels, c.created_at, now, SWEEP_PAST_DEADLINE);
@@ -34,10 +32,16 @@ pub(crate) fn verdict(c: &ContainerInfo, backend: &str, now: SystemTime) -> Opti
 /// it on every engine); the sweep removes the ones whose agent ended them idle, whoever
 /// their owner is, as the owner's own timer would have.
 fn may_have_ended_idle(c: &ContainerInfo, backend: &str) -> bool {
-    c.name.trim_start_matches('/').starts_with(NAME_PREFIX)
-        && c.labels.get(LABEL_BACKEND).map(String::as_str) == Some(backend)
+    ours(c, backend)
         && c.labels.contains_key(LABEL_IDLE_TIMEOUT)
         && c.state == sandbox_core::SandboxState::Stopped
+}
+
+/// Whether the sweep may judge `c` at all: named by this crate and labelled for `backend`
+/// (labels alone can come from an image).
+fn ours(c: &ContainerInfo, backend: &str) -> bool {
+    c.name.trim_start_matches('/').starts_with(NAME_PREFIX)
+        && c.labels.get(LABEL_BACKEND).map(String::as_str) == Some(backend)
 }
 
 /// Which sweep runs: the one a backend runs when it starts, or the one it repeats while it
